@@ -1,0 +1,58 @@
+import Glibc
+import UbiquityStore
+
+/// A POSIX error number: what the filesystem layer throws and the FUSE layer replies.
+public struct Errno: Error, Equatable, CustomStringConvertible {
+    public let code: Int32
+    public init(_ code: Int32) { self.code = code }
+
+    public static let notFound = Errno(ENOENT)
+    public static let exists = Errno(EEXIST)
+    public static let notDirectory = Errno(ENOTDIR)
+    public static let isDirectory = Errno(EISDIR)
+    public static let notEmpty = Errno(ENOTEMPTY)
+    public static let invalid = Errno(EINVAL)
+    public static let readOnly = Errno(EROFS)
+    public static let notPermitted = Errno(EPERM)
+    public static let badHandle = Errno(EBADF)
+    public static let noData = Errno(ENODATA)
+    public static let notSupported = Errno(EOPNOTSUPP)
+    public static let nameTooLong = Errno(ENAMETOOLONG)
+    public static let io = Errno(EIO)
+    public static let range = Errno(ERANGE)
+    public static let illegalSequence = Errno(EILSEQ)
+    public static let busy = Errno(EBUSY)
+
+    public var description: String { String(cString: strerror(code)) }
+}
+
+extension StoreError {
+    /// The one place store errors become errno. Corruption is EIO: never wrong bytes.
+    public var errno: Errno {
+        switch self {
+        case .corruptChunk, .missingChunk: return .io
+        case .io(let code, _): return Errno(code)
+        case .database: return .io
+        case .locked: return .busy
+        case .noSuchVersion: return .notFound
+        case .unsupportedFormat: return .io
+        }
+    }
+}
+
+/// Runs store code, turning its errors into errno (and logging the ones that are not the
+/// caller's fault, so EIO always has an explanation in the log).
+func storeCall<T>(_ body: () throws(StoreError) -> T) throws(Errno) -> T {
+    do {
+        return try body()
+    } catch {
+        switch error {
+        case .io(let code, _) where code == ENOSPC || code == EDQUOT:
+            log("ubiquity: \(error)")
+        case .corruptChunk, .missingChunk, .database, .io, .unsupportedFormat:
+            log("ubiquity: \(error)")
+        default: break
+        }
+        throw error.errno
+    }
+}

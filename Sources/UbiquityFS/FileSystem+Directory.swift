@@ -1,0 +1,282 @@
+import Glibc
+import UbiquityStore
+
+public struct DirectoryEntry: Sendable {
+    public var name: String
+    public var attributes: Attributes
+}
+
+/// Renameat2 flags (not exported by the Glibc module: they need _GNU_SOURCE).
+public enum RenameFlags {
+    public static let noReplace: UInt32 = 1
+    public static let exchange: UInt32 = 2
+}
+
+extension FileSystem {
+    public func mkdir(parent: UInt64, name: String, mode: UInt32, caller: Caller) throws(Errno) -> Attributes {
+        try meta.withLock { (m) throws(Errno) -> Attributes in
+            let inode = try m.makeNode(parent: parent, name: name, kind: .directory, mode: mode, caller: caller)
+            m.lookups[inode.id, default: 0] += 1
+            return m.attributes(inode)
+        }
+    }
+
+    /// mknod: fifos and sockets only (device nodes make no sense in a synced container).
+    public func mknod(parent: UInt64, name: String, mode: UInt32, rdev: UInt64, caller: Caller) throws(Errno) -> Attributes {
+        guard let kind = NodeKindBits.kind(mode: mode), kind == .fifo || kind == .socket || kind == .file else { throw .notPermitted }
+        if kind == .file {
+            let (attributes, handle) = try create(parent: parent, name: name, mode: mode, flags: OpenFlags(O_WRONLY), caller: caller)
+            try release(handle)
+            return attributes
+        }
+        return try meta.withLock { (m) throws(Errno) -> Attributes in
+            let inode = try m.makeNode(parent: parent, name: name, kind: kind, mode: mode, caller: caller)
+            m.lookups[inode.id, default: 0] += 1
+            return m.attributes(inode)
+        }
+    }
+
+    public func symlink(target: String, parent: UInt64, name: String, caller: Caller) throws(Errno) -> Attributes {
+        guard target.utf8.count <= 4095 else { throw .nameTooLong }
+        return try meta.withLock { (m) throws(Errno) -> Attributes in
+            let inode = try m.makeNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, target: target)
+            m.lookups[inode.id, default: 0] += 1
+            return m.attributes(inode)
+        }
+    }
+
+    public func link(_ ino: UInt64, parent: UInt64, name: String) throws(Errno) -> Attributes {
+        try meta.withLock { (m) throws(Errno) -> Attributes in
+            try m.checkNewName(parent: parent, name: name)
+            guard let inode = m.store.inode(ino) else { throw .notFound }
+            guard inode.kind != .directory else { throw .notPermitted }
+            try storeCall { () throws(StoreError) in try m.store.link(ino, parent: parent, name: name) }
+            m.lookups[ino, default: 0] += 1
+            return m.attributes(m.store.inode(ino)!)
+        }
+    }
+
+    public func unlink(parent: UInt64, name: String) throws(Errno) {
+        try meta.withLock { (m) throws(Errno) in
+            let (id, inode) = try m.existing(parent: parent, name: name)
+            guard inode.kind != .directory else { throw .isDirectory }
+            try m.removeName(parent: parent, name: name, id: id)
+        }
+    }
+
+    public func rmdir(parent: UInt64, name: String) throws(Errno) {
+        try meta.withLock { (m) throws(Errno) in
+            let (id, inode) = try m.existing(parent: parent, name: name)
+            guard inode.kind == .directory else { throw .notDirectory }
+            guard m.store.isEmptyDirectory(id) else { throw .notEmpty }
+            try m.removeName(parent: parent, name: name, id: id)
+        }
+    }
+
+    /// rename(2)/renameat2(2). Renaming a file keeps its history; renaming a file over an
+    /// existing file continues the *target's* history with the source's content, which is
+    /// how editors' "write temp, rename over" saves stay one history.
+    public func rename(parent: UInt64, name: String, newParent: UInt64, newName: String, flags: UInt32) throws(Errno) {
+        guard flags & ~(RenameFlags.noReplace | RenameFlags.exchange) == 0,
+              flags != RenameFlags.noReplace | RenameFlags.exchange else { throw .invalid }
+        // Commit the source's pending writes first, so the content that moves is a version.
+        let pending = meta.withLock { m -> (InodeNumber, OpenFile)? in
+            guard let id = m.store.child(parent, name), let open = m.openFiles[id], open.content.isChanged else { return nil }
+            return (id, open)
+        }
+        if let (id, open) = pending { try commit(id, open) }
+
+        try meta.withLock { (m) throws(Errno) in
+            if VirtualViews.isVirtual(parent) || VirtualViews.isVirtual(newParent) {
+                throw .readOnly
+            }
+            if newParent == Store.rootInode && VirtualViews.rootNames.contains(newName) { throw .readOnly }
+            let (sourceID, source) = try m.existing(parent: parent, name: name)
+            guard let newDir = m.store.inode(newParent) else { throw .notFound }
+            guard newDir.kind == .directory else { throw .notDirectory }
+            try checkName(newName)
+            if source.kind == .directory && m.isAncestor(sourceID, of: newParent) { throw .invalid }
+            let targetID = m.store.child(newParent, newName)
+            if targetID == sourceID { return }
+
+            if flags & RenameFlags.exchange != 0 {
+                guard let targetID else { throw .notFound }
+                if let target = m.store.inode(targetID), target.kind == .directory, m.isAncestor(targetID, of: parent) { throw .invalid }
+                try storeCall { () throws(StoreError) in try m.store.exchangeEntries(parent, name, newParent, newName) }
+                try m.pathsChanged(sourceID)
+                try m.pathsChanged(targetID)
+                return
+            }
+            var continued: (fileID: String, head: Int64?)?
+            if let targetID, let target = m.store.inode(targetID) {
+                if flags & RenameFlags.noReplace != 0 { throw .exists }
+                if source.kind == .directory {
+                    guard target.kind == .directory else { throw .notDirectory }
+                    guard m.store.isEmptyDirectory(targetID) else { throw .notEmpty }
+                } else if target.kind == .directory {
+                    throw .isDirectory
+                }
+                let targetPath = m.store.path(of: targetID) ?? ""
+                if source.kind == .file, target.kind == .file, let fileID = target.fileID, !LocalOnly.contains(targetPath) {
+                    continued = (fileID, target.head)
+                }
+                try m.removeName(parent: newParent, name: newName, id: targetID, historyContinues: continued != nil)
+            }
+            try storeCall { () throws(StoreError) in try m.store.moveEntry(from: parent, name, to: newParent, newName) }
+            if let continued {
+                // The source's content becomes the next version of the target's history.
+                let contentRow = source.head
+                try storeCall { () throws(StoreError) in
+                    let content = try contentRow.map { (row) throws(StoreError) in try m.store.chunkList(row: row) } ?? ChunkList()
+                    try m.store.adoptHistory(sourceID, fileID: continued.fileID, head: continued.head)
+                    try m.store.commit(sourceID, content: content, path: m.store.path(of: sourceID) ?? newName, local: false)
+                }
+            }
+            try m.pathsChanged(sourceID)
+        }
+    }
+
+    // MARK: readdir
+
+    public func opendir(_ ino: UInt64) throws(Errno) -> UInt64 {
+        try meta.withLock { (m) throws(Errno) -> UInt64 in
+            let entries: [DirectoryEntry]
+            if VirtualViews.isVirtual(ino) {
+                entries = try m.views.entries(ino, store: m.store)
+            } else {
+                guard let dir = m.store.inode(ino) else { throw .notFound }
+                guard dir.kind == .directory else { throw .notDirectory }
+                var list = m.store.entries(ino).compactMap { e in m.store.inode(e.id).map { DirectoryEntry(name: e.name, attributes: m.attributes($0)) } }
+                if ino == Store.rootInode { list = try m.views.rootEntries(store: m.store) + list }
+                entries = list
+            }
+            return m.register(.directory(entries: entries))
+        }
+    }
+
+    /// The listing snapshot taken at opendir: offsets stay stable while the directory changes.
+    public func readdir(_ handle: UInt64) throws(Errno) -> [DirectoryEntry] {
+        try meta.withLock { (m) throws(Errno) -> [DirectoryEntry] in
+            guard case .directory(let entries) = m.handles[handle] else { throw .badHandle }
+            return entries
+        }
+    }
+
+    /// readdirplus hands the kernel an entry reference for each listed node.
+    public func noteLookup(_ ino: UInt64) {
+        meta.withLock { m in if !VirtualViews.isVirtual(ino) { m.lookups[ino, default: 0] += 1 } }
+    }
+
+    public func releasedir(_ handle: UInt64) {
+        meta.withLock { m in _ = m.handles.removeValue(forKey: handle) }
+    }
+}
+
+/// Names the filesystem accepts: what POSIX allows, up to 255 bytes.
+func checkName(_ name: String) throws(Errno) {
+    if name.isEmpty || name == "." || name == ".." || name.contains("/") || name.contains("\0") { throw .invalid }
+    if name.utf8.count > 255 { throw .nameTooLong }
+}
+
+extension FileSystem.Meta {
+    func existing(parent: UInt64, name: String) throws(Errno) -> (InodeNumber, Inode) {
+        if VirtualViews.isVirtual(parent) || (parent == Store.rootInode && VirtualViews.rootNames.contains(name)) { throw .readOnly }
+        guard let dir = store.inode(parent) else { throw .notFound }
+        guard dir.kind == .directory else { throw .notDirectory }
+        guard let id = store.child(parent, name), let inode = store.inode(id) else { throw .notFound }
+        return (id, inode)
+    }
+
+    func checkNewName(parent: UInt64, name: String) throws(Errno) {
+        if VirtualViews.isVirtual(parent) { throw .readOnly }
+        if parent == Store.rootInode && VirtualViews.rootNames.contains(name) { throw .exists }
+        try checkName(name)
+        guard let dir = store.inode(parent) else { throw .notFound }
+        guard dir.kind == .directory else { throw .notDirectory }
+        guard dir.nlink > 0 || parent == Store.rootInode else { throw .notFound }
+        if store.child(parent, name) != nil { throw .exists }
+    }
+
+    mutating func makeNode(parent: UInt64, name: String, kind: NodeKind, mode: UInt32, caller: Caller, target: String? = nil) throws(Errno) -> Inode {
+        try checkNewName(parent: parent, name: name)
+        // A set-group-ID directory passes its group on (and, to directories, the bit).
+        let dir = store.inode(parent)!
+        let sgid = dir.mode & UInt32(S_ISGID) != 0
+        let gid = sgid ? dir.gid : caller.gid
+        var bits = mode & 0o7777
+        if sgid && kind == .directory { bits |= UInt32(S_ISGID) }
+        let finalBits = bits
+        return try storeCall { () throws(StoreError) in
+            let inode = try store.create(parent: parent, name: name, kind: kind, mode: finalBits, uid: caller.uid, gid: gid, target: target)
+            // A file created where a deleted file (or one an editor moved aside) was shown
+            // continues that history: vim's rename-then-write save stays one history.
+            guard kind == .file, let path = store.path(of: inode.id), !LocalOnly.contains(path),
+                  let dead = try store.deadHistory(at: path) else { return inode }
+            try store.adoptHistory(inode.id, fileID: dead.fileID, head: dead.head)
+            return store.inode(inode.id)!
+        }
+    }
+
+    /// Removes one name. A file whose last name goes gets a tombstone in its history
+    /// (unless its history continues under another inode: rename over).
+    mutating func removeName(parent: UInt64, name: String, id: InodeNumber, historyContinues: Bool = false) throws(Errno) {
+        let path = store.path(of: id) ?? name
+        let before = store.inode(id)!
+        let after = try storeCall { () throws(StoreError) in try store.removeEntry(parent: parent, name: name) }
+        if let after, after.kind == .file, after.nlink == 0, let fileID = before.fileID {
+            if historyContinues {
+                // The old inode may still be open; give it a fresh, detached identity.
+                try storeCall { () throws(StoreError) in try store.adoptHistory(id, fileID: randomHex(bytes: 16), head: nil) }
+            } else if !LocalOnly.contains(path) {
+                try storeCall { () throws(StoreError) in try store.commitTombstone(fileID: fileID, head: before.head, path: path) }
+            }
+        }
+        views.invalidate()
+        dropIfUnreferenced(id)
+    }
+
+    func isAncestor(_ ancestor: InodeNumber, of node: InodeNumber) -> Bool {
+        var current = node
+        var steps = 0
+        while steps < 4096 {
+            if current == ancestor { return true }
+            if current == Store.rootInode { return false }
+            guard let path = store.path(of: current), !path.isEmpty else { return false }
+            guard let parent = store.parentOfDirectory(current) else { return false }
+            current = parent
+            steps += 1
+        }
+        return false
+    }
+
+    /// After a rename: move where the histories below `id` are shown, and give files that
+    /// moved between local-only and synced names a version at their new path.
+    mutating func pathsChanged(_ id: InodeNumber) throws(Errno) {
+        guard let inode = store.inode(id) else { return }
+        switch inode.kind {
+        case .directory:
+            for entry in store.entries(id) { try pathsChanged(entry.id) }
+        case .file:
+            guard let path = store.path(of: id), let fileID = inode.fileID, let headRow = inode.head else { return }
+            let head = try storeCall { () throws(StoreError) in try store.version(row: headRow) }
+            let local = LocalOnly.contains(path)
+            if head?.isLocal == false && local {
+                // Moved aside under a scratch name: the history stays at its old path, free
+                // for the file that takes that name next; this file goes on alone.
+                try storeCall { () throws(StoreError) in
+                    try store.retireHistory(fileID)
+                    try store.adoptHistory(id, fileID: randomHex(bytes: 16), head: headRow)
+                    try store.commit(id, content: try store.chunkList(row: headRow), path: path, local: true)
+                }
+            } else if head?.isLocal == true && !local {
+                try storeCall { () throws(StoreError) in
+                    try store.commit(id, content: try store.chunkList(row: headRow), path: path, local: local)
+                }
+            } else if !local {
+                try storeCall { () throws(StoreError) in try store.setHistory(fileID, path: path, live: true) }
+            }
+        default: break
+        }
+        views.invalidate()
+    }
+}

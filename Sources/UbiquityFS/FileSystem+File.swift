@@ -1,0 +1,237 @@
+import Glibc
+import UbiquityStore
+
+/// A file some process has open: one content shared by all its handles.
+/// Fields other than `content` are guarded by the `meta` lock.
+final class OpenFile: @unchecked Sendable {
+    let content: FileContent
+    var handles = 0
+    /// mtime of the last write, applied to the inode at the next commit (saves a database
+    /// write per write() call).
+    var pendingMTime: Nanos?
+
+    init(content: FileContent) { self.content = content }
+}
+
+enum Handle {
+    case file(ino: InodeNumber, open: OpenFile, writable: Bool)
+    /// A read-only view (a version under .versions/).
+    case view(content: FileContent)
+    case directory(entries: [DirectoryEntry])
+}
+
+public struct OpenFlags: Sendable {
+    public var raw: Int32
+    public init(_ raw: Int32) { self.raw = raw }
+    var writable: Bool { raw & O_ACCMODE != O_RDONLY }
+    var truncates: Bool { raw & O_TRUNC != 0 }
+}
+
+extension FileSystem {
+    // MARK: create, open, release
+
+    public func create(parent: UInt64, name: String, mode: UInt32, flags: OpenFlags, caller: Caller) throws(Errno) -> (Attributes, UInt64) {
+        let (attributes, handle, open) = try meta.withLock { (m) throws(Errno) -> (Attributes, UInt64, OpenFile) in
+            let inode = try m.makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller)
+            let content = try storeCall { () throws(StoreError) in try m.store.openContent(inode.id) }
+            let open = OpenFile(content: content)
+            open.handles = 1
+            m.openFiles[inode.id] = open
+            m.lookups[inode.id, default: 0] += 1
+            let handle = m.register(.file(ino: inode.id, open: open, writable: true))
+            return (m.attributes(inode), handle, open)
+        }
+        // A new file is a save even if nothing is written: its empty first version.
+        try storeCall { () throws(StoreError) in try open.content.truncate(0) }
+        return (attributes, handle)
+    }
+
+    public func open(_ ino: UInt64, flags: OpenFlags) throws(Errno) -> UInt64 {
+        if VirtualViews.isVirtual(ino) {
+            if flags.writable || flags.truncates { throw .readOnly }
+            return try meta.withLock { (m) throws(Errno) -> UInt64 in
+                let content = try m.views.content(ino, store: m.store)
+                return m.register(.view(content: content))
+            }
+        }
+        let (handle, open) = try meta.withLock { (m) throws(Errno) -> (UInt64, OpenFile) in
+            guard let inode = m.store.inode(ino) else { throw .notFound }
+            guard inode.kind == .file else { throw inode.kind == .directory ? .isDirectory : .invalid }
+            let open = try m.openFile(ino)
+            open.handles += 1
+            return (m.register(.file(ino: ino, open: open, writable: flags.writable)), open)
+        }
+        if flags.truncates && flags.writable {
+            try storeCall { () throws(StoreError) in try open.content.truncate(0) }
+            meta.withLock { _ in open.pendingMTime = nowNanos() }
+        }
+        return handle
+    }
+
+    /// close(2) of one descriptor. FLUSH comes for every close of a descriptor (dup'ed ones
+    /// too) and synchronously, RELEASE once per open file and asynchronously. So: commit
+    /// here when bytes were written (close() then reports a failure such as a full disk,
+    /// and the version exists when close() returns), but not for a truncation alone —
+    /// a shell's `> file` closes a dup'ed descriptor right after open(O_TRUNC), and that
+    /// must not become an empty version. Release commits whatever is left.
+    public func flush(_ handle: UInt64) throws(Errno) {
+        guard let (ino, open) = try fileHandle(handle), open.content.hasWrites,
+              meta.withLock({ _ in open.handles }) == 1 else { return }
+        try commit(ino, open)
+    }
+
+    public func release(_ handle: UInt64) throws(Errno) {
+        let removed = meta.withLock { m -> Handle? in m.handles.removeValue(forKey: handle) }
+        guard case .file(let ino, let open, _) = removed else { return }
+        let last = meta.withLock { _ -> Bool in open.handles -= 1; return open.handles == 0 }
+        guard last else { return }
+        defer {
+            meta.withLock { m in
+                if open.handles == 0 && m.openFiles[ino] === open && !open.content.isChanged {
+                    m.openFiles[ino] = nil
+                    m.dropIfUnreferenced(ino)
+                }
+            }
+        }
+        try commit(ino, open)
+    }
+
+    /// fsync(2): commit, then make the store durable.
+    public func fsync(_ handle: UInt64) throws(Errno) {
+        if let (ino, open) = try fileHandle(handle) { try commit(ino, open) }
+        try withMeta { (m) throws(StoreError) in try m.store.sync() }
+    }
+
+    public func fsyncDirectory() throws(Errno) {
+        try withMeta { (m) throws(StoreError) in try m.store.sync() }
+    }
+
+    // MARK: data
+
+    public func read(_ handle: UInt64, offset: Int64, count: Int) throws(Errno) -> [UInt8] {
+        let content: FileContent = try meta.withLock { (m) throws(Errno) -> FileContent in
+            switch m.handles[handle] {
+            case .file(_, let open, _): return open.content
+            case .view(let content): return content
+            default: throw .badHandle
+            }
+        }
+        return try storeCall { () throws(StoreError) in try content.read(offset: offset, count: count) }
+    }
+
+    public func write(_ handle: UInt64, offset: Int64, data: UnsafeRawBufferPointer) throws(Errno) -> Int {
+        guard let (_, open) = try fileHandle(handle, forWriting: true) else { throw .badHandle }
+        guard offset >= 0, offset <= Int64.max - Int64(data.count) else { throw .invalid }
+        try storeCall { () throws(StoreError) in try open.content.write(offset: offset, data) }
+        meta.withLock { _ in open.pendingMTime = nowNanos() }
+        return data.count
+    }
+
+    /// fallocate(2) mode 0: extend the size (the store has no preallocation to offer);
+    /// other modes are not supported.
+    public func fallocate(_ handle: UInt64, mode: Int32, offset: Int64, length: Int64) throws(Errno) {
+        guard mode == 0 else { throw .notSupported }
+        guard let (_, open) = try fileHandle(handle, forWriting: true) else { throw .badHandle }
+        guard offset >= 0, length > 0 else { throw .invalid }
+        if offset + length > open.content.size {
+            try storeCall { () throws(StoreError) in try open.content.truncate(offset + length) }
+        }
+    }
+
+    func truncate(_ ino: InodeNumber, to size: Int64) throws(Errno) {
+        guard size >= 0 else { throw .invalid }
+        let (open, temporary) = try meta.withLock { (m) throws(Errno) -> (OpenFile, Bool) in
+            guard let inode = m.store.inode(ino) else { throw .notFound }
+            guard inode.kind == .file else { throw inode.kind == .directory ? .isDirectory : .invalid }
+            let temporary = m.openFiles[ino] == nil
+            let open = try m.openFile(ino)
+            open.handles += 1
+            return (open, temporary)
+        }
+        defer {
+            meta.withLock { m in
+                open.handles -= 1
+                if open.handles == 0 && !open.content.isChanged && m.openFiles[ino] === open { m.openFiles[ino] = nil }
+            }
+        }
+        try storeCall { () throws(StoreError) in try open.content.truncate(size) }
+        meta.withLock { _ in open.pendingMTime = nowNanos() }
+        // truncate(1) on a closed file is a save of its own.
+        if temporary { try commit(ino, open) }
+    }
+
+    // MARK: commits
+
+    /// Commits the open file's changes as a new version. A file unlinked meanwhile has
+    /// no name to keep history under: its changes are dropped, as POSIX drops its data.
+    func commit(_ ino: InodeNumber, _ open: OpenFile) throws(Errno) {
+        try storeCall { () throws(StoreError) in
+            try open.content.commit { (list) throws(StoreError) in
+                try meta.withLock { (m) throws(StoreError) in
+                    guard var inode = m.store.inode(ino), inode.nlink > 0, let path = m.store.path(of: ino) else { return }
+                    if let t = open.pendingMTime {
+                        inode.mtime = t
+                        inode.ctime = t
+                        open.pendingMTime = nil
+                        try m.store.update(inode)
+                    }
+                    try m.store.commit(ino, content: list, path: path, local: LocalOnly.contains(path))
+                    m.views.invalidate()
+                }
+            }
+        }
+    }
+
+    /// Commits every open file with changes (unmount, SIGTERM): nothing acknowledged is lost.
+    public func drain() {
+        let open = meta.withLock { m in m.openFiles.map { ($0.key, $0.value) } }
+        for (ino, file) in open where file.content.isChanged {
+            do { try commit(ino, file) } catch { log("ubiquity: committing inode \(ino) at unmount failed: \(error)") }
+        }
+    }
+
+    /// Commits files held open and dirty for longer than the idle interval (autosave).
+    public func commitIdle(now: Nanos = nowNanos()) {
+        let idle = Nanos(options.idleCommitSeconds * 1e9)
+        let open = meta.withLock { m in m.openFiles.map { ($0.key, $0.value) } }
+        for (ino, file) in open where file.content.isChanged && now - file.content.lastChange >= idle {
+            do { try commit(ino, file) } catch { log("ubiquity: autosave of inode \(ino) failed: \(error)") }
+        }
+    }
+
+    private func fileHandle(_ handle: UInt64, forWriting: Bool = false) throws(Errno) -> (InodeNumber, OpenFile)? {
+        try meta.withLock { (m) throws(Errno) -> (InodeNumber, OpenFile)? in
+            switch m.handles[handle] {
+            case .file(let ino, let open, let writable):
+                if forWriting && !writable { throw .badHandle }
+                return (ino, open)
+            case .view: if forWriting { throw .badHandle }; return nil
+            case .directory, nil: throw .badHandle
+            }
+        }
+    }
+}
+
+extension FileSystem.Meta {
+    mutating func register(_ handle: Handle) -> UInt64 {
+        let id = nextHandle
+        nextHandle += 1
+        handles[id] = handle
+        return id
+    }
+
+    /// The open state of a file, created from its current version on first open.
+    mutating func openFile(_ ino: InodeNumber) throws(Errno) -> OpenFile {
+        if let open = openFiles[ino] { return open }
+        let content = try storeCall { () throws(StoreError) in try store.openContent(ino) }
+        let open = OpenFile(content: content)
+        openFiles[ino] = open
+        return open
+    }
+
+    func attributesWithPending(_ inode: Inode) -> Attributes {
+        var a = attributes(inode)
+        if let t = openFiles[inode.id]?.pendingMTime { a.mtime = t; a.ctime = t }
+        return a
+    }
+}

@@ -1,0 +1,86 @@
+import Glibc
+import UbiquityStore
+
+/// Extended attributes. `user.*` are the user's, stored with the file; `user.ubiquity.*`
+/// are read-only status computed on demand (listed in the README). Other namespaces
+/// are not supported.
+extension FileSystem {
+    static let statusPrefix = "user.ubiquity."
+
+    public func getxattr(_ ino: UInt64, name: String) throws(Errno) -> [UInt8] {
+        try meta.withLock { (m) throws(Errno) -> [UInt8] in
+            if VirtualViews.isVirtual(ino) { throw .noData }
+            guard m.store.inode(ino) != nil else { throw .notFound }
+            if name.hasPrefix(Self.statusPrefix) {
+                guard let value = try m.status(ino)[String(name.dropFirst(Self.statusPrefix.count))] else { throw .noData }
+                return Array(value.utf8)
+            }
+            guard name.hasPrefix("user.") else { throw .noData }
+            guard let value = try storeCall({ () throws(StoreError) in try m.store.xattr(ino, name) }) else { throw .noData }
+            return value
+        }
+    }
+
+    public func listxattr(_ ino: UInt64) throws(Errno) -> [String] {
+        try meta.withLock { (m) throws(Errno) -> [String] in
+            if VirtualViews.isVirtual(ino) { return [] }
+            guard m.store.inode(ino) != nil else { throw .notFound }
+            let user = try storeCall { () throws(StoreError) in try m.store.xattrNames(ino) }
+            return user + (try m.status(ino).keys.sorted().map { Self.statusPrefix + $0 })
+        }
+    }
+
+    /// flags: XATTR_CREATE (1) fails if it exists, XATTR_REPLACE (2) if it does not.
+    public func setxattr(_ ino: UInt64, name: String, value: [UInt8], flags: Int32) throws(Errno) {
+        try meta.withLock { (m) throws(Errno) in
+            if VirtualViews.isVirtual(ino) { throw .readOnly }
+            guard m.store.inode(ino) != nil else { throw .notFound }
+            if name.hasPrefix(Self.statusPrefix) { throw .notPermitted }
+            guard name.hasPrefix("user."), name.count > 5 else { throw .notSupported }
+            guard name.utf8.count <= 255 else { throw .range }
+            guard value.count <= 65536 else { throw Errno(E2BIG) }
+            try storeCall { () throws(StoreError) in
+                let exists = try m.store.xattr(ino, name) != nil
+                if flags & 1 != 0 && exists { throw .io(errno: EEXIST, "setxattr") }
+                if flags & 2 != 0 && !exists { throw .io(errno: ENODATA, "setxattr") }
+                try m.store.setXattr(ino, name, value)
+                var inode = m.store.inode(ino)!
+                inode.ctime = nowNanos()
+                try m.store.update(inode)
+            }
+        }
+    }
+
+    public func removexattr(_ ino: UInt64, name: String) throws(Errno) {
+        try meta.withLock { (m) throws(Errno) in
+            if VirtualViews.isVirtual(ino) { throw .readOnly }
+            if name.hasPrefix(Self.statusPrefix) { throw .notPermitted }
+            guard name.hasPrefix("user.") else { throw .noData }
+            let removed = try storeCall { () throws(StoreError) in try m.store.removeXattr(ino, name) }
+            if !removed { throw .noData }
+        }
+    }
+}
+
+extension FileSystem.Meta {
+    /// Status attributes of a node (names without the `user.ubiquity.` prefix).
+    func status(_ ino: InodeNumber) throws(Errno) -> [String: String] {
+        guard let inode = store.inode(ino), inode.kind == .file else { return [:] }
+        let path = store.path(of: ino) ?? ""
+        var result: [String: String] = [
+            "local": LocalOnly.contains(path) ? "1" : "0",
+            "dirty": openFiles[ino]?.content.isChanged == true ? "1" : "0",
+            "conflicts": "0",
+        ]
+        if let row = inode.head, let head = try storeCall({ () throws(StoreError) in try store.version(row: row) }) {
+            if !head.isLocal {
+                result["version"] = head.id
+                result["device"] = head.deviceName
+                if let fileID = inode.fileID {
+                    result["versions"] = String(try storeCall { () throws(StoreError) in try store.versions(of: fileID) }.count)
+                }
+            }
+        }
+        return result
+    }
+}

@@ -1,0 +1,156 @@
+import Glibc
+import UbiquityStore
+
+/// POSIX semantics over the store, without any FUSE knowledge: the FUSE layer makes one
+/// call per operation and replies with the result or the thrown `Errno`.
+///
+/// Locks, always taken in this order, never while replying to the kernel:
+///   1. a `FileContent`'s lock (per open file: its data and commits)
+///   2. `meta` (the store, the tree, handles, lookup counts, virtual nodes)
+///   3. the chunk cache's lock (a leaf, inside ChunkStore)
+/// Reads and writes of file data hold only their file's content lock, so they run in
+/// parallel across files.
+public final class FileSystem: Sendable {
+    let meta: Locked<Meta>
+    let chunks: ChunkStore
+    public let options: Options
+
+    public struct Options: Sendable {
+        /// Commit a file held open and dirty after this long without writes (DESIGN: ~10 s).
+        public var idleCommitSeconds: Double = 10
+        public init() {}
+    }
+
+    /// State guarded by `meta`.
+    struct Meta {
+        let store: Store
+        var lookups: [InodeNumber: UInt64] = [:]
+        var openFiles: [InodeNumber: OpenFile] = [:]
+        var handles: [UInt64: Handle] = [:]
+        var nextHandle: UInt64 = 1
+        var views = VirtualViews()
+    }
+
+    public init(store: Store, options: Options = Options()) {
+        chunks = store.chunks
+        meta = Locked(Meta(store: store))
+        self.options = options
+    }
+
+    /// Runs `body` under the metadata lock, with store errors mapped to errno.
+    func withMeta<T>(_ body: (inout Meta) throws(StoreError) -> T) throws(Errno) -> T {
+        try storeCall { () throws(StoreError) -> T in try meta.withLock { (m) throws(StoreError) -> T in try body(&m) } }
+    }
+
+    // MARK: lookup, forget, getattr
+
+    public func lookup(parent: UInt64, name: String) throws(Errno) -> Attributes {
+        try meta.withLock { (m) throws(Errno) -> Attributes in
+            if VirtualViews.isVirtual(parent) || (parent == Store.rootInode && VirtualViews.rootNames.contains(name)) {
+                return try m.views.lookup(parent: parent, name: name, store: m.store)
+            }
+            guard let dir = m.store.inode(parent) else { throw .notFound }
+            guard dir.kind == .directory else { throw .notDirectory }
+            guard let id = m.store.child(parent, name), let inode = m.store.inode(id) else { throw .notFound }
+            m.lookups[id, default: 0] += 1
+            return m.attributes(inode)
+        }
+    }
+
+    /// The kernel dropped `count` references to `ino`. An inode that no name and no open
+    /// handle refers to any more is removed from the store.
+    public func forget(_ ino: UInt64, count: UInt64) {
+        meta.withLock { m in
+            guard !VirtualViews.isVirtual(ino), let current = m.lookups[ino] else { return }
+            if current <= count { m.lookups[ino] = nil } else { m.lookups[ino] = current - count }
+            m.dropIfUnreferenced(ino)
+        }
+    }
+
+    public func getattr(_ ino: UInt64) throws(Errno) -> Attributes {
+        try meta.withLock { (m) throws(Errno) -> Attributes in
+            if VirtualViews.isVirtual(ino) { return try m.views.attributes(ino, store: m.store) }
+            guard let inode = m.store.inode(ino) else { throw .notFound }
+            return m.attributes(inode)
+        }
+    }
+
+    /// Attribute changes requested by setattr; nil fields stay as they are.
+    public struct AttributeChanges: Sendable {
+        public var mode: UInt32?
+        public var uid: UInt32?
+        public var gid: UInt32?
+        public var size: Int64?
+        public var atime: TimeChange?
+        public var mtime: TimeChange?
+        public init() {}
+    }
+
+    public enum TimeChange: Sendable { case now, at(Nanos) }
+
+    public func setattr(_ ino: UInt64, _ changes: AttributeChanges) throws(Errno) -> Attributes {
+        if VirtualViews.isVirtual(ino) { throw .readOnly }
+        if let size = changes.size {
+            try truncate(ino, to: size)
+        }
+        return try withMeta { (m) throws(StoreError) -> Attributes in
+            guard var inode = m.store.inode(ino) else { throw .io(errno: ENOENT, "setattr") }
+            let now = nowNanos()
+            if let mode = changes.mode { inode.mode = mode & 0o7777 }
+            if let uid = changes.uid { inode.uid = uid }
+            if let gid = changes.gid { inode.gid = gid }
+            // chown by the owner clears set-id bits, as the kernel expects of filesystems.
+            if (changes.uid != nil || changes.gid != nil) && inode.kind != .directory && changes.mode == nil {
+                inode.mode &= ~UInt32(S_ISUID | S_ISGID)
+            }
+            switch changes.atime { case .now: inode.atime = now; case .at(let t): inode.atime = t; case nil: break }
+            switch changes.mtime { case .now: inode.mtime = now; case .at(let t): inode.mtime = t; case nil: break }
+            if changes.size != nil && changes.mtime == nil { inode.mtime = now }
+            inode.ctime = now
+            try m.store.update(inode)
+            return m.attributes(inode)
+        }
+    }
+
+    public func readlink(_ ino: UInt64) throws(Errno) -> String {
+        try meta.withLock { (m) throws(Errno) -> String in
+            guard let inode = m.store.inode(ino) else { throw .notFound }
+            guard inode.kind == .symlink, let target = inode.target else { throw .invalid }
+            return target
+        }
+    }
+
+    public struct FilesystemStats: Sendable {
+        public var blockSize: UInt64, blocks: UInt64, blocksFree: UInt64, blocksAvailable: UInt64
+        public var files: UInt64, filesFree: UInt64, nameMax: UInt64
+    }
+
+    /// Space is the store's filesystem's; inode counts are ours.
+    public func statfs() throws(Errno) -> FilesystemStats {
+        let (directory, count) = meta.withLock { ($0.store.directory, $0.store.inodeCount) }
+        var st = statvfs()
+        if statvfs(directory, &st) != 0 { throw Errno(errno) }
+        return FilesystemStats(blockSize: UInt64(st.f_bsize), blocks: UInt64(st.f_blocks) * UInt64(st.f_frsize) / UInt64(st.f_bsize),
+                               blocksFree: UInt64(st.f_bfree) * UInt64(st.f_frsize) / UInt64(st.f_bsize),
+                               blocksAvailable: UInt64(st.f_bavail) * UInt64(st.f_frsize) / UInt64(st.f_bsize),
+                               files: UInt64(count) + UInt64(st.f_ffree), filesFree: UInt64(st.f_ffree), nameMax: 255)
+    }
+}
+
+extension FileSystem.Meta {
+    /// Attributes with the live size of an open file.
+    func attributes(_ inode: Inode) -> Attributes {
+        if let open = openFiles[inode.id] { return Attributes(inode, size: open.content.size) }
+        return Attributes(inode)
+    }
+
+    /// Removes an inode once nothing names it, nothing has it open and the kernel forgot it.
+    mutating func dropIfUnreferenced(_ ino: InodeNumber) {
+        guard let inode = store.inode(ino), inode.nlink == 0, lookups[ino] == nil, openFiles[ino] == nil else { return }
+        do { try store.forget(ino) } catch { log("ubiquity: dropping inode \(ino): \(error)") }
+    }
+}
+
+extension Store {
+    public var inodeCount: Int { inodeNumbers.count }
+}

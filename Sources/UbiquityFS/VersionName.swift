@@ -1,0 +1,45 @@
+import Glibc
+import UbiquityStore
+
+/// Names shown under `.versions/<path>/`: `2026-11-22T13.45.01.123Z@laptop.txt`. They sort
+/// by commit time and keep the file's extension so viewers still recognise the type.
+enum VersionName {
+    static func make(_ version: Version, extension ext: String) -> String {
+        var seconds = time_t(version.committed / 1_000_000_000)
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        let millis = Int(version.committed / 1_000_000 % 1000)
+        let stamp = String(format4(Int(parts.tm_year) + 1900)) + "-" + pad2(Int(parts.tm_mon) + 1) + "-" + pad2(Int(parts.tm_mday))
+            + "T" + pad2(Int(parts.tm_hour)) + "." + pad2(Int(parts.tm_min)) + "." + pad2(Int(parts.tm_sec))
+            + "." + pad3(millis) + "Z"
+        return stamp + "@" + safeDevice(version.deviceName) + ext
+    }
+
+    /// Names for a history's versions (oldest first); a name that repeats (two commits in
+    /// one millisecond) gets the version id's start appended, so each is unique and stable.
+    static func names(_ versions: [Version], extension ext: String) -> [String] {
+        var seen: Set<String> = []
+        return versions.map { v in
+            var name = make(v, extension: ext)
+            if seen.contains(name) {
+                name = String(name.dropLast(ext.count)) + "~" + v.id.prefix(8) + ext
+            }
+            seen.insert(name)
+            return name
+        }
+    }
+
+    /// The extension of a path's last component, with its dot ("" if none).
+    static func fileExtension(_ path: String) -> String {
+        let name = path.split(separator: "/").last.map(String.init) ?? path
+        guard let dot = name.lastIndex(of: "."), dot != name.startIndex else { return "" }
+        return String(name[dot...])
+    }
+
+    private static func safeDevice(_ name: String) -> String {
+        String(name.map { $0 == "/" || $0 == "\0" ? "_" : $0 }.prefix(64))
+    }
+    private static func pad2(_ n: Int) -> String { n < 10 ? "0\(n)" : "\(n)" }
+    private static func pad3(_ n: Int) -> String { n < 10 ? "00\(n)" : n < 100 ? "0\(n)" : "\(n)" }
+    private static func format4(_ n: Int) -> String { n < 1000 ? String(repeating: "0", count: 4 - String(n).count) + "\(n)" : "\(n)" }
+}

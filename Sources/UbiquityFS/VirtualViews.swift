@@ -1,0 +1,128 @@
+import Glibc
+import UbiquityStore
+
+/// The hidden, read-only views at the container root: `.versions/` (and `.conflicts/`,
+/// empty until sync lands). Their inode numbers live in a reserved range, as JuiceFS keeps
+/// its internal nodes apart, so they never collide with the store's inodes.
+///
+///     .versions/                 mirrors the directories that contain histories
+///     .versions/<path>/          for a file's path: one entry per version
+///     .versions/<path>/<name>    the version's content, read-only
+struct VirtualViews {
+    static let base: UInt64 = 1 << 56
+    static let versionsRoot = base
+    static let conflictsRoot = base + 1
+    static let rootNames: Set<String> = [".versions", ".conflicts"]
+
+    static func isVirtual(_ ino: UInt64) -> Bool { ino >= base }
+
+    enum Node: Hashable {
+        /// A directory of .versions/ mirroring `path` ("" is .versions itself).
+        case directory(path: String)
+        /// The list of versions of the file(s) last seen at `path`.
+        case history(path: String)
+        /// One version's content.
+        case version(row: Int64, size: Int64, time: Nanos)
+        case conflicts
+    }
+
+    private var nodes: [UInt64: Node] = [versionsRoot: .directory(path: ""), conflictsRoot: .conflicts]
+    private var numbers: [Node: UInt64] = [.directory(path: ""): versionsRoot, .conflicts: conflictsRoot]
+    private var next: UInt64 = base + 2
+    /// path -> history file ids, rebuilt after any change to histories.
+    private var index: [String: [String]]?
+
+    mutating func invalidate() { index = nil }
+
+    private mutating func number(_ node: Node) -> UInt64 {
+        if let n = numbers[node] { return n }
+        let n = next
+        next += 1
+        nodes[n] = node
+        numbers[node] = n
+        return n
+    }
+
+    private mutating func histories(_ store: Store) throws(Errno) -> [String: [String]] {
+        if let index { return index }
+        var built: [String: [String]] = [:]
+        for h in try storeCall({ () throws(StoreError) in try store.histories() }) { built[h.path, default: []].append(h.fileID) }
+        index = built
+        return built
+    }
+
+    // MARK: listing
+
+    mutating func rootEntries(store: Store) throws(Errno) -> [DirectoryEntry] {
+        [DirectoryEntry(name: ".versions", attributes: try attributes(Self.versionsRoot, store: store)),
+         DirectoryEntry(name: ".conflicts", attributes: try attributes(Self.conflictsRoot, store: store))]
+    }
+
+    mutating func entries(_ ino: UInt64, store: Store) throws(Errno) -> [DirectoryEntry] {
+        guard let node = nodes[ino] else { throw .notFound }
+        var result: [DirectoryEntry] = []
+        switch node {
+        case .directory(let path):
+            var names: [String: Bool] = [:] // name -> is a history (file) rather than a directory
+            let prefix = path.isEmpty ? "" : path + "/"
+            for key in try histories(store).keys where key.hasPrefix(prefix) {
+                let rest = key.dropFirst(prefix.count)
+                if let slash = rest.firstIndex(of: "/") {
+                    names[String(rest[..<slash]), default: false] = names[String(rest[..<slash])] ?? false
+                } else {
+                    names[String(rest)] = true
+                }
+            }
+            for (name, isHistory) in names.sorted(by: { $0.key < $1.key }) {
+                let child = prefix + name
+                let n = number(isHistory ? .history(path: child) : .directory(path: child))
+                result.append(DirectoryEntry(name: name, attributes: try attributes(n, store: store)))
+            }
+        case .history(let path):
+            for (name, version) in try versions(at: path, store: store) {
+                let n = number(.version(row: version.row, size: version.size, time: version.committed))
+                result.append(DirectoryEntry(name: name, attributes: try attributes(n, store: store)))
+            }
+        case .version:
+            throw .notDirectory
+        case .conflicts:
+            break
+        }
+        return result
+    }
+
+    mutating func lookup(parent: UInt64, name: String, store: Store) throws(Errno) -> Attributes {
+        if parent == Store.rootInode {
+            return try attributes(name == ".versions" ? Self.versionsRoot : Self.conflictsRoot, store: store)
+        }
+        guard let entry = try entries(parent, store: store).first(where: { $0.name == name }) else { throw .notFound }
+        return entry.attributes
+    }
+
+    mutating func attributes(_ ino: UInt64, store: Store) throws(Errno) -> Attributes {
+        guard let node = nodes[ino], let root = store.inode(Store.rootInode) else { throw .notFound }
+        switch node {
+        case .directory, .history, .conflicts:
+            return Attributes(virtual: ino, directory: true, size: 0, time: root.mtime, uid: root.uid, gid: root.gid)
+        case .version(_, let size, let time):
+            return Attributes(virtual: ino, directory: false, size: size, time: time, uid: root.uid, gid: root.gid)
+        }
+    }
+
+    /// A version's content for reading.
+    func content(_ ino: UInt64, store: Store) throws(Errno) -> FileContent {
+        guard case .version(let row, _, _) = nodes[ino] else { throw nodes[ino] == nil ? .notFound : .isDirectory }
+        let list = try storeCall { () throws(StoreError) in try store.chunkList(row: row) }
+        return FileContent(base: list, chunks: store.chunks, stagingDirectory: store.stagingDirectory)
+    }
+
+    /// The versions shown at `path`, oldest first, with their names.
+    private mutating func versions(at path: String, store: Store) throws(Errno) -> [(String, Version)] {
+        var all: [Version] = []
+        for id in try histories(store)[path] ?? [] {
+            all += try storeCall { () throws(StoreError) in try store.versions(of: id) }
+        }
+        all.sort { ($0.committed, $0.id) < ($1.committed, $1.id) }
+        return Array(zip(VersionName.names(all, extension: VersionName.fileExtension(path)), all))
+    }
+}

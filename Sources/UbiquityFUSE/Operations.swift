@@ -1,0 +1,288 @@
+import CFuse
+import Glibc
+import UbiquityFS
+import UbiquityStore
+
+// FUSE_SET_ATTR_* and UTIME_* are not all imported (macros); values from fuse_lowlevel.h.
+private let setMode: Int32 = 1 << 0, setUID: Int32 = 1 << 1, setGID: Int32 = 1 << 2, setSize: Int32 = 1 << 3
+private let setAtime: Int32 = 1 << 4, setMtime: Int32 = 1 << 5, setAtimeNow: Int32 = 1 << 7, setMtimeNow: Int32 = 1 << 8
+
+/// The low-level operations table: one call into `FileSystem` per operation.
+func makeOperations() -> fuse_lowlevel_ops {
+    var ops = fuse_lowlevel_ops()
+
+    ops.`init` = { userdata, conn in
+        guard let conn else { return }
+        // Let the kernel send O_TRUNC with open (one request instead of setattr + open).
+        if conn.pointee.capable & UInt32(FUSE_CAP_ATOMIC_O_TRUNC) != 0 { conn.pointee.want |= UInt32(FUSE_CAP_ATOMIC_O_TRUNC) }
+    }
+
+    ops.lookup = { req, parent, cname in
+        reply(req) { () throws(Errno) in
+            replyEntry(req, try context(req).fs.lookup(parent: parent, name: try name(cname)))
+        }
+    }
+
+    ops.forget = { req, ino, count in
+        context(req).fs.forget(ino, count: count)
+        fuse_reply_none(req)
+    }
+
+    ops.forget_multi = { req, count, forgets in
+        let fs = context(req).fs
+        for i in 0..<count { fs.forget(forgets![i].ino, count: forgets![i].nlookup) }
+        fuse_reply_none(req)
+    }
+
+    ops.getattr = { req, ino, _ in
+        reply(req) { () throws(Errno) in replyAttr(req, try context(req).fs.getattr(ino)) }
+    }
+
+    ops.setattr = { req, ino, attr, toSet, _ in
+        reply(req) { () throws(Errno) in
+            let st = attr!.pointee
+            var changes = FileSystem.AttributeChanges()
+            if toSet & setMode != 0 { changes.mode = UInt32(st.st_mode) }
+            if toSet & setUID != 0 { changes.uid = st.st_uid }
+            if toSet & setGID != 0 { changes.gid = st.st_gid }
+            if toSet & setSize != 0 { changes.size = Int64(st.st_size) }
+            if toSet & setAtimeNow != 0 { changes.atime = .now } else if toSet & setAtime != 0 { changes.atime = .at(st.st_atim.nanos) }
+            if toSet & setMtimeNow != 0 { changes.mtime = .now } else if toSet & setMtime != 0 { changes.mtime = .at(st.st_mtim.nanos) }
+            replyAttr(req, try context(req).fs.setattr(ino, changes))
+        }
+    }
+
+    ops.readlink = { req, ino in
+        reply(req) { () throws(Errno) in
+            let target = try context(req).fs.readlink(ino)
+            fuse_reply_readlink(req, target)
+        }
+    }
+
+    ops.mknod = { req, parent, cname, mode, rdev in
+        reply(req) { () throws(Errno) in
+            replyEntry(req, try context(req).fs.mknod(parent: parent, name: try name(cname), mode: UInt32(mode), rdev: UInt64(rdev), caller: caller(req)))
+        }
+    }
+
+    ops.mkdir = { req, parent, cname, mode in
+        reply(req) { () throws(Errno) in
+            replyEntry(req, try context(req).fs.mkdir(parent: parent, name: try name(cname), mode: UInt32(mode), caller: caller(req)))
+        }
+    }
+
+    ops.unlink = { req, parent, cname in
+        reply(req) { () throws(Errno) in
+            try context(req).fs.unlink(parent: parent, name: try name(cname))
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.rmdir = { req, parent, cname in
+        reply(req) { () throws(Errno) in
+            try context(req).fs.rmdir(parent: parent, name: try name(cname))
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.symlink = { req, target, parent, cname in
+        reply(req) { () throws(Errno) in
+            replyEntry(req, try context(req).fs.symlink(target: try name(target), parent: parent, name: try name(cname), caller: caller(req)))
+        }
+    }
+
+    ops.rename = { req, parent, cname, newParent, newName, flags in
+        reply(req) { () throws(Errno) in
+            try context(req).fs.rename(parent: parent, name: try name(cname), newParent: newParent, newName: try name(newName), flags: UInt32(flags))
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.link = { req, ino, newParent, newName in
+        reply(req) { () throws(Errno) in
+            replyEntry(req, try context(req).fs.link(ino, parent: newParent, name: try name(newName)))
+        }
+    }
+
+    ops.open = { req, ino, fi in
+        reply(req) { () throws(Errno) in
+            let handle = try context(req).fs.open(ino, flags: OpenFlags(fi!.pointee.flags))
+            fi!.pointee.fh = handle
+            // Content changes only through this mount, so the page cache stays valid.
+            fi!.pointee.keep_cache = 1
+            fuse_reply_open(req, fi)
+        }
+    }
+
+    ops.create = { req, parent, cname, mode, fi in
+        reply(req) { () throws(Errno) in
+            let (attributes, handle) = try context(req).fs.create(parent: parent, name: try name(cname), mode: UInt32(mode),
+                                                                  flags: OpenFlags(fi!.pointee.flags), caller: caller(req))
+            fi!.pointee.fh = handle
+            fi!.pointee.keep_cache = 1
+            var e = entryParam(attributes)
+            fuse_reply_create(req, &e, fi)
+        }
+    }
+
+    ops.read = { req, _, size, offset, fi in
+        reply(req) { () throws(Errno) in
+            let bytes = try context(req).fs.read(fi!.pointee.fh, offset: Int64(offset), count: size)
+            _ = bytes.withUnsafeBufferPointer { fuse_reply_buf(req, UnsafeRawPointer($0.baseAddress)?.assumingMemoryBound(to: CChar.self), $0.count) }
+        }
+    }
+
+    ops.write = { req, _, buf, size, offset, fi in
+        reply(req) { () throws(Errno) in
+            let data = UnsafeRawBufferPointer(start: buf, count: size)
+            let written = try context(req).fs.write(fi!.pointee.fh, offset: Int64(offset), data: data)
+            fuse_reply_write(req, written)
+        }
+    }
+
+    ops.flush = { req, _, fi in
+        reply(req) { () throws(Errno) in
+            try context(req).fs.flush(fi!.pointee.fh)
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.release = { req, _, fi in
+        reply(req) { () throws(Errno) in
+            try context(req).fs.release(fi!.pointee.fh)
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.fsync = { req, _, _, fi in
+        reply(req) { () throws(Errno) in
+            try context(req).fs.fsync(fi!.pointee.fh)
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.opendir = { req, ino, fi in
+        reply(req) { () throws(Errno) in
+            fi!.pointee.fh = try context(req).fs.opendir(ino)
+            fuse_reply_open(req, fi)
+        }
+    }
+
+    ops.readdir = { req, ino, size, offset, fi in
+        reply(req) { () throws(Errno) in try readDirectory(req, ino, size, offset, fi!.pointee.fh, plus: false) }
+    }
+
+    ops.readdirplus = { req, ino, size, offset, fi in
+        reply(req) { () throws(Errno) in try readDirectory(req, ino, size, offset, fi!.pointee.fh, plus: true) }
+    }
+
+    ops.releasedir = { req, _, fi in
+        context(req).fs.releasedir(fi!.pointee.fh)
+        fuse_reply_err(req, 0)
+    }
+
+    ops.fsyncdir = { req, _, _, _ in
+        reply(req) { () throws(Errno) in
+            try context(req).fs.fsyncDirectory()
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.statfs = { req, _ in
+        reply(req) { () throws(Errno) in
+            let s = try context(req).fs.statfs()
+            var st = statvfs()
+            st.f_bsize = UInt(s.blockSize)
+            st.f_frsize = UInt(s.blockSize)
+            st.f_blocks = fsblkcnt_t(s.blocks)
+            st.f_bfree = fsblkcnt_t(s.blocksFree)
+            st.f_bavail = fsblkcnt_t(s.blocksAvailable)
+            st.f_files = fsfilcnt_t(s.files)
+            st.f_ffree = fsfilcnt_t(s.filesFree)
+            st.f_favail = fsfilcnt_t(s.filesFree)
+            st.f_namemax = UInt(s.nameMax)
+            fuse_reply_statfs(req, &st)
+        }
+    }
+
+    ops.setxattr = { req, ino, cname, value, size, flags in
+        reply(req) { () throws(Errno) in
+            let bytes = Array(UnsafeRawBufferPointer(start: value, count: size))
+            try context(req).fs.setxattr(ino, name: try name(cname), value: bytes, flags: flags)
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.getxattr = { req, ino, cname, size in
+        reply(req) { () throws(Errno) in
+            let value = try context(req).fs.getxattr(ino, name: try name(cname))
+            try replyXattr(req, value, size)
+        }
+    }
+
+    ops.listxattr = { req, ino, size in
+        reply(req) { () throws(Errno) in
+            let names = try context(req).fs.listxattr(ino)
+            try replyXattr(req, names.flatMap { Array($0.utf8) + [0] }, size)
+        }
+    }
+
+    ops.removexattr = { req, ino, cname in
+        reply(req) { () throws(Errno) in
+            try context(req).fs.removexattr(ino, name: try name(cname))
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.fallocate = { req, _, mode, offset, length, fi in
+        reply(req) { () throws(Errno) in
+            try context(req).fs.fallocate(fi!.pointee.fh, mode: mode, offset: Int64(offset), length: Int64(length))
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    return ops
+}
+
+/// getxattr/listxattr protocol: size 0 asks for the length; too small a buffer is ERANGE.
+private func replyXattr(_ req: fuse_req_t?, _ value: [UInt8], _ size: Int) throws(Errno) {
+    if size == 0 {
+        fuse_reply_xattr(req, value.count)
+    } else if value.count > size {
+        throw .range
+    } else {
+        _ = value.withUnsafeBufferPointer { fuse_reply_buf(req, UnsafeRawPointer($0.baseAddress)?.assumingMemoryBound(to: CChar.self), $0.count) }
+    }
+}
+
+/// Fills one readdir(plus) reply from the listing snapshotted at opendir. Offsets are
+/// positions in that snapshot (1-based, after "." and ".."), so they stay valid.
+private func readDirectory(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ offset: off_t, _ handle: UInt64, plus: Bool) throws(Errno) {
+    let fs = context(req).fs
+    let entries = try fs.readdir(handle)
+    let own = try fs.getattr(ino)
+    var all: [(String, Attributes)] = [(".", own), ("..", own)]
+    all += entries.map { ($0.name, $0.attributes) }
+    var buffer = [CChar](repeating: 0, count: size)
+    var used = 0
+    var index = Int(offset)
+    while index < all.count {
+        let (entryName, attributes) = all[index]
+        let needed = buffer.withUnsafeMutableBufferPointer { buf -> Int in
+            let dest = buf.baseAddress! + used
+            if plus {
+                var e = entryParam(attributes)
+                return fuse_add_direntry_plus(req, dest, size - used, entryName, &e, off_t(index + 1))
+            } else {
+                var st = statBuffer(attributes)
+                return fuse_add_direntry(req, dest, size - used, entryName, &st, off_t(index + 1))
+            }
+        }
+        if needed > size - used { break }
+        // The kernel takes a reference for each readdirplus entry except "." and "..".
+        if plus && index >= 2 { fs.noteLookup(attributes.ino) }
+        used += needed
+        index += 1
+    }
+    _ = buffer.withUnsafeBufferPointer { fuse_reply_buf(req, $0.baseAddress, used) }
+}

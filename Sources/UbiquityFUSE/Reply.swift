@@ -1,0 +1,86 @@
+import CFuse
+import Glibc
+import UbiquityFS
+import UbiquityStore
+
+/// The filesystem and per-mount settings, reached from C callbacks through libfuse's
+/// userdata pointer (callbacks cannot capture context).
+final class MountContext: Sendable {
+    let fs: FileSystem
+    init(fs: FileSystem) { self.fs = fs }
+}
+
+func context(_ req: fuse_req_t?) -> MountContext {
+    Unmanaged<MountContext>.fromOpaque(fuse_req_userdata(req)!).takeUnretainedValue()
+}
+
+func caller(_ req: fuse_req_t?) -> Caller {
+    let ctx = fuse_req_ctx(req)!.pointee
+    return Caller(uid: ctx.uid, gid: ctx.gid, umask: ctx.umask)
+}
+
+/// A C name from the kernel as a Swift string: names must be UTF-8 (EILSEQ otherwise),
+/// so every name round-trips byte for byte.
+func name(_ c: UnsafePointer<CChar>?) throws(Errno) -> String {
+    guard let c, let s = String(validatingCString: c) else { throw .illegalSequence }
+    return s
+}
+
+/// Runs an operation and replies with its errno on failure. Every request gets exactly
+/// one reply: `body` replies on success, this replies on error.
+func reply(_ req: fuse_req_t?, _ body: () throws(Errno) -> Void) {
+    do throws(Errno) {
+        try body()
+    } catch {
+        fuse_reply_err(req, error.code)
+    }
+}
+
+/// Attribute and entry validity for real nodes. Everything that changes a node comes
+/// through the kernel, so a second is safe and saves most getattr round trips.
+let cacheTimeout = 1.0
+
+func statBuffer(_ a: Attributes) -> stat {
+    var st = stat()
+    st.st_ino = ino_t(a.ino)
+    st.st_mode = mode_t(a.mode)
+    st.st_nlink = nlink_t(a.nlink)
+    st.st_uid = a.uid
+    st.st_gid = a.gid
+    st.st_size = off_t(a.size)
+    st.st_blocks = blkcnt_t(a.blocks)
+    st.st_blksize = 4096
+    st.st_rdev = dev_t(a.rdev)
+    st.st_atim = timespec(a.atime)
+    st.st_mtim = timespec(a.mtime)
+    st.st_ctim = timespec(a.ctime)
+    return st
+}
+
+func entryParam(_ a: Attributes) -> fuse_entry_param {
+    var e = fuse_entry_param()
+    e.ino = a.ino
+    e.generation = 1
+    e.attr = statBuffer(a)
+    let timeout = a.ino >= (1 << 56) ? 0 : cacheTimeout
+    e.attr_timeout = timeout
+    e.entry_timeout = timeout
+    return e
+}
+
+func replyEntry(_ req: fuse_req_t?, _ a: Attributes) {
+    var e = entryParam(a)
+    fuse_reply_entry(req, &e)
+}
+
+func replyAttr(_ req: fuse_req_t?, _ a: Attributes) {
+    var st = statBuffer(a)
+    fuse_reply_attr(req, &st, a.ino >= (1 << 56) ? 0 : cacheTimeout)
+}
+
+extension timespec {
+    init(_ nanos: Nanos) {
+        self.init(tv_sec: Int(nanos / 1_000_000_000), tv_nsec: Int(nanos % 1_000_000_000))
+    }
+    var nanos: Nanos { Nanos(tv_sec) * 1_000_000_000 + Nanos(tv_nsec) }
+}

@@ -1,0 +1,183 @@
+import CFuse
+import Glibc
+import UbiquityFS
+import UbiquityStore
+
+/// One FUSE mount of a `FileSystem`: mount, serve on libfuse's multi-threaded loop until
+/// unmounted or signalled, then commit what is pending.
+public final class FUSESession {
+    public struct Options: Sendable {
+        /// Extra `-o` options (allow_other, ro, ...), comma-separated.
+        public var mountOptions: [String] = []
+        public var maxThreads: UInt32 = 8
+        /// Install SIGTERM/SIGINT/SIGHUP handlers that end the loop (daemons; not tests).
+        public var handleSignals = true
+        public var fsname = "ubiquity"
+        public init() {}
+    }
+
+    public let mountpoint: String
+    private let fs: FileSystem
+    private let options: Options
+    private var session: OpaquePointer?
+    private let context: Unmanaged<MountContext>
+    private var ops: fuse_lowlevel_ops
+
+    public init(fs: FileSystem, mountpoint: String, options: Options) {
+        self.fs = fs
+        self.mountpoint = mountpoint
+        self.options = options
+        context = Unmanaged.passRetained(MountContext(fs: fs))
+        ops = makeOperations()
+    }
+
+    deinit {
+        if let session { fuse_session_destroy(session) }
+        context.release()
+    }
+
+    /// Creates the session and mounts. On return the mount is live (requests queue until
+    /// `run()` serves them).
+    public func mount() throws(MountError) {
+        if isMountpoint(mountpoint) {
+            throw .failed("\(mountpoint) is already a mount point; unmount it first (`ubiquity unmount \(mountpoint)` or `fusermount3 -u \(mountpoint)`)")
+        }
+        // default_permissions: the kernel checks modes and ownership against our attributes.
+        var all = ["default_permissions", "fsname=\(options.fsname)", "subtype=ubiquity"]
+        all += options.mountOptions
+        let argv = ["ubiquity", "-o", all.joined(separator: ",")]
+        var cargs = argv.map { strdup($0) }
+        defer { cargs.forEach { free($0) } }
+        cargs.append(nil)
+        let created: OpaquePointer? = cargs.withUnsafeMutableBufferPointer { buf in
+            var args = fuse_args(argc: Int32(argv.count), argv: buf.baseAddress, allocated: 0)
+            let se = fuse_session_new(&args, &ops, MemoryLayout<fuse_lowlevel_ops>.size, context.toOpaque())
+            fuse_opt_free_args(&args)
+            return se
+        }
+        guard let created else { throw .failed("libfuse refused the mount options: \(all.joined(separator: ","))") }
+        session = created
+        if options.handleSignals {
+            // libfuse installs its handlers only over SIG_DFL; a daemon started from a script
+            // may inherit SIGINT ignored (notes/swift-fuse.md pitfall 22).
+            signal(SIGINT, SIG_DFL); signal(SIGTERM, SIG_DFL); signal(SIGHUP, SIG_DFL)
+            if fuse_set_signal_handlers(created) != 0 { throw .failed("cannot install signal handlers") }
+        }
+        if fuse_session_mount(created, mountpoint) != 0 {
+            if options.handleSignals { fuse_remove_signal_handlers(created) }
+            throw .failed("cannot mount on \(mountpoint): does it exist, is it an empty directory you own, and is /dev/fuse usable (package fuse3)?")
+        }
+    }
+
+    /// Serves requests until the filesystem is unmounted or a signal ends the loop, then
+    /// unmounts (if still mounted) and commits everything pending. Returns the loop's status.
+    @discardableResult
+    public func run() -> Int32 {
+        guard let session else { return -1 }
+        let autosave = startAutosave()
+        let cfg = fuse_loop_cfg_create()
+        fuse_loop_cfg_set_max_threads(cfg, options.maxThreads)
+        fuse_loop_cfg_set_clone_fd(cfg, 0)
+        let status = fuse_session_loop_mt(session, cfg)
+        fuse_loop_cfg_destroy(cfg)
+        autosave.stop()
+        fuse_session_unmount(session)
+        if options.handleSignals { fuse_remove_signal_handlers(session) }
+        fs.drain()
+        return status
+    }
+
+    /// Unmounts from another thread (in-process use): the loop then returns.
+    public func unmount() {
+        if let session { fuse_session_unmount(session) }
+    }
+
+    /// A thread that commits files held open and dirty past the idle interval.
+    private func startAutosave() -> BackgroundLoop {
+        let fs = self.fs
+        return BackgroundLoop(intervalSeconds: 1) { fs.commitIdle() }
+    }
+}
+
+public enum MountError: Error, CustomStringConvertible {
+    case failed(String)
+    public var description: String { if case .failed(let m) = self { return m }; return "" }
+}
+
+/// Whether `path` is a mount point now, by /proc/self/mountinfo.
+public func isMountpoint(_ path: String) -> Bool {
+    mountEntries().contains { $0.mountpoint == path }
+}
+
+public struct MountEntry: Sendable {
+    public var mountpoint: String
+    public var fstype: String
+    public var source: String
+}
+
+/// Mounts from /proc/self/mountinfo (octal escapes such as \040 decoded).
+public func mountEntries() -> [MountEntry] {
+    guard let file = fopen("/proc/self/mountinfo", "r") else { return [] }
+    defer { fclose(file) }
+    var result: [MountEntry] = []
+    var line: UnsafeMutablePointer<CChar>?
+    var capacity = 0
+    while getline(&line, &capacity, file) > 0 {
+        let fields = String(cString: line!).split(separator: " ")
+        guard let dash = fields.firstIndex(of: "-"), fields.count > dash + 2, fields.count > 4 else { continue }
+        result.append(MountEntry(mountpoint: unescape(fields[4]), fstype: String(fields[dash + 1]), source: unescape(fields[dash + 2])))
+    }
+    free(line)
+    return result
+}
+
+private func unescape(_ s: Substring) -> String {
+    var bytes: [UInt8] = []
+    var it = Array(s.utf8)[...]
+    while let c = it.popFirst() {
+        if c == UInt8(ascii: "\\"), it.count >= 3, let v = UInt8(String(decoding: it.prefix(3), as: UTF8.self), radix: 8) {
+            bytes.append(v)
+            it = it.dropFirst(3)
+        } else {
+            bytes.append(c)
+        }
+    }
+    return String(decoding: bytes, as: UTF8.self)
+}
+
+/// A pthread running `body` every interval until stopped (Swift concurrency is kept off
+/// this path: notes/swift-fuse.md pitfall 20).
+final class BackgroundLoop: @unchecked Sendable {
+    private let state = Locked(false)
+    private var thread = pthread_t()
+    private let body: @Sendable () -> Void
+    private let interval: Double
+
+    init(intervalSeconds: Double, _ body: @escaping @Sendable () -> Void) {
+        self.body = body
+        interval = intervalSeconds
+        let box = Unmanaged.passRetained(self).toOpaque()
+        pthread_create(&thread, nil, { arg in
+            let loop = Unmanaged<BackgroundLoop>.fromOpaque(arg!).takeRetainedValue()
+            loop.loop()
+            return nil
+        }, box)
+    }
+
+    private func loop() {
+        while true {
+            var slept = 0.0
+            while slept < interval {
+                if state.withLock({ $0 }) { return }
+                usleep(100_000)
+                slept += 0.1
+            }
+            body()
+        }
+    }
+
+    func stop() {
+        state.withLock { $0 = true }
+        pthread_join(thread, nil)
+    }
+}

@@ -1,0 +1,188 @@
+import Glibc
+
+/// Immutable chunks as files named by their SHA-256 under `chunks/xx/` (256-way fan-out).
+///
+/// Contract:
+/// - `put` is idempotent: a chunk that exists is not written again (same name, same bytes).
+/// - A chunk file appears only complete: bytes go to a temp name, then `rename` publishes it.
+/// - `put` does not fsync; `sync()` is the durability barrier (one `syncfs` for all chunks
+///   written so far) and callers run it before recording a durable version that names them.
+/// - `read` re-hashes every chunk it returns and throws `.corruptChunk` on a mismatch, so
+///   wrong bytes are never served. Verified chunks are kept in a small cache.
+public final class ChunkStore: Sendable {
+    public let directory: String
+    private let dirFD: Int32
+    private let cache = Locked(ChunkCache(capacityBytes: 16 << 20))
+
+    public init(directory: String) throws(StoreError) {
+        self.directory = directory
+        try makeDirectory(directory)
+        for i in 0..<256 { try makeDirectory(directory + "/" + hexByte(i)) }
+        dirFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if dirFD < 0 { throw .io(errno: errno, "open \(directory)") }
+    }
+
+    deinit { close(dirFD) }
+
+    public func path(of id: ChunkID) -> String {
+        let hex = id.hex
+        return "\(directory)/\(hex.prefix(2))/\(hex)"
+    }
+
+    public func contains(_ id: ChunkID) -> Bool {
+        access(path(of: id), F_OK) == 0
+    }
+
+    /// Stores `bytes` (whose hash is `id`) unless the chunk is already there.
+    public func put(_ id: ChunkID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) {
+        let final = path(of: id)
+        if access(final, F_OK) == 0 { return }
+        let temp = final + ".tmp.\(getpid()).\(UInt32.random(in: 0...UInt32.max))"
+        let fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o444)
+        if fd < 0 { throw .io(errno: errno, "create chunk \(temp)") }
+        var written = 0
+        while written < bytes.count {
+            let n = write(fd, bytes.baseAddress! + written, bytes.count - written)
+            if n < 0 {
+                if errno == EINTR { continue }
+                let code = errno
+                close(fd); unlink(temp)
+                throw .io(errno: code, "write chunk \(id)")
+            }
+            written += n
+        }
+        close(fd)
+        if rename(temp, final) != 0 {
+            let code = errno
+            unlink(temp)
+            throw .io(errno: code, "publish chunk \(id)")
+        }
+    }
+
+    public func put(_ id: ChunkID, _ bytes: [UInt8]) throws(StoreError) {
+        try withBytes(bytes) { (raw) throws(StoreError) in try put(id, raw) }
+    }
+
+    /// The chunk's bytes, verified against its name.
+    public func read(_ id: ChunkID) throws(StoreError) -> [UInt8] {
+        if let hit = cache.withLock({ $0.get(id) }) { return hit }
+        let bytes = try readUnverified(id)
+        guard ChunkID(hashing: bytes) == id else {
+            log("ubiquity: chunk \(id) is corrupt: content hash mismatch (\(path(of: id))); run `ubiquity fsck`")
+            throw .corruptChunk(id)
+        }
+        cache.withLock { $0.put(id, bytes) }
+        return bytes
+    }
+
+    /// The raw file content, for fsck and repair; not verified.
+    public func readUnverified(_ id: ChunkID) throws(StoreError) -> [UInt8] {
+        let p = path(of: id)
+        let fd = open(p, O_RDONLY | O_CLOEXEC)
+        if fd < 0 {
+            if errno == ENOENT { throw .missingChunk(id) }
+            throw .io(errno: errno, "open chunk \(p)")
+        }
+        defer { close(fd) }
+        var st = stat()
+        try check(fstat(fd, &st), "stat chunk \(p)")
+        var bytes = [UInt8](repeating: 0, count: Int(st.st_size))
+        var done = 0
+        while done < bytes.count {
+            let n = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress! + done, $0.count - done, off_t(done)) }
+            if n < 0 { if errno == EINTR { continue }; throw .io(errno: errno, "read chunk \(p)") }
+            if n == 0 { break }
+            done += n
+        }
+        return Array(bytes[0..<done])
+    }
+
+    /// Every chunk id present (for fsck and gc).
+    public func allChunkIDs() -> [ChunkID] {
+        var ids: [ChunkID] = []
+        for i in 0..<256 {
+            guard let dir = opendir(directory + "/" + hexByte(i)) else { continue }
+            while let entry = readdir(dir) {
+                let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                    String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
+                }
+                if let id = ChunkID(hex: name) { ids.append(id) }
+            }
+            closedir(dir)
+        }
+        return ids
+    }
+
+    public func remove(_ id: ChunkID) {
+        unlink(path(of: id))
+        cache.withLock { $0.remove(id) }
+    }
+
+    /// Durability barrier: every chunk written so far reaches the disk before this returns.
+    public func sync() throws(StoreError) {
+        try check(c_syncfs(dirFD), "syncfs \(directory)")
+    }
+
+    public func dropCache() { cache.withLock { $0.removeAll() } }
+}
+
+/// A byte-bounded LRU of verified chunks, so a sequential read hashes each chunk once.
+struct ChunkCache {
+    let capacityBytes: Int
+    private var entries: [ChunkID: (bytes: [UInt8], tick: UInt64)] = [:]
+    private var bytes = 0
+    private var tick: UInt64 = 0
+
+    init(capacityBytes: Int) { self.capacityBytes = capacityBytes }
+
+    mutating func get(_ id: ChunkID) -> [UInt8]? {
+        guard let entry = entries[id] else { return nil }
+        tick += 1
+        entries[id] = (entry.bytes, tick)
+        return entry.bytes
+    }
+
+    mutating func put(_ id: ChunkID, _ value: [UInt8]) {
+        guard value.count <= capacityBytes / 4, entries[id] == nil else { return }
+        while bytes + value.count > capacityBytes, let oldest = entries.min(by: { $0.value.tick < $1.value.tick }) {
+            bytes -= oldest.value.bytes.count
+            entries[oldest.key] = nil
+        }
+        tick += 1
+        entries[id] = (value, tick)
+        bytes += value.count
+    }
+
+    mutating func remove(_ id: ChunkID) {
+        if let old = entries.removeValue(forKey: id) { bytes -= old.bytes.count }
+    }
+
+    mutating func removeAll() { entries = [:]; bytes = 0 }
+}
+
+func hexByte(_ i: Int) -> String {
+    let digits = Array("0123456789abcdef")
+    return String([digits[i >> 4], digits[i & 15]])
+}
+
+func makeDirectory(_ path: String) throws(StoreError) {
+    if mkdir(path, 0o755) != 0 && errno != EEXIST { throw .io(errno: errno, "mkdir \(path)") }
+}
+
+/// Log lines go to stderr (the journal under systemd, the log file in the background).
+public func log(_ message: String) {
+    let line = message + "\n"
+    _ = line.withCString { write(STDERR_FILENO, $0, strlen($0)) }
+}
+
+/// syncfs(2) is hidden behind _GNU_SOURCE in the Glibc module; declare it directly.
+@_silgen_name("syncfs") private func c_syncfs(_ fd: Int32) -> Int32
+
+/// `withUnsafeBytes` for typed throws (the standard one rethrows `any Error`).
+func withBytes<R>(_ bytes: [UInt8], _ body: (UnsafeRawBufferPointer) throws(StoreError) -> R) throws(StoreError) -> R {
+    var result: Result<R, StoreError>!
+    bytes.withUnsafeBytes { raw in
+        do throws(StoreError) { result = .success(try body(raw)) } catch { result = .failure(error) }
+    }
+    return try result.get()
+}

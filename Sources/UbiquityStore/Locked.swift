@@ -1,0 +1,26 @@
+import Glibc
+
+/// State behind a pthread mutex. Used instead of `Synchronization.Mutex` because its
+/// `withLock` takes `inout sending`, which rejects closures that mix caller pointers with
+/// state (notes/swift-fuse.md, pitfall 19). The state is reachable only inside `withLock`.
+public final class Locked<State>: @unchecked Sendable {
+    // Heap-allocated: a pthread mutex must not move, and `&property` promises no stable address.
+    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    private var state: State
+
+    public init(_ state: State) {
+        self.state = state
+        pthread_mutex_init(mutex, nil)
+    }
+
+    deinit {
+        pthread_mutex_destroy(mutex)
+        mutex.deallocate()
+    }
+
+    public func withLock<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return try body(&state)
+    }
+}

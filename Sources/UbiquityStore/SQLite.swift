@@ -1,0 +1,125 @@
+import CSQLite
+
+/// A thin wrapper over one SQLite connection. Not thread-safe: the owner serializes access
+/// (the store runs every statement under its metadata lock).
+final class SQLiteDatabase {
+    private var db: OpaquePointer?
+    private var cache: [String: OpaquePointer] = [:]
+    let path: String
+
+    init(path: String) throws(StoreError) {
+        self.path = path
+        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
+        let rc = sqlite3_open_v2(path, &db, flags, nil)
+        guard rc == SQLITE_OK else {
+            let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
+            sqlite3_close(db)
+            throw .database("cannot open \(path): \(message)")
+        }
+        sqlite3_busy_timeout(db, 5000)
+        sqlite3_extended_result_codes(db, 1)
+    }
+
+    deinit {
+        for statement in cache.values { sqlite3_finalize(statement) }
+        sqlite3_close(db)
+    }
+
+    /// Runs SQL with no parameters and no results (schema, pragmas, BEGIN/COMMIT).
+    func execute(_ sql: String) throws(StoreError) {
+        var error: UnsafeMutablePointer<CChar>?
+        if sqlite3_exec(db, sql, nil, nil, &error) != SQLITE_OK {
+            let message = error.map { String(cString: $0) } ?? "unknown error"
+            sqlite3_free(error)
+            throw .database("\(message) (in: \(sql.prefix(80)))")
+        }
+    }
+
+    /// Runs one statement with parameters, calling `row` for each result row.
+    func query(_ sql: String, _ params: [SQLValue] = [], row: (SQLRow) throws(StoreError) -> Void = { _ in }) throws(StoreError) {
+        let statement = try prepared(sql)
+        defer { sqlite3_reset(statement); sqlite3_clear_bindings(statement) }
+        for (index, value) in params.enumerated() {
+            let position = Int32(index + 1)
+            let rc: Int32
+            switch value {
+            case .null: rc = sqlite3_bind_null(statement, position)
+            case .int(let v): rc = sqlite3_bind_int64(statement, position, v)
+            case .text(let v): rc = sqlite3_bind_text(statement, position, v, -1, sqliteTransient)
+            case .blob(let v):
+                rc = v.withUnsafeBytes { bytes in
+                    sqlite3_bind_blob64(statement, position, bytes.baseAddress ?? UnsafeRawPointer(bitPattern: 1), sqlite3_uint64(bytes.count), sqliteTransient)
+                }
+            }
+            guard rc == SQLITE_OK else { throw .database("bind failed: \(errorMessage)") }
+        }
+        while true {
+            let rc = sqlite3_step(statement)
+            if rc == SQLITE_DONE { return }
+            guard rc == SQLITE_ROW else { throw .database("\(errorMessage) (in: \(sql.prefix(80)))") }
+            try row(SQLRow(statement: statement!))
+        }
+    }
+
+    /// The rows of a query, mapped.
+    func rows<T>(_ sql: String, _ params: [SQLValue] = [], _ map: (SQLRow) throws(StoreError) -> T) throws(StoreError) -> [T] {
+        var result: [T] = []
+        try query(sql, params) { (r) throws(StoreError) in result.append(try map(r)) }
+        return result
+    }
+
+    var lastInsertRowID: Int64 { sqlite3_last_insert_rowid(db) }
+    var changes: Int { Int(sqlite3_changes(db)) }
+
+    /// Runs `body` in one transaction; rolls back if it throws.
+    func transaction<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        try execute("BEGIN IMMEDIATE")
+        do {
+            let result = try body()
+            try execute("COMMIT")
+            return result
+        } catch {
+            try? execute("ROLLBACK")
+            throw error
+        }
+    }
+
+    private var errorMessage: String { String(cString: sqlite3_errmsg(db)) }
+
+    private func prepared(_ sql: String) throws(StoreError) -> OpaquePointer? {
+        if let statement = cache[sql] { return statement }
+        var statement: OpaquePointer?
+        guard sqlite3_prepare_v2(db, sql, -1, &statement, nil) == SQLITE_OK else {
+            throw .database("\(errorMessage) (in: \(sql.prefix(80)))")
+        }
+        cache[sql] = statement
+        return statement
+    }
+}
+
+enum SQLValue {
+    case null
+    case int(Int64)
+    case text(String)
+    case blob([UInt8])
+}
+
+/// One result row; valid only inside the row callback.
+struct SQLRow {
+    let statement: OpaquePointer
+
+    func int(_ column: Int32) -> Int64 { sqlite3_column_int64(statement, column) }
+    func isNull(_ column: Int32) -> Bool { sqlite3_column_type(statement, column) == SQLITE_NULL }
+    func text(_ column: Int32) -> String {
+        guard let p = sqlite3_column_text(statement, column) else { return "" }
+        return String(cString: p)
+    }
+    func blob(_ column: Int32) -> [UInt8] {
+        let count = Int(sqlite3_column_bytes(statement, column))
+        guard count > 0, let p = sqlite3_column_blob(statement, column) else { return [] }
+        return Array(UnsafeRawBufferPointer(start: p, count: count))
+    }
+}
+
+/// SQLITE_TRANSIENT: SQLite copies the bound value (the macro is not importable).
+private let sqliteTransient = unsafeBitCast(OpaquePointer(bitPattern: -1), to: sqlite3_destructor_type.self)

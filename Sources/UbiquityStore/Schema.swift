@@ -1,0 +1,49 @@
+/// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
+/// by a newer program is refused rather than misread.
+enum Schema {
+    static let formatVersion = 1
+
+    static let statements = [
+        """
+        CREATE TABLE IF NOT EXISTS settings(key TEXT PRIMARY KEY, value TEXT NOT NULL)
+        """,
+        """
+        CREATE TABLE IF NOT EXISTS inodes(
+            id INTEGER PRIMARY KEY, kind INTEGER NOT NULL, mode INTEGER NOT NULL,
+            uid INTEGER NOT NULL, gid INTEGER NOT NULL, size INTEGER NOT NULL,
+            atime INTEGER NOT NULL, mtime INTEGER NOT NULL, ctime INTEGER NOT NULL,
+            rdev INTEGER NOT NULL, target TEXT, file_id TEXT, head INTEGER)
+        """,
+        // Directory entries: names are UTF-8 (the filesystem refuses others with EILSEQ).
+        """
+        CREATE TABLE IF NOT EXISTS entries(
+            parent INTEGER NOT NULL, name TEXT NOT NULL, inode INTEGER NOT NULL,
+            PRIMARY KEY(parent, name)) WITHOUT ROWID
+        """,
+        "CREATE INDEX IF NOT EXISTS entries_inode ON entries(inode)",
+        // Versions are append-only. `chunks` is ChunkList.encoded. `durable` = 1 once a
+        // durability barrier has run after the version was written (see Store.recover).
+        """
+        CREATE TABLE IF NOT EXISTS versions(
+            row INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, file_id TEXT NOT NULL,
+            parents TEXT NOT NULL, device_id TEXT NOT NULL, device_name TEXT NOT NULL,
+            committed INTEGER NOT NULL, mtime INTEGER NOT NULL, mode INTEGER NOT NULL,
+            size INTEGER NOT NULL, tombstone INTEGER NOT NULL, local INTEGER NOT NULL,
+            path TEXT NOT NULL, chunks BLOB NOT NULL, durable INTEGER NOT NULL DEFAULT 0)
+        """,
+        "CREATE INDEX IF NOT EXISTS versions_file ON versions(file_id, committed)",
+        "CREATE INDEX IF NOT EXISTS versions_pending ON versions(durable) WHERE durable = 0",
+        // Where each history is shown under .versions/: the file's current path, or the
+        // last path it had before it was deleted.
+        """
+        CREATE TABLE IF NOT EXISTS histories(
+            file_id TEXT PRIMARY KEY, path TEXT NOT NULL, live INTEGER NOT NULL)
+        """,
+        "CREATE INDEX IF NOT EXISTS histories_path ON histories(path)",
+        """
+        CREATE TABLE IF NOT EXISTS xattrs(
+            inode INTEGER NOT NULL, name TEXT NOT NULL, value BLOB NOT NULL,
+            PRIMARY KEY(inode, name)) WITHOUT ROWID
+        """,
+    ]
+}

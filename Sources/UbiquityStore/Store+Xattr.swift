@@ -1,0 +1,28 @@
+/// User extended attributes (`user.*`), stored with the inode. Not versioned.
+extension Store {
+    public func xattr(_ id: InodeNumber, _ name: String) throws(StoreError) -> [UInt8]? {
+        try db.rows("SELECT value FROM xattrs WHERE inode = ? AND name = ?", [.int(Int64(id)), .text(name)]) { $0.blob(0) }.first
+    }
+
+    public func xattrNames(_ id: InodeNumber) throws(StoreError) -> [String] {
+        try db.rows("SELECT name FROM xattrs WHERE inode = ? ORDER BY name", [.int(Int64(id))]) { $0.text(0) }
+    }
+
+    public func setXattr(_ id: InodeNumber, _ name: String, _ value: [UInt8]) throws(StoreError) {
+        try db.query("REPLACE INTO xattrs(inode, name, value) VALUES(?, ?, ?)", [.int(Int64(id)), .text(name), .blob(value)])
+    }
+
+    /// Returns whether the attribute existed.
+    public func removeXattr(_ id: InodeNumber, _ name: String) throws(StoreError) -> Bool {
+        try db.query("DELETE FROM xattrs WHERE inode = ? AND name = ?", [.int(Int64(id)), .text(name)])
+        return db.changes > 0
+    }
+
+    /// A history that no live file shows at `path` (its file was deleted or renamed to a
+    /// local-only name): a new file there continues it. Returns its id and newest version.
+    public func deadHistory(at path: String) throws(StoreError) -> (fileID: String, head: Int64?)? {
+        guard let fileID = try db.rows("SELECT file_id FROM histories WHERE path = ? AND live = 0 LIMIT 1", [.text(path)], { $0.text(0) }).first else { return nil }
+        let head = try db.rows("SELECT row FROM versions WHERE file_id = ? AND local = 0 ORDER BY committed DESC, row DESC LIMIT 1", [.text(fileID)]) { $0.int(0) }.first
+        return (fileID, head)
+    }
+}

@@ -1,0 +1,166 @@
+import Glibc
+
+/// A container's local store: a directory holding
+///
+///     meta.sqlite      metadata: tree, versions, histories, xattrs (SQLite, WAL)
+///     chunks/xx/<sha>  immutable chunk files named by their SHA-256
+///     staging/         bytes written to open files since their last commit
+///     lock             held (flock) by the one process using the store
+///
+/// Not thread-safe: the filesystem layer calls it under its metadata lock. Chunk I/O
+/// (`chunks`) and staging files are safe to use outside that lock.
+public final class Store: @unchecked Sendable {
+    public let directory: String
+    public let chunks: ChunkStore
+    public let deviceID: String
+    public private(set) var deviceName: String
+    let db: SQLiteDatabase
+    private let lockFD: Int32
+    public let readOnly: Bool
+
+    // The tree, mirrored in memory so lookups and getattr never touch SQLite.
+    var inodes: [InodeNumber: Inode] = [:]
+    var children: [InodeNumber: [String: InodeNumber]] = [:]
+    /// Every (parent, name) that names an inode; directories have exactly one.
+    var links: [InodeNumber: [EntryRef]] = [:]
+    var nextInode: InodeNumber = 2
+
+    public static let rootInode: InodeNumber = 1
+
+    /// Opens (creating if needed) the store at `directory`, taking its lock.
+    /// - Parameter deviceName: replaces the stored device name when given.
+    /// - Parameter readOnly: inspect a store another process may be using (status, fsck):
+    ///   no lock, no schema changes, no cleanup.
+    public init(directory: String, deviceName: String? = nil, readOnly: Bool = false) throws(StoreError) {
+        self.directory = directory
+        self.readOnly = readOnly
+        if readOnly {
+            guard access(directory + "/meta.sqlite", R_OK) == 0 else {
+                throw .io(errno: ENOENT, "\(directory) is not a ubiquity store (no meta.sqlite)")
+            }
+        }
+        try makeDirectories(directory)
+        try makeDirectory(directory + "/staging")
+        let lock = !readOnly
+        if lock {
+            lockFD = open(directory + "/lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+            if lockFD < 0 { throw .io(errno: errno, "open \(directory)/lock") }
+            if flock(lockFD, LOCK_EX | LOCK_NB) != 0 {
+                close(lockFD)
+                throw .locked("the store \(directory) is in use by another ubiquity process (is it mounted already? see `ubiquity status`)")
+            }
+        } else {
+            lockFD = -1
+        }
+        chunks = try ChunkStore(directory: directory + "/chunks")
+        let db = try SQLiteDatabase(path: directory + "/meta.sqlite")
+        try db.execute("PRAGMA journal_mode=WAL")
+        try db.execute("PRAGMA synchronous=NORMAL")
+        if !readOnly { for statement in Schema.statements { try db.execute(statement) } }
+        let get = { (key: String) throws(StoreError) -> String? in
+            try db.rows("SELECT value FROM settings WHERE key = ?", [.text(key)]) { $0.text(0) }.first
+        }
+        let set = { (key: String, value: String) throws(StoreError) in
+            try db.query("INSERT INTO settings(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                         [.text(key), .text(value)])
+        }
+        if let format = try get("format").flatMap({ Int($0) }), format > Schema.formatVersion {
+            throw .unsupportedFormat("the store \(directory) has format \(format); this ubiquity understands up to \(Schema.formatVersion): upgrade ubiquity")
+        }
+        if !readOnly { try set("format", String(Schema.formatVersion)) }
+        if let id = try get("device_id") {
+            deviceID = id
+        } else if readOnly {
+            throw .database("\(directory) has no device id: not a ubiquity store")
+        } else {
+            deviceID = randomHex(bytes: 8)
+            try set("device_id", deviceID)
+        }
+        if let deviceName, !readOnly {
+            self.deviceName = deviceName
+            try set("device_name", deviceName)
+        } else {
+            self.deviceName = try get("device_name") ?? defaultDeviceName()
+        }
+        self.db = db
+        try loadTree()
+        if lock {
+            clearStaging()
+            // The lock file names the process holding it (for `ubiquity unmount`).
+            let pid = "\(getpid())\n"
+            _ = ftruncate(lockFD, 0)
+            _ = pid.withCString { pwrite(lockFD, $0, strlen($0), 0) }
+        }
+    }
+
+    deinit {
+        if lockFD >= 0 { close(lockFD) }
+    }
+
+    public func setting(_ key: String) throws(StoreError) -> String? {
+        try db.rows("SELECT value FROM settings WHERE key = ?", [.text(key)]) { $0.text(0) }.first
+    }
+
+    public func setSetting(_ key: String, _ value: String) throws(StoreError) {
+        try db.query("INSERT INTO settings(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                     [.text(key), .text(value)])
+    }
+
+    /// Staging holds only uncommitted bytes of open files; after a restart nothing is open.
+    private func clearStaging() {
+        guard let dir = opendir(directory + "/staging") else { return }
+        while let entry = readdir(dir) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+            if name != "." && name != ".." { unlink(directory + "/staging/" + name) }
+        }
+        closedir(dir)
+    }
+
+    public var stagingDirectory: String { directory + "/staging" }
+
+    /// The content of a file as of its current version, ready for reads and writes.
+    public func openContent(_ id: InodeNumber) throws(StoreError) -> FileContent {
+        let base = try inodes[id]?.head.map { (row) throws(StoreError) in try chunkList(row: row) } ?? ChunkList()
+        return FileContent(base: base, chunks: chunks, stagingDirectory: stagingDirectory)
+    }
+
+    /// Durability barrier: chunks and database reach the disk (fsync semantics).
+    public func sync() throws(StoreError) {
+        try chunks.sync() // syncfs: also flushes the WAL, which lives on the same filesystem
+        // Losing this mark in a crash only costs a re-verification at the next start.
+        try db.execute("UPDATE versions SET durable = 1 WHERE durable = 0")
+    }
+}
+
+struct EntryRef: Equatable {
+    var parent: InodeNumber
+    var name: String
+}
+
+func makeDirectories(_ path: String) throws(StoreError) {
+    var prefix = ""
+    for component in path.split(separator: "/", omittingEmptySubsequences: true) {
+        prefix += "/" + component
+        try makeDirectory(prefix)
+    }
+}
+
+/// Random bytes as lowercase hex (ids of devices and versions).
+public func randomHex(bytes: Int) -> String {
+    var rng = SystemRandomNumberGenerator()
+    return (0..<bytes).map { _ in hexByte(Int(UInt8.random(in: 0...255, using: &rng))) }.joined()
+}
+
+func defaultDeviceName() -> String {
+    var buffer = [CChar](repeating: 0, count: 256)
+    gethostname(&buffer, 255)
+    let name = String(cString: buffer)
+    return name.isEmpty ? "device" : name
+}
+
+/// The current time in nanoseconds since the epoch.
+public func nowNanos() -> Nanos {
+    var ts = timespec()
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return Nanos(ts.tv_sec) * 1_000_000_000 + Nanos(ts.tv_nsec)
+}

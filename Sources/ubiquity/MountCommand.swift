@@ -1,0 +1,101 @@
+import ArgumentParser
+import Glibc
+import UbiquityFS
+import UbiquityFUSE
+import UbiquityStore
+
+struct MountCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "mount",
+        abstract: "Mount a container at MOUNTPOINT.",
+        discussion: """
+        Without --foreground, returns once the mount is live and keeps serving it in the
+        background (log: <store>/../daemon.log). Defaults need nothing else: the store and the
+        backing directory live under $XDG_DATA_HOME/ubiquity/<container>/ (~/.local/share/...).
+        Stop it with `ubiquity unmount MOUNTPOINT`, which commits pending saves first.
+        Under systemd (Type=notify) it reports READY=1 once the mount is live.
+        """)
+
+    @Argument(help: "An empty directory to mount on (created if missing).")
+    var mountpoint: String
+
+    @Option(help: "Container name: selects the default store and backing directories.")
+    var container = "default"
+
+    @Option(help: "Store directory (chunks and metadata). Default: $XDG_DATA_HOME/ubiquity/<container>/store")
+    var store: String?
+
+    @Option(help: "Backing directory shared with other devices. Default: $XDG_DATA_HOME/ubiquity/<container>/backing")
+    var backing: String?
+
+    @Option(help: "This device's name, shown in version names. Default: the stored name, else the hostname.")
+    var device: String?
+
+    @Flag(help: "Stay in the foreground (for systemd and debugging); log to stderr.")
+    var foreground = false
+
+    @Option(name: .customShort("o"), help: "Mount options, comma-separated (e.g. allow_other, ro).")
+    var options: String?
+
+    @Option(help: .hidden)
+    var readyFD: Int32?
+
+    func validate() throws {
+        if let device, device.isEmpty || device.contains("/") { throw ValidationError("--device must be a non-empty name without '/'") }
+    }
+
+    func run() throws {
+        let mp = Paths.absolute(mountpoint)
+        let data = Paths.dataDirectory(container: container)
+        let storeDir = store.map(Paths.absolute) ?? data + "/store"
+        let backingDir = backing.map(Paths.absolute) ?? data + "/backing"
+        var st = stat()
+        if stat(mp, &st) != 0 {
+            if mkdir(mp, 0o755) != 0 { throw CLIError("cannot create mount point \(mp): \(String(cString: strerror(errno)))") }
+        } else if st.st_mode & S_IFMT != S_IFDIR {
+            throw CLIError("mount point \(mp) is not a directory")
+        }
+        if isMountpoint(mp) { throw CLIError("\(mp) is already mounted; `ubiquity unmount \(mp)` first") }
+        if foreground {
+            try serve(mountpoint: mp, storeDir: storeDir, backingDir: backingDir)
+        } else {
+            try Daemon.spawnAndWait(arguments: CommandLine.arguments, logPath: data + "/daemon.log", mountpoint: mp)
+        }
+    }
+
+    private func serve(mountpoint mp: String, storeDir: String, backingDir: String) throws {
+        let ready = Readiness(pipeFD: readyFD)
+        do {
+            let store = try Store(directory: storeDir, deviceName: device)
+            try makeDirectoriesForCLI(backingDir)
+            let fs = FileSystem(store: store)
+            var sessionOptions = FUSESession.Options()
+            sessionOptions.fsname = storeDir.contains(",") ? "ubiquity" : storeDir
+            sessionOptions.mountOptions = (options ?? "").split(separator: ",").map(String.init)
+            // auto_unmount: if this process dies, fusermount3 removes the mount (no ENOTCONN corpse).
+            if !sessionOptions.mountOptions.contains("noauto_unmount") {
+                sessionOptions.mountOptions.append("auto_unmount")
+            }
+            sessionOptions.mountOptions.removeAll { $0 == "noauto_unmount" }
+            let session = FUSESession(fs: fs, mountpoint: mp, options: sessionOptions)
+            try session.mount()
+            log("ubiquity: mounted \(mp) (store \(storeDir), device \(store.deviceName))")
+            ready.succeeded()
+            let status = session.run()
+            log("ubiquity: unmounted \(mp) (loop status \(status)); pending saves committed")
+        } catch {
+            ready.failed("\(error)")
+            throw CLIError("\(error)")
+        }
+    }
+}
+
+func makeDirectoriesForCLI(_ path: String) throws {
+    var prefix = ""
+    for c in path.split(separator: "/") {
+        prefix += "/" + c
+        if mkdir(prefix, 0o755) != 0 && errno != EEXIST {
+            throw CLIError("cannot create \(prefix): \(String(cString: strerror(errno)))")
+        }
+    }
+}

@@ -1,0 +1,62 @@
+import Glibc
+import UbiquityFUSE
+
+/// Where things live by default (XDG base directories), per container name.
+enum Paths {
+    static var home: String { env("HOME") ?? "/" }
+
+    static func dataDirectory(container: String) -> String {
+        let base = env("XDG_DATA_HOME").flatMap { $0.hasPrefix("/") ? $0 : nil } ?? home + "/.local/share"
+        return base + "/ubiquity/" + container
+    }
+
+    static func env(_ name: String) -> String? {
+        guard let v = getenv(name) else { return nil }
+        let s = String(cString: v)
+        return s.isEmpty ? nil : s
+    }
+
+    /// An absolute, normalized path (the file need not exist; its parent should).
+    static func absolute(_ path: String) -> String {
+        var p = path
+        if p == "~" { p = home } else if p.hasPrefix("~/") { p = home + p.dropFirst(1) }
+        if !p.hasPrefix("/") {
+            var buffer = [CChar](repeating: 0, count: Int(PATH_MAX))
+            let cwd = getcwd(&buffer, buffer.count).map { String(cString: $0) } ?? "/"
+            p = cwd + "/" + p
+        }
+        if let resolved = realpath(p, nil) {
+            defer { free(resolved) }
+            return String(cString: resolved)
+        }
+        var parts: [Substring] = []
+        for c in p.split(separator: "/") {
+            if c == "." { continue }
+            if c == ".." { _ = parts.popLast(); continue }
+            parts.append(c)
+        }
+        return "/" + parts.joined(separator: "/")
+    }
+
+    /// The ubiquity mount containing `path`, and the path relative to its root.
+    static func mount(containing path: String) -> (entry: MountEntry, relative: String)? {
+        let abs = absolute(path)
+        let candidates = mountEntries().filter { $0.fstype == "fuse.ubiquity" }
+        let best = candidates.filter { abs == $0.mountpoint || abs.hasPrefix($0.mountpoint == "/" ? "/" : $0.mountpoint + "/") }
+            .max { $0.mountpoint.count < $1.mountpoint.count }
+        guard let best else { return nil }
+        let rel = String(abs.dropFirst(best.mountpoint.count)).drop { $0 == "/" }
+        return (best, String(rel))
+    }
+}
+
+/// Errors printed as "ubiquity: message" with exit status 1.
+struct CLIError: Error, CustomStringConvertible {
+    let description: String
+    init(_ message: String) { description = message }
+}
+
+func printError(_ message: String) {
+    let line = "ubiquity: \(message)\n"
+    _ = line.withCString { write(STDERR_FILENO, $0, strlen($0)) }
+}
