@@ -35,6 +35,5 @@ let package = Package(
         .testTarget(name: "TinyPixTests", dependencies: ["TinyPix"]),
         .testTarget(name: "UbiquityStoreTests", dependencies: ["UbiquityStore"]),
         .testTarget(name: "UbiquityFSTests", dependencies: ["UbiquityFS"]),
-        .testTarget(name: "MountTests", dependencies: ["ubiquity", "UbiquityStore"]),
     ]
 )

@@ -1,0 +1,216 @@
+import Glibc
+import Testing
+@testable import UbiquityFS
+@testable import UbiquityStore
+
+/// The POSIX layer without a kernel: the same calls the FUSE bridge makes.
+final class Harness {
+    let dir: String
+    let fs: FileSystem
+    let me = Caller(uid: 1000, gid: 1000)
+
+    init() throws {
+        var template = Array("/tmp/ubiquity-unit-XXXXXX".utf8CString)
+        dir = String(cString: mkdtemp(&template)!)
+        fs = FileSystem(store: try Store(directory: dir, deviceName: "unit"))
+    }
+
+    deinit { _ = dir.withCString { unlink($0) }; _ = system("rm -rf '\(dir)'") }
+
+    /// Writes a whole file the way `echo > file` does: open/create, write, close.
+    @discardableResult
+    func save(_ name: String, _ text: String, in parent: UInt64 = Store.rootInode) throws -> UInt64 {
+        let handle: UInt64
+        let ino: UInt64
+        if let existing = try? fs.lookup(parent: parent, name: name) {
+            ino = existing.ino
+            handle = try fs.open(ino, flags: OpenFlags(O_WRONLY | O_TRUNC))
+        } else {
+            let (a, h) = try fs.create(parent: parent, name: name, mode: 0o644, flags: OpenFlags(O_WRONLY), caller: me)
+            (ino, handle) = (a.ino, h)
+        }
+        let bytes = Array(text.utf8)
+        _ = try bytes.withUnsafeBytes { try fs.write(handle, offset: 0, data: $0) }
+        try fs.flush(handle)
+        try fs.release(handle)
+        return ino
+    }
+
+    func read(_ name: String, in parent: UInt64 = Store.rootInode) throws -> String {
+        let ino = try fs.lookup(parent: parent, name: name).ino
+        let h = try fs.open(ino, flags: OpenFlags(O_RDONLY))
+        defer { try? fs.release(h) }
+        return String(decoding: try fs.read(h, offset: 0, count: 1 << 20), as: UTF8.self)
+    }
+
+    /// Names under .versions/<path components>.
+    func versionNames(_ path: String) throws -> [String] {
+        var ino = try fs.lookup(parent: Store.rootInode, name: ".versions").ino
+        for component in path.split(separator: "/") { ino = try fs.lookup(parent: ino, name: String(component)).ino }
+        let h = try fs.opendir(ino)
+        defer { fs.releasedir(h) }
+        return try fs.readdir(h).map(\.name)
+    }
+
+    func readVersion(_ path: String, _ name: String) throws -> String {
+        var ino = try fs.lookup(parent: Store.rootInode, name: ".versions").ino
+        for component in path.split(separator: "/") { ino = try fs.lookup(parent: ino, name: String(component)).ino }
+        let v = try fs.lookup(parent: ino, name: name).ino
+        let h = try fs.open(v, flags: OpenFlags(O_RDONLY))
+        defer { try? fs.release(h) }
+        return String(decoding: try fs.read(h, offset: 0, count: 1 << 20), as: UTF8.self)
+    }
+
+    func status(_ name: String, _ key: String) throws -> String {
+        let ino = try fs.lookup(parent: Store.rootInode, name: name).ino
+        return String(decoding: try fs.getxattr(ino, name: "user.ubiquity." + key), as: UTF8.self)
+    }
+}
+
+@Suite struct FileSystemTests {
+    @Test func everySaveIsAVersion() throws {
+        let h = try Harness()
+        for text in ["one", "two", "three"] { try h.save("notes.txt", text) }
+        let names = try h.versionNames("notes.txt")
+        #expect(names.count == 3)
+        #expect(names.allSatisfy { $0.contains("@unit") && $0.hasSuffix(".txt") })
+        #expect(names == names.sorted())
+        #expect(try names.map { try h.readVersion("notes.txt", $0) } == ["one", "two", "three"])
+        #expect(try h.status("notes.txt", "versions") == "3")
+    }
+
+    @Test func shellRedirectMakesOneVersion() throws {
+        // `echo x > f`: open(O_TRUNC), dup2 + close of the first descriptor (a FLUSH with
+        // nothing written yet), write, close.
+        let h = try Harness()
+        try h.save("f", "old")
+        let ino = try h.fs.lookup(parent: Store.rootInode, name: "f").ino
+        let handle = try h.fs.open(ino, flags: OpenFlags(O_WRONLY | O_TRUNC))
+        try h.fs.flush(handle)
+        _ = try Array("new".utf8).withUnsafeBytes { try h.fs.write(handle, offset: 0, data: $0) }
+        try h.fs.flush(handle)
+        try h.fs.release(handle)
+        #expect(try h.versionNames("f").count == 2)
+        #expect(try h.read("f") == "new")
+    }
+
+    @Test func renameOverContinuesTheTargetHistory() throws {
+        let h = try Harness()
+        try h.save("doc.txt", "v1")
+        let before = try h.status("doc.txt", "version")
+        try h.save("doc.txt.tmp123", "v2")
+        try h.fs.rename(parent: Store.rootInode, name: "doc.txt.tmp123", newParent: Store.rootInode, newName: "doc.txt", flags: 0)
+        #expect(try h.read("doc.txt") == "v2")
+        let names = try h.versionNames("doc.txt")
+        #expect(names.count == 2)
+        #expect(try h.readVersion("doc.txt", names[1]) == "v2")
+        #expect(try h.status("doc.txt", "version") != before)
+        #expect(try h.versionNames("").contains("doc.txt"))
+    }
+
+    @Test func vimStyleSaveStaysOneHistory() throws {
+        // vim (backupcopy=auto): rename file to file~, write a new file, delete file~.
+        let h = try Harness()
+        try h.save("a.txt", "first")
+        try h.fs.rename(parent: Store.rootInode, name: "a.txt", newParent: Store.rootInode, newName: "a.txt~", flags: 0)
+        try h.save("a.txt", "second")
+        try h.fs.unlink(parent: Store.rootInode, name: "a.txt~")
+        let names = try h.versionNames("a.txt")
+        #expect(try names.map { try h.readVersion("a.txt", $0) } == ["first", "second"])
+        #expect(try !h.versionNames("").contains("a.txt~"))
+    }
+
+    @Test func localOnlyFilesHaveNoHistory() throws {
+        let h = try Harness()
+        try h.save(".x.swp", "swap")
+        try h.save("4913", "")
+        let dir = try h.fs.mkdir(parent: Store.rootInode, name: "cache.nosync", mode: 0o755, caller: h.me)
+        try h.save("big.bin", "data", in: dir.ino)
+        #expect(try h.versionNames("").isEmpty)
+        #expect(try h.read(".x.swp") == "swap")
+        #expect(try h.status(".x.swp", "local") == "1")
+    }
+
+    @Test func deleteKeepsHistoryAndRecreateContinuesIt() throws {
+        let h = try Harness()
+        try h.save("gone.txt", "kept")
+        try h.fs.unlink(parent: Store.rootInode, name: "gone.txt")
+        #expect(throws: Errno.notFound) { try h.fs.lookup(parent: Store.rootInode, name: "gone.txt") }
+        let names = try h.versionNames("gone.txt")
+        #expect(names.count == 1)
+        #expect(try h.readVersion("gone.txt", names[0]) == "kept")
+        try h.save("gone.txt", "back")
+        #expect(try h.versionNames("gone.txt").count == 2)
+    }
+
+    @Test func versionsAreReadOnly() throws {
+        let h = try Harness()
+        try h.save("r.txt", "x")
+        let versions = try h.fs.lookup(parent: Store.rootInode, name: ".versions").ino
+        let hist = try h.fs.lookup(parent: versions, name: "r.txt").ino
+        let name = try h.versionNames("r.txt")[0]
+        let v = try h.fs.lookup(parent: hist, name: name).ino
+        #expect(throws: Errno.readOnly) { try h.fs.open(v, flags: OpenFlags(O_WRONLY)) }
+        #expect(throws: Errno.readOnly) { try h.fs.unlink(parent: hist, name: name) }
+        #expect(throws: Errno.exists) { try h.fs.mkdir(parent: Store.rootInode, name: ".versions", mode: 0o755, caller: h.me) }
+    }
+
+    @Test func renameFlags() throws {
+        let h = try Harness()
+        try h.save("a", "A")
+        try h.save("b", "B")
+        #expect(throws: Errno.exists) {
+            try h.fs.rename(parent: Store.rootInode, name: "a", newParent: Store.rootInode, newName: "b", flags: RenameFlags.noReplace)
+        }
+        try h.fs.rename(parent: Store.rootInode, name: "a", newParent: Store.rootInode, newName: "b", flags: RenameFlags.exchange)
+        #expect(try h.read("a") == "B")
+        #expect(try h.read("b") == "A")
+    }
+
+    @Test func directoryRules() throws {
+        let h = try Harness()
+        let d = try h.fs.mkdir(parent: Store.rootInode, name: "d", mode: 0o755, caller: h.me)
+        let sub = try h.fs.mkdir(parent: d.ino, name: "sub", mode: 0o755, caller: h.me)
+        try h.save("f", "x", in: sub.ino)
+        #expect(throws: Errno.notEmpty) { try h.fs.rmdir(parent: Store.rootInode, name: "d") }
+        #expect(throws: Errno.invalid) { try h.fs.rename(parent: Store.rootInode, name: "d", newParent: sub.ino, newName: "loop", flags: 0) }
+        try h.fs.rename(parent: Store.rootInode, name: "d", newParent: Store.rootInode, newName: "e", flags: 0)
+        #expect(try h.versionNames("e/sub/f").count == 1)
+        #expect(try h.fs.getattr(Store.rootInode).nlink == 3)
+    }
+
+    @Test func userXattrs() throws {
+        let h = try Harness()
+        let ino = try h.save("x", "1")
+        try h.fs.setxattr(ino, name: "user.color", value: Array("red".utf8), flags: 0)
+        #expect(try h.fs.getxattr(ino, name: "user.color") == Array("red".utf8))
+        #expect(try h.fs.listxattr(ino).contains("user.color"))
+        #expect(throws: Errno.notPermitted) { try h.fs.setxattr(ino, name: "user.ubiquity.version", value: [1], flags: 0) }
+        try h.fs.removexattr(ino, name: "user.color")
+        #expect(throws: Errno.noData) { try h.fs.getxattr(ino, name: "user.color") }
+    }
+
+    @Test func unlinkWhileOpenKeepsData() throws {
+        let h = try Harness()
+        try h.save("open.txt", "still here")
+        let ino = try h.fs.lookup(parent: Store.rootInode, name: "open.txt").ino
+        let handle = try h.fs.open(ino, flags: OpenFlags(O_RDWR))
+        try h.fs.unlink(parent: Store.rootInode, name: "open.txt")
+        #expect(String(decoding: try h.fs.read(handle, offset: 0, count: 100), as: UTF8.self) == "still here")
+        _ = try Array("X".utf8).withUnsafeBytes { try h.fs.write(handle, offset: 0, data: $0) }
+        try h.fs.release(handle)
+        h.fs.forget(ino, count: 100)
+        #expect(throws: Errno.notFound) { try h.fs.getattr(ino) }
+    }
+
+    @Test func idleAutosaveCommitsOpenDirtyFiles() throws {
+        let h = try Harness()
+        let (a, handle) = try h.fs.create(parent: Store.rootInode, name: "log.txt", mode: 0o644, flags: OpenFlags(O_WRONLY), caller: h.me)
+        _ = try Array("line".utf8).withUnsafeBytes { try h.fs.write(handle, offset: 0, data: $0) }
+        h.fs.commitIdle(now: nowNanos() + 11_000_000_000)
+        #expect(try h.versionNames("log.txt").count == 1)
+        #expect(try h.fs.getxattr(a.ino, name: "user.ubiquity.dirty") == Array("0".utf8))
+        try h.fs.release(handle)
+        #expect(try h.versionNames("log.txt").count == 1)
+    }
+}
