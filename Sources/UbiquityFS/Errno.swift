@@ -36,6 +36,7 @@ extension StoreError {
         case .locked: return .busy
         case .noSuchVersion: return .notFound
         case .unsupportedFormat: return .io
+        case .invalidContent: return .invalid
         }
     }
 }
@@ -49,7 +50,7 @@ func storeCall<T>(_ body: () throws(StoreError) -> T) throws(Errno) -> T {
         switch error {
         case .io(let code, _) where code == ENOSPC || code == EDQUOT:
             log("ubiquity: \(error)")
-        case .corruptChunk, .missingChunk, .database, .io, .unsupportedFormat:
+        case .corruptChunk, .missingChunk, .database, .io, .unsupportedFormat, .invalidContent:
             log("ubiquity: \(error)")
         default: break
         }

@@ -5,12 +5,17 @@ import UbiquityStore
 /// Fields other than `content` are guarded by the `meta` lock.
 final class OpenFile: @unchecked Sendable {
     let content: FileContent
+    /// The content is a TinyPix view: commits encode it to the stored 8 bytes.
+    let isTinyPix: Bool
     var handles = 0
     /// mtime of the last write, applied to the inode at the next commit (saves a database
     /// write per write() call).
     var pendingMTime: Nanos?
 
-    init(content: FileContent) { self.content = content }
+    init(content: FileContent, isTinyPix: Bool) {
+        self.content = content
+        self.isTinyPix = isTinyPix
+    }
 }
 
 enum Handle {
@@ -33,10 +38,8 @@ extension FileSystem {
     public func create(parent: UInt64, name: String, mode: UInt32, flags: OpenFlags, caller: Caller) throws(Errno) -> (Attributes, UInt64) {
         let (attributes, handle, open) = try meta.withLock { (m) throws(Errno) -> (Attributes, UInt64, OpenFile) in
             let inode = try m.makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller)
-            let content = try storeCall { () throws(StoreError) in try m.store.openContent(inode.id) }
-            let open = OpenFile(content: content)
+            let open = try m.openFile(inode.id)
             open.handles = 1
-            m.openFiles[inode.id] = open
             m.lookups[inode.id, default: 0] += 1
             let handle = m.register(.file(ino: inode.id, open: open, writable: true))
             return (m.attributes(inode), handle, open)
@@ -44,6 +47,15 @@ extension FileSystem {
         // A new file is a save even if nothing is written: its empty first version.
         try storeCall { () throws(StoreError) in try open.content.truncate(0) }
         return (attributes, handle)
+    }
+
+    /// Whether the kernel may keep a file's page cache across opens: not for TinyPix
+    /// views, whose grid is normalized at each commit (what was written as `X` reads `#`).
+    public func keepsCache(_ handle: UInt64) -> Bool {
+        meta.withLock { m in
+            if case .file(_, let open, _) = m.handles[handle] { return !open.isTinyPix }
+            return true
+        }
     }
 
     public func open(_ ino: UInt64, flags: OpenFlags) throws(Errno) -> UInt64 {
@@ -85,6 +97,8 @@ extension FileSystem {
         guard case .file(let ino, let open, _) = removed else { return }
         let last = meta.withLock { _ -> Bool in open.handles -= 1; return open.handles == 0 }
         guard last else { return }
+        // A refused TinyPix write is dropped at the last close: the old picture stays.
+        if open.content.isRefused { open.content.discardChanges() }
         defer {
             meta.withLock { m in
                 if open.handles == 0 && m.openFiles[ino] === open && !open.content.isChanged {
@@ -166,17 +180,20 @@ extension FileSystem {
     /// no name to keep history under: its changes are dropped, as POSIX drops its data.
     func commit(_ ino: InodeNumber, _ open: OpenFile) throws(Errno) {
         try storeCall { () throws(StoreError) in
-            try open.content.commit { (list) throws(StoreError) in
-                try meta.withLock { (m) throws(StoreError) in
-                    guard var inode = m.store.inode(ino), inode.nlink > 0, let path = m.store.path(of: ino) else { return }
+            try open.content.commit { (list) throws(StoreError) -> ChunkList in
+                try meta.withLock { (m) throws(StoreError) -> ChunkList in
+                    guard var inode = m.store.inode(ino), inode.nlink > 0, let path = m.store.path(of: ino) else { return list }
+                    var stored = list
+                    if open.isTinyPix { stored = try TinyPixView.stored(from: list, chunks: chunks, path: path) }
                     if let t = open.pendingMTime {
                         inode.mtime = t
                         inode.ctime = t
                         open.pendingMTime = nil
                         try m.store.update(inode)
                     }
-                    try m.store.commit(ino, content: list, path: path, local: LocalOnly.contains(path))
+                    try m.store.commit(ino, content: stored, path: path, local: LocalOnly.contains(path))
                     m.views.invalidate()
+                    return open.isTinyPix ? try TinyPixView.view(of: stored, chunks: chunks) : list
                 }
             }
         }
@@ -195,6 +212,7 @@ extension FileSystem {
         let idle = Nanos(options.idleCommitSeconds * 1e9)
         let open = meta.withLock { m in m.openFiles.map { ($0.key, $0.value) } }
         for (ino, file) in open where file.content.isChanged && now - file.content.lastChange >= idle {
+            if file.content.isRefused { continue } // logged once already; wait for the next write
             do { try commit(ino, file) } catch { log("ubiquity: autosave of inode \(ino) failed: \(error)") }
         }
     }
@@ -223,8 +241,13 @@ extension FileSystem.Meta {
     /// The open state of a file, created from its current version on first open.
     mutating func openFile(_ ino: InodeNumber) throws(Errno) -> OpenFile {
         if let open = openFiles[ino] { return open }
-        let content = try storeCall { () throws(StoreError) in try store.openContent(ino) }
-        let open = OpenFile(content: content)
+        let isTinyPix = store.name(of: ino).map(TinyPixView.applies) ?? false
+        let chunks = store.chunks
+        let content = try storeCall { () throws(StoreError) in
+            isTinyPix ? try store.openContent(ino) { (stored) throws(StoreError) in try TinyPixView.view(of: stored, chunks: chunks) }
+                      : try store.openContent(ino)
+        }
+        let open = OpenFile(content: content, isTinyPix: isTinyPix)
         openFiles[ino] = open
         return open
     }

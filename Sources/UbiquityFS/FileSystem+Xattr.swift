@@ -72,6 +72,9 @@ extension FileSystem.Meta {
             "dirty": openFiles[ino]?.content.isChanged == true ? "1" : "0",
             "conflicts": "0",
         ]
+        if let name = store.name(of: ino), TinyPixView.applies(to: name) {
+            try TinyPixView.addStatus(&result, inode: inode, store: store)
+        }
         if let row = inode.head, let head = try storeCall({ () throws(StoreError) in try store.version(row: row) }) {
             if !head.isLocal {
                 result["version"] = head.id

@@ -141,6 +141,9 @@ extension FileSystem.Meta {
     /// Attributes with the live size of an open file.
     func attributes(_ inode: Inode) -> Attributes {
         if let open = openFiles[inode.id] { return Attributes(inode, size: open.content.size) }
+        if inode.kind == .file, let name = store.name(of: inode.id), TinyPixView.applies(to: name) {
+            return Attributes(inode, size: TinyPixView.viewSize(storedSize: inode.size))
+        }
         return Attributes(inode)
     }
 

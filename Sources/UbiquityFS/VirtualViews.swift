@@ -21,8 +21,8 @@ struct VirtualViews {
         case directory(path: String)
         /// The list of versions of the file(s) last seen at `path`.
         case history(path: String)
-        /// One version's content.
-        case version(row: Int64, size: Int64, time: Nanos)
+        /// One version's content (`tinypix`: shown as a grid, like the file itself).
+        case version(row: Int64, size: Int64, time: Nanos, tinypix: Bool)
         case conflicts
     }
 
@@ -79,8 +79,10 @@ struct VirtualViews {
                 result.append(DirectoryEntry(name: name, attributes: try attributes(n, store: store)))
             }
         case .history(let path):
+            let tinypix = TinyPixView.applies(to: path)
             for (name, version) in try versions(at: path, store: store) {
-                let n = number(.version(row: version.row, size: version.size, time: version.committed))
+                let size = tinypix ? TinyPixView.viewSize(storedSize: version.size) : version.size
+                let n = number(.version(row: version.row, size: size, time: version.committed, tinypix: tinypix))
                 result.append(DirectoryEntry(name: name, attributes: try attributes(n, store: store)))
             }
         case .version:
@@ -104,15 +106,18 @@ struct VirtualViews {
         switch node {
         case .directory, .history, .conflicts:
             return Attributes(virtual: ino, directory: true, size: 0, time: root.mtime, uid: root.uid, gid: root.gid)
-        case .version(_, let size, let time):
+        case .version(_, let size, let time, _):
             return Attributes(virtual: ino, directory: false, size: size, time: time, uid: root.uid, gid: root.gid)
         }
     }
 
     /// A version's content for reading.
     func content(_ ino: UInt64, store: Store) throws(Errno) -> FileContent {
-        guard case .version(let row, _, _) = nodes[ino] else { throw nodes[ino] == nil ? .notFound : .isDirectory }
-        let list = try storeCall { () throws(StoreError) in try store.chunkList(row: row) }
+        guard case .version(let row, _, _, let tinypix) = nodes[ino] else { throw nodes[ino] == nil ? .notFound : .isDirectory }
+        let list = try storeCall { () throws(StoreError) -> ChunkList in
+            let stored = try store.chunkList(row: row)
+            return tinypix ? try TinyPixView.view(of: stored, chunks: store.chunks) : stored
+        }
         return FileContent(base: list, chunks: store.chunks, stagingDirectory: store.stagingDirectory)
     }
 

@@ -109,7 +109,7 @@ func makeOperations() -> fuse_lowlevel_ops {
             let handle = try context(req).fs.open(ino, flags: OpenFlags(fi!.pointee.flags))
             fi!.pointee.fh = handle
             // Content changes only through this mount, so the page cache stays valid.
-            fi!.pointee.keep_cache = 1
+            fi!.pointee.keep_cache = context(req).fs.keepsCache(handle) ? 1 : 0
             fuse_reply_open(req, fi)
         }
     }
@@ -119,7 +119,7 @@ func makeOperations() -> fuse_lowlevel_ops {
             let (attributes, handle) = try context(req).fs.create(parent: parent, name: try name(cname), mode: UInt32(mode),
                                                                   flags: OpenFlags(fi!.pointee.flags), caller: caller(req))
             fi!.pointee.fh = handle
-            fi!.pointee.keep_cache = 1
+            fi!.pointee.keep_cache = context(req).fs.keepsCache(handle) ? 1 : 0
             var e = entryParam(attributes)
             fuse_reply_create(req, &e, fi)
         }

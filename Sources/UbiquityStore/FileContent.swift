@@ -20,6 +20,8 @@ public final class FileContent: @unchecked Sendable {
         var changed = false
         var stagingFD: Int32 = -1
         var lastChange: Nanos = 0
+        /// `lastChange` of content whose commit was refused as invalid (`.invalidContent`).
+        var refusedChange: Nanos?
     }
 
     private let state: Locked<State>
@@ -40,6 +42,8 @@ public final class FileContent: @unchecked Sendable {
     public var isChanged: Bool { state.withLock { $0.changed } }
     /// Whether bytes were written since the last commit (not just a truncation).
     public var hasWrites: Bool { state.withLock { !$0.dirty.isEmpty } }
+    /// The current changes were refused by the last commit (and nothing changed since).
+    public var isRefused: Bool { state.withLock { $0.changed && $0.refusedChange == $0.lastChange } }
     /// When the content last changed (for the idle autosave).
     public var lastChange: Nanos { state.withLock { $0.lastChange } }
 
@@ -79,20 +83,33 @@ public final class FileContent: @unchecked Sendable {
 
     /// If anything changed since the last commit: chunks the changed parts into the chunk
     /// store, calls `record` with the new chunk list (still under this content's lock, so
-    /// commits of one file are recorded in order), and makes that list the new base.
-    /// Returns whether a commit happened.
+    /// commits of one file are recorded in order), and makes the list `record` returns
+    /// (usually the same) the new base. Returns whether a commit happened.
     @discardableResult
-    public func commit(chunker: Chunker = .standard, record: (ChunkList) throws(StoreError) -> Void) throws(StoreError) -> Bool {
+    public func commit(chunker: Chunker = .standard, record: (ChunkList) throws(StoreError) -> ChunkList) throws(StoreError) -> Bool {
         try state.withLock { (s) throws(StoreError) -> Bool in
             guard s.changed else { return false }
-            let list = try rechunk(&s, chunker: chunker)
-            try record(list)
+            let list: ChunkList
+            do throws(StoreError) {
+                list = try record(try rechunk(&s, chunker: chunker))
+            } catch {
+                if case .invalidContent = error { s.refusedChange = s.lastChange }
+                throw error
+            }
             s.base = list
             s.baseLimit = list.totalSize
             s.dirty.removeAll()
             s.changed = false
             if s.stagingFD >= 0 { _ = ftruncate(s.stagingFD, 0) }
             return true
+        }
+    }
+
+    /// Drops uncommitted writes: the content is its base again.
+    public func discardChanges() {
+        state.withLock { s in
+            s = State(base: s.base, baseLimit: s.base.totalSize, size: s.base.totalSize, stagingFD: s.stagingFD, lastChange: s.lastChange)
+            if s.stagingFD >= 0 { _ = ftruncate(s.stagingFD, 0) }
         }
     }
 

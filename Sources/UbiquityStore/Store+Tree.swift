@@ -45,6 +45,9 @@ extension Store {
 
     public func inode(_ id: InodeNumber) -> Inode? { inodes[id] }
 
+    /// The inode's (first) name.
+    public func name(of id: InodeNumber) -> String? { links[id]?.first?.name }
+
     /// A directory's parent (directories have exactly one name).
     public func parentOfDirectory(_ id: InodeNumber) -> InodeNumber? { links[id]?.first?.parent }
 

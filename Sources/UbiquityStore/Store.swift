@@ -119,9 +119,10 @@ public final class Store: @unchecked Sendable {
     public var stagingDirectory: String { directory + "/staging" }
 
     /// The content of a file as of its current version, ready for reads and writes.
-    public func openContent(_ id: InodeNumber) throws(StoreError) -> FileContent {
-        let base = try inodes[id]?.head.map { (row) throws(StoreError) in try chunkList(row: row) } ?? ChunkList()
-        return FileContent(base: base, chunks: chunks, stagingDirectory: stagingDirectory)
+    /// - Parameter view: turns the stored chunks into what readers see (TinyPix grids).
+    public func openContent(_ id: InodeNumber, view: (ChunkList) throws(StoreError) -> ChunkList = { $0 }) throws(StoreError) -> FileContent {
+        let stored = try inodes[id]?.head.map { (row) throws(StoreError) in try chunkList(row: row) } ?? ChunkList()
+        return FileContent(base: try view(stored), chunks: chunks, stagingDirectory: stagingDirectory)
     }
 
     /// Durability barrier: chunks and database reach the disk (fsync semantics).

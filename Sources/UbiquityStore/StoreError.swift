@@ -15,6 +15,8 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     case noSuchVersion(String)
     /// The store on disk is newer than this program understands.
     case unsupportedFormat(String)
+    /// Written content a file type cannot store (an invalid TinyPix grid); nothing changed.
+    case invalidContent(String)
 
     public var description: String {
         switch self {
@@ -25,6 +27,7 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
         case .locked(let message): return message
         case .noSuchVersion(let what): return "no such version: \(what)"
         case .unsupportedFormat(let message): return message
+        case .invalidContent(let message): return message
         }
     }
 }

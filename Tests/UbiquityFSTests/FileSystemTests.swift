@@ -214,3 +214,45 @@ final class Harness {
         #expect(try h.versionNames("log.txt").count == 1)
     }
 }
+
+@Suite struct TinyPixViewTests {
+    static let diagonal = ".......#\n......#.\n.....#..\n....#...\n...#....\n..#.....\n.#......\n#.......\n"
+
+    @Test func rawBytesReadAsGrid() throws {
+        let h = try Harness()
+        let (a, handle) = try h.fs.create(parent: Store.rootInode, name: "d.tinypix", mode: 0o644, flags: OpenFlags(O_WRONLY), caller: h.me)
+        _ = try [UInt8]([1, 2, 4, 8, 16, 32, 64, 128]).withUnsafeBytes { try h.fs.write(handle, offset: 0, data: $0) }
+        try h.fs.flush(handle)
+        try h.fs.release(handle)
+        #expect(try h.read("d.tinypix") == Self.diagonal)
+        #expect(try h.fs.getattr(a.ino).size == 72)
+        #expect(try h.status("d.tinypix", "raw") == "0102040810204080")
+        let version = try h.versionNames("d.tinypix")[0]
+        #expect(try h.readVersion("d.tinypix", version) == Self.diagonal)
+    }
+
+    @Test func gridIsStoredAsEightBytesAndInvalidIsRefused() throws {
+        let h = try Harness()
+        try h.save("s.tinypix", "X......X\n" + String(repeating: "........\n", count: 6) + "XXXXXXXX") // lenient
+        #expect(try h.status("s.tinypix", "raw") == "81000000000000ff")
+        #expect(try h.read("s.tinypix") == "#......#\n" + String(repeating: "........\n", count: 6) + "########\n")
+        // Invalid: refused at close with EINVAL; the old picture stays, also after O_TRUNC.
+        let ino = try h.fs.lookup(parent: Store.rootInode, name: "s.tinypix").ino
+        let handle = try h.fs.open(ino, flags: OpenFlags(O_WRONLY | O_TRUNC))
+        _ = try Array("nope, not a picture\n".utf8).withUnsafeBytes { try h.fs.write(handle, offset: 0, data: $0) }
+        #expect(throws: Errno.invalid) { try h.fs.flush(handle) }
+        try h.fs.release(handle)
+        #expect(try h.status("s.tinypix", "raw") == "81000000000000ff")
+        #expect(try h.versionNames("s.tinypix").count == 1)
+        #expect(try h.read("s.tinypix").hasPrefix("#......#\n"))
+    }
+
+    @Test func otherSizesAreShownAsIs() throws {
+        let h = try Harness()
+        // An empty picture file (touch) is kept as it is.
+        let (a, handle) = try h.fs.create(parent: Store.rootInode, name: "e.tinypix", mode: 0o644, flags: OpenFlags(O_WRONLY), caller: h.me)
+        try h.fs.release(handle)
+        #expect(try h.fs.getattr(a.ino).size == 0)
+        #expect(try h.status("e.tinypix", "tinypix") == "as-is")
+    }
+}

@@ -28,7 +28,7 @@ import Testing
                 if size < model.count { model.removeLast(model.count - size) } else { model += [UInt8](repeating: 0, count: size - model.count) }
             case 6, 7:
                 var committed = ChunkList()
-                try content.commit(chunker: chunker) { committed = $0 }
+                try content.commit(chunker: chunker) { committed = $0; return $0 }
                 if step % 3 == 0 {
                     // Reopen from the committed list, as a new open of the file would.
                     if committed.count > 0 || model.isEmpty {
@@ -45,7 +45,7 @@ import Testing
             #expect(content.size == Int64(model.count), "seed \(seed) step \(step)")
         }
         var final = ChunkList()
-        try content.commit(chunker: chunker) { final = $0 }
+        try content.commit(chunker: chunker) { final = $0; return $0 }
         let reopened = FileContent(base: final.count > 0 ? final : ChunkList(), chunks: chunks, stagingDirectory: dir.path)
         if content.isChanged == false && final.totalSize == Int64(model.count) {
             #expect(try reopened.read(offset: 0, count: model.count + 1) == model)
@@ -63,11 +63,11 @@ import Testing
         let content = FileContent(base: ChunkList(), chunks: chunks, stagingDirectory: dir.path)
         try data.withUnsafeBytes { try content.write(offset: 0, $0) }
         var first = ChunkList()
-        try content.commit { first = $0 }
+        try content.commit { first = $0; return $0 }
         var one: UInt8 = data[16 << 20] ^ 1
         try withUnsafeBytes(of: &one) { try content.write(offset: 16 << 20, $0) }
         var second = ChunkList()
-        try content.commit { second = $0 }
+        try content.commit { second = $0; return $0 }
         let fresh = Set(second.ids).subtracting(first.ids)
         let freshBytes = zip(second.ids, second.sizes).filter { fresh.contains($0.0) }.map { Int($0.1) }.reduce(0, +)
         #expect(second.totalSize == first.totalSize)

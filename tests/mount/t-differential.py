@@ -1,0 +1,1341 @@
+#!/usr/bin/env python3
+"""Differential random test: a Ubiquity mount against a plain directory on the local disk.
+
+The same seeded random sequence of filesystem operations is applied to a fresh Ubiquity
+mount and to a reference directory (ext4/xfs). After every operation the results (return
+value or errno) must agree; at checkpoints, across unmount/mount and at the end the full
+trees must agree. Details, options and the triage workflow: tests/mount/differential-README.md.
+
+    UBIQUITY=/path/to/ubiquity tests/mount/t-differential.py [--seed N] [--ops K] [-v]
+
+Exit 0: success, or SKIP when /dev/fuse cannot be opened and CI is not "true".
+Exit 1: a difference, a hang or a cleanup failure; the seed and the replay command are printed.
+Standard library only.
+"""
+
+import argparse
+import atexit
+import collections
+import ctypes
+import errno
+import hashlib
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+# ---------------------------------------------------------------------------------------
+# Constants
+
+# Small alphabet so that names collide often: spaces, UTF-8 (precomposed é, CJK) and one
+# local-only component (`.nosync`: never versioned, but it must behave like any other name
+# through POSIX). No `.tinypix` (deliberately shown differently), never `.versions` or
+# `.conflicts`. Only valid UTF-8: Ubiquity may refuse other names with EILSEQ by design.
+NAMES = ["a", "b", "c d", "\u00e9", "\u65e5\u672c", "f.txt", "q.nosync"]
+MAX_DEPTH = 3
+XATTR_NAMES = ["user.a", "user.b", "user.long.attribute_name", "user.\u00e9"]
+STATUS_XATTR_PREFIX = "user.ubiquity."   # Ubiquity's read-only status attributes (by design)
+HIDDEN_ROOT = {".versions", ".conflicts"}  # Ubiquity's control directories at the mount root
+MODES = [0o644, 0o600, 0o755, 0o700, 0o444, 0o000, 0o666, 0o777, 0o640, 0o4755, 0o2755, 0o1777]
+DIR_MODES = [0o755, 0o700, 0o777, 0o555, 0o1777, 0o2755]
+
+# Explicit timestamps lie outside the run's time window (before 2005, before 1970, after
+# 2100), so an mtime tells whether it was set by utime (it must match to the nanosecond)
+# or stamped "now" by the filesystem (the two sides differ by microseconds: both must then
+# lie within the run's window).
+EXPLICIT_SECONDS = [(946684800, 1104537600), (-2000000000, -1), (4102444800, 4133980800)]
+
+AT_FDCWD = -100
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+RENAME_FLAG_NAMES = {None: "os.rename", 0: "0", RENAME_NOREPLACE: "RENAME_NOREPLACE", RENAME_EXCHANGE: "RENAME_EXCHANGE"}
+
+TYPE_NAMES = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink",
+              stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket", stat.S_IFCHR: "chr", stat.S_IFBLK: "blk"}
+NODE_KINDS = {"S_IFIFO": stat.S_IFIFO, "S_IFSOCK": stat.S_IFSOCK, "S_IFREG": stat.S_IFREG}
+WHENCE = {"SEEK_SET": os.SEEK_SET, "SEEK_CUR": os.SEEK_CUR, "SEEK_END": os.SEEK_END}
+
+OPEN_FLAG_NAMES = [(os.O_CREAT, "O_CREAT"), (os.O_EXCL, "O_EXCL"), (os.O_TRUNC, "O_TRUNC"),
+                   (os.O_APPEND, "O_APPEND"), (os.O_NOFOLLOW, "O_NOFOLLOW"),
+                   (os.O_DIRECTORY, "O_DIRECTORY"), (os.O_NONBLOCK, "O_NONBLOCK")]
+
+DEFAULT_OPS = 1500
+DEFAULTS = {"checkpoint": 100, "remount_every": 2000, "max_fds": 8}
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_renameat2 = _libc.renameat2
+_renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+_renameat2.restype = ctypes.c_int
+
+
+def renameat2(old, new, flags):
+    if _renameat2(AT_FDCWD, os.fsencode(old), AT_FDCWD, os.fsencode(new), flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), old, None, new)
+
+
+def flags_str(flags):
+    acc = flags & os.O_ACCMODE
+    parts = [{os.O_RDONLY: "O_RDONLY", os.O_WRONLY: "O_WRONLY", os.O_RDWR: "O_RDWR"}[acc]]
+    parts += [n for f, n in OPEN_FLAG_NAMES if flags & f]
+    return "|".join("os." + p for p in parts)
+
+
+def errname(e):
+    return errno.errorcode.get(e, str(e))
+
+
+def make_data(spec):
+    """Write payloads are stored in actions as small specs, regenerated on replay."""
+    n, kind, seed = spec["n"], spec["kind"], spec["seed"]
+    rng = random.Random(seed)
+    if kind == "random":
+        return rng.randbytes(n)
+    if kind == "zeros":
+        return bytes(n)
+    pat = rng.randbytes(rng.randint(1, 64))
+    return (pat * (n // len(pat) + 1))[:n]
+
+
+class TestFailure(Exception):
+    pass
+
+
+class Outcome:
+    """Result of one call on one side: a value or an errno name."""
+    __slots__ = ("ok", "value")
+
+    def __init__(self, ok, value):
+        self.ok, self.value = ok, value
+
+    def __eq__(self, other):
+        return self.ok == other.ok and self.value == other.value
+
+    def __repr__(self):
+        if not self.ok:
+            return self.value
+        v = self.value
+        if isinstance(v, (bytes, bytearray)):
+            return "<%d bytes sha1 %s>" % (len(v), hashlib.sha1(v).hexdigest()[:12])
+        return repr(v)
+
+
+def call(fn):
+    try:
+        return Outcome(True, fn())
+    except OSError as e:
+        return Outcome(False, errname(e.errno))
+
+
+def read_all_fd(fd):
+    out = bytearray()
+    off = 0
+    while True:
+        b = os.pread(fd, 1 << 20, off)
+        if not b:
+            return bytes(out)
+        out += b
+        off += len(b)
+
+
+def first_byte_difference(a, b):
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return "first difference at byte %d (mount %02x, reference %02x); lengths mount %d, reference %d" % (
+                i, a[i], b[i], len(a), len(b))
+    return "common prefix of %d bytes identical; lengths mount %d, reference %d" % (n, len(a), len(b))
+
+
+# ---------------------------------------------------------------------------------------
+# Mount management
+
+
+def is_mounted(path):
+    path = os.path.realpath(path)
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            for line in f:
+                mp = line.split(b" ")[4]
+                mp = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), mp)
+                if os.fsdecode(mp) == path:
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+class Mount:
+    def __init__(self, binary, base):
+        self.binary = binary
+        self.base = base
+        self.mnt = os.path.join(base, "mnt")
+        self.store = os.path.join(base, "store")
+        self.backing = os.path.join(base, "backing")
+        self.xdg = os.path.join(base, "xdg")
+        self.log = os.path.join(self.xdg, "ubiquity", "default", "daemon.log")
+        self.daemon_pid = None
+        self.env = dict(os.environ, XDG_DATA_HOME=self.xdg)
+
+    def mount(self):
+        r = subprocess.run([self.binary, "mount", self.mnt, "--store", self.store, "--backing", self.backing],
+                           env=self.env, capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise TestFailure("mount failed (exit %d): %s%s" % (r.returncode, r.stdout, r.stderr))
+        m = re.search(r"daemon pid (\d+)", r.stdout + r.stderr)
+        self.daemon_pid = int(m.group(1)) if m else None
+        if not is_mounted(self.mnt):
+            raise TestFailure("mount returned 0 but %s is not mounted: %s%s" % (self.mnt, r.stdout, r.stderr))
+
+    def unmount(self):
+        """The regular unmount (commits pending saves, waits for the daemon); raises on failure."""
+        r = subprocess.run([self.binary, "unmount", self.mnt], env=self.env, capture_output=True,
+                           text=True, timeout=120)
+        if r.returncode != 0 or is_mounted(self.mnt):
+            raise TestFailure("unmount failed (exit %d, still mounted: %s): %s%s"
+                              % (r.returncode, is_mounted(self.mnt), r.stdout, r.stderr))
+        if not self.wait_daemon_gone(30):
+            raise TestFailure("daemon %s still running 30 s after unmount" % self.daemon_pid)
+
+    def daemon_alive(self):
+        if self.daemon_pid is None:
+            return False
+        try:
+            with open("/proc/%d/stat" % self.daemon_pid) as f:
+                return f.read().rsplit(") ", 1)[-1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    def wait_daemon_gone(self, seconds):
+        deadline = time.monotonic() + seconds
+        while self.daemon_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not self.daemon_alive()
+
+    def kill_daemon(self):
+        """Only the daemon this test started, by its pid."""
+        if self.daemon_alive():
+            try:
+                os.kill(self.daemon_pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def force_cleanup(self):
+        """Best effort, never raises; returns a list of problems."""
+        problems = []
+        try:
+            if is_mounted(self.mnt):
+                try:
+                    subprocess.run([self.binary, "unmount", self.mnt], env=self.env, capture_output=True, timeout=60)
+                except (OSError, subprocess.SubprocessError) as e:
+                    problems.append("ubiquity unmount: %s" % e)
+            if is_mounted(self.mnt):
+                subprocess.run(["fusermount3", "-u", "-z", self.mnt], capture_output=True, timeout=30)
+            if not self.wait_daemon_gone(10):
+                self.kill_daemon()
+                self.wait_daemon_gone(5)
+            if is_mounted(self.mnt):
+                subprocess.run(["fusermount3", "-u", "-z", self.mnt], capture_output=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as e:
+            problems.append("cleanup: %s" % e)
+        if is_mounted(self.mnt):
+            problems.append("%s is still mounted after cleanup" % self.mnt)
+        return problems
+
+    def log_tail(self, n=30):
+        try:
+            with open(self.log, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError as e:
+            return "(no daemon log: %s)\n" % e
+
+
+# ---------------------------------------------------------------------------------------
+# Tree snapshots
+
+
+class Snapshotter:
+    def __init__(self, start_ns, xattrs, relax):
+        self.start_ns = start_ns
+        self.xattrs = xattrs
+        self.relax = relax
+        self.exact = False  # True: every mtime to the ns (persistence across a remount)
+
+    def mtime_class(self, ns):
+        if self.exact:
+            return ns
+        if "mtime" in self.relax:
+            return "(not compared: --relax mtime)"
+        if self.start_ns - 5 * 10**9 <= ns <= time.time_ns() + 5 * 10**9:
+            return "now"
+        return ("set", ns)
+
+    def norm_stat(self, st, root=False):
+        fmt = stat.S_IFMT(st.st_mode)
+        d = {"type": TYPE_NAMES.get(fmt, oct(fmt)), "mode": oct(stat.S_IMODE(st.st_mode)),
+             "uid": st.st_uid, "gid": st.st_gid, "mtime": self.mtime_class(st.st_mtime_ns)}
+        # Not compared, by design: st_size of directories (Ubiquity reports its own value,
+        # ext4 block multiples), st_blocks, st_ino values (hard links are compared as groups
+        # of names instead), st_dev, atime and ctime.
+        if fmt != stat.S_IFDIR:
+            d["size"] = st.st_size
+        # The mount root's link count counts the hidden control directories or not: not
+        # comparable. Every other link count (files and directories) is compared.
+        if not root:
+            d["nlink"] = st.st_nlink
+        return d
+
+    def user_xattrs(self, path):
+        if not self.xattrs:
+            return None
+        out = {}
+        try:
+            names = os.listxattr(path, follow_symlinks=False)
+        except OSError as e:
+            return "listxattr:" + errname(e.errno)
+        for n in sorted(names):
+            # Only user.*, without Ubiquity's computed user.ubiquity.* status (by design).
+            if not n.startswith("user.") or n.startswith(STATUS_XATTR_PREFIX):
+                continue
+            try:
+                out[n] = os.getxattr(path, n, follow_symlinks=False)
+            except OSError as e:
+                out[n] = "getxattr:" + errname(e.errno)
+        return out
+
+    def snapshot(self, root, exact=False):
+        """({relpath: attrs}, hard-link groups, readdir anomalies)."""
+        self.exact = exact
+        try:
+            return self._snapshot(root)
+        finally:
+            self.exact = False
+
+    def _snapshot(self, root):
+        entries = {}
+        inodes = collections.defaultdict(list)
+        anomalies = []
+        entries[""] = self.norm_stat(os.lstat(root), root=True)
+        entries[""]["xattrs"] = self.user_xattrs(root)
+        stack = [""]
+        while stack:
+            rel_dir = stack.pop()
+            with os.scandir(os.path.join(root, rel_dir) if rel_dir else root) as it:
+                listed = list(it)
+            names = [e.name for e in listed]
+            if len(names) != len(set(names)):
+                anomalies.append("readdir of %r lists duplicates: %r" % (rel_dir or ".", sorted(names)))
+            for e in listed:
+                if rel_dir == "" and e.name in HIDDEN_ROOT:
+                    continue
+                rel = os.path.join(rel_dir, e.name) if rel_dir else e.name
+                p = os.path.join(root, rel)
+                try:
+                    st = os.lstat(p)
+                except OSError as ex:
+                    entries[rel] = {"lstat": errname(ex.errno)}
+                    anomalies.append("readdir of %r lists %r but lstat fails: %s" % (rel_dir or ".", e.name, errname(ex.errno)))
+                    continue
+                a = self.norm_stat(st)
+                fmt = stat.S_IFMT(st.st_mode)
+                # The d_type readdir reports must agree with lstat.
+                dtype = "symlink" if e.is_symlink() else "dir" if e.is_dir(follow_symlinks=False) else \
+                    "file" if e.is_file(follow_symlinks=False) else "other"
+                ltype = {stat.S_IFLNK: "symlink", stat.S_IFDIR: "dir", stat.S_IFREG: "file"}.get(fmt, "other")
+                if dtype != ltype:
+                    anomalies.append("%r: readdir type %s but lstat type %s" % (rel, dtype, ltype))
+                if fmt == stat.S_IFREG:
+                    try:
+                        with open(p, "rb") as f:
+                            data = f.read()
+                        a["content"] = hashlib.sha256(data).hexdigest()[:16]
+                        if len(data) != st.st_size:
+                            a["bytes read"] = len(data)
+                    except OSError as ex:
+                        a["content"] = "read:" + errname(ex.errno)
+                elif fmt == stat.S_IFLNK:
+                    try:
+                        a["target"] = os.readlink(p)
+                    except OSError as ex:
+                        a["target"] = "readlink:" + errname(ex.errno)
+                if fmt in (stat.S_IFREG, stat.S_IFDIR):
+                    a["xattrs"] = self.user_xattrs(p)
+                entries[rel] = a
+                inodes[(st.st_dev, st.st_ino)].append(rel)
+                if fmt == stat.S_IFDIR:
+                    stack.append(rel)
+        groups = sorted(sorted(v) for v in inodes.values() if len(v) > 1)
+        return entries, groups, anomalies
+
+
+def diff_snapshots(a, b, label_a="mount", label_b="reference", limit=40):
+    ea, ga, _ = a
+    eb, gb, _ = b
+    lines = []
+    for rel in sorted(set(ea) | set(eb)):
+        x, y = ea.get(rel), eb.get(rel)
+        name = rel or "(root)"
+        if x is None:
+            lines.append("  %s: only in %s: %r" % (name, label_b, y))
+        elif y is None:
+            lines.append("  %s: only in %s: %r" % (name, label_a, x))
+        elif x != y:
+            keys = sorted(set(x) | set(y))
+            d = ", ".join("%s: %s %r, %s %r" % (k, label_a, x.get(k), label_b, y.get(k)) for k in keys if x.get(k) != y.get(k))
+            lines.append("  %s: %s" % (name, d))
+    if ga != gb:
+        lines.append("  hard-link groups differ: %s %r, %s %r" % (label_a, ga, label_b, gb))
+    for an in a[2]:
+        lines.append("  %s anomaly: %s" % (label_a, an))
+    for an in b[2]:
+        lines.append("  %s anomaly: %s" % (label_b, an))
+    if len(lines) > limit:
+        lines = lines[:limit] + ["  ... %d more" % (len(lines) - limit)]
+    return lines
+
+
+# ---------------------------------------------------------------------------------------
+# Executing actions on both sides
+
+
+class Handle:
+    def __init__(self, hid, fds, flags, path):
+        self.hid, self.fds, self.flags, self.path = hid, fds, flags, path
+
+    @property
+    def name(self):
+        return "fd%d" % self.hid
+
+
+class Executor:
+    """Runs actions (JSON-able dicts) on the mount and on the reference and compares.
+
+    Random generation (Generator below) and replay of a saved or minimized action list
+    both go through here, so a failing sequence can be replayed without the seed."""
+
+    def __init__(self, mount, ref, xattrs, relax, history, verbose, max_fds):
+        self.mount = mount
+        self.roots = {"m": mount.mnt, "r": ref}
+        self.xattrs = xattrs
+        self.snap = Snapshotter(time.time_ns(), xattrs, relax)
+        self.handles = {}          # hid -> Handle, in opening order
+        self.history = collections.deque(maxlen=history)
+        self.verbose = verbose
+        self.max_fds = max_fds
+        self.step = 0
+        self.current = None
+        self.last_progress = time.monotonic()
+        self.executed = []         # actions run so far (for --save-actions and minimizing)
+
+    def p(self, side, rel):
+        return os.path.join(self.roots[side], rel) if rel else self.roots[side]
+
+    def log(self, text):
+        line = "[%d] %s" % (self.step, text)
+        self.history.append(line)
+        if self.verbose:
+            print(line, flush=True)
+
+    def fail(self, what, details=()):
+        raise TestFailure("%s\n%s" % (what, "\n".join(details)))
+
+    def both(self, desc, fn, compare=None):
+        """Runs fn(side) on both sides; fails unless the outcomes agree."""
+        self.current = desc
+        self.last_progress = time.monotonic()
+        om = call(lambda: fn("m"))
+        orf = call(lambda: fn("r"))
+        self.last_progress = time.monotonic()
+        same = (compare or (lambda a, b: a == b))(om, orf)
+        self.log("%s -> %r%s" % (desc, orf, "" if same else "   MOUNT: %r" % (om,)))
+        if not same:
+            details = ["  mount:     %r" % (om,), "  reference: %r" % (orf,)]
+            if om.ok and orf.ok and isinstance(om.value, bytes) and isinstance(orf.value, bytes):
+                details.append("  " + first_byte_difference(om.value, orf.value))
+            self.fail("operation result differs: %s" % desc, details)
+        return om, orf
+
+    def stat_of(self, side, rel, follow, root=False):
+        st = os.stat(self.p(side, rel)) if follow else os.lstat(self.p(side, rel))
+        return self.snap.norm_stat(st, root=root)
+
+    def post_check(self, *rels):
+        """After a path operation: lstat of the paths touched and of their parents."""
+        seen = set()
+        for rel in rels:
+            rel = rel.rstrip("/")
+            for x in (rel, os.path.dirname(rel)):
+                if x not in seen:
+                    seen.add(x)
+                    self.both("lstat(%r)" % (x or "."), lambda s, x=x: self.stat_of(s, x, False, root=(x == "")))
+
+    def post_check_fd(self, h):
+        self.both("fstat(%s)" % h.name, lambda s: self.snap.norm_stat(os.fstat(h.fds[s])))
+
+    # ---- the actions -------------------------------------------------------------------
+
+    def run(self, a):
+        """Runs one action. Returns False when it refers to a descriptor that is not open
+        (only in replays of edited action lists, e.g. while minimizing)."""
+        op = a["op"]
+        h = None
+        if "h" in a:
+            h = self.handles.get(a["h"])
+            if h is None:
+                return False
+        self.executed.append(a)
+        getattr(self, "do_" + op)(a, h)
+        return True
+
+    def do_open(self, a, _):
+        rel, flags, mode, hid = a["path"], a["flags"], a["mode"], a["new"]
+        if hid in self.handles:
+            return
+        desc = "fd%d = os.open(%r, %s, 0o%o)" % (hid, rel, flags_str(flags), mode)
+        om, orf = self.both(desc, lambda s: os.open(self.p(s, rel), flags, mode),
+                            compare=lambda x, y: x.ok == y.ok and (x.ok or x.value == y.value))
+        if om.ok:
+            h = Handle(hid, {"m": om.value, "r": orf.value}, flags, rel)
+            self.handles[hid] = h
+            self.post_check_fd(h)
+            self.post_check(rel)
+
+    def do_close(self, a, h):
+        del self.handles[h.hid]
+        self.both("os.close(%s)" % h.name, lambda s: os.close(h.fds[s]))
+        if a.get("check", True):
+            self.post_check(h.path)
+
+    def do_dup(self, a, h):
+        hid = a["new"]
+        if hid in self.handles:
+            return
+        om, orf = self.both("fd%d = os.dup(%s)" % (hid, h.name), lambda s: os.dup(h.fds[s]),
+                            compare=lambda x, y: x.ok == y.ok and (x.ok or x.value == y.value))
+        if om.ok:
+            self.handles[hid] = Handle(hid, {"m": om.value, "r": orf.value}, h.flags, h.path)
+
+    def do_write(self, a, h):
+        data = make_data(a["data"])
+        self.both("os.write(%s, <%d %s bytes>)" % (h.name, len(data), a["data"]["kind"]), lambda s: os.write(h.fds[s], data))
+        self.both("os.lseek(%s, 0, os.SEEK_CUR)" % h.name, lambda s: os.lseek(h.fds[s], 0, os.SEEK_CUR))
+        self.post_check_fd(h)
+
+    def do_pwrite(self, a, h):
+        data, off = make_data(a["data"]), a["off"]
+        self.both("os.pwrite(%s, <%d %s bytes>, %d)" % (h.name, len(data), a["data"]["kind"], off),
+                  lambda s: os.pwrite(h.fds[s], data, off))
+        self.post_check_fd(h)
+
+    def do_lseek(self, a, h):
+        off, wname = a["off"], a["whence"]
+        self.both("os.lseek(%s, %d, os.%s)" % (h.name, off, wname), lambda s: os.lseek(h.fds[s], off, WHENCE[wname]))
+
+    def do_read(self, a, h):
+        n = a["n"]
+        self.both("os.read(%s, %d)" % (h.name, n), lambda s: os.read(h.fds[s], n))
+        self.both("os.lseek(%s, 0, os.SEEK_CUR)" % h.name, lambda s: os.lseek(h.fds[s], 0, os.SEEK_CUR))
+
+    def do_pread(self, a, h):
+        n, off = a["n"], a["off"]
+        self.both("os.pread(%s, %d, %d)" % (h.name, n, off), lambda s: os.pread(h.fds[s], n, off))
+
+    def do_ftruncate(self, a, h):
+        n = a["size"]
+        self.both("os.ftruncate(%s, %d)" % (h.name, n), lambda s: os.ftruncate(h.fds[s], n))
+        self.post_check_fd(h)
+
+    def do_fallocate(self, a, h):
+        off, n = a["off"], a["len"]
+        self.both("os.posix_fallocate(%s, %d, %d)" % (h.name, off, n), lambda s: os.posix_fallocate(h.fds[s], off, n))
+        self.post_check_fd(h)
+
+    def do_fsync(self, a, h):
+        if a["data_only"]:
+            self.both("os.fdatasync(%s)" % h.name, lambda s: os.fdatasync(h.fds[s]))
+        else:
+            self.both("os.fsync(%s)" % h.name, lambda s: os.fsync(h.fds[s]))
+        self.post_check_fd(h)
+
+    def do_fstat(self, a, h):
+        self.post_check_fd(h)
+
+    def do_fchmod(self, a, h):
+        mode = a["mode"]
+        self.both("os.fchmod(%s, 0o%o)" % (h.name, mode), lambda s: os.fchmod(h.fds[s], mode))
+        self.post_check_fd(h)
+
+    def do_futimens(self, a, h):
+        t = tuple(a["times"])
+        self.both("os.utime(%s, ns=%r)" % (h.name, t), lambda s: os.utime(h.fds[s], ns=t))
+        self.post_check_fd(h)
+
+    def do_fxattr(self, a, h):
+        sub, name = a["sub"], a["name"]
+        if sub == "set":
+            value = bytes.fromhex(a["value"])
+            self.both("os.setxattr(%s, %r, <%d bytes>)" % (h.name, name, len(value)), lambda s: os.setxattr(h.fds[s], name, value))
+        elif sub == "get":
+            self.both("os.getxattr(%s, %r)" % (h.name, name), lambda s: os.getxattr(h.fds[s], name))
+        else:
+            self.both("os.removexattr(%s, %r)" % (h.name, name), lambda s: os.removexattr(h.fds[s], name))
+
+    def do_truncate(self, a, _):
+        rel, n = a["path"], a["size"]
+        self.both("os.truncate(%r, %d)" % (rel, n), lambda s: os.truncate(self.p(s, rel), n))
+        self.post_check(rel)
+
+    def do_stat(self, a, _):
+        rel, follow = a["path"], a["follow"]
+        self.both("os.%s(%r)" % ("stat" if follow else "lstat", rel or "."), lambda s: self.stat_of(s, rel, follow, root=(rel == "")))
+
+    def do_listdir(self, a, _):
+        rel = a["path"]
+
+        def ls(s):
+            names = os.listdir(self.p(s, rel))
+            if rel == "":
+                names = [n for n in names if n not in HIDDEN_ROOT]
+            return sorted(names)
+        self.both("os.listdir(%r)" % (rel or "."), ls)
+
+    def do_unlink(self, a, _):
+        rel = a["path"]
+        self.both("os.unlink(%r)" % rel, lambda s: os.unlink(self.p(s, rel)))
+        self.post_check(rel)
+
+    def do_mkdir(self, a, _):
+        rel, mode = a["path"], a["mode"]
+        self.both("os.mkdir(%r, 0o%o)" % (rel, mode), lambda s: os.mkdir(self.p(s, rel), mode))
+        self.post_check(rel)
+
+    def do_rmdir(self, a, _):
+        rel = a["path"]
+        self.both("os.rmdir(%r)" % rel, lambda s: os.rmdir(self.p(s, rel)))
+        self.post_check(rel)
+
+    def do_rename(self, a, _):
+        src, dst, flags = a["src"], a["dst"], a["flags"]
+        if flags is None:
+            self.both("os.rename(%r, %r)" % (src, dst), lambda s: os.rename(self.p(s, src), self.p(s, dst)))
+        else:
+            self.both("renameat2(%r, %r, %s)" % (src, dst, RENAME_FLAG_NAMES[flags]),
+                      lambda s: renameat2(self.p(s, src), self.p(s, dst), flags))
+        self.post_check(src, dst)
+
+    def do_symlink(self, a, _):
+        target, rel = a["target"], a["path"]
+        self.both("os.symlink(%r, %r)" % (target, rel), lambda s: os.symlink(target, self.p(s, rel)))
+        self.post_check(rel)
+
+    def do_readlink(self, a, _):
+        rel = a["path"]
+        self.both("os.readlink(%r)" % rel, lambda s: os.readlink(self.p(s, rel)))
+
+    def do_link(self, a, _):
+        src, dst, follow = a["src"], a["dst"], a["follow"]
+        self.both("os.link(%r, %r, follow_symlinks=%s)" % (src, dst, follow),
+                  lambda s: os.link(self.p(s, src), self.p(s, dst), follow_symlinks=follow))
+        self.post_check(src, dst)
+
+    def do_chmod(self, a, _):
+        rel, mode = a["path"], a["mode"]
+        self.both("os.chmod(%r, 0o%o)" % (rel or ".", mode), lambda s: os.chmod(self.p(s, rel), mode))
+        self.post_check(rel)
+
+    def do_chown(self, a, _):
+        rel, uid, gid, follow = a["path"], a["uid"], a["gid"], a["follow"]
+        self.both("os.chown(%r, %d, %d, follow_symlinks=%s)" % (rel, uid, gid, follow),
+                  lambda s: os.chown(self.p(s, rel), uid, gid, follow_symlinks=follow))
+        self.post_check(rel)
+
+    def do_utime(self, a, _):
+        rel, follow = a["path"], a["follow"]
+        if a["times"] is not None:
+            t = tuple(a["times"])
+            self.both("os.utime(%r, ns=%r, follow_symlinks=%s)" % (rel or ".", t, follow),
+                      lambda s: os.utime(self.p(s, rel), ns=t, follow_symlinks=follow))
+        else:
+            self.both("os.utime(%r, follow_symlinks=%s)" % (rel or ".", follow),
+                      lambda s: os.utime(self.p(s, rel), follow_symlinks=follow))
+        self.post_check(rel)
+
+    def do_xattr(self, a, _):
+        rel, sub, name, follow = a["path"], a["sub"], a["name"], a["follow"]
+        shown = rel or "."
+        if sub == "set":
+            value, fl = bytes.fromhex(a["value"]), a["flags"]
+            self.both("os.setxattr(%r, %r, <%d bytes>, %d, follow_symlinks=%s)" % (shown, name, len(value), fl, follow),
+                      lambda s: os.setxattr(self.p(s, rel), name, value, fl, follow_symlinks=follow))
+        elif sub == "get":
+            self.both("os.getxattr(%r, %r, follow_symlinks=%s)" % (shown, name, follow),
+                      lambda s: os.getxattr(self.p(s, rel), name, follow_symlinks=follow))
+        elif sub == "list":
+            self.both("os.listxattr(%r, follow_symlinks=%s) [user.* only]" % (shown, follow),
+                      lambda s: sorted(n for n in os.listxattr(self.p(s, rel), follow_symlinks=follow)
+                                       if n.startswith("user.") and not n.startswith(STATUS_XATTR_PREFIX)))
+        else:
+            self.both("os.removexattr(%r, %r, follow_symlinks=%s)" % (shown, name, follow),
+                      lambda s: os.removexattr(self.p(s, rel), name, follow_symlinks=follow))
+        if sub in ("set", "remove"):
+            self.post_check(rel)
+
+    def do_mknod(self, a, _):
+        rel, kind, mode = a["path"], a["kind"], a["mode"]
+        self.both("os.mknod(%r, stat.%s|0o%o)" % (rel, kind, mode), lambda s: os.mknod(self.p(s, rel), NODE_KINDS[kind] | mode))
+        self.post_check(rel)
+
+    def do_checkpoint(self, a, _):
+        self.compare_trees(a["why"])
+
+    def do_remount(self, a, _):
+        why = a["why"]
+        self.close_all()
+        self.compare_trees("before unmount (%s)" % why)
+        before = self.snap.snapshot(self.roots["m"], exact=True)
+        self.current = "unmount + mount (%s)" % why
+        self.last_progress = time.monotonic()
+        self.mount.unmount()
+        self.mount.mount()
+        self.last_progress = time.monotonic()
+        self.log("unmounted and mounted again (%s)" % why)
+        # Persistence, stricter than the reference comparison: every attribute as it was,
+        # mtimes to the nanosecond.
+        after = self.snap.snapshot(self.roots["m"], exact=True)
+        lines = diff_snapshots(after, before, "after remount", "before")
+        if lines:
+            self.fail("the mount changed across unmount + mount (%s)" % why, lines)
+        self.compare_trees("after remount (%s)" % why)
+
+    # ---- checkpoints -------------------------------------------------------------------
+
+    def compare_trees(self, why):
+        self.current = "checkpoint (%s)" % why
+        self.last_progress = time.monotonic()
+        sm = self.snap.snapshot(self.roots["m"])
+        sr = self.snap.snapshot(self.roots["r"])
+        self.last_progress = time.monotonic()
+        lines = diff_snapshots(sm, sr)
+        self.log("checkpoint (%s): %d entries%s" % (why, len(sr[0]), ", %d differences" % len(lines) if lines else ""))
+        if lines:
+            self.fail("trees differ at checkpoint (%s)" % why, lines)
+        # Open descriptors: offset, attributes and, where readable, the full content.
+        for h in list(self.handles.values()):
+            self.both("os.lseek(%s, 0, os.SEEK_CUR)" % h.name, lambda s: os.lseek(h.fds[s], 0, os.SEEK_CUR))
+            om, _ = self.both("fstat(%s)" % h.name, lambda s: self.snap.norm_stat(os.fstat(h.fds[s])))
+            if om.ok and om.value["type"] == "file" and (h.flags & os.O_ACCMODE) != os.O_WRONLY:
+                self.both("os.pread(%s, <all>, 0)" % h.name, lambda s: read_all_fd(h.fds[s]))
+
+    def close_all(self):
+        for h in list(self.handles.values()):
+            self.run({"op": "close", "h": h.hid, "check": False})
+
+
+# ---------------------------------------------------------------------------------------
+# Random generation of actions (deterministic given the seed and the reference's state)
+
+
+class Generator:
+    OPS = [("open", 12), ("close", 7), ("dup", 1), ("write", 10), ("pwrite", 8), ("lseek", 2),
+           ("read", 5), ("pread", 6), ("ftruncate", 4), ("fallocate", 1), ("truncate", 3), ("fsync", 3),
+           ("fstat", 2), ("fchmod", 1), ("futimens", 2), ("fxattr", 2), ("stat", 3), ("listdir", 2),
+           ("unlink", 5), ("mkdir", 5), ("rmdir", 4), ("rename", 8), ("renameat2", 5), ("symlink", 3),
+           ("readlink", 1), ("link", 4), ("chmod", 2), ("chown", 1), ("utime", 4), ("xattr", 6), ("mknod", 1)]
+
+    def __init__(self, seed, ex):
+        self.rng = random.Random(seed)
+        self.ex = ex
+        self.next_hid = 1
+        self.names = [n for n, _ in self.OPS]
+        self.weights = [w for _, w in self.OPS]
+        self.counts = collections.Counter()
+
+    # ---- state of the reference (never of the mount: the sequence must not depend on it)
+
+    def ref_entries(self):
+        """Sorted [(rel, type)] of the reference tree, symlinks not followed."""
+        out = []
+        stack = [""]
+        while stack:
+            d = stack.pop()
+            with os.scandir(self.ex.p("r", d)) as it:
+                names = sorted(e.name for e in it)
+            for n in names:
+                rel = os.path.join(d, n) if d else n
+                try:
+                    st = os.lstat(self.ex.p("r", rel))
+                except OSError:
+                    continue
+                t = TYPE_NAMES.get(stat.S_IFMT(st.st_mode), "other")
+                out.append((rel, t))
+                if t == "dir":
+                    stack.append(rel)
+        out.sort()
+        return out
+
+    def ref_stat(self, rel, follow=True):
+        try:
+            return os.stat(self.ex.p("r", rel), follow_symlinks=follow)
+        except OSError:
+            return None
+
+    def fd_stat(self, h):
+        try:
+            return os.fstat(h.fds["r"])
+        except OSError:
+            return None
+
+    def fd_size(self, h):
+        st = self.fd_stat(h)
+        return st.st_size if st else 0
+
+    # ---- random pieces
+
+    def rand_name(self):
+        return self.rng.choice(NAMES)
+
+    def rand_path(self, max_depth=MAX_DEPTH):
+        depth = min(self.rng.choice([1, 1, 2, 2, 3]), max_depth)
+        return "/".join(self.rand_name() for _ in range(depth))
+
+    def pick_path(self, kinds=None, existing=0.6):
+        """An existing entry (of one of `kinds`) with probability `existing`, else a new name
+        in an existing directory, else a random path of up to MAX_DEPTH components."""
+        entries = self.ref_entries()
+        r = self.rng.random()
+        if r < existing:
+            cands = [rel for rel, t in entries if kinds is None or t in kinds]
+            if cands:
+                return self.rng.choice(cands)
+        if r < existing + (1 - existing) / 2:
+            dirs = [""] + [rel for rel, t in entries if t == "dir" and rel.count("/") < MAX_DEPTH - 1]
+            d = self.rng.choice(dirs)
+            return (d + "/" if d else "") + self.rand_name()
+        return self.rand_path()
+
+    def maybe_slash(self, rel):
+        # Now and then a trailing slash ("must be a directory").
+        return rel + "/" if self.rng.random() < 0.03 else rel
+
+    def rand_data(self):
+        r = self.rng.random()
+        n = self.rng.randint(1, 4096) if r < 0.7 else self.rng.randint(1, 65536) if r < 0.9 else self.rng.randint(65536, 300000)
+        k = self.rng.random()
+        kind = "random" if k < 0.6 else "zeros" if k < 0.8 else "pattern"
+        return {"n": n, "kind": kind, "seed": self.rng.randrange(2**32)}
+
+    def rand_time_ns(self):
+        lo, hi = self.rng.choice(EXPLICIT_SECONDS)
+        return self.rng.randint(lo, hi) * 10**9 + self.rng.randint(0, 999999999)
+
+    def rand_size(self, cur):
+        r = self.rng.random()
+        if r < 0.2:
+            return 0
+        if r < 0.6:
+            return max(0, cur + self.rng.randint(-5000, 5000))
+        if r < 0.7:
+            return cur
+        return self.rng.randint(0, 1200000)
+
+    def pick_handle(self):
+        hs = list(self.ex.handles.values())
+        return self.rng.choice(hs) if hs else None
+
+    # ---- one step: a list of actions
+
+    def step(self):
+        op = self.rng.choices(self.names, self.weights)[0]
+        self.counts[op] += 1
+        return getattr(self, "gen_" + op)()
+
+    def gen_open(self):
+        acc = self.rng.choice([os.O_RDONLY, os.O_WRONLY, os.O_RDWR, os.O_RDWR])
+        flags = acc
+        if self.rng.random() < 0.5:
+            flags |= os.O_CREAT
+            if self.rng.random() < 0.3:
+                flags |= os.O_EXCL
+        # O_TRUNC with O_RDONLY is unspecified by POSIX: not generated.
+        if acc != os.O_RDONLY and self.rng.random() < 0.3:
+            flags |= os.O_TRUNC
+        if self.rng.random() < 0.25:
+            flags |= os.O_APPEND
+        if self.rng.random() < 0.04:
+            flags |= os.O_NOFOLLOW
+        if self.rng.random() < 0.04:
+            flags |= os.O_DIRECTORY
+        kinds = {"file", "symlink", "dir", "fifo", "socket"} if self.rng.random() < 0.2 else {"file", "symlink"}
+        rel = self.pick_path(kinds)
+        st = self.ref_stat(rel)
+        if st is not None and stat.S_ISFIFO(st.st_mode):
+            flags |= os.O_NONBLOCK  # never block on a fifo
+        hid = self.next_hid
+        self.next_hid += 1
+        actions = [{"op": "open", "path": rel, "flags": flags, "mode": self.rng.choice(MODES), "new": hid}]
+        if len(self.ex.handles) >= self.ex.max_fds:
+            actions.insert(0, {"op": "close", "h": next(iter(self.ex.handles))})
+        return actions
+
+    def fd_action(self, op, **params):
+        h = self.pick_handle()
+        if h is None:
+            return self.gen_open()
+        return [dict(op=op, h=h.hid, **{k: (v(h) if callable(v) else v) for k, v in params.items()})]
+
+    def gen_close(self):
+        return self.fd_action("close")
+
+    def gen_dup(self):
+        if len(self.ex.handles) >= self.ex.max_fds:
+            return self.gen_close()
+        hid = self.next_hid
+        self.next_hid += 1
+        return self.fd_action("dup", new=hid)
+
+    def gen_write(self):
+        return self.fd_action("write", data=lambda h: self.rand_data())
+
+    def gen_pwrite(self):
+        def off(h):
+            size, r = self.fd_size(h), self.rng.random()
+            return self.rng.randint(0, size) if r < 0.4 else size + self.rng.randint(0, 70000) if r < 0.8 else self.rng.randint(0, 1200000)
+        return self.fd_action("pwrite", off=off, data=lambda h: self.rand_data())
+
+    def gen_lseek(self):
+        h = self.pick_handle()
+        if h is None:
+            return self.gen_open()
+        st = self.fd_stat(h)
+        if st is None or not stat.S_ISREG(st.st_mode):
+            # Directory offsets are opaque, filesystem-specific cookies (ext4 hashes):
+            # lseek is compared on regular files only.
+            return self.gen_read()
+        whence = self.rng.choice(sorted(WHENCE))
+        off = self.rng.randint(0, st.st_size + 100000) if whence == "SEEK_SET" else self.rng.randint(-1000, 100000)
+        return [{"op": "lseek", "h": h.hid, "off": off, "whence": whence}]
+
+    def gen_read(self):
+        return self.fd_action("read", n=lambda h: self.rng.choice([1, 100, 4096, 65536, 300000, self.rng.randint(0, 200000)]))
+
+    def gen_pread(self):
+        h = self.pick_handle()
+        if h is None:
+            return self.gen_open()
+        size = self.fd_size(h)
+        return [{"op": "pread", "h": h.hid, "off": self.rng.randint(0, size + 1000),
+                 "n": self.rng.choice([1, 4096, 65536, size + 10, self.rng.randint(0, 300000)])}]
+
+    def gen_ftruncate(self):
+        return self.fd_action("ftruncate", size=lambda h: self.rand_size(self.fd_size(h)))
+
+    def gen_fallocate(self):
+        # Mode 0 (allocate, extend the size) only: other modes are unsupported by design.
+        return self.fd_action("fallocate", off=lambda h: self.rng.randint(0, self.fd_size(h) + 50000),
+                              len=lambda h: self.rng.randint(1, 100000))
+
+    def gen_truncate(self):
+        rel = self.pick_path({"file", "symlink"})
+        st = self.ref_stat(rel)
+        return [{"op": "truncate", "path": rel, "size": self.rand_size(st.st_size if st else 0)}]
+
+    def gen_fsync(self):
+        return self.fd_action("fsync", data_only=lambda h: self.rng.random() < 0.3)
+
+    def gen_fstat(self):
+        return self.fd_action("fstat")
+
+    def gen_fchmod(self):
+        return self.fd_action("fchmod", mode=lambda h: self.rng.choice(MODES))
+
+    def gen_futimens(self):
+        return self.fd_action("futimens", times=lambda h: [self.rand_time_ns(), self.rand_time_ns()])
+
+    def gen_fxattr(self):
+        if not self.ex.xattrs:
+            return self.gen_fstat()
+        sub = self.rng.choice(["set", "set", "get", "remove"])
+        return self.fd_action("fxattr", sub=sub, name=self.rng.choice(XATTR_NAMES),
+                              value=self.rng.randbytes(self.rng.randint(0, 200)).hex() if sub == "set" else None)
+
+    def gen_stat(self):
+        return [{"op": "stat", "path": self.pick_path(existing=0.8), "follow": self.rng.random() < 0.5}]
+
+    def gen_listdir(self):
+        rel = self.pick_path({"dir", "symlink"}, existing=0.8) if self.rng.random() < 0.9 else ""
+        return [{"op": "listdir", "path": rel}]
+
+    def gen_unlink(self):
+        kinds = {"file", "symlink", "fifo", "socket"} if self.rng.random() < 0.9 else None
+        return [{"op": "unlink", "path": self.maybe_slash(self.pick_path(kinds, 0.8))}]
+
+    def gen_mkdir(self):
+        return [{"op": "mkdir", "path": self.maybe_slash(self.pick_path(existing=0.3)), "mode": self.rng.choice(DIR_MODES)}]
+
+    def gen_rmdir(self):
+        return [{"op": "rmdir", "path": self.maybe_slash(self.pick_path({"dir"} if self.rng.random() < 0.9 else None, 0.8))}]
+
+    def rename_pair(self):
+        src = self.pick_path(existing=0.85)
+        sst = self.ref_stat(src, follow=False)
+        is_dir = sst is not None and stat.S_ISDIR(sst.st_mode)
+        k = self.rng.random()
+        if k < 0.35:
+            dst = self.pick_path(existing=0.9)          # most likely over something existing
+        elif k < 0.45 and is_dir:
+            dst = src + "/" + self.rand_name()           # into its own subtree: EINVAL
+        else:
+            dst = self.pick_path(existing=0.0)           # a new name, maybe in a subdirectory
+        # Keep the tree shallow: a directory that would end up too deep goes to the root.
+        if is_dir and not dst.startswith(src + "/"):
+            height = max([rel.count("/") - src.count("/") for rel, _ in self.ref_entries() if rel.startswith(src + "/")] + [0])
+            if dst.count("/") + 1 + height > MAX_DEPTH + 1:
+                dst = self.rand_name()
+        return self.maybe_slash(src), self.maybe_slash(dst)
+
+    def gen_rename(self):
+        src, dst = self.rename_pair()
+        return [{"op": "rename", "src": src, "dst": dst, "flags": None}]
+
+    def gen_renameat2(self):
+        src, dst = self.rename_pair()
+        return [{"op": "rename", "src": src, "dst": dst,
+                 "flags": self.rng.choice([0, RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_EXCHANGE])}]
+
+    def gen_symlink(self):
+        rel = self.pick_path(existing=0.3)
+        k = self.rng.random()
+        if k < 0.6:   # relative, never escaping the tree
+            target = "../" * self.rng.randint(0, rel.count("/")) + self.rand_path(2)
+        elif k < 0.7:
+            target = os.path.basename(rel)                # a loop
+        elif k < 0.8:
+            target = "nonexistent/" + self.rand_name()    # dangling
+        else:
+            target = self.rand_name() + " \u2192 " + self.rand_name()
+        return [{"op": "symlink", "target": target, "path": rel}]
+
+    def gen_readlink(self):
+        return [{"op": "readlink", "path": self.pick_path({"symlink"} if self.rng.random() < 0.9 else None, 0.9)}]
+
+    def gen_link(self):
+        src = self.pick_path({"file", "symlink", "fifo", "socket"} if self.rng.random() < 0.9 else None, 0.9)
+        return [{"op": "link", "src": src, "dst": self.pick_path(existing=0.2), "follow": self.rng.random() < 0.3}]
+
+    def gen_chmod(self):
+        return [{"op": "chmod", "path": self.pick_path(existing=0.8), "mode": self.rng.choice(MODES)}]
+
+    def gen_chown(self):
+        return [{"op": "chown", "path": self.pick_path(existing=0.8), "uid": self.rng.choice([0, 1000, 65534, -1]),
+                 "gid": self.rng.choice([0, 1000, 65534, -1]), "follow": self.rng.random() < 0.7}]
+
+    def gen_utime(self):
+        rel = self.pick_path(existing=0.85) if self.rng.random() < 0.95 else ""
+        times = [self.rand_time_ns(), self.rand_time_ns()] if self.rng.random() < 0.85 else None
+        return [{"op": "utime", "path": rel, "times": times, "follow": self.rng.random() < 0.7}]
+
+    def gen_xattr(self):
+        if not self.ex.xattrs:
+            return self.gen_stat()
+        rel = self.pick_path(existing=0.85) if self.rng.random() < 0.95 else ""
+        k = self.rng.random()
+        sub = "set" if k < 0.4 else "get" if k < 0.6 else "list" if k < 0.8 else "remove"
+        a = {"op": "xattr", "path": rel, "sub": sub, "name": self.rng.choice(XATTR_NAMES), "follow": self.rng.random() < 0.8}
+        if sub == "set":
+            a["value"] = self.rng.randbytes(self.rng.randint(0, 200)).hex()
+            a["flags"] = self.rng.choice([0, 0, os.XATTR_CREATE, os.XATTR_REPLACE])
+        return [a]
+
+    def gen_mknod(self):
+        return [{"op": "mknod", "path": self.pick_path(existing=0.2),
+                 "kind": self.rng.choice(["S_IFIFO", "S_IFIFO", "S_IFSOCK", "S_IFREG"]), "mode": self.rng.choice([0o644, 0o600, 0o666])}]
+
+
+# ---------------------------------------------------------------------------------------
+# One run: fresh mount + reference, then actions from the generator or from a list
+
+
+class Run:
+    def __init__(self, binary, args, tag=""):
+        self.args = args
+        self.base = "/tmp/ubiquity-test-%d-diff%s" % (os.getpid(), tag)
+        shutil.rmtree(self.base, ignore_errors=True)
+        os.makedirs(self.base)
+        self.ref = os.path.join(self.base, "ref")
+        os.mkdir(self.ref)
+        self.mount = Mount(binary, self.base)
+        self.ex = None
+        self.cleaned = False
+
+    def start(self):
+        self.mount.mount()
+        self.ex = Executor(self.mount, self.ref, reference_supports_xattrs(self.ref), set(self.args.relax),
+                           self.args.history, self.args.verbose, self.args.max_fds)
+
+    def cleanup(self, keep=False):
+        if self.cleaned:
+            return []
+        self.cleaned = True
+        if self.ex is not None:
+            for h in list(self.ex.handles.values()):
+                for fd in h.fds.values():
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+        problems = self.mount.force_cleanup()
+        if not problems and not keep:
+            shutil.rmtree(self.base, ignore_errors=True)
+        return problems
+
+
+def reference_supports_xattrs(ref):
+    try:
+        os.setxattr(ref, "user.probe", b"1")
+        os.removexattr(ref, "user.probe")
+        return True
+    except OSError as e:
+        print("note: the reference directory has no user xattrs (%s): xattr operations disabled" % errname(e.errno))
+        return False
+
+
+def generate_and_run(run, seed, ops, checkpoint, remount_every):
+    ex = run.ex
+    gen = Generator(seed, ex)
+    remount_at = set()
+    if ops >= 2:
+        remount_at.add(ops // 2)
+        remount_at.update(range(remount_every, ops, remount_every))
+    ex.run({"op": "checkpoint", "why": "start"})
+    for i in range(1, ops + 1):
+        ex.step = i
+        for a in gen.step():
+            ex.run(a)
+        if i % checkpoint == 0:
+            ex.run({"op": "checkpoint", "why": "after op %d" % i})
+        if i in remount_at:
+            ex.run({"op": "remount", "why": "mid-run, after op %d" % i})
+    ex.step = ops + 1
+    ex.run({"op": "checkpoint", "why": "end"})
+    ex.run({"op": "remount", "why": "end"})
+    return gen.counts
+
+
+def replay_actions(run, actions):
+    ex = run.ex
+    for i, a in enumerate(actions, 1):
+        ex.step = i
+        ex.run(a)
+    ex.step = len(actions) + 1
+    ex.run({"op": "checkpoint", "why": "end of replay"})
+
+
+def minimize(binary, args, actions, pattern):
+    """ddmin over the action list: the smallest list (1-minimal) whose replay still fails
+    with a message matching `pattern`."""
+    trials = [0]
+
+    def fails(cand):
+        trials[0] += 1
+        run = Run(binary, args, tag="-min")
+        try:
+            run.start()
+            replay_actions(run, cand)
+            return False
+        except TestFailure as e:
+            return re.search(pattern, str(e)) is not None
+        finally:
+            problems = run.cleanup()
+            if problems:
+                raise SystemExit("minimizer: cleanup failed: %s" % problems)
+
+    if not fails(actions):
+        print("minimize: the saved actions do not fail on replay (timing-dependent?)")
+        return actions
+    n = 2
+    while len(actions) >= 2:
+        chunk = max(1, len(actions) // n)
+        reduced = False
+        for start in range(0, len(actions), chunk):
+            cand = actions[:start] + actions[start + chunk:]
+            if cand and fails(cand):
+                actions = cand
+                n = max(n - 1, 2)
+                reduced = True
+                print("minimize: %d actions (%d trials)" % (len(actions), trials[0]), flush=True)
+                break
+        if not reduced:
+            if chunk == 1:
+                break
+            n = min(len(actions), n * 2)
+    print("minimize: done, %d actions after %d trials" % (len(actions), trials[0]))
+    return actions
+
+
+# ---------------------------------------------------------------------------------------
+# Main
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    ap.add_argument("--ops", type=int, default=DEFAULT_OPS, help="random operations (default %d)" % DEFAULT_OPS)
+    ap.add_argument("--checkpoint", type=int, default=DEFAULTS["checkpoint"], help="full tree comparison every N ops")
+    ap.add_argument("--remount-every", type=int, default=DEFAULTS["remount_every"],
+                    help="unmount + mount every N ops, besides the one at half-way and the one at the end")
+    ap.add_argument("--max-fds", type=int, default=DEFAULTS["max_fds"], help="descriptors kept open at once")
+    ap.add_argument("--history", type=int, default=20, help="operations shown on failure")
+    ap.add_argument("--hang-timeout", type=float, default=120, help="seconds one step may take before it counts as a hang")
+    ap.add_argument("--save-actions", metavar="FILE", help="on failure, write the executed actions (JSON) to FILE")
+    ap.add_argument("--replay-actions", metavar="FILE", help="run the actions saved in FILE instead of random ones")
+    ap.add_argument("--minimize", metavar="REGEX", nargs="?", const=".",
+                    help="on failure, shrink the failing action list to a minimal one whose failure matches REGEX "
+                         "(default: any failure) and print it")
+    ap.add_argument("--relax", action="append", default=[], choices=["mtime"],
+                    help="triage only, never in CI: stop comparing mtimes, to look for further differences "
+                         "while a known mtime bug is unfixed")
+    ap.add_argument("--keep", action="store_true", help="keep the temp directory (the mount is removed anyway)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print every operation")
+    args = ap.parse_args()
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1, 2**31)
+
+    binary = os.environ.get("UBIQUITY")
+    script = os.path.relpath(os.path.abspath(sys.argv[0]))
+    if script.startswith("../"):
+        script = os.path.abspath(sys.argv[0])
+    replay = "UBIQUITY=%s %s --seed %d --ops %d" % (shlex.quote(binary or "..."), shlex.quote(script), args.seed, args.ops)
+    for opt, default in DEFAULTS.items():
+        if getattr(args, opt) != default:
+            replay += " --%s %d" % (opt.replace("_", "-"), getattr(args, opt))
+    for r in args.relax:
+        replay += " --relax " + r
+    if args.replay_actions:
+        replay = "UBIQUITY=%s %s --replay-actions %s" % (shlex.quote(binary or "..."), shlex.quote(script),
+                                                         shlex.quote(args.replay_actions))
+    print("t-differential: seed %d, ops %d" % (args.seed, args.ops), flush=True)
+    print("replay: %s" % replay, flush=True)
+
+    if not binary or not os.access(binary, os.X_OK):
+        print("FAIL: set UBIQUITY to the ubiquity binary (got %r)" % binary)
+        return 1
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as e:
+        if os.environ.get("CI") == "true":
+            print("FAIL: /dev/fuse cannot be opened (%s) and CI=true: the FUSE tests must run" % e)
+            return 1
+        print("SKIP: /dev/fuse cannot be opened (%s)" % e)
+        return 0
+
+    os.umask(0o022)
+    run = Run(binary, args)
+    state = {"failed": False}
+    atexit.register(lambda: run.cleanup(keep=args.keep))
+
+    def on_signal(signum, _frame):
+        raise SystemExit(128 + signum)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+
+    hang = {"fired": False}
+
+    def watchdog():
+        while not run.cleaned:
+            time.sleep(2)
+            ex = run.ex
+            if ex is not None and not hang["fired"] and time.monotonic() - ex.last_progress > args.hang_timeout:
+                hang["fired"] = True
+                print("\nFAIL (seed %d): no progress for %.0f s during: %s\nlast operations:\n  %s\ndaemon log tail:\n%sreplay: %s"
+                      % (args.seed, args.hang_timeout, ex.current, "\n  ".join(ex.history), run.mount.log_tail(), replay), flush=True)
+                # Unblock the main thread: kill the daemon this test started; the kernel then
+                # fails the pending requests (ENOTCONN) and auto_unmount removes the mount.
+                run.mount.kill_daemon()
+                time.sleep(30)
+                if not run.cleaned:
+                    run.cleanup()
+                    os._exit(1)
+    threading.Thread(target=watchdog, daemon=True).start()
+
+    rc = 1
+    t0 = time.monotonic()
+    counts = None
+    failure = None
+    try:
+        run.start()
+        if args.replay_actions:
+            with open(args.replay_actions) as f:
+                replay_actions(run, json.load(f))
+        else:
+            counts = generate_and_run(run, args.seed, args.ops, args.checkpoint, args.remount_every)
+        run.mount.unmount()
+        rc = 0
+    except TestFailure as e:
+        failure = e
+        state["failed"] = True
+        print("\nFAIL (seed %d): %s" % (args.seed, e), flush=True)
+        if run.ex is not None:
+            print("last %d operations ([step] call -> reference result, MOUNT: result where it differs):" % len(run.ex.history))
+            for line in run.ex.history:
+                print("  " + line)
+        print("daemon log tail (%s):\n%s" % (run.mount.log, run.mount.log_tail()))
+        print("replay: %s" % replay, flush=True)
+    except BaseException as e:  # noqa: BLE001 - report, clean up, fail
+        state["failed"] = True
+        if not hang["fired"]:
+            import traceback
+            traceback.print_exc()
+            print("\nFAIL (seed %d): %s: %s" % (args.seed, type(e).__name__, e))
+            if run.ex is not None:
+                print("last operations:\n  " + "\n  ".join(run.ex.history))
+            print("replay: %s" % replay, flush=True)
+    finally:
+        problems = run.cleanup(keep=args.keep and state["failed"])
+        if problems:
+            print("FAIL: cleanup: %s" % "; ".join(problems))
+            rc = 1
+        elif args.keep and state["failed"]:
+            print("kept %s" % run.base)
+
+    if failure is not None and run.ex is not None and (args.save_actions or args.minimize):
+        actions = list(run.ex.executed)
+        if args.save_actions:
+            with open(args.save_actions, "w") as f:
+                json.dump(actions, f, ensure_ascii=False, indent=0)
+            print("saved %d actions to %s" % (len(actions), args.save_actions))
+        if args.minimize:
+            small = minimize(binary, args, actions, args.minimize)
+            path = (args.save_actions or "/tmp/t-differential-%d" % args.seed) + ".min.json"
+            with open(path, "w") as f:
+                json.dump(small, f, ensure_ascii=False, indent=0)
+            print("minimal failing actions (%s):" % path)
+            for a in small:
+                print("  " + json.dumps(a, ensure_ascii=False))
+            margs = argparse.Namespace(**vars(args))
+            margs.verbose = True
+            margs.history = 1000
+            r2 = Run(binary, margs, tag="-min")
+            try:
+                r2.start()
+                replay_actions(r2, small)
+            except TestFailure as e:
+                print("minimal replay fails: %s" % str(e).splitlines()[0])
+            finally:
+                r2.cleanup()
+    if rc == 0:
+        if counts:
+            print("op mix: " + ", ".join("%s %d" % kv for kv in sorted(counts.items())))
+        print("t-differential: PASS seed %d, %d ops in %.1f s" % (args.seed, args.ops, time.monotonic() - t0))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
