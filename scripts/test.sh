@@ -11,3 +11,4 @@ export UBIQUITY="${UBIQUITY:-$(swift build --show-bin-path)/ubiquity}"
 scripts/sweep-test-mounts.sh
 swift test
 tests/mount/run.sh
+tests/systemd/run.sh

@@ -113,11 +113,14 @@ extension FileSystem {
     /// fsync(2): commit, then make the store durable.
     public func fsync(_ handle: UInt64) throws(Errno) {
         if let (ino, open) = try fileHandle(handle) { try commit(ino, open) }
-        try withMeta { (m) throws(StoreError) in try m.store.sync() }
+        try fsyncDirectory()
     }
 
+    /// The durability barrier, without holding `meta` during the disk flush.
     public func fsyncDirectory() throws(Errno) {
-        try withMeta { (m) throws(StoreError) in try m.store.sync() }
+        let store = meta.withLock { $0.store }
+        try storeCall { () throws(StoreError) in try store.syncFiles() }
+        try withMeta { (m) throws(StoreError) in try m.store.markDurable() }
     }
 
     // MARK: data

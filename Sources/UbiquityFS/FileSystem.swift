@@ -7,7 +7,10 @@ import UbiquityStore
 /// Locks, always taken in this order, never while replying to the kernel:
 ///   1. a `FileContent`'s lock (per open file: its data and commits)
 ///   2. `meta` (the store, the tree, handles, lookup counts, virtual nodes)
-///   3. the chunk cache's lock (a leaf, inside ChunkStore)
+///   3. leaves: a `FileContent`'s summary (size, isChanged: readable under `meta`), the
+///      chunk cache's lock (inside ChunkStore)
+/// Code holding `meta` must never call a FileContent data method (read, write, truncate,
+/// commit): a commit holds the content lock and waits for `meta`.
 /// Reads and writes of file data hold only their file's content lock, so they run in
 /// parallel across files.
 public final class FileSystem: Sendable {

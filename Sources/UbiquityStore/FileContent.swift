@@ -7,8 +7,11 @@ import Glibc
 /// or rehash 4 GiB. A commit rechunks only around the written ranges and reuses every base
 /// chunk that starts where a new cut lands (content-defined cuts resynchronize).
 ///
-/// Thread safety: every method takes the content's own lock. Lock order: content lock, then
-/// the filesystem's metadata lock (`commit`'s `record` runs under the content lock).
+/// Thread safety: data methods take the content's own lock. Lock order: content lock, then
+/// the filesystem's metadata lock (`commit`'s `record` runs under the content lock). The
+/// summary properties (size, isChanged, ...) read a separate leaf lock, so code holding the
+/// metadata lock may ask for them without taking the content lock (that would deadlock
+/// against a commit).
 public final class FileContent: @unchecked Sendable {
     struct State {
         var base: ChunkList
@@ -25,11 +28,22 @@ public final class FileContent: @unchecked Sendable {
     }
 
     private let state: Locked<State>
+    private let summary: Locked<Summary>
     private let chunks: ChunkStore
+
+    /// What others may read without the content lock; published after every change.
+    struct Summary {
+        var size: Int64
+        var changed = false
+        var hasWrites = false
+        var refused = false
+        var lastChange: Nanos = 0
+    }
     private let stagingDirectory: String
 
     public init(base: ChunkList, chunks: ChunkStore, stagingDirectory: String) {
         state = Locked(State(base: base, baseLimit: base.totalSize, size: base.totalSize))
+        summary = Locked(Summary(size: base.totalSize))
         self.chunks = chunks
         self.stagingDirectory = stagingDirectory
     }
@@ -38,14 +52,22 @@ public final class FileContent: @unchecked Sendable {
         state.withLock { s in if s.stagingFD >= 0 { close(s.stagingFD) } }
     }
 
-    public var size: Int64 { state.withLock { $0.size } }
-    public var isChanged: Bool { state.withLock { $0.changed } }
+    public var size: Int64 { summary.withLock { $0.size } }
+    public var isChanged: Bool { summary.withLock { $0.changed } }
     /// Whether bytes were written since the last commit (not just a truncation).
-    public var hasWrites: Bool { state.withLock { !$0.dirty.isEmpty } }
+    public var hasWrites: Bool { summary.withLock { $0.hasWrites } }
     /// The current changes were refused by the last commit (and nothing changed since).
-    public var isRefused: Bool { state.withLock { $0.changed && $0.refusedChange == $0.lastChange } }
+    public var isRefused: Bool { summary.withLock { $0.refused } }
     /// When the content last changed (for the idle autosave).
-    public var lastChange: Nanos { state.withLock { $0.lastChange } }
+    public var lastChange: Nanos { summary.withLock { $0.lastChange } }
+
+    /// Called under the content lock after every change of `s`.
+    private func publish(_ s: State) {
+        summary.withLock {
+            $0 = Summary(size: s.size, changed: s.changed, hasWrites: !s.dirty.isEmpty,
+                         refused: s.changed && s.refusedChange == s.lastChange, lastChange: s.lastChange)
+        }
+    }
 
     public func read(offset: Int64, count: Int) throws(StoreError) -> [UInt8] {
         try state.withLock { (s) throws(StoreError) in try readMerged(&s, offset: offset, count: count) }
@@ -65,6 +87,7 @@ public final class FileContent: @unchecked Sendable {
             s.size = max(s.size, end)
             s.changed = true
             s.lastChange = nowNanos()
+            publish(s)
         }
     }
 
@@ -78,6 +101,7 @@ public final class FileContent: @unchecked Sendable {
             s.size = newSize
             s.changed = true
             s.lastChange = nowNanos()
+            publish(s)
         }
     }
 
@@ -93,7 +117,10 @@ public final class FileContent: @unchecked Sendable {
             do throws(StoreError) {
                 list = try record(try rechunk(&s, chunker: chunker))
             } catch {
-                if case .invalidContent = error { s.refusedChange = s.lastChange }
+                if case .invalidContent = error {
+                    s.refusedChange = s.lastChange
+                    publish(s)
+                }
                 throw error
             }
             s.base = list
@@ -101,6 +128,7 @@ public final class FileContent: @unchecked Sendable {
             s.dirty.removeAll()
             s.changed = false
             if s.stagingFD >= 0 { _ = ftruncate(s.stagingFD, 0) }
+            publish(s)
             return true
         }
     }
@@ -110,6 +138,7 @@ public final class FileContent: @unchecked Sendable {
         state.withLock { s in
             s = State(base: s.base, baseLimit: s.base.totalSize, size: s.base.totalSize, stagingFD: s.stagingFD, lastChange: s.lastChange)
             if s.stagingFD >= 0 { _ = ftruncate(s.stagingFD, 0) }
+            publish(s)
         }
     }
 
@@ -119,6 +148,7 @@ public final class FileContent: @unchecked Sendable {
         state.withLock { s in
             s = State(base: base, baseLimit: base.totalSize, size: base.totalSize, stagingFD: s.stagingFD)
             if s.stagingFD >= 0 { _ = ftruncate(s.stagingFD, 0) }
+            publish(s)
         }
     }
 

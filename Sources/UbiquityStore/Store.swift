@@ -125,10 +125,16 @@ public final class Store: @unchecked Sendable {
         return FileContent(base: try view(stored), chunks: chunks, stagingDirectory: stagingDirectory)
     }
 
-    /// Durability barrier: chunks and database reach the disk (fsync semantics).
-    public func sync() throws(StoreError) {
-        try chunks.sync() // syncfs: also flushes the WAL, which lives on the same filesystem
-        // Losing this mark in a crash only costs a re-verification at the next start.
+    /// Durability barrier: chunks and database reach the disk (fsync semantics). The
+    /// syncfs covers the WAL too, which lives on the same filesystem. Thread-safe: callers
+    /// run it without the metadata lock, then `markDurable()` under it.
+    public func syncFiles() throws(StoreError) {
+        try chunks.sync()
+    }
+
+    /// Records that every version so far has been through a durability barrier. Losing this
+    /// mark in a crash only costs a re-verification.
+    public func markDurable() throws(StoreError) {
         try db.execute("UPDATE versions SET durable = 1 WHERE durable = 0")
     }
 }

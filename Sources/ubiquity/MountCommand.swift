@@ -50,6 +50,7 @@ struct MountCommand: ParsableCommand {
         let storeDir = store.map(Paths.absolute) ?? data + "/store"
         let backingDir = backing.map(Paths.absolute) ?? data + "/backing"
         var st = stat()
+        clearDeadMount(mp)
         if stat(mp, &st) != 0 {
             if mkdir(mp, 0o755) != 0 { throw CLIError("cannot create mount point \(mp): \(String(cString: strerror(errno)))") }
         } else if st.st_mode & S_IFMT != S_IFDIR {
@@ -97,5 +98,18 @@ func makeDirectoriesForCLI(_ path: String) throws {
         if mkdir(prefix, 0o755) != 0 && errno != EEXIST {
             throw CLIError("cannot create \(prefix): \(String(cString: strerror(errno)))")
         }
+    }
+}
+
+/// A ubiquity daemon that died (crash, SIGKILL) can leave its mount behind answering
+/// ENOTCONN; fusermount3's auto_unmount does not clean it for non-root users on libfuse
+/// < 3.15 (libfuse issue #586). Such a mount is dead for sure, so clear it; live mounts and
+/// other filesystems are never touched.
+func clearDeadMount(_ mp: String) {
+    guard mountEntries().last(where: { $0.mountpoint == mp })?.fstype == "fuse.ubiquity" else { return }
+    var st = stat()
+    guard stat(mp, &st) != 0 && errno == ENOTCONN else { return }
+    if runProcess(["fusermount3", "-u", "-z", mp]) == 0 {
+        log("ubiquity: cleared the dead mount a crashed daemon left at \(mp)")
     }
 }

@@ -256,3 +256,33 @@ final class Harness {
         #expect(try h.status("e.tinypix", "tinypix") == "as-is")
     }
 }
+
+import Dispatch
+
+@Suite struct ConcurrencyTests {
+    /// Regression: getattr of an open file read its size under the metadata lock while a
+    /// commit held the file's content lock and waited for the metadata lock: a deadlock
+    /// (fio hung in D state). Hammer both at once; this test hangs if the order breaks.
+    @Test(.timeLimit(.minutes(1)))
+    func getattrDuringCommitsDoesNotDeadlock() throws {
+        let h = try Harness()
+        let (a, handle) = try h.fs.create(parent: Store.rootInode, name: "busy", mode: 0o644, flags: OpenFlags(O_RDWR), caller: h.me)
+        let fs = h.fs
+        DispatchQueue.concurrentPerform(iterations: 3) { worker in
+            for i in 0..<300 {
+                switch worker {
+                case 0:
+                    _ = try? [UInt8](repeating: UInt8(i & 255), count: 4096).withUnsafeBytes { try fs.write(handle, offset: Int64(i * 4096), data: $0) }
+                    try? fs.fsync(handle)
+                case 1:
+                    _ = try? fs.getattr(a.ino)
+                    _ = try? fs.getxattr(a.ino, name: "user.ubiquity.dirty")
+                default:
+                    fs.commitIdle(now: nowNanos() + 60_000_000_000)
+                }
+            }
+        }
+        try h.fs.release(handle)
+        #expect(try h.fs.getattr(a.ino).size == 300 * 4096)
+    }
+}

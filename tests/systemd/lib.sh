@@ -6,6 +6,8 @@
 #                       cgroup namespaces; returns once the manager finished starting up.
 #                       USER is `root` or a name; a name the host lacks exists only inside.
 #   sd_run CMD...       run CMD inside, as USER, with the environment `systemctl --user` needs
+#                       (it stays in the caller's cgroup: start anything long-lived through
+#                       the manager, e.g. `systemd-run --user`, so that sd_down reaches it)
 #   sd_root CMD...      run CMD inside as root
 #   sd_wait_mount PATH [1|0]   wait (5 s) until PATH is (1) / is not (0) a mount point inside
 #   sd_down             stop the manager (it stops its units), kill what is left, remove
@@ -60,8 +62,6 @@ sd_up() {
 	root=$(sd_cgroup_root) || return 1
 	SD_CG=$root/$SD_ID
 	mkdir "$SD_CG" || return 1
-	# Hand the cgroup to the user, as user@.service's Delegate= does.
-	chown "$SD_UID:$SD_GID" "$SD_CG" "$SD_CG"/cgroup.{procs,threads,subtree_control}
 
 	# Move into SD_CG first, then unshare: the new cgroup namespace is rooted there.
 	(
@@ -71,8 +71,7 @@ sd_up() {
 	) >"$SD_STATE/ns.log" 2>&1 </dev/null &
 	SD_PID=$! # after the execs in ns-init.sh, this is the user manager itself
 
-	local i
-	for i in $(seq 100); do # until the manager answers on its private socket
+	for _ in $(seq 100); do # until the manager answers on its private socket
 		sd_run systemctl --user show -P Version >/dev/null 2>&1 && break
 		kill -0 "$SD_PID" 2>/dev/null || break
 		sleep 0.05
@@ -98,8 +97,8 @@ sd_run() {
 }
 
 sd_wait_mount() {
-	local path=$1 want=${2:-1} i
-	for i in $(seq 100); do
+	local path=$1 want=${2:-1}
+	for _ in $(seq 100); do
 		# findmnt reads mountinfo; stat would get EACCES on another user's FUSE mount
 		if sd_root findmnt -rn --mountpoint "$path" >/dev/null; then
 			[ "$want" = 1 ] && return 0
@@ -113,18 +112,18 @@ sd_wait_mount() {
 
 sd_down() {
 	[ -n "${SD_CG:-}" ] || return 0
-	local i pids
+	local pids
 	# SIGTERM makes a user manager stop all its units (as at logout) and exit.
 	kill -TERM "$SD_PID" 2>/dev/null
-	for i in $(seq 150); do
+	for _ in $(seq 150); do
 		kill -0 "$SD_PID" 2>/dev/null || break
 		sleep 0.1
 	done
 	# Whatever is left (journald, stragglers): kill by PID, then remove the cgroups
 	# (rmdir fails with EBUSY until the killed processes are gone, so retry).
-	for i in $(seq 50); do
-		pids=$(find "$SD_CG" -name cgroup.procs -exec cat {} + 2>/dev/null)
-		[ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+	for _ in $(seq 50); do
+		mapfile -t pids < <(find "$SD_CG" -name cgroup.procs -exec cat {} + 2>/dev/null)
+		[ ${#pids[@]} = 0 ] || kill -KILL "${pids[@]}" 2>/dev/null
 		find "$SD_CG" -depth -type d -exec rmdir {} + 2>/dev/null
 		[ -d "$SD_CG" ] || break
 		sleep 0.1

@@ -23,9 +23,14 @@ findmnt -rn -o FSTYPE,TARGET | while read -r fstype target; do
 	esac
 done
 
-# A cgroup2 hierarchy whose root is the sub-cgroup sd_up made (cgroup namespace). The user
-# manager creates its slices there. It also hides the host's v1 hierarchies.
+# A cgroup2 hierarchy whose root is the sub-cgroup sd_up made (cgroup namespace); it also
+# hides the host's v1 hierarchies. The manager gets the cgroup a real login gives it,
+# delegated to the user: journald recognizes user units by that path (it sets
+# _SYSTEMD_USER_UNIT, which `journalctl --user -u UNIT` matches).
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
+manager_cg=/sys/fs/cgroup/user.slice/user-$SD_UID.slice/user@$SD_UID.service
+mkdir -p "$manager_cg"
+chown "$SD_UID:$SD_GID" "$manager_cg" "$manager_cg"/cgroup.{procs,threads,subtree_control}
 
 # sd_booted() checks for this directory; without it `systemd --user` exits at once.
 mkdir -p /run/systemd/system /run/user /run/lock
@@ -72,7 +77,8 @@ for _ in $(seq 100); do
 	sleep 0.05
 done
 
-# Become the user manager, with the clean environment a login would give it.
+# Become the user manager, in its cgroup, with the clean environment a login gives it.
+echo $$ >"$manager_cg/cgroup.procs"
 exec setpriv --reuid="$SD_UID" --regid="$SD_GID" --init-groups -- \
 	env -i HOME="$SD_HOME" USER="$SD_USER" LOGNAME="$SD_USER" SHELL=/bin/bash LANG=C.UTF-8 \
 	PATH=/usr/local/bin:/usr/bin:/bin XDG_RUNTIME_DIR="/run/user/$SD_UID" \

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Damaged chunk files are detected, never served: for a chunk with flipped bytes, a
+# truncated chunk and a deleted chunk, reading the file fails with EIO (cat exits
+# non-zero with "Input/output error") and what was read before the error is an exact
+# prefix of the original that stops before the damaged chunk; `ubiquity fsck` exits 1
+# and names each damaged chunk; undamaged files in the same store read fine.
+# ubq-timeout: 120
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+mount_fresh corrupt
+
+chunk_set() { find "$STORE/chunks" -type f -printf '%P\n' | LC_ALL=C sort; }
+
+# locate REF NEWCHUNKS_FILE: among the chunk files that appeared with REF, pick one
+# that is neither the first nor the last of the file (so there is a readable prefix
+# and a readable tail). Prints "relative-path offset length". Chunks are named by
+# the sha256 of their bytes; the offset is found by searching the bytes in REF.
+locate() {
+  python3 - "$1" "$2" "$STORE/chunks" <<'EOF'
+import hashlib, os, sys
+ref = open(sys.argv[1], "rb").read()
+found = []
+for rel in open(sys.argv[2]).read().split():
+    data = open(os.path.join(sys.argv[3], rel), "rb").read()
+    if hashlib.sha256(data).hexdigest() != os.path.basename(rel):
+        sys.exit("chunk %s: name is not the sha256 of its bytes" % rel)
+    off = ref.find(data)
+    if off < 0:
+        sys.exit("chunk %s: bytes not found in the reference file (not stored raw?)" % rel)
+    found.append((off, len(data), rel))
+found.sort()
+if len(found) < 3:
+    sys.exit("expected a ~1 MiB random file to make at least 3 chunks, got %d" % len(found))
+if sum(n for _, n, _ in found) != len(ref):
+    sys.exit("the new chunks do not add up to the file size")
+off, n, rel = found[len(found) // 2]
+print(rel, off, n)
+EOF
+}
+
+# write_tracked NAME: 1 MiB of random bytes as NAME (reference in WORK); records the
+# chunk files that this write added. Sets CHUNK OFFSET LENGTH for the picked chunk.
+write_tracked() {
+  local name=$1 before after
+  head -c $((1 << 20)) /dev/urandom >"$WORK/$name"
+  before=$(chunk_set)
+  cp "$WORK/$name" "$MNT/$name"
+  # The close committed the version (dirty=0), so its chunks are in the store now.
+  assert_eq 0 "$(xattr "$MNT/$name" user.ubiquity.dirty)" "user.ubiquity.dirty of $name after cp"
+  after=$(chunk_set)
+  comm -13 <(echo "$before") <(echo "$after") >"$WORK/$name.chunks"
+  read -r CHUNK OFFSET LENGTH < <(locate "$WORK/$name" "$WORK/$name.chunks") ||
+    fail "could not find the chunks of $name"
+  log "$name: damaging chunk $CHUNK at offset $OFFSET, $LENGTH bytes"
+}
+
+step "write three 1 MiB random files and two undamaged ones"
+echo "small and fine" >"$MNT/ok.txt"
+head -c $((700 << 10)) /dev/urandom >"$WORK/ok.bin"
+cp "$WORK/ok.bin" "$MNT/ok.bin"
+write_tracked flip.bin
+flip_chunk=$CHUNK flip_off=$OFFSET flip_len=$LENGTH
+write_tracked trunc.bin
+trunc_chunk=$CHUNK trunc_off=$OFFSET trunc_len=$LENGTH
+write_tracked gone.bin
+gone_chunk=$CHUNK gone_off=$OFFSET gone_len=$LENGTH
+unmount_it
+
+step "fsck of the intact store exits 0"
+out=$("$UBIQUITY" fsck --store "$STORE" 2>&1) || fail "fsck of an intact store failed: $out"
+
+step "damage: flip bytes, truncate, delete (chunk files are 0444: chmod first)"
+chmod u+w "$STORE/chunks/$flip_chunk" "$STORE/chunks/$trunc_chunk"
+python3 - "$STORE/chunks/$flip_chunk" <<'EOF'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+for i in (len(b) // 2, len(b) // 2 + 1, len(b) - 1):
+    b[i] ^= 0xFF
+open(p, "r+b").write(b)
+EOF
+truncate -s $((trunc_len / 2)) "$STORE/chunks/$trunc_chunk"
+rm -f "$STORE/chunks/$gone_chunk"
+
+_ubq_mount
+
+# check_damaged NAME OFFSET LENGTH: the whole-file read fails with EIO, its output is
+# an exact prefix of the reference ending at or before OFFSET; a read inside the
+# damaged chunk fails; reads before and after it return the right bytes.
+check_damaged() {
+  local name=$1 off=$2 len=$3 rc=0 err
+  cat "$MNT/$name" >"$WORK/$name.out" 2>"$WORK/$name.err" || rc=$?
+  err=$(cat "$WORK/$name.err")
+  ((rc != 0)) || fail "$name: cat of a file with a damaged chunk exited 0"
+  assert_contains "$err" "Input/output error" "$name: cat's error message"
+  python3 - "$WORK/$name" "$WORK/$name.out" "$off" "$len" "$MNT/$name" <<'EOF' || fail "$name: partial read check failed"
+import errno, os, sys
+ref = open(sys.argv[1], "rb").read()
+out = open(sys.argv[2], "rb").read()
+off, n = int(sys.argv[3]), int(sys.argv[4])
+if not ref.startswith(out):
+    sys.exit("bytes read before the error differ from the original (%d bytes read)" % len(out))
+if len(out) > off:
+    sys.exit("%d bytes were returned, past the damaged chunk's start %d" % (len(out), off))
+fd = os.open(sys.argv[5], os.O_RDONLY)
+# Entirely inside the damaged chunk: must be EIO, never bytes.
+try:
+    got = os.pread(fd, 4096, off + n // 2 - 2048)
+    sys.exit("read inside the damaged chunk returned %d bytes instead of EIO" % len(got))
+except OSError as e:
+    if e.errno != errno.EIO:
+        sys.exit("read inside the damaged chunk: %s instead of EIO" % errno.errorcode[e.errno])
+# Entirely before it (the file's first 4 KiB): fine and right.
+if os.pread(fd, 4096, 0) != ref[:4096]:
+    sys.exit("the first 4 KiB (an intact chunk) read wrong")
+# Well after it, in an intact chunk: fine and right.
+after = ((off + n) // 4096 + 16) * 4096
+if after + 4096 <= len(ref) and os.pread(fd, 4096, after) != ref[after:after + 4096]:
+    sys.exit("4 KiB at %d (after the damaged chunk) read wrong" % after)
+EOF
+}
+
+step "flipped bytes: EIO, never wrong bytes"
+check_damaged flip.bin "$flip_off" "$flip_len"
+step "truncated chunk: EIO"
+check_damaged trunc.bin "$trunc_off" "$trunc_len"
+step "deleted chunk: EIO"
+check_damaged gone.bin "$gone_off" "$gone_len"
+
+step "the version view of a damaged file fails the same way"
+v=$(version_names flip.bin | head -n1)
+assert_fails "cat of .versions/flip.bin/$v" cat "$MNT/.versions/flip.bin/$v"
+assert_contains "$LAST_ERR" "Input/output error" "error reading the damaged version"
+
+step "undamaged files in the same store read fine"
+assert_file_content "$MNT/ok.txt" "small and fine" "ok.txt"
+assert_same_file "$WORK/ok.bin" "$MNT/ok.bin" "ok.bin"
+
+step "fsck (safe while mounted) exits 1 and names every damaged chunk"
+rc=0
+out=$("$UBIQUITY" fsck --store "$STORE" 2>&1) || rc=$?
+assert_eq 1 "$rc" "exit status of fsck on a damaged store"
+for c in "$flip_chunk" "$trunc_chunk" "$gone_chunk"; do
+  assert_contains "$out" "$(basename "$c")" "fsck report naming chunk $(basename "$c")"
+done
+# The intact files' chunks must not be reported.
+for c in $(cat "$WORK/flip.bin.chunks" "$WORK/trunc.bin.chunks" "$WORK/gone.bin.chunks"); do
+  case $c in "$flip_chunk" | "$trunc_chunk" | "$gone_chunk") continue ;; esac
+  assert_not_contains "$out" "$(basename "$c")" "fsck report (intact chunk $(basename "$c") named)"
+done
+
+pass
