@@ -5,14 +5,17 @@ import Glibc
 /// Contract:
 /// - `put` is idempotent: a chunk that exists is not written again (same name, same bytes).
 /// - A chunk file appears only complete: bytes go to a temp name, then `rename` publishes it.
-/// - `put` does not fsync; `sync()` is the durability barrier (one `syncfs` for all chunks
-///   written so far) and callers run it before recording a durable version that names them.
+/// - `put` does not fsync; `sync()` is the durability barrier for all chunks written so far
+///   (an fsync of each new chunk file and its directory, or one `syncfs` when there are
+///   many) and callers run it before recording a durable version that names them.
 /// - `read` re-hashes every chunk it returns and throws `.corruptChunk` on a mismatch, so
 ///   wrong bytes are never served. Verified chunks are kept in a small cache.
 public final class ChunkStore: Sendable {
     public let directory: String
     private let dirFD: Int32
-    private let cache = Locked(ChunkCache(capacityBytes: 16 << 20))
+    private let cache = Locked(ChunkCache(capacityBytes: 64 << 20))
+    /// Chunk files written since the last `sync()`.
+    private let unsynced = Locked<Set<ChunkID>>([])
 
     public init(directory: String) throws(StoreError) {
         self.directory = directory
@@ -57,6 +60,7 @@ public final class ChunkStore: Sendable {
             unlink(temp)
             throw .io(errno: code, "publish chunk \(id)")
         }
+        unsynced.withLock { _ = $0.insert(id) }
     }
 
     public func put(_ id: ChunkID, _ bytes: [UInt8]) throws(StoreError) {
@@ -94,7 +98,8 @@ public final class ChunkStore: Sendable {
             if n == 0 { break }
             done += n
         }
-        return Array(bytes[0..<done])
+        if done < bytes.count { bytes.removeLast(bytes.count - done) } // shrank meanwhile: hash check fails
+        return bytes
     }
 
     /// Every chunk id present (for fsck and gc).
@@ -119,45 +124,69 @@ public final class ChunkStore: Sendable {
     }
 
     /// Durability barrier: every chunk written so far reaches the disk before this returns.
+    /// A few new chunks are fsynced one by one (an editor's save: one or two); many (a big
+    /// copy) with one syncfs of the whole filesystem, which is then cheaper.
     public func sync() throws(StoreError) {
-        try check(c_syncfs(dirFD), "syncfs \(directory)")
+        let pending = unsynced.withLock { s -> Set<ChunkID> in defer { s = [] }; return s }
+        if pending.count > 32 {
+            try check(c_syncfs(dirFD), "syncfs \(directory)")
+            return
+        }
+        var directories: Set<String> = []
+        for id in pending {
+            let p = path(of: id)
+            try fsyncPath(p, flags: O_RDONLY)
+            directories.insert(String(p[..<p.lastIndex(of: "/")!]))
+        }
+        for d in directories { try fsyncPath(d, flags: O_RDONLY | O_DIRECTORY) }
+    }
+
+    private func fsyncPath(_ path: String, flags: Int32) throws(StoreError) {
+        let fd = open(path, flags | O_CLOEXEC)
+        if fd < 0 { throw .io(errno: errno, "open \(path) to fsync") }
+        defer { close(fd) }
+        try check(fsync(fd), "fsync \(path)")
     }
 
     public func dropCache() { cache.withLock { $0.removeAll() } }
 }
 
-/// A byte-bounded LRU of verified chunks, so a sequential read hashes each chunk once.
+/// Verified chunks kept in memory, so a sequential read hashes each chunk once and
+/// small random reads do not re-hash a whole chunk each time. Two generations give an
+/// approximate LRU in O(1): new entries go to `young`; when it holds half the budget it
+/// becomes `old` (dropping the previous old generation); a hit in `old` moves up.
 struct ChunkCache {
     let capacityBytes: Int
-    private var entries: [ChunkID: (bytes: [UInt8], tick: UInt64)] = [:]
-    private var bytes = 0
-    private var tick: UInt64 = 0
+    private var young: [ChunkID: [UInt8]] = [:]
+    private var old: [ChunkID: [UInt8]] = [:]
+    private var youngBytes = 0
 
     init(capacityBytes: Int) { self.capacityBytes = capacityBytes }
 
     mutating func get(_ id: ChunkID) -> [UInt8]? {
-        guard let entry = entries[id] else { return nil }
-        tick += 1
-        entries[id] = (entry.bytes, tick)
-        return entry.bytes
+        if let hit = young[id] { return hit }
+        guard let hit = old.removeValue(forKey: id) else { return nil }
+        put(id, hit)
+        return hit
     }
 
     mutating func put(_ id: ChunkID, _ value: [UInt8]) {
-        guard value.count <= capacityBytes / 4, entries[id] == nil else { return }
-        while bytes + value.count > capacityBytes, let oldest = entries.min(by: { $0.value.tick < $1.value.tick }) {
-            bytes -= oldest.value.bytes.count
-            entries[oldest.key] = nil
+        guard young[id] == nil else { return }
+        if youngBytes + value.count > capacityBytes / 2 {
+            old = young
+            young = [:]
+            youngBytes = 0
         }
-        tick += 1
-        entries[id] = (value, tick)
-        bytes += value.count
+        young[id] = value
+        youngBytes += value.count
     }
 
     mutating func remove(_ id: ChunkID) {
-        if let old = entries.removeValue(forKey: id) { bytes -= old.bytes.count }
+        if let v = young.removeValue(forKey: id) { youngBytes -= v.count }
+        old[id] = nil
     }
 
-    mutating func removeAll() { entries = [:]; bytes = 0 }
+    mutating func removeAll() { young = [:]; old = [:]; youngBytes = 0 }
 }
 
 func hexByte(_ i: Int) -> String {

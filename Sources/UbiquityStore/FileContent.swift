@@ -70,7 +70,18 @@ public final class FileContent: @unchecked Sendable {
     }
 
     public func read(offset: Int64, count: Int) throws(StoreError) -> [UInt8] {
-        try state.withLock { (s) throws(StoreError) in try readMerged(&s, offset: offset, count: count) }
+        // Fetch and verify the base chunks outside the lock, so parallel reads (kernel
+        // readahead) hash in parallel; the assembly under the lock then hits the cache.
+        let needed = state.withLock { s -> [ChunkID] in
+            let end = min(offset + Int64(count), s.size, s.baseLimit, s.base.totalSize)
+            guard offset < end else { return [] }
+            var ids: [ChunkID] = []
+            var i = s.base.index(containing: offset)
+            while i < s.base.count && s.base.offsets[i] < end { ids.append(s.base.ids[i]); i += 1 }
+            return ids
+        }
+        for id in needed { _ = try chunks.read(id) }
+        return try state.withLock { (s) throws(StoreError) in try readMerged(&s, offset: offset, count: count) }
     }
 
     public func write(offset: Int64, _ data: UnsafeRawBufferPointer) throws(StoreError) {

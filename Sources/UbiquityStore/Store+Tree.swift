@@ -22,6 +22,9 @@ extension Store {
             children[parent, default: [:]][name] = id
             links[id, default: []].append(EntryRef(parent: parent, name: name))
         }
+        for (parent, names) in children {
+            subdirectories[parent] = names.values.filter { inodes[$0]?.kind == .directory }.count
+        }
         for id in Array(inodes.keys) { recountLinks(id) }
         // Inodes no entry names (unlinked while open when the last process stopped) are gone.
         if readOnly { return }
@@ -32,11 +35,15 @@ extension Store {
         }
     }
 
+    /// Recomputes a link count. A directory's subdirectories are counted once at load and
+    /// then kept in `subdirectories` (counting children per create made big directories
+    /// quadratic).
     private func recountLinks(_ id: InodeNumber) {
         guard var inode = inodes[id] else { return }
         if inode.kind == .directory {
-            let subdirs = children[id]?.values.filter { inodes[$0]?.kind == .directory }.count ?? 0
-            inode.nlink = UInt32(2 + subdirs)
+            // A removed directory has no links at all (so it can be forgotten).
+            let named = id == Store.rootInode || !(links[id]?.isEmpty ?? true)
+            inode.nlink = named ? UInt32(2 + (subdirectories[id] ?? 0)) : 0
         } else {
             inode.nlink = UInt32(links[id]?.count ?? 0)
         }
@@ -98,6 +105,7 @@ extension Store {
         inodes[id] = inode
         children[parent, default: [:]][name] = id
         links[id] = [EntryRef(parent: parent, name: name)]
+        if kind == .directory { subdirectories[parent, default: 0] += 1 }
         recountLinks(id)
         recountLinks(parent)
         inode = inodes[id]!
@@ -130,6 +138,7 @@ extension Store {
         }
         children[parent]![name] = nil
         links[id]?.removeAll { $0 == EntryRef(parent: parent, name: name) }
+        if inodes[id]?.kind == .directory { subdirectories[parent, default: 0] -= 1 }
         recountLinks(id)
         recountLinks(parent)
         return inodes[id]
@@ -148,6 +157,10 @@ extension Store {
         }
         children[parent]![name] = nil
         children[newParent, default: [:]][newName] = id
+        if inodes[id]?.kind == .directory {
+            subdirectories[parent, default: 0] -= 1
+            subdirectories[newParent, default: 0] += 1
+        }
         if let i = links[id]?.firstIndex(of: EntryRef(parent: parent, name: name)) {
             links[id]![i] = EntryRef(parent: newParent, name: newName)
         }
@@ -166,6 +179,9 @@ extension Store {
         }
         children[parentA]![nameA] = b
         children[parentB]![nameB] = a
+        let delta = (inodes[b]?.kind == .directory ? 1 : 0) - (inodes[a]?.kind == .directory ? 1 : 0)
+        subdirectories[parentA, default: 0] += delta
+        subdirectories[parentB, default: 0] -= delta
         let refA = EntryRef(parent: parentA, name: nameA), refB = EntryRef(parent: parentB, name: nameB)
         if let i = links[a]?.firstIndex(of: refA) { links[a]![i] = refB }
         if let i = links[b]?.firstIndex(of: refB) { links[b]![i] = refA }
@@ -191,6 +207,7 @@ extension Store {
         inodes[id] = nil
         links[id] = nil
         children[id] = nil
+        subdirectories[id] = nil
     }
 
     private func insertEntry(parent: InodeNumber, name: String, id: InodeNumber) throws(StoreError) {

@@ -23,6 +23,8 @@ public final class Store: @unchecked Sendable {
     var children: [InodeNumber: [String: InodeNumber]] = [:]
     /// Every (parent, name) that names an inode; directories have exactly one.
     var links: [InodeNumber: [EntryRef]] = [:]
+    /// Number of subdirectories of each directory (its link count is 2 + this).
+    var subdirectories: [InodeNumber: Int] = [:]
     var nextInode: InodeNumber = 2
 
     public static let rootInode: InodeNumber = 1
@@ -125,17 +127,23 @@ public final class Store: @unchecked Sendable {
         return FileContent(base: try view(stored), chunks: chunks, stagingDirectory: stagingDirectory)
     }
 
-    /// Durability barrier: chunks and database reach the disk (fsync semantics). The
-    /// syncfs covers the WAL too, which lives on the same filesystem. Thread-safe: callers
-    /// run it without the metadata lock, then `markDurable()` under it.
+    /// Durability barrier, part 1: the chunks written so far reach the disk. Thread-safe:
+    /// callers run it without the metadata lock, then `markDurable()` under it.
     public func syncFiles() throws(StoreError) {
         try chunks.sync()
     }
 
-    /// Records that every version so far has been through a durability barrier. Losing this
-    /// mark in a crash only costs a re-verification.
+    /// Durability barrier, part 2: one transaction with synchronous=FULL, which fsyncs the
+    /// WAL and so makes every metadata change so far durable (the chunks they name already
+    /// are). It also marks the versions as durable.
     public func markDurable() throws(StoreError) {
-        try db.execute("UPDATE versions SET durable = 1 WHERE durable = 0")
+        try db.execute("PRAGMA synchronous=FULL")
+        defer { try? db.execute("PRAGMA synchronous=NORMAL") }
+        try db.transaction { () throws(StoreError) in
+            try db.execute("UPDATE versions SET durable = 1 WHERE durable = 0")
+            // Always write something, so the commit (and its WAL fsync) really happens.
+            try db.execute("REPLACE INTO settings(key, value) VALUES('last_sync', strftime('%s','now'))")
+        }
     }
 }
 
@@ -154,8 +162,17 @@ func makeDirectories(_ path: String) throws(StoreError) {
 
 /// Random bytes as lowercase hex (ids of devices and versions).
 public func randomHex(bytes: Int) -> String {
+    // One generator call per 8 bytes (each is a getrandom system call).
     var rng = SystemRandomNumberGenerator()
-    return (0..<bytes).map { _ in hexByte(Int(UInt8.random(in: 0...255, using: &rng))) }.joined()
+    var out = ""
+    while out.count < bytes * 2 {
+        var word = rng.next()
+        for _ in 0..<8 where out.count < bytes * 2 {
+            out += hexByte(Int(word & 0xFF))
+            word >>= 8
+        }
+    }
+    return out
 }
 
 func defaultDeviceName() -> String {
