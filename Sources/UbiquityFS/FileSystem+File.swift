@@ -202,12 +202,20 @@ extension FileSystem {
         }
     }
 
+    /// Commits the batched metadata changes (group commit, every 100 ms).
+    public func commitMetadata() {
+        do { try withMeta { (m) throws(StoreError) in try m.store.commitBatch() } } catch {
+            log("ubiquity: metadata commit failed: \(error)")
+        }
+    }
+
     /// Commits every open file with changes (unmount, SIGTERM): nothing acknowledged is lost.
     public func drain() {
         let open = meta.withLock { m in m.openFiles.map { ($0.key, $0.value) } }
         for (ino, file) in open where file.content.isChanged {
             do { try commit(ino, file) } catch { log("ubiquity: committing inode \(ino) at unmount failed: \(error)") }
         }
+        commitMetadata()
     }
 
     /// Commits files held open and dirty for longer than the idle interval (autosave).

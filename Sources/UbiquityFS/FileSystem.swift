@@ -34,7 +34,10 @@ public final class FileSystem: Sendable {
         var views = VirtualViews()
     }
 
+    /// - Parameter store: the filesystem turns on its group commit; call `commitMetadata()`
+    ///   periodically (the FUSE session does, every 100 ms) and `drain()` at the end.
     public init(store: Store, options: Options = Options()) {
+        store.startBatching()
         chunks = store.chunks
         meta = Locked(Meta(store: store))
         self.options = options

@@ -75,12 +75,14 @@ public final class FUSESession {
     public func run() -> Int32 {
         guard let session else { return -1 }
         let autosave = startAutosave()
+        let groupCommit = BackgroundLoop(intervalSeconds: 0.1) { [fs] in fs.commitMetadata() }
         let cfg = fuse_loop_cfg_create()
         fuse_loop_cfg_set_max_threads(cfg, options.maxThreads)
         fuse_loop_cfg_set_clone_fd(cfg, 0)
         let status = fuse_session_loop_mt(session, cfg)
         fuse_loop_cfg_destroy(cfg)
         autosave.stop()
+        groupCommit.stop()
         fuse_session_unmount(session)
         if options.handleSignals { fuse_remove_signal_handlers(session) }
         fs.drain()
@@ -169,8 +171,9 @@ final class BackgroundLoop: @unchecked Sendable {
             var slept = 0.0
             while slept < interval {
                 if state.withLock({ $0 }) { return }
-                usleep(100_000)
-                slept += 0.1
+                let step = min(0.1, interval)
+                usleep(UInt32(step * 1_000_000))
+                slept += step
             }
             body()
         }

@@ -1,3 +1,4 @@
+import Dispatch
 import Glibc
 
 /// Immutable chunks as files named by their SHA-256 under `chunks/xx/` (256-way fan-out).
@@ -14,6 +15,8 @@ public final class ChunkStore: Sendable {
     public let directory: String
     private let dirFD: Int32
     private let cache = Locked(ChunkCache(capacityBytes: 64 << 20))
+    /// Chunks being read ahead, so two readers never fetch the same one twice.
+    private let prefetching = Locked<Set<ChunkID>>([])
     /// Chunk files written since the last `sync()`.
     private let unsynced = Locked<Set<ChunkID>>([])
 
@@ -77,6 +80,25 @@ public final class ChunkStore: Sendable {
         }
         cache.withLock { $0.put(id, bytes) }
         return bytes
+    }
+
+    /// Reads and verifies `ids` into the cache in the background. The kernel reads ahead
+    /// only 128 KiB at a time, so a sequential reader otherwise waits for each chunk's
+    /// disk read and hash in turn; this overlaps them with serving the current request.
+    public func prefetch(_ ids: [ChunkID]) {
+        let wanted = prefetching.withLock { busy -> [ChunkID] in
+            let fresh = ids.filter { !busy.contains($0) }
+            busy.formUnion(fresh)
+            return fresh
+        }
+        let missing = wanted.filter { id in cache.withLock { $0.contains(id) } == false }
+        prefetching.withLock { busy in for id in wanted where !missing.contains(id) { busy.remove(id) } }
+        for id in missing {
+            DispatchQueue.global(qos: .utility).async { [self] in
+                _ = try? read(id)
+                prefetching.withLock { _ = $0.remove(id) }
+            }
+        }
     }
 
     /// The raw file content, for fsck and repair; not verified.
@@ -162,6 +184,8 @@ struct ChunkCache {
     private var youngBytes = 0
 
     init(capacityBytes: Int) { self.capacityBytes = capacityBytes }
+
+    func contains(_ id: ChunkID) -> Bool { young[id] != nil || old[id] != nil }
 
     mutating func get(_ id: ChunkID) -> [UInt8]? {
         if let hit = young[id] { return hit }

@@ -25,6 +25,8 @@ public final class FileContent: @unchecked Sendable {
         var lastChange: Nanos = 0
         /// `lastChange` of content whose commit was refused as invalid (`.invalidContent`).
         var refusedChange: Nanos?
+        /// Where the last read ended (to recognise sequential reading).
+        var lastReadEnd: Int64 = -1
     }
 
     private let state: Locked<State>
@@ -72,14 +74,24 @@ public final class FileContent: @unchecked Sendable {
     public func read(offset: Int64, count: Int) throws(StoreError) -> [UInt8] {
         // Fetch and verify the base chunks outside the lock, so parallel reads (kernel
         // readahead) hash in parallel; the assembly under the lock then hits the cache.
-        let needed = state.withLock { s -> [ChunkID] in
+        let (needed, ahead) = state.withLock { s -> ([ChunkID], [ChunkID]) in
             let end = min(offset + Int64(count), s.size, s.baseLimit, s.base.totalSize)
-            guard offset < end else { return [] }
+            guard offset < end else { return ([], []) }
             var ids: [ChunkID] = []
             var i = s.base.index(containing: offset)
             while i < s.base.count && s.base.offsets[i] < end { ids.append(s.base.ids[i]); i += 1 }
-            return ids
+            // Sequential reading: fetch the next few chunks (about 1 MiB) ahead.
+            var ahead: [ChunkID] = []
+            if offset == s.lastReadEnd {
+                while i < s.base.count && ahead.count < 16 && s.base.offsets[i] < end + (1 << 20) {
+                    ahead.append(s.base.ids[i])
+                    i += 1
+                }
+            }
+            s.lastReadEnd = offset + Int64(count)
+            return (ids, ahead)
         }
+        if !ahead.isEmpty { chunks.prefetch(ahead) }
         for id in needed { _ = try chunks.read(id) }
         return try state.withLock { (s) throws(StoreError) in try readMerged(&s, offset: offset, count: count) }
     }

@@ -96,8 +96,15 @@ public final class Store: @unchecked Sendable {
     }
 
     deinit {
+        do { try db.commitBatch() } catch { log("ubiquity: final metadata commit failed: \(error)") }
         if lockFD >= 0 { close(lockFD) }
     }
+
+    /// Turns group commit on (the mounted filesystem) — see `SQLiteDatabase.batching`.
+    public func startBatching() { db.batching = !readOnly }
+
+    /// Commits the metadata changes made since the last call (a cheap no-op when none).
+    public func commitBatch() throws(StoreError) { try db.commitBatch() }
 
     public func setting(_ key: String) throws(StoreError) -> String? {
         try db.rows("SELECT value FROM settings WHERE key = ?", [.text(key)]) { $0.text(0) }.first
@@ -137,6 +144,7 @@ public final class Store: @unchecked Sendable {
     /// WAL and so makes every metadata change so far durable (the chunks they name already
     /// are). It also marks the versions as durable.
     public func markDurable() throws(StoreError) {
+        try db.commitBatch()
         try db.execute("PRAGMA synchronous=FULL")
         defer { try? db.execute("PRAGMA synchronous=NORMAL") }
         try db.transaction { () throws(StoreError) in
@@ -144,6 +152,7 @@ public final class Store: @unchecked Sendable {
             // Always write something, so the commit (and its WAL fsync) really happens.
             try db.execute("REPLACE INTO settings(key, value) VALUES('last_sync', strftime('%s','now'))")
         }
+        try db.commitBatch() // when group commit is on, the transaction above joined a batch
     }
 }
 

@@ -190,6 +190,28 @@ version_count() {
 # version_names PATH_IN_MOUNT: names in MNT/.versions/PATH, one a line, as ls sorts.
 version_names() { LC_ALL=C ls -1 -- "$MNT/.versions/$1"; }
 
+# bounded SECONDS WHAT CMD...: run CMD, failing the scenario if it has not finished
+# within SECONDS. CMD runs in the background and is polled, never waited for
+# blindly: a process stuck in a request to a hung daemon cannot be interrupted, and
+# the cleanup (which kills the daemon) is what frees it. Prints how long it took.
+bounded() {
+  local limit=$1 what=$2 pid t0 took rc=0
+  shift 2
+  t0=${EPOCHREALTIME/,/.}
+  "$@" &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    if awk -v a="$t0" -v b="${EPOCHREALTIME/,/.}" -v l="$limit" 'BEGIN { exit !(b - a > l) }'; then
+      fail "$what: still running after ${limit}s ($(ps -o stat=,wchan:25= -p "$pid" 2>/dev/null || true))"
+    fi
+    sleep 0.1
+  done
+  wait "$pid" || rc=$?
+  took=$(awk -v a="$t0" -v b="${EPOCHREALTIME/,/.}" 'BEGIN { printf "%.1f", b - a }')
+  log "    $what took ${took}s"
+  ((rc == 0)) || fail "$what: exited with status $rc"
+}
+
 # require_cmd NAME [HOW TO GET IT]: a missing tool is a failure, never a skip.
 require_cmd() {
   command -v "$1" >/dev/null 2>&1 || fail "required tool '$1' is missing${2:+ ($2)}"
@@ -200,8 +222,11 @@ require_cmd() {
 
 require_fuse() {
   local why=""
-  if ! { : <>/dev/fuse; } 2>/dev/null; then
-    why="/dev/fuse cannot be opened"
+  # UBQ_FUSE_DEV exists only to test this logic itself (point it at a missing file).
+  local dev=${UBQ_FUSE_DEV:-/dev/fuse}
+  # -c first: `<>` would create a plain file where no device is.
+  if [[ ! -c $dev ]] || ! { : <>"$dev"; } 2>/dev/null; then
+    why="$dev cannot be opened"
   elif ! command -v fusermount3 >/dev/null 2>&1; then
     why="fusermount3 is missing (apt-get install fuse3)"
   fi

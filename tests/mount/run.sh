@@ -113,7 +113,9 @@ for script in "$here"/t-*.sh; do
   timed_out=0
   # Its own session and process group, so a timeout can signal exactly the
   # scenario and whatever it started (by group id), nothing else.
-  UBQ_STATE_FILE="$state" setsid "$script" >"$log" 2>&1 </dev/null &
+  # Append mode, so run.sh's own notes in the same file never overwrite its output.
+  : >"$log"
+  UBQ_STATE_FILE="$state" setsid "$script" >>"$log" 2>&1 </dev/null &
   pid=$!
   deadline=$(awk -v a="$(now)" -v l="$limit" 'BEGIN { printf "%d", a + l }')
   while kill -0 "$pid" 2>/dev/null && ((${EPOCHREALTIME%[.,]*} < deadline)); do

@@ -1063,6 +1063,9 @@ class Generator:
 # One run: fresh mount + reference, then actions from the generator or from a list
 
 
+ACTIVE = {}  # the run the watchdog watches
+
+
 class Run:
     def __init__(self, binary, args, tag=""):
         self.args = args
@@ -1146,6 +1149,7 @@ def minimize(binary, args, actions, pattern):
     def fails(cand):
         trials[0] += 1
         run = Run(binary, args, tag="-min")
+        ACTIVE["run"] = run
         try:
             run.start()
             replay_actions(run, cand)
@@ -1238,6 +1242,7 @@ def main():
 
     os.umask(0o022)
     run = Run(binary, args)
+    ACTIVE["run"] = run
     state = {"failed": False}
     atexit.register(lambda: run.cleanup(keep=args.keep))
 
@@ -1249,20 +1254,28 @@ def main():
     hang = {"fired": False}
 
     def watchdog():
-        while not run.cleaned:
+        # Watches whichever run is active (the main one or a minimizer trial). On a hang it
+        # kills that run's daemon (started by this test): the kernel then fails the pending
+        # requests (ECONNABORTED/ENOTCONN) and auto_unmount removes the mount.
+        while True:
             time.sleep(2)
-            ex = run.ex
-            if ex is not None and not hang["fired"] and time.monotonic() - ex.last_progress > args.hang_timeout:
+            r = ACTIVE.get("run")
+            ex = r.ex if r is not None else None
+            if ex is None or r.cleaned or time.monotonic() - ex.last_progress <= args.hang_timeout:
+                continue
+            if r is run:
                 hang["fired"] = True
-                print("\nFAIL (seed %d): no progress for %.0f s during: %s\nlast operations:\n  %s\ndaemon log tail:\n%sreplay: %s"
-                      % (args.seed, args.hang_timeout, ex.current, "\n  ".join(ex.history), run.mount.log_tail(), replay), flush=True)
-                # Unblock the main thread: kill the daemon this test started; the kernel then
-                # fails the pending requests (ENOTCONN) and auto_unmount removes the mount.
-                run.mount.kill_daemon()
-                time.sleep(30)
-                if not run.cleaned:
-                    run.cleanup()
-                    os._exit(1)
+                print("\nFAIL (seed %d): no progress for %.0f s (a hang in the filesystem) during: %s\n"
+                      "last operations:\n  %s\ndaemon log tail:\n%sreplay: %s"
+                      % (args.seed, args.hang_timeout, ex.current, "\n  ".join(ex.history), r.mount.log_tail(), replay), flush=True)
+            else:
+                print("minimize: trial hung during %s; killing its daemon" % ex.current, flush=True)
+            ex.last_progress = time.monotonic()
+            r.mount.kill_daemon()
+            time.sleep(30)
+            if r is run and not r.cleaned and time.monotonic() - ex.last_progress > 25:
+                r.cleanup()
+                os._exit(1)
     threading.Thread(target=watchdog, daemon=True).start()
 
     rc = 1
@@ -1323,6 +1336,7 @@ def main():
             margs.verbose = True
             margs.history = 1000
             r2 = Run(binary, margs, tag="-min")
+            ACTIVE["run"] = r2
             try:
                 r2.start()
                 replay_actions(r2, small)
