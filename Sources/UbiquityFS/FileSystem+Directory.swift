@@ -128,6 +128,12 @@ extension FileSystem {
                 let contentRow = source.head
                 try storeCall { () throws(StoreError) in
                     let content = try contentRow.map { (row) throws(StoreError) in try m.store.chunkList(row: row) } ?? ChunkList()
+                    // A temp file saved once (sed -i, an editor's atomic save) has no history
+                    // worth showing of its own: its one version becomes the target's newest.
+                    // A source with a longer history keeps it, shown at its old path.
+                    if let old = source.fileID {
+                        if try m.store.versions(of: old).count <= 1 { try m.store.dropHistory(old) } else { try m.store.retireHistory(old) }
+                    }
                     try m.store.adoptHistory(sourceID, fileID: continued.fileID, head: continued.head)
                     try m.store.commit(sourceID, content: content, path: m.store.path(of: sourceID) ?? newName, local: false)
                 }

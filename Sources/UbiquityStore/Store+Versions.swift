@@ -72,6 +72,11 @@ extension Store {
         try db.query("UPDATE histories SET live = 0 WHERE file_id = ?", [.text(fileID)])
     }
 
+    /// Stops showing a history under .versions/ (its versions stay in the database).
+    public func dropHistory(_ fileID: String) throws(StoreError) {
+        try db.query("DELETE FROM histories WHERE file_id = ?", [.text(fileID)])
+    }
+
     /// Every (path, fileID) shown under .versions/.
     public func histories() throws(StoreError) -> [(path: String, fileID: String)] {
         try db.rows("SELECT path, file_id FROM histories", []) { ($0.text(0), $0.text(1)) }

@@ -286,3 +286,37 @@ import Dispatch
         #expect(try h.fs.getattr(a.ino).size == 300 * 4096)
     }
 }
+
+@Suite struct RegressionTests {
+    /// sed -i's temp file (saved once, then renamed over the target) must not leave a
+    /// history of its own under .versions/ (found by tests/mount/t-editor-saves.sh).
+    @Test func tempFileOfAnAtomicSaveLeavesNoHistory() throws {
+        let h = try Harness()
+        try h.save("sed.txt", "a")
+        try h.save("sedQUG398", "b")
+        try h.fs.rename(parent: Store.rootInode, name: "sedQUG398", newParent: Store.rootInode, newName: "sed.txt", flags: 0)
+        #expect(try h.versionNames("") == ["sed.txt"])
+        #expect(try h.versionNames("sed.txt").count == 2)
+    }
+
+    /// A sparse 5 GiB file commits without reading or hashing its holes (a dd at 4.5 GiB
+    /// hung the mount for minutes in a debug build; found by tests/mount/t-large-file.sh).
+    @Test(.timeLimit(.minutes(1)))
+    func sparseFileCommitsQuickly() throws {
+        let h = try Harness()
+        let (a, handle) = try h.fs.create(parent: Store.rootInode, name: "sparse", mode: 0o644, flags: OpenFlags(O_RDWR), caller: h.me)
+        var changes = FileSystem.AttributeChanges()
+        changes.size = 5 << 30
+        _ = try h.fs.setattr(a.ino, changes)
+        let start = nowNanos()
+        _ = try Array("tail".utf8).withUnsafeBytes { try h.fs.write(handle, offset: Int64(9) << 29, data: $0) }
+        try h.fs.fsync(handle)
+        try h.fs.release(handle)
+        #expect(nowNanos() - start < 5_000_000_000)
+        #expect(try h.fs.getattr(a.ino).size == 5 << 30)
+        let h2 = try h.fs.open(a.ino, flags: OpenFlags(O_RDONLY))
+        #expect(try h.fs.read(h2, offset: Int64(9) << 29, count: 4) == Array("tail".utf8))
+        #expect(try h.fs.read(h2, offset: 1 << 30, count: 4) == [0, 0, 0, 0])
+        try h.fs.release(h2)
+    }
+}
