@@ -41,19 +41,22 @@ extension StoreError {
     }
 }
 
+/// Logs a store error unless it is the caller's own doing, and returns its errno, so
+/// that an EIO or EINVAL always has an explanation in the log.
+func storeErrorLogged(_ error: StoreError) -> Errno {
+    switch error {
+    case .noSuchVersion, .locked: break
+    default: log("ubiquity: \(error)")
+    }
+    return error.errno
+}
+
 /// Runs store code, turning its errors into errno (and logging the ones that are not the
 /// caller's fault, so EIO always has an explanation in the log).
 func storeCall<T>(_ body: () throws(StoreError) -> T) throws(Errno) -> T {
     do {
         return try body()
     } catch {
-        switch error {
-        case .io(let code, _) where code == ENOSPC || code == EDQUOT:
-            log("ubiquity: \(error)")
-        case .corruptChunk, .missingChunk, .database, .io, .unsupportedFormat, .invalidContent:
-            log("ubiquity: \(error)")
-        default: break
-        }
-        throw error.errno
+        throw storeErrorLogged(error)
     }
 }

@@ -120,14 +120,37 @@ extension FileSystem {
                 if source.kind == .file, target.kind == .file, let fileID = target.fileID, !LocalOnly.contains(targetPath) {
                     continued = (fileID, target.head)
                 }
+            }
+            // Saving a picture through a temp file (sed -i, vim): the temp's content is the
+            // grid, so encode it now; a save of an invalid grid over a picture is refused
+            // before anything changes, as a refused write is.
+            var content = try storeCall { () throws(StoreError) -> ChunkList in
+                try source.head.map { (row) throws(StoreError) in try m.store.chunkList(row: row) } ?? ChunkList()
+            }
+            var encoded = false
+            if source.kind == .file, TinyPixView.applies(to: newName), !TinyPixView.applies(to: name) {
+                do throws(StoreError) {
+                    content = try TinyPixView.stored(from: content, chunks: m.store.chunks, path: newName)
+                    encoded = true
+                } catch {
+                    if continued != nil { throw storeErrorLogged(error) }
+                }
+            }
+            if let targetID {
                 try m.removeName(parent: newParent, name: newName, id: targetID, historyContinues: continued != nil)
             }
             try storeCall { () throws(StoreError) in try m.store.moveEntry(from: parent, name, to: newParent, newName) }
+            if encoded && continued == nil {
+                let path = m.store.path(of: sourceID) ?? newName
+                let finalContent = content
+                try storeCall { () throws(StoreError) in
+                    try m.store.commit(sourceID, content: finalContent, path: path, local: LocalOnly.contains(path))
+                }
+            }
             if let continued {
                 // The source's content becomes the next version of the target's history.
-                let contentRow = source.head
+                let content = content
                 try storeCall { () throws(StoreError) in
-                    let content = try contentRow.map { (row) throws(StoreError) in try m.store.chunkList(row: row) } ?? ChunkList()
                     // A temp file saved once (sed -i, an editor's atomic save) has no history
                     // worth showing of its own: its one version becomes the target's newest.
                     // A source with a longer history keeps it, shown at its old path.

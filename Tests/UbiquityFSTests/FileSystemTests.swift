@@ -320,3 +320,22 @@ import Dispatch
         try h.fs.release(h2)
     }
 }
+
+extension TinyPixViewTests {
+    /// sed -i on a picture writes the grid to a temp file and renames it over: the saved
+    /// grid must be stored as 8 bytes (found by tests/mount/t-tinypix.sh), and an invalid
+    /// grid saved that way is refused without touching the picture.
+    @Test func tempFileSaveOfAPictureIsEncoded() throws {
+        let h = try Harness()
+        try h.save("p.tinypix", Self.diagonal)
+        try h.save("sedAB12", "########\n" + Self.diagonal.split(separator: "\n").dropFirst().joined(separator: "\n") + "\n")
+        try h.fs.rename(parent: Store.rootInode, name: "sedAB12", newParent: Store.rootInode, newName: "p.tinypix", flags: 0)
+        #expect(try h.status("p.tinypix", "raw") == "ff02040810204080")
+        #expect(try h.read("p.tinypix").hasPrefix("########\n......#.\n"))
+        try h.save("sedCD34", "garbage that is not a grid\n")
+        #expect(throws: Errno.invalid) {
+            try h.fs.rename(parent: Store.rootInode, name: "sedCD34", newParent: Store.rootInode, newName: "p.tinypix", flags: 0)
+        }
+        #expect(try h.status("p.tinypix", "raw") == "ff02040810204080")
+    }
+}
