@@ -47,7 +47,10 @@ log_text=$(cat "$DATA"/ubiquity/*/daemon.log)
 assert_contains "$log_text" "smiley.tinypix: refused: line 1, column 1" "log line naming the line and column"
 
 step "a stored file that is not 8 bytes is shown as is"
-printf 'hello' > odd.tinypix
+# Writing 5 bytes to a .tinypix is refused, so make one by renaming (sync will too).
+assert_errno EINVAL "fd = os.open('bad.tinypix', os.O_WRONLY | os.O_CREAT); os.write(fd, b'hello'); os.close(fd)" "close after writing 5 bytes"
+printf 'hello' > odd.txt
+mv odd.txt odd.tinypix
 assert_file_content odd.tinypix hello "5-byte .tinypix"
 assert_eq as-is "$(xattr odd.tinypix user.ubiquity.tinypix)" "flag for a non-8-byte file"
 
