@@ -339,3 +339,16 @@ extension TinyPixViewTests {
         #expect(try h.status("p.tinypix", "raw") == "ff02040810204080")
     }
 }
+
+@Suite struct ErrnoMappingTests {
+    /// The one mapping from store errors to errno, over every case.
+    @Test func everyStoreErrorHasItsErrno() {
+        let id = ChunkID(hashing: [1])
+        let cases: [(StoreError, Int32)] = [
+            (.corruptChunk(id), EIO), (.missingChunk(id), EIO), (.io(errno: ENOSPC, "write"), ENOSPC),
+            (.database("x"), EIO), (.locked("x"), EBUSY), (.noSuchVersion("x"), ENOENT),
+            (.unsupportedFormat("x"), EIO), (.invalidContent("x"), EINVAL),
+        ]
+        for (error, code) in cases { #expect(error.errno.code == code, "\(error)") }
+    }
+}
