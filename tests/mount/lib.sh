@@ -37,13 +37,12 @@ readonly SKIP_CODE=77
 # _UBQ_DAEMONS[i] (the same mount point appears again after a remount).
 _UBQ_MOUNTS=()
 _UBQ_DAEMONS=()
-_UBQ_ROOTS=()
 _UBQ_CLEANING=0
 
 # Keep everything away from the real home: the daemon's default data dir, git's
 # config, python caches.
 export XDG_DATA_HOME="${TEST_PREFIX}home/data"
-export GIT_CONFIG_NOSYSTEM=1
+export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
 export GIT_AUTHOR_NAME=ubiquity-test GIT_AUTHOR_EMAIL=test@ubiquity.invalid
 export GIT_COMMITTER_NAME=ubiquity-test GIT_COMMITTER_EMAIL=test@ubiquity.invalid
 export PYTHONDONTWRITEBYTECODE=1
@@ -134,17 +133,21 @@ assert_missing() {
   if [[ -e $1 || -L $1 ]]; then fail "$2: expected $1 to be absent, it exists"; fi
 }
 
-# assert_fails WHAT CMD...: CMD must exit non-zero. Its stderr is kept in LAST_ERR.
+# assert_fails WHAT CMD...: CMD must exit non-zero. Its stderr is kept in LAST_ERR
+# for the scenario to look at.
+# shellcheck disable=SC2034
 LAST_ERR=
 assert_fails() {
   local what=$1 errf
   shift
   errf=$(mktemp "${TEST_PREFIX}err.XXXXXX")
   if "$@" >/dev/null 2>"$errf"; then
+    # shellcheck disable=SC2034
     LAST_ERR=$(cat "$errf")
     rm -f "$errf"
     fail "$what: expected [$*] to fail, it succeeded"
   fi
+  # shellcheck disable=SC2034
   LAST_ERR=$(cat "$errf")
   rm -f "$errf"
 }
@@ -265,7 +268,6 @@ mount_fresh() {
   ROOT="${TEST_PREFIX}${name}"
   [[ ! -e $ROOT ]] || fail "$ROOT already exists"
   mkdir -p "$ROOT"/{mnt,store,backing,data}
-  _UBQ_ROOTS+=("$ROOT")
   _ubq_state "root $ROOT"
   MNT="$ROOT/mnt" STORE="$ROOT/store" BACKING="$ROOT/backing" DATA="$ROOT/data"
   _ubq_mount
@@ -296,9 +298,6 @@ _ubq_record_from_status() {
   _UBQ_DAEMONS+=(0)
   _ubq_state "mount $MNT 0"
 }
-
-# daemon_log: the daemon's log for the current mount (for failure messages).
-daemon_log() { cat "$DATA"/ubiquity/*/daemon.log 2>/dev/null || true; }
 
 # unmount_it: `ubiquity unmount MNT`, which must commit, unmount and wait for the
 # daemon to exit. Any of those not happening fails the scenario.
@@ -331,11 +330,20 @@ _ubq_is_our_daemon() {
   [[ $cmd == *" mount "*"$mnt"* || $cmd == *" mount $mnt"* ]]
 }
 
+# _ubq_daemons_of MNT: PIDs of ubiquity daemons whose command line names MNT.
+_ubq_daemons_of() {
+  local p
+  for p in /proc/[0-9]*; do
+    _ubq_is_our_daemon "${p#/proc/}" "$1" && echo "${p#/proc/}"
+  done
+  return 0
+}
+
 # ---------------------------------------------------------------------------------
 # Cleanup (EXIT trap). Bounded in time so run.sh's timeout is never needed for it.
 
 _ubq_cleanup() {
-  local rc=$? i m pid left n
+  local rc=$? i m pid left n clean log
   ((_UBQ_CLEANING)) && return
   _UBQ_CLEANING=1
   set +e
@@ -345,8 +353,11 @@ _ubq_cleanup() {
   for ((i = ${#_UBQ_MOUNTS[@]} - 1; i >= 0; i--)); do
     m=${_UBQ_MOUNTS[i]}
     pid=${_UBQ_DAEMONS[i]}
+    clean=0
     if is_mounted "$m"; then
-      if ! timeout 30 "$UBIQUITY" unmount "$m" --timeout 20 >/dev/null 2>&1; then
+      if timeout 30 "$UBIQUITY" unmount "$m" --timeout 20 >/dev/null 2>&1; then
+        clean=1
+      else
         echo "cleanup: ubiquity unmount $m failed; lazy unmount with fusermount3" >&2
         fusermount3 -u -z "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
       fi
@@ -358,6 +369,12 @@ _ubq_cleanup() {
         sleep 0.5
         [[ $n == 4 ]] && kill -TERM "$pid" 2>/dev/null
       done
+      if ((clean)); then
+        # `ubiquity unmount` promises to return only after the daemon exited.
+        printf 'FAIL [%s] cleanup: ubiquity unmount %s succeeded but daemon %s was still running\n' \
+          "$TEST_NAME" "$m" "$pid" >&2
+        rc=1
+      fi
       if _ubq_is_our_daemon "$pid" "$m"; then
         echo "cleanup: daemon $pid for $m did not exit; killing it" >&2
         kill -KILL "$pid" 2>/dev/null
@@ -365,18 +382,33 @@ _ubq_cleanup() {
       fi
     fi
   done
+  # On failure, the end of each daemon log of this scenario helps more than anything.
+  if ((rc != 0 && rc != SKIP_CODE)); then
+    while read -r log; do
+      [[ -n $log ]] || continue
+      echo "--- last lines of $log:"
+      tail -n 25 "$log"
+    done < <(find "${TEST_PREFIX}"* -xdev -name daemon.log 2>/dev/null)
+  fi
   left=$(mounts_under_prefix)
   if [[ -n $left ]]; then
     printf 'FAIL [%s] cleanup: still mounted after cleanup:\n%s\n' "$TEST_NAME" "$left" >&2
     rc=1
+    # Fail, but do not leave them: detach lazily and end their daemons (found by
+    # their exact mount point argument, signalled by PID).
+    while read -r m; do
+      fusermount3 -u -z "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
+      for pid in $(_ubq_daemons_of "$m"); do kill -KILL "$pid" 2>/dev/null; done
+    done <<<"$left"
+  fi
+  if [[ -n $(mounts_under_prefix) ]]; then
+    echo "cleanup: mounts remain under ${TEST_PREFIX}*; temp dirs kept" >&2
   else
     echo "cleanup: nothing mounted under ${TEST_PREFIX}*"
     # Safe to delete now: no FUSE mount below, so rm cannot reach into a store
     # through a mount. --one-file-system is belt and braces.
-    for m in "${_UBQ_ROOTS[@]}"; do
-      rm -rf --one-file-system -- "$m"
-    done
-    rm -rf -- "${TEST_PREFIX}home" "${TEST_PREFIX}"err.* "${TEST_PREFIX}"work
+    # Everything under this script's own prefix is ours (roots, work, home, ...).
+    rm -rf --one-file-system -- "${TEST_PREFIX}"*
   fi
   exit "$rc"
 }

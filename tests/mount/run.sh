@@ -35,11 +35,24 @@ fi
 now() { printf '%s' "${EPOCHREALTIME/,/.}"; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
-# sweep_after NAME STATE: if a scenario was killed before its own cleanup ran, undo
-# what its state file says it made. Returns 1 when something had to be cleaned.
+# sweep_after NAME STATE PID: if a scenario was killed before its own cleanup ran,
+# undo what its state file says it made, and anything still mounted under its
+# prefix /tmp/ubiquity-test-PID- (the scenario's $$ is PID: setsid execs it).
+# Returns 1 when something had to be cleaned.
 sweep_after() {
-  local state=$2 kind a b dirty=0
-  [[ -s $state ]] || return 0
+  local state=$2 prefix="/tmp/ubiquity-test-$3-" kind a b p dirty=0
+  while read -r a; do
+    [[ -n $a ]] || continue
+    echo "run.sh: $1 left $a mounted; lazy unmount" >&2
+    fusermount3 -u -z "$a" 2>/dev/null || umount -l "$a" 2>/dev/null || true
+    for p in /proc/[0-9]*; do
+      if tr '\0' ' ' 2>/dev/null <"$p/cmdline" | grep -qF -- " mount $a "; then
+        echo "run.sh: killing its daemon ${p#/proc/}" >&2
+        kill -KILL "${p#/proc/}" 2>/dev/null || true
+      fi
+    done
+    dirty=1
+  done < <(findmnt -rn -o TARGET 2>/dev/null | grep -F -- "$prefix" | tac)
   # Mounts newest first, as the scenario's own cleanup would.
   while read -r kind a b; do
     [[ $kind == mount ]] || continue
@@ -56,14 +69,11 @@ sweep_after() {
       kill -KILL "$b" 2>/dev/null || true
       dirty=1
     fi
-  done < <(tac "$state")
-  while read -r kind a _; do
-    [[ $kind == root ]] || continue
-    [[ $a == /tmp/ubiquity-test-* ]] || continue
-    if ! findmnt -rn -o TARGET | grep -qF -- "$a/"; then
-      rm -rf --one-file-system -- "$a"
-    fi
-  done <"$state"
+  done < <(tac "$state" 2>/dev/null)
+  # The scenario's temp dirs, once nothing is mounted below them.
+  if ! findmnt -rn -o TARGET | grep -qF -- "$prefix"; then
+    rm -rf --one-file-system -- "$prefix"*
+  fi
   return $((dirty == 0 ? 0 : 1))
 }
 
@@ -130,7 +140,7 @@ for script in "$here"/t-*.sh; do
       # Usually a process stuck in a FUSE request of a hung daemon: its TERM trap
       # cannot run. Unmounting lazily and killing the daemon unblocks it.
       echo "run.sh: $name did not exit on SIGTERM: sweeping its mounts, then SIGKILL" >>"$log"
-      sweep_after "$name" "$state" >>"$log" 2>&1 || true
+      sweep_after "$name" "$state" "$pid" >>"$log" 2>&1 || true
       wait_gone "$pid" 10
       kill -KILL -- "-$pid" 2>/dev/null || true
     fi
@@ -140,7 +150,7 @@ for script in "$here"/t-*.sh; do
   secs=$(elapsed "$start")
 
   note=""
-  if ! sweep_after "$name" "$state" >>"$log" 2>&1; then
+  if ! sweep_after "$name" "$state" "$pid" >>"$log" 2>&1; then
     note="left a mount or daemon behind"
     ((rc == 0)) && rc=1
   fi

@@ -145,9 +145,9 @@ for c in "$flip_chunk" "$trunc_chunk" "$gone_chunk"; do
   assert_contains "$out" "$(basename "$c")" "fsck report naming chunk $(basename "$c")"
 done
 # The intact files' chunks must not be reported.
-for c in $(cat "$WORK/flip.bin.chunks" "$WORK/trunc.bin.chunks" "$WORK/gone.bin.chunks"); do
+while read -r c; do
   case $c in "$flip_chunk" | "$trunc_chunk" | "$gone_chunk") continue ;; esac
   assert_not_contains "$out" "$(basename "$c")" "fsck report (intact chunk $(basename "$c") named)"
-done
+done < <(cat "$WORK/flip.bin.chunks" "$WORK/trunc.bin.chunks" "$WORK/gone.bin.chunks")
 
 pass

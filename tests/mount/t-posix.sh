@@ -159,7 +159,7 @@ cd "$MNT"
 assert_eq 1115251200 "$(stat -c %Y tm)" "mtime after remount"
 
 step "truncate grow / shrink"
-printf 'hello world' >tr
+printf 'hello world' >./tr
 truncate -s 100 tr
 assert_eq 100 "$(stat -c %s tr)" "size after growing"
 python3 -c '

@@ -18,7 +18,7 @@ step "writer: three saves of 48 MiB each (each close commits); listers meanwhile
   for i in 1 2 3; do
     cp "$WORK/ref" "$MNT/dir/big$i.bin"
   done
-  echo done >"$WORK/writer.done"
+  echo finished >"$WORK/writer.done"
 ) >"$WORK/writer.log" 2>&1 &
 writer=$!
 
