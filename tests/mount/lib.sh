@@ -46,6 +46,8 @@ export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
 export GIT_AUTHOR_NAME=ubiquity-test GIT_AUTHOR_EMAIL=test@ubiquity.invalid
 export GIT_COMMITTER_NAME=ubiquity-test GIT_COMMITTER_EMAIL=test@ubiquity.invalid
 export PYTHONDONTWRITEBYTECODE=1
+# Expected timestamps in the scenarios are written for UTC.
+export TZ=UTC
 
 # ---------------------------------------------------------------------------------
 # Messages and assertions. Every failure says what was expected and what was got.
