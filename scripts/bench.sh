@@ -81,14 +81,15 @@ done
 
 # One-byte edit in the middle of a 256 MiB file: new chunk bytes and the time of the
 # close that commits it, against the time to hash the whole file once (sha256sum).
-head -c 256M /dev/urandom > "$W/ubq/edit.bin"
+head -c 256M /dev/urandom > /dev/shm/ubiquity-bench-edit
+cp /dev/shm/ubiquity-bench-edit "$W/ubq/edit.bin"
 before=$(du -sb "$W/ubq-store/chunks" | cut -f1)
 edit_secs=$(secs python3 -c "
 import os
 fd = os.open('$W/ubq/edit.bin', os.O_RDWR); os.pwrite(fd, b'Z', 128 << 20); os.close(fd)")
 after=$(du -sb "$W/ubq-store/chunks" | cut -f1)
-hash_secs=$(secs sha256sum /dev/shm/ubiquity-bench-rand)
-rm -f /dev/shm/ubiquity-bench-rand
+hash_secs=$(secs sha256sum /dev/shm/ubiquity-bench-edit)
+rm -f /dev/shm/ubiquity-bench-rand /dev/shm/ubiquity-bench-edit
 
 row() { # label key unit higher-is-better
   local p=${result[pt,$2]} u=${result[ubq,$2]} l=${result[plain,$2]} ratio
