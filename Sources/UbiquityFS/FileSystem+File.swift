@@ -263,9 +263,4 @@ extension FileSystem.Meta {
         return open
     }
 
-    func attributesWithPending(_ inode: Inode) -> Attributes {
-        var a = attributes(inode)
-        if let t = openFiles[inode.id]?.pendingMTime { a.mtime = t; a.ctime = t }
-        return a
-    }
 }

@@ -111,6 +111,8 @@ public final class FileSystem: Sendable {
             }
             switch changes.atime { case .now: inode.atime = now; case .at(let t): inode.atime = t; case nil: break }
             switch changes.mtime { case .now: inode.mtime = now; case .at(let t): inode.mtime = t; case nil: break }
+            // An explicit mtime wins over the one the last write() left pending.
+            if changes.mtime != nil { m.openFiles[ino]?.pendingMTime = nil }
             if changes.size != nil && changes.mtime == nil { inode.mtime = now }
             inode.ctime = now
             try m.store.update(inode)
@@ -144,9 +146,13 @@ public final class FileSystem: Sendable {
 }
 
 extension FileSystem.Meta {
-    /// Attributes with the live size of an open file.
+    /// Attributes with the live size and mtime of an open file.
     func attributes(_ inode: Inode) -> Attributes {
-        if let open = openFiles[inode.id] { return Attributes(inode, size: open.content.size) }
+        if let open = openFiles[inode.id] {
+            var a = Attributes(inode, size: open.content.size)
+            if let t = open.pendingMTime { a.mtime = t; a.ctime = t }
+            return a
+        }
         if inode.kind == .file, let name = store.name(of: inode.id), TinyPixView.applies(to: name) {
             return Attributes(inode, size: TinyPixView.viewSize(storedSize: inode.size))
         }

@@ -352,3 +352,22 @@ extension TinyPixViewTests {
         for (error, code) in cases { #expect(error.errno.code == code, "\(error)") }
     }
 }
+
+extension RegressionTests {
+    /// fstat after a write to an open (here: unlinked) file showed the old mtime (found by
+    /// t-differential.py, seed 1018991498); an explicit utimens afterwards must still win.
+    @Test func writeUpdatesMtimeOfOpenFile() throws {
+        let h = try Harness()
+        let (a, handle) = try h.fs.create(parent: Store.rootInode, name: "m", mode: 0o600, flags: OpenFlags(O_RDWR), caller: h.me)
+        var changes = FileSystem.AttributeChanges()
+        changes.mtime = .at(1_000_000_000)
+        _ = try h.fs.setattr(a.ino, changes)
+        #expect(try h.fs.getattr(a.ino).mtime == 1_000_000_000)
+        try h.fs.unlink(parent: Store.rootInode, name: "m")
+        _ = try [UInt8](repeating: 0, count: 10).withUnsafeBytes { try h.fs.write(handle, offset: 0, data: $0) }
+        #expect(try h.fs.getattr(a.ino).mtime > 1_000_000_000)
+        _ = try h.fs.setattr(a.ino, changes)
+        #expect(try h.fs.getattr(a.ino).mtime == 1_000_000_000)
+        try h.fs.release(handle)
+    }
+}

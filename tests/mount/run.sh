@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the real-mount scenarios tests/mount/t-*.sh, each as its own process under a
+# Runs the real-mount scenarios tests/mount/t-*.sh and t-*.py, each as its own process under a
 # timeout, one line per scenario (PASS/FAIL/SKIP and seconds). Logs of failing
 # scenarios are kept and printed. The last line is exactly
 #   mount: N passed, M failed
@@ -100,8 +100,10 @@ passed=0 failed=0 skipped=0
 failed_names=()
 suite_start=$(now)
 
-for script in "$here"/t-*.sh; do
-  name=$(basename "$script" .sh)
+for script in "$here"/t-*.sh "$here"/t-*.py; do
+  [[ -e $script ]] || continue
+  name=$(basename "$script")
+  name=${name%.*}
   selected "$name" || continue
   log="$logdir/$name.log"
   state="$logdir/$name.state"
