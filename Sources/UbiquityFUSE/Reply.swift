@@ -79,8 +79,13 @@ func replyAttr(_ req: fuse_req_t?, _ a: Attributes) {
 }
 
 extension timespec {
+    /// Floor division: times before 1970 need tv_nsec in 0..<1e9 with a smaller tv_sec
+    /// (found by t-differential.py, seed 1018991498).
     init(_ nanos: Nanos) {
-        self.init(tv_sec: Int(nanos / 1_000_000_000), tv_nsec: Int(nanos % 1_000_000_000))
+        var seconds = nanos / 1_000_000_000
+        var rest = nanos % 1_000_000_000
+        if rest < 0 { seconds -= 1; rest += 1_000_000_000 }
+        self.init(tv_sec: Int(seconds), tv_nsec: Int(rest))
     }
     var nanos: Nanos { Nanos(tv_sec) * 1_000_000_000 + Nanos(tv_nsec) }
 }
