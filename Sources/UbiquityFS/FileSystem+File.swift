@@ -153,6 +153,7 @@ extension FileSystem {
         if offset + length > open.content.size {
             try storeCall { () throws(StoreError) in try open.content.truncate(offset + length) }
         }
+        meta.withLock { _ in open.pendingMTime = nowNanos() } // as ext4 does for mode 0
     }
 
     func truncate(_ ino: InodeNumber, to size: Int64) throws(Errno) {

@@ -97,7 +97,7 @@ struct VirtualViews {
         if parent == Store.rootInode {
             return try attributes(name == ".versions" ? Self.versionsRoot : Self.conflictsRoot, store: store)
         }
-        guard let entry = try entries(parent, store: store).first(where: { $0.name == name }) else { throw .notFound }
+        guard let entry = try entries(parent, store: store).first(where: { $0.name.utf8.elementsEqual(name.utf8) }) else { throw .notFound }
         return entry.attributes
     }
 

@@ -19,7 +19,7 @@ extension Store {
         }
         try db.query("SELECT parent, name, inode FROM entries") { (r) throws(StoreError) in
             let parent = InodeNumber(r.int(0)), name = r.text(1), id = InodeNumber(r.int(2))
-            children[parent, default: [:]][name] = id
+            children[parent, default: [:]][NameKey(name)] = id
             links[id, default: []].append(EntryRef(parent: parent, name: name))
         }
         for (parent, names) in children {
@@ -60,11 +60,11 @@ extension Store {
 
     public var inodeNumbers: Dictionary<InodeNumber, Inode>.Keys { inodes.keys }
 
-    public func child(_ parent: InodeNumber, _ name: String) -> InodeNumber? { children[parent]?[name] }
+    public func child(_ parent: InodeNumber, _ name: String) -> InodeNumber? { children[parent]?[NameKey(name)] }
 
     /// Entries of a directory, sorted by name (a stable order for readdir offsets).
     public func entries(_ parent: InodeNumber) -> [(name: String, id: InodeNumber)] {
-        (children[parent] ?? [:]).map { ($0.key, $0.value) }.sorted { $0.name < $1.name }
+        (children[parent] ?? [:]).map { ($0.key.name, $0.value) }.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
     }
 
     public func isEmptyDirectory(_ id: InodeNumber) -> Bool { children[id]?.isEmpty ?? true }
@@ -103,7 +103,7 @@ extension Store {
         }
         nextInode += 1
         inodes[id] = inode
-        children[parent, default: [:]][name] = id
+        children[parent, default: [:]][NameKey(name)] = id
         links[id] = [EntryRef(parent: parent, name: name)]
         if kind == .directory { subdirectories[parent, default: 0] += 1 }
         recountLinks(id)
@@ -120,7 +120,7 @@ extension Store {
             inodes[id]!.ctime = nowNanos()
             try persist(inodes[id]!)
         }
-        children[parent, default: [:]][name] = id
+        children[parent, default: [:]][NameKey(name)] = id
         links[id, default: []].append(EntryRef(parent: parent, name: name))
         recountLinks(id)
     }
@@ -129,14 +129,14 @@ extension Store {
     /// row stays until `forget(_:)` (it may still be open).
     @discardableResult
     public func removeEntry(parent: InodeNumber, name: String) throws(StoreError) -> Inode? {
-        guard let id = children[parent]?[name] else { return nil }
+        guard let id = children[parent]?[NameKey(name)] else { return nil }
         try db.transaction { () throws(StoreError) in
             try db.query("DELETE FROM entries WHERE parent = ? AND name = ?", [.int(Int64(parent)), .text(name)])
             try touchDirectory(parent)
             inodes[id]!.ctime = nowNanos()
             try persist(inodes[id]!)
         }
-        children[parent]![name] = nil
+        children[parent]![NameKey(name)] = nil
         links[id]?.removeAll { $0 == EntryRef(parent: parent, name: name) }
         if inodes[id]?.kind == .directory { subdirectories[parent, default: 0] -= 1 }
         recountLinks(id)
@@ -146,7 +146,7 @@ extension Store {
 
     /// Moves an entry. The caller has removed or exchanged any target first.
     public func moveEntry(from parent: InodeNumber, _ name: String, to newParent: InodeNumber, _ newName: String) throws(StoreError) {
-        guard let id = children[parent]?[name] else { return }
+        guard let id = children[parent]?[NameKey(name)] else { return }
         try db.transaction { () throws(StoreError) in
             try db.query("UPDATE entries SET parent = ?, name = ? WHERE parent = ? AND name = ?",
                          [.int(Int64(newParent)), .text(newName), .int(Int64(parent)), .text(name)])
@@ -155,8 +155,8 @@ extension Store {
             inodes[id]!.ctime = nowNanos()
             try persist(inodes[id]!)
         }
-        children[parent]![name] = nil
-        children[newParent, default: [:]][newName] = id
+        children[parent]![NameKey(name)] = nil
+        children[newParent, default: [:]][NameKey(newName)] = id
         if inodes[id]?.kind == .directory {
             subdirectories[parent, default: 0] -= 1
             subdirectories[newParent, default: 0] += 1
@@ -170,15 +170,15 @@ extension Store {
 
     /// Swaps what two entries name (RENAME_EXCHANGE).
     public func exchangeEntries(_ parentA: InodeNumber, _ nameA: String, _ parentB: InodeNumber, _ nameB: String) throws(StoreError) {
-        guard let a = children[parentA]?[nameA], let b = children[parentB]?[nameB] else { return }
+        guard let a = children[parentA]?[NameKey(nameA)], let b = children[parentB]?[NameKey(nameB)] else { return }
         try db.transaction { () throws(StoreError) in
             try db.query("UPDATE entries SET inode = ? WHERE parent = ? AND name = ?", [.int(Int64(b)), .int(Int64(parentA)), .text(nameA)])
             try db.query("UPDATE entries SET inode = ? WHERE parent = ? AND name = ?", [.int(Int64(a)), .int(Int64(parentB)), .text(nameB)])
             try touchDirectory(parentA)
             try touchDirectory(parentB)
         }
-        children[parentA]![nameA] = b
-        children[parentB]![nameB] = a
+        children[parentA]![NameKey(nameA)] = b
+        children[parentB]![NameKey(nameB)] = a
         let delta = (inodes[b]?.kind == .directory ? 1 : 0) - (inodes[a]?.kind == .directory ? 1 : 0)
         subdirectories[parentA, default: 0] += delta
         subdirectories[parentB, default: 0] -= delta

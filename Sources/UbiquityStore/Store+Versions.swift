@@ -18,7 +18,7 @@ extension Store {
     @discardableResult
     public func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool) throws(StoreError) -> Version {
         guard var inode = inodes[id], let fileID = inode.fileID else { throw .noSuchVersion("inode \(id) is not a file") }
-        let previous = try headVersion(inode.head)
+        let previous = try headVersion(inode.head ?? continuedParents[id])
         let now = nowNanos()
         let newVersion = Version(row: 0, id: randomHex(bytes: 16), fileID: fileID,
                               parents: previous.flatMap { $0.isLocal ? nil : [$0.id] } ?? [],
@@ -36,6 +36,7 @@ extension Store {
             return row
         }
         update(memoryOnly: inode)
+        continuedParents[id] = nil
         return newVersion.withRow(row)
     }
 
@@ -60,6 +61,13 @@ extension Store {
         inode.head = head
         try persist(inode)
         update(memoryOnly: inode)
+    }
+
+    /// A new, empty file continues the history `fileID`: its first commit becomes a child
+    /// of `parent`, but its content stays its own (empty), unlike `adoptHistory`.
+    public func continueHistory(_ id: InodeNumber, fileID: String, parent: Int64?) throws(StoreError) {
+        try adoptHistory(id, fileID: fileID, head: nil)
+        continuedParents[id] = parent
     }
 
     /// Moves where a history is shown (after a rename).

@@ -20,9 +20,12 @@ public final class Store: @unchecked Sendable {
 
     // The tree, mirrored in memory so lookups and getattr never touch SQLite.
     var inodes: [InodeNumber: Inode] = [:]
-    var children: [InodeNumber: [String: InodeNumber]] = [:]
+    var children: [InodeNumber: [NameKey: InodeNumber]] = [:]
     /// Every (parent, name) that names an inode; directories have exactly one.
     var links: [InodeNumber: [EntryRef]] = [:]
+    /// Files that continue a history but have no version yet: the version their first
+    /// commit descends from (kept in memory only; losing it in a crash only loses the link).
+    var continuedParents: [InodeNumber: Int64] = [:]
     /// Number of subdirectories of each directory (its link count is 2 + this).
     var subdirectories: [InodeNumber: Int] = [:]
     var nextInode: InodeNumber = 2
@@ -159,6 +162,20 @@ public final class Store: @unchecked Sendable {
 struct EntryRef: Equatable {
     var parent: InodeNumber
     var name: String
+
+    static func == (a: EntryRef, b: EntryRef) -> Bool { a.parent == b.parent && NameKey(a.name) == NameKey(b.name) }
+}
+
+/// A name as a dictionary key, compared byte for byte. Swift's `String ==` treats
+/// canonically equivalent strings (NFC `é` and NFD `e` + U+0301) as equal, but on Linux they
+/// are two different names that may both exist (found by t-differential.py).
+struct NameKey: Hashable {
+    let name: String
+    init(_ name: String) { self.name = name }
+    static func == (a: NameKey, b: NameKey) -> Bool { a.name.utf8.elementsEqual(b.name.utf8) }
+    func hash(into hasher: inout Hasher) {
+        for byte in name.utf8 { hasher.combine(byte) }
+    }
 }
 
 func makeDirectories(_ path: String) throws(StoreError) {
