@@ -57,7 +57,12 @@ public final class ChunkStore: Sendable {
             }
             written += n
         }
-        close(fd)
+        // close can report a late write error (NFS, quota): never publish such a chunk.
+        if close(fd) != 0 {
+            let code = errno
+            unlink(temp)
+            throw .io(errno: code, "write chunk \(id)")
+        }
         if rename(temp, final) != 0 {
             let code = errno
             unlink(temp)
