@@ -72,9 +72,10 @@ final class SQLiteDatabase {
     var changes: Int { Int(sqlite3_changes(db)) }
 
     /// Group commit: when on, changes accumulate in one open transaction that
-    /// `commitBatch()` commits (the filesystem does so every 100 ms and at every fsync).
-    /// One SQLite commit per create or unlink was most of their cost. A crash loses at
-    /// most the last batch, never consistency: each batch is atomic.
+    /// `commitBatch()` commits (the filesystem does so every 100 ms, at every saved
+    /// version and at every fsync). One SQLite commit per create or unlink was most of
+    /// their cost. A crash of the process loses at most the metadata-only changes (mkdir,
+    /// unlink, rename, chmod) of the last 100 ms, never a saved file, never consistency.
     var batching = false
     private var batchOpen = false
 
