@@ -117,7 +117,10 @@ extension FileSystem {
                     throw .isDirectory
                 }
                 let targetPath = m.store.path(of: targetID) ?? ""
-                if source.kind == .file, target.kind == .file, let fileID = target.fileID, !LocalOnly.contains(targetPath) {
+                // Only a target whose last name goes hands its history on: a hard-linked
+                // target lives on under its other names and keeps its history (seed 105).
+                if source.kind == .file, target.kind == .file, target.nlink == 1, let fileID = target.fileID,
+                   !LocalOnly.contains(targetPath) {
                     continued = (fileID, target.head)
                 }
             }

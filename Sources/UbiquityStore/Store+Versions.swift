@@ -25,7 +25,9 @@ extension Store {
                               deviceID: deviceID, deviceName: deviceName, committed: now, mtime: inode.mtime,
                               mode: inode.mode, size: content.totalSize, isTombstone: false, isLocal: local, path: path)
         let row = try db.transaction { () throws(StoreError) -> Int64 in
-            if let previous, previous.isLocal {
+            // A local file keeps only its latest version; never drop one that another inode
+            // still shows (t-differential.py seed 105 left a hard link pointing at nothing).
+            if let previous, previous.isLocal, !inodes.values.contains(where: { $0.id != id && $0.head == previous.row }) {
                 try db.query("DELETE FROM versions WHERE row = ?", [.int(previous.row)])
             }
             let row = try insert(newVersion, chunks: content.encoded)
