@@ -165,16 +165,6 @@ public final class FileContent: @unchecked Sendable {
         }
     }
 
-    /// Replaces the content with a committed version (a restore or a remote change) and
-    /// drops uncommitted writes.
-    public func reset(to base: ChunkList) {
-        state.withLock { s in
-            s = State(base: base, baseLimit: base.totalSize, size: base.totalSize, stagingFD: s.stagingFD)
-            if s.stagingFD >= 0 { _ = ftruncate(s.stagingFD, 0) }
-            publish(s)
-        }
-    }
-
     /// The new chunk list: base chunks untouched by writes and truncation are reused as they
     /// are; the rest is read through the overlay and cut again.
     private func rechunk(_ s: inout State, chunker: Chunker) throws(StoreError) -> ChunkList {

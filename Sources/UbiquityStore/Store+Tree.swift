@@ -81,14 +81,6 @@ extension Store {
         return components.reversed().joined(separator: "/")
     }
 
-    /// Every path naming the inode (several for hard links).
-    public func paths(of id: InodeNumber) -> [String] {
-        (links[id] ?? []).compactMap { link in
-            guard let parentPath = path(of: link.parent) else { return nil }
-            return parentPath.isEmpty ? link.name : parentPath + "/" + link.name
-        }
-    }
-
     /// Creates an inode and its entry `name` in `parent`.
     public func create(parent: InodeNumber, name: String, kind: NodeKind, mode: UInt32, uid: UInt32, gid: UInt32,
                        rdev: UInt64 = 0, target: String? = nil) throws(StoreError) -> Inode {

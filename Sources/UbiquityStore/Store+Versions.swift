@@ -92,10 +92,6 @@ extension Store {
         try db.rows("SELECT path, file_id FROM histories", []) { ($0.text(0), $0.text(1)) }
     }
 
-    public func historyFileIDs(at path: String) throws(StoreError) -> [String] {
-        try db.rows("SELECT file_id FROM histories WHERE path = ?", [.text(path)]) { $0.text(0) }
-    }
-
     /// A file's versions, oldest first (tombstones and local versions excluded).
     public func versions(of fileID: String) throws(StoreError) -> [Version] {
         try db.rows("SELECT \(Store.versionColumns) FROM versions WHERE file_id = ? AND tombstone = 0 AND local = 0 ORDER BY committed, id",

@@ -109,15 +109,6 @@ public final class Store: @unchecked Sendable {
     /// Commits the metadata changes made since the last call (a cheap no-op when none).
     public func commitBatch() throws(StoreError) { try db.commitBatch() }
 
-    public func setting(_ key: String) throws(StoreError) -> String? {
-        try db.rows("SELECT value FROM settings WHERE key = ?", [.text(key)]) { $0.text(0) }.first
-    }
-
-    public func setSetting(_ key: String, _ value: String) throws(StoreError) {
-        try db.query("INSERT INTO settings(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                     [.text(key), .text(value)])
-    }
-
     /// Staging holds only uncommitted bytes of open files; after a restart nothing is open.
     private func clearStaging() {
         guard let dir = opendir(directory + "/staging") else { return }
