@@ -155,17 +155,23 @@ public final class ChunkStore: Sendable {
     /// copy) with one syncfs of the whole filesystem, which is then cheaper.
     public func sync() throws(StoreError) {
         let pending = unsynced.withLock { s -> Set<ChunkID> in defer { s = [] }; return s }
-        if pending.count > 32 {
-            try check(c_syncfs(dirFD), "syncfs \(directory)")
-            return
+        do throws(StoreError) {
+            if pending.count > 32 {
+                try check(c_syncfs(dirFD), "syncfs \(directory)")
+                return
+            }
+            var directories: Set<String> = []
+            for id in pending {
+                let p = path(of: id)
+                try fsyncPath(p, flags: O_RDONLY)
+                directories.insert(String(p[..<p.lastIndex(of: "/")!]))
+            }
+            for d in directories { try fsyncPath(d, flags: O_RDONLY | O_DIRECTORY) }
+        } catch {
+            // Not durable yet: the next barrier must try these chunks again.
+            unsynced.withLock { $0.formUnion(pending) }
+            throw error
         }
-        var directories: Set<String> = []
-        for id in pending {
-            let p = path(of: id)
-            try fsyncPath(p, flags: O_RDONLY)
-            directories.insert(String(p[..<p.lastIndex(of: "/")!]))
-        }
-        for d in directories { try fsyncPath(d, flags: O_RDONLY | O_DIRECTORY) }
     }
 
     private func fsyncPath(_ path: String, flags: Int32) throws(StoreError) {

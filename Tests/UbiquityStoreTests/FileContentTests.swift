@@ -14,6 +14,7 @@ import Testing
         var gen = SeededBytes(seed: seed)
         var model: [UInt8] = []
         var content = FileContent(base: ChunkList(), chunks: chunks, stagingDirectory: dir.path)
+        var committed = ChunkList() // the latest committed content
         for step in 0..<300 {
             switch gen.int(0..<10) {
             case 0..<5:
@@ -27,13 +28,12 @@ import Testing
                 try content.truncate(Int64(size))
                 if size < model.count { model.removeLast(model.count - size) } else { model += [UInt8](repeating: 0, count: size - model.count) }
             case 6, 7:
-                var committed = ChunkList()
                 try content.commit(chunker: chunker) { committed = $0; return $0 }
+                #expect(!content.isChanged)
+                #expect(committed.totalSize == Int64(model.count), "seed \(seed) step \(step): committed size")
                 if step % 3 == 0 {
                     // Reopen from the committed list, as a new open of the file would.
-                    if committed.count > 0 || model.isEmpty {
-                        content = FileContent(base: committed, chunks: chunks, stagingDirectory: dir.path)
-                    }
+                    content = FileContent(base: committed, chunks: chunks, stagingDirectory: dir.path)
                 }
             default:
                 let offset = gen.int(0..<(model.count + 10))
@@ -44,12 +44,11 @@ import Testing
             }
             #expect(content.size == Int64(model.count), "seed \(seed) step \(step)")
         }
-        var final = ChunkList()
-        try content.commit(chunker: chunker) { final = $0; return $0 }
-        let reopened = FileContent(base: final.count > 0 ? final : ChunkList(), chunks: chunks, stagingDirectory: dir.path)
-        if content.isChanged == false && final.totalSize == Int64(model.count) {
-            #expect(try reopened.read(offset: 0, count: model.count + 1) == model)
-        }
+        try content.commit(chunker: chunker) { committed = $0; return $0 }
+        #expect(!content.isChanged)
+        let reopened = FileContent(base: committed, chunks: chunks, stagingDirectory: dir.path)
+        #expect(reopened.size == Int64(model.count))
+        #expect(try reopened.read(offset: 0, count: model.count + 1) == model, "seed \(seed): content after reopen")
     }
 
     /// Changing one byte in the middle of a large file stores about one new chunk and
