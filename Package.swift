@@ -2,7 +2,8 @@
 // Ubiquity: a versioned, synced FUSE filesystem. Layers (each knows only those below it):
 //   CFuse, CSQLite   system libraries (pkg-config fuse3 / sqlite3), no C code of our own
 //   TinyPix          pure codec: 8 bytes <-> ASCII grid
-//   UbiquityStore    chunks, metadata database, versions; no FUSE, no kernel inodes
+//   UbiquityStore    chunks, metadata database, versions, the synced view; no FUSE, no kernel inodes
+//   UbiquitySync     replicates a store through a backing directory (docs/FORMAT.md)
 //   UbiquityFS       POSIX semantics over the store; speaks Errno
 //   UbiquityFUSE     the only importer of CFuse: ops table, replies, session
 //   ubiquity         the command line
@@ -26,14 +27,19 @@ let package = Package(
             "CSQLite",
             .product(name: "Crypto", package: "swift-crypto"),
         ]),
+        .target(name: "UbiquitySync", dependencies: [
+            "UbiquityStore",
+            .product(name: "Crypto", package: "swift-crypto"),
+        ]),
         .target(name: "UbiquityFS", dependencies: ["UbiquityStore", "TinyPix"]),
         .target(name: "UbiquityFUSE", dependencies: ["UbiquityFS", "CFuse"]),
         .executableTarget(name: "ubiquity", dependencies: [
-            "UbiquityFUSE", "UbiquityFS", "UbiquityStore", "TinyPix",
+            "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityStore", "TinyPix",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         .testTarget(name: "TinyPixTests", dependencies: ["TinyPix"]),
         .testTarget(name: "UbiquityStoreTests", dependencies: ["UbiquityStore"]),
         .testTarget(name: "UbiquityFSTests", dependencies: ["UbiquityFS"]),
+        .testTarget(name: "UbiquitySyncTests", dependencies: ["UbiquitySync", "UbiquityFS"]),
     ]
 )

@@ -57,6 +57,7 @@ extension FileSystem {
     }
 
     public func unlink(parent: UInt64, name: String) throws(Errno) {
+        if VirtualViews.isVirtual(parent) { return try discardConflict(parent: parent, name: name) }
         try meta.withLock { (m) throws(Errno) in
             let (id, inode) = try m.existing(parent: parent, name: name)
             guard inode.kind != .directory else { throw .isDirectory }
@@ -79,6 +80,9 @@ extension FileSystem {
     public func rename(parent: UInt64, name: String, newParent: UInt64, newName: String, flags: UInt32) throws(Errno) {
         guard flags & ~(RenameFlags.noReplace | RenameFlags.exchange) == 0,
               flags != RenameFlags.noReplace | RenameFlags.exchange else { throw .invalid }
+        if VirtualViews.isVirtual(parent) && flags == 0 {
+            return try takeConflict(parent: parent, name: name, newParent: newParent, newName: newName)
+        }
         // Commit the source's pending writes first, so the content that moves is a version.
         let pending = meta.withLock { m -> (InodeNumber, OpenFile)? in
             guard let id = m.store.child(parent, name), let open = m.openFiles[id], open.content.isChanged else { return nil }

@@ -75,7 +75,7 @@ extension FileSystem {
         }
         if flags.truncates && flags.writable {
             try storeCall { () throws(StoreError) in try open.content.truncate(0) }
-            meta.withLock { _ in open.pendingMTime = nowNanos() }
+            meta.withLock { m in open.pendingMTime = m.store.clock() }
         }
         return handle
     }
@@ -140,7 +140,7 @@ extension FileSystem {
         guard let (_, open) = try fileHandle(handle, forWriting: true) else { throw .badHandle }
         guard offset >= 0, offset <= Int64.max - Int64(data.count) else { throw .invalid }
         try storeCall { () throws(StoreError) in try open.content.write(offset: offset, data) }
-        meta.withLock { _ in open.pendingMTime = nowNanos() }
+        meta.withLock { m in open.pendingMTime = m.store.clock() }
         return data.count
     }
 
@@ -153,7 +153,7 @@ extension FileSystem {
         if offset + length > open.content.size {
             try storeCall { () throws(StoreError) in try open.content.truncate(offset + length) }
         }
-        meta.withLock { _ in open.pendingMTime = nowNanos() } // as ext4 does for mode 0
+        meta.withLock { m in open.pendingMTime = m.store.clock() } // as ext4 does for mode 0
     }
 
     func truncate(_ ino: InodeNumber, to size: Int64) throws(Errno) {
@@ -173,7 +173,7 @@ extension FileSystem {
             }
         }
         try storeCall { () throws(StoreError) in try open.content.truncate(size) }
-        meta.withLock { _ in open.pendingMTime = nowNanos() }
+        meta.withLock { m in open.pendingMTime = m.store.clock() }
         // truncate(1) on a closed file is a save of its own.
         if temporary { try commit(ino, open) }
     }

@@ -8,7 +8,8 @@ extension FileSystem {
     static let statusPrefix = "user.ubiquity."
 
     public func getxattr(_ ino: UInt64, name: String) throws(Errno) -> [UInt8] {
-        try meta.withLock { (m) throws(Errno) -> [UInt8] in
+        if let status = syncStatus(ino, name: name) { return status }
+        return try meta.withLock { (m) throws(Errno) -> [UInt8] in
             if VirtualViews.isVirtual(ino) { throw .noData }
             guard m.store.inode(ino) != nil else { throw .notFound }
             if name.hasPrefix(Self.statusPrefix) {
@@ -22,16 +23,18 @@ extension FileSystem {
     }
 
     public func listxattr(_ ino: UInt64) throws(Errno) -> [String] {
-        try meta.withLock { (m) throws(Errno) -> [String] in
+        let root = ino == Store.rootInode && hasSync ? [Self.syncStatusAttribute] : []
+        return try meta.withLock { (m) throws(Errno) -> [String] in
             if VirtualViews.isVirtual(ino) { return [] }
             guard m.store.inode(ino) != nil else { throw .notFound }
             let user = try storeCall { () throws(StoreError) in try m.store.xattrNames(ino) }
-            return user + (try m.status(ino).keys.sorted().map { Self.statusPrefix + $0 })
+            return user + (try m.status(ino).keys.sorted().map { Self.statusPrefix + $0 }) + root
         }
     }
 
     /// flags: XATTR_CREATE (1) fails if it exists, XATTR_REPLACE (2) if it does not.
     public func setxattr(_ ino: UInt64, name: String, value: [UInt8], flags: Int32) throws(Errno) {
+        if try syncControl(ino, name: name, value: value) { return }
         try meta.withLock { (m) throws(Errno) in
             if VirtualViews.isVirtual(ino) { throw .readOnly }
             guard m.store.inode(ino) != nil else { throw .notFound }
@@ -45,7 +48,7 @@ extension FileSystem {
                 if flags & 2 != 0 && !exists { throw .io(errno: ENODATA, "setxattr") }
                 try m.store.setXattr(ino, name, value)
                 var inode = m.store.inode(ino)!
-                inode.ctime = nowNanos()
+                inode.ctime = m.store.clock()
                 try m.store.update(inode)
             }
         }
@@ -70,7 +73,7 @@ extension FileSystem.Meta {
         var result: [String: String] = [
             "local": LocalOnly.contains(path) ? "1" : "0",
             "dirty": openFiles[ino]?.content.isChanged == true ? "1" : "0",
-            "conflicts": "0",
+            "conflicts": String(store.conflictCount(at: path)),
         ]
         if let name = store.name(of: ino), TinyPixView.applies(to: name) {
             try TinyPixView.addStatus(&result, inode: inode, store: store)
@@ -79,6 +82,7 @@ extension FileSystem.Meta {
             if !head.isLocal {
                 result["version"] = head.id
                 result["device"] = head.deviceName
+                result["uploaded"] = try storeCall { () throws(StoreError) in try store.isUploaded(row: row) } ? "1" : "0"
                 if let fileID = inode.fileID {
                     result["versions"] = String(try storeCall { () throws(StoreError) in try store.versions(of: fileID) }.count)
                 }

@@ -17,6 +17,7 @@ public final class FileSystem: Sendable {
     let meta: Locked<Meta>
     let chunks: ChunkStore
     public let options: Options
+    let hooks = Locked(Hooks())
 
     public struct Options: Sendable {
         /// Commit a file held open and dirty after this long without writes (DESIGN: ~10 s).
@@ -101,7 +102,7 @@ public final class FileSystem: Sendable {
         }
         return try withMeta { (m) throws(StoreError) -> Attributes in
             guard var inode = m.store.inode(ino) else { throw .io(errno: ENOENT, "setattr") }
-            let now = nowNanos()
+            let now = m.store.clock()
             if let mode = changes.mode { inode.mode = mode & 0o7777 }
             if let uid = changes.uid { inode.uid = uid }
             if let gid = changes.gid { inode.gid = gid }

@@ -1,13 +1,15 @@
 import Glibc
 import UbiquityStore
 
-/// The hidden, read-only views at the container root: `.versions/` (and `.conflicts/`,
-/// empty until sync lands). Their inode numbers live in a reserved range, as JuiceFS keeps
-/// its internal nodes apart, so they never collide with the store's inodes.
+/// The hidden views at the container root: `.versions/` and `.conflicts/`. Their inode
+/// numbers live in a reserved range, as JuiceFS keeps its internal nodes apart, so they
+/// never collide with the store's inodes.
 ///
 ///     .versions/                 mirrors the directories that contain histories
 ///     .versions/<path>/          for a file's path: one entry per version
 ///     .versions/<path>/<name>    the version's content, read-only
+///     .conflicts/<path>/<name>   an unresolved conflict version of the file at <path>;
+///                                rm discards it, mv onto <path> takes it (FileSystem+Sync)
 struct VirtualViews {
     static let base: UInt64 = 1 << 56
     static let versionsRoot = base
@@ -23,11 +25,14 @@ struct VirtualViews {
         case history(path: String)
         /// One version's content (`tinypix`: shown as a grid, like the file itself).
         case version(row: Int64, size: Int64, time: Nanos, tinypix: Bool)
-        case conflicts
+        /// A directory of .conflicts/ mirroring `path`.
+        case conflictDirectory(path: String)
+        /// The conflict versions of the file at `path`.
+        case conflictList(path: String)
     }
 
-    private var nodes: [UInt64: Node] = [versionsRoot: .directory(path: ""), conflictsRoot: .conflicts]
-    private var numbers: [Node: UInt64] = [.directory(path: ""): versionsRoot, .conflicts: conflictsRoot]
+    private var nodes: [UInt64: Node] = [versionsRoot: .directory(path: ""), conflictsRoot: .conflictDirectory(path: "")]
+    private var numbers: [Node: UInt64] = [.directory(path: ""): versionsRoot, .conflictDirectory(path: ""): conflictsRoot]
     private var next: UInt64 = base + 2
     /// path -> history file ids, rebuilt after any change to histories.
     private var index: [String: [String]]?
@@ -63,34 +68,61 @@ struct VirtualViews {
         var result: [DirectoryEntry] = []
         switch node {
         case .directory(let path):
-            var names: [String: Bool] = [:] // name -> is a history (file) rather than a directory
-            let prefix = path.isEmpty ? "" : path + "/"
-            for key in try histories(store).keys where key.hasPrefix(prefix) {
-                let rest = key.dropFirst(prefix.count)
-                if let slash = rest.firstIndex(of: "/") {
-                    names[String(rest[..<slash]), default: false] = names[String(rest[..<slash])] ?? false
-                } else {
-                    names[String(rest)] = true
-                }
-            }
-            for (name, isHistory) in names.sorted(by: { $0.key < $1.key }) {
-                let child = prefix + name
-                let n = number(isHistory ? .history(path: child) : .directory(path: child))
+            for (name, isLeaf) in Self.children(of: path, among: Array(try histories(store).keys)) {
+                let child = path.isEmpty ? name : path + "/" + name
+                let n = number(isLeaf ? .history(path: child) : .directory(path: child))
                 result.append(DirectoryEntry(name: name, attributes: try attributes(n, store: store)))
             }
         case .history(let path):
-            let tinypix = TinyPixView.applies(to: path)
-            for (name, version) in try versions(at: path, store: store) {
-                let size = tinypix ? TinyPixView.viewSize(storedSize: version.size) : version.size
-                let n = number(.version(row: version.row, size: size, time: version.committed, tinypix: tinypix))
+            result = try versionEntries(try versions(at: path, store: store), path: path, store: store)
+        case .conflictDirectory(let path):
+            for (name, isLeaf) in Self.children(of: path, among: store.conflictedPaths()) {
+                let child = path.isEmpty ? name : path + "/" + name
+                let n = number(isLeaf ? .conflictList(path: child) : .conflictDirectory(path: child))
                 result.append(DirectoryEntry(name: name, attributes: try attributes(n, store: store)))
             }
+        case .conflictList(let path):
+            result = try versionEntries(try conflicts(at: path, store: store), path: path, store: store)
         case .version:
             throw .notDirectory
-        case .conflicts:
-            break
         }
         return result
+    }
+
+    /// The names directly below `path` among `keys` (paths), and whether each is itself a
+    /// key (a file's entry) rather than only a directory on the way to one.
+    private static func children(of path: String, among keys: [String]) -> [(String, Bool)] {
+        var names: [String: Bool] = [:]
+        let prefix = path.isEmpty ? "" : path + "/"
+        for key in keys where key.hasPrefix(prefix) {
+            let rest = key.dropFirst(prefix.count)
+            if let slash = rest.firstIndex(of: "/") {
+                names[String(rest[..<slash]), default: false] = names[String(rest[..<slash])] ?? false
+            } else {
+                names[String(rest)] = true
+            }
+        }
+        return names.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
+    }
+
+    private mutating func versionEntries(_ list: [(String, Version)], path: String, store: Store) throws(Errno) -> [DirectoryEntry] {
+        let tinypix = TinyPixView.applies(to: path)
+        var result: [DirectoryEntry] = []
+        for (name, version) in list {
+            let size = tinypix ? TinyPixView.viewSize(storedSize: version.size) : version.size
+            let n = number(.version(row: version.row, size: size, time: version.committed, tinypix: tinypix))
+            result.append(DirectoryEntry(name: name, attributes: try attributes(n, store: store)))
+        }
+        return result
+    }
+
+    /// The conflict version `name` in the conflict list `parent`, with the file's path.
+    mutating func conflictVersion(parent: UInt64, name: String, store: Store) throws(Errno) -> (String, Version)? {
+        guard case .conflictList(let path) = nodes[parent] else { return nil }
+        guard let (_, version) = try conflicts(at: path, store: store).first(where: { $0.0.utf8.elementsEqual(name.utf8) }) else {
+            throw .notFound
+        }
+        return (path, version)
     }
 
     mutating func lookup(parent: UInt64, name: String, store: Store) throws(Errno) -> Attributes {
@@ -104,7 +136,7 @@ struct VirtualViews {
     mutating func attributes(_ ino: UInt64, store: Store) throws(Errno) -> Attributes {
         guard let node = nodes[ino], let root = store.inode(Store.rootInode) else { throw .notFound }
         switch node {
-        case .directory, .history, .conflicts:
+        case .directory, .history, .conflictDirectory, .conflictList:
             return Attributes(virtual: ino, directory: true, size: 0, time: root.mtime, uid: root.uid, gid: root.gid)
         case .version(_, let size, let time, _):
             return Attributes(virtual: ino, directory: false, size: size, time: time, uid: root.uid, gid: root.gid)
@@ -119,6 +151,13 @@ struct VirtualViews {
             return tinypix ? try TinyPixView.view(of: stored, chunks: store.chunks) : stored
         }
         return FileContent(base: list, chunks: store.chunks, stagingDirectory: store.stagingDirectory)
+    }
+
+    /// The conflict versions of the file at `path`, oldest first, with their names.
+    private func conflicts(at path: String, store: Store) throws(Errno) -> [(String, Version)] {
+        var all = try storeCall { () throws(StoreError) in try store.conflicts(at: path) }
+        all.sort { ($0.committed, $0.id) < ($1.committed, $1.id) }
+        return Array(zip(VersionName.names(all, extension: VersionName.fileExtension(path)), all))
     }
 
     /// The versions shown at `path`, oldest first, with their names.

@@ -1,11 +1,12 @@
 import CFuse
+import Dispatch
 import Glibc
 import UbiquityFS
 import UbiquityStore
 
 /// One FUSE mount of a `FileSystem`: mount, serve on libfuse's multi-threaded loop until
 /// unmounted or signalled, then commit what is pending.
-public final class FUSESession {
+public final class FUSESession: @unchecked Sendable {
     public struct Options: Sendable {
         /// Extra `-o` options (allow_other, ro, ...), comma-separated.
         public var mountOptions: [String] = []
@@ -22,6 +23,11 @@ public final class FUSESession {
     private var session: OpaquePointer?
     private let context: Unmanaged<MountContext>
     private var ops: fuse_lowlevel_ops
+    /// Kernel cache invalidations run here, never on the thread that changed the tree: the
+    /// kernel may need a lock held by the very request that caused the change (a
+    /// `setfattr user.ubiquity.control` on the root holds the root's inode lock).
+    private let notifications = DispatchQueue(label: "ubiquity.invalidate")
+    private let serving = Locked(false)
 
     public init(fs: FileSystem, mountpoint: String, options: Options) {
         self.fs = fs
@@ -79,7 +85,10 @@ public final class FUSESession {
         let cfg = fuse_loop_cfg_create()
         fuse_loop_cfg_set_max_threads(cfg, options.maxThreads)
         fuse_loop_cfg_set_clone_fd(cfg, 0)
+        serving.withLock { $0 = true }
         let status = fuse_session_loop_mt(session, cfg)
+        serving.withLock { $0 = false }
+        notifications.sync {}
         fuse_loop_cfg_destroy(cfg)
         autosave.stop()
         groupCommit.stop()
@@ -87,6 +96,18 @@ public final class FUSESession {
         if options.handleSignals { fuse_remove_signal_handlers(session) }
         fs.drain()
         return status
+    }
+
+    /// Tells the kernel to drop what it cached of nodes sync changed (attributes, pages,
+    /// names), so readers, even ones holding the file open, see the new version.
+    public func invalidate(_ changes: TreeChanges) {
+        notifications.async { [self] in
+            guard let session, serving.withLock({ $0 }) else { return }
+            for ino in changes.inodes { _ = fuse_lowlevel_notify_inval_inode(session, fuse_ino_t(ino), 0, 0) }
+            for entry in changes.entries {
+                _ = entry.name.withCString { fuse_lowlevel_notify_inval_entry(session, fuse_ino_t(entry.parent), $0, strlen($0)) }
+            }
+        }
     }
 
     /// Unmounts from another thread (in-process use): the loop then returns.

@@ -1,7 +1,7 @@
 /// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
 /// by a newer program is refused rather than misread.
 enum Schema {
-    static let formatVersion = 1
+    static let formatVersion = 2
 
     static let statements = [
         """
@@ -29,10 +29,13 @@ enum Schema {
             parents TEXT NOT NULL, device_id TEXT NOT NULL, device_name TEXT NOT NULL,
             committed INTEGER NOT NULL, mtime INTEGER NOT NULL, mode INTEGER NOT NULL,
             size INTEGER NOT NULL, tombstone INTEGER NOT NULL, local INTEGER NOT NULL,
-            path TEXT NOT NULL, chunks BLOB NOT NULL, durable INTEGER NOT NULL DEFAULT 0)
+            path TEXT NOT NULL, chunks BLOB NOT NULL, durable INTEGER NOT NULL DEFAULT 0,
+            kind INTEGER NOT NULL DEFAULT 1, target TEXT, xattrs BLOB, meta INTEGER NOT NULL DEFAULT 0,
+            uploaded INTEGER NOT NULL DEFAULT 0)
         """,
         "CREATE INDEX IF NOT EXISTS versions_file ON versions(file_id, committed)",
         "CREATE INDEX IF NOT EXISTS versions_pending ON versions(durable) WHERE durable = 0",
+        "CREATE INDEX IF NOT EXISTS versions_upload ON versions(uploaded) WHERE uploaded = 0",
         // Where each history is shown under .versions/: the file's current path, or the
         // last path it had before it was deleted.
         """
@@ -45,5 +48,31 @@ enum Schema {
             inode INTEGER NOT NULL, name TEXT NOT NULL, value BLOB NOT NULL,
             PRIMARY KEY(inode, name)) WITHOUT ROWID
         """,
+        // Sync: how far this device has read each other device's journal (bytes).
+        """
+        CREATE TABLE IF NOT EXISTS sync_peers(device TEXT PRIMARY KEY, offset INTEGER NOT NULL)
+        """,
     ]
+
+    /// Columns added by format 2 (sync): added to a format-1 store when it is opened.
+    /// `kind`/`target`: records of directories and symlinks share the versions table (their
+    /// file_id is `dir:<path>` / `link:<path>`); `meta` = 1: a record that changed only
+    /// path, mode, mtime or xattrs; `uploaded` = 1: in the backing directory.
+    static let addedColumns = [
+        ("kind", "INTEGER NOT NULL DEFAULT 1"), ("target", "TEXT"), ("xattrs", "BLOB"),
+        ("meta", "INTEGER NOT NULL DEFAULT 0"), ("uploaded", "INTEGER NOT NULL DEFAULT 0"),
+    ]
+}
+
+extension Schema {
+    static func migrate(_ db: SQLiteDatabase) throws(StoreError) {
+        // versions must exist in its old shape before the index on a new column is made.
+        if try db.rows("SELECT count(*) FROM sqlite_master WHERE name = 'versions'", [], { $0.int(0) }).first == 1 {
+            let columns = Set(try db.rows("PRAGMA table_info(versions)", []) { $0.text(1) })
+            for (name, type) in addedColumns where !columns.contains(name) {
+                try db.execute("ALTER TABLE versions ADD COLUMN \(name) \(type)")
+            }
+        }
+        for statement in statements { try db.execute(statement) }
+    }
 }

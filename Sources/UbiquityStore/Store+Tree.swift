@@ -3,7 +3,7 @@
 extension Store {
     func loadTree() throws(StoreError) {
         if try db.rows("SELECT count(*) FROM inodes WHERE id = 1", [], { $0.int(0) }).first == 0 && !readOnly {
-            let now = nowNanos()
+            let now = clock()
             let root = Inode(id: Store.rootInode, kind: .directory, mode: 0o755, uid: getuid(), gid: getgid(), time: now)
             try persist(root, insert: true)
         }
@@ -86,7 +86,7 @@ extension Store {
                        rdev: UInt64 = 0, target: String? = nil) throws(StoreError) -> Inode {
         let id = nextInode
         var inode = Inode(id: id, kind: kind, mode: mode, uid: uid, gid: gid,
-                          size: Int64(target?.utf8.count ?? 0), time: nowNanos(), rdev: rdev, target: target,
+                          size: Int64(target?.utf8.count ?? 0), time: clock(), rdev: rdev, target: target,
                           fileID: kind == .file ? randomHex(bytes: 16) : nil)
         try db.transaction { () throws(StoreError) in
             try persist(inode, insert: true)
@@ -109,7 +109,7 @@ extension Store {
         try db.transaction { () throws(StoreError) in
             try insertEntry(parent: parent, name: name, id: id)
             try touchDirectory(parent)
-            inodes[id]!.ctime = nowNanos()
+            inodes[id]!.ctime = clock()
             try persist(inodes[id]!)
         }
         children[parent, default: [:]][NameKey(name)] = id
@@ -122,10 +122,11 @@ extension Store {
     @discardableResult
     public func removeEntry(parent: InodeNumber, name: String) throws(StoreError) -> Inode? {
         guard let id = children[parent]?[NameKey(name)] else { return nil }
+        noteVacated(id)
         try db.transaction { () throws(StoreError) in
             try db.query("DELETE FROM entries WHERE parent = ? AND name = ?", [.int(Int64(parent)), .text(name)])
             try touchDirectory(parent)
-            inodes[id]!.ctime = nowNanos()
+            inodes[id]!.ctime = clock()
             try persist(inodes[id]!)
         }
         children[parent]![NameKey(name)] = nil
@@ -139,12 +140,13 @@ extension Store {
     /// Moves an entry. The caller has removed or exchanged any target first.
     public func moveEntry(from parent: InodeNumber, _ name: String, to newParent: InodeNumber, _ newName: String) throws(StoreError) {
         guard let id = children[parent]?[NameKey(name)] else { return }
+        noteVacated(id)
         try db.transaction { () throws(StoreError) in
             try db.query("UPDATE entries SET parent = ?, name = ? WHERE parent = ? AND name = ?",
                          [.int(Int64(newParent)), .text(newName), .int(Int64(parent)), .text(name)])
             try touchDirectory(parent)
             if newParent != parent { try touchDirectory(newParent) }
-            inodes[id]!.ctime = nowNanos()
+            inodes[id]!.ctime = clock()
             try persist(inodes[id]!)
         }
         children[parent]![NameKey(name)] = nil
@@ -163,6 +165,8 @@ extension Store {
     /// Swaps what two entries name (RENAME_EXCHANGE).
     public func exchangeEntries(_ parentA: InodeNumber, _ nameA: String, _ parentB: InodeNumber, _ nameB: String) throws(StoreError) {
         guard let a = children[parentA]?[NameKey(nameA)], let b = children[parentB]?[NameKey(nameB)] else { return }
+        noteVacated(a)
+        noteVacated(b)
         try db.transaction { () throws(StoreError) in
             try db.query("UPDATE entries SET inode = ? WHERE parent = ? AND name = ?", [.int(Int64(b)), .int(Int64(parentA)), .text(nameA)])
             try db.query("UPDATE entries SET inode = ? WHERE parent = ? AND name = ?", [.int(Int64(a)), .int(Int64(parentB)), .text(nameB)])
@@ -202,18 +206,24 @@ extension Store {
         subdirectories[id] = nil
     }
 
+    private func noteVacated(_ id: InodeNumber) {
+        if let path = path(of: id) { vacated.insert(NameKey(path)) }
+    }
+
     private func insertEntry(parent: InodeNumber, name: String, id: InodeNumber) throws(StoreError) {
+        changeCount &+= 1
         try db.query("INSERT INTO entries(parent, name, inode) VALUES(?, ?, ?)", [.int(Int64(parent)), .text(name), .int(Int64(id))])
     }
 
     private func touchDirectory(_ id: InodeNumber) throws(StoreError) {
-        let now = nowNanos()
+        let now = clock()
         inodes[id]?.mtime = now
         inodes[id]?.ctime = now
         if let dir = inodes[id] { try persist(dir) }
     }
 
     func persist(_ inode: Inode, insert: Bool = false) throws(StoreError) {
+        changeCount &+= 1
         let values: [SQLValue] = [
             .int(Int64(inode.id)), .int(inode.kind.rawValue), .int(Int64(inode.mode)), .int(Int64(inode.uid)),
             .int(Int64(inode.gid)), .int(inode.size), .int(inode.atime), .int(inode.mtime), .int(inode.ctime),

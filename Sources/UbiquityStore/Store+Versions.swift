@@ -19,18 +19,18 @@ extension Store {
     public func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool) throws(StoreError) -> Version {
         guard var inode = inodes[id], let fileID = inode.fileID else { throw .noSuchVersion("inode \(id) is not a file") }
         let previous = try headVersion(inode.head ?? continuedParents[id])
-        let now = nowNanos()
-        let newVersion = Version(row: 0, id: randomHex(bytes: 16), fileID: fileID,
-                              parents: previous.flatMap { $0.isLocal ? nil : [$0.id] } ?? [],
-                              deviceID: deviceID, deviceName: deviceName, committed: now, mtime: inode.mtime,
-                              mode: inode.mode, size: content.totalSize, isTombstone: false, isLocal: local, path: path)
+        let record = SyncRecord(id: randomHex(bytes: 16), node: fileID, kind: .file,
+                                parents: previous.flatMap { $0.isLocal ? nil : [$0.id] } ?? [],
+                                deviceID: deviceID, deviceName: deviceName, committed: clock(), mtime: inode.mtime,
+                                mode: inode.mode, isTombstone: false, isMeta: false, path: path, chunks: content,
+                                xattrs: local ? [] : try currentXattrs(id))
         let row = try db.transaction { () throws(StoreError) -> Int64 in
             // A local file keeps only its latest version; never drop one that another inode
             // still shows (t-differential.py seed 105 left a hard link pointing at nothing).
             if let previous, previous.isLocal, !inodes.values.contains(where: { $0.id != id && $0.head == previous.row }) {
                 try db.query("DELETE FROM versions WHERE row = ?", [.int(previous.row)])
             }
-            let row = try insert(newVersion, chunks: content.encoded)
+            let row = try insert(record, local: local, uploaded: false)
             inode.head = row
             inode.size = content.totalSize
             try persist(inode)
@@ -39,19 +39,24 @@ extension Store {
         }
         update(memoryOnly: inode)
         continuedParents[id] = nil
-        return newVersion.withRow(row)
+        return try version(row: row)!
     }
 
     /// Records that a file's last name is gone: a tombstone version (kept in its history).
+    /// It descends from every live head of the file, so deleting a file in conflict
+    /// deletes it, rather than bringing a conflict version back as the file.
     public func commitTombstone(fileID: String, head: Int64?, path: String) throws(StoreError) {
         let previous = try headVersion(head)
-        guard let previous, !previous.isLocal else { return }
-        let tombstone = Version(row: 0, id: randomHex(bytes: 16), fileID: fileID, parents: [previous.id],
-                                deviceID: deviceID, deviceName: deviceName, committed: nowNanos(), mtime: nowNanos(),
-                                mode: previous.mode, size: 0, isTombstone: true, isLocal: false, path: path)
+        var parents = replica.liveHeads(fileID).map(\.id)
+        if let previous, !previous.isLocal, !parents.contains(previous.id) { parents.append(previous.id) }
+        guard !parents.isEmpty else { return }
+        let now = clock()
+        let tombstone = SyncRecord(id: randomHex(bytes: 16), node: fileID, kind: .file, parents: parents.sorted(),
+                                   deviceID: deviceID, deviceName: deviceName, committed: now, mtime: now,
+                                   mode: previous?.mode ?? 0o644, isTombstone: true, isMeta: false, path: path)
         try db.transaction { () throws(StoreError) in
-            _ = try insert(tombstone, chunks: [])
-            try setHistory(fileID, path: path, live: false)
+            _ = try insert(tombstone, local: false, uploaded: false)
+            try db.query("UPDATE histories SET path = ?, live = 0 WHERE file_id = ?", [.text(path), .text(fileID)])
         }
     }
 
@@ -94,7 +99,7 @@ extension Store {
 
     /// A file's versions, oldest first (tombstones and local versions excluded).
     public func versions(of fileID: String) throws(StoreError) -> [Version] {
-        try db.rows("SELECT \(Store.versionColumns) FROM versions WHERE file_id = ? AND tombstone = 0 AND local = 0 ORDER BY committed, id",
+        try db.rows("SELECT \(Store.versionColumns) FROM versions WHERE file_id = ? AND tombstone = 0 AND local = 0 AND meta = 0 ORDER BY committed, id",
                     [.text(fileID)], Store.version(from:))
     }
 
@@ -126,30 +131,49 @@ extension Store {
     }
 
     public var versionCount: Int {
-        (try? db.rows("SELECT count(*) FROM versions WHERE tombstone = 0 AND local = 0", []) { Int($0.int(0)) }.first) ?? 0
+        (try? db.rows("SELECT count(*) FROM versions WHERE tombstone = 0 AND local = 0 AND meta = 0 AND kind = 1", []) { Int($0.int(0)) }.first) ?? 0
     }
 
-    private func insert(_ v: Version, chunks: [UInt8]) throws(StoreError) -> Int64 {
+    /// Appends a version row (every record goes through here) and adds it to the synced
+    /// view; the paths it may change are queued for `reconcile`.
+    func insert(_ r: SyncRecord, local: Bool, uploaded: Bool) throws(StoreError) -> Int64 {
         try db.query("""
-            INSERT INTO versions(id, file_id, parents, device_id, device_name, committed, mtime, mode, size, tombstone, local, path, chunks)
-            VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)
-            """, [.text(v.id), .text(v.fileID), .text(v.parents.joined(separator: ",")), .text(v.deviceID),
-                  .text(v.deviceName), .int(v.committed), .int(v.mtime), .int(Int64(v.mode)), .int(v.size),
-                  .int(v.isTombstone ? 1 : 0), .int(v.isLocal ? 1 : 0), .text(v.path), .blob(chunks)])
-        return db.lastInsertRowID
+            INSERT INTO versions(id, file_id, parents, device_id, device_name, committed, mtime, mode, size, tombstone,
+                                 local, path, chunks, kind, target, xattrs, meta, uploaded)
+            VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+            """, [.text(r.id), .text(r.node), .text(r.parents.joined(separator: ",")), .text(r.deviceID),
+                  .text(r.deviceName), .int(r.committed), .int(r.mtime), .int(Int64(r.mode)), .int(r.size),
+                  .int(r.isTombstone ? 1 : 0), .int(local ? 1 : 0), .text(r.path), .blob(r.chunks.encoded),
+                  .int(r.kind.rawValue), r.target.map { .text($0) } ?? .null, .blob(XattrCodec.encode(r.xattrs)),
+                  .int(r.isMeta ? 1 : 0), .int(uploaded ? 1 : 0)])
+        let row = db.lastInsertRowID
+        changeCount &+= 1
+        if !local {
+            let info = Replica.Record(row: row, id: r.id, node: r.node, parents: r.parents, kind: r.kind,
+                                      isTombstone: r.isTombstone, mtime: r.mtime, device: r.deviceID, path: r.path)
+            if r.kind == .directory { replica.modes[r.id] = r.mode }
+            if let target = r.target { replica.targets[r.id] = target }
+            for path in replica.add(info) { unreconciled.insert(NameKey(path)) }
+            // Another device's file is listed under .versions/ from the start, even when it
+            // never shows here as a file (a conflict that lost its path, say).
+            if uploaded && r.kind == .file && !r.isTombstone && replica.current[r.node]?.id == r.id {
+                try db.query("INSERT INTO histories(file_id, path, live) VALUES(?, ?, 1) ON CONFLICT(file_id) DO UPDATE SET path = excluded.path",
+                             [.text(r.node), .text(r.path)])
+            }
+        }
+        return row
     }
 
-    private func update(memoryOnly inode: Inode) {
+    /// The inode's user xattrs as a record carries them.
+    func currentXattrs(_ id: InodeNumber) throws(StoreError) -> [XattrEntry] {
+        try db.rows("SELECT name, value FROM xattrs WHERE inode = ? ORDER BY name", [.int(Int64(id))]) {
+            XattrEntry(name: String($0.text(0).dropFirst(5)), value: $0.blob(1))
+        }
+    }
+
+    func update(memoryOnly inode: Inode) {
         let nlink = inodes[inode.id]?.nlink ?? 0
         inodes[inode.id] = inode
         inodes[inode.id]!.nlink = nlink
-    }
-}
-
-extension Version {
-    func withRow(_ row: Int64) -> Version {
-        Version(row: row, id: id, fileID: fileID, parents: parents, deviceID: deviceID, deviceName: deviceName,
-                committed: committed, mtime: mtime, mode: mode, size: size, isTombstone: isTombstone,
-                isLocal: isLocal, path: path)
     }
 }

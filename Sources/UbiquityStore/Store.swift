@@ -29,6 +29,19 @@ public final class Store: @unchecked Sendable {
     /// Number of subdirectories of each directory (its link count is 2 + this).
     var subdirectories: [InodeNumber: Int] = [:]
     var nextInode: InodeNumber = 2
+    /// The synced view computed from all records (see Replica), and the paths where the
+    /// local tree may not show it yet (`reconcile` works through them).
+    var replica = Replica()
+    var unreconciled: Set<NameKey> = []
+    /// Paths the user removed or moved away since the last scan: a directory or symlink
+    /// record missing there was deleted, not just not shown yet.
+    var vacated: Set<NameKey> = []
+    /// Bumped by every change of the tree, versions or xattrs: the sync scan runs only
+    /// when something changed since it last ran.
+    var changeCount: UInt64 = 0
+    var scannedAt: UInt64 = .max
+    /// Timestamps of everything the store records; tests inject a clock.
+    public var clock: @Sendable () -> Nanos = nowNanos
 
     public static let rootInode: InodeNumber = 1
 
@@ -61,7 +74,7 @@ public final class Store: @unchecked Sendable {
         let db = try SQLiteDatabase(path: directory + "/meta.sqlite")
         try db.execute("PRAGMA journal_mode=WAL")
         try db.execute("PRAGMA synchronous=NORMAL")
-        if !readOnly { for statement in Schema.statements { try db.execute(statement) } }
+        if !readOnly { try Schema.migrate(db) }
         let get = { (key: String) throws(StoreError) -> String? in
             try db.rows("SELECT value FROM settings WHERE key = ?", [.text(key)]) { $0.text(0) }.first
         }
@@ -89,6 +102,7 @@ public final class Store: @unchecked Sendable {
         }
         self.db = db
         try loadTree()
+        try loadReplica()
         if lock {
             clearStaging()
             // The lock file names the process holding it (for `ubiquity unmount`).

@@ -3,6 +3,7 @@ import Glibc
 import UbiquityFS
 import UbiquityFUSE
 import UbiquityStore
+import UbiquitySync
 
 struct MountCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -31,6 +32,9 @@ struct MountCommand: ParsableCommand {
     @Option(help: "This device's name, shown in version names. Default: the stored name, else the hostname.")
     var device: String?
 
+    @Option(help: "Seconds between looks at the backing directory for other devices' changes (and uploads of this one's).")
+    var poll = 1.0
+
     @Flag(help: "Stay in the foreground (for systemd and debugging); log to stderr.")
     var foreground = false
 
@@ -42,6 +46,7 @@ struct MountCommand: ParsableCommand {
 
     func validate() throws {
         if let device, device.isEmpty || device.contains("/") { throw ValidationError("--device must be a non-empty name without '/'") }
+        if !(poll >= 0.05 && poll <= 3600) { throw ValidationError("--poll must be between 0.05 and 3600 seconds") }
     }
 
     func run() throws {
@@ -79,10 +84,17 @@ struct MountCommand: ParsableCommand {
             }
             sessionOptions.mountOptions.removeAll { $0 == "noauto_unmount" }
             let session = FUSESession(fs: fs, mountpoint: mp, options: sessionOptions)
+            var syncOptions = SyncEngine.Options()
+            syncOptions.pollSeconds = poll
+            let sync = SyncEngine(access: fs, store: store, backingDirectory: backingDir, options: syncOptions)
+            fs.attach(sync: sync)
+            fs.onTreeChange { session.invalidate($0) }
             try session.mount()
-            log("ubiquity: mounted \(mp) (store \(storeDir), device \(store.deviceName))")
+            log("ubiquity: mounted \(mp) (store \(storeDir), backing \(backingDir), device \(store.deviceName) \(store.deviceID))")
             ready.succeeded()
+            sync.start()
             let status = session.run()
+            sync.stop()
             log("ubiquity: unmounted \(mp) (loop status \(status)); pending saves committed")
         } catch {
             ready.failed("\(error)")

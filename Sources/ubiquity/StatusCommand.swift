@@ -6,8 +6,16 @@ import UbiquityStore
 struct StatusCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "status",
-        abstract: "Show mounted containers, or the status of one file.",
-        discussion: "With a PATH inside a mount: its user.ubiquity.* attributes (version, versions, conflicts, ...).")
+        abstract: "Show mounted containers and their sync state, or the status of one file.",
+        discussion: """
+        Without PATH: each mounted container, its store and daemon, and the daemon's \
+        sync state (syncing, paused or offline; pending uploads; last sync; conflicts; \
+        last error). With a PATH inside a mount: its user.ubiquity.* attributes \
+        (version, versions, conflicts, uploaded, ...).
+
+          ubiquity status
+          ubiquity status ~/Cloud/notes.txt
+        """)
 
     @Argument(help: "A file inside a mount (optional).")
     var path: String?
@@ -18,8 +26,16 @@ struct StatusCommand: ParsableCommand {
             guard Paths.mount(containing: abs) != nil else { throw CLIError("\(abs) is not inside a ubiquity mount") }
             let names = try listXattrs(abs).filter { $0.hasPrefix("user.ubiquity.") }
             print(abs)
-            for name in names {
-                print("  \(name.dropFirst("user.ubiquity.".count)): \((try? getXattr(abs, name)) ?? "?")")
+            for name in names where name != "user.ubiquity.control" {
+                let key = name.dropFirst("user.ubiquity.".count)
+                let value = (try? getXattr(abs, name)) ?? "?"
+                if value.contains("\n") {
+                    // Multi-line values (the sync status on a mount point): one line each.
+                    print("  \(key):")
+                    for line in value.split(separator: "\n") { print("    \(line)") }
+                } else {
+                    print("  \(key): \(value)")
+                }
             }
             return
         }
@@ -33,29 +49,32 @@ struct StatusCommand: ParsableCommand {
                 print("  versions: \(store.versionCount)")
             }
             if let pid = daemonPID(store: m.source) { print("  daemon pid: \(pid)") }
+            printSyncStatus(mountpoint: m.mountpoint)
         }
     }
 }
 
-func listXattrs(_ path: String) throws -> [String] {
-    let size = listxattr(path, nil, 0)
-    guard size >= 0 else { throw CLIError("listxattr \(path): \(String(cString: strerror(errno)))") }
-    var buffer = [CChar](repeating: 0, count: size + 1)
-    let n = listxattr(path, &buffer, size)
-    guard n >= 0 else { throw CLIError("listxattr \(path): \(String(cString: strerror(errno)))") }
-    return buffer[0..<n].split(separator: 0).map { String(decoding: $0.map { UInt8(bitPattern: $0) }, as: UTF8.self) }
+/// The daemon's sync status (`user.ubiquity.sync` on the mount point), one `key: value`
+/// line each under "sync:", in the daemon's order; keys this CLI does not know print as
+/// they are. An empty `error` is left out. "sync: unknown" when the daemon does not report
+/// it (one from before sync answers ENODATA), with the reason for any other failure.
+func printSyncStatus(mountpoint: String) {
+    let status: SyncStatus
+    do {
+        status = try SyncStatus.read(mountpoint: mountpoint)
+    } catch let error as SystemCallError where error.code == ENODATA {
+        print("  sync: unknown")
+        return
+    } catch {
+        print("  sync: unknown (\((error as? SystemCallError)?.reason ?? "\(error)"))")
+        return
+    }
+    print("  sync:")
+    for line in status.lines where line != "error=" {
+        if let eq = line.firstIndex(of: "=") {
+            print("    \(line[..<eq]): \(line[line.index(after: eq)...])")
+        } else {
+            print("    \(line)")
+        }
+    }
 }
-
-func getXattr(_ path: String, _ name: String) throws -> String {
-    let size = getxattr(path, name, nil, 0)
-    guard size >= 0 else { throw CLIError("getxattr \(name): \(String(cString: strerror(errno)))") }
-    var buffer = [UInt8](repeating: 0, count: size)
-    let n = getxattr(path, name, &buffer, size)
-    guard n >= 0 else { throw CLIError("getxattr \(name): \(String(cString: strerror(errno)))") }
-    return String(decoding: buffer[0..<n], as: UTF8.self)
-}
-
-// <sys/xattr.h> is not part of the Glibc module; the CFuse shim has it, but only the FUSE
-// layer may import CFuse.
-@_silgen_name("listxattr") private func listxattr(_ path: UnsafePointer<CChar>, _ list: UnsafeMutablePointer<CChar>?, _ size: Int) -> Int
-@_silgen_name("getxattr") private func getxattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ value: UnsafeMutableRawPointer?, _ size: Int) -> Int

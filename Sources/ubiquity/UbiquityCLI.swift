@@ -13,7 +13,14 @@ struct Ubiquity: ParsableCommand {
           echo hello > ~/Cloud/notes.txt
           ls ~/Cloud/.versions/notes.txt/
           ubiquity unmount ~/Cloud
+
+        Devices that share a backing directory sync on their own; `ubiquity sync` waits \
+        for a full cycle, `ubiquity pause`/`resume` switch it off and on, and files edited \
+        on two devices at once show up in `ubiquity conflicts` until `ubiquity resolve` \
+        settles them.
         """,
-        subcommands: [MountCommand.self, UnmountCommand.self, StatusCommand.self, VersionsCommand.self,
-                      RestoreCommand.self, FsckCommand.self, TinyPixCommand.self])
+        subcommands: [MountCommand.self, UnmountCommand.self, StatusCommand.self,
+                      SyncCommand.self, PauseCommand.self, ResumeCommand.self,
+                      ConflictsCommand.self, ResolveCommand.self,
+                      VersionsCommand.self, RestoreCommand.self, FsckCommand.self, TinyPixCommand.self])
 }

@@ -262,58 +262,80 @@ _ubq_state() {
   fi
 }
 
-# mount_fresh NAME: new ROOT=/tmp/ubiquity-test-$$-NAME/ with mnt store backing data,
-# mounted. Sets ROOT MNT STORE BACKING DATA and DAEMON_PID.
+# mount_fresh NAME [MOUNT-ARG...]: new ROOT=/tmp/ubiquity-test-$$-NAME/ with mnt store
+# backing data, mounted as device $DEVICE (set DEVICE=... before it to name it). Sets
+# ROOT MNT STORE BACKING DATA and DAEMON_PID. Extra arguments go to `ubiquity mount`
+# (e.g. --poll 0.2) and are kept in MOUNT_ARGS for remount and _ubq_mount.
+MOUNT_ARGS=()
 mount_fresh() {
   local name=$1
+  shift
   require_fuse
   ROOT="${TEST_PREFIX}${name}"
   [[ ! -e $ROOT ]] || fail "$ROOT already exists"
   mkdir -p "$ROOT"/{mnt,store,backing,data}
   _ubq_state "root $ROOT"
   MNT="$ROOT/mnt" STORE="$ROOT/store" BACKING="$ROOT/backing" DATA="$ROOT/data"
+  MOUNT_ARGS=("$@")
   _ubq_mount
 }
 
-# _ubq_mount: mount MNT with STORE/BACKING/DATA and record the daemon.
+# _ubq_mount: mount MNT with STORE/BACKING/DATA/DEVICE (+ MOUNT_ARGS) and record the
+# daemon; sets DAEMON_PID.
 _ubq_mount() {
-  local out pid
-  ! is_mounted "$MNT" || fail "$MNT is already mounted"
-  if ! out=$(XDG_DATA_HOME="$DATA" timeout 60 "$UBIQUITY" mount "$MNT" --store "$STORE" \
-    --backing "$BACKING" --device "$DEVICE" 2>&1); then
-    _ubq_record_from_status
-    fail "ubiquity mount $MNT failed: $out"
+  _ubq_mount_at "$MNT" "$STORE" "$BACKING" "$DATA" "$DEVICE" ${MOUNT_ARGS[@]+"${MOUNT_ARGS[@]}"}
+  DAEMON_PID=$_UBQ_PID
+}
+
+# _ubq_mount_at MNT STORE BACKING DATA DEVICE [MOUNT-ARG...]: `ubiquity mount` and record
+# the mount and its daemon for cleanup (the one place that does); sets _UBQ_PID. The
+# mount point stays right after "mount" on the command line: cleanup and run.sh find a
+# daemon by " mount MNT" in its command line.
+_UBQ_PID=
+_ubq_mount_at() {
+  local mnt=$1 store=$2 backing=$3 data=$4 device=$5 out pid
+  shift 5
+  ! is_mounted "$mnt" || fail "$mnt is already mounted"
+  if ! out=$(XDG_DATA_HOME="$data" timeout 60 "$UBIQUITY" mount "$mnt" --store "$store" \
+    --backing "$backing" --device "$device" "$@" 2>&1); then
+    _ubq_record_from_status "$mnt"
+    fail "ubiquity mount $mnt failed: $out"
   fi
   # "Mounted MNT (daemon pid N, log ...)": the PID is what cleanup kills if needed.
   pid=$(sed -n 's/.*daemon pid \([0-9][0-9]*\).*/\1/p' <<<"$out" | head -n1)
-  _UBQ_MOUNTS+=("$MNT")
+  _UBQ_MOUNTS+=("$mnt")
   _UBQ_DAEMONS+=("${pid:-0}")
-  _ubq_state "mount $MNT ${pid:-0}"
+  _ubq_state "mount $mnt ${pid:-0}"
   [[ -n $pid ]] || fail "no daemon pid in the output of ubiquity mount: [$out]"
-  DAEMON_PID=$pid
-  is_mounted "$MNT" || fail "ubiquity mount returned 0 but $MNT is not mounted: [$out]"
+  _UBQ_PID=$pid
+  is_mounted "$mnt" || fail "ubiquity mount returned 0 but $mnt is not mounted: [$out]"
 }
 
-# If mount failed half-way, still remember the mount point so cleanup checks it.
+# If mount failed half-way, still remember the mount point (default MNT) so cleanup
+# checks it.
 _ubq_record_from_status() {
-  _UBQ_MOUNTS+=("$MNT")
+  local mnt=${1:-$MNT}
+  _UBQ_MOUNTS+=("$mnt")
   _UBQ_DAEMONS+=(0)
-  _ubq_state "mount $MNT 0"
+  _ubq_state "mount $mnt 0"
 }
 
 # unmount_it: `ubiquity unmount MNT`, which must commit, unmount and wait for the
 # daemon to exit. Any of those not happening fails the scenario.
-unmount_it() {
-  local out
+unmount_it() { _ubq_unmount_at "$MNT" "${DAEMON_PID:-}"; }
+
+# _ubq_unmount_at MNT [PID]: unmount_it for any mount point (PID: its daemon).
+_ubq_unmount_at() {
+  local mnt=$1 pid=${2:-} out
   cd /
-  if ! out=$(timeout 90 "$UBIQUITY" unmount "$MNT" --timeout 60 2>&1); then
-    fail "ubiquity unmount $MNT failed: $out"
+  if ! out=$(timeout 90 "$UBIQUITY" unmount "$mnt" --timeout 60 2>&1); then
+    fail "ubiquity unmount $mnt failed: $out"
   fi
-  if is_mounted "$MNT"; then
-    fail "ubiquity unmount returned 0 but $MNT is still mounted: $out"
+  if is_mounted "$mnt"; then
+    fail "ubiquity unmount returned 0 but $mnt is still mounted: $out"
   fi
-  if [[ -n ${DAEMON_PID:-} ]] && _ubq_is_our_daemon "$DAEMON_PID" "$MNT"; then
-    fail "ubiquity unmount returned but daemon $DAEMON_PID is still running"
+  if [[ -n $pid ]] && _ubq_is_our_daemon "$pid" "$mnt"; then
+    fail "ubiquity unmount returned but daemon $pid is still running"
   fi
 }
 
@@ -339,6 +361,342 @@ _ubq_daemons_of() {
     _ubq_is_our_daemon "${p#/proc/}" "$1" && echo "${p#/proc/}"
   done
   return 0
+}
+
+# ---------------------------------------------------------------------------------
+# Several devices sharing one backing directory (sync scenarios).
+#
+#   DEVICE=alpha
+#   mount_fresh sync --poll 0.2     # device alpha: MNT STORE BACKING DATA DAEMON_PID
+#   mount_device beta --poll 0.2    # device beta: MNT_beta STORE_beta DATA_beta PID_beta
+#   echo hi >"$MNT/f"; wait_content "$MNT_beta/f" hi "f on beta"
+#
+# Each extra device lives in $ROOT/dev-NAME/{mnt,store,data}, shares $BACKING, is named
+# NAME (--device NAME) and is registered for cleanup exactly like mount_fresh's mount.
+
+_UBQ_DEV_NAMES=()
+declare -gA _UBQ_DEV_ARGS=()
+
+# mount_device NAME [MOUNT-ARG...]: mount device NAME on the scenario's BACKING. Sets
+# MNT_NAME STORE_NAME DATA_NAME PID_NAME. Called again for a device that is unmounted,
+# it mounts the same store again (with the same arguments unless new ones are given).
+mount_device() {
+  local name=$1 dir
+  shift
+  [[ $name =~ ^[A-Za-z0-9_]+$ ]] ||
+    fail "mount_device: device name [$name] may only have letters, digits and _ (it names variables)"
+  [[ -n ${ROOT:-} && -n ${BACKING:-} ]] ||
+    fail "mount_device $name: mount_fresh first (it makes ROOT and the shared BACKING)"
+  [[ $name != "$DEVICE" ]] || fail "mount_device $name: that is already the main device's name (DEVICE)"
+  dir="$ROOT/dev-$name"
+  if [[ -z ${_UBQ_DEV_ARGS[$name]+set} ]]; then
+    [[ ! -e $dir ]] || fail "mount_device $name: $dir already exists"
+    mkdir -p "$dir"/{mnt,store,data}
+    _UBQ_DEV_NAMES+=("$name")
+    printf -v "MNT_$name" '%s' "$dir/mnt"
+    printf -v "STORE_$name" '%s' "$dir/store"
+    printf -v "DATA_$name" '%s' "$dir/data"
+    _UBQ_DEV_ARGS[$name]=""
+  fi
+  if (($# > 0)); then _UBQ_DEV_ARGS[$name]=${*@Q}; fi
+  local -a args=()
+  eval "args=(${_UBQ_DEV_ARGS[$name]})"
+  _ubq_mount_at "$dir/mnt" "$dir/store" "$BACKING" "$dir/data" "$name" ${args[@]+"${args[@]}"}
+  printf -v "PID_$name" '%s' "$_UBQ_PID"
+}
+
+# _ubq_dev_known NAME: fail unless NAME is the main device or one mount_device made.
+_ubq_dev_known() {
+  [[ $1 == "$DEVICE" || -n ${_UBQ_DEV_ARGS[$1]+set} ]] || fail "no device named [$1] in this scenario"
+}
+
+# mnt_of NAME / pid_of NAME: mount point / daemon PID of a device (also the main one).
+mnt_of() {
+  _ubq_dev_known "$1"
+  if [[ $1 == "$DEVICE" ]]; then echo "$MNT"; else local v="MNT_$1"; echo "${!v}"; fi
+}
+pid_of() {
+  _ubq_dev_known "$1"
+  if [[ $1 == "$DEVICE" ]]; then echo "${DAEMON_PID:-}"; else local v="PID_$1"; echo "${!v:-}"; fi
+}
+
+# unmount_device NAME: unmount_it for device NAME. remount_device NAME: unmount, mount.
+unmount_device() {
+  _ubq_dev_known "$1"
+  [[ $1 != "$DEVICE" ]] || fail "unmount_device: use unmount_it for the main device"
+  _ubq_unmount_at "$(mnt_of "$1")" "$(pid_of "$1")"
+}
+remount_device() {
+  unmount_device "$1"
+  mount_device "$1"
+}
+
+# assert_daemon_alive NAME: the daemon of device NAME is still running (and still is
+# the daemon of its mount point, not a reused PID) and its mount is live.
+assert_daemon_alive() {
+  local pid mnt
+  pid=$(pid_of "$1")
+  mnt=$(mnt_of "$1")
+  kill -0 "$pid" 2>/dev/null || fail "device $1: kill -0 $pid failed: its daemon is gone"
+  _ubq_is_our_daemon "$pid" "$mnt" || fail "device $1: pid $pid is no longer the daemon of $mnt"
+  is_mounted "$mnt" || fail "device $1: $mnt is not mounted any more"
+}
+
+# device_mounts: mount points of this scenario's devices that are mounted now, main first.
+device_mounts() {
+  local n m
+  if [[ -n ${MNT:-} ]] && is_mounted "$MNT"; then echo "$MNT"; fi
+  for n in ${_UBQ_DEV_NAMES[@]+"${_UBQ_DEV_NAMES[@]}"}; do
+    m=$(mnt_of "$n")
+    if is_mounted "$m"; then echo "$m"; fi
+  done
+}
+
+# ubq ARG...: `ubiquity ARG...`, at most 60 s; prints its stdout. A non-zero exit (or
+# the time limit) fails the scenario, showing the command's stdout and stderr.
+ubq() {
+  local out err errf rc=0
+  errf=$(mktemp "${TEST_PREFIX}err.XXXXXX")
+  out=$(timeout -k 5 60 "$UBIQUITY" "$@" 2>"$errf") || rc=$?
+  err=$(cat "$errf")
+  rm -f "$errf"
+  if ((rc == 124 || rc == 137)); then
+    fail "ubiquity $*: still running after 60 s (exit $rc from timeout): stdout [$out] stderr [$err]"
+  elif ((rc != 0)); then
+    fail "ubiquity $*: exit $rc: stdout [$out] stderr [$err]"
+  fi
+  if [[ -n $out ]]; then printf '%s\n' "$out"; fi
+}
+
+# sync_dev MNT...: `ubiquity sync` each mount point in turn (push and pull now).
+sync_dev() {
+  local m
+  for m in "$@"; do ubq sync "$m" >/dev/null; done
+}
+
+# sync_all: sync every mounted device of the scenario, in order, twice. Two rounds are
+# enough for all of them to have read all records: round one pushes everything (each
+# device also pulls what the earlier ones pushed), round two pulls the rest.
+sync_all() {
+  local -a mounts
+  mapfile -t mounts < <(device_mounts)
+  ((${#mounts[@]} > 0)) || fail "sync_all: no device is mounted"
+  sync_dev "${mounts[@]}"
+  sync_dev "${mounts[@]}"
+}
+
+# pause_dev MNT / resume_dev MNT: stop / restart syncing that device (Airplane Mode).
+pause_dev() { ubq pause "$1" >/dev/null; }
+resume_dev() { ubq resume "$1" >/dev/null; }
+
+# Waiting for a condition instead of sleeping. Every wait_* takes an optional first
+# "-t SECONDS" (default WAIT_TIMEOUT, 10 s), polls every 0.1 s, and on timeout fails
+# saying what was expected and what was last seen.
+WAIT_TIMEOUT=${WAIT_TIMEOUT:-10}
+
+# _ubq_deadline SECONDS: EPOCHREALTIME in microseconds, SECONDS from now.
+_ubq_deadline() {
+  echo $((${EPOCHREALTIME/[.,]/} + $(awk -v s="$1" 'BEGIN { printf "%d", s * 1000000 }')))
+}
+_ubq_past() { ((${EPOCHREALTIME/[.,]/} > $1)); }
+
+# wait_for [-t SECONDS] WHAT CMD...: until CMD succeeds.
+wait_for() {
+  local limit=$WAIT_TIMEOUT what out deadline
+  if [[ ${1:-} == -t ]]; then limit=$2; shift 2; fi
+  what=$1
+  shift
+  deadline=$(_ubq_deadline "$limit")
+  while :; do
+    if out=$("$@" 2>&1); then return 0; fi
+    if _ubq_past "$deadline"; then
+      fail "$what: still not true after ${limit}s: [$*]${out:+ last said [$out]}"
+    fi
+    sleep 0.1
+  done
+}
+
+# wait_eq [-t SECONDS] EXPECTED WHAT CMD...: until CMD prints EXPECTED (as $(...) sees
+# it: trailing newlines stripped) and exits 0.
+wait_eq() {
+  local limit=$WAIT_TIMEOUT want what got rc deadline errf
+  if [[ ${1:-} == -t ]]; then limit=$2; shift 2; fi
+  want=$1 what=$2
+  shift 2
+  deadline=$(_ubq_deadline "$limit")
+  errf=$(mktemp "${TEST_PREFIX}err.XXXXXX")
+  while :; do
+    rc=0
+    got=$("$@" 2>"$errf") || rc=$?
+    if ((rc == 0)) && [[ $got == "$want" ]]; then
+      rm -f "$errf"
+      return 0
+    fi
+    if _ubq_past "$deadline"; then
+      ((rc == 0)) || got="$got [exit $rc: $(cat "$errf")]"
+      rm -f "$errf"
+      fail "$what: expected [$want], got [$got] (still after ${limit}s, from: $*)"
+    fi
+    sleep 0.1
+  done
+}
+
+# wait_content [-t SECONDS] FILE EXPECTED WHAT: until FILE reads EXPECTED (compared as
+# assert_file_content does).
+wait_content() {
+  local t=()
+  if [[ ${1:-} == -t ]]; then t=(-t "$2"); shift 2; fi
+  wait_eq ${t[@]+"${t[@]}"} "$2" "$3" cat -- "$1"
+}
+
+# wait_exists [-t SECONDS] PATH WHAT / wait_missing [-t SECONDS] PATH WHAT (lstat).
+_ubq_present() { [[ -e $1 || -L $1 ]]; }
+_ubq_absent() { [[ ! -e $1 && ! -L $1 ]]; }
+wait_exists() {
+  local t=()
+  if [[ ${1:-} == -t ]]; then t=(-t "$2"); shift 2; fi
+  wait_for ${t[@]+"${t[@]}"} "$2: expected $1 to appear" _ubq_present "$1"
+}
+wait_missing() {
+  local t=()
+  if [[ ${1:-} == -t ]]; then t=(-t "$2"); shift 2; fi
+  wait_for ${t[@]+"${t[@]}"} "$2: expected $1 to disappear" _ubq_absent "$1"
+}
+
+# version_names_at MNT PATH / version_count_at MNT PATH: version_names / version_count
+# for any mount point. conflict_names MNT PATH / conflict_count MNT PATH: the same for
+# MNT/.conflicts/PATH/ (nothing / 0 when that directory is absent).
+version_names_at() {
+  if [[ -d $1/.versions/$2 ]]; then LC_ALL=C ls -1 -- "$1/.versions/$2"; fi
+}
+version_count_at() {
+  local names
+  names=$(version_names_at "$1" "$2")
+  if [[ -z $names ]]; then echo 0; else wc -l <<<"$names"; fi
+}
+conflict_names() {
+  if [[ -d $1/.conflicts/$2 ]]; then LC_ALL=C ls -1 -- "$1/.conflicts/$2"; fi
+}
+conflict_count() {
+  local names
+  names=$(conflict_names "$1" "$2")
+  if [[ -z $names ]]; then echo 0; else wc -l <<<"$names"; fi
+}
+
+# tree_state DIR: one line per entry below DIR (sorted; .versions and .conflicts at the
+# top skipped): type, path, mode; for files size, mtime in ns, sha256 prefix; symlink
+# targets; user.* xattrs except user.ubiquity.*. Directory and symlink times are left
+# out. Two devices in sync print the same.
+tree_state() {
+  python3 - "$1" <<'PY'
+import hashlib, os, stat, sys
+
+def xattrs(p):
+    try:
+        names = sorted(n for n in os.listxattr(p, follow_symlinks=False)
+                       if n.startswith("user.") and not n.startswith("user.ubiquity."))
+        return "".join(f" {n}={os.getxattr(p, n, follow_symlinks=False).hex()}" for n in names)
+    except OSError as e:
+        return f" xattrs:{os.strerror(e.errno)}"
+
+def walk(d, rel):
+    for name in sorted(os.listdir(d)):
+        if rel == "" and name in (".versions", ".conflicts"):
+            continue
+        p, r = os.path.join(d, name), rel + name
+        st = os.lstat(p)
+        mode = format(stat.S_IMODE(st.st_mode), "o")
+        if stat.S_ISLNK(st.st_mode):
+            print(f"link {r!a} -> {os.readlink(p)!a}")
+        elif stat.S_ISDIR(st.st_mode):
+            print(f"dir  {r!a} {mode}{xattrs(p)}")
+            walk(p, r + "/")
+        elif stat.S_ISREG(st.st_mode):
+            with open(p, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()[:16]
+            print(f"file {r!a} {mode} size={st.st_size} mtime={st.st_mtime_ns} {digest}{xattrs(p)}")
+        else:
+            print(f"other {r!a} {st.st_mode:o}")
+
+walk(sys.argv[1], "")
+PY
+}
+
+# _ubq_tree_diff TREE1 TREE2: unified diff of two tree_state outputs (first 60 lines).
+_ubq_tree_diff() { diff -u <(printf '%s\n' "$1") <(printf '%s\n' "$2") | tail -n +3 | head -n 60; }
+
+# assert_same_tree DIR1 DIR2 WHAT: tree_state of both equal; else fail with the diff.
+assert_same_tree() {
+  local t1 t2
+  t1=$(tree_state "$1") || fail "$3: tree_state $1 failed"
+  t2=$(tree_state "$2") || fail "$3: tree_state $2 failed"
+  if [[ $t1 != "$t2" ]]; then
+    fail "$3: trees differ (- $1, + $2):"$'\n'"$(_ubq_tree_diff "$t1" "$t2")"
+  fi
+}
+
+# wait_same_tree [-t SECONDS] DIR1 DIR2 WHAT: until tree_state of both is equal.
+wait_same_tree() {
+  local limit=$WAIT_TIMEOUT deadline t1 t2
+  if [[ ${1:-} == -t ]]; then limit=$2; shift 2; fi
+  deadline=$(_ubq_deadline "$limit")
+  while :; do
+    t1=$(tree_state "$1" 2>&1) || true
+    t2=$(tree_state "$2" 2>&1) || true
+    [[ $t1 != "$t2" ]] || return 0
+    if _ubq_past "$deadline"; then
+      fail "$3: trees still differ after ${limit}s (- $1, + $2):"$'\n'"$(_ubq_tree_diff "$t1" "$t2")"
+    fi
+    sleep 0.2
+  done
+}
+
+# Backing directory records by hand (docs/FORMAT.md), for scenarios that play a
+# foreign or broken device.
+
+# rand_hex N: N random lowercase hex digits (N even).
+rand_hex() { od -An -N$(($1 / 2)) -tx1 /dev/urandom | tr -d ' \n'; }
+
+# pct_encode TEXT: FORMAT.md's value encoding (every byte outside A-Z a-z 0-9 . _ ~ - /
+# as %XX, uppercase). TEXT is taken as bytes (invalid UTF-8 stays as it is).
+pct_encode() {
+  python3 -c 'import os, sys, urllib.parse; print(urllib.parse.quote(os.fsencode(sys.argv[1]), safe="/"))' "$1"
+}
+
+# journal_line KEY=VALUE...: one journal record line "U1 <sha256> KEY=VALUE ..." with
+# its correct checksum and the final \n. Values are written as given (encode them with
+# pct_encode where needed).
+journal_line() {
+  local body="$*" sum
+  sum=$(printf '%s' "$body" | sha256sum | cut -d' ' -f1)
+  printf 'U1 %s %s\n' "$sum" "$body"
+}
+
+# backing_put_object BACKING FILE: store FILE as an object (temp name, then rename, as a
+# device would); prints "<sha256>:<size>" as a record's chunks list names it.
+backing_put_object() {
+  local sha size dir
+  sha=$(sha256sum <"$2" | cut -d' ' -f1)
+  size=$(stat -c %s -- "$2")
+  dir="$1/objects/${sha:0:2}"
+  mkdir -p "$dir"
+  cp -- "$2" "$dir/.tmp-test-$$"
+  mv -f -- "$dir/.tmp-test-$$" "$dir/$sha"
+  echo "$sha:$size"
+}
+
+# backing_device_id NAME: the device id (journal directory) whose records carry
+# name=NAME in the scenario's BACKING (nothing if none yet).
+backing_device_id() {
+  local j enc
+  enc=$(pct_encode "$1")
+  for j in "$BACKING"/devices/*/journal; do
+    [[ -f $j ]] || continue
+    if grep -qE -- " name=${enc//./\\.}( |\$)" "$j"; then
+      basename "$(dirname "$j")"
+      return 0
+    fi
+  done
 }
 
 # ---------------------------------------------------------------------------------

@@ -1,0 +1,122 @@
+import Glibc
+import UbiquityStore
+
+/// The filesystem's side of sync: it lends the store to the engine under the metadata
+/// lock (`StoreAccess`), keeps open readers on the current version, tells the kernel what
+/// changed, and serves the sync control and status attributes on the mount root.
+extension FileSystem: StoreAccess {
+    static let controlAttribute = "user.ubiquity.control"
+    static let syncStatusAttribute = "user.ubiquity.sync"
+
+    /// Connects the sync engine (the control and status attributes of the root).
+    public func attach(sync: SyncControl) { hooks.withLock { $0.sync = sync } }
+
+    /// Called (outside every lock) with what sync changed in the tree: the FUSE layer
+    /// invalidates the kernel's caches there.
+    public func onTreeChange(_ body: @escaping @Sendable (TreeChanges) -> Void) { hooks.withLock { $0.treeChanged = body } }
+
+    public func withStore(_ body: (Store, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError) {
+        let changes = try meta.withLock { (m) throws(StoreError) -> TreeChanges in
+            let changes = try body(m.store, m.busyFiles())
+            if !changes.isEmpty { try m.treeChanged(changes) }
+            return changes
+        }
+        if !changes.isEmpty, let notify = hooks.withLock({ $0.treeChanged }) { notify(changes) }
+    }
+
+    /// Reads of the root's sync status attribute, answered without the metadata lock (the
+    /// engine takes it during a cycle).
+    func syncStatus(_ ino: UInt64, name: String) -> [UInt8]? {
+        guard ino == Store.rootInode, name == Self.syncStatusAttribute, let sync = hooks.withLock({ $0.sync }) else { return nil }
+        return Array(sync.statusText().utf8)
+    }
+
+    /// `setfattr -n user.ubiquity.control -v sync|pause|resume MOUNTPOINT`.
+    func syncControl(_ ino: UInt64, name: String, value: [UInt8]) throws(Errno) -> Bool {
+        guard name == Self.controlAttribute else { return false }
+        guard ino == Store.rootInode else { throw .notPermitted }
+        guard let sync = hooks.withLock({ $0.sync }) else { throw .notSupported }
+        switch String(decoding: value, as: UTF8.self).trimmingWhitespace {
+        case "sync": try storeCall { () throws(StoreError) in try sync.syncNow() }
+        case "pause": sync.pause()
+        case "resume": sync.resume()
+        default: throw .invalid
+        }
+        return true
+    }
+
+    var hasSync: Bool { hooks.withLock { $0.sync != nil } }
+
+    // MARK: conflicts through plain tools
+
+    /// `rm .conflicts/<path>/<name>`: discards that conflict version.
+    func discardConflict(parent: UInt64, name: String) throws(Errno) {
+        try meta.withLock { (m) throws(Errno) in
+            guard let (_, version) = try m.views.conflictVersion(parent: parent, name: name, store: m.store) else { throw .readOnly }
+            try storeCall { () throws(StoreError) in try m.store.discardConflict(version.id) }
+            m.views.invalidate()
+        }
+    }
+
+    /// `mv .conflicts/<path>/<name> <path>`: makes that version the file's current one.
+    /// Moving it anywhere else is EXDEV, so `mv` copies it there and then discards it.
+    func takeConflict(parent: UInt64, name: String, newParent: UInt64, newName: String) throws(Errno) {
+        let changes = try meta.withLock { (m) throws(Errno) -> TreeChanges in
+            guard let (path, version) = try m.views.conflictVersion(parent: parent, name: name, store: m.store) else { throw .readOnly }
+            guard !VirtualViews.isVirtual(newParent), let dir = m.store.path(of: newParent) else { throw Errno(EXDEV) }
+            let target = dir.isEmpty ? newName : dir + "/" + newName
+            guard target.utf8.elementsEqual(path.utf8) else { throw Errno(EXDEV) }
+            guard let ino = m.store.child(newParent, newName) else { throw Errno(EXDEV) }
+            if m.busyFiles().contains(ino) { throw .busy }
+            try storeCall { () throws(StoreError) in try m.store.takeConflict(version.id, path: path) }
+            var changes = TreeChanges()
+            changes.inodes.insert(ino)
+            try storeCall { () throws(StoreError) in try m.treeChanged(changes) }
+            return changes
+        }
+        if let notify = hooks.withLock({ $0.treeChanged }) { notify(changes) }
+    }
+}
+
+/// What the FUSE layer and the CLI plug into the filesystem.
+struct Hooks {
+    var sync: SyncControl?
+    var treeChanged: (@Sendable (TreeChanges) -> Void)?
+}
+
+extension FileSystem.Meta {
+    /// Files sync must not change now: open for writing, or with unsaved writes.
+    func busyFiles() -> Set<InodeNumber> {
+        var busy: Set<InodeNumber> = []
+        for handle in handles.values {
+            if case .file(let ino, _, true) = handle { busy.insert(ino) }
+        }
+        for (ino, open) in openFiles where open.content.isChanged { busy.insert(ino) }
+        return busy
+    }
+
+    /// After sync changed the tree: open readers move to the new current version, the
+    /// hidden views are rebuilt, unlinked inodes go once unused.
+    mutating func treeChanged(_ changes: TreeChanges) throws(StoreError) {
+        views.invalidate()
+        for ino in changes.inodes {
+            guard let old = openFiles[ino], !old.content.isChanged else { continue }
+            openFiles[ino] = nil
+            let fresh: OpenFile
+            do { fresh = try openFile(ino) } catch { openFiles[ino] = old; continue }
+            fresh.handles = old.handles
+            for (id, handle) in handles {
+                if case .file(ino, let open, let writable) = handle, open === old {
+                    handles[id] = .file(ino: ino, open: fresh, writable: writable)
+                }
+            }
+        }
+        for ino in changes.unlinked { dropIfUnreferenced(ino) }
+    }
+}
+
+extension String {
+    var trimmingWhitespace: String {
+        String(drop { $0.isWhitespace }.reversed().drop { $0.isWhitespace }.reversed())
+    }
+}

@@ -1,0 +1,392 @@
+import Glibc
+
+/// What a sync pass changed in the local tree, for the filesystem to tell the kernel.
+public struct TreeChanges: Sendable {
+    /// Inodes whose content or attributes changed.
+    public var inodes: Set<InodeNumber> = []
+    /// Entries added or removed.
+    public var entries: [EntryName] = []
+    /// Inodes that lost their last name (forget them once nothing uses them).
+    public var unlinked: [InodeNumber] = []
+    public var isEmpty: Bool { inodes.isEmpty && entries.isEmpty && unlinked.isEmpty }
+    public init() {}
+}
+
+public struct EntryName: Sendable, Equatable {
+    public var parent: InodeNumber
+    public var name: String
+}
+
+/// The local half of sync: turning local changes into records (`recordLocalChanges`),
+/// taking in other devices' records (`addRemote`), and making the tree show the synced
+/// view (`reconcile`). The caller runs them in that order under one lock, so the tree
+/// never shows a view that forgot a local change. Backing-directory I/O is UbiquitySync's.
+extension Store {
+    func loadReplica() throws(StoreError) {
+        try db.query("SELECT row, id, file_id, parents, kind, tombstone, mtime, device_id, path, mode, target FROM versions WHERE local = 0") { (r) throws(StoreError) in
+            let kind = NodeKind(rawValue: r.int(4)) ?? .file
+            let record = Replica.Record(row: r.int(0), id: r.text(1), node: r.text(2), parents: splitIDs(r.text(3)), kind: kind,
+                                        isTombstone: r.int(5) != 0, mtime: r.int(6), device: r.text(7), path: r.text(8))
+            if kind == .directory { replica.modes[record.id] = UInt32(r.int(9)) }
+            if !r.isNull(10) { replica.targets[record.id] = r.text(10) }
+            _ = replica.add(record)
+        }
+        unreconciled = []
+    }
+
+    // MARK: local changes -> records
+
+    /// Records what changed locally since the last call and has no record yet: renames,
+    /// chmod, utimens and xattrs of files (meta records), directories and symlinks made,
+    /// changed or removed. Files in `busy` (open with unsaved writes) wait for their commit.
+    public func recordLocalChanges(busy: Set<InodeNumber>) throws(StoreError) {
+        guard changeCount != scannedAt, !readOnly else { return }
+        var seenFiles: Set<String> = []
+        var seenPaths: Set<NameKey> = []
+        for inode in Array(inodes.values) where inode.id != Store.rootInode && inode.nlink > 0 {
+            guard let path = path(of: inode.id), !LocalOnly.contains(path) else { continue }
+            switch inode.kind {
+            case .file:
+                guard let node = inode.fileID else { continue }
+                seenFiles.insert(node)
+                if !busy.contains(inode.id) { try recordFileMetadata(inode, path: path) }
+            case .directory:
+                seenPaths.insert(NameKey(path))
+                if case .directory(let mode) = replica.state(at: path).shown, mode == inode.mode & 0o7777 { continue }
+                try recordNode(Replica.dirNode(path), kind: .directory, path: path, mode: inode.mode & 0o7777, mtime: inode.mtime)
+            case .symlink:
+                seenPaths.insert(NameKey(path))
+                let node = Replica.linkNode(path)
+                if let current = replica.current[node], replica.targets[current.id] == inode.target,
+                   case .node(let shown) = replica.state(at: path).shown, shown.id == current.id { continue }
+                try recordNode(node, kind: .symlink, path: path, mode: 0o777, mtime: inode.mtime, target: inode.target)
+            default:
+                continue // fifos and sockets stay local
+            }
+        }
+        // Nodes the view shows that the tree lacks: deleted here (tombstone), or not shown
+        // yet (queue them for reconcile).
+        for record in Array(replica.current.values) {
+            let present = record.kind == .file ? seenFiles.contains(record.node) : seenPaths.contains(NameKey(record.path))
+            if present || unreconciled.contains(NameKey(record.path)) { continue }
+            switch replica.state(at: record.path).shown {
+            case .node(let shown) where shown.id == record.id: break
+            case .directory where record.kind == .directory: break
+            default: continue // a conflict version: never shown as a file
+            }
+            if record.device == deviceID || isVacated(record.path) {
+                try recordNode(record.node, kind: record.kind, path: record.path, mode: 0, mtime: clock(), tombstone: true)
+            } else {
+                unreconciled.insert(NameKey(record.path))
+            }
+        }
+        vacated.removeAll()
+        scannedAt = changeCount
+    }
+
+    /// A meta record when a file's path, mode, mtime or xattrs differ from its head's.
+    private func recordFileMetadata(_ inode: Inode, path: String) throws(StoreError) {
+        guard let row = inode.head,
+              let head = try db.rows("SELECT id, file_id, path, mode, mtime, xattrs, local FROM versions WHERE row = ?", [.int(row)], {
+                  (id: $0.text(0), node: $0.text(1), path: $0.text(2), mode: UInt32($0.int(3)), mtime: $0.int(4),
+                   xattrs: $0.isNull(5) ? [] : $0.blob(5), local: $0.int(6) != 0)
+              }).first,
+              !head.local, head.node == inode.fileID else { return }
+        let xattrs = try currentXattrs(inode.id)
+        if head.path.utf8.elementsEqual(path.utf8) && head.mode == inode.mode && head.mtime == inode.mtime
+            && head.xattrs == XattrCodec.encode(xattrs) { return }
+        let record = SyncRecord(id: randomHex(bytes: 16), node: head.node, kind: .file, parents: [head.id],
+                                deviceID: deviceID, deviceName: deviceName, committed: clock(), mtime: inode.mtime,
+                                mode: inode.mode, isTombstone: false, isMeta: true, path: path,
+                                chunks: try chunkList(row: row), xattrs: xattrs)
+        let newRow = try insert(record, local: false, uploaded: false)
+        var updated = inode
+        updated.head = newRow
+        try persist(updated)
+        update(memoryOnly: updated)
+        try setHistory(head.node, path: path, live: true)
+    }
+
+    /// A record of a directory or symlink node, or a tombstone of any node, descending
+    /// from all its heads.
+    private func recordNode(_ node: String, kind: NodeKind, path: String, mode: UInt32, mtime: Nanos,
+                            target: String? = nil, tombstone: Bool = false) throws(StoreError) {
+        let parents = replica.heads(node).map(\.id).sorted()
+        if tombstone && replica.liveHeads(node).isEmpty { return }
+        let record = SyncRecord(id: randomHex(bytes: 16), node: node, kind: kind, parents: parents, deviceID: deviceID,
+                                deviceName: deviceName, committed: clock(), mtime: mtime, mode: mode,
+                                isTombstone: tombstone, isMeta: false, path: path, target: tombstone ? nil : target)
+        _ = try insert(record, local: false, uploaded: false)
+        if tombstone && kind == .file {
+            try db.query("UPDATE histories SET live = 0 WHERE file_id = ?", [.text(node)])
+        }
+    }
+
+    private func isVacated(_ path: String) -> Bool {
+        if vacated.isEmpty { return false }
+        var prefix = Substring(path)
+        while true {
+            if vacated.contains(NameKey(String(prefix))) { return true }
+            guard let slash = prefix.lastIndex(of: "/") else { return false }
+            prefix = prefix[..<slash]
+        }
+    }
+
+    // MARK: remote records
+
+    /// Takes in records from other devices (their chunks are already in the chunk store).
+    /// Returns how many were new.
+    @discardableResult
+    public func addRemote(_ records: [SyncRecord]) throws(StoreError) -> Int {
+        var added = 0
+        try db.transaction { () throws(StoreError) in
+            for record in records where replica.records[record.id] == nil && record.deviceID != deviceID {
+                _ = try insert(record, local: false, uploaded: true)
+                added += 1
+            }
+        }
+        return added
+    }
+
+    public func peerOffset(_ device: String) throws(StoreError) -> Int64 {
+        try db.rows("SELECT offset FROM sync_peers WHERE device = ?", [.text(device)]) { $0.int(0) }.first ?? 0
+    }
+
+    public func setPeerOffset(_ device: String, _ offset: Int64) throws(StoreError) {
+        try db.query("REPLACE INTO sync_peers(device, offset) VALUES(?, ?)", [.text(device), .int(offset)])
+    }
+
+    // MARK: uploads
+
+    /// This device's records not yet in the backing directory, oldest first.
+    public func pendingUploads(limit: Int) throws(StoreError) -> [SyncRecord] {
+        try db.rows("""
+            SELECT id, file_id, kind, parents, device_id, device_name, committed, mtime, mode, tombstone, meta, path,
+                   chunks, target, xattrs
+            FROM versions WHERE uploaded = 0 AND local = 0 AND device_id = ? ORDER BY row LIMIT ?
+            """, [.text(deviceID), .int(Int64(limit))]) { r in
+            SyncRecord(id: r.text(0), node: r.text(1), kind: NodeKind(rawValue: r.int(2)) ?? .file,
+                       parents: splitIDs(r.text(3)), deviceID: r.text(4), deviceName: r.text(5), committed: r.int(6),
+                       mtime: r.int(7), mode: UInt32(r.int(8)), isTombstone: r.int(9) != 0, isMeta: r.int(10) != 0,
+                       path: r.text(11), chunks: ChunkList(encoded: r.blob(12)) ?? ChunkList(),
+                       target: r.isNull(13) ? nil : r.text(13), xattrs: r.isNull(14) ? [] : XattrCodec.decode(r.blob(14)))
+        }
+    }
+
+    public var pendingUploadCount: Int {
+        (try? db.rows("SELECT count(*) FROM versions WHERE uploaded = 0 AND local = 0 AND device_id = ?", [.text(deviceID)]) { Int($0.int(0)) }.first) ?? 0
+    }
+
+    public func markUploaded(_ ids: [String]) throws(StoreError) {
+        try db.transaction { () throws(StoreError) in
+            for id in ids { try db.query("UPDATE versions SET uploaded = 1 WHERE id = ?", [.text(id)]) }
+        }
+    }
+
+    public func isUploaded(row: Int64) throws(StoreError) -> Bool {
+        try db.rows("SELECT uploaded FROM versions WHERE row = ?", [.int(row)]) { $0.int(0) != 0 }.first ?? false
+    }
+
+    // MARK: records -> tree
+
+    /// Makes the tree show the synced view at every path queued since the last call.
+    /// A path whose local file is `busy` (or new, or not ours to remove) waits for a
+    /// later call. Removing a local entry here never records a tombstone: the view
+    /// already says it is gone.
+    public func reconcile(busy: Set<InodeNumber>) throws(StoreError) -> TreeChanges {
+        var changes = TreeChanges()
+        guard !unreconciled.isEmpty, !readOnly else { return changes }
+        let plans = unreconciled.map { ($0.name, replica.state(at: $0.name).shown) }
+        unreconciled.removeAll()
+        var deferred: Set<NameKey> = []
+        func depth(_ p: String) -> Int { p.utf8.reduce(0) { $0 + ($1 == UInt8(ascii: "/") ? 1 : 0) } }
+
+        for (path, shown) in plans.sorted(by: { depth($0.0) > depth($1.0) }) {
+            guard let (parent, name, id) = locate(path), let inode = inodes[id] else { continue }
+            if matches(inode, shown) { continue }
+            guard removable(inode, busy: busy) else { deferred.insert(NameKey(path)); continue }
+            try removeEntry(parent: parent, name: name)
+            vacated.remove(NameKey(path))
+            changes.entries.append(EntryName(parent: parent, name: name))
+            if inodes[id]?.nlink == 0 { changes.unlinked.append(id) }
+            if inode.kind == .file, let node = inode.fileID, replica.current[node] == nil {
+                try db.query("UPDATE histories SET live = 0 WHERE file_id = ?", [.text(node)])
+            }
+        }
+        for (path, shown) in plans.sorted(by: { depth($0.0) < depth($1.0) }) where !deferred.contains(NameKey(path)) {
+            if case .none = shown { continue }
+            if let (_, _, id) = locate(path) {
+                guard var inode = inodes[id], matches(inode, shown) else { deferred.insert(NameKey(path)); continue }
+                switch shown {
+                case .directory(let mode) where inode.mode & 0o7777 != mode:
+                    inode.mode = mode
+                    try update(inode)
+                    changes.inodes.insert(id)
+                case .node(let record) where record.kind == .file && inode.head != record.row:
+                    if busy.contains(id) { deferred.insert(NameKey(path)); continue }
+                    try show(record, on: id)
+                    changes.inodes.insert(id)
+                default: break
+                }
+            } else {
+                guard let (parentPath, name) = splitPath(path), let parent = locateDirectory(parentPath) else {
+                    deferred.insert(NameKey(path)); continue
+                }
+                let id: InodeNumber
+                switch shown {
+                case .none: continue
+                case .directory(let mode):
+                    id = try create(parent: parent, name: name, kind: .directory, mode: mode, uid: getuid(), gid: getgid()).id
+                case .node(let record):
+                    id = try create(parent: parent, name: name, kind: record.kind, mode: record.kind == .symlink ? 0o777 : 0o644,
+                                    uid: getuid(), gid: getgid(), target: replica.targets[record.id]).id
+                    if record.kind == .file { try show(record, on: id) }
+                }
+                changes.entries.append(EntryName(parent: parent, name: name))
+                changes.inodes.insert(parent)
+                _ = id
+            }
+        }
+        unreconciled.formUnion(deferred)
+        return changes
+    }
+
+    /// Shows file record `record` as inode `id`'s current version.
+    private func show(_ record: Replica.Record, on id: InodeNumber) throws(StoreError) {
+        guard var inode = inodes[id],
+              let row = try db.rows("SELECT size, mode, mtime, xattrs FROM versions WHERE row = ?", [.int(record.row)], {
+                  (size: $0.int(0), mode: UInt32($0.int(1)), mtime: $0.int(2), xattrs: $0.isNull(3) ? [] : $0.blob(3))
+              }).first else { return }
+        inode.fileID = record.node
+        inode.head = record.row
+        inode.size = row.size
+        inode.mode = row.mode
+        inode.mtime = row.mtime
+        inode.ctime = clock()
+        continuedParents[id] = nil
+        try update(inode)
+        try db.query("DELETE FROM xattrs WHERE inode = ?", [.int(Int64(id))])
+        for entry in XattrCodec.decode(row.xattrs) { try setXattr(id, "user." + entry.name, entry.value) }
+        try setHistory(record.node, path: record.path, live: true)
+    }
+
+    private func matches(_ inode: Inode, _ shown: Replica.Shown) -> Bool {
+        switch shown {
+        case .none: return false
+        case .directory: return inode.kind == .directory
+        case .node(let record):
+            if record.kind == .file { return inode.kind == .file && inode.fileID == record.node }
+            return inode.kind == .symlink && inode.target == replica.targets[record.id]
+        }
+    }
+
+    /// Whether sync may take this entry away: never a file with unsaved writes or without
+    /// a saved version, a non-empty directory, a fifo or socket.
+    private func removable(_ inode: Inode, busy: Set<InodeNumber>) -> Bool {
+        switch inode.kind {
+        case .file:
+            return !busy.contains(inode.id) && inode.head != nil
+        case .directory: return isEmptyDirectory(inode.id)
+        case .symlink: return true
+        default: return false
+        }
+    }
+
+    /// (parent, name, inode) of the entry at `path`.
+    func locate(_ path: String) -> (InodeNumber, String, InodeNumber)? {
+        guard let (parentPath, name) = splitPath(path), let parent = locateDirectory(parentPath),
+              let id = child(parent, name) else { return nil }
+        return (parent, name, id)
+    }
+
+    /// The directory at `path` ("" is the root).
+    func locateDirectory(_ path: String) -> InodeNumber? {
+        var current = Store.rootInode
+        for component in path.split(separator: "/") {
+            guard let next = child(current, String(component)), inodes[next]?.kind == .directory else { return nil }
+            current = next
+        }
+        return current
+    }
+
+    // MARK: conflicts
+
+    /// Conflict versions of the file at `path`, newest first.
+    public func conflicts(at path: String) throws(StoreError) -> [Version] {
+        var result: [Version] = []
+        for record in replica.state(at: path).conflicts {
+            if let v = try version(row: record.row) { result.append(v) }
+        }
+        return result
+    }
+
+    public func conflictCount(at path: String) -> Int { replica.state(at: path).conflicts.count }
+
+    public func conflictedPaths() -> [String] { replica.conflictedPaths() }
+
+    public var totalConflicts: Int { replica.conflictedPaths().reduce(0) { $0 + replica.state(at: $1).conflicts.count } }
+
+    /// `rm` of a conflict version: a tombstone that descends from it (it stays in history).
+    public func discardConflict(_ id: String) throws(StoreError) {
+        guard let record = replica.records[id] else { throw .noSuchVersion(id) }
+        let now = clock()
+        let tombstone = SyncRecord(id: randomHex(bytes: 16), node: record.node, kind: record.kind, parents: [id],
+                                   deviceID: deviceID, deviceName: deviceName, committed: now, mtime: now, mode: 0,
+                                   isTombstone: true, isMeta: false, path: record.path)
+        try db.transaction { () throws(StoreError) in _ = try insert(tombstone, local: false, uploaded: false) }
+    }
+
+    /// `mv` of a conflict version onto its file: the file's next version gets its content
+    /// (descending from both), and the conflict is resolved.
+    public func takeConflict(_ id: String, path: String) throws(StoreError) {
+        guard let taken = replica.records[id], let conflict = try version(row: taken.row) else { throw .noSuchVersion(id) }
+        guard case .node(let current) = replica.state(at: path).shown, current.kind == .file,
+              let (_, _, ino) = locate(path), let inode = inodes[ino], inode.fileID == current.node else {
+            throw .noSuchVersion("no file at \(path) to take \(id) into")
+        }
+        let now = clock()
+        let record = SyncRecord(id: randomHex(bytes: 16), node: current.node, kind: .file,
+                                parents: taken.node == current.node ? [current.id, taken.id] : [current.id],
+                                deviceID: deviceID, deviceName: deviceName, committed: now, mtime: now,
+                                mode: conflict.mode, isTombstone: false, isMeta: false, path: path,
+                                chunks: try chunkList(row: taken.row), xattrs: try currentXattrs(ino))
+        try db.transaction { () throws(StoreError) in
+            let row = try insert(record, local: false, uploaded: false)
+            var updated = inode
+            updated.head = row
+            updated.size = record.chunks.totalSize
+            updated.mode = conflict.mode
+            updated.mtime = now
+            updated.ctime = now
+            try update(updated)
+            if taken.node != current.node { try discardConflict(id) }
+        }
+    }
+}
+
+func splitIDs(_ text: String) -> [String] { text.split(separator: ",").map(String.init) }
+
+/// "a/b/c" -> ("a/b", "c"); "c" -> ("", "c").
+func splitPath(_ path: String) -> (String, String)? {
+    guard !path.isEmpty else { return nil }
+    guard let slash = path.lastIndex(of: "/") else { return ("", path) }
+    return (String(path[..<slash]), String(path[path.index(after: slash)...]))
+}
+
+/// Exclusive use of a store for a sync step. The filesystem provides it (its metadata
+/// lock, the files it has open), so sync never changes a file under an unsaved write.
+public protocol StoreAccess: AnyObject, Sendable {
+    /// Runs `body` with the store and the files sync must not touch now (open with unsaved
+    /// writes or for writing); then tells the kernel what changed.
+    func withStore(_ body: (Store, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError)
+}
+
+/// What the filesystem asks of the sync engine (xattr control on the mount root).
+public protocol SyncControl: AnyObject, Sendable {
+    /// One full push and pull, now; returns when done.
+    func syncNow() throws(StoreError)
+    func pause()
+    func resume()
+    /// `key=value` lines (README: status attributes), from the engine's own state.
+    func statusText() -> String
+}

@@ -1,0 +1,229 @@
+import Crypto
+import UbiquityStore
+
+/// Journal lines (docs/FORMAT.md, "Journal"): `U1 <sha256> key=value ...`. Decoding is
+/// strict: a line from a shared directory is untrusted input, and anything doubtful is
+/// rejected with a reason rather than half-applied.
+public enum RecordCodec {
+    public static let maxChunkSize = 4 << 20
+    public static let maxParents = 64
+
+    public static func encode(_ r: SyncRecord) -> String {
+        var fields: [(String, String)] = [
+            ("id", r.id), ("kind", kindName(r.kind)),
+        ]
+        if r.kind == .file { fields.append(("node", r.node)) }
+        fields += [
+            ("parents", r.parents.joined(separator: ",")), ("device", r.deviceID), ("name", percent(r.deviceName)),
+            ("committed", String(r.committed)), ("mtime", String(r.mtime)), ("mode", String(r.mode & 0o7777)),
+            ("tomb", r.isTombstone ? "1" : "0"), ("path", percent(r.path)),
+        ]
+        if r.kind == .file {
+            fields += [("meta", r.isMeta ? "1" : "0"), ("size", String(r.chunks.totalSize)),
+                       ("chunks", zip(r.chunks.ids, r.chunks.sizes).map { "\($0.hex):\($1)" }.joined(separator: ","))]
+        }
+        if r.kind == .symlink { fields.append(("target", percent(r.target ?? ""))) }
+        if !r.xattrs.isEmpty {
+            fields.append(("xattrs", r.xattrs.map { percent($0.name) + ":" + hex($0.value) }.joined(separator: ",")))
+        }
+        let body = fields.map { "\($0)=\($1)" }.joined(separator: " ")
+        return "U1 \(sha256Hex(Array(body.utf8))) \(body)\n"
+    }
+
+    /// Decodes one line (without its `\n`) from the journal of device `journalDevice`.
+    public static func decode(_ line: ArraySlice<UInt8>, journalDevice: String) -> Result<SyncRecord, Rejection> {
+        let bytes = Array(line)
+        guard bytes.count > 68, bytes[0] == UInt8(ascii: "U"), bytes[1] == UInt8(ascii: "1"), bytes[2] == 0x20,
+              bytes[67] == 0x20 else { return .failure(Rejection("not a U1 record line")) }
+        let checksum = String(decoding: bytes[3..<67], as: UTF8.self)
+        let body = Array(bytes[68...])
+        guard sha256Hex(body) == checksum else { return .failure(Rejection("checksum mismatch")) }
+        var fields: [String: String] = [:]
+        for part in body.split(separator: 0x20) {
+            guard let eq = part.firstIndex(of: UInt8(ascii: "=")) else { return .failure(Rejection("field without '='")) }
+            let key = String(decoding: part[part.startIndex..<eq], as: UTF8.self)
+            guard fields[key] == nil else { return .failure(Rejection("repeated key \(key)")) }
+            fields[key] = String(decoding: part[(eq + 1)...], as: UTF8.self)
+        }
+        do throws(Rejection) {
+            return .success(try record(fields, journalDevice: journalDevice))
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    public struct Rejection: Error, CustomStringConvertible {
+        public let description: String
+        init(_ description: String) { self.description = description }
+    }
+
+    private static func record(_ f: [String: String], journalDevice: String) throws(Rejection) -> SyncRecord {
+        func field(_ key: String) throws(Rejection) -> String {
+            guard let value = f[key] else { throw Rejection("missing key \(key)") }
+            return value
+        }
+        func int(_ key: String) throws(Rejection) -> Int64 {
+            guard let value = Int64(try field(key)) else { throw Rejection("\(key) is not a number") }
+            return value
+        }
+        let id = try field("id")
+        guard isHex(id, count: 32) else { throw Rejection("bad id") }
+        let device = try field("device")
+        guard device == journalDevice else { throw Rejection("device \(device.prefix(40)) writes in the journal of \(journalDevice)") }
+        let kind: NodeKind
+        switch try field("kind") {
+        case "file": kind = .file
+        case "dir": kind = .directory
+        case "link": kind = .symlink
+        default: throw Rejection("unknown kind")
+        }
+        let parents = try field("parents").split(separator: ",").map(String.init)
+        guard parents.count <= maxParents, parents.allSatisfy({ isHex($0, count: 32) }) else { throw Rejection("bad parents") }
+        guard let path = unpercent(try field("path")) else { throw Rejection("path is not valid percent-encoded UTF-8") }
+        if let reason = SyncPath.problem(path) { throw Rejection("path \(printable(path)): \(reason)") }
+        guard let name = unpercent(try field("name")) else { throw Rejection("bad device name") }
+        let mode = try int("mode")
+        guard (0...0o7777).contains(mode) else { throw Rejection("mode out of range") }
+        let tomb = try field("tomb")
+        guard tomb == "0" || tomb == "1" else { throw Rejection("tomb is not 0 or 1") }
+        var record = SyncRecord(id: id, node: "", kind: kind, parents: parents, deviceID: device, deviceName: name,
+                                committed: try int("committed"), mtime: try int("mtime"), mode: UInt32(mode),
+                                isTombstone: tomb == "1", isMeta: f["meta"] == "1", path: path)
+        switch kind {
+        case .file:
+            let node = try field("node")
+            guard isHex(node, count: 32) else { throw Rejection("bad node") }
+            record.node = node
+            let chunkText = try field("chunks")
+            for item in chunkText.split(separator: ",") {
+                let parts = item.split(separator: ":")
+                guard parts.count == 2, let chunk = ChunkID(hex: String(parts[0])), let size = Int(parts[1]),
+                      size > 0, size <= maxChunkSize else { throw Rejection("bad chunk \(item.prefix(80))") }
+                record.chunks.append(chunk, size: size)
+            }
+            guard record.chunks.totalSize == (try int("size")) else { throw Rejection("size does not match the chunks") }
+        case .directory:
+            record.node = "dir:" + path
+        default:
+            record.node = "link:" + path
+            guard let target = unpercent(try field("target")), !target.isEmpty, target.utf8.count < 4096,
+                  !target.utf8.contains(0) else { throw Rejection("bad symlink target") }
+            record.target = record.isTombstone ? nil : target
+        }
+        if record.isTombstone && !record.chunks.ids.isEmpty { throw Rejection("a tombstone with content") }
+        if let text = f["xattrs"], !text.isEmpty {
+            for item in text.split(separator: ",") {
+                let parts = item.split(separator: ":", omittingEmptySubsequences: false)
+                guard parts.count == 2, let name = unpercent(String(parts[0])), !name.isEmpty, name.utf8.count <= 250,
+                      !name.utf8.contains(0), let value = unhex(parts[1]), value.count <= 65536 else {
+                    throw Rejection("bad xattr")
+                }
+                record.xattrs.append(XattrEntry(name: name, value: value))
+            }
+        }
+        return record
+    }
+
+    static func kindName(_ kind: NodeKind) -> String {
+        switch kind {
+        case .directory: "dir"
+        case .symlink: "link"
+        default: "file"
+        }
+    }
+
+    // MARK: encodings
+
+    static func sha256Hex(_ bytes: [UInt8]) -> String { hex(Array(SHA256.hash(data: bytes))) }
+
+    static func hex(_ bytes: [UInt8]) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(bytes.count * 2)
+        for b in bytes { out.append(digits[Int(b >> 4)]); out.append(digits[Int(b & 15)]) }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    static func unhex(_ text: Substring) -> [UInt8]? {
+        let utf8 = Array(text.utf8)
+        guard utf8.count % 2 == 0 else { return nil }
+        var out: [UInt8] = []
+        var i = 0
+        while i < utf8.count {
+            guard let hi = hexDigit(utf8[i]), let lo = hexDigit(utf8[i + 1]) else { return nil }
+            out.append(hi << 4 | lo)
+            i += 2
+        }
+        return out
+    }
+
+    static func isHex(_ text: String, count: Int) -> Bool {
+        text.utf8.count == count && text.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }
+    }
+
+    private static func hexDigit(_ c: UInt8) -> UInt8? {
+        switch c {
+        case 0x30...0x39: c - 0x30
+        case 0x61...0x66: c - 0x61 + 10
+        case 0x41...0x46: c - 0x41 + 10
+        default: nil
+        }
+    }
+
+    static func percent(_ text: String) -> String {
+        let hexDigits = Array("0123456789ABCDEF".utf8)
+        var out: [UInt8] = []
+        for b in text.utf8 {
+            switch b {
+            case 0x41...0x5A, 0x61...0x7A, 0x30...0x39, UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "~"),
+                 UInt8(ascii: "-"), UInt8(ascii: "/"):
+                out.append(b)
+            default:
+                out += [UInt8(ascii: "%"), hexDigits[Int(b >> 4)], hexDigits[Int(b & 15)]]
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Percent-decoding; nil when an escape is broken or the result is not valid UTF-8.
+    static func unpercent(_ text: String) -> String? {
+        var out: [UInt8] = []
+        let utf8 = Array(text.utf8)
+        var i = 0
+        while i < utf8.count {
+            if utf8[i] == UInt8(ascii: "%") {
+                guard i + 2 < utf8.count, let hi = hexDigit(utf8[i + 1]), let lo = hexDigit(utf8[i + 2]) else { return nil }
+                out.append(hi << 4 | lo)
+                i += 3
+            } else {
+                out.append(utf8[i])
+                i += 1
+            }
+        }
+        return String(validating: out, as: UTF8.self)
+    }
+
+    static func printable(_ text: String) -> String {
+        String(text.unicodeScalars.prefix(80).map { $0.value < 0x20 || $0.value == 0x7F ? "?" : Character($0) })
+    }
+}
+
+/// Which paths a record may name: inside the container, never a control entry, never a
+/// local-only name. The one check every incoming path goes through.
+public enum SyncPath {
+    public static func problem(_ path: String) -> String? {
+        let bytes = Array(path.utf8)
+        if bytes.isEmpty { return "empty" }
+        if bytes.count > 4096 { return "longer than 4096 bytes" }
+        if bytes.contains(0) { return "contains NUL" }
+        if bytes.first == UInt8(ascii: "/") || bytes.last == UInt8(ascii: "/") { return "starts or ends with '/'" }
+        let components = path.split(separator: "/", omittingEmptySubsequences: false)
+        for c in components {
+            if c.isEmpty || c == "." || c == ".." { return "has an empty, '.' or '..' component" }
+            if c.utf8.count > 255 { return "has a component over 255 bytes" }
+        }
+        if components.first == ".versions" || components.first == ".conflicts" { return "names a control entry" }
+        if LocalOnly.contains(path) { return "is local-only" }
+        return nil
+    }
+}

@@ -1,0 +1,306 @@
+import Dispatch
+import Glibc
+import UbiquityStore
+
+/// Replicates a store through a backing directory. One cycle: read other devices' new
+/// journal lines and fetch (verified) the chunks they name; then, under the store's
+/// lock, record local changes, take in the remote records and reconcile the tree; then
+/// upload this device's new records (objects first, then the journal lines).
+///
+/// A backing directory that is missing or failing makes the device "offline": local
+/// work goes on, records wait in the store (`uploaded = 0`) and go out later. Cycles run
+/// one at a time (the background loop and `syncNow` share `cycleLock`).
+public final class SyncEngine: SyncControl, @unchecked Sendable {
+    public struct Options: Sendable {
+        /// Seconds between cycles (DESIGN: 1 s).
+        public var pollSeconds: Double = 1
+        /// Records per journal append.
+        public var uploadBatch = 256
+        public init() {}
+    }
+
+    struct State {
+        var paused = false
+        var offline = false
+        var lastSync: Nanos?
+        var lastError = ""
+        var pending = 0
+        var conflicts = 0
+        var stopped = false
+        /// Messages already logged (each problem is logged once, not every second).
+        var logged: Set<String> = []
+    }
+
+    let access: StoreAccess
+    let chunks: ChunkStore
+    let backing: Backing
+    let deviceName: String
+    public let options: Options
+    private let state = Locked(State())
+    private let cycleLock = Locked(())
+    /// Journal offsets read so far, by device (mirrors the store's sync_peers).
+    private let offsets = Locked<[String: Int64]?>(nil)
+    private let wake = DispatchSemaphore(value: 0)
+    private let finished = DispatchSemaphore(value: 0)
+    private var started = false
+
+    public init(access: StoreAccess, store: Store, backingDirectory: String, options: Options = Options()) {
+        self.access = access
+        chunks = store.chunks
+        backing = Backing(directory: backingDirectory, deviceID: store.deviceID)
+        deviceName = store.deviceName
+        self.options = options
+    }
+
+    // MARK: control
+
+    /// Starts the background loop (one cycle at once, then one per poll interval).
+    public func start() {
+        started = true
+        DispatchQueue(label: "ubiquity.sync").async { [self] in
+            while !state.withLock({ $0.stopped }) {
+                runCycle(pushPull: !state.withLock { $0.paused })
+                _ = wake.wait(timeout: .now() + options.pollSeconds)
+            }
+            finished.signal()
+        }
+    }
+
+    /// Stops the loop after a last cycle (unmount: local changes get their records and
+    /// go out if the backing directory is there).
+    public func stop() {
+        guard started else { return }
+        state.withLock { $0.stopped = true }
+        wake.signal()
+        finished.wait()
+        runCycle(pushPull: !state.withLock { $0.paused })
+    }
+
+    public func syncNow() throws(StoreError) {
+        if state.withLock({ $0.paused }) {
+            log("ubiquity: sync requested while paused: run `ubiquity resume` first")
+            throw .io(errno: EAGAIN, "syncing is paused")
+        }
+        try cycleLock.withLock { (_: inout ()) throws(StoreError) in try cycle(pushPull: true) }
+    }
+
+    public func pause() {
+        state.withLock { $0.paused = true }
+        log("ubiquity: sync paused")
+    }
+
+    public func resume() {
+        state.withLock { $0.paused = false }
+        log("ubiquity: sync resumed")
+        wake.signal()
+    }
+
+    public func statusText() -> String {
+        let s = state.withLock { $0 }
+        let mode = s.paused ? "paused" : s.offline ? "offline" : "syncing"
+        return """
+            state=\(mode)
+            pending=\(s.pending)
+            last-sync=\(s.lastSync.map(isoTime) ?? "never")
+            conflicts=\(s.conflicts)
+            error=\(s.lastError)
+            backing=\(backing.directory)
+            device=\(deviceName)
+            device-id=\(backing.deviceID)
+
+            """
+    }
+
+    private func runCycle(pushPull: Bool) {
+        cycleLock.withLock { _ in
+            do { try cycle(pushPull: pushPull) } catch { logOnce("ubiquity: sync: \(error)") }
+        }
+    }
+
+    // MARK: one cycle
+
+    /// Callers hold `cycleLock`.
+    func cycle(pushPull: Bool) throws(StoreError) {
+        var problem: StoreError?
+        var incoming: [SyncRecord] = []
+        var newOffsets: [String: Int64] = [:]
+        if pushPull {
+            do {
+                try backing.open()
+                (incoming, newOffsets) = try pull()
+            } catch {
+                problem = error
+            }
+        }
+        var pending = 0, conflicts = 0
+        try access.withStore { (store, busy) throws(StoreError) -> TreeChanges in
+            try store.recordLocalChanges(busy: busy)
+            if !incoming.isEmpty { try store.addRemote(incoming) }
+            for (device, offset) in newOffsets { try store.setPeerOffset(device, offset) }
+            let changes = try store.reconcile(busy: busy)
+            conflicts = store.totalConflicts
+            return changes
+        }
+        offsets.withLock { known in for (d, o) in newOffsets { known?[d] = o } }
+        if pushPull && problem == nil {
+            do { try push() } catch { problem = error }
+        }
+        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            pending = store.pendingUploadCount
+            return TreeChanges()
+        }
+        let failed = problem
+        state.withLock { s in
+            s.pending = pending
+            s.conflicts = conflicts
+            guard pushPull else { return }
+            s.offline = failed != nil
+            if let failed {
+                s.lastError = "\(failed)"
+            } else {
+                s.lastSync = nowNanos()
+                if !s.lastError.isEmpty { log("ubiquity: sync: the backing directory works again") }
+                s.lastError = ""
+                s.logged = s.logged.filter { !$0.hasPrefix("ubiquity: sync: working offline") }
+            }
+        }
+        if let failed {
+            logOnce("ubiquity: sync: working offline: \(failed)")
+            throw failed
+        }
+    }
+
+    // MARK: pull
+
+    private func knownOffsets(_ devices: [String]) throws(StoreError) -> [String: Int64] {
+        if let known = offsets.withLock({ $0 }) { return known }
+        var loaded: [String: Int64] = [:]
+        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            for device in devices { loaded[device] = try store.peerOffset(device) }
+            return TreeChanges()
+        }
+        offsets.withLock { $0 = loaded }
+        return loaded
+    }
+
+    /// New complete records of every other device, in journal order, with their chunks in
+    /// the local chunk store; and how far each journal was consumed.
+    private func pull() throws(StoreError) -> ([SyncRecord], [String: Int64]) {
+        let (devices, ignored) = try backing.peers()
+        for name in ignored { logOnce("ubiquity: sync: ignoring devices/\(RecordCodec.printable(name)) in the backing directory (not a device id)") }
+        var known = try knownOffsets(devices)
+        var records: [SyncRecord] = []
+        var consumed: [String: Int64] = [:]
+        for device in devices {
+            if known[device] == nil {
+                known[device] = try access.peerOffsetOutsideCycle(device, engine: self)
+            }
+            let offset = known[device] ?? 0
+            guard let bytes = try backing.journal(of: device, from: offset), !bytes.isEmpty else { continue }
+            var start = 0
+            journal: while let newline = bytes[start...].firstIndex(of: UInt8(ascii: "\n")) {
+                let at = offset + Int64(start)
+                switch RecordCodec.decode(bytes[start..<newline], journalDevice: device) {
+                case .failure(let why):
+                    logOnce("ubiquity: sync: skipping line at byte \(at) of devices/\(device)/journal: \(why)")
+                case .success(let record):
+                    switch fetchChunks(of: record) {
+                    case .ready: records.append(record)
+                    case .malformed(let why):
+                        logOnce("ubiquity: sync: skipping record \(record.id) of devices/\(device)/journal: \(why)")
+                    case .waiting(let why):
+                        logOnce("ubiquity: sync: record \(record.id) of devices/\(device)/journal waits: \(why)")
+                        break journal
+                    }
+                }
+                start = newline + 1
+            }
+            if start > 0 { consumed[device] = offset + Int64(start) }
+        }
+        return (records, consumed)
+    }
+
+    enum Fetch { case ready, waiting(String), malformed(String) }
+
+    /// Copies the record's chunks into the local chunk store, each verified.
+    private func fetchChunks(of record: SyncRecord) -> Fetch {
+        for (id, size) in zip(record.chunks.ids, record.chunks.sizes) {
+            if chunks.contains(id) {
+                var st = stat()
+                if stat(chunks.path(of: id), &st) == 0, st.st_size != Int(size) { return .malformed("chunk \(id.hex) is \(st.st_size) bytes, not \(size)") }
+                continue
+            }
+            do {
+                guard let bytes = try backing.object(id) else { return .waiting("object \(id.hex) is not in the backing directory yet") }
+                guard bytes.count == Int(size) else { return .malformed("object \(id.hex) is \(bytes.count) bytes, not \(size)") }
+                try chunks.put(id, bytes)
+            } catch {
+                return .waiting("object \(id.hex): \(error)")
+            }
+        }
+        return .ready
+    }
+
+    // MARK: push
+
+    private func push() throws(StoreError) {
+        while true {
+            var batch: [SyncRecord] = []
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                batch = try store.pendingUploads(limit: options.uploadBatch)
+                return TreeChanges()
+            }
+            if batch.isEmpty { return }
+            var directories: Set<String> = []
+            for record in batch {
+                for id in Set(record.chunks.ids) where !backing.hasObject(id) {
+                    try backing.putObject(id, try chunks.read(id))
+                    directories.insert(String(id.hex.prefix(2)))
+                }
+            }
+            // The objects' names must be durable before a record names them.
+            for dir in directories { fsyncDirectory(backing.directory + "/objects/" + dir) }
+            try backing.append(batch.map(RecordCodec.encode))
+            let ids = batch.map(\.id)
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                try store.markUploaded(ids)
+                return TreeChanges()
+            }
+            if batch.count < options.uploadBatch { return }
+        }
+    }
+
+    private func fsyncDirectory(_ path: String) {
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if fd >= 0 { _ = fsync(fd); close(fd) }
+    }
+
+    private func logOnce(_ message: String) {
+        let first = state.withLock { $0.logged.insert(message).inserted }
+        if first { log(message) }
+    }
+}
+
+extension StoreAccess {
+    /// The stored offset of a device first seen after the offsets were loaded.
+    func peerOffsetOutsideCycle(_ device: String, engine: SyncEngine) throws(StoreError) -> Int64 {
+        var offset: Int64 = 0
+        try withStore { (store, _) throws(StoreError) -> TreeChanges in
+            offset = try store.peerOffset(device)
+            return TreeChanges()
+        }
+        return offset
+    }
+}
+
+/// "2026-11-22T13:45:01Z".
+func isoTime(_ nanos: Nanos) -> String {
+    var seconds = time_t(nanos / 1_000_000_000)
+    var t = tm()
+    gmtime_r(&seconds, &t)
+    func pad(_ v: Int32, _ width: Int) -> String {
+        let s = String(v)
+        return String(repeating: "0", count: max(0, width - s.count)) + s
+    }
+    return "\(pad(t.tm_year + 1900, 4))-\(pad(t.tm_mon + 1, 2))-\(pad(t.tm_mday, 2))T\(pad(t.tm_hour, 2)):\(pad(t.tm_min, 2)):\(pad(t.tm_sec, 2))Z"
+}

@@ -1,0 +1,120 @@
+import ArgumentParser
+import Glibc
+import UbiquityFUSE
+
+struct SyncCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "sync",
+        abstract: "Sync a mount now, and wait until the cycle is done.",
+        discussion: """
+        Runs one full cycle: uploads this device's pending versions to the backing \
+        directory, then applies what other devices wrote there. Returns when the cycle is \
+        done and prints what is left, e.g. "synced /home/u/Cloud: 0 pending, 1 conflict". \
+        The daemon also syncs on its own; use this before shutting a laptop, or to see \
+        another device's changes at once.
+
+        If the backing directory cannot be reached (an unmounted disk or network share), \
+        it fails with exit status 1 and the daemon's log says why; pending versions stay \
+        queued.
+
+          ubiquity sync                  # the only mounted container
+          ubiquity sync ~/Cloud
+        """)
+
+    @Argument(help: "The mount point, or any path inside it. Default: the only ubiquity mount.")
+    var mountpoint: String?
+
+    func run() throws {
+        let (entry, _) = try selectMount(mountpoint, command: "sync")
+        try sendControl("sync", to: entry, command: "sync")
+        let mp = entry.mountpoint
+        guard let status = try? SyncStatus.read(mountpoint: mp) else {
+            print("synced \(mp)")
+            return
+        }
+        var line = "synced \(mp): \(status.summary)"
+        if let conflicts = status["conflicts"], let n = Int(conflicts), n > 0 {
+            line += " (see `ubiquity conflicts \(mp)`)"
+        }
+        if status["state"] == "paused" {
+            line += "; still paused: `ubiquity resume \(mp)` to sync on its own again"
+        }
+        print(line)
+    }
+}
+
+struct PauseCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "pause",
+        abstract: "Stop syncing a mount (Airplane Mode) until `ubiquity resume`.",
+        discussion: """
+        The mount keeps working: every save is still a version, kept locally and counted \
+        as pending. Nothing is uploaded or downloaded until `ubiquity resume`, which sends \
+        and fetches everything that waited. `ubiquity status` shows the state.
+
+          ubiquity pause ~/Cloud
+          ubiquity resume ~/Cloud
+        """)
+
+    @Argument(help: "The mount point, or any path inside it. Default: the only ubiquity mount.")
+    var mountpoint: String?
+
+    func run() throws {
+        let (entry, _) = try selectMount(mountpoint, command: "pause")
+        try sendControl("pause", to: entry, command: "pause")
+        let mp = entry.mountpoint
+        let pending = pendingNote(mp)
+        print("paused syncing of \(mp)\(pending); saves are kept until `ubiquity resume \(mp)`")
+    }
+}
+
+struct ResumeCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "resume",
+        abstract: "Start syncing a paused mount again.",
+        discussion: """
+        Undoes `ubiquity pause`: the daemon syncs on its own again, starting with what \
+        waited. It returns at once; `ubiquity sync` waits until a cycle is done.
+
+          ubiquity resume ~/Cloud
+          ubiquity sync ~/Cloud          # optional: wait until everything is up
+        """)
+
+    @Argument(help: "The mount point, or any path inside it. Default: the only ubiquity mount.")
+    var mountpoint: String?
+
+    func run() throws {
+        let (entry, _) = try selectMount(mountpoint, command: "resume")
+        try sendControl("resume", to: entry, command: "resume")
+        let mp = entry.mountpoint
+        let pending = pendingNote(mp)
+        print("resumed syncing of \(mp)\(pending)")
+    }
+}
+
+/// " (3 pending)" from the daemon's sync status, or "" when it does not say.
+private func pendingNote(_ mountpoint: String) -> String {
+    guard let status = try? SyncStatus.read(mountpoint: mountpoint), let pending = status["pending"] else { return "" }
+    return " (\(pending) pending)"
+}
+
+/// Sends one control word (`sync`, `pause`, `resume`) to the daemon serving `entry`: a
+/// setxattr of `user.ubiquity.control` on the mount point, answered when the daemon has
+/// done it. On failure prints why and where the daemon logs, and exits 1.
+func sendControl(_ word: String, to entry: MountEntry, command: String) throws {
+    let mp = entry.mountpoint
+    do {
+        try writeXattr(mp, "user.ubiquity.control", word)
+    } catch {
+        let code = (error as? SystemCallError)?.code ?? EIO
+        var message = "\(mp): \(String(cString: strerror(code))); \(daemonLogHint(entry))"
+        if code == ENOTCONN {
+            // A crashed daemon leaves a dead mount; `ubiquity mount` clears it (clearDeadMount).
+            message += ". The daemon is gone: `ubiquity mount \(mp)` mounts it again"
+        } else if code == EPERM || code == EOPNOTSUPP {
+            // A daemon from before sync refuses writes to user.ubiquity.* with EPERM.
+            message += ". If the daemon predates sync, remount: `ubiquity unmount \(mp)`, then mount again"
+        }
+        throw fail(command, message)
+    }
+}

@@ -1,0 +1,245 @@
+import Glibc
+import Testing
+@testable import UbiquityFS
+@testable import UbiquityStore
+@testable import UbiquitySync
+
+/// Deterministic multi-device simulation: devices edit, rename, delete, resolve
+/// conflicts, pause and lose their backing directory in a seeded random order, each
+/// with its own skewed injected clock; sync cycles run at random points. In the end, with
+/// everything reconnected, every device must show the same tree and the same conflicts,
+/// and every version any device committed must be in every device's history.
+///
+/// Replay one schedule: `UBQ_SIM_SEED=1234 swift test --filter Simulation`.
+/// More schedules: `UBQ_SIM_SCHEDULES=5000`.
+@Suite struct SimulationTests {
+    @Test func devicesConverge() throws {
+        let env = { (name: String) in getenv(name).map { String(cString: $0) } }
+        if let seed = env("UBQ_SIM_SEED").flatMap(UInt64.init) {
+            try runSchedule(seed: seed, steps: Int(env("UBQ_SIM_STEPS") ?? "") ?? 120)
+            return
+        }
+        let count = Int(env("UBQ_SIM_SCHEDULES") ?? "") ?? 300
+        let start = nowNanos()
+        for seed in 1...UInt64(count) { try runSchedule(seed: seed, steps: 60) }
+        print("simulation: \(count) schedules of 60 steps, 3 devices, in \((nowNanos() - start) / 1_000_000) ms")
+    }
+
+    @Test func longSchedulesConverge() throws {
+        for seed in UInt64(10_001)...10_010 { try runSchedule(seed: seed, steps: 400) }
+    }
+}
+
+/// A seeded generator (xorshift64*): the same seed, the same schedule.
+struct SeededRandom: RandomNumberGenerator {
+    var state: UInt64
+    init(seed: UInt64) { state = seed &* 0x9E37_79B9_7F4A_7C15 | 1 }
+    mutating func next() -> UInt64 {
+        state ^= state >> 12; state ^= state << 25; state ^= state >> 27
+        return state &* 0x2545_F491_4F6C_DD1D
+    }
+}
+
+final class SimDevice {
+    let name: String
+    let store: Store
+    let fs: FileSystem
+    let engine: SyncEngine
+    /// The device's way to the backing directory: a symlink the simulation breaks to
+    /// make the directory unreachable.
+    let link: String
+    var paused = false
+    let me = Caller(uid: getuid(), gid: getgid())
+
+    init(name: String, root: String, backing: String, clock: @escaping @Sendable () -> Nanos) throws {
+        self.name = name
+        link = root + "/\(name)-backing"
+        symlink(backing, link)
+        store = try Store(directory: root + "/\(name)-store", deviceName: name)
+        store.clock = clock
+        fs = FileSystem(store: store)
+        engine = SyncEngine(access: fs, store: store, backingDirectory: link)
+    }
+
+    func cycle() { try? engine.cycle(pushPull: !paused) }
+
+    func directory(_ path: String, create: Bool) throws -> UInt64? {
+        var ino = Store.rootInode
+        for component in path.split(separator: "/").map(String.init) {
+            if let a = try? fs.lookup(parent: ino, name: component) {
+                guard a.mode & UInt32(S_IFMT) == UInt32(S_IFDIR) else { return nil }
+                ino = a.ino
+            } else if create {
+                ino = try fs.mkdir(parent: ino, name: component, mode: 0o755, caller: me).ino
+            } else {
+                return nil
+            }
+        }
+        return ino
+    }
+
+    func save(_ path: String, _ text: String) throws {
+        let (dir, name) = splitPath(path)!
+        guard let parent = try directory(dir, create: true) else { return }
+        let handle: UInt64
+        if let existing = try? fs.lookup(parent: parent, name: name) {
+            guard existing.mode & UInt32(S_IFMT) == UInt32(S_IFREG) else { return }
+            handle = try fs.open(existing.ino, flags: OpenFlags(O_WRONLY | O_TRUNC))
+        } else {
+            handle = try fs.create(parent: parent, name: name, mode: 0o644, flags: OpenFlags(O_WRONLY), caller: me).1
+        }
+        _ = try Array(text.utf8).withUnsafeBytes { try fs.write(handle, offset: 0, data: $0) }
+        try fs.release(handle)
+    }
+
+    /// Every file, directory and symlink: path -> what it is and holds.
+    func tree() throws -> [String: String] {
+        var result: [String: String] = [:]
+        func walk(_ ino: UInt64, _ prefix: String) throws {
+            let h = try fs.opendir(ino)
+            defer { fs.releasedir(h) }
+            for entry in try fs.readdir(h) where entry.name != "." && entry.name != ".." {
+                if ino == Store.rootInode && (entry.name == ".versions" || entry.name == ".conflicts") { continue }
+                let path = prefix + entry.name
+                switch entry.attributes.mode & UInt32(S_IFMT) {
+                case UInt32(S_IFDIR):
+                    result[path] = "dir \(String(entry.attributes.mode & 0o7777, radix: 8))"
+                    try walk(entry.attributes.ino, path + "/")
+                case UInt32(S_IFLNK):
+                    result[path] = "link " + (try fs.readlink(entry.attributes.ino))
+                default:
+                    let f = try fs.open(entry.attributes.ino, flags: OpenFlags(O_RDONLY))
+                    defer { try? fs.release(f) }
+                    result[path] = "file " + String(decoding: try fs.read(f, offset: 0, count: 1 << 20), as: UTF8.self)
+                }
+            }
+        }
+        try walk(Store.rootInode, "")
+        return result
+    }
+
+    func conflicts() -> [String: [String]] {
+        fs.meta.withLock { m in
+            var result: [String: [String]] = [:]
+            for path in m.store.conflictedPaths() {
+                result[path] = m.store.replica.state(at: path).conflicts.map(\.id).sorted()
+            }
+            return result
+        }
+    }
+}
+
+/// One schedule. Failures name the seed.
+func runSchedule(seed: UInt64, steps: Int) throws {
+    var rng = SeededRandom(seed: seed)
+    var template = Array("/tmp/ubiquity-sim-XXXXXX".utf8CString)
+    let root = String(cString: mkdtemp(&template)!)
+    defer { _ = system("rm -rf '\(root)'") }
+    let backing = root + "/backing"
+    mkdir(backing, 0o755)
+    // One logical clock; each device reads it with its own skew (clocks disagree).
+    let ticks = Locked<Nanos>(1_700_000_000_000_000_000)
+    var devices: [SimDevice] = []
+    for i in 0..<3 {
+        let skew = Nanos(rng.next() % 4_000_000_000) - 2_000_000_000
+        devices.append(try SimDevice(name: "dev\(i)", root: root, backing: backing, clock: {
+            ticks.withLock { t in t += 1_000_000; return t } + skew
+        }))
+    }
+    let names = ["a.txt", "b.txt", "d/c.txt", "d/e/f.txt", "g.tinypix.txt"]
+    var trace: [String] = []
+    for step in 0..<steps {
+        let d = devices[Int(rng.next() % UInt64(devices.count))]
+        let roll = rng.next() % 100
+        let path = names[Int(rng.next() % UInt64(names.count))]
+        let (dir, name) = splitPath(path)!
+        trace.append("\(step) \(d.name) \(roll) \(path)")
+        switch roll {
+        case 0..<35:
+            try d.save(path, "\(d.name) step \(step)")
+        case 35..<45:
+            if let parent = try d.directory(dir, create: false) { try? d.fs.unlink(parent: parent, name: name) }
+        case 45..<55:
+            let other = names[Int(rng.next() % UInt64(names.count))]
+            let (newDir, newName) = splitPath(other)!
+            if let parent = try d.directory(dir, create: false), let newParent = try d.directory(newDir, create: true) {
+                try? d.fs.rename(parent: parent, name: name, newParent: newParent, newName: newName, flags: 0)
+            }
+        case 55..<60:
+            if let parent = try d.directory("d", create: false) { try? d.fs.rmdir(parent: parent, name: "e") }
+        case 60..<65:
+            d.paused.toggle()
+        case 65..<68:
+            if access(d.link, F_OK) == 0 { unlink(d.link) } else { symlink(backing, d.link) }
+        case 68..<74:
+            try resolveSomeConflict(d, &rng)
+        case 74..<77:
+            if let parent = try d.directory(dir, create: true) {
+                _ = try? d.fs.symlink(target: "../\(step)", parent: parent, name: "s\(step % 3)", caller: d.me)
+            }
+        default:
+            d.cycle()
+        }
+    }
+    // Reconnect everyone and let the records flow until nothing changes.
+    for d in devices {
+        d.paused = false
+        if access(d.link, F_OK) != 0 { symlink(backing, d.link) }
+    }
+    for _ in 0..<4 { for d in devices { d.cycle() } }
+
+    let context = "seed \(seed) (replay: UBQ_SIM_SEED=\(seed) UBQ_SIM_STEPS=\(steps) swift test --filter Simulation)"
+    let first = try devices[0].tree()
+    let firstConflicts = devices[0].conflicts()
+    for d in devices.dropFirst() {
+        let tree = try d.tree()
+        if tree != first {
+            let diff = Set(tree.keys).union(first.keys).sorted().filter { tree[$0] != first[$0] }
+                .map { "\($0): dev0 \(first[$0] ?? "-") | \(d.name) \(tree[$0] ?? "-")" }
+            Issue.record("trees differ, \(context):\n\(diff.joined(separator: "\n"))\ntrace:\n\(trace.suffix(40).joined(separator: "\n"))")
+            return
+        }
+        #expect(d.conflicts() == firstConflicts, "conflict sets differ, \(context)")
+    }
+    // Every version committed anywhere is a record everywhere, with a history to show it.
+    var committed: Set<String> = []
+    for d in devices {
+        try d.fs.meta.withLock { (m) throws(StoreError) in
+            for id in try m.store.db.rows("SELECT id FROM versions WHERE device_id = ? AND tombstone = 0 AND local = 0 AND kind = 1",
+                                          [.text(m.store.deviceID)], { $0.text(0) }) { committed.insert(id) }
+        }
+    }
+    for d in devices {
+        let missing = try d.fs.meta.withLock { (m) throws(StoreError) -> [String] in
+            var missing: [String] = []
+            for id in committed {
+                guard let node = m.store.replica.records[id]?.node else { missing.append(id); continue }
+                if try m.store.db.rows("SELECT count(*) FROM histories WHERE file_id = ?", [.text(node)], { $0.int(0) }).first == 0 {
+                    missing.append(id)
+                }
+            }
+            return missing
+        }
+        #expect(missing.isEmpty, "\(d.name) cannot reach \(missing.count) committed versions, \(context)")
+    }
+}
+
+/// Discards or takes one conflict version through the `.conflicts/` view, as `rm`/`mv` do.
+func resolveSomeConflict(_ d: SimDevice, _ rng: inout SeededRandom) throws {
+    let paths = d.fs.meta.withLock { $0.store.conflictedPaths() }
+    guard !paths.isEmpty else { return }
+    let path = paths[Int(rng.next() % UInt64(paths.count))]
+    var ino = try d.fs.lookup(parent: Store.rootInode, name: ".conflicts").ino
+    for component in path.split(separator: "/") { ino = try d.fs.lookup(parent: ino, name: String(component)).ino }
+    let h = try d.fs.opendir(ino)
+    let versions = try d.fs.readdir(h).map(\.name).filter { $0 != "." && $0 != ".." }
+    d.fs.releasedir(h)
+    guard let name = versions.first else { return }
+    if rng.next() % 2 == 0 {
+        try d.fs.unlink(parent: ino, name: name)
+    } else {
+        let (dir, file) = splitPath(path)!
+        guard let parent = try d.directory(dir, create: false) else { return }
+        try? d.fs.rename(parent: ino, name: name, newParent: parent, newName: file, flags: 0)
+    }
+}

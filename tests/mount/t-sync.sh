@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# Two devices (alpha, beta) on one backing directory, polling every 0.2 s: what one
+# saves shows up on the other with no command: files (new, edited, empty, several
+# chunks, odd names), nested and empty directories, renames of files and directories,
+# an editor-style save over a file, deletes, modes, mtimes, symlinks, user xattrs. An
+# edit of a file received from the other device is no conflict. Local-only files stay
+# home. pause/resume stop and restart syncing; user.ubiquity.uploaded is 1 once pushed;
+# `ubiquity sync` pushes and pulls at once (checked on a third device that does not
+# poll); a device that was unmounted catches up when mounted again; the backing
+# directory follows docs/FORMAT.md (every journal line checks, every chunk is there).
+# ubq-timeout: 180
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+DEVICE=alpha
+mount_fresh sync --poll 0.2
+A=$MNT
+mount_device beta --poll 0.2
+B=$(mnt_of beta)
+
+# xattr_hex FILE NAME: the value of an xattr as 0x... ("" when absent).
+xattr_hex() {
+  getfattr --absolute-names -e hex -n "$2" -- "$1" 2>/dev/null | sed -n "s/^$2=//p"
+}
+
+step "a file written on alpha appears on beta, with no command"
+echo hello >"$A/hello.txt"
+wait_content "$B/hello.txt" hello "hello.txt on beta"
+assert_eq alpha "$(xattr "$B/hello.txt" user.ubiquity.device)" "user.ubiquity.device of hello.txt on beta"
+assert_eq "$(xattr "$A/hello.txt" user.ubiquity.version)" "$(xattr "$B/hello.txt" user.ubiquity.version)" \
+  "user.ubiquity.version of hello.txt, beta vs alpha (one id on every device)"
+
+step "and one written on beta appears on alpha"
+echo from-beta >"$B/from-beta.txt"
+wait_content "$A/from-beta.txt" from-beta "from-beta.txt on alpha"
+assert_eq beta "$(xattr "$A/from-beta.txt" user.ubiquity.device)" "user.ubiquity.device of from-beta.txt on alpha"
+
+step "an edit reaches beta, which had the old content cached; both list the same history"
+cat "$B/hello.txt" >/dev/null
+echo "hello again" >"$A/hello.txt"
+wait_content "$B/hello.txt" "hello again" "hello.txt on beta after alpha's edit"
+wait_eq 2 "versions of hello.txt on beta" version_count_at "$B" hello.txt
+assert_eq "$(version_names_at "$A" hello.txt)" "$(version_names_at "$B" hello.txt)" \
+  "version names of hello.txt, alpha vs beta"
+
+step "beta edits what it received from alpha: a plain new version, no conflict"
+echo "beta continues" >"$B/hello.txt"
+wait_content "$A/hello.txt" "beta continues" "hello.txt on alpha after beta's edit"
+wait_eq 3 "versions of hello.txt on alpha" version_count_at "$A" hello.txt
+for m in "$A" "$B"; do
+  assert_eq 0 "$(xattr "$m/hello.txt" user.ubiquity.conflicts)" "user.ubiquity.conflicts of hello.txt on $m"
+  assert_eq 0 "$(conflict_count "$m" hello.txt)" "entries in $m/.conflicts/hello.txt/"
+done
+assert_eq "$(version_names_at "$A" hello.txt)" "$(version_names_at "$B" hello.txt)" \
+  "version names of hello.txt after beta's edit, alpha vs beta"
+
+step "nested directories, an empty directory, an empty file, odd names"
+mkdir -p "$A/d1/d2/d3" "$A/empty-dir"
+echo deep >"$A/d1/d2/d3/deep.txt"
+: >"$A/d1/empty.txt"
+printf 'no final newline' >"$A/d1/nonl.txt"
+echo odd >"$A/d1/a b%20=c,d:e+f.txt"
+echo accents >"$A/d1/café-ü-日本.txt"
+wait_content "$B/d1/d2/d3/deep.txt" deep "d1/d2/d3/deep.txt on beta"
+wait_content "$B/d1/a b%20=c,d:e+f.txt" odd "a name with a space, %, =, comma, colon, + on beta"
+wait_content "$B/d1/café-ü-日本.txt" accents "a UTF-8 name on beta"
+wait_exists "$B/d1/empty.txt" "an empty file on beta"
+assert_eq 0 "$(stat -c %s "$B/d1/empty.txt")" "size of d1/empty.txt on beta"
+wait_for "empty-dir on beta is a directory" test -d "$B/empty-dir"
+wait_same_tree "$A" "$B" "trees after the nested directories"
+
+step "a 3 MiB file (several chunks), then a one-byte edit in its middle"
+head -c 3M /dev/urandom >"$WORK/big.bin"
+cp "$WORK/big.bin" "$A/d1/big.bin"
+wait_for "d1/big.bin on beta equals the original" cmp -- "$WORK/big.bin" "$B/d1/big.bin"
+printf X | dd of="$WORK/big.bin" bs=1 seek=1500000 conv=notrunc status=none
+printf X | dd of="$A/d1/big.bin" bs=1 seek=1500000 conv=notrunc status=none
+wait_for "d1/big.bin on beta after the one-byte edit" cmp -- "$WORK/big.bin" "$B/d1/big.bin"
+
+step "renames: a file, a directory tree on alpha, a subtree on beta"
+mv "$A/hello.txt" "$A/d1/renamed.txt"
+wait_missing "$B/hello.txt" "hello.txt on beta after the rename"
+wait_content "$B/d1/renamed.txt" "beta continues" "d1/renamed.txt on beta"
+assert_eq 3 "$(version_count_at "$B" d1/renamed.txt)" "history of d1/renamed.txt on beta (follows the rename)"
+mv "$A/d1" "$A/top"
+wait_missing "$B/d1" "d1 on beta after renaming it to top"
+wait_content "$B/top/d2/d3/deep.txt" deep "top/d2/d3/deep.txt on beta"
+wait_same_tree "$A" "$B" "trees after renaming d1 to top"
+mv "$B/top/d2" "$B/moved-d2"
+wait_missing "$A/top/d2" "top/d2 on alpha after beta moved it"
+wait_content "$A/moved-d2/d3/deep.txt" deep "moved-d2/d3/deep.txt on alpha"
+
+step "an editor-style save (temp file renamed over the target) continues the history"
+echo "saved by an editor" >"$A/top/.renamed.txt.tmp"
+mv "$A/top/.renamed.txt.tmp" "$A/top/renamed.txt"
+wait_content "$B/top/renamed.txt" "saved by an editor" "top/renamed.txt on beta after the atomic save"
+wait_eq 4 "versions of top/renamed.txt on beta" version_count_at "$B" top/renamed.txt
+assert_missing "$B/top/.renamed.txt.tmp" "the editor's temp file on beta"
+
+step "deletes: a file, a directory tree (from beta), an empty directory"
+rm "$A/from-beta.txt"
+wait_missing "$B/from-beta.txt" "from-beta.txt on beta after alpha deleted it"
+assert_ne 0 "$(version_count_at "$B" from-beta.txt)" "versions of the deleted from-beta.txt kept on beta"
+rm -r "$B/moved-d2"
+wait_missing "$A/moved-d2" "moved-d2 on alpha after beta deleted it"
+rmdir "$A/empty-dir"
+wait_missing "$B/empty-dir" "empty-dir on beta after alpha removed it"
+
+step "modes, mtimes, symlinks and user xattrs"
+f=top/renamed.txt
+chmod 750 "$A/$f"
+wait_eq 750 "mode of $f on beta" stat -c %a "$B/$f"
+touch -d '2001-02-03 04:05:06.789012345' "$A/$f"
+wait_eq "2001-02-03 04:05:06.789012345 +0000" "mtime of $f on beta" stat -c %y "$B/$f"
+mkdir "$A/private"
+chmod 700 "$A/private"
+wait_eq 700 "mode of the directory private on beta" stat -c %a "$B/private"
+ln -s ../some/where "$A/top/dangling"
+ln -s renamed.txt "$A/top/rel-link"
+wait_eq ../some/where "target of the symlink top/dangling on beta" readlink "$B/top/dangling"
+wait_content "$B/top/rel-link" "saved by an editor" "reading through the symlink top/rel-link on beta"
+setfattr -n user.color -v red "$A/$f"
+wait_eq red "user.color of $f on beta" xattr "$B/$f" user.color
+setfattr -n user.bin -v 0x00ff0a "$A/$f"
+wait_eq 0x00ff0a "user.bin (binary value) of $f on beta" xattr_hex "$B/$f" user.bin
+setfattr -n user.tag -v blue "$A/top"
+wait_eq blue "user.tag of the directory top on beta" xattr "$B/top" user.tag
+wait_same_tree "$A" "$B" "trees after the metadata changes"
+step "... and their changes: xattr removed, symlink deleted and retargeted, mode again"
+setfattr -x user.color "$A/$f"
+rm "$A/top/dangling"
+ln -sfn empty.txt "$A/top/rel-link"
+chmod 604 "$A/$f"
+wait_missing "$B/top/dangling" "the deleted symlink on beta"
+wait_eq empty.txt "target of top/rel-link on beta after ln -sfn" readlink "$B/top/rel-link"
+wait_eq 604 "mode of $f on beta after the second chmod" stat -c %a "$B/$f"
+wait_same_tree "$A" "$B" "trees after removing an xattr, a symlink, changing a mode"
+assert_eq "" "$(xattr "$B/$f" user.color)" "user.color on beta after setfattr -x on alpha"
+assert_eq "2001-02-03 04:05:06.789012345 +0000" "$(stat -c %y "$B/$f")" "mtime of $f on beta after chmod (unchanged)"
+
+step "local-only files stay on the device that made them"
+echo scratch >"$A/top/x.swp"
+mkdir "$A/priv.nosync"
+echo secret >"$A/priv.nosync/secret.txt"
+echo marker >"$A/marker.txt"
+sync_dev "$A" "$B"
+wait_content "$B/marker.txt" marker "marker.txt on beta (saved after the local-only files)"
+assert_missing "$B/top/x.swp" "a local-only *.swp file on beta"
+assert_missing "$B/priv.nosync" "a *.nosync directory on beta"
+assert_eq "" "$(grep -rlF -e priv.nosync -e x.swp "$BACKING/devices" || true)" \
+  "journals naming a local-only path"
+rm -r "$A/top/x.swp" "$A/priv.nosync"
+
+step "a paused device neither sends nor receives; after resume it catches up"
+pause_dev "$B"
+echo while-paused >"$A/while-paused.txt"
+echo beta-paused >"$B/beta-paused.txt"
+sync_dev "$A"
+# A negative check needs a wait: 1.5 s is 7 poll periods of beta.
+sleep 1.5
+assert_missing "$B/while-paused.txt" "alpha's new file on paused beta"
+assert_missing "$A/beta-paused.txt" "paused beta's new file on alpha"
+assert_eq 0 "$(xattr "$B/beta-paused.txt" user.ubiquity.uploaded)" "user.ubiquity.uploaded of a file saved while paused"
+assert_eq 1 "$(xattr "$A/while-paused.txt" user.ubiquity.uploaded)" "user.ubiquity.uploaded on alpha after ubiquity sync"
+resume_dev "$B"
+sync_dev "$B"
+assert_eq 1 "$(xattr "$B/beta-paused.txt" user.ubiquity.uploaded)" "user.ubiquity.uploaded after resume and ubiquity sync"
+assert_file_content "$B/while-paused.txt" while-paused "alpha's file on beta right after resume and ubiquity sync"
+wait_content "$A/beta-paused.txt" beta-paused "beta's file on alpha after beta resumed"
+
+step "ubiquity sync pushes and pulls at once (gamma does not poll: --poll 3600)"
+sync_all
+mount_device gamma --poll 3600
+C=$(mnt_of gamma)
+sync_dev "$C"
+assert_same_tree "$A" "$C" "gamma right after its first ubiquity sync"
+echo via-sync >"$A/via-sync.txt"
+sync_dev "$A" "$C"
+assert_file_content "$C/via-sync.txt" via-sync "via-sync.txt on gamma right after ubiquity sync of alpha, then gamma"
+echo from-gamma >"$C/from-gamma.txt"
+rm "$C/marker.txt"
+sync_dev "$C" "$A"
+assert_file_content "$A/from-gamma.txt" from-gamma "from-gamma.txt on alpha right after ubiquity sync of gamma, then alpha"
+assert_missing "$A/marker.txt" "marker.txt on alpha right after gamma deleted it and both synced"
+
+step "a device that was unmounted catches up when mounted again"
+unmount_device beta
+echo while-beta-down >"$A/while-down.txt"
+mv "$A/via-sync.txt" "$A/top/via-sync.txt"
+sync_dev "$A"
+mount_device beta
+wait_content "$B/while-down.txt" while-beta-down "while-down.txt on beta after its remount"
+wait_same_tree "$A" "$B" "trees after beta's remount"
+
+step "all three devices agree"
+sync_all
+assert_same_tree "$A" "$B" "alpha vs beta after sync_all"
+assert_same_tree "$A" "$C" "alpha vs gamma after sync_all"
+for n in alpha beta gamma; do assert_daemon_alive "$n"; done
+
+step "the backing directory follows docs/FORMAT.md"
+assert_eq "ubiquity-backing 1" "$(cat "$BACKING/FORMAT")" "content of BACKING/FORMAT"
+format_report=$(python3 - "$BACKING" <<'PY'
+import hashlib, os, re, sys, urllib.parse
+b = sys.argv[1]
+errors, records, chunks = [], 0, set()
+required = {b"id", b"kind", b"parents", b"device", b"name", b"committed", b"mtime", b"mode", b"tomb", b"path"}
+per_kind = {b"file": {b"node", b"meta", b"size", b"chunks", b"xattrs"}, b"dir": {b"xattrs"}, b"link": {b"target"}}
+devices = sorted(os.listdir(f"{b}/devices"))
+for dev in devices:
+    if not re.fullmatch(r"[0-9a-f]{16}", dev):
+        errors.append(f"devices/{dev}: not a 16-hex-digit device id")
+        continue
+    data = open(f"{b}/devices/{dev}/journal", "rb").read()
+    if data and not data.endswith(b"\n"):
+        errors.append(f"{dev}: journal does not end with a newline")
+    for n, line in enumerate(data.split(b"\n")[:-1], 1):
+        where = f"devices/{dev}/journal line {n}"
+        m = re.fullmatch(rb"U1 ([0-9a-f]{64}) (.+)", line)
+        if not m:
+            errors.append(f"{where}: not 'U1 <sha256> ...': {line[:80]!r}")
+            continue
+        if hashlib.sha256(m.group(2)).hexdigest().encode() != m.group(1):
+            errors.append(f"{where}: checksum does not match")
+        kv = {}
+        for item in m.group(2).split(b" "):
+            k, sep, v = item.partition(b"=")
+            if not sep or k in kv:
+                errors.append(f"{where}: bad or repeated key in {item[:40]!r}")
+            kv[k] = v
+        records += 1
+        kind = kv.get(b"kind", b"")
+        missing = (required | per_kind.get(kind, set())) - kv.keys()
+        if kind not in per_kind:
+            errors.append(f"{where}: kind {kind!r}")
+        if missing:
+            errors.append(f"{where}: missing keys {sorted(missing)}")
+        if kv.get(b"device") != dev.encode():
+            errors.append(f"{where}: device {kv.get(b'device')!r} is not the journal's {dev}")
+        path = urllib.parse.unquote_to_bytes(kv.get(b"path", b""))
+        if not path or path.startswith(b"/") or b".." in path.split(b"/") or b".nosync" in path:
+            errors.append(f"{where}: path {path!r}")
+        if kind == b"file" and kv.get(b"tomb") == b"0":
+            total = 0
+            for c in filter(None, urllib.parse.unquote_to_bytes(kv.get(b"chunks", b"")).split(b",")):
+                sha, _, size = c.partition(b":")
+                total += int(size)
+                chunks.add((sha.decode(), int(size), where))
+            if total != int(kv.get(b"size", b"-1")):
+                errors.append(f"{where}: size {kv.get(b'size')!r} is not the sum of the chunk sizes {total}")
+for sha, size, where in sorted(chunks):
+    p = f"{b}/objects/{sha[:2]}/{sha}"
+    try:
+        data = open(p, "rb").read()
+    except OSError as e:
+        errors.append(f"{where}: object {sha} missing ({e.strerror})")
+        continue
+    if hashlib.sha256(data).hexdigest() != sha or len(data) != size:
+        errors.append(f"{where}: object {sha} has the wrong bytes or size")
+print(f"{len(devices)} devices, {records} records, {len(chunks)} chunks")
+for e in errors[:30]:
+    print("ERROR", e)
+PY
+)
+log "    $(head -n1 <<<"$format_report")"
+assert_not_contains "$format_report" ERROR "checks of the backing directory against docs/FORMAT.md"
+assert_contains "$format_report" "3 devices," "device journals in the backing directory"
+
+unmount_device gamma
+unmount_device beta
+unmount_it
+pass
