@@ -161,8 +161,15 @@ extension FileSystem {
                     // A temp file saved once (sed -i, an editor's atomic save) has no history
                     // worth showing of its own: its one version becomes the target's newest.
                     // A source with a longer history keeps it, shown at its old path.
+                    // Only a history this device made: another device's file keeps its own
+                    // (simulation seed 20 lost a synced file's only version from .versions/).
                     if let old = source.fileID {
-                        if try m.store.versions(of: old).count <= 1 { try m.store.dropHistory(old) } else { try m.store.retireHistory(old) }
+                        let versions = try m.store.versions(of: old)
+                        if versions.count <= 1 && versions.allSatisfy({ $0.deviceID == m.store.deviceID }) {
+                            try m.store.dropHistory(old)
+                        } else {
+                            try m.store.retireHistory(old)
+                        }
                     }
                     try m.store.adoptHistory(sourceID, fileID: continued.fileID, head: continued.head)
                     try m.store.commit(sourceID, content: content, path: m.store.path(of: sourceID) ?? newName, local: false)

@@ -68,13 +68,17 @@ extension Store {
         // yet (queue them for reconcile).
         for record in Array(replica.current.values) {
             let present = record.kind == .file ? seenFiles.contains(record.node) : seenPaths.contains(NameKey(record.path))
-            if present || unreconciled.contains(NameKey(record.path)) { continue }
+            if present { continue }
             switch replica.state(at: record.path).shown {
             case .node(let shown) where shown.id == record.id: break
             case .directory where record.kind == .directory: break
             default: continue // a conflict version: never shown as a file
             }
-            if record.device == deviceID || isVacated(record.path) {
+            // Removed or moved away here since the last scan: deleted. Otherwise a path
+            // still queued for reconcile is not shown yet; a record of this device's own
+            // that the tree lacks was deleted (an editor's temp file renamed over a file);
+            // another device's is shown by the next reconcile.
+            if isVacated(record.path) || (record.device == deviceID && !unreconciled.contains(NameKey(record.path))) {
                 try recordNode(record.node, kind: record.kind, path: record.path, mode: 0, mtime: clock(), tombstone: true)
             } else {
                 unreconciled.insert(NameKey(record.path))

@@ -156,9 +156,14 @@ extension Store {
             for path in replica.add(info) { unreconciled.insert(NameKey(path)) }
             // Another device's file is listed under .versions/ from the start, even when it
             // never shows here as a file (a conflict that lost its path, say).
-            if uploaded && r.kind == .file && !r.isTombstone && replica.current[r.node]?.id == r.id {
-                try db.query("INSERT INTO histories(file_id, path, live) VALUES(?, ?, 1) ON CONFLICT(file_id) DO UPDATE SET path = excluded.path",
-                             [.text(r.node), .text(r.path)])
+            // (A record can arrive after a tombstone that descends from it: simulation seed 39.)
+            if uploaded && r.kind == .file && !r.isTombstone {
+                if replica.current[r.node]?.id == r.id {
+                    try db.query("INSERT INTO histories(file_id, path, live) VALUES(?, ?, 1) ON CONFLICT(file_id) DO UPDATE SET path = excluded.path",
+                                 [.text(r.node), .text(r.path)])
+                } else {
+                    try db.query("INSERT OR IGNORE INTO histories(file_id, path, live) VALUES(?, ?, 0)", [.text(r.node), .text(r.path)])
+                }
             }
         }
         return row

@@ -106,8 +106,8 @@ public enum RecordCodec {
             record.node = "dir:" + path
         default:
             record.node = "link:" + path
-            guard let target = unpercent(try field("target")), !target.isEmpty, target.utf8.count < 4096,
-                  !target.utf8.contains(0) else { throw Rejection("bad symlink target") }
+            guard let target = unpercent(try field("target")), !target.isEmpty || record.isTombstone,
+                  target.utf8.count < 4096, !target.utf8.contains(0) else { throw Rejection("bad symlink target") }
             record.target = record.isTombstone ? nil : target
         }
         if record.isTombstone && !record.chunks.ids.isEmpty { throw Rejection("a tombstone with content") }

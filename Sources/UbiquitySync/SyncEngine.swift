@@ -196,7 +196,14 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
                 known[device] = try access.peerOffsetOutsideCycle(device, engine: self)
             }
             let offset = known[device] ?? 0
-            guard let bytes = try backing.journal(of: device, from: offset), !bytes.isEmpty else { continue }
+            let read: [UInt8]?
+            do { read = try backing.journal(of: device, from: offset) } catch {
+                // One unreadable journal (junk where a device's directory should be) must
+                // not stop the others.
+                logOnce("ubiquity: sync: cannot read the journal of device \(device): \(error)")
+                continue
+            }
+            guard let bytes = read, !bytes.isEmpty else { continue }
             var start = 0
             journal: while let newline = bytes[start...].firstIndex(of: UInt8(ascii: "\n")) {
                 let at = offset + Int64(start)

@@ -108,6 +108,10 @@ func sendControl(_ word: String, to entry: MountEntry, command: String) throws {
     } catch {
         let code = (error as? SystemCallError)?.code ?? EIO
         var message = "\(mp): \(String(cString: strerror(code))); \(daemonLogHint(entry))"
+        if code == EAGAIN {
+            // The daemon refuses to sync while paused (Airplane Mode means no traffic).
+            throw fail(command, "\(mp) is paused; `ubiquity resume \(mp)` first (pending saves are kept)")
+        }
         if code == ENOTCONN {
             // A crashed daemon leaves a dead mount; `ubiquity mount` clears it (clearDeadMount).
             message += ". The daemon is gone: `ubiquity mount \(mp)` mounts it again"

@@ -6,6 +6,11 @@
 #   ... assertions ...
 #   pass                        # optional: prints a PASS line
 #
+# Sync scenarios mount more devices on the same BACKING (mount_device NAME), wait for
+# conditions instead of sleeping (wait_for, wait_eq, wait_content, wait_missing,
+# wait_same_tree) and sync on demand (sync_dev, sync_all, pause_dev, resume_dev): see
+# "Several devices sharing one backing directory" below.
+#
 # Every scenario runs as its own process. All of its files live under
 # /tmp/ubiquity-test-$$-NAME/ (scripts/sweep-test-mounts.sh knows that prefix), and an
 # EXIT trap unmounts what the script mounted (newest first), kills the daemons it
@@ -489,6 +494,10 @@ sync_all() {
 pause_dev() { ubq pause "$1" >/dev/null; }
 resume_dev() { ubq resume "$1" >/dev/null; }
 
+# sync_status MNT KEY: one value of the daemon's sync status (the key=value lines of
+# user.ubiquity.sync on the mount point: state, pending, conflicts, device-id, ...).
+sync_status() { xattr "$1" user.ubiquity.sync | sed -n "s/^$2=//p"; }
+
 # Waiting for a condition instead of sleeping. Every wait_* takes an optional first
 # "-t SECONDS" (default WAIT_TIMEOUT, 10 s), polls every 0.1 s, and on timeout fails
 # saying what was expected and what was last seen.
@@ -511,6 +520,8 @@ wait_for() {
     if out=$("$@" 2>&1); then return 0; fi
     if _ubq_past "$deadline"; then
       fail "$what: still not true after ${limit}s: [$*]${out:+ last said [$out]}"
+      # shellcheck disable=SC2317 # not reached while fail exits; kept in case fail is overridden
+      return 1
     fi
     sleep 0.1
   done
@@ -536,6 +547,8 @@ wait_eq() {
       ((rc == 0)) || got="$got [exit $rc: $(cat "$errf")]"
       rm -f "$errf"
       fail "$what: expected [$want], got [$got] (still after ${limit}s, from: $*)"
+      # shellcheck disable=SC2317 # not reached while fail exits; kept in case fail is overridden
+      return 1
     fi
     sleep 0.1
   done
@@ -646,6 +659,8 @@ wait_same_tree() {
     [[ $t1 != "$t2" ]] || return 0
     if _ubq_past "$deadline"; then
       fail "$3: trees still differ after ${limit}s (- $1, + $2):"$'\n'"$(_ubq_tree_diff "$t1" "$t2")"
+      # shellcheck disable=SC2317 # not reached while fail exits; kept in case fail is overridden
+      return 1
     fi
     sleep 0.2
   done
@@ -699,6 +714,47 @@ backing_device_id() {
   done
 }
 
+# on_failure CMD...: run CMD (eval'd, at most 20 s) if the scenario fails, before the
+# cleanup unmounts anything, to print what helps understand the failure.
+_UBQ_FAIL_HOOKS=()
+on_failure() { _UBQ_FAIL_HOOKS+=("$*"); }
+
+_ubq_run_failure_hooks() {
+  local h hp n
+  for h in ${_UBQ_FAIL_HOOKS[@]+"${_UBQ_FAIL_HOOKS[@]}"}; do
+    (eval "$h") &
+    hp=$!
+    for ((n = 0; n < 200; n++)); do
+      kill -0 "$hp" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$hp" 2>/dev/null; then
+      # Probably stuck in a request to a hung daemon: leave it, unmounting frees it.
+      echo "cleanup: failure hook [$h] still running after 20 s; not waiting for it" >&2
+      kill -KILL "$hp" 2>/dev/null
+    else
+      wait "$hp" 2>/dev/null
+    fi
+  done
+}
+
+# dump_sync_state: what every mounted device shows (names, no .versions) and the tail of
+# every journal in BACKING, one short line per record. Sync scenarios register it with
+# on_failure.
+dump_sync_state() {
+  local m j
+  while read -r m; do
+    [[ -n $m ]] || continue
+    echo "--- tree of $m (.conflicts included):"
+    (cd "$m" && find . -path ./.versions -prune -o -print | LC_ALL=C sort | head -n 80)
+  done < <(device_mounts)
+  for j in "${BACKING:-/nonexistent}"/devices/*/journal; do
+    [[ -f $j ]] || continue
+    echo "--- $j: $(wc -l <"$j") lines; the last 20, shortened:"
+    tail -n 20 "$j" | cut -c1-1000 | sed -E 's/^U1 [0-9a-f]{64} //; s/ (committed|chunks|xattrs|device)=[^ ]*//g; s/([0-9a-f]{8})[0-9a-f]{24}/\1/g' | cut -c1-240
+  done
+}
+
 # ---------------------------------------------------------------------------------
 # Cleanup (EXIT trap). Bounded in time so run.sh's timeout is never needed for it.
 
@@ -709,6 +765,7 @@ _ubq_cleanup() {
   set +e
   trap - EXIT INT TERM
   cd / || true
+  if ((rc != 0 && rc != SKIP_CODE)); then _ubq_run_failure_hooks; fi
   # Newest mount first: a later mount may live inside an earlier one's tree.
   for ((i = ${#_UBQ_MOUNTS[@]} - 1; i >= 0; i--)); do
     m=${_UBQ_MOUNTS[i]}

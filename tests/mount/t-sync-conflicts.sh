@@ -10,6 +10,8 @@
 # way to resolve, each synced to the other device: rm (discard; the version stays in
 # .versions/), mv onto the file (take), `ubiquity resolve --keep-current` and
 # `--take NAME`. Afterwards edits flow normally again.
+# Checks right after sync_all do not wait: `ubiquity sync` returns once what it pulled
+# is applied and the kernel's caches of it are invalidated (DESIGN 1.3).
 # ubq-timeout: 180
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -19,6 +21,7 @@ mount_fresh conflicts --poll 0.2
 A=$MNT
 mount_device beta --poll 0.2
 B=$(mnt_of beta)
+on_failure dump_sync_state
 
 grid_alpha=$'#......#\n.#....#.\n..#..#..\n...##...\n...##...\n..#..#..\n.#....#.\n#......#'
 grid_beta=$'########\n#......#\n#......#\n#......#\n#......#\n#......#\n#......#\n########'
@@ -108,6 +111,15 @@ assert_file_content "$B/survive.txt" "survive: from beta" "survive.txt on paused
 step "beta resumes; both sync"
 resume_dev "$B"
 sync_all
+
+step "ubiquity conflicts --paths and the sync status count what .conflicts/ shows"
+for m in "$A" "$B"; do
+  listed=$(ubq conflicts --paths "$m" | LC_ALL=C sort)
+  shown=$(cd "$m/.conflicts" && find . -type f | sed "s|^\.|$m/.conflicts|" | LC_ALL=C sort)
+  assert_eq "$shown" "$listed" "ubiquity conflicts --paths $m vs the files under $m/.conflicts/"
+  assert_eq 9 "$(wc -l <<<"$shown")" "conflict versions under $m/.conflicts/ (note take keep take2 sub/deep mtime tie both pic)"
+  assert_eq 9 "$(sync_status "$m" conflicts)" "conflicts in user.ubiquity.sync of $m"
+done
 
 step "the later edit is current on both devices; the earlier one is the only conflict version"
 for f in note take keep take2; do
@@ -207,6 +219,7 @@ check_resolved mtime.txt "mtime: from beta"
 check_resolved tie.txt "tie: from $winner"
 for m in "$A" "$B"; do
   assert_eq "" "$(ls -A "$m/.conflicts")" "entries in $m/.conflicts/ once every conflict is resolved"
+  assert_eq 0 "$(sync_status "$m" conflicts)" "conflicts in user.ubiquity.sync of $m once every conflict is resolved"
 done
 
 step "after resolving, edits flow normally again"

@@ -21,20 +21,33 @@ mount_fresh garbage --poll 0.2
 A=$MNT
 mount_device beta --poll 0.2
 B=$(mnt_of beta)
+on_failure dump_sync_state
 # Every record that must be rejected names a path containing $esc, a string nothing else
 # uses, so a leak can be looked for anywhere.
 esc="escape-$$"
 
-step "baseline: alpha's file reaches beta"
+# check_flow WITH: an edit on alpha reaches beta and one on beta reaches alpha (each
+# waits for the last, so they never conflict). WITH says what junk is around.
+flow=0
+check_flow() {
+  flow=$((flow + 1))
+  echo "alpha $flow" >"$A/flow.txt"
+  wait_content "$B/flow.txt" "alpha $flow" "alpha's edit of flow.txt on beta, with $1"
+  echo "beta $flow" >"$B/flow.txt"
+  wait_content "$A/flow.txt" "beta $flow" "beta's edit of flow.txt on alpha, with $1"
+}
+
+step "baseline: edits flow both ways"
 echo one >"$A/f.txt"
 wait_content "$B/f.txt" one "f.txt on beta"
 assert_eq "ubiquity-backing 1" "$(cat "$BACKING/FORMAT")" "content of BACKING/FORMAT"
+check_flow "a clean backing directory"
 
 # The junk is checked at the end: nobody may change or delete it (only gc deletes).
 junk=()
 add_junk() { junk+=("$@"); }
 
-step "junk in objects/, at the top level and under devices/"
+step "junk in objects/ and at the top level"
 mkdir -p "$BACKING/objects/zz" "$BACKING/objects/ab"
 head -c 4096 /dev/urandom >"$BACKING/objects/zz/garbage"
 head -c 100 /dev/urandom >"$BACKING/objects/ab/.tmp-half-written"
@@ -49,6 +62,7 @@ mkdir "$BACKING/stray-dir"
 echo stray >"$BACKING/stray-dir/stray.txt"
 add_junk objects/zz/garbage objects/ab/.tmp-half-written "objects/ab/$wrong_name" objects/README \
   random.bin README.txt .DS_Store stray-dir/stray.txt
+check_flow "junk in objects/ and at the top level"
 
 printf 'hand\n' >"$WORK/hand.txt"
 hand_chunks=$(backing_put_object "$BACKING" "$WORK/hand.txt")
@@ -84,17 +98,6 @@ record() {
   done
   journal_line "${fields[@]}" ${extra[@]+"${extra[@]}"}
 }
-
-step "things under devices/ that are no device's journal"
-mkdir -p "$BACKING/devices/not-a-device" "$BACKING/devices/0123456789ABCDEF" \
-  "$BACKING/devices/2222222222222222/journal" "$BACKING/devices/3333333333333333"
-record not-a-device "not-a-device-$esc.txt" >"$BACKING/devices/not-a-device/journal"
-record 0123456789ABCDEF "uppercase-id-$esc.txt" >"$BACKING/devices/0123456789ABCDEF/journal"
-echo "a file where a device directory belongs" >"$BACKING/devices/1111111111111111"
-head -c 65536 /dev/urandom >"$BACKING/devices/3333333333333333/journal"
-echo "unknown file in a device directory" >"$BACKING/devices/3333333333333333/notes"
-add_junk devices/not-a-device/journal devices/0123456789ABCDEF/journal devices/1111111111111111 \
-  devices/3333333333333333/journal devices/3333333333333333/notes
 
 step "a hand-written device journal: junk and rejected records around valid ones"
 hand_dev=0123456789abcdef
@@ -206,6 +209,26 @@ printf 'WRONG bytes\n' >"$BACKING/objects/${right_sha:0:2}/$right_sha"
 record $corrupt_dev "corrupt-$esc.txt" "chunks=$right_sha:12" size=12 >"$BACKING/devices/$corrupt_dev/journal"
 add_junk "objects/${right_sha:0:2}/$right_sha" "devices/$corrupt_dev/journal"
 sync_all
+check_flow "a record that waits for a corrupt object"
+
+step "things under devices/ that are no device's journal, each on its own"
+mkdir -p "$BACKING/devices/not-a-device"
+record not-a-device "not-a-device-$esc.txt" >"$BACKING/devices/not-a-device/journal"
+check_flow "devices/not-a-device/ (not a device id) holding a journal"
+mkdir -p "$BACKING/devices/0123456789ABCDEF"
+record 0123456789ABCDEF "uppercase-id-$esc.txt" >"$BACKING/devices/0123456789ABCDEF/journal"
+check_flow "devices/0123456789ABCDEF/ (upper-case: not a device id) holding a journal"
+echo "a file where a device directory belongs" >"$BACKING/devices/1111111111111111"
+check_flow "devices/1111111111111111 a regular file, not a directory"
+mkdir -p "$BACKING/devices/2222222222222222/journal"
+check_flow "devices/2222222222222222/journal a directory, not a file"
+mkdir -p "$BACKING/devices/3333333333333333"
+head -c 65536 /dev/urandom >"$BACKING/devices/3333333333333333/journal"
+check_flow "devices/3333333333333333/journal of 64 KiB random bytes"
+echo "unknown file in a device directory" >"$BACKING/devices/3333333333333333/notes"
+check_flow "an unknown file in a device directory"
+add_junk devices/not-a-device/journal devices/0123456789ABCDEF/journal devices/1111111111111111 \
+  devices/3333333333333333/journal devices/3333333333333333/notes
 
 step "with all that around, edits keep flowing both ways"
 echo two >"$A/f.txt"
@@ -241,7 +264,7 @@ check_nothing_leaked() {
 }
 
 step "nothing rejected shows up, in the mounts or outside them"
-top=(after-late.txt dir f.txt "hand spaced é.txt" hand-after-crash.txt hand-future.txt
+top=(after-late.txt dir f.txt flow.txt "hand spaced é.txt" hand-after-crash.txt hand-future.txt
   hand-pending.txt hand-written.txt late-object.txt)
 check_nothing_leaked "${top[@]}"
 
@@ -256,11 +279,16 @@ assert_file_content "$A/offline-a.txt" offline-a "a new file on alpha while offl
 assert_file_content "$A/f.txt" three "an edit on alpha while offline"
 assert_eq 1 "$(version_count_at "$A" offline-a.txt)" "versions of offline-a.txt (saved locally)"
 assert_eq 0 "$(xattr "$A/offline-a.txt" user.ubiquity.uploaded)" "user.ubiquity.uploaded of a file saved while offline"
+# docs/README-sync-cli.md: `ubiquity sync` fails with exit status 1 when the backing
+# directory cannot be reached.
 rc=0
 out=$(timeout -k 5 30 "$UBIQUITY" sync "$A" 2>&1) || rc=$?
 ((rc != 124 && rc != 137)) || fail "ubiquity sync with the backing directory missing: still running after 30 s [$out]"
-log "    ubiquity sync with the backing directory missing: exit $rc [$out]"
-sleep 1 # polls against the missing directory
+assert_eq 1 "$rc" "exit status of ubiquity sync with the backing directory missing (output: [$out])"
+for m in "$A" "$B"; do
+  wait_eq offline "state in user.ubiquity.sync of $m while the backing directory is away" sync_status "$m" state
+done
+sleep 1 # more polls against the missing directory
 assert_missing "$BACKING" \
   "the backing directory while it is away (a daemon must not create it again: it may be an unmounted disk)"
 assert_file_content "$B/f.txt" two "f.txt on beta while the backing directory is away"
@@ -274,6 +302,9 @@ wait_content -t 20 "$B/f.txt" three "alpha's offline edit on beta"
 wait_content -t 20 "$A/offline-b.txt" offline-b "beta's offline file on alpha"
 wait_eq -t 20 1 "user.ubiquity.uploaded of offline-a.txt once back" xattr "$A/offline-a.txt" user.ubiquity.uploaded
 wait_same_tree -t 20 "$A" "$B" "trees after the backing directory came back"
+for m in "$A" "$B"; do
+  wait_eq syncing "state in user.ubiquity.sync of $m once the backing directory is back" sync_status "$m" state
+done
 
 step "at the end: junk untouched, nothing leaked, both daemons alive"
 assert_eq "$junk_sums" "$(cd "$BACKING" && sha256sum -- "${junk[@]}" 2>&1)" "junk and foreign journals (never changed or removed)"

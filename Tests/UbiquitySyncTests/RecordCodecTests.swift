@@ -1,0 +1,108 @@
+import Testing
+@testable import UbiquityStore
+@testable import UbiquitySync
+
+/// Journal lines are untrusted input from a shared directory: every hostile or damaged
+/// line must be rejected with a reason, never crash, never name a path outside the tree.
+@Suite struct RecordCodecTests {
+    static let device = "0123456789abcdef"
+
+    static func sample(path: String = "notes/a.txt") -> SyncRecord {
+        var chunks = ChunkList()
+        chunks.append(ChunkID(hashing: Array("hello".utf8)), size: 5)
+        return SyncRecord(id: String(repeating: "a", count: 32), node: String(repeating: "b", count: 32), kind: .file,
+                          parents: [String(repeating: "c", count: 32)], deviceID: device, deviceName: "lap top, 1",
+                          committed: 1, mtime: 2, mode: 0o644, isTombstone: false, isMeta: false, path: path,
+                          chunks: chunks, xattrs: [XattrEntry(name: "color:x", value: [0, 255])])
+    }
+
+    static func decode(_ line: String, device: String = device) -> Result<SyncRecord, RecordCodec.Rejection> {
+        RecordCodec.decode(Array(line.utf8.dropLast())[...], journalDevice: device)
+    }
+
+    /// A line with a correct checksum around any body (what a hostile writer can make).
+    static func signed(_ body: String) -> String {
+        "U1 \(RecordCodec.sha256Hex(Array(body.utf8))) \(body)\n"
+    }
+
+    @Test func roundTrips() throws {
+        for record in [Self.sample(), Self.sample(path: "ünï cødé/ with spaces %20.txt")] {
+            let decoded = try Self.decode(RecordCodec.encode(record)).get()
+            #expect(decoded == record)
+        }
+        var link = Self.sample(path: "l")
+        link.kind = .symlink; link.node = "link:l"; link.chunks = ChunkList(); link.target = "../x y"; link.xattrs = []
+        #expect(try Self.decode(RecordCodec.encode(link)).get() == link)
+        link.isTombstone = true; link.target = nil
+        #expect(try Self.decode(RecordCodec.encode(link)).get() == link)
+    }
+
+    @Test func rejectsDamagedLines() {
+        let line = RecordCodec.encode(Self.sample())
+        var flipped = Array(line.utf8)
+        flipped[80] ^= 1
+        let damaged = [
+            "", "garbage\n", String(line.prefix(40)) + "\n", String(decoding: flipped, as: UTF8.self),
+            line.replacingOccurrences("U1 ", "U2 "),
+        ]
+        for bad in damaged {
+            guard case .failure = Self.decode(bad) else { Issue.record("accepted \(bad.prefix(60))"); continue }
+        }
+        // Another device's record in this journal: impersonation.
+        guard case .failure = Self.decode(line, device: "fedcba9876543210") else { Issue.record("accepted another device's record"); return }
+    }
+
+    @Test func rejectsHostilePaths() {
+        let hostile = ["..", "../escape", "a/../../b", "/etc/passwd", "a//b", "a/", ".", "./a", ".versions/x", ".conflicts",
+                       "a\u{0}b", String(repeating: "n", count: 256), String(repeating: "a/", count: 2100) + "a",
+                       "x.nosync/f", "f.swp", "dir/.#lock"]
+        for path in hostile {
+            guard case .failure = Self.decode(RecordCodec.encode(Self.sample(path: path))) else {
+                Issue.record("accepted path \(path.prefix(40))"); continue
+            }
+        }
+        // Raw bytes that are not UTF-8, and broken escapes, even with a valid checksum.
+        let id = String(repeating: "a", count: 32), node = String(repeating: "b", count: 32)
+        for path in ["%FF%FE", "%2", "a%2Fb%00", "%2E%2E"] {
+            let body = "id=\(id) kind=file node=\(node) parents= device=\(Self.device) name=x committed=1 mtime=1 mode=420 tomb=0 path=\(path) size=0 chunks="
+            guard case .failure = Self.decode(Self.signed(body)) else { Issue.record("accepted raw path \(path)"); continue }
+        }
+    }
+
+    @Test func rejectsBadFields() {
+        let id = String(repeating: "a", count: 32), node = String(repeating: "b", count: 32)
+        let base = "id=\(id) kind=file node=\(node) parents= device=\(Self.device) name=x committed=1 mtime=1 tomb=0 path=a"
+        let bodies = [
+            base + " mode=420 size=6 chunks=" + String(repeating: "0", count: 64) + ":5",      // sizes do not add up
+            base + " mode=99999 size=0 chunks=",                                                 // mode out of range
+            base + " mode=420 size=0 chunks= mode=420",                                          // repeated key
+            base.replacingOccurrences("kind=file", "kind=socket") + " mode=420 size=0 chunks=",   // unknown kind
+            base + " mode=420 size=5000000 chunks=" + String(repeating: "0", count: 64) + ":5000000", // chunk too big
+            base.replacingOccurrences("parents=", "parents=zz") + " mode=420 size=0 chunks=",     // bad parent id
+            base + " mode=420 size=0",                                                           // missing key
+        ]
+        for body in bodies {
+            guard case .failure = Self.decode(Self.signed(body)) else { Issue.record("accepted \(body.suffix(60))"); continue }
+        }
+        // A fuzz pass: random bytes and random truncations never crash and never pass.
+        var rng = SeededRandom(seed: 7)
+        let good = Array(RecordCodec.encode(Self.sample()).utf8)
+        for _ in 0..<2000 {
+            // Without its newline the whole line is valid: cut at least one more byte, or
+            // change at least one.
+            let cut = Int(rng.next() % UInt64(good.count))
+            var bytes = Array(good.prefix(cut))
+            let changes = cut >= good.count - 1 ? 1 + Int(rng.next() % 3) : Int(rng.next() % 4)
+            for _ in 0..<changes where !bytes.isEmpty { bytes[Int(rng.next() % UInt64(bytes.count))] ^= UInt8(1 + rng.next() % 255) }
+            if case .success = RecordCodec.decode(bytes[...], journalDevice: Self.device) {
+                Issue.record("accepted a damaged line")
+            }
+        }
+    }
+}
+
+extension String {
+    func replacingOccurrences(_ target: String, _ replacement: String) -> String {
+        split(separator: target, omittingEmptySubsequences: false).joined(separator: replacement)
+    }
+}
