@@ -284,12 +284,15 @@ extension Store {
         }
     }
 
-    /// Whether sync may take this entry away: never a file with unsaved writes or without
-    /// a saved version, a non-empty directory, a fifo or socket.
+    /// Whether sync may take this entry away: never a file with unsaved writes, without a
+    /// saved version or with other names, a non-empty directory, a fifo or socket.
     private func removable(_ inode: Inode, busy: Set<InodeNumber>) -> Bool {
         switch inode.kind {
         case .file:
-            return !busy.contains(inode.id) && inode.head != nil
+            // A hard link's other names are local (a node has one path): never taken away
+            // (t-differential seed 889786859 lost them after a remount changed which name
+            // comes first).
+            return !busy.contains(inode.id) && inode.head != nil && inode.nlink <= 1
         case .directory: return isEmptyDirectory(inode.id)
         case .symlink: return true
         default: return false
