@@ -38,7 +38,8 @@ extension Store {
 
     /// Records what changed locally since the last call and has no record yet: renames,
     /// chmod, utimens and xattrs of files (meta records), directories and symlinks made,
-    /// changed or removed. Files in `busy` (open with unsaved writes) wait for their commit.
+    /// changed or removed. Unsaved writes are not changes yet: they become records when
+    /// committed.
     public func recordLocalChanges(busy: Set<InodeNumber>) throws(StoreError) {
         guard changeCount != scannedAt, !readOnly else { return }
         var seenFiles: Set<String> = []
@@ -49,7 +50,10 @@ extension Store {
             case .file:
                 guard let node = inode.fileID else { continue }
                 seenFiles.insert(node)
-                if !busy.contains(inode.id) { try recordFileMetadata(inode, path: path) }
+                // Also for files open for writing: their committed content with today's
+                // path, so the view never keeps a stale path (a stale implied directory
+                // replaced a symlink in t-differential seed 889786859).
+                try recordFileMetadata(inode, path: path)
             case .directory:
                 seenPaths.insert(NameKey(path))
                 if case .directory(let mode) = replica.state(at: path).shown, mode == inode.mode & 0o7777 { continue }

@@ -153,7 +153,11 @@ extension Store {
                                       isTombstone: r.isTombstone, mtime: r.mtime, device: r.deviceID, path: r.path)
             if r.kind == .directory { replica.modes[r.id] = r.mode }
             if let target = r.target { replica.targets[r.id] = target }
-            for path in replica.add(info) { unreconciled.insert(NameKey(path)) }
+            // Only another device's records can make the view differ from the tree here:
+            // the tree already shows this device's own changes (and reconciling after
+            // them would fight the user over hard links: t-differential seed 889786859).
+            let changed = replica.add(info)
+            if uploaded { for path in changed { unreconciled.insert(NameKey(path)) } }
             // Another device's file is listed under .versions/ from the start, even when it
             // never shows here as a file (a conflict that lost its path, say).
             // (A record can arrive after a tombstone that descends from it: simulation seed 39.)
