@@ -127,11 +127,4 @@ struct Replica {
     func conflictedPaths() -> [String] {
         nodesAt.keys.map(\.name).filter { !state(at: $0).conflicts.isEmpty }.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
     }
-
-    /// Live directory and symlink nodes (the scan checks each still exists locally).
-    var liveDirectoriesAndLinks: [Record] {
-        current.values.filter { $0.kind != .file }
-    }
-
-    var liveFiles: [Record] { current.values.filter { $0.kind == .file } }
 }

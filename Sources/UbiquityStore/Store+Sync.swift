@@ -240,19 +240,17 @@ extension Store {
                 guard let (parentPath, name) = splitPath(path), let parent = locateDirectory(parentPath) else {
                     deferred.insert(NameKey(path)); continue
                 }
-                let id: InodeNumber
                 switch shown {
                 case .none: continue
                 case .directory(let mode):
-                    id = try create(parent: parent, name: name, kind: .directory, mode: mode, uid: getuid(), gid: getgid()).id
+                    _ = try create(parent: parent, name: name, kind: .directory, mode: mode, uid: getuid(), gid: getgid())
                 case .node(let record):
-                    id = try create(parent: parent, name: name, kind: record.kind, mode: record.kind == .symlink ? 0o777 : 0o644,
+                    let id = try create(parent: parent, name: name, kind: record.kind, mode: record.kind == .symlink ? 0o777 : 0o644,
                                     uid: getuid(), gid: getgid(), target: replica.targets[record.id]).id
                     if record.kind == .file { try show(record, on: id) }
                 }
                 changes.entries.append(EntryName(parent: parent, name: name))
                 changes.inodes.insert(parent)
-                _ = id
             }
         }
         unreconciled.formUnion(deferred)

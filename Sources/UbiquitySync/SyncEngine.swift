@@ -172,15 +172,19 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
 
     // MARK: pull
 
+    /// How far each device's journal was read: kept in memory, loaded from the store the
+    /// first time a device is seen.
     private func knownOffsets(_ devices: [String]) throws(StoreError) -> [String: Int64] {
-        if let known = offsets.withLock({ $0 }) { return known }
-        var loaded: [String: Int64] = [:]
-        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-            for device in devices { loaded[device] = try store.peerOffset(device) }
-            return TreeChanges()
+        var known = offsets.withLock { $0 ?? [:] }
+        let unknown = devices.filter { known[$0] == nil }
+        if !unknown.isEmpty {
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                for device in unknown { known[device] = try store.peerOffset(device) }
+                return TreeChanges()
+            }
+            offsets.withLock { $0 = known }
         }
-        offsets.withLock { $0 = loaded }
-        return loaded
+        return known
     }
 
     /// New complete records of every other device, in journal order, with their chunks in
@@ -188,13 +192,10 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     private func pull() throws(StoreError) -> ([SyncRecord], [String: Int64]) {
         let (devices, ignored) = try backing.peers()
         for name in ignored { logOnce("ubiquity: sync: ignoring devices/\(RecordCodec.printable(name)) in the backing directory (not a device id)") }
-        var known = try knownOffsets(devices)
+        let known = try knownOffsets(devices)
         var records: [SyncRecord] = []
         var consumed: [String: Int64] = [:]
         for device in devices {
-            if known[device] == nil {
-                known[device] = try access.peerOffsetOutsideCycle(device, engine: self)
-            }
             let offset = known[device] ?? 0
             let read: [UInt8]?
             do { read = try backing.journal(of: device, from: offset) } catch {
@@ -285,18 +286,6 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     private func logOnce(_ message: String) {
         let first = state.withLock { $0.logged.insert(message).inserted }
         if first { log(message) }
-    }
-}
-
-extension StoreAccess {
-    /// The stored offset of a device first seen after the offsets were loaded.
-    func peerOffsetOutsideCycle(_ device: String, engine: SyncEngine) throws(StoreError) -> Int64 {
-        var offset: Int64 = 0
-        try withStore { (store, _) throws(StoreError) -> TreeChanges in
-            offset = try store.peerOffset(device)
-            return TreeChanges()
-        }
-        return offset
     }
 }
 

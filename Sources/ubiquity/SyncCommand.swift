@@ -36,9 +36,6 @@ struct SyncCommand: ParsableCommand {
         if let conflicts = status["conflicts"], let n = Int(conflicts), n > 0 {
             line += " (see `ubiquity conflicts \(mp)`)"
         }
-        if status["state"] == "paused" {
-            line += "; still paused: `ubiquity resume \(mp)` to sync on its own again"
-        }
         print(line)
     }
 }

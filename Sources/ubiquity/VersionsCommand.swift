@@ -52,16 +52,9 @@ func versionsDirectory(of path: String) throws -> String {
 }
 
 func listDirectory(_ path: String) throws -> [String] {
-    guard let dir = opendir(path) else {
-        throw CLIError(errno == ENOENT ? "no history at \(path)" : "\(path): \(String(cString: strerror(errno)))")
+    do { return try directoryEntries(path) } catch let error as SystemCallError {
+        throw CLIError(error.code == ENOENT ? "no history at \(path)" : "\(path): \(String(cString: strerror(error.code)))")
     }
-    defer { closedir(dir) }
-    var names: [String] = []
-    while let e = readdir(dir) {
-        let name = withUnsafeBytes(of: e.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-        if name != "." && name != ".." { names.append(name) }
-    }
-    return names
 }
 
 /// Copies through the mount with one open/write/close, so the filesystem commits exactly
