@@ -1,6 +1,8 @@
-// swift-tools-version: 6.1
+// swift-tools-version: 6.2
 // Ubiquity: a versioned, synced FUSE filesystem. Layers (each knows only those below it):
-//   CFuse, CSQLite   system libraries (pkg-config fuse3 / sqlite3), no C code of our own
+//   CFuse, CSQLite   system libraries (pkg-config fuse3 / sqlite3)
+//   CSystem          Linux calls Swift's Glibc module hides (_GNU_SOURCE): a few C lines
+//   UbiquitySystem   POSIX helpers every layer shares: EINTR loops, atomic writes, the mount table
 //   TinyPix          pure codec: 8 bytes <-> ASCII grid
 //   UbiquityStore    chunks, metadata database, versions, the synced view; no FUSE, no kernel inodes
 //   UbiquitySync     replicates a store through a backing directory (docs/FORMAT.md)
@@ -8,6 +10,10 @@
 //   UbiquityFUSE     the only importer of CFuse: ops table, replies, session
 //   ubiquity         the command line
 import PackageDescription
+
+// Our own code builds without a single warning (scripts/test.sh also checks that every
+// import is declared here: --explicit-target-dependency-import-check error).
+let strict: [SwiftSetting] = [.treatAllWarnings(as: .error)]
 
 let package = Package(
     name: "Ubiquity",
@@ -22,24 +28,28 @@ let package = Package(
     targets: [
         .systemLibrary(name: "CFuse", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
-        .target(name: "TinyPix"),
+        .target(name: "CSystem"),
+        .target(name: "UbiquitySystem", dependencies: ["CSystem"], swiftSettings: strict),
+        .target(name: "TinyPix", swiftSettings: strict),
         .target(name: "UbiquityStore", dependencies: [
-            "CSQLite",
+            "CSQLite", "UbiquitySystem",
             .product(name: "Crypto", package: "swift-crypto"),
-        ]),
+        ], swiftSettings: strict),
         .target(name: "UbiquitySync", dependencies: [
-            "UbiquityStore",
+            "UbiquityStore", "UbiquitySystem",
             .product(name: "Crypto", package: "swift-crypto"),
-        ]),
-        .target(name: "UbiquityFS", dependencies: ["UbiquityStore", "TinyPix"]),
-        .target(name: "UbiquityFUSE", dependencies: ["UbiquityFS", "CFuse"]),
+        ], swiftSettings: strict),
+        .target(name: "UbiquityFS", dependencies: ["UbiquityStore", "UbiquitySystem", "TinyPix"], swiftSettings: strict),
+        .target(name: "UbiquityFUSE", dependencies: ["UbiquityFS", "UbiquityStore", "UbiquitySystem", "CFuse"], swiftSettings: strict),
         .executableTarget(name: "ubiquity", dependencies: [
-            "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityStore", "TinyPix",
+            "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityStore", "UbiquitySystem", "TinyPix",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
-        ]),
-        .testTarget(name: "TinyPixTests", dependencies: ["TinyPix"]),
-        .testTarget(name: "UbiquityStoreTests", dependencies: ["UbiquityStore"]),
-        .testTarget(name: "UbiquityFSTests", dependencies: ["UbiquityFS"]),
-        .testTarget(name: "UbiquitySyncTests", dependencies: ["UbiquitySync", "UbiquityFS"]),
+        ], swiftSettings: strict),
+        // Helpers the test targets share (seeded generators, temp directories).
+        .target(name: "TestSupport", path: "Tests/TestSupport", swiftSettings: strict),
+        .testTarget(name: "TinyPixTests", dependencies: ["TinyPix", "TestSupport"], swiftSettings: strict),
+        .testTarget(name: "UbiquityStoreTests", dependencies: ["UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
+        .testTarget(name: "UbiquityFSTests", dependencies: ["UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
+        .testTarget(name: "UbiquitySyncTests", dependencies: ["UbiquitySync", "UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
     ]
 )

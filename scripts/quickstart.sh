@@ -6,16 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need=()
-for pkg in libfuse3-dev fuse3 libsqlite3-dev pkg-config; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
-done
-if [ ${#need[@]} -gt 0 ]; then
-  echo "installing: ${need[*]}"
-  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
-fi
+. scripts/deps.sh
+install_missing "${BUILD_PACKAGES[@]}"
 command -v swift >/dev/null || { echo "swift is not on PATH: install Swift 6.x first (swift.org)"; exit 1; }
 
 scripts/install.sh

@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# The one test entry point: README and CI run exactly this. Builds, then runs the unit
-# tests (swift test), the real-mount scenarios and the systemd test. Under CI=true a test
-# that cannot mount FUSE fails instead of skipping.
+# The one test entry point: README and CI run exactly this. Installs the Debian packages
+# it needs that are missing (sudo unless root), builds with every warning an error (set in
+# Package.swift) and with every import checked against the declared target dependencies,
+# then runs the unit tests (swift test), the real-mount scenarios and the systemd test.
+# Under CI=true a test that cannot mount FUSE fails instead of skipping.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-swift build
+. scripts/deps.sh
+install_missing "${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}"
+command -v swift >/dev/null || { echo "swift is not on PATH: install Swift 6.x first (swift.org)"; exit 1; }
+
+strict=(--explicit-target-dependency-import-check error)
+swift build "${strict[@]}"
 export UBIQUITY="${UBIQUITY:-$(swift build --show-bin-path)/ubiquity}"
 
 scripts/sweep-test-mounts.sh
-swift test
-tests/mount/run.sh
-tests/systemd/run.sh
+swift test "${strict[@]}"
+IntegrationTests/mount/run.sh
+IntegrationTests/systemd/run.sh

@@ -15,15 +15,20 @@ public struct Attributes: Sendable, Equatable {
     public var mtime: Nanos
     public var ctime: Nanos
 
-    public var blocks: Int64 { (size + 511) / 512 }
+    /// Bytes held (not holes), so `du` and `cp --sparse` see a sparse file as sparse.
+    public var allocated: Int64
 
-    init(_ inode: Inode, size: Int64? = nil) {
+    /// st_blocks: 512-byte units of `allocated` (at most maxFileSize, so no overflow).
+    public var blocks: Int64 { allocated / 512 + (allocated % 512 == 0 ? 0 : 1) }
+
+    init(_ inode: Inode, size: Int64? = nil, allocated: Int64? = nil) {
         ino = inode.id
         mode = NodeKindBits.bits(inode.kind) | inode.mode
         nlink = inode.nlink
         uid = inode.uid
         gid = inode.gid
         self.size = size ?? inode.size
+        self.allocated = min(max(allocated ?? inode.allocated, 0), self.size)
         rdev = inode.rdev
         atime = inode.atime
         mtime = inode.mtime
@@ -37,6 +42,7 @@ public struct Attributes: Sendable, Equatable {
         self.uid = uid
         self.gid = gid
         self.size = size
+        allocated = size
         rdev = 0
         atime = time; mtime = time; ctime = time
     }
@@ -50,6 +56,8 @@ enum NodeKindBits {
         case .symlink: return UInt32(S_IFLNK)
         case .fifo: return UInt32(S_IFIFO)
         case .socket: return UInt32(S_IFSOCK)
+        case .blockDevice: return UInt32(S_IFBLK)
+        case .characterDevice: return UInt32(S_IFCHR)
         }
     }
 
@@ -60,6 +68,8 @@ enum NodeKindBits {
         case UInt32(S_IFLNK): return .symlink
         case UInt32(S_IFIFO): return .fifo
         case UInt32(S_IFSOCK): return .socket
+        case UInt32(S_IFBLK): return .blockDevice
+        case UInt32(S_IFCHR): return .characterDevice
         default: return nil
         }
     }
@@ -69,6 +79,5 @@ enum NodeKindBits {
 public struct Caller: Sendable {
     public var uid: UInt32
     public var gid: UInt32
-    public var umask: UInt32
-    public init(uid: UInt32, gid: UInt32, umask: UInt32 = 0) { self.uid = uid; self.gid = gid; self.umask = umask }
+    public init(uid: UInt32, gid: UInt32) { self.uid = uid; self.gid = gid }
 }

@@ -1,4 +1,5 @@
 import Glibc
+import UbiquitySystem
 import UbiquityStore
 
 /// A POSIX error number: what the filesystem layer throws and the FUSE layer replies.
@@ -22,8 +23,10 @@ public struct Errno: Error, Equatable, CustomStringConvertible {
     public static let range = Errno(ERANGE)
     public static let illegalSequence = Errno(EILSEQ)
     public static let busy = Errno(EBUSY)
+    public static let fileTooBig = Errno(EFBIG)
+    public static let noSuchAddress = Errno(ENXIO)
 
-    public var description: String { String(cString: strerror(code)) }
+    public var description: String { errnoText(code) }
 }
 
 extension StoreError {

@@ -1,5 +1,6 @@
 import Glibc
 import UbiquityStore
+import UbiquitySystem
 
 public struct DirectoryEntry: Sendable {
     public var name: String
@@ -23,21 +24,23 @@ extension FileSystem {
 
     /// mknod: fifos and sockets only (device nodes make no sense in a synced container).
     public func mknod(parent: UInt64, name: String, mode: UInt32, rdev: UInt64, caller: Caller) throws(Errno) -> Attributes {
-        guard let kind = NodeKindBits.kind(mode: mode), kind == .fifo || kind == .socket || kind == .file else { throw .notPermitted }
+        // Device nodes are stored with their rdev, like ext4 (the kernel checks CAP_MKNOD).
+        guard let kind = NodeKindBits.kind(mode: mode), kind.isLocalNode || kind == .file else { throw .invalid }
         if kind == .file {
             let (attributes, handle) = try create(parent: parent, name: name, mode: mode, flags: OpenFlags(O_WRONLY), caller: caller)
             try release(handle)
             return attributes
         }
         return try meta.withLock { (m) throws(Errno) -> Attributes in
-            let inode = try m.makeNode(parent: parent, name: name, kind: kind, mode: mode, caller: caller)
+            let inode = try m.makeNode(parent: parent, name: name, kind: kind, mode: mode, caller: caller,
+                                       rdev: kind == .blockDevice || kind == .characterDevice ? rdev : 0)
             m.lookups[inode.id, default: 0] += 1
             return m.attributes(inode)
         }
     }
 
     public func symlink(target: String, parent: UInt64, name: String, caller: Caller) throws(Errno) -> Attributes {
-        guard target.utf8.count <= 4095 else { throw .nameTooLong }
+        guard NameCodec.byteCount(target) <= 4095 else { throw .nameTooLong }
         return try meta.withLock { (m) throws(Errno) -> Attributes in
             let inode = try m.makeNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, target: target)
             m.lookups[inode.id, default: 0] += 1
@@ -150,7 +153,7 @@ extension FileSystem {
             if encoded && continued == nil {
                 let path = m.store.path(of: sourceID) ?? newName
                 let finalContent = content
-                try storeCall { () throws(StoreError) in
+                _ = try storeCall { () throws(StoreError) in
                     try m.store.commit(sourceID, content: finalContent, path: path, local: LocalOnly.contains(path))
                 }
             }
@@ -218,7 +221,7 @@ extension FileSystem {
 /// Names the filesystem accepts: what POSIX allows, up to 255 bytes.
 func checkName(_ name: String) throws(Errno) {
     if name.isEmpty || name == "." || name == ".." || name.contains("/") || name.contains("\0") { throw .invalid }
-    if name.utf8.count > 255 { throw .nameTooLong }
+    if NameCodec.byteCount(name) > 255 { throw .nameTooLong }
 }
 
 extension FileSystem.Meta {
@@ -240,7 +243,8 @@ extension FileSystem.Meta {
         if store.child(parent, name) != nil { throw .exists }
     }
 
-    mutating func makeNode(parent: UInt64, name: String, kind: NodeKind, mode: UInt32, caller: Caller, target: String? = nil) throws(Errno) -> Inode {
+    mutating func makeNode(parent: UInt64, name: String, kind: NodeKind, mode: UInt32, caller: Caller,
+                           rdev: UInt64 = 0, target: String? = nil) throws(Errno) -> Inode {
         try checkNewName(parent: parent, name: name)
         // A set-group-ID directory passes its group on (and, to directories, the bit).
         let dir = store.inode(parent)!
@@ -250,7 +254,8 @@ extension FileSystem.Meta {
         if sgid && kind == .directory { bits |= UInt32(S_ISGID) }
         let finalBits = bits
         return try storeCall { () throws(StoreError) in
-            let inode = try store.create(parent: parent, name: name, kind: kind, mode: finalBits, uid: caller.uid, gid: gid, target: target)
+            let inode = try store.create(parent: parent, name: name, kind: kind, mode: finalBits, uid: caller.uid, gid: gid,
+                                         rdev: rdev, target: target)
             // A file created where a deleted file (or one an editor moved aside) was shown
             // continues that history: vim's rename-then-write save stays one history.
             guard kind == .file, let path = store.path(of: inode.id), !LocalOnly.contains(path),
@@ -312,7 +317,7 @@ extension FileSystem.Meta {
                     try store.commit(id, content: try store.chunkList(row: headRow), path: path, local: true)
                 }
             } else if head?.isLocal == true && !local {
-                try storeCall { () throws(StoreError) in
+                _ = try storeCall { () throws(StoreError) in
                     try store.commit(id, content: try store.chunkList(row: headRow), path: path, local: local)
                 }
             } else if !local {

@@ -1,5 +1,6 @@
 import Glibc
 import UbiquityStore
+import UbiquitySystem
 
 /// A file some process has open: one content shared by all its handles.
 /// Fields other than `content` are guarded by the `meta` lock.
@@ -138,26 +139,46 @@ extension FileSystem {
 
     public func write(_ handle: UInt64, offset: Int64, data: UnsafeRawBufferPointer) throws(Errno) -> Int {
         guard let (_, open) = try fileHandle(handle, forWriting: true) else { throw .badHandle }
-        guard offset >= 0, offset <= Int64.max - Int64(data.count) else { throw .invalid }
+        guard offset >= 0 else { throw .invalid }
+        guard offset <= maxFileSize - Int64(data.count) else { throw .fileTooBig }
         try storeCall { () throws(StoreError) in try open.content.write(offset: offset, data) }
         meta.withLock { m in open.pendingMTime = m.store.clock() }
         return data.count
     }
 
-    /// fallocate(2) mode 0: extend the size (the store has no preallocation to offer);
-    /// other modes are not supported.
+    /// fallocate(2). Mode 0 extends the size (with a hole: the store has no preallocation
+    /// to offer, and space is taken when bytes are written); KEEP_SIZE alone changes
+    /// nothing. Punching, zeroing, collapsing and inserting ranges are not supported
+    /// (EOPNOTSUPP, as on filesystems without them; callers fall back to writing).
     public func fallocate(_ handle: UInt64, mode: Int32, offset: Int64, length: Int64) throws(Errno) {
-        guard mode == 0 else { throw .notSupported }
+        guard mode == 0 || mode == Linux.fallocKeepSize else { throw .notSupported }
         guard let (_, open) = try fileHandle(handle, forWriting: true) else { throw .badHandle }
         guard offset >= 0, length > 0 else { throw .invalid }
-        if offset + length > open.content.size {
+        guard offset <= maxFileSize - length else { throw .fileTooBig }
+        if mode == 0 && offset + length > open.content.size {
             try storeCall { () throws(StoreError) in try open.content.truncate(offset + length) }
+            meta.withLock { m in open.pendingMTime = m.store.clock() } // as ext4 does for mode 0
         }
-        meta.withLock { m in open.pendingMTime = m.store.clock() } // as ext4 does for mode 0
+    }
+
+    /// lseek(2) with SEEK_DATA or SEEK_HOLE (the kernel handles the other whences):
+    /// holes are the runs no write and no chunk covers. ENXIO at or past the end.
+    public func seek(_ handle: UInt64, offset: Int64, data: Bool) throws(Errno) -> Int64 {
+        let content: FileContent = try meta.withLock { (m) throws(Errno) -> FileContent in
+            switch m.handles[handle] {
+            case .file(_, let open, _): return open.content
+            case .view(let content): return content
+            default: throw .badHandle
+            }
+        }
+        guard offset >= 0 else { throw .invalid }
+        guard let result = content.seek(data: data, from: offset) else { throw .noSuchAddress }
+        return result
     }
 
     func truncate(_ ino: InodeNumber, to size: Int64) throws(Errno) {
         guard size >= 0 else { throw .invalid }
+        guard size <= maxFileSize else { throw .fileTooBig }
         let (open, temporary) = try meta.withLock { (m) throws(Errno) -> (OpenFile, Bool) in
             guard let inode = m.store.inode(ino) else { throw .notFound }
             guard inode.kind == .file else { throw inode.kind == .directory ? .isDirectory : .invalid }
@@ -183,7 +204,7 @@ extension FileSystem {
     /// Commits the open file's changes as a new version. A file unlinked meanwhile has
     /// no name to keep history under: its changes are dropped, as POSIX drops its data.
     func commit(_ ino: InodeNumber, _ open: OpenFile) throws(Errno) {
-        try storeCall { () throws(StoreError) in
+        _ = try storeCall { () throws(StoreError) in
             try open.content.commit { (list) throws(StoreError) -> ChunkList in
                 try meta.withLock { (m) throws(StoreError) -> ChunkList in
                     guard var inode = m.store.inode(ino), inode.nlink > 0, let path = m.store.path(of: ino) else { return list }

@@ -40,7 +40,7 @@ extension FileSystem {
             guard m.store.inode(ino) != nil else { throw .notFound }
             if name.hasPrefix(Self.statusPrefix) { throw .notPermitted }
             guard name.hasPrefix("user."), name.count > 5 else { throw .notSupported }
-            guard name.utf8.count <= 255 else { throw .range }
+            guard NameCodec.byteCount(name) <= 255 else { throw .range }
             guard value.count <= 65536 else { throw Errno(E2BIG) }
             try storeCall { () throws(StoreError) in
                 let exists = try m.store.xattr(ino, name) != nil

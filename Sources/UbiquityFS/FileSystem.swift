@@ -1,5 +1,6 @@
 import Glibc
 import UbiquityStore
+import UbiquitySystem
 
 /// POSIX semantics over the store, without any FUSE knowledge: the FUSE layer makes one
 /// call per operation and replies with the result or the thrown `Errno`.
@@ -150,12 +151,13 @@ extension FileSystem.Meta {
     /// Attributes with the live size and mtime of an open file.
     func attributes(_ inode: Inode) -> Attributes {
         if let open = openFiles[inode.id] {
-            var a = Attributes(inode, size: open.content.size)
+            var a = Attributes(inode, size: open.content.size, allocated: open.content.allocatedBytes)
             if let t = open.pendingMTime { a.mtime = t; a.ctime = t }
             return a
         }
         if inode.kind == .file, let name = store.name(of: inode.id), TinyPixView.applies(to: name) {
-            return Attributes(inode, size: TinyPixView.viewSize(storedSize: inode.size))
+            let size = TinyPixView.viewSize(storedSize: inode.size)
+            return Attributes(inode, size: size, allocated: size)
         }
         return Attributes(inode)
     }

@@ -1,5 +1,6 @@
 import TinyPix
 import UbiquityStore
+import UbiquitySystem
 
 /// `.tinypix` files read and write as ASCII grids through the mount (DESIGN §1.2) while
 /// the store keeps the app's 8-byte form, which is what syncs. One place for the rule.
@@ -42,18 +43,17 @@ enum TinyPixView {
     /// `raw`: the stored bytes in hex (the raw 8 bytes stay reachable from the mount).
     static func addStatus(_ status: inout [String: String], inode: Inode, store: Store) throws(Errno) {
         guard let row = inode.head else { return }
+        guard inode.size <= 64 else { status["tinypix"] = "as-is"; return }
         let bytes = try storeCall { () throws(StoreError) in try read(try store.chunkList(row: row), store.chunks) }
         status["tinypix"] = bytes.count == TinyPix.storedSize ? "grid" : "as-is"
         if bytes.count <= 64 {
-            let digits = Array("0123456789abcdef")
-            status["raw"] = String(bytes.flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 15)]] })
+            status["raw"] = Hex.encode(bytes)
         }
     }
 
+    /// A small file's bytes (callers check the size: at most 64 KiB).
     private static func read(_ list: ChunkList, _ chunks: ChunkStore) throws(StoreError) -> [UInt8] {
-        var bytes: [UInt8] = []
-        for id in list.ids { bytes += try chunks.read(id) }
-        return bytes
+        try chunks.bytes(of: list, limit: 64 << 10)
     }
 
     private static func put(_ bytes: [UInt8], _ chunks: ChunkStore) throws(StoreError) -> ChunkList {

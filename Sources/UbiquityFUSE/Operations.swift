@@ -2,6 +2,7 @@ import CFuse
 import Glibc
 import UbiquityFS
 import UbiquityStore
+import UbiquitySystem
 
 // FUSE_SET_ATTR_* and UTIME_* are not all imported (macros); values from fuse_lowlevel.h.
 private let setMode: Int32 = 1 << 0, setUID: Int32 = 1 << 1, setGID: Int32 = 1 << 2, setSize: Int32 = 1 << 3
@@ -55,7 +56,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.readlink = { req, ino in
         reply(req) { () throws(Errno) in
             let target = try context(req).fs.readlink(ino)
-            fuse_reply_readlink(req, target)
+            _ = withCName(target) { c, _ in fuse_reply_readlink(req, c) }
         }
     }
 
@@ -87,7 +88,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.symlink = { req, target, parent, cname in
         reply(req) { () throws(Errno) in
-            replyEntry(req, try context(req).fs.symlink(target: try name(target), parent: parent, name: try name(cname), caller: caller(req)))
+            replyEntry(req, try context(req).fs.symlink(target: try UbiquityFUSE.target(target), parent: parent, name: try name(cname), caller: caller(req)))
         }
     }
 
@@ -208,14 +209,14 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.setxattr = { req, ino, cname, value, size, flags in
         reply(req) { () throws(Errno) in
             let bytes = Array(UnsafeRawBufferPointer(start: value, count: size))
-            try context(req).fs.setxattr(ino, name: try name(cname), value: bytes, flags: flags)
+            try context(req).fs.setxattr(ino, name: try xattrName(cname), value: bytes, flags: flags)
             fuse_reply_err(req, 0)
         }
     }
 
     ops.getxattr = { req, ino, cname, size in
         reply(req) { () throws(Errno) in
-            let value = try context(req).fs.getxattr(ino, name: try name(cname))
+            let value = try context(req).fs.getxattr(ino, name: try xattrName(cname))
             try replyXattr(req, value, size)
         }
     }
@@ -223,13 +224,13 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.listxattr = { req, ino, size in
         reply(req) { () throws(Errno) in
             let names = try context(req).fs.listxattr(ino)
-            try replyXattr(req, names.flatMap { Array($0.utf8) + [0] }, size)
+            try replyXattr(req, names.flatMap { NameCodec.bytes($0) + [0] }, size)
         }
     }
 
     ops.removexattr = { req, ino, cname in
         reply(req) { () throws(Errno) in
-            try context(req).fs.removexattr(ino, name: try name(cname))
+            try context(req).fs.removexattr(ino, name: try xattrName(cname))
             fuse_reply_err(req, 0)
         }
     }
@@ -238,6 +239,15 @@ func makeOperations() -> fuse_lowlevel_ops {
         reply(req) { () throws(Errno) in
             try context(req).fs.fallocate(fi!.pointee.fh, mode: mode, offset: Int64(offset), length: Int64(length))
             fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.lseek = { req, _, offset, whence, fi in
+        reply(req) { () throws(Errno) in
+            // The kernel sends only SEEK_DATA and SEEK_HOLE; it handles the others itself.
+            guard whence == Linux.seekData || whence == Linux.seekHole else { throw .invalid }
+            let result = try context(req).fs.seek(fi!.pointee.fh, offset: Int64(offset), data: whence == Linux.seekData)
+            fuse_reply_lseek(req, off_t(result))
         }
     }
 
@@ -272,10 +282,10 @@ private func readDirectory(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _
             let dest = buf.baseAddress! + used
             if plus {
                 var e = entryParam(attributes)
-                return fuse_add_direntry_plus(req, dest, size - used, entryName, &e, off_t(index + 1))
+                return withCName(entryName) { c, _ in fuse_add_direntry_plus(req, dest, size - used, c, &e, off_t(index + 1)) }
             } else {
                 var st = statBuffer(attributes)
-                return fuse_add_direntry(req, dest, size - used, entryName, &st, off_t(index + 1))
+                return withCName(entryName) { c, _ in fuse_add_direntry(req, dest, size - used, c, &st, off_t(index + 1)) }
             }
         }
         if needed > size - used { break }

@@ -16,14 +16,38 @@ func context(_ req: fuse_req_t?) -> MountContext {
 
 func caller(_ req: fuse_req_t?) -> Caller {
     let ctx = fuse_req_ctx(req)!.pointee
-    return Caller(uid: ctx.uid, gid: ctx.gid, umask: ctx.umask)
+    return Caller(uid: ctx.uid, gid: ctx.gid) // the kernel has applied the umask already
 }
 
-/// A C name from the kernel as a Swift string: names must be UTF-8 (EILSEQ otherwise),
-/// so every name round-trips byte for byte.
+/// A name from the kernel as a Swift string, byte for byte (NameCodec: any bytes work).
+/// Longer than NAME_MAX (255 bytes): ENAMETOOLONG, as ext4 answers, for lookups too.
 func name(_ c: UnsafePointer<CChar>?) throws(Errno) -> String {
-    guard let c, let s = String(validatingCString: c) else { throw .illegalSequence }
-    return s
+    try text(c, maxBytes: 255)
+}
+
+/// A symlink target from the kernel (at most PATH_MAX - 1 bytes).
+func target(_ c: UnsafePointer<CChar>?) throws(Errno) -> String {
+    try text(c, maxBytes: 4095)
+}
+
+/// An xattr name from the kernel (the kernel allows at most 255 bytes).
+func xattrName(_ c: UnsafePointer<CChar>?) throws(Errno) -> String {
+    try text(c, maxBytes: 255)
+}
+
+private func text(_ c: UnsafePointer<CChar>?, maxBytes: Int) throws(Errno) -> String {
+    guard let c else { throw .invalid }
+    let length = strnlen(c, maxBytes + 1)
+    guard length <= maxBytes else { throw .nameTooLong }
+    return NameCodec.string(UnsafeRawBufferPointer(start: c, count: length))
+}
+
+/// A string as the NUL-terminated bytes the kernel gets back (NameCodec).
+func withCName<R>(_ name: String, _ body: (UnsafePointer<CChar>, Int) -> R) -> R {
+    let bytes = NameCodec.bytes(name) + [0]
+    return bytes.withUnsafeBufferPointer { raw in
+        raw.withMemoryRebound(to: CChar.self) { body($0.baseAddress!, bytes.count - 1) }
+    }
 }
 
 /// Runs an operation and replies with its errno on failure. Every request gets exactly
@@ -87,5 +111,13 @@ extension timespec {
         if rest < 0 { seconds -= 1; rest += 1_000_000_000 }
         self.init(tv_sec: Int(seconds), tv_nsec: Int(rest))
     }
-    var nanos: Nanos { Nanos(tv_sec) * 1_000_000_000 + Nanos(tv_nsec) }
+    /// A time from the kernel (utimensat) in nanoseconds. Times beyond what 64-bit
+    /// nanoseconds hold (before 1677 or after 2262) are clamped to the nearest one
+    /// rather than overflowing: ext4 clamps what it cannot store too.
+    var nanos: Nanos {
+        let (scaled, overflow) = Nanos(tv_sec).multipliedReportingOverflow(by: 1_000_000_000)
+        if overflow { return tv_sec < 0 ? .min : .max }
+        let (sum, overflow2) = scaled.addingReportingOverflow(Nanos(tv_nsec))
+        return overflow2 ? (tv_nsec < 0 ? .min : .max) : sum
+    }
 }

@@ -3,6 +3,7 @@ import Dispatch
 import Glibc
 import UbiquityFS
 import UbiquityStore
+import UbiquitySystem
 
 /// One FUSE mount of a `FileSystem`: mount, serve on libfuse's multi-threaded loop until
 /// unmounted or signalled, then commit what is pending.
@@ -65,7 +66,7 @@ public final class FUSESession: @unchecked Sendable {
         session = created
         if options.handleSignals {
             // libfuse installs its handlers only over SIG_DFL; a daemon started from a script
-            // may inherit SIGINT ignored (notes/swift-fuse.md pitfall 22).
+            // may inherit SIGINT ignored, and libfuse would then leave it so.
             signal(SIGINT, SIG_DFL); signal(SIGTERM, SIG_DFL); signal(SIGHUP, SIG_DFL)
             if fuse_set_signal_handlers(created) != 0 { throw .failed("cannot install signal handlers") }
         }
@@ -105,14 +106,9 @@ public final class FUSESession: @unchecked Sendable {
             guard let session, serving.withLock({ $0 }) else { return }
             for ino in changes.inodes { _ = fuse_lowlevel_notify_inval_inode(session, fuse_ino_t(ino), 0, 0) }
             for entry in changes.entries {
-                _ = entry.name.withCString { fuse_lowlevel_notify_inval_entry(session, fuse_ino_t(entry.parent), $0, strlen($0)) }
+                _ = withCName(entry.name) { fuse_lowlevel_notify_inval_entry(session, fuse_ino_t(entry.parent), $0, $1) }
             }
         }
-    }
-
-    /// Unmounts from another thread (in-process use): the loop then returns.
-    public func unmount() {
-        if let session { fuse_session_unmount(session) }
     }
 
     /// A thread that commits files held open and dirty past the idle interval.
@@ -127,49 +123,8 @@ public enum MountError: Error, CustomStringConvertible {
     public var description: String { if case .failed(let m) = self { return m }; return "" }
 }
 
-/// Whether `path` is a mount point now, by /proc/self/mountinfo.
-public func isMountpoint(_ path: String) -> Bool {
-    mountEntries().contains { $0.mountpoint == path }
-}
-
-public struct MountEntry: Sendable {
-    public var mountpoint: String
-    public var fstype: String
-    public var source: String
-}
-
-/// Mounts from /proc/self/mountinfo (octal escapes such as \040 decoded).
-public func mountEntries() -> [MountEntry] {
-    guard let file = fopen("/proc/self/mountinfo", "r") else { return [] }
-    defer { fclose(file) }
-    var result: [MountEntry] = []
-    var line: UnsafeMutablePointer<CChar>?
-    var capacity = 0
-    while getline(&line, &capacity, file) > 0 {
-        let fields = String(cString: line!).split(separator: " ")
-        guard let dash = fields.firstIndex(of: "-"), fields.count > dash + 2, fields.count > 4 else { continue }
-        result.append(MountEntry(mountpoint: unescape(fields[4]), fstype: String(fields[dash + 1]), source: unescape(fields[dash + 2])))
-    }
-    free(line)
-    return result
-}
-
-private func unescape(_ s: Substring) -> String {
-    var bytes: [UInt8] = []
-    var it = Array(s.utf8)[...]
-    while let c = it.popFirst() {
-        if c == UInt8(ascii: "\\"), it.count >= 3, let v = UInt8(String(decoding: it.prefix(3), as: UTF8.self), radix: 8) {
-            bytes.append(v)
-            it = it.dropFirst(3)
-        } else {
-            bytes.append(c)
-        }
-    }
-    return String(decoding: bytes, as: UTF8.self)
-}
-
-/// A pthread running `body` every interval until stopped (Swift concurrency is kept off
-/// this path: notes/swift-fuse.md pitfall 20).
+/// A pthread running `body` every interval until stopped. Not a Task: a blocking loop on
+/// the cooperative pool (two threads on two cores) would starve it.
 final class BackgroundLoop: @unchecked Sendable {
     private let state = Locked(false)
     private var thread = pthread_t()

@@ -1,10 +1,16 @@
 import Crypto
+import UbiquitySystem
 
 /// A chunk's name: the SHA-256 of its bytes. Chunks are immutable, so the name is also the
 /// proof of integrity: every read re-hashes and compares.
 public struct ChunkID: Hashable, Sendable, CustomStringConvertible {
     /// The 32 digest bytes as four words, so hashing and comparing stay cheap.
     let a, b, c, d: UInt64
+
+    /// Not a chunk: marks a hole in a `ChunkList` (no SHA-256 output is all zeros in practice).
+    public static let hole = ChunkID(words: (0, 0, 0, 0))
+
+    private init(words: (UInt64, UInt64, UInt64, UInt64)) { (a, b, c, d) = words }
 
     public init(hashing bytes: UnsafeRawBufferPointer) {
         let digest = SHA256.hash(data: bytes)
@@ -31,13 +37,7 @@ public struct ChunkID: Hashable, Sendable, CustomStringConvertible {
 
     /// Parses 64 lowercase hex digits.
     public init?(hex: String) {
-        let utf8 = Array(hex.utf8)
-        guard utf8.count == 64 else { return nil }
-        var raw = [UInt8](repeating: 0, count: 32)
-        for i in 0..<32 {
-            guard let hi = hexValue(utf8[2 * i]), let lo = hexValue(utf8[2 * i + 1]) else { return nil }
-            raw[i] = hi << 4 | lo
-        }
+        guard Hex.isLowercase(hex, count: 64), let raw = Hex.decode(hex) else { return nil }
         self.init(raw: raw)
     }
 
@@ -46,24 +46,7 @@ public struct ChunkID: Hashable, Sendable, CustomStringConvertible {
         return withUnsafeBytes(of: &words) { Array($0) }
     }
 
-    public var hex: String {
-        let digits = Array("0123456789abcdef".utf8)
-        var out = [UInt8]()
-        out.reserveCapacity(64)
-        for byte in raw {
-            out.append(digits[Int(byte >> 4)])
-            out.append(digits[Int(byte & 15)])
-        }
-        return String(decoding: out, as: UTF8.self)
-    }
+    public var hex: String { Hex.encode(raw) }
 
     public var description: String { hex }
-}
-
-private func hexValue(_ c: UInt8) -> UInt8? {
-    switch c {
-    case UInt8(ascii: "0")...UInt8(ascii: "9"): return c - UInt8(ascii: "0")
-    case UInt8(ascii: "a")...UInt8(ascii: "f"): return c - UInt8(ascii: "a") + 10
-    default: return nil
-    }
 }

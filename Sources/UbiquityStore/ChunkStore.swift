@@ -1,5 +1,6 @@
 import Dispatch
 import Glibc
+import UbiquitySystem
 
 /// Immutable chunks as files named by their SHA-256 under `chunks/xx/` (256-way fan-out).
 ///
@@ -22,8 +23,10 @@ public final class ChunkStore: Sendable {
 
     public init(directory: String) throws(StoreError) {
         self.directory = directory
-        try makeDirectory(directory)
-        for i in 0..<256 { try makeDirectory(directory + "/" + hexByte(i)) }
+        try StoreError.wrap { () throws(SystemError) in
+            try makeDirectory(directory)
+            for i in 0..<256 { try makeDirectory(directory + "/" + Hex.byte(i)) }
+        }
         dirFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         if dirFD < 0 { throw .io(errno: errno, "open \(directory)") }
     }
@@ -87,6 +90,20 @@ public final class ChunkStore: Sendable {
         return bytes
     }
 
+    /// The whole content of a small list (holes as zeros), verified. Lists larger than
+    /// `limit` are refused: callers use this for small files only (TinyPix pictures).
+    public func bytes(of list: ChunkList, limit: Int) throws(StoreError) -> [UInt8] {
+        guard list.totalSize <= Int64(limit) else { throw .io(errno: EFBIG, "content of \(list.totalSize) bytes read whole") }
+        var out: [UInt8] = []
+        for i in 0..<list.count {
+            if list.isHole(i) { out += [UInt8](repeating: 0, count: Int(list.size(i))); continue }
+            let chunk = try read(list.ids[i])
+            guard Int64(chunk.count) == list.size(i) else { throw .corruptChunk(list.ids[i]) }
+            out += chunk
+        }
+        return out
+    }
+
     /// Reads and verifies `ids` into the cache in the background. The kernel reads ahead
     /// only 128 KiB at a time, so a sequential reader otherwise waits for each chunk's
     /// disk read and hash in turn; this overlaps them with serving the current request.
@@ -106,26 +123,20 @@ public final class ChunkStore: Sendable {
         }
     }
 
-    /// The raw file content, for fsck and repair; not verified.
+    /// The largest chunk a store holds: the chunker cuts at most 256 KiB, other devices'
+    /// records may name chunks up to this size (docs/FORMAT.md).
+    public static let maxChunkSize = 4 << 20
+
+    /// The raw file content, for fsck and repair; not verified. A file larger than any
+    /// chunk can be is damage: it is reported as corrupt, not loaded.
     public func readUnverified(_ id: ChunkID) throws(StoreError) -> [UInt8] {
-        let p = path(of: id)
-        let fd = open(p, O_RDONLY | O_CLOEXEC)
-        if fd < 0 {
-            if errno == ENOENT { throw .missingChunk(id) }
-            throw .io(errno: errno, "open chunk \(p)")
+        let bytes: [UInt8]?
+        do throws(SystemError) {
+            bytes = try readFile(path(of: id), limit: Self.maxChunkSize)
+        } catch {
+            throw error.code == EFBIG ? .corruptChunk(id) : .io(errno: error.code, error.context)
         }
-        defer { close(fd) }
-        var st = stat()
-        try check(fstat(fd, &st), "stat chunk \(p)")
-        var bytes = [UInt8](repeating: 0, count: Int(st.st_size))
-        var done = 0
-        while done < bytes.count {
-            let n = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress! + done, $0.count - done, off_t(done)) }
-            if n < 0 { if errno == EINTR { continue }; throw .io(errno: errno, "read chunk \(p)") }
-            if n == 0 { break }
-            done += n
-        }
-        if done < bytes.count { bytes.removeLast(bytes.count - done) } // shrank meanwhile: hash check fails
+        guard let bytes else { throw .missingChunk(id) }
         return bytes
     }
 
@@ -133,7 +144,7 @@ public final class ChunkStore: Sendable {
     public func allChunkIDs() -> [ChunkID] {
         var ids: [ChunkID] = []
         for i in 0..<256 {
-            guard let dir = opendir(directory + "/" + hexByte(i)) else { continue }
+            guard let dir = opendir(directory + "/" + Hex.byte(i)) else { continue }
             while let entry = readdir(dir) {
                 let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
                     String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
@@ -145,11 +156,6 @@ public final class ChunkStore: Sendable {
         return ids
     }
 
-    public func remove(_ id: ChunkID) {
-        unlink(path(of: id))
-        cache.withLock { $0.remove(id) }
-    }
-
     /// Durability barrier: every chunk written so far reaches the disk before this returns.
     /// A few new chunks are fsynced one by one (an editor's save: one or two); many (a big
     /// copy) with one syncfs of the whole filesystem, which is then cheaper.
@@ -157,28 +163,21 @@ public final class ChunkStore: Sendable {
         let pending = unsynced.withLock { s -> Set<ChunkID> in defer { s = [] }; return s }
         do throws(StoreError) {
             if pending.count > 32 {
-                try check(c_syncfs(dirFD), "syncfs \(directory)")
+                try StoreError.wrap { () throws(SystemError) in try syncFilesystem(dirFD, path: directory) }
                 return
             }
             var directories: Set<String> = []
             for id in pending {
                 let p = path(of: id)
-                try fsyncPath(p, flags: O_RDONLY)
+                try StoreError.wrap { () throws(SystemError) in try fsyncPath(p) }
                 directories.insert(String(p[..<p.lastIndex(of: "/")!]))
             }
-            for d in directories { try fsyncPath(d, flags: O_RDONLY | O_DIRECTORY) }
+            for d in directories { try StoreError.wrap { () throws(SystemError) in try fsyncPath(d, directory: true) } }
         } catch {
             // Not durable yet: the next barrier must try these chunks again.
             unsynced.withLock { $0.formUnion(pending) }
             throw error
         }
-    }
-
-    private func fsyncPath(_ path: String, flags: Int32) throws(StoreError) {
-        let fd = open(path, flags | O_CLOEXEC)
-        if fd < 0 { throw .io(errno: errno, "open \(path) to fsync") }
-        defer { close(fd) }
-        try check(fsync(fd), "fsync \(path)")
     }
 
     public func dropCache() { cache.withLock { $0.removeAll() } }
@@ -223,24 +222,6 @@ struct ChunkCache {
 
     mutating func removeAll() { young = [:]; old = [:]; youngBytes = 0 }
 }
-
-func hexByte(_ i: Int) -> String {
-    let digits = Array("0123456789abcdef")
-    return String([digits[i >> 4], digits[i & 15]])
-}
-
-func makeDirectory(_ path: String) throws(StoreError) {
-    if mkdir(path, 0o755) != 0 && errno != EEXIST { throw .io(errno: errno, "mkdir \(path)") }
-}
-
-/// Log lines go to stderr (the journal under systemd, the log file in the background).
-public func log(_ message: String) {
-    let line = message + "\n"
-    _ = line.withCString { write(STDERR_FILENO, $0, strlen($0)) }
-}
-
-/// syncfs(2) is hidden behind _GNU_SOURCE in the Glibc module; declare it directly.
-@_silgen_name("syncfs") private func c_syncfs(_ fd: Int32) -> Int32
 
 /// `withUnsafeBytes` for typed throws (the standard one rethrows `any Error`).
 func withBytes<R>(_ bytes: [UInt8], _ body: (UnsafeRawBufferPointer) throws(StoreError) -> R) throws(StoreError) -> R {

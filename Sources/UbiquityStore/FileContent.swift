@@ -1,4 +1,5 @@
 import Glibc
+import UbiquitySystem
 
 /// The content of one open file: its committed chunks (`base`) overlaid with the bytes
 /// written since (kept in an unlinked staging file, at their own offsets).
@@ -18,7 +19,10 @@ public final class FileContent: @unchecked Sendable {
         /// Base bytes at or beyond this offset were truncated away (they read as zeros).
         var baseLimit: Int64
         var size: Int64
-        var dirty = IntervalSet()
+        /// The bytes written since the last commit, and where they sit in the staging file.
+        var dirty = StagedExtents()
+        /// Bytes of `base` held in chunks (not holes), for st_blocks.
+        var baseStored: Int64
         /// Set by any write or truncate since the last commit.
         var changed = false
         var stagingFD: Int32 = -1
@@ -40,12 +44,14 @@ public final class FileContent: @unchecked Sendable {
         var hasWrites = false
         var refused = false
         var lastChange: Nanos = 0
+        /// Bytes that are not holes (about: written ranges may overlap base chunks).
+        var allocated: Int64 = 0
     }
     private let stagingDirectory: String
 
     public init(base: ChunkList, chunks: ChunkStore, stagingDirectory: String) {
-        state = Locked(State(base: base, baseLimit: base.totalSize, size: base.totalSize))
-        summary = Locked(Summary(size: base.totalSize))
+        state = Locked(State(base: base, baseLimit: base.totalSize, size: base.totalSize, baseStored: base.storedBytes))
+        summary = Locked(Summary(size: base.totalSize, allocated: base.storedBytes))
         self.chunks = chunks
         self.stagingDirectory = stagingDirectory
     }
@@ -62,33 +68,45 @@ public final class FileContent: @unchecked Sendable {
     public var isRefused: Bool { summary.withLock { $0.refused } }
     /// When the content last changed (for the idle autosave).
     public var lastChange: Nanos { summary.withLock { $0.lastChange } }
+    /// Bytes not in holes (st_blocks).
+    public var allocatedBytes: Int64 { summary.withLock { $0.allocated } }
 
     /// Called under the content lock after every change of `s`.
     private func publish(_ s: State) {
         summary.withLock {
             $0 = Summary(size: s.size, changed: s.changed, hasWrites: !s.dirty.isEmpty,
-                         refused: s.changed && s.refusedChange == s.lastChange, lastChange: s.lastChange)
+                         refused: s.changed && s.refusedChange == s.lastChange, lastChange: s.lastChange,
+                         allocated: min(s.size, s.baseStored + s.dirty.stagedBytes))
         }
     }
 
+    /// Up to `count` bytes at `offset` (fewer at the end of the file). `count` is what
+    /// one request carries; holes read as zeros without touching the chunk store.
     public func read(offset: Int64, count: Int) throws(StoreError) -> [UInt8] {
+        guard offset >= 0, count >= 0 else { throw .io(errno: EINVAL, "read at \(offset)") }
         // Fetch and verify the base chunks outside the lock, so parallel reads (kernel
         // readahead) hash in parallel; the assembly under the lock then hits the cache.
         let (needed, ahead) = state.withLock { s -> ([ChunkID], [ChunkID]) in
-            let end = min(offset + Int64(count), s.size, s.baseLimit, s.base.totalSize)
-            guard offset < end else { return ([], []) }
+            guard offset < s.size else { return ([], []) }
+            let end = offset + min(Int64(count), s.size - offset)
+            let baseEnd = min(end, s.baseLimit, s.base.totalSize)
+            guard offset < baseEnd else { return ([], []) }
             var ids: [ChunkID] = []
             var i = s.base.index(containing: offset)
-            while i < s.base.count && s.base.offsets[i] < end { ids.append(s.base.ids[i]); i += 1 }
+            while i < s.base.count && s.base.offsets[i] < baseEnd {
+                if !s.base.isHole(i) { ids.append(s.base.ids[i]) }
+                i += 1
+            }
             // Sequential reading: fetch the next few chunks (about 1 MiB) ahead.
             var ahead: [ChunkID] = []
             if offset == s.lastReadEnd {
-                while i < s.base.count && ahead.count < 16 && s.base.offsets[i] < end + (1 << 20) {
-                    ahead.append(s.base.ids[i])
+                let limit = min(s.baseLimit, s.base.totalSize, end + (1 << 20))
+                while i < s.base.count && ahead.count < 16 && s.base.offsets[i] < limit {
+                    if !s.base.isHole(i) { ahead.append(s.base.ids[i]) }
                     i += 1
                 }
             }
-            s.lastReadEnd = offset + Int64(count)
+            s.lastReadEnd = end
             return (ids, ahead)
         }
         if !ahead.isEmpty { chunks.prefetch(ahead) }
@@ -96,17 +114,17 @@ public final class FileContent: @unchecked Sendable {
         return try state.withLock { (s) throws(StoreError) in try readMerged(&s, offset: offset, count: count) }
     }
 
+    /// Writes `data` at `offset`. The caller checks `offset + data.count <= maxFileSize`.
     public func write(offset: Int64, _ data: UnsafeRawBufferPointer) throws(StoreError) {
+        guard offset >= 0, offset <= maxFileSize - Int64(data.count) else { throw .io(errno: EFBIG, "write at \(offset)") }
+        guard data.count > 0 else { return }
         try state.withLock { (s) throws(StoreError) in
-            if s.stagingFD < 0 { s.stagingFD = try makeStagingFile(in: stagingDirectory) }
-            var done = 0
-            while done < data.count {
-                let n = pwrite(s.stagingFD, data.baseAddress! + done, data.count - done, off_t(offset) + off_t(done))
-                if n < 0 { if errno == EINTR { continue }; throw .io(errno: errno, "write staging data") }
-                done += n
-            }
+            if s.stagingFD < 0 { s.stagingFD = try StoreError.wrap { () throws(SystemError) in try makeAnonymousFile(in: stagingDirectory) } }
             let end = offset + Int64(data.count)
-            s.dirty.insert(offset..<end)
+            // Bytes first, then the map: a failed write leaves the map as it was.
+            let at = s.dirty.location(for: offset..<end)
+            try StoreError.wrap { () throws(SystemError) in try writeAll(s.stagingFD, data, at: at, path: "staging data") }
+            s.dirty.place(offset..<end)
             s.size = max(s.size, end)
             s.changed = true
             s.lastChange = nowNanos()
@@ -114,17 +132,49 @@ public final class FileContent: @unchecked Sendable {
         }
     }
 
+    /// Sets the size; the caller checks `0...maxFileSize`. Growing adds a hole.
     public func truncate(_ newSize: Int64) throws(StoreError) {
+        guard newSize >= 0, newSize <= maxFileSize else { throw .io(errno: EFBIG, "truncate to \(newSize)") }
         state.withLock { s in
             if newSize < s.size {
-                s.dirty.clip(to: newSize)
+                if s.dirty.clip(to: newSize), s.stagingFD >= 0 { _ = ftruncate(s.stagingFD, 0) }
                 s.baseLimit = min(s.baseLimit, newSize)
-                if s.stagingFD >= 0 { _ = ftruncate(s.stagingFD, off_t(newSize)) }
             }
             s.size = newSize
             s.changed = true
             s.lastChange = nowNanos()
             publish(s)
+        }
+    }
+
+    /// lseek(SEEK_DATA) (`data`) or lseek(SEEK_HOLE): the first offset at or after
+    /// `offset` in data, or in a hole (the end of the file counts as one); nil (ENXIO)
+    /// when `offset` is at or past the end, or no data follows.
+    public func seek(data: Bool, from offset: Int64) -> Int64? {
+        state.withLock { s -> Int64? in
+            guard offset >= 0, offset < s.size else { return nil }
+            let baseEnd = min(s.baseLimit, s.base.totalSize)
+            // The data region containing p (a staged range or a base chunk), if any.
+            func dataRegion(at p: Int64) -> Range<Int64>? {
+                if let r = s.dirty.extent(containing: p) { return r }
+                guard p < baseEnd else { return nil }
+                let i = s.base.index(containing: p)
+                return s.base.isHole(i) ? nil : s.base.offsets[i]..<min(s.base.offsets[i + 1], baseEnd)
+            }
+            if data {
+                if dataRegion(at: offset) != nil { return offset }
+                var next = s.dirty.nextStart(atOrAfter: offset)
+                if offset < baseEnd {
+                    var i = s.base.index(containing: offset) + 1
+                    while i < s.base.count && s.base.offsets[i] < baseEnd && s.base.isHole(i) { i += 1 }
+                    if i < s.base.count && s.base.offsets[i] < baseEnd { next = min(next ?? .max, s.base.offsets[i]) }
+                }
+                guard let next, next < s.size else { return nil }
+                return next
+            }
+            var p = offset
+            while p < s.size, let region = dataRegion(at: p) { p = region.upperBound }
+            return min(p, s.size)
         }
     }
 
@@ -148,6 +198,7 @@ public final class FileContent: @unchecked Sendable {
             }
             s.base = list
             s.baseLimit = list.totalSize
+            s.baseStored = list.storedBytes
             s.dirty.removeAll()
             s.changed = false
             if s.stagingFD >= 0 { _ = ftruncate(s.stagingFD, 0) }
@@ -159,44 +210,41 @@ public final class FileContent: @unchecked Sendable {
     /// Drops uncommitted writes: the content is its base again.
     public func discardChanges() {
         state.withLock { s in
-            s = State(base: s.base, baseLimit: s.base.totalSize, size: s.base.totalSize, stagingFD: s.stagingFD, lastChange: s.lastChange)
+            s = State(base: s.base, baseLimit: s.base.totalSize, size: s.base.totalSize, baseStored: s.baseStored,
+                      stagingFD: s.stagingFD, lastChange: s.lastChange)
             if s.stagingFD >= 0 { _ = ftruncate(s.stagingFD, 0) }
             publish(s)
         }
     }
 
-    /// The new chunk list: base chunks untouched by writes and truncation are reused as they
-    /// are; the rest is read through the overlay and cut again.
+    /// The new chunk list. Base pieces untouched by writes and truncation are reused as
+    /// they are; zeros nobody wrote (a base hole, or past the old end) become one hole;
+    /// the rest (written bytes, changed chunks) is read through the overlay and cut again.
+    /// The work is proportional to the pieces and the bytes written, never to the size.
     private func rechunk(_ s: inout State, chunker: Chunker) throws(StoreError) -> ChunkList {
-        var reusable: [Int64: Int] = [:]
-        for i in 0..<s.base.count {
-            let range = s.base.offsets[i]..<s.base.offsets[i + 1]
-            if range.upperBound <= s.baseLimit && range.upperBound <= s.size && !s.dirty.overlaps(range) {
-                reusable[range.lowerBound] = i
-            }
-        }
+        let baseEnd = min(s.baseLimit, s.base.totalSize)
         var list = ChunkList()
         var window: [UInt8] = []
         var windowStart: Int64 = 0
         var pos: Int64 = 0
-        // Holes (past the truncated base, never written) read as zeros, and a window of
-        // zeros always cuts the same way: append that chunk without reading or hashing,
-        // so a sparse 5 GiB file commits in milliseconds.
-        let baseEnd = min(s.baseLimit, s.base.totalSize)
-        var zero: (id: ChunkID, length: Int)?
         while pos < s.size {
-            if let i = reusable[pos] {
-                list.append(s.base.ids[i], size: Int(s.base.sizes[i]))
-                pos = s.base.offsets[i + 1]
+            let i = pos < baseEnd ? s.base.index(containing: pos) : -1
+            if i >= 0 && s.base.offsets[i] == pos {
+                let range = s.base.range(i)
+                if range.upperBound <= baseEnd && range.upperBound <= s.size && !s.dirty.overlaps(range) {
+                    list.append(pieceOf: s.base, at: i)
+                    pos = range.upperBound
+                    continue
+                }
+            }
+            if s.dirty.extent(containing: pos) == nil && (i < 0 || s.base.isHole(i)) {
+                let zerosEnd = i < 0 ? s.size : min(s.base.offsets[i + 1], baseEnd)
+                let end = min(zerosEnd, s.dirty.nextStart(atOrAfter: pos) ?? s.size, s.size)
+                list.appendHole(end - pos)
+                pos = end
                 continue
             }
             let want = Int(min(Int64(chunker.maxSize), s.size - pos))
-            if want == chunker.maxSize && pos >= baseEnd && !s.dirty.overlaps(pos..<pos + Int64(want)) {
-                if zero == nil { zero = try zeroChunk(chunker) }
-                list.append(zero!.id, size: zero!.length)
-                pos += Int64(zero!.length)
-                continue
-            }
             if pos < windowStart || pos + Int64(want) > windowStart + Int64(window.count) {
                 // Read ahead in 1 MiB blocks so a long rewrite is read once, not per chunk.
                 window = try readMerged(&s, offset: pos, count: max(want, 1 << 20))
@@ -217,32 +265,22 @@ public final class FileContent: @unchecked Sendable {
         return list
     }
 
-    /// The chunk a run of at least `maxSize` zeros starts with (stored once).
-    private func zeroChunk(_ chunker: Chunker) throws(StoreError) -> (id: ChunkID, length: Int) {
-        let zeros = [UInt8](repeating: 0, count: chunker.maxSize)
-        return try withBytes(zeros) { (raw) throws(StoreError) in
-            let length = chunker.cut(raw)
-            let piece = UnsafeRawBufferPointer(rebasing: raw[0..<length])
-            let id = ChunkID(hashing: piece)
-            try chunks.put(id, piece)
-            return (id, length)
-        }
-    }
-
+    /// The bytes at `offset` through the overlay: staged writes over base chunks over
+    /// zeros. `count` is bounded by the caller (a request, or a 1 MiB window).
     private func readMerged(_ s: inout State, offset: Int64, count: Int) throws(StoreError) -> [UInt8] {
-        let end = min(offset + Int64(count), s.size)
-        guard offset < end else { return [] }
+        guard offset < s.size else { return [] }
+        let end = offset + min(Int64(count), s.size - offset)
         var out = [UInt8](repeating: 0, count: Int(end - offset))
         let baseEnd = min(end, s.baseLimit, s.base.totalSize)
         if offset < baseEnd {
             var i = s.base.index(containing: offset)
             while i < s.base.count && s.base.offsets[i] < baseEnd {
-                let chunkRange = s.base.offsets[i]..<s.base.offsets[i + 1]
+                let chunkRange = s.base.range(i)
                 let want = max(chunkRange.lowerBound, offset)..<min(chunkRange.upperBound, baseEnd)
-                // A chunk wholly rewritten need not be read (nor verified) at all.
-                if !s.dirty.intersections(with: want).elementsEqual([want]) {
+                // Holes are zeros already; a chunk wholly rewritten need not be read (nor verified).
+                if !s.base.isHole(i) && !s.dirty.covers(want) {
                     let bytes = try chunks.read(s.base.ids[i])
-                    guard bytes.count == Int(s.base.sizes[i]) else { throw .corruptChunk(s.base.ids[i]) }
+                    guard Int64(bytes.count) == s.base.size(i) else { throw .corruptChunk(s.base.ids[i]) }
                     let from = Int(want.lowerBound - chunkRange.lowerBound)
                     let to = Int(want.upperBound - chunkRange.lowerBound)
                     out.replaceSubrange(Int(want.lowerBound - offset)..<Int(want.upperBound - offset), with: bytes[from..<to])
@@ -250,31 +288,19 @@ public final class FileContent: @unchecked Sendable {
                 i += 1
             }
         }
-        for r in s.dirty.intersections(with: offset..<end) {
-            var done = 0
-            let total = Int(r.upperBound - r.lowerBound)
-            while done < total {
-                let n = out.withUnsafeMutableBytes { raw in
-                    pread(s.stagingFD, raw.baseAddress! + Int(r.lowerBound - offset) + done, total - done, off_t(r.lowerBound) + off_t(done))
-                }
-                if n < 0 { if errno == EINTR { continue }; throw .io(errno: errno, "read staging data") }
-                if n == 0 { break } // a hole past the staging file's end reads as zeros
-                done += n
+        for piece in s.dirty.pieces(in: offset..<end) {
+            let count = Int(piece.range.upperBound - piece.range.lowerBound)
+            let into = Int(piece.range.lowerBound - offset)
+            let fd = s.stagingFD
+            var failure: SystemError?
+            out.withUnsafeMutableBytes { raw in
+                // A short read (the staging file ends early) leaves zeros, which is what
+                // a write that never reached the file would read as.
+                do throws(SystemError) { _ = try readFully(fd, into: UnsafeMutableRawBufferPointer(rebasing: raw[into..<into + count]), at: piece.staged, path: "staging data") }
+                catch { failure = error }
             }
+            if let failure { throw .io(errno: failure.code, failure.context) }
         }
         return out
     }
-}
-
-func makeStagingFile(in directory: String) throws(StoreError) -> Int32 {
-    // O_TMPFILE (Linux, x86_64 and arm64 value) is hidden behind _GNU_SOURCE in Glibc.
-    let oTmpFile: Int32 = 0o20000000 | O_DIRECTORY
-    let fd = open(directory, O_RDWR | oTmpFile | O_CLOEXEC, 0o600)
-    if fd >= 0 { return fd }
-    // O_TMPFILE is not supported everywhere (some network filesystems): create and unlink.
-    let path = directory + "/" + randomHex(bytes: 8)
-    let named = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-    if named < 0 { throw .io(errno: errno, "create staging file in \(directory)") }
-    unlink(path)
-    return named
 }

@@ -35,7 +35,7 @@ public enum Fsck {
                 report.problems.append("version \(versionID) has a malformed chunk list")
                 return
             }
-            for (id, size) in zip(list.ids, list.sizes) {
+            for (id, size) in list.chunks {
                 if let actual = sizes[id] {
                     if bad.contains(id) {
                         report.problems.append("version \(versionID) needs corrupt chunk \(id)")

@@ -13,7 +13,10 @@
 public typealias InodeNumber = UInt64
 
 public enum NodeKind: Int64, Sendable {
-    case file = 1, directory = 2, symlink = 3, fifo = 4, socket = 5
+    case file = 1, directory = 2, symlink = 3, fifo = 4, socket = 5, blockDevice = 6, characterDevice = 7
+
+    /// Nodes that live only on this device: they have no content to version or sync.
+    public var isLocalNode: Bool { self == .fifo || self == .socket || self == .blockDevice || self == .characterDevice }
 }
 
 /// Nanoseconds since the Unix epoch.
@@ -28,6 +31,8 @@ public struct Inode: Sendable, Equatable {
     public var gid: UInt32
     /// Committed size for files; target length for symlinks.
     public var size: Int64
+    /// Bytes of the committed content held in chunks, not holes (st_blocks).
+    public var allocated: Int64
     public var atime: Nanos
     public var mtime: Nanos
     public var ctime: Nanos
@@ -42,7 +47,7 @@ public struct Inode: Sendable, Equatable {
 
     public init(id: InodeNumber, kind: NodeKind, mode: UInt32, uid: UInt32, gid: UInt32, size: Int64 = 0,
                 time: Nanos, rdev: UInt64 = 0, target: String? = nil, fileID: String? = nil) {
-        self.id = id; self.kind = kind; self.mode = mode; self.uid = uid; self.gid = gid; self.size = size
+        self.id = id; self.kind = kind; self.mode = mode; self.uid = uid; self.gid = gid; self.size = size; allocated = size
         atime = time; mtime = time; ctime = time
         self.rdev = rdev; self.target = target; self.fileID = fileID
     }
@@ -68,11 +73,18 @@ public struct Version: Sendable, Equatable {
     public let path: String
 }
 
-/// A version's content: its chunks in order, with their sizes.
+/// The largest file the store keeps: 2^62 bytes (4 EiB). Every size and offset from the
+/// kernel, the database or another device is checked against it before any arithmetic,
+/// so sums of sizes and offsets never overflow an Int64. Beyond it: EFBIG.
+public let maxFileSize: Int64 = 1 << 62
+
+/// A version's content: its pieces in order. A piece is a stored chunk (named by its
+/// hash) or a *hole*, a run of zero bytes of any length that is stored nowhere, so a
+/// sparse file costs what was written, not what was claimed.
 public struct ChunkList: Sendable, Equatable {
-    public var ids: [ChunkID] = []
-    public var sizes: [UInt32] = []
-    /// offsets[i] is where chunk i starts; offsets.last is the total size.
+    /// ids[i] is piece i's chunk, or `ChunkID.hole`.
+    public private(set) var ids: [ChunkID] = []
+    /// offsets[i] is where piece i starts; offsets.last is the total size.
     public private(set) var offsets: [Int64] = [0]
 
     public init() {}
@@ -80,13 +92,47 @@ public struct ChunkList: Sendable, Equatable {
     public var count: Int { ids.count }
     public var totalSize: Int64 { offsets.last! }
 
-    public mutating func append(_ id: ChunkID, size: Int) {
-        ids.append(id)
-        sizes.append(UInt32(size))
-        offsets.append(offsets.last! + Int64(size))
+    public func size(_ i: Int) -> Int64 { offsets[i + 1] - offsets[i] }
+    public func range(_ i: Int) -> Range<Int64> { offsets[i]..<offsets[i + 1] }
+    public func isHole(_ i: Int) -> Bool { ids[i] == .hole }
+
+    /// The stored chunks with their sizes, holes left out (fsck, uploads, downloads).
+    public var chunks: [(id: ChunkID, size: Int)] {
+        (0..<count).compactMap { i in isHole(i) ? nil : (ids[i], Int(size(i))) }
     }
 
-    /// The index of the chunk containing byte `offset` (offset < totalSize).
+    /// Bytes held in chunks (the file's size less its holes).
+    public var storedBytes: Int64 {
+        var total: Int64 = 0
+        for i in 0..<count where !isHole(i) { total += size(i) }
+        return total
+    }
+
+    /// Appends a stored chunk of `size` bytes (1...ChunkStore.maxChunkSize).
+    public mutating func append(_ id: ChunkID, size: Int) {
+        precondition(id != .hole && size > 0 && size <= ChunkStore.maxChunkSize && totalSize <= maxFileSize - Int64(size))
+        ids.append(id)
+        offsets.append(totalSize + Int64(size))
+    }
+
+    /// Appends `length` zero bytes, joining a hole that ends the list.
+    public mutating func appendHole(_ length: Int64) {
+        guard length > 0 else { return }
+        precondition(totalSize <= maxFileSize - length)
+        if ids.last == .hole {
+            offsets[offsets.count - 1] += length
+        } else {
+            ids.append(.hole)
+            offsets.append(totalSize + length)
+        }
+    }
+
+    /// Appends piece `i` of `other` (a chunk or a hole).
+    public mutating func append(pieceOf other: ChunkList, at i: Int) {
+        if other.isHole(i) { appendHole(other.size(i)) } else { append(other.ids[i], size: Int(other.size(i))) }
+    }
+
+    /// The index of the piece containing byte `offset` (offset < totalSize).
     public func index(containing offset: Int64) -> Int {
         var lo = 0, hi = ids.count - 1
         while lo < hi {
@@ -96,24 +142,42 @@ public struct ChunkList: Sendable, Equatable {
         return lo
     }
 
-    /// Serialized form: per chunk 32 digest bytes + 4-byte little-endian size.
+    /// Serialized form (the versions table's `chunks` column): per piece 36 bytes. A chunk
+    /// is its 32 digest bytes and its size as 4 bytes little-endian (1...4 MiB). A hole
+    /// (store format 3) is its length as 8 bytes little-endian, 24 zero bytes and a size
+    /// field of 0, which no chunk has, so lists from older stores decode unchanged.
     public var encoded: [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(ids.count * 36)
-        for (id, size) in zip(ids, sizes) {
-            out += id.raw
-            withUnsafeBytes(of: size.littleEndian) { out += $0 }
+        for i in 0..<count {
+            if isHole(i) {
+                withUnsafeBytes(of: size(i).littleEndian) { out += $0 }
+                out += [UInt8](repeating: 0, count: 28)
+            } else {
+                out += ids[i].raw
+                withUnsafeBytes(of: UInt32(size(i)).littleEndian) { out += $0 }
+            }
         }
         return out
     }
 
+    /// Decodes `encoded`; nil for anything malformed (a bad length, a chunk size out of
+    /// range, a total over `maxFileSize`): the bytes come from disk and are not trusted.
     public init?(encoded: [UInt8]) {
         guard encoded.count % 36 == 0 else { return nil }
         var i = 0
         while i < encoded.count {
-            guard let id = ChunkID(raw: encoded[i..<i + 32]) else { return nil }
-            let size = UInt32(encoded[i + 32]) | UInt32(encoded[i + 33]) << 8 | UInt32(encoded[i + 34]) << 16 | UInt32(encoded[i + 35]) << 24
-            append(id, size: Int(size))
+            let size = Int(encoded[i + 32]) | Int(encoded[i + 33]) << 8 | Int(encoded[i + 34]) << 16 | Int(encoded[i + 35]) << 24
+            if size == 0 {
+                var length: Int64 = 0
+                for k in 0..<8 { length |= Int64(encoded[i + k]) << (8 * k) }
+                guard length > 0, length <= maxFileSize - totalSize, encoded[i + 8..<i + 32].allSatisfy({ $0 == 0 }) else { return nil }
+                appendHole(length)
+            } else {
+                guard let id = ChunkID(raw: encoded[i..<i + 32]), id != .hole, size <= ChunkStore.maxChunkSize,
+                      Int64(size) <= maxFileSize - totalSize else { return nil }
+                append(id, size: size)
+            }
             i += 36
         }
     }

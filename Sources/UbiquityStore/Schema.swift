@@ -1,7 +1,7 @@
 /// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
 /// by a newer program is refused rather than misread.
 enum Schema {
-    static let formatVersion = 2
+    static let formatVersion = 3
 
     static let statements = [
         """
@@ -12,7 +12,7 @@ enum Schema {
             id INTEGER PRIMARY KEY, kind INTEGER NOT NULL, mode INTEGER NOT NULL,
             uid INTEGER NOT NULL, gid INTEGER NOT NULL, size INTEGER NOT NULL,
             atime INTEGER NOT NULL, mtime INTEGER NOT NULL, ctime INTEGER NOT NULL,
-            rdev INTEGER NOT NULL, target TEXT, file_id TEXT, head INTEGER)
+            rdev INTEGER NOT NULL, target TEXT, file_id TEXT, head INTEGER, allocated INTEGER)
         """,
         // Directory entries: names are UTF-8 (the filesystem refuses others with EILSEQ).
         """
@@ -22,7 +22,7 @@ enum Schema {
         """,
         "CREATE INDEX IF NOT EXISTS entries_inode ON entries(inode)",
         // Versions are append-only. `chunks` is ChunkList.encoded. `durable` = 1 once a
-        // durability barrier has run after the version was written (see Store.recover).
+        // durability barrier has run after the version was written (Store.markDurable).
         """
         CREATE TABLE IF NOT EXISTS versions(
             row INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, file_id TEXT NOT NULL,
@@ -54,23 +54,28 @@ enum Schema {
         """,
     ]
 
-    /// Columns added by format 2 (sync): added to a format-1 store when it is opened.
+    /// Columns added since format 1, added to an older store when it is opened.
+    /// Format 2 (sync), on versions:
     /// `kind`/`target`: records of directories and symlinks share the versions table (their
     /// file_id is `dir:<path>` / `link:<path>`); `meta` = 1: a record that changed only
     /// path, mode, mtime or xattrs; `uploaded` = 1: in the backing directory.
+    /// Format 3 (sparse files: holes in chunk lists, see `ChunkList.encoded`), on inodes:
+    /// `allocated` = bytes of the current content not in holes (NULL: as `size`).
     static let addedColumns = [
-        ("kind", "INTEGER NOT NULL DEFAULT 1"), ("target", "TEXT"), ("xattrs", "BLOB"),
-        ("meta", "INTEGER NOT NULL DEFAULT 0"), ("uploaded", "INTEGER NOT NULL DEFAULT 0"),
+        ("versions", "kind", "INTEGER NOT NULL DEFAULT 1"), ("versions", "target", "TEXT"), ("versions", "xattrs", "BLOB"),
+        ("versions", "meta", "INTEGER NOT NULL DEFAULT 0"), ("versions", "uploaded", "INTEGER NOT NULL DEFAULT 0"),
+        ("inodes", "allocated", "INTEGER"),
     ]
 }
 
 extension Schema {
     static func migrate(_ db: SQLiteDatabase) throws(StoreError) {
-        // versions must exist in its old shape before the index on a new column is made.
-        if try db.rows("SELECT count(*) FROM sqlite_master WHERE name = 'versions'", [], { $0.int(0) }).first == 1 {
-            let columns = Set(try db.rows("PRAGMA table_info(versions)", []) { $0.text(1) })
-            for (name, type) in addedColumns where !columns.contains(name) {
-                try db.execute("ALTER TABLE versions ADD COLUMN \(name) \(type)")
+        // A table must have its new columns before an index on one of them is made.
+        for table in ["versions", "inodes"] {
+            guard try db.rows("SELECT count(*) FROM sqlite_master WHERE name = ?", [.text(table)], { $0.int(0) }).first == 1 else { continue }
+            let columns = Set(try db.rows("PRAGMA table_info(\(table))", []) { $0.text(1) })
+            for (t, name, type) in addedColumns where t == table && !columns.contains(name) {
+                try db.execute("ALTER TABLE \(table) ADD COLUMN \(name) \(type)")
             }
         }
         for statement in statements { try db.execute(statement) }

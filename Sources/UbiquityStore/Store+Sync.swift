@@ -1,4 +1,5 @@
 import Glibc
+import UbiquitySystem
 
 /// What a sync pass changed in the local tree, for the filesystem to tell the kernel.
 public struct TreeChanges: Sendable {
@@ -65,7 +66,7 @@ extension Store {
                    case .node(let shown) = replica.state(at: path).shown, shown.id == current.id { continue }
                 try recordNode(node, kind: .symlink, path: path, mode: 0o777, mtime: inode.mtime, target: inode.target)
             default:
-                continue // fifos and sockets stay local
+                continue // fifos, sockets and device nodes stay local
             }
         }
         // Nodes the view shows that the tree lacks: deleted here (tombstone), or not shown
@@ -263,9 +264,11 @@ extension Store {
               let row = try db.rows("SELECT size, mode, mtime, xattrs FROM versions WHERE row = ?", [.int(record.row)], {
                   (size: $0.int(0), mode: UInt32($0.int(1)), mtime: $0.int(2), xattrs: $0.isNull(3) ? [] : $0.blob(3))
               }).first else { return }
+        let content = try chunkList(row: record.row)
         inode.fileID = record.node
         inode.head = record.row
-        inode.size = row.size
+        inode.size = content.totalSize
+        inode.allocated = content.storedBytes
         inode.mode = row.mode
         inode.mtime = row.mtime
         inode.ctime = clock()
@@ -364,6 +367,7 @@ extension Store {
             var updated = inode
             updated.head = row
             updated.size = record.chunks.totalSize
+            updated.allocated = record.chunks.storedBytes
             updated.mode = conflict.mode
             updated.mtime = now
             updated.ctime = now

@@ -7,13 +7,15 @@ extension Store {
             let root = Inode(id: Store.rootInode, kind: .directory, mode: 0o755, uid: getuid(), gid: getgid(), time: now)
             try persist(root, insert: true)
         }
-        try db.query("SELECT id, kind, mode, uid, gid, size, atime, mtime, ctime, rdev, target, file_id, head FROM inodes") { (r) throws(StoreError) in
+        try db.query("SELECT id, kind, mode, uid, gid, size, atime, mtime, ctime, rdev, target, file_id, head, allocated FROM inodes") { (r) throws(StoreError) in
             guard let kind = NodeKind(rawValue: r.int(1)) else { throw .database("inode \(r.int(0)) has unknown kind \(r.int(1))") }
             var inode = Inode(id: InodeNumber(r.int(0)), kind: kind, mode: UInt32(r.int(2)), uid: UInt32(r.int(3)),
-                              gid: UInt32(r.int(4)), size: r.int(5), time: 0, rdev: UInt64(r.int(9)),
+                              gid: UInt32(r.int(4)), size: Self.checkedSize(r.int(5)), time: 0, rdev: UInt64(bitPattern: r.int(9)),
                               target: r.isNull(10) ? nil : r.text(10), fileID: r.isNull(11) ? nil : r.text(11))
             inode.atime = r.int(6); inode.mtime = r.int(7); inode.ctime = r.int(8)
             inode.head = r.isNull(12) ? nil : r.int(12)
+            // Stores before format 3 have no allocation: the size (no holes) is right for them.
+            inode.allocated = r.isNull(13) ? inode.size : min(Self.checkedSize(r.int(13)), inode.size)
             inodes[inode.id] = inode
             nextInode = max(nextInode, inode.id + 1)
         }
@@ -86,7 +88,7 @@ extension Store {
                        rdev: UInt64 = 0, target: String? = nil) throws(StoreError) -> Inode {
         let id = nextInode
         var inode = Inode(id: id, kind: kind, mode: mode, uid: uid, gid: gid,
-                          size: Int64(target?.utf8.count ?? 0), time: clock(), rdev: rdev, target: target,
+                          size: Int64(target.map(NameCodec.byteCount) ?? 0), time: clock(), rdev: rdev, target: target,
                           fileID: kind == .file ? randomHex(bytes: 16) : nil)
         try db.transaction { () throws(StoreError) in
             try persist(inode, insert: true)
@@ -228,13 +230,18 @@ extension Store {
             .int(Int64(inode.id)), .int(inode.kind.rawValue), .int(Int64(inode.mode)), .int(Int64(inode.uid)),
             .int(Int64(inode.gid)), .int(inode.size), .int(inode.atime), .int(inode.mtime), .int(inode.ctime),
             .int(Int64(bitPattern: inode.rdev)), inode.target.map { .text($0) } ?? .null,
-            inode.fileID.map { .text($0) } ?? .null, inode.head.map { .int($0) } ?? .null,
+            inode.fileID.map { .text($0) } ?? .null, inode.head.map { .int($0) } ?? .null, .int(inode.allocated),
         ]
         try db.query(insert
-            ? "INSERT INTO inodes(id, kind, mode, uid, gid, size, atime, mtime, ctime, rdev, target, file_id, head) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)"
-            : "REPLACE INTO inodes(id, kind, mode, uid, gid, size, atime, mtime, ctime, rdev, target, file_id, head) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            ? "INSERT INTO inodes(id, kind, mode, uid, gid, size, atime, mtime, ctime, rdev, target, file_id, head, allocated) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+            : "REPLACE INTO inodes(id, kind, mode, uid, gid, size, atime, mtime, ctime, rdev, target, file_id, head, allocated) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             values)
     }
+
+    /// A size read from the database, within 0...maxFileSize (a damaged row must not make
+    /// later arithmetic overflow).
+    static func checkedSize(_ value: Int64) -> Int64 { min(max(value, 0), maxFileSize) }
 }
 
 import Glibc
+import UbiquitySystem

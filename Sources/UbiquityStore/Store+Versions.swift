@@ -1,3 +1,5 @@
+import UbiquitySystem
+
 /// Versions and histories. A version is appended, never changed; a file's current version
 /// is its inode's `head`. Local-only files keep only their latest version (`local = 1`),
 /// which is never listed or synced.
@@ -33,6 +35,7 @@ extension Store {
             let row = try insert(record, local: local, uploaded: false)
             inode.head = row
             inode.size = content.totalSize
+            inode.allocated = content.storedBytes
             try persist(inode)
             if !local { try setHistory(fileID, path: path, live: true) }
             return row

@@ -1,4 +1,5 @@
 import Glibc
+import UbiquitySystem
 
 /// A container's local store: a directory holding
 ///
@@ -57,8 +58,10 @@ public final class Store: @unchecked Sendable {
                 throw .io(errno: ENOENT, "\(directory) is not a ubiquity store (no meta.sqlite)")
             }
         }
-        try makeDirectories(directory)
-        try makeDirectory(directory + "/staging")
+        try StoreError.wrap { () throws(SystemError) in
+            try makeDirectories(directory)
+            try makeDirectory(directory + "/staging")
+        }
         let lock = !readOnly
         if lock {
             lockFD = open(directory + "/lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
@@ -125,12 +128,7 @@ public final class Store: @unchecked Sendable {
 
     /// Staging holds only uncommitted bytes of open files; after a restart nothing is open.
     private func clearStaging() {
-        guard let dir = opendir(directory + "/staging") else { return }
-        while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
-            if name != "." && name != ".." { unlink(directory + "/staging/" + name) }
-        }
-        closedir(dir)
+        for name in (try? directoryEntries(stagingDirectory)) ?? [] { unlink(stagingDirectory + "/" + name) }
     }
 
     public var stagingDirectory: String { directory + "/staging" }
@@ -183,33 +181,10 @@ struct NameKey: Hashable {
     }
 }
 
-func makeDirectories(_ path: String) throws(StoreError) {
-    var prefix = ""
-    for component in path.split(separator: "/", omittingEmptySubsequences: true) {
-        prefix += "/" + component
-        try makeDirectory(prefix)
-    }
-}
-
-/// Random bytes as lowercase hex (ids of devices and versions).
-public func randomHex(bytes: Int) -> String {
-    // One generator call per 8 bytes (each is a getrandom system call).
-    var rng = SystemRandomNumberGenerator()
-    var out = ""
-    while out.count < bytes * 2 {
-        var word = rng.next()
-        for _ in 0..<8 where out.count < bytes * 2 {
-            out += hexByte(Int(word & 0xFF))
-            word >>= 8
-        }
-    }
-    return out
-}
-
 func defaultDeviceName() -> String {
-    var buffer = [CChar](repeating: 0, count: 256)
+    var buffer = [UInt8](repeating: 0, count: 256)
     gethostname(&buffer, 255)
-    let name = String(cString: buffer)
+    let name = String(decoding: buffer.prefix { $0 != 0 }, as: UTF8.self)
     return name.isEmpty ? "device" : name
 }
 

@@ -1,5 +1,5 @@
 /// Everything the store can fail with. The filesystem layer maps these to errno in exactly
-/// one place (`UbiquityFS/Errno+Store.swift`); the CLI prints `description`.
+/// one place (`StoreError.errno`, UbiquityFS/Errno.swift); the CLI prints `description`.
 public enum StoreError: Error, Equatable, CustomStringConvertible {
     /// A chunk's bytes do not hash to its name: disk corruption or tampering. Never served.
     case corruptChunk(ChunkID)
@@ -22,7 +22,7 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
         switch self {
         case .corruptChunk(let id): return "chunk \(id) is corrupt (its content does not match its hash)"
         case .missingChunk(let id): return "chunk \(id) is missing from the store"
-        case .io(let code, let what): return "\(what): \(String(cString: strerror(code)))"
+        case .io(let code, let what): return "\(what): \(errnoText(code))"
         case .database(let message): return "database error: \(message)"
         case .locked(let message): return message
         case .noSuchVersion(let what): return "no such version: \(what)"
@@ -32,9 +32,15 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     }
 }
 
-#if canImport(Glibc)
 import Glibc
-#endif
+import UbiquitySystem
+
+extension StoreError {
+    /// Runs shared system helpers, their failures as `.io`.
+    static func wrap<T>(_ body: () throws(SystemError) -> T) throws(StoreError) -> T {
+        do { return try body() } catch { throw .io(errno: error.code, error.context) }
+    }
+}
 
 /// Throws `.io` with the current errno when a system call returns -1.
 @discardableResult

@@ -29,7 +29,7 @@ public struct SyncRecord: Sendable, Equatable {
         self.target = target; self.xattrs = xattrs
     }
 
-    public var size: Int64 { kind == .symlink ? Int64(target?.utf8.count ?? 0) : chunks.totalSize }
+    public var size: Int64 { kind == .symlink ? Int64(target.map(NameCodec.byteCount) ?? 0) : chunks.totalSize }
 }
 
 public struct XattrEntry: Sendable, Equatable {

@@ -1,12 +1,16 @@
 import Glibc
 import UbiquityStore
+import UbiquitySystem
 
 /// The backing directory on disk (docs/FORMAT.md): objects by hash, one journal per
 /// device. Only plain file operations, so any shared directory works. Every failure is a
 /// `StoreError.io` naming the file; the engine treats it as "offline" and retries.
 struct Backing {
-    static let formatLine = "ubiquity-backing 1\n"
-    static let formatVersion = 1
+    /// Format 2 adds holes to file records (`hole:<length>` chunk items, docs/FORMAT.md).
+    /// A device upgrades a format-1 directory when it first opens it, so devices still on
+    /// format 1 stop with "upgrade ubiquity" instead of skipping records they cannot read.
+    static let formatVersion = 2
+    static var formatLine: String { "ubiquity-backing \(formatVersion)\n" }
 
     let directory: String
     let deviceID: String
@@ -28,6 +32,10 @@ struct Backing {
             }
             if version > Self.formatVersion {
                 throw .unsupportedFormat("the backing directory \(directory) has format \(version); this ubiquity understands up to \(Self.formatVersion): upgrade ubiquity")
+            }
+            if version < Self.formatVersion {
+                try writeAtomically(directory + "/FORMAT", Array(Self.formatLine.utf8))
+                log("ubiquity: sync: upgraded the backing directory \(directory) from format \(version) to \(Self.formatVersion); devices running an older ubiquity must upgrade to sync")
             }
         } else {
             try writeAtomically(directory + "/FORMAT", Array(Self.formatLine.utf8))
@@ -64,13 +72,18 @@ struct Backing {
     func peers() throws(StoreError) -> (devices: [String], ignored: [String]) {
         var devices: [String] = [], ignored: [String] = []
         for name in try list(directory + "/devices") where name != deviceID {
-            if RecordCodec.isHex(name, count: 16) { devices.append(name) } else { ignored.append(name) }
+            if Hex.isLowercase(name, count: 16) { devices.append(name) } else { ignored.append(name) }
         }
         return (devices.sorted(), ignored.sorted())
     }
 
-    /// Bytes of `device`'s journal from `offset` to its end (nil: no journal yet).
-    func journal(of device: String, from offset: Int64) throws(StoreError) -> [UInt8]? {
+    /// How much of a journal one read loads, and the longest line a reader accepts (a
+    /// file's record lists its chunks: 256 MiB of line is a file of about 200 GiB).
+    static let journalWindow = 4 << 20
+    static let maxLine = 256 << 20
+
+    /// Up to `limit` bytes of `device`'s journal from `offset` (nil: no journal yet).
+    func journal(of device: String, from offset: Int64, limit: Int) throws(StoreError) -> [UInt8]? {
         let path = "\(directory)/devices/\(device)/journal"
         let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
         if fd < 0 {
@@ -82,15 +95,8 @@ struct Backing {
         guard fstat(fd, &st) == 0 else { throw .io(errno: errno, "stat \(path)") }
         let size = Int64(st.st_size)
         if size <= offset { return [] }
-        var out = [UInt8](repeating: 0, count: Int(size - offset))
-        var done = 0
-        while done < out.count {
-            let n = out.withUnsafeMutableBytes { pread(fd, $0.baseAddress! + done, $0.count - done, off_t(offset) + off_t(done)) }
-            if n < 0 { if errno == EINTR { continue }; throw .io(errno: errno, "read \(path)") }
-            if n == 0 { break }
-            done += n
-        }
-        return Array(out.prefix(done))
+        let count = Int(min(size - offset, Int64(limit)))
+        return try io { () throws(SystemError) in try readBytes(fd, count: count, at: offset, path: path) }
     }
 
     /// Appends lines to this device's journal and makes them durable. A journal left
@@ -109,72 +115,33 @@ struct Backing {
             if pread(fd, &last, 1, off_t(st.st_size - 1)) == 1, last != UInt8(ascii: "\n") { bytes.append(UInt8(ascii: "\n")) }
         }
         for line in lines { bytes += Array(line.utf8) }
-        try writeAll(fd, bytes, path: path)
+        try io { () throws(SystemError) in try writeAll(fd, bytes, path: path) }
         guard fsync(fd) == 0 else { throw .io(errno: errno, "fsync \(path)") }
     }
 
     // MARK: files
 
+    /// The largest file this reads whole from the shared directory (FORMAT, objects): a
+    /// chunk is at most 4 MiB, so anything larger is damage and is not loaded.
+    static let maxFileSize = 8 << 20
+
     private func readFile(_ path: String) throws(StoreError) -> [UInt8]? {
-        let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
-        if fd < 0 {
-            if errno == ENOENT { return nil }
-            throw .io(errno: errno, "open \(path)")
-        }
-        defer { close(fd) }
-        var out: [UInt8] = []
-        var buffer = [UInt8](repeating: 0, count: 1 << 16)
-        while true {
-            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress!, $0.count) }
-            if n < 0 { if errno == EINTR { continue }; throw .io(errno: errno, "read \(path)") }
-            if n == 0 { return out }
-            out += buffer[0..<n]
-        }
+        try io { () throws(SystemError) in try UbiquitySystem.readFile(path, limit: Self.maxFileSize) }
     }
 
-    /// Temp name, write, fsync, rename: a reader sees the whole file or none.
     private func writeAtomically(_ path: String, _ bytes: [UInt8]) throws(StoreError) {
-        let slash = path.lastIndex(of: "/")!
-        let tempPath = "\(path[..<slash])/.tmp-\(deviceID)-\(randomHex(bytes: 6))"
-        let fd = Glibc.open(tempPath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
-        if fd < 0 { throw .io(errno: errno, "create \(tempPath)") }
-        do throws(StoreError) {
-            try writeAll(fd, bytes, path: tempPath)
-            guard fsync(fd) == 0 else { throw .io(errno: errno, "fsync \(tempPath)") }
-        } catch {
-            close(fd)
-            unlink(tempPath)
-            throw error
-        }
-        close(fd)
-        guard rename(tempPath, path) == 0 else {
-            let code = errno
-            unlink(tempPath)
-            throw .io(errno: code, "rename \(tempPath)")
-        }
-    }
-
-    private func writeAll(_ fd: Int32, _ bytes: [UInt8], path: String) throws(StoreError) {
-        var done = 0
-        while done < bytes.count {
-            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + done, $0.count - done) }
-            if n < 0 { if errno == EINTR { continue }; throw .io(errno: errno, "write \(path)") }
-            done += n
-        }
+        try io { () throws(SystemError) in try writeFileAtomically(path, bytes, tempPrefix: ".tmp-\(deviceID)-") }
     }
 
     private func makeDir(_ path: String) throws(StoreError) {
-        if mkdir(path, 0o755) != 0 && errno != EEXIST { throw .io(errno: errno, "mkdir \(path)") }
+        try io { () throws(SystemError) in try makeDirectory(path) }
     }
 
     private func list(_ path: String) throws(StoreError) -> [String] {
-        guard let dir = opendir(path) else { throw .io(errno: errno, "list \(path)") }
-        defer { closedir(dir) }
-        var names: [String] = []
-        while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
-            if name != "." && name != ".." { names.append(name) }
-        }
-        return names
+        try io { () throws(SystemError) in try directoryEntries(path) }
+    }
+
+    private func io<T>(_ body: () throws(SystemError) -> T) throws(StoreError) -> T {
+        do { return try body() } catch { throw .io(errno: error.code, error.context) }
     }
 }

@@ -1,11 +1,12 @@
 import Crypto
 import UbiquityStore
+import UbiquitySystem
 
 /// Journal lines (docs/FORMAT.md, "Journal"): `U1 <sha256> key=value ...`. Decoding is
 /// strict: a line from a shared directory is untrusted input, and anything doubtful is
 /// rejected with a reason rather than half-applied.
 public enum RecordCodec {
-    public static let maxChunkSize = 4 << 20
+    public static let maxChunkSize = ChunkStore.maxChunkSize
     public static let maxParents = 64
 
     public static func encode(_ r: SyncRecord) -> String {
@@ -20,11 +21,11 @@ public enum RecordCodec {
         ]
         if r.kind == .file {
             fields += [("meta", r.isMeta ? "1" : "0"), ("size", String(r.chunks.totalSize)),
-                       ("chunks", zip(r.chunks.ids, r.chunks.sizes).map { "\($0.hex):\($1)" }.joined(separator: ","))]
+                       ("chunks", chunkItems(r.chunks))]
         }
         if r.kind == .symlink { fields.append(("target", percent(r.target ?? ""))) }
         if !r.xattrs.isEmpty {
-            fields.append(("xattrs", r.xattrs.map { percent($0.name) + ":" + hex($0.value) }.joined(separator: ",")))
+            fields.append(("xattrs", r.xattrs.map { percent($0.name) + ":" + Hex.encode($0.value) }.joined(separator: ",")))
         }
         let body = fields.map { "\($0)=\($1)" }.joined(separator: " ")
         return "U1 \(sha256Hex(Array(body.utf8))) \(body)\n"
@@ -67,7 +68,7 @@ public enum RecordCodec {
             return value
         }
         let id = try field("id")
-        guard isHex(id, count: 32) else { throw Rejection("bad id") }
+        guard Hex.isLowercase(id, count: 32) else { throw Rejection("bad id") }
         let device = try field("device")
         guard device == journalDevice else { throw Rejection("device \(device.prefix(40)) writes in the journal of \(journalDevice)") }
         let kind: NodeKind
@@ -78,7 +79,7 @@ public enum RecordCodec {
         default: throw Rejection("unknown kind")
         }
         let parents = try field("parents").split(separator: ",").map(String.init)
-        guard parents.count <= maxParents, parents.allSatisfy({ isHex($0, count: 32) }) else { throw Rejection("bad parents") }
+        guard parents.count <= maxParents, parents.allSatisfy({ Hex.isLowercase($0, count: 32) }) else { throw Rejection("bad parents") }
         guard let path = unpercent(try field("path")) else { throw Rejection("path is not valid percent-encoded UTF-8") }
         if let reason = SyncPath.problem(path) { throw Rejection("path \(printable(path)): \(reason)") }
         guard let name = unpercent(try field("name")) else { throw Rejection("bad device name") }
@@ -92,14 +93,21 @@ public enum RecordCodec {
         switch kind {
         case .file:
             let node = try field("node")
-            guard isHex(node, count: 32) else { throw Rejection("bad node") }
+            guard Hex.isLowercase(node, count: 32) else { throw Rejection("bad node") }
             record.node = node
             let chunkText = try field("chunks")
             for item in chunkText.split(separator: ",") {
                 let parts = item.split(separator: ":")
-                guard parts.count == 2, let chunk = ChunkID(hex: String(parts[0])), let size = Int(parts[1]),
-                      size > 0, size <= maxChunkSize else { throw Rejection("bad chunk \(item.prefix(80))") }
-                record.chunks.append(chunk, size: size)
+                guard parts.count == 2, let size = Int64(parts[1]), size > 0,
+                      size <= maxFileSize - record.chunks.totalSize else { throw Rejection("bad chunk \(item.prefix(80))") }
+                if parts[0] == "hole" {
+                    record.chunks.appendHole(size)
+                } else {
+                    guard let chunk = ChunkID(hex: String(parts[0])), chunk != .hole, size <= maxChunkSize else {
+                        throw Rejection("bad chunk \(item.prefix(80))")
+                    }
+                    record.chunks.append(chunk, size: Int(size))
+                }
             }
             guard record.chunks.totalSize == (try int("size")) else { throw Rejection("size does not match the chunks") }
         case .directory:
@@ -107,7 +115,7 @@ public enum RecordCodec {
         default:
             record.node = "link:" + path
             guard let target = unpercent(try field("target")), !target.isEmpty || record.isTombstone,
-                  target.utf8.count < 4096, !target.utf8.contains(0) else { throw Rejection("bad symlink target") }
+                  NameCodec.byteCount(target) < 4096, !target.utf8.contains(0) else { throw Rejection("bad symlink target") }
             record.target = record.isTombstone ? nil : target
         }
         if record.isTombstone && !record.chunks.ids.isEmpty { throw Rejection("a tombstone with content") }
@@ -115,13 +123,18 @@ public enum RecordCodec {
             for item in text.split(separator: ",") {
                 let parts = item.split(separator: ":", omittingEmptySubsequences: false)
                 guard parts.count == 2, let name = unpercent(String(parts[0])), !name.isEmpty, name.utf8.count <= 250,
-                      !name.utf8.contains(0), let value = unhex(parts[1]), value.count <= 65536 else {
+                      !name.utf8.contains(0), let value = Hex.decode(parts[1]), value.count <= 65536 else {
                     throw Rejection("bad xattr")
                 }
                 record.xattrs.append(XattrEntry(name: name, value: value))
             }
         }
         return record
+    }
+
+    /// `<sha256>:<size>` per chunk, `hole:<length>` per hole (backing format 2).
+    static func chunkItems(_ list: ChunkList) -> String {
+        (0..<list.count).map { i in (list.isHole(i) ? "hole" : list.ids[i].hex) + ":\(list.size(i))" }.joined(separator: ",")
     }
 
     static func kindName(_ kind: NodeKind) -> String {
@@ -134,41 +147,7 @@ public enum RecordCodec {
 
     // MARK: encodings
 
-    static func sha256Hex(_ bytes: [UInt8]) -> String { hex(Array(SHA256.hash(data: bytes))) }
-
-    static func hex(_ bytes: [UInt8]) -> String {
-        let digits = Array("0123456789abcdef".utf8)
-        var out: [UInt8] = []
-        out.reserveCapacity(bytes.count * 2)
-        for b in bytes { out.append(digits[Int(b >> 4)]); out.append(digits[Int(b & 15)]) }
-        return String(decoding: out, as: UTF8.self)
-    }
-
-    static func unhex(_ text: Substring) -> [UInt8]? {
-        let utf8 = Array(text.utf8)
-        guard utf8.count % 2 == 0 else { return nil }
-        var out: [UInt8] = []
-        var i = 0
-        while i < utf8.count {
-            guard let hi = hexDigit(utf8[i]), let lo = hexDigit(utf8[i + 1]) else { return nil }
-            out.append(hi << 4 | lo)
-            i += 2
-        }
-        return out
-    }
-
-    static func isHex(_ text: String, count: Int) -> Bool {
-        text.utf8.count == count && text.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }
-    }
-
-    private static func hexDigit(_ c: UInt8) -> UInt8? {
-        switch c {
-        case 0x30...0x39: c - 0x30
-        case 0x61...0x66: c - 0x61 + 10
-        case 0x41...0x46: c - 0x41 + 10
-        default: nil
-        }
-    }
+    static func sha256Hex(_ bytes: [UInt8]) -> String { Hex.encode(SHA256.hash(data: bytes)) }
 
     static func percent(_ text: String) -> String {
         let hexDigits = Array("0123456789ABCDEF".utf8)
@@ -192,7 +171,7 @@ public enum RecordCodec {
         var i = 0
         while i < utf8.count {
             if utf8[i] == UInt8(ascii: "%") {
-                guard i + 2 < utf8.count, let hi = hexDigit(utf8[i + 1]), let lo = hexDigit(utf8[i + 2]) else { return nil }
+                guard i + 2 < utf8.count, let hi = Hex.value(utf8[i + 1]), let lo = Hex.value(utf8[i + 2]) else { return nil }
                 out.append(hi << 4 | lo)
                 i += 3
             } else {
@@ -214,13 +193,13 @@ public enum SyncPath {
     public static func problem(_ path: String) -> String? {
         let bytes = Array(path.utf8)
         if bytes.isEmpty { return "empty" }
-        if bytes.count > 4096 { return "longer than 4096 bytes" }
+        if NameCodec.byteCount(path) > 4096 { return "longer than 4096 bytes" }
         if bytes.contains(0) { return "contains NUL" }
         if bytes.first == UInt8(ascii: "/") || bytes.last == UInt8(ascii: "/") { return "starts or ends with '/'" }
         let components = path.split(separator: "/", omittingEmptySubsequences: false)
         for c in components {
             if c.isEmpty || c == "." || c == ".." { return "has an empty, '.' or '..' component" }
-            if c.utf8.count > 255 { return "has a component over 255 bytes" }
+            if NameCodec.byteCount(String(c)) > 255 { return "has a component over 255 bytes" }
         }
         if components.first == ".versions" || components.first == ".conflicts" { return "names a control entry" }
         if LocalOnly.contains(path) { return "is local-only" }

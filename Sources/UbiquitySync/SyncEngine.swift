@@ -1,6 +1,7 @@
 import Dispatch
 import Glibc
 import UbiquityStore
+import UbiquitySystem
 
 /// Replicates a store through a backing directory. One cycle: read other devices' new
 /// journal lines and fetch (verified) the chunks they name; then, under the store's
@@ -196,34 +197,51 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         var records: [SyncRecord] = []
         var consumed: [String: Int64] = [:]
         for device in devices {
-            let offset = known[device] ?? 0
-            let read: [UInt8]?
-            do { read = try backing.journal(of: device, from: offset) } catch {
-                // One unreadable journal (junk where a device's directory should be) must
-                // not stop the others.
-                logOnce("ubiquity: sync: cannot read the journal of device \(device): \(error)")
-                continue
-            }
-            guard let bytes = read, !bytes.isEmpty else { continue }
-            var start = 0
-            journal: while let newline = bytes[start...].firstIndex(of: UInt8(ascii: "\n")) {
-                let at = offset + Int64(start)
-                switch RecordCodec.decode(bytes[start..<newline], journalDevice: device) {
-                case .failure(let why):
-                    logOnce("ubiquity: sync: skipping line at byte \(at) of devices/\(device)/journal: \(why)")
-                case .success(let record):
-                    switch fetchChunks(of: record) {
-                    case .ready: records.append(record)
-                    case .malformed(let why):
-                        logOnce("ubiquity: sync: skipping record \(record.id) of devices/\(device)/journal: \(why)")
-                    case .waiting(let why):
-                        logOnce("ubiquity: sync: record \(record.id) of devices/\(device)/journal waits: \(why)")
-                        break journal
-                    }
+            var offset = known[device] ?? 0
+            // The journal is read in windows, so memory stays bounded however large a
+            // (possibly hostile) journal grows; a window without a newline is widened up to
+            // Backing.maxLine, and a longer "line" is skipped in pieces that never parse.
+            var window = Backing.journalWindow
+            reading: while true {
+                let read: [UInt8]?
+                do { read = try backing.journal(of: device, from: offset, limit: window) } catch {
+                    // One unreadable journal (junk where a device's directory should be) must
+                    // not stop the others.
+                    logOnce("ubiquity: sync: cannot read the journal of device \(device): \(error)")
+                    break reading
                 }
-                start = newline + 1
+                guard let bytes = read, !bytes.isEmpty else { break reading }
+                var start = 0
+                var waiting = false
+                journal: while let newline = bytes[start...].firstIndex(of: UInt8(ascii: "\n")) {
+                    let at = offset + Int64(start)
+                    switch RecordCodec.decode(bytes[start..<newline], journalDevice: device) {
+                    case .failure(let why):
+                        logOnce("ubiquity: sync: skipping line at byte \(at) of devices/\(device)/journal: \(why)")
+                    case .success(let record):
+                        switch fetchChunks(of: record) {
+                        case .ready: records.append(record)
+                        case .malformed(let why):
+                            logOnce("ubiquity: sync: skipping record \(record.id) of devices/\(device)/journal: \(why)")
+                        case .waiting(let why):
+                            logOnce("ubiquity: sync: record \(record.id) of devices/\(device)/journal waits: \(why)")
+                            waiting = true
+                            break journal
+                        }
+                    }
+                    start = newline + 1
+                }
+                let full = bytes.count == window
+                if start == 0 && full {
+                    if window < Backing.maxLine { window = min(window * 4, Backing.maxLine); continue reading }
+                    logOnce("ubiquity: sync: skipping \(window) bytes at byte \(offset) of devices/\(device)/journal: a line longer than \(Backing.maxLine) bytes")
+                    start = bytes.count
+                }
+                offset += Int64(start)
+                if start > 0 { consumed[device] = offset }
+                if waiting || !full { break reading }
+                window = Backing.journalWindow
             }
-            if start > 0 { consumed[device] = offset + Int64(start) }
         }
         return (records, consumed)
     }
@@ -232,7 +250,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
 
     /// Copies the record's chunks into the local chunk store, each verified.
     private func fetchChunks(of record: SyncRecord) -> Fetch {
-        for (id, size) in zip(record.chunks.ids, record.chunks.sizes) {
+        for (id, size) in record.chunks.chunks {
             if chunks.contains(id) {
                 var st = stat()
                 if stat(chunks.path(of: id), &st) == 0, st.st_size != Int(size) { return .malformed("chunk \(id.hex) is \(st.st_size) bytes, not \(size)") }
@@ -261,7 +279,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             if batch.isEmpty { return }
             var directories: Set<String> = []
             for record in batch {
-                for id in Set(record.chunks.ids) where !backing.hasObject(id) {
+                for id in Set(record.chunks.chunks.map(\.id)) where !backing.hasObject(id) {
                     try backing.putObject(id, try chunks.read(id))
                     directories.insert(String(id.hex.prefix(2)))
                 }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Glibc
+import UbiquitySystem
 
 struct ConflictsCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -70,7 +71,7 @@ struct ConflictsCommand: ParsableCommand {
     private func describeCurrent(_ file: String) -> String {
         var st = stat()
         guard lstat(file, &st) == 0 else {
-            return errno == ENOENT ? "none (no file at this path now)" : "? (\(String(cString: strerror(errno))))"
+            return errno == ENOENT ? "none (no file at this path now)" : "? (\(errnoText(errno)))"
         }
         if st.st_mode & S_IFMT == S_IFDIR { return "a directory (these versions are files that lost the name to it)" }
         let version = (try? readXattr(file, "user.ubiquity.version", noFollow: true)) ?? "?"
@@ -103,10 +104,11 @@ func conflictedFiles(root: String, under start: String) throws -> [ConflictedFil
     while let rel = pending.popLast() {
         let dir = root + "/.conflicts" + (rel.isEmpty ? "" : "/" + rel)
         let names: [String]
-        do {
+        do throws(SystemError) {
             names = try directoryEntries(dir)
-        } catch let error as SystemCallError where error.code == ENOENT || error.code == ENOTDIR {
-            continue
+        } catch {
+            if error.code == ENOENT || error.code == ENOTDIR { continue }
+            throw CLIError("\(error)")
         }
         var versions: [String] = []
         for name in names {
@@ -124,9 +126,10 @@ func conflictedFiles(root: String, under start: String) throws -> [ConflictedFil
 /// The conflict version names of one path: the non-directory entries of
 /// `<root>/.conflicts/<path>/`, sorted; empty when it has none.
 func conflictVersionNames(in directory: String) throws -> [String] {
-    do {
+    do throws(SystemError) {
         return try directoryEntries(directory).filter { !isDirectory(directory + "/" + $0) }.sorted()
-    } catch let error as SystemCallError where error.code == ENOENT || error.code == ENOTDIR {
-        return []
+    } catch {
+        if error.code == ENOENT || error.code == ENOTDIR { return [] }
+        throw CLIError("\(error)")
     }
 }

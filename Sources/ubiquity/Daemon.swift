@@ -1,4 +1,5 @@
 import Glibc
+import UbiquitySystem
 import UbiquityStore
 
 /// Tells whoever started us that the mount is live: the background parent (through a
@@ -57,12 +58,12 @@ func notifySystemd(_ message: String) {
 enum Daemon {
     static func spawnAndWait(arguments: [String], logPath: String, mountpoint: String) throws {
         var fds: [Int32] = [0, 0]
-        guard pipe(&fds) == 0 else { throw CLIError("pipe: \(String(cString: strerror(errno)))") }
+        guard pipe(&fds) == 0 else { throw CLIError("pipe: \(errnoText(errno))") }
         let (readFD, writeFD) = (fds[0], fds[1])
         _ = fcntl(readFD, F_SETFD, FD_CLOEXEC)
         try makeDirectoriesForCLI(String(logPath[..<logPath.lastIndex(of: "/")!]))
         let logFD = open(logPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
-        guard logFD >= 0 else { throw CLIError("cannot open log \(logPath): \(String(cString: strerror(errno)))") }
+        guard logFD >= 0 else { throw CLIError("cannot open log \(logPath): \(errnoText(errno))") }
         let nullFD = open("/dev/null", O_RDONLY | O_CLOEXEC)
 
         let exe = (try? readLink("/proc/self/exe")) ?? arguments[0]
@@ -83,7 +84,7 @@ enum Daemon {
         posix_spawn_file_actions_destroy(&actions)
         posix_spawnattr_destroy(&attr)
         close(writeFD); close(logFD); close(nullFD)
-        guard rc == 0 else { throw CLIError("cannot start the mount daemon: \(String(cString: strerror(rc)))") }
+        guard rc == 0 else { throw CLIError("cannot start the mount daemon: \(errnoText(rc))") }
 
         var reply: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 4096)

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Glibc
+import UbiquitySystem
 import UbiquityFS
 import UbiquityFUSE
 import UbiquityStore
@@ -11,7 +12,7 @@ struct MountCommand: ParsableCommand {
         abstract: "Mount a container at MOUNTPOINT.",
         discussion: """
         Without --foreground, returns once the mount is live and keeps serving it in the
-        background (log: <store>/../daemon.log). Defaults need nothing else: the store and the
+        background (log: <store>/daemon.log). Defaults need nothing else: the store and the
         backing directory live under $XDG_DATA_HOME/ubiquity/<container>/ (~/.local/share/...).
         Stop it with `ubiquity unmount MOUNTPOINT`, which commits pending saves first.
         Under systemd (Type=notify) it reports READY=1 once the mount is live.
@@ -57,7 +58,7 @@ struct MountCommand: ParsableCommand {
         var st = stat()
         clearDeadMount(mp)
         if stat(mp, &st) != 0 {
-            if mkdir(mp, 0o755) != 0 { throw CLIError("cannot create mount point \(mp): \(String(cString: strerror(errno)))") }
+            if mkdir(mp, 0o755) != 0 { throw CLIError("cannot create mount point \(mp): \(errnoText(errno))") }
         } else if st.st_mode & S_IFMT != S_IFDIR {
             throw CLIError("mount point \(mp) is not a directory")
         }
@@ -65,7 +66,7 @@ struct MountCommand: ParsableCommand {
         if foreground {
             try serve(mountpoint: mp, storeDir: storeDir, backingDir: backingDir)
         } else {
-            try Daemon.spawnAndWait(arguments: CommandLine.arguments, logPath: data + "/daemon.log", mountpoint: mp)
+            try Daemon.spawnAndWait(arguments: CommandLine.arguments, logPath: daemonLogPath(store: storeDir), mountpoint: mp)
         }
     }
 
@@ -103,12 +104,16 @@ struct MountCommand: ParsableCommand {
     }
 }
 
+/// Where a background daemon logs: inside its store, so every store has its own log and
+/// `ubiquity status` finds it from the mount's source (the store directory).
+func daemonLogPath(store: String) -> String { store + "/daemon.log" }
+
 func makeDirectoriesForCLI(_ path: String) throws {
     var prefix = ""
     for c in path.split(separator: "/") {
         prefix += "/" + c
         if mkdir(prefix, 0o755) != 0 && errno != EEXIST {
-            throw CLIError("cannot create \(prefix): \(String(cString: strerror(errno)))")
+            throw CLIError("cannot create \(prefix): \(errnoText(errno))")
         }
     }
 }

@@ -1,85 +1,28 @@
 import ArgumentParser
 import Glibc
-import UbiquityFUSE
+import UbiquitySystem
 
 // The CLI talks to a running daemon only through its mount: extended attributes on the
 // mount point (`user.ubiquity.control` to command, `user.ubiquity.sync` to read status)
 // and on files, plus the hidden `.conflicts/` tree. No socket, no access to the store, so
 // whatever permission the mount grants is the only permission these commands need.
 
-/// A failed system call, with its errno kept so callers can tell "no such attribute"
-/// (ENODATA) or "daemon too old" (EPERM) from a real failure.
-struct SystemCallError: Error, CustomStringConvertible {
-    let code: Int32
-    /// What failed, e.g. "opendir /home/u/Cloud/.conflicts"; may be empty.
-    let context: String
-
-    init(_ code: Int32, _ context: String = "") {
-        self.code = code
-        self.context = context
-    }
-
-    /// strerror(code), e.g. "Input/output error".
-    var reason: String { String(cString: strerror(code)) }
-    var description: String { context.isEmpty ? reason : "\(context): \(reason)" }
-}
-
 // MARK: - Extended attributes
 
 /// The value of attribute `name` of `path`, as text. `noFollow` reads a symlink itself
 /// (lgetxattr) rather than what it points to, which may be outside the mount.
-func readXattr(_ path: String, _ name: String, noFollow: Bool = false) throws -> String {
-    var capacity = 4096
-    while true {
-        var buffer = [UInt8](repeating: 0, count: capacity)
-        let n = buffer.withUnsafeMutableBytes { raw -> Int in
-            noFollow ? c_lgetxattr(path, name, raw.baseAddress, raw.count) : c_getxattr(path, name, raw.baseAddress, raw.count)
-        }
-        if n >= 0 { return String(decoding: buffer[0..<n], as: UTF8.self) }
-        let code = errno
-        if code == EINTR { continue }
-        guard code == ERANGE else { throw SystemCallError(code, "getxattr \(name)") }
-        // The value grew between calls: ask for its size and try again.
-        let size = noFollow ? c_lgetxattr(path, name, nil, 0) : c_getxattr(path, name, nil, 0)
-        guard size >= 0 else { throw SystemCallError(errno, "getxattr \(name)") }
-        capacity = max(size, capacity * 2)
-    }
+func readXattr(_ path: String, _ name: String, noFollow: Bool = false) throws(SystemError) -> String {
+    String(decoding: try UbiquitySystem.getXattr(path, name, noFollow: noFollow), as: UTF8.self)
 }
 
-/// Sets attribute `name` of `path`. On `user.ubiquity.control` this is the call that waits
-/// for the daemon (a `sync` returns when the cycle is done), so it is not retried on EINTR:
-/// the daemon's answer, whatever it is, is the result.
-func writeXattr(_ path: String, _ name: String, _ value: String) throws {
-    let bytes = Array(value.utf8)
-    let result = bytes.withUnsafeBytes { raw -> Int32 in
-        c_setxattr(path, name, raw.baseAddress, raw.count, 0)
-    }
-    guard result == 0 else { throw SystemCallError(errno, "setxattr \(name)") }
+func writeXattr(_ path: String, _ name: String, _ value: String) throws(SystemError) {
+    try setXattr(path, name, Array(value.utf8))
 }
 
-func listXattrs(_ path: String) throws -> [String] {
-    let size = c_listxattr(path, nil, 0)
-    guard size >= 0 else { throw CLIError("listxattr \(path): \(String(cString: strerror(errno)))") }
-    var buffer = [CChar](repeating: 0, count: size + 1)
-    let n = c_listxattr(path, &buffer, size)
-    guard n >= 0 else { throw CLIError("listxattr \(path): \(String(cString: strerror(errno)))") }
-    return buffer[0..<n].split(separator: 0).map { String(decoding: $0.map { UInt8(bitPattern: $0) }, as: UTF8.self) }
-}
-
+/// As `readXattr`, failures as a message for the user.
 func getXattr(_ path: String, _ name: String) throws -> String {
     do { return try readXattr(path, name) } catch { throw CLIError("\(error)") }
 }
-
-// <sys/xattr.h> is not part of the Glibc module; the CFuse shim has it, but only the FUSE
-// layer may import CFuse.
-@_silgen_name("listxattr")
-private func c_listxattr(_ path: UnsafePointer<CChar>, _ list: UnsafeMutablePointer<CChar>?, _ size: Int) -> Int
-@_silgen_name("getxattr")
-private func c_getxattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ value: UnsafeMutableRawPointer?, _ size: Int) -> Int
-@_silgen_name("lgetxattr")
-private func c_lgetxattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ value: UnsafeMutableRawPointer?, _ size: Int) -> Int
-@_silgen_name("setxattr")
-private func c_setxattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ value: UnsafeRawPointer?, _ size: Int, _ flags: Int32) -> Int32
 
 // MARK: - The daemon's sync status
 
@@ -186,17 +129,16 @@ func absolutePathKeepingName(_ path: String) -> String {
     return resolved == "/" ? "/" + base : resolved + "/" + base
 }
 
-/// Where the daemon serving `entry` explains failures: daemon.log next to its store when
+/// Where the daemon serving `entry` explains failures: daemon.log in its store when
 /// started by `ubiquity mount`, the journal when started by systemd. The mount's source is
 /// its store directory; the default store `<data>/<container>/store` names the container.
 func daemonLogHint(_ entry: MountEntry) -> String {
     let store = entry.source
-    guard store.hasPrefix("/"), let slash = store.lastIndex(of: "/") else {
-        return "see the daemon log (daemon.log next to its store, or `journalctl --user -u 'ubiquity@*'`)"
+    guard store.hasPrefix("/") else {
+        return "see the daemon log (daemon.log in its store, or `journalctl --user -u 'ubiquity@*'`)"
     }
-    let data = String(store[..<slash])
-    let container = store.hasSuffix("/store") ? data.split(separator: "/").last.map(String.init) : nil
-    return "see the daemon log (\(data)/daemon.log or `journalctl --user -u ubiquity@\(container ?? "NAME")`)"
+    let container = store.hasSuffix("/store") ? store.split(separator: "/").dropLast().last.map(String.init) : nil
+    return "see the daemon log (\(daemonLogPath(store: store)) or `journalctl --user -u ubiquity@\(container ?? "NAME")`)"
 }
 
 // MARK: - Output
@@ -212,18 +154,6 @@ func fail(_ command: String, _ message: String) -> ExitCode {
 /// "1 conflict version", "2 conflict versions".
 func counted(_ n: Int, _ singular: String) -> String {
     "\(n) \(singular)\(n == 1 ? "" : "s")"
-}
-
-/// The entries of directory `path` except `.` and `..`, unsorted.
-func directoryEntries(_ path: String) throws -> [String] {
-    guard let dir = opendir(path) else { throw SystemCallError(errno, path) }
-    defer { closedir(dir) }
-    var names: [String] = []
-    while let e = readdir(dir) {
-        let name = withUnsafeBytes(of: e.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-        if name != "." && name != ".." { names.append(name) }
-    }
-    return names
 }
 
 /// True when `path` is a directory itself (a symlink to one is not).

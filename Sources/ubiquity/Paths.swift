@@ -1,5 +1,5 @@
 import Glibc
-import UbiquityFUSE
+import UbiquitySystem
 
 /// Where things live by default (XDG base directories), per container name.
 enum Paths {
@@ -54,9 +54,4 @@ enum Paths {
 struct CLIError: Error, CustomStringConvertible {
     let description: String
     init(_ message: String) { description = message }
-}
-
-func printError(_ message: String) {
-    let line = "ubiquity: \(message)\n"
-    _ = line.withCString { write(STDERR_FILENO, $0, strlen($0)) }
 }

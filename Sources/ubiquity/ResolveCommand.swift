@@ -1,6 +1,6 @@
 import ArgumentParser
 import Glibc
-import UbiquityFUSE
+import UbiquitySystem
 
 struct ResolveCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -74,7 +74,7 @@ struct ResolveCommand: ParsableCommand {
         let source = directory + "/" + name
         if rename(source, file) != 0 {
             let code = errno
-            var message = "cannot take \(name) as \(file): \(String(cString: strerror(code)))"
+            var message = "cannot take \(name) as \(file): \(errnoText(code))"
             if code == EISDIR || code == ENOTEMPTY || code == ENOTDIR {
                 message += ". \(file) is a directory now; copy the version out instead, e.g. `cp '\(source)' '\(file).conflict'`"
             } else {
@@ -94,7 +94,7 @@ struct ResolveCommand: ParsableCommand {
         var failures: [String] = []
         for name in names {
             if unlink(directory + "/" + name) != 0 {
-                failures.append("  \(name): \(String(cString: strerror(errno)))")
+                failures.append("  \(name): \(errnoText(errno))")
             }
         }
         let discarded = names.count - failures.count

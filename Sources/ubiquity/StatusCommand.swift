@@ -1,6 +1,6 @@
 import ArgumentParser
 import Glibc
-import UbiquityFUSE
+import UbiquitySystem
 import UbiquityStore
 
 struct StatusCommand: ParsableCommand {
@@ -24,7 +24,7 @@ struct StatusCommand: ParsableCommand {
         if let path {
             let abs = Paths.absolute(path)
             guard Paths.mount(containing: abs) != nil else { throw CLIError("\(abs) is not inside a ubiquity mount") }
-            let names = try listXattrs(abs).filter { $0.hasPrefix("user.ubiquity.") }
+            let names = try UbiquitySystem.listXattrs(abs).filter { $0.hasPrefix("user.ubiquity.") }
             print(abs)
             for name in names where name != "user.ubiquity.control" {
                 let key = name.dropFirst("user.ubiquity.".count)
@@ -49,6 +49,8 @@ struct StatusCommand: ParsableCommand {
                 print("  versions: \(store.versionCount)")
             }
             if let pid = daemonPID(store: m.source) { print("  daemon pid: \(pid)") }
+            let log = daemonLogPath(store: m.source)
+            print("  log: " + (access(log, F_OK) == 0 ? log : "the journal (`journalctl --user -u 'ubiquity@*'`) or the daemon's stderr"))
             printSyncStatus(mountpoint: m.mountpoint)
         }
     }
@@ -62,11 +64,11 @@ func printSyncStatus(mountpoint: String) {
     let status: SyncStatus
     do {
         status = try SyncStatus.read(mountpoint: mountpoint)
-    } catch let error as SystemCallError where error.code == ENODATA {
+    } catch let error as SystemError where error.code == ENODATA {
         print("  sync: unknown")
         return
     } catch {
-        print("  sync: unknown (\((error as? SystemCallError)?.reason ?? "\(error)"))")
+        print("  sync: unknown (\((error as? SystemError)?.reason ?? "\(error)"))")
         return
     }
     print("  sync:")

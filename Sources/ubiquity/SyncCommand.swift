@@ -1,6 +1,6 @@
 import ArgumentParser
 import Glibc
-import UbiquityFUSE
+import UbiquitySystem
 
 struct SyncCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -100,11 +100,11 @@ private func pendingNote(_ mountpoint: String) -> String {
 /// done it. On failure prints why and where the daemon logs, and exits 1.
 func sendControl(_ word: String, to entry: MountEntry, command: String) throws {
     let mp = entry.mountpoint
-    do {
+    do throws(SystemError) {
         try writeXattr(mp, "user.ubiquity.control", word)
     } catch {
-        let code = (error as? SystemCallError)?.code ?? EIO
-        var message = "\(mp): \(String(cString: strerror(code))); \(daemonLogHint(entry))"
+        let code = error.code
+        var message = "\(mp): \(errnoText(code)); \(daemonLogHint(entry))"
         if code == EAGAIN {
             // The daemon refuses to sync while paused (Airplane Mode means no traffic).
             throw fail(command, "\(mp) is paused; `ubiquity resume \(mp)` first (pending saves are kept)")

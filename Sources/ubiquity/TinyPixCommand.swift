@@ -3,6 +3,7 @@ import TinyPix
 
 #if canImport(Glibc)
 import Glibc
+import UbiquitySystem
 #elseif canImport(Musl)
 import Musl
 #elseif canImport(Darwin)
@@ -166,7 +167,7 @@ private func displayName(_ path: String) -> String {
 }
 
 private func describe(_ code: Int32) -> String {
-    String(cString: strerror(code))
+    errnoText(code)
 }
 
 private func printToStandardError(_ message: String) {

@@ -1,6 +1,6 @@
 import ArgumentParser
 import Glibc
-import UbiquityFUSE
+import UbiquitySystem
 
 struct UnmountCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -39,19 +39,9 @@ struct UnmountCommand: ParsableCommand {
 
 /// The daemon's pid from the store's lock file (written by the process holding it).
 func daemonPID(store: String) -> pid_t? {
-    guard store.hasPrefix("/"), let f = fopen(store + "/lock", "r") else { return nil }
-    defer { fclose(f) }
-    var pid: Int32 = 0
-    guard fscanf_int(f, &pid), pid > 0 else { return nil }
+    guard store.hasPrefix("/"), let bytes = try? readFile(store + "/lock", limit: 64) else { return nil }
+    guard let pid = Int32(String(decoding: bytes, as: UTF8.self).trimmingTrailingNewlines()), pid > 0 else { return nil }
     return pid
-}
-
-private func fscanf_int(_ f: UnsafeMutablePointer<FILE>, _ out: inout Int32) -> Bool {
-    var buffer = [CChar](repeating: 0, count: 32)
-    guard fgets(&buffer, 32, f) != nil else { return false }
-    guard let v = Int32(String(cString: buffer).trimmingTrailingNewlines()) else { return false }
-    out = v
-    return true
 }
 
 /// Runs a program from PATH and returns its exit status.

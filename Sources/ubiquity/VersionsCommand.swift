@@ -1,5 +1,6 @@
 import ArgumentParser
 import Glibc
+import UbiquitySystem
 
 struct VersionsCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -52,8 +53,8 @@ func versionsDirectory(of path: String) throws -> String {
 }
 
 func listDirectory(_ path: String) throws -> [String] {
-    do { return try directoryEntries(path) } catch let error as SystemCallError {
-        throw CLIError(error.code == ENOENT ? "no history at \(path)" : "\(path): \(String(cString: strerror(error.code)))")
+    do throws(SystemError) { return try directoryEntries(path) } catch {
+        throw CLIError(error.code == ENOENT ? "no history at \(path)" : "\(path): \(errnoText(error.code))")
     }
 }
 
@@ -61,21 +62,21 @@ func listDirectory(_ path: String) throws -> [String] {
 /// one new version.
 func copyFile(from source: String, to target: String) throws {
     let input = open(source, O_RDONLY | O_CLOEXEC)
-    guard input >= 0 else { throw CLIError("open \(source): \(String(cString: strerror(errno)))") }
+    guard input >= 0 else { throw CLIError("open \(source): \(errnoText(errno))") }
     defer { close(input) }
     let output = open(target, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-    guard output >= 0 else { throw CLIError("open \(target): \(String(cString: strerror(errno)))") }
+    guard output >= 0 else { throw CLIError("open \(target): \(errnoText(errno))") }
     var buffer = [UInt8](repeating: 0, count: 1 << 20)
     while true {
         let n = read(input, &buffer, buffer.count)
-        if n < 0 { if errno == EINTR { continue }; close(output); throw CLIError("read \(source): \(String(cString: strerror(errno)))") }
+        if n < 0 { if errno == EINTR { continue }; close(output); throw CLIError("read \(source): \(errnoText(errno))") }
         if n == 0 { break }
         var done = 0
         while done < n {
             let w = buffer.withUnsafeBytes { write(output, $0.baseAddress! + done, n - done) }
-            if w < 0 { if errno == EINTR { continue }; close(output); throw CLIError("write \(target): \(String(cString: strerror(errno)))") }
+            if w < 0 { if errno == EINTR { continue }; close(output); throw CLIError("write \(target): \(errnoText(errno))") }
             done += w
         }
     }
-    if close(output) != 0 { throw CLIError("saving \(target) failed: \(String(cString: strerror(errno)))") }
+    if close(output) != 0 { throw CLIError("saving \(target) failed: \(errnoText(errno))") }
 }

@@ -6,25 +6,13 @@ import Musl
 import Darwin
 #endif
 
+import TestSupport
 import TinyPix
-
-/// SplitMix64: a small, fast, seedable generator so failures can be replayed.
-struct SeededGenerator: RandomNumberGenerator {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
 
 /// The seeds randomized tests run with: two fixed ones plus one fresh per run.
 /// Set TINYPIX_SEED=<n> to replay the seed a failure message printed.
 let testSeeds: [UInt64] = {
-    if let text = getenv("TINYPIX_SEED").map({ String(cString: $0) }), let seed = UInt64(text) {
+    if let seed = environment("TINYPIX_SEED").flatMap({ UInt64($0) }) {
         return [seed]
     }
     return [1, 0x5EED_7157_7E57_0001, UInt64.random(in: .min ... .max)]
@@ -32,7 +20,7 @@ let testSeeds: [UInt64] = {
 
 func utf8(_ text: String) -> [UInt8] { Array(text.utf8) }
 
-func randomBytes(count: Int, using rng: inout SeededGenerator) -> [UInt8] {
+func randomBytes(count: Int, using rng: inout SplitMix64) -> [UInt8] {
     (0..<count).map { _ in UInt8.random(in: .min ... .max, using: &rng) }
 }
 

@@ -1,4 +1,5 @@
 import Testing
+import TestSupport
 import TinyPix
 
 @Suite("Fuzz: encode is total")
@@ -23,7 +24,7 @@ struct TinyPixFuzzTests {
 
     @Test("random byte strings never crash", arguments: testSeeds)
     func randomByteStrings(seed: UInt64) {
-        var rng = SeededGenerator(seed: seed)
+        var rng = SplitMix64(seed: seed)
         for iteration in 0..<5_000 {
             let input = randomBytes(count: Int.random(in: 0...200, using: &rng), using: &rng)
             if let complaint = check(input) {
@@ -35,7 +36,7 @@ struct TinyPixFuzzTests {
 
     @Test("random text-like strings never crash", arguments: testSeeds)
     func randomTextLike(seed: UInt64) {
-        var rng = SeededGenerator(seed: seed)
+        var rng = SplitMix64(seed: seed)
         let alphabet = utf8("#.Xx1*0-_ \t\r\n\n\nQ") + [0x00, 0xC3, 0xA9, 0xFF]
         for iteration in 0..<5_000 {
             let count = Int.random(in: 0...200, using: &rng)
@@ -49,12 +50,12 @@ struct TinyPixFuzzTests {
 
     @Test("mutated grids never crash; accepted ones round-trip", arguments: testSeeds)
     func mutatedGrids(seed: UInt64) throws {
-        var rng = SeededGenerator(seed: seed)
+        var rng = SplitMix64(seed: seed)
         let interesting = utf8("#.Xx1*0-_ \t\r\n") + [0x00, 0x7F, 0x80, 0xC3, 0xE2, 0xFF]
         var accepted = 0
         for iteration in 0..<5_000 {
             let stored = randomBytes(count: 8, using: &rng)
-            var input = try #require(TinyPix.render(stored))
+            guard var input = TinyPix.render(stored) else { Issue.record("render failed for \(stored)"); return }
             for _ in 0..<Int.random(in: 1...4, using: &rng) {
                 let byte = Bool.random(using: &rng)
                     ? interesting.randomElement(using: &rng)!

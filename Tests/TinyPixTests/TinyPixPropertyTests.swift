@@ -1,14 +1,15 @@
 import Testing
+import TestSupport
 import TinyPix
 
 @Suite("Round-trip properties")
 struct TinyPixPropertyTests {
     @Test("render then encode round-trips random pictures", arguments: testSeeds)
     func randomRoundTrip(seed: UInt64) throws {
-        var rng = SeededGenerator(seed: seed)
+        var rng = SplitMix64(seed: seed)
         for iteration in 0..<5_000 {
             let stored = randomBytes(count: 8, using: &rng)
-            let grid = try #require(TinyPix.render(stored), "seed \(seed), iteration \(iteration)")
+            guard let grid = TinyPix.render(stored) else { Issue.record("seed \(seed), iteration \(iteration): render failed"); return }
             guard grid.count == TinyPix.gridSize,
                   encoded(grid) == stored,
                   encoded(stored) == stored
@@ -37,7 +38,7 @@ struct TinyPixPropertyTests {
 
     @Test("8 raw bytes are stored as they are", arguments: testSeeds)
     func rawBytesPassThrough(seed: UInt64) {
-        var rng = SeededGenerator(seed: seed)
+        var rng = SplitMix64(seed: seed)
         for _ in 0..<2_000 {
             let raw = randomBytes(count: 8, using: &rng)
             guard encoded(raw) == raw else {

@@ -1,5 +1,6 @@
 import Glibc
 import Testing
+import TestSupport
 @testable import UbiquityFS
 @testable import UbiquityStore
 
@@ -10,8 +11,7 @@ final class Harness {
     let me = Caller(uid: 1000, gid: 1000)
 
     init() throws {
-        var template = Array("/tmp/ubiquity-unit-XXXXXX".utf8CString)
-        dir = String(cString: mkdtemp(&template)!)
+        dir = TempDirectory().path
         fs = FileSystem(store: try Store(directory: dir, deviceName: "unit"))
     }
 
@@ -22,7 +22,7 @@ final class Harness {
         fs = FileSystem(store: try Store(directory: dir))
     }
 
-    deinit { _ = system("rm -rf '\(dir)'") }
+    deinit { removeTree(dir) }
 
     /// Writes a whole file the way `echo > file` does: open/create, write, close.
     @discardableResult
@@ -296,7 +296,7 @@ import Dispatch
 
 @Suite struct RegressionTests {
     /// sed -i's temp file (saved once, then renamed over the target) must not leave a
-    /// history of its own under .versions/ (found by tests/mount/t-editor-saves.sh).
+    /// history of its own under .versions/ (found by IntegrationTests/mount/t-editor-saves.sh).
     @Test func tempFileOfAnAtomicSaveLeavesNoHistory() throws {
         let h = try Harness()
         try h.save("sed.txt", "a")
@@ -307,7 +307,7 @@ import Dispatch
     }
 
     /// A sparse 5 GiB file commits without reading or hashing its holes (a dd at 4.5 GiB
-    /// hung the mount for minutes in a debug build; found by tests/mount/t-large-file.sh).
+    /// hung the mount for minutes in a debug build; found by IntegrationTests/mount/t-large-file.sh).
     @Test(.timeLimit(.minutes(1)))
     func sparseFileCommitsQuickly() throws {
         let h = try Harness()
@@ -330,7 +330,7 @@ import Dispatch
 
 extension TinyPixViewTests {
     /// sed -i on a picture writes the grid to a temp file and renames it over: the saved
-    /// grid must be stored as 8 bytes (found by tests/mount/t-tinypix.sh), and an invalid
+    /// grid must be stored as 8 bytes (found by IntegrationTests/mount/t-tinypix.sh), and an invalid
     /// grid saved that way is refused without touching the picture.
     @Test func tempFileSaveOfAPictureIsEncoded() throws {
         let h = try Harness()

@@ -1,5 +1,6 @@
 import Glibc
 import Testing
+import TestSupport
 @testable import UbiquityStore
 
 @Suite struct ChunkStoreTests {
@@ -7,7 +8,7 @@ import Testing
         let dir = TempDirectory()
         defer { dir.cleanup() }
         let store = try ChunkStore(directory: dir.path + "/chunks")
-        var gen = SeededBytes(seed: 1)
+        var gen = SplitMix64(seed: 1)
         let bytes = gen.bytes(100_000)
         let id = ChunkID(hashing: bytes)
         try store.put(id, bytes)
@@ -40,38 +41,5 @@ import Testing
             return id
         }
         #expect(Set(store.allChunkIDs()) == Set(ids))
-    }
-}
-
-@Suite struct IntervalSetTests {
-    /// Model test: the set agrees with a plain boolean array under random inserts and clips.
-    @Test func agreesWithModel() {
-        var gen = SeededBytes(seed: 5)
-        for _ in 0..<200 {
-            var set = IntervalSet()
-            var model = [Bool](repeating: false, count: 200)
-            for _ in 0..<30 {
-                if gen.int(0..<5) == 0 {
-                    let size = gen.int(0..<200)
-                    set.clip(to: Int64(size))
-                    for i in size..<200 { model[i] = false }
-                } else {
-                    let a = gen.int(0..<200), b = gen.int(0..<200)
-                    let r = min(a, b)..<max(a, b)
-                    set.insert(Int64(r.lowerBound)..<Int64(r.upperBound))
-                    for i in r { model[i] = true }
-                }
-                var rebuilt = [Bool](repeating: false, count: 200)
-                for r in set.ranges { for i in r { rebuilt[Int(i)] = true } }
-                #expect(rebuilt == model)
-                // Disjoint, sorted, non-touching.
-                for (x, y) in zip(set.ranges, set.ranges.dropFirst()) { #expect(x.upperBound < y.lowerBound) }
-                let (qa, qb) = (gen.int(0..<200), gen.int(0..<200))
-                let q = min(qa, qb)..<max(qa, qb)
-                if !q.isEmpty {
-                    #expect(set.overlaps(Int64(q.lowerBound)..<Int64(q.upperBound)) == model[q].contains(true))
-                }
-            }
-        }
     }
 }

@@ -1,5 +1,6 @@
 import Glibc
 import Testing
+import TestSupport
 @testable import UbiquityStore
 
 @Suite struct FileContentTests {
@@ -11,7 +12,7 @@ import Testing
         let chunks = try ChunkStore(directory: dir.path + "/chunks")
         // Small chunks so the test crosses many chunk boundaries quickly.
         let chunker = Chunker(minSize: 256, avgSize: 1024, maxSize: 4096)
-        var gen = SeededBytes(seed: seed)
+        var gen = SplitMix64(seed: seed)
         var model: [UInt8] = []
         var content = FileContent(base: ChunkList(), chunks: chunks, stagingDirectory: dir.path)
         var committed = ChunkList() // the latest committed content
@@ -57,7 +58,7 @@ import Testing
         let dir = TempDirectory()
         defer { dir.cleanup() }
         let chunks = try ChunkStore(directory: dir.path + "/chunks")
-        var gen = SeededBytes(seed: 11)
+        var gen = SplitMix64(seed: 11)
         let data = gen.bytes(32 << 20)
         let content = FileContent(base: ChunkList(), chunks: chunks, stagingDirectory: dir.path)
         try data.withUnsafeBytes { try content.write(offset: 0, $0) }
@@ -68,7 +69,7 @@ import Testing
         var second = ChunkList()
         try content.commit { second = $0; return $0 }
         let fresh = Set(second.ids).subtracting(first.ids)
-        let freshBytes = zip(second.ids, second.sizes).filter { fresh.contains($0.0) }.map { Int($0.1) }.reduce(0, +)
+        let freshBytes = second.chunks.filter { fresh.contains($0.id) }.map(\.size).reduce(0, +)
         #expect(second.totalSize == first.totalSize)
         #expect(fresh.count <= 2, "new chunks: \(fresh.count)")
         #expect(freshBytes <= 1 << 20, "new bytes: \(freshBytes)")

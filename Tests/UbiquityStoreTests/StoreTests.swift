@@ -1,5 +1,7 @@
 import Glibc
 import Testing
+import TestSupport
+import UbiquitySystem
 @testable import UbiquityStore
 
 @Suite struct StoreTests {

@@ -1,5 +1,7 @@
 import Glibc
 import Testing
+import TestSupport
+import UbiquitySystem
 @testable import UbiquityFS
 @testable import UbiquityStore
 @testable import UbiquitySync
@@ -14,7 +16,7 @@ import Testing
 /// More schedules: `UBQ_SIM_SCHEDULES=5000`.
 @Suite struct SimulationTests {
     @Test func devicesConverge() throws {
-        let env = { (name: String) in getenv(name).map { String(cString: $0) } }
+        let env = environment
         if let seed = env("UBQ_SIM_SEED").flatMap(UInt64.init) {
             try runSchedule(seed: seed, steps: Int(env("UBQ_SIM_STEPS") ?? "") ?? 120)
             return
@@ -29,9 +31,9 @@ import Testing
     /// first name can be another one (entries load in key order); the sync step then
     /// deleted the name that used to come first.
     @Test func hardLinkNamesSurviveARemount() throws {
-        var template = Array("/tmp/ubiquity-sim-XXXXXX".utf8CString)
-        let root = String(cString: mkdtemp(&template)!)
-        defer { _ = system("rm -rf '\(root)'") }
+        let temp = TempDirectory(prefix: "ubiquity-sim")
+        let root = temp.path
+        defer { temp.cleanup() }
         mkdir(root + "/backing", 0o755)
         do {
             let d = try SimDevice(name: "one", root: root, backing: root + "/backing", clock: nowNanos)
@@ -50,16 +52,6 @@ import Testing
 
     @Test func longSchedulesConverge() throws {
         for seed in UInt64(10_001)...10_010 { try runSchedule(seed: seed, steps: 400) }
-    }
-}
-
-/// A seeded generator (xorshift64*): the same seed, the same schedule.
-struct SeededRandom: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed &* 0x9E37_79B9_7F4A_7C15 | 1 }
-    mutating func next() -> UInt64 {
-        state ^= state >> 12; state ^= state << 25; state ^= state >> 27
-        return state &* 0x2545_F491_4F6C_DD1D
     }
 }
 
@@ -154,10 +146,10 @@ final class SimDevice {
 
 /// One schedule. Failures name the seed.
 func runSchedule(seed: UInt64, steps: Int) throws {
-    var rng = SeededRandom(seed: seed)
-    var template = Array("/tmp/ubiquity-sim-XXXXXX".utf8CString)
-    let root = String(cString: mkdtemp(&template)!)
-    defer { _ = system("rm -rf '\(root)'") }
+    var rng = SplitMix64(seed: seed)
+    let temp = TempDirectory(prefix: "ubiquity-sim")
+    let root = temp.path
+    defer { temp.cleanup() }
     let backing = root + "/backing"
     mkdir(backing, 0o755)
     // One logical clock; each device reads it with its own skew (clocks disagree).
@@ -276,7 +268,7 @@ func runSchedule(seed: UInt64, steps: Int) throws {
 }
 
 /// Discards or takes one conflict version through the `.conflicts/` view, as `rm`/`mv` do.
-func resolveSomeConflict(_ d: SimDevice, _ rng: inout SeededRandom) throws {
+func resolveSomeConflict(_ d: SimDevice, _ rng: inout SplitMix64) throws {
     let paths = d.fs.meta.withLock { $0.store.conflictedPaths() }
     guard !paths.isEmpty else { return }
     let path = paths[Int(rng.next() % UInt64(paths.count))]

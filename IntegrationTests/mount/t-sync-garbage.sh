@@ -40,7 +40,7 @@ check_flow() {
 step "baseline: edits flow both ways"
 echo one >"$A/f.txt"
 wait_content "$B/f.txt" one "f.txt on beta"
-assert_eq "ubiquity-backing 1" "$(cat "$BACKING/FORMAT")" "content of BACKING/FORMAT"
+assert_eq "ubiquity-backing 2" "$(cat "$BACKING/FORMAT")" "content of BACKING/FORMAT"
 check_flow "a clean backing directory"
 
 # The junk is checked at the end: nobody may change or delete it (only gc deletes).
@@ -279,7 +279,7 @@ assert_file_content "$A/offline-a.txt" offline-a "a new file on alpha while offl
 assert_file_content "$A/f.txt" three "an edit on alpha while offline"
 assert_eq 1 "$(version_count_at "$A" offline-a.txt)" "versions of offline-a.txt (saved locally)"
 assert_eq 0 "$(xattr "$A/offline-a.txt" user.ubiquity.uploaded)" "user.ubiquity.uploaded of a file saved while offline"
-# docs/README-sync-cli.md: `ubiquity sync` fails with exit status 1 when the backing
+# README ("Syncing"): `ubiquity sync` fails with exit status 1 when the backing
 # directory cannot be reached.
 rc=0
 out=$(timeout -k 5 30 "$UBIQUITY" sync "$A" 2>&1) || rc=$?

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/systemd/cleanup.sh: remove what a killed systemd test run left behind (a run that
+# IntegrationTests/systemd/cleanup.sh: remove what a killed systemd test run left behind (a run that
 # ends normally, or by SIGINT/SIGTERM/SIGHUP, cleans up itself). run.sh calls this first.
 #
 # A run named ubiquity-sdtest-PID owns the cgroup of that name and /tmp/ubiquity-sdtest-PID.

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Runs the real-mount scenarios tests/mount/t-*.sh and t-*.py, each as its own process under a
+# Runs the real-mount scenarios IntegrationTests/mount/t-*.sh and t-*.py, each as its own process under a
 # timeout, one line per scenario (PASS/FAIL/SKIP and seconds). Logs of failing
 # scenarios are kept and printed. The last line is exactly
 #   mount: N passed, M failed
 # and the exit status is non-zero when M > 0.
 #
-#   UBIQUITY=/path/to/ubiquity tests/mount/run.sh [NAME-PATTERN...]
+#   UBIQUITY=/path/to/ubiquity IntegrationTests/mount/run.sh [NAME-PATTERN...]
 #
 # A pattern selects scenarios by substring of their name (e.g. `run.sh git sqlite`).
 # A scenario may declare its own time limit with a line `# ubq-timeout: SECONDS`

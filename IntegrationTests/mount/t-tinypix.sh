@@ -54,7 +54,7 @@ assert_errno EINVAL "fd = os.open('smiley.tinypix', os.O_WRONLY | os.O_TRUNC); o
 assert_eq ff42a581a599423c "$(xattr smiley.tinypix user.ubiquity.raw)" "stored bytes after the refused write"
 assert_eq "########" "$(head -1 smiley.tinypix)" "picture after the refused write"
 assert_eq "${#names[@]}" "$(version_count smiley.tinypix)" "no version for the refused write"
-log_text=$(cat "$DATA"/ubiquity/*/daemon.log)
+log_text=$(cat "$STORE"/daemon.log)
 assert_contains "$log_text" "smiley.tinypix: refused: line 1, column 1" "log line naming the line and column"
 
 step "a stored file that is not 8 bytes is shown as is"

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# tests/systemd/run.sh: end-to-end test of systemd/ubiquity@.service and scripts/install.sh
+# IntegrationTests/systemd/run.sh: end-to-end test of systemd/ubiquity@.service and scripts/install.sh
 # under a real `systemd --user` (lib.sh), run by an unprivileged user that exists only inside
 # the test's namespaces. Builds nothing: UBIQUITY names the binary (scripts/test.sh exports
 # it). Needs root, to set up the namespaces. Takes about 6 s.
 #
-#   UBIQUITY=.build/debug/ubiquity tests/systemd/run.sh
+#   UBIQUITY=.build/debug/ubiquity IntegrationTests/systemd/run.sh
 #   SD_TEST_USER=root ...     run the manager and the daemon as root instead
 #
 # Prints PASS/FAIL per step; after the first failure it dumps the manager's journal and
@@ -12,7 +12,7 @@
 # status is non-zero when M > 0. Without root or the tools it skips (fails under CI=true).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-. tests/systemd/lib.sh
+. IntegrationTests/systemd/lib.sh
 
 passed=0 failed=0 skipped=0
 T0=$EPOCHREALTIME
@@ -41,13 +41,13 @@ skip_all() { # REASON: cannot run here; a skip is a failure under CI=true
 [ "$(id -u)" = 0 ] || skip_all "needs root (namespaces, cgroups)"
 [ -n "${UBIQUITY:-}" ] && [ -x "$UBIQUITY" ] || skip_all "set UBIQUITY to the ubiquity binary"
 for tool in unshare nsenter setpriv findmnt systemctl systemd-analyze journalctl fusermount3 pgrep; do
-	command -v "$tool" >/dev/null || skip_all "$tool is missing (packages: tests/systemd/README.md)"
+	command -v "$tool" >/dev/null || skip_all "$tool is missing (packages: IntegrationTests/systemd/README.md)"
 done
 [ -x /lib/systemd/systemd ] && [ -x /lib/systemd/systemd-journald ] || skip_all "systemd is not installed"
 [ -c /dev/fuse ] || skip_all "no /dev/fuse"
 sd_cgroup_root >/dev/null || skip_all "no cgroup2 hierarchy"
 
-tests/systemd/cleanup.sh # leftovers of an earlier run that was killed
+IntegrationTests/systemd/cleanup.sh # leftovers of an earlier run that was killed
 # Clean up on every exit; turn the usual signals into an exit so that the trap runs.
 trap 'sd_down; rm -rf "$SD_TMP"' EXIT
 trap 'exit 129' HUP

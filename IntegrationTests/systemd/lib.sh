@@ -1,4 +1,4 @@
-# tests/systemd/lib.sh: a real `systemd --user` for tests, on hosts whose PID 1 is not
+# IntegrationTests/systemd/lib.sh: a real `systemd --user` for tests, on hosts whose PID 1 is not
 # systemd (containers, CI VMs), isolated from the host. Source it from a bash script run
 # as root:
 #

@@ -5,11 +5,11 @@
 The same seeded random sequence of filesystem operations is applied to a fresh Ubiquity
 mount and to a reference directory (ext4/xfs). After every operation the results (return
 value or errno) must agree; at checkpoints, across unmount/mount and at the end the full
-trees must agree. Details, options and the triage workflow: tests/mount/differential-README.md.
+trees must agree. Details, options and the triage workflow: IntegrationTests/mount/differential-README.md.
 
-    UBIQUITY=/path/to/ubiquity tests/mount/t-differential.py [--seed N] [--ops K] [-v]
+    UBIQUITY=/path/to/ubiquity IntegrationTests/mount/t-differential.py [--seed N] [--ops K] [-v]
 
-Exit 0: success. Exit 77 (tests/mount/run.sh's SKIP): /dev/fuse cannot be opened and CI
+Exit 0: success. Exit 77 (IntegrationTests/mount/run.sh's SKIP): /dev/fuse cannot be opened and CI
 is not "true". Exit 1: a difference, a hang or a cleanup failure (also /dev/fuse missing
 under CI=true); the seed and the replay command are printed.
 Standard library only.
@@ -183,7 +183,7 @@ class Mount:
         self.store = os.path.join(base, "store")
         self.backing = os.path.join(base, "backing")
         self.xdg = os.path.join(base, "xdg")
-        self.log = os.path.join(self.xdg, "ubiquity", "default", "daemon.log")
+        self.log = os.path.join(self.xdg, "ubiquity", "default", "store", "daemon.log")
         self.daemon_pid = None
         self.env = dict(os.environ, XDG_DATA_HOME=self.xdg)
 
@@ -194,7 +194,7 @@ class Mount:
             raise TestFailure("mount failed (exit %d): %s%s" % (r.returncode, r.stdout, r.stderr))
         m = re.search(r"daemon pid (\d+)", r.stdout + r.stderr)
         self.daemon_pid = int(m.group(1)) if m else None
-        # tests/mount/run.sh sweeps what a killed scenario left behind from this file.
+        # IntegrationTests/mount/run.sh sweeps what a killed scenario left behind from this file.
         if os.environ.get("UBQ_STATE_FILE"):
             try:
                 with open(os.environ["UBQ_STATE_FILE"], "a") as f:

@@ -2,7 +2,7 @@ import Glibc
 
 /// State behind a pthread mutex. Used instead of `Synchronization.Mutex` because its
 /// `withLock` takes `inout sending`, which rejects closures that mix caller pointers with
-/// state (notes/swift-fuse.md, pitfall 19). The state is reachable only inside `withLock`.
+/// state (it cannot express "this closure touches only the state"). The state is reachable only inside `withLock`.
 public final class Locked<State>: @unchecked Sendable {
     // Heap-allocated: a pthread mutex must not move, and `&property` promises no stable address.
     private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)

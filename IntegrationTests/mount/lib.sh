@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Helpers for the real-mount scenarios (tests/mount/t-*.sh). Source it first thing:
+# Helpers for the real-mount scenarios (IntegrationTests/mount/t-*.sh). Source it first thing:
 #
 #   source "$(dirname "$0")/lib.sh"
 #   mount_fresh main            # sets ROOT MNT STORE BACKING DATA DAEMON_PID
@@ -259,7 +259,7 @@ mounts_under_prefix() {
   findmnt -rn -o TARGET 2>/dev/null | grep -F -- "$TEST_PREFIX" || true
 }
 
-# The state file lets tests/mount/run.sh clean up after a scenario it had to kill
+# The state file lets IntegrationTests/mount/run.sh clean up after a scenario it had to kill
 # (its EXIT trap then never ran).
 _ubq_state() {
   if [[ -n ${UBQ_STATE_FILE:-} ]]; then

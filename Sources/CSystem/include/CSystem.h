@@ -1,0 +1,25 @@
+// Linux system calls and constants that Swift's Glibc module hides behind _GNU_SOURCE or
+// does not include. Each is a real C function compiled with _GNU_SOURCE (system.c), so
+// Swift calls it with the C calling convention.
+#ifndef UBIQUITY_CSYSTEM_H
+#define UBIQUITY_CSYSTEM_H
+
+#include <stddef.h>
+#include <sys/types.h>
+#include <sys/xattr.h>
+
+/// syncfs(2): flush the whole filesystem holding fd.
+int ubq_syncfs(int fd);
+
+/// open(2) with O_TMPFILE: an unnamed file in directory `dir`.
+int ubq_open_tmpfile(const char *dir, int flags, mode_t mode);
+
+/// lseek(2) whence values for sparse files.
+extern const int ubq_seek_data;
+extern const int ubq_seek_hole;
+
+
+/// fallocate(2) mode bits.
+extern const int ubq_falloc_keep_size;
+
+#endif

@@ -1,0 +1,16 @@
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <stdio.h>
+#include <unistd.h>
+#include "CSystem.h"
+
+int ubq_syncfs(int fd) { return syncfs(fd); }
+
+int ubq_open_tmpfile(const char *dir, int flags, mode_t mode) {
+    return open(dir, flags | O_TMPFILE, mode);
+}
+
+const int ubq_seek_data = SEEK_DATA;
+const int ubq_seek_hole = SEEK_HOLE;
+const int ubq_falloc_keep_size = FALLOC_FL_KEEP_SIZE;

@@ -1,0 +1,63 @@
+/// Names (and symlink targets) are byte strings on Linux: any byte but `/` and NUL. Swift
+/// strings hold only valid Unicode, so a name's bytes become a string this way, and back:
+///
+/// - valid UTF-8 stays as it is (nearly every name);
+/// - each byte of an invalid sequence becomes one scalar U+10FF80 + (byte - 0x80), from
+///   the end of plane 16's private use area, which no real name uses;
+/// - so that the mapping stays one-to-one, a name that really contains such a scalar has
+///   its UTF-8 bytes escaped the same way.
+///
+/// `bytes(decode(b)) == b` for every byte string b. The store, the sync records and the
+/// filesystem layer see only strings; only the FUSE boundary converts. Records carry the
+/// string (valid UTF-8), so every device gets back the same bytes.
+public enum NameCodec {
+    static let escapes: ClosedRange<UInt32> = 0x10FF80...0x10FFFF
+
+    public static func string(_ bytes: some Collection<UInt8>) -> String {
+        if let text = String(validating: bytes, as: UTF8.self), !text.unicodeScalars.contains(where: { escapes.contains($0.value) }) {
+            return text
+        }
+        let raw = Array(bytes)
+        var scalars = String.UnicodeScalarView()
+        var parser = Unicode.UTF8.ForwardParser()
+        var iterator = raw.makeIterator()
+        var position = 0
+        func escape(_ range: Range<Int>) {
+            for byte in raw[range] { scalars.append(Unicode.Scalar(escapes.lowerBound + UInt32(byte - 0x80))!) }
+        }
+        loop: while true {
+            switch parser.parseScalar(from: &iterator) {
+            case .valid(let encoded):
+                let scalar = Unicode.UTF8.decode(encoded)
+                if escapes.contains(scalar.value) { escape(position..<position + encoded.count) } else { scalars.append(scalar) }
+                position += encoded.count
+            case .error(let length):
+                escape(position..<position + length)
+                position += length
+            case .emptyInput:
+                break loop
+            }
+        }
+        return String(scalars)
+    }
+
+    public static func bytes(_ name: String) -> [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(name.utf8.count)
+        for scalar in name.unicodeScalars {
+            if escapes.contains(scalar.value) {
+                out.append(UInt8(scalar.value - escapes.lowerBound + 0x80))
+            } else {
+                out += String(scalar).utf8
+            }
+        }
+        return out
+    }
+
+    /// The length of the name in bytes (what NAME_MAX and PATH_MAX count).
+    public static func byteCount(_ name: String) -> Int {
+        var count = 0
+        for scalar in name.unicodeScalars { count += escapes.contains(scalar.value) ? 1 : String(scalar).utf8.count }
+        return count
+    }
+}

@@ -1,0 +1,142 @@
+import CSystem
+import Glibc
+
+// File and directory helpers with the EINTR and short-read/short-write loops every caller
+// needs, so no layer writes them again.
+
+/// Writes all of `bytes` to `fd` (at its offset, or at `offset` with pwrite).
+public func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, at offset: Int64? = nil, path: String) throws(SystemError) {
+    var done = 0
+    while done < bytes.count {
+        let n = retryingEINTR {
+            if let offset { pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset) + off_t(done)) }
+            else { write(fd, bytes.baseAddress! + done, bytes.count - done) }
+        }
+        if n < 0 { throw .last("write \(path)") }
+        done += n
+    }
+}
+
+public func writeAll(_ fd: Int32, _ bytes: [UInt8], path: String) throws(SystemError) {
+    var result: Result<Void, SystemError> = .success(())
+    bytes.withUnsafeBytes { raw in
+        do throws(SystemError) { try writeAll(fd, raw, path: path) } catch { result = .failure(error) }
+    }
+    try result.get()
+}
+
+/// Reads up to `count` bytes at `offset` into `buffer`, stopping early only at end of file.
+/// Returns the number read.
+public func readFully(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, at offset: Int64, path: String) throws(SystemError) -> Int {
+    var done = 0
+    while done < buffer.count {
+        let n = retryingEINTR { pread(fd, buffer.baseAddress! + done, buffer.count - done, off_t(offset) + off_t(done)) }
+        if n < 0 { throw .last("read \(path)") }
+        if n == 0 { break }
+        done += n
+    }
+    return done
+}
+
+/// Up to `count` bytes at `offset` (fewer only at end of file). The caller bounds `count`.
+public func readBytes(_ fd: Int32, count: Int, at offset: Int64, path: String) throws(SystemError) -> [UInt8] {
+    var bytes = [UInt8](repeating: 0, count: count)
+    var result: Result<Int, SystemError> = .success(0)
+    bytes.withUnsafeMutableBytes { raw in
+        do throws(SystemError) { result = .success(try readFully(fd, into: raw, at: offset, path: path)) } catch { result = .failure(error) }
+    }
+    let n = try result.get()
+    if n < count { bytes.removeLast(count - n) }
+    return bytes
+}
+
+/// The whole file, or nil when it does not exist. A file larger than `limit` is refused
+/// (EFBIG) before anything is allocated: callers read files others may have written.
+public func readFile(_ path: String, limit: Int) throws(SystemError) -> [UInt8]? {
+    let fd = open(path, O_RDONLY | O_CLOEXEC)
+    if fd < 0 {
+        if errno == ENOENT { return nil }
+        throw .last("open \(path)")
+    }
+    defer { close(fd) }
+    var st = stat()
+    guard fstat(fd, &st) == 0 else { throw .last("stat \(path)") }
+    guard st.st_size >= 0, st.st_size <= limit else { throw SystemError(EFBIG, "\(path) is \(st.st_size) bytes, more than \(limit)") }
+    // A file that shrank meanwhile gives what it still had; one that grew, its first bytes.
+    return try readBytes(fd, count: Int(st.st_size), at: 0, path: path)
+}
+
+/// Temp name in the same directory, write, fsync, rename: a reader sees the whole file or
+/// none. `tempPrefix` names the temp file so readers and cleanups can recognise it.
+public func writeFileAtomically(_ path: String, _ bytes: [UInt8], tempPrefix: String, mode: mode_t = 0o644) throws(SystemError) {
+    let slash = path.lastIndex(of: "/")!
+    let tempPath = "\(path[..<slash])/\(tempPrefix)\(randomHex(bytes: 6))"
+    let fd = open(tempPath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode)
+    if fd < 0 { throw .last("create \(tempPath)") }
+    do throws(SystemError) {
+        try writeAll(fd, bytes, path: tempPath)
+        guard fsync(fd) == 0 else { throw .last("fsync \(tempPath)") }
+        // close can report a late write error (NFS, quota): never publish such a file.
+        guard close(fd) == 0 else { throw .last("close \(tempPath)") }
+    } catch {
+        close(fd)
+        unlink(tempPath)
+        throw error
+    }
+    guard rename(tempPath, path) == 0 else {
+        let error = SystemError.last("rename \(tempPath)")
+        unlink(tempPath)
+        throw error
+    }
+}
+
+/// fsync of a file or directory by path.
+public func fsyncPath(_ path: String, directory: Bool = false) throws(SystemError) {
+    let fd = open(path, (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC)
+    if fd < 0 { throw .last("open \(path) to fsync") }
+    defer { close(fd) }
+    guard fsync(fd) == 0 else { throw .last("fsync \(path)") }
+}
+
+/// syncfs(2): everything written to the filesystem holding `fd` reaches the disk.
+public func syncFilesystem(_ fd: Int32, path: String) throws(SystemError) {
+    guard ubq_syncfs(fd) == 0 else { throw .last("syncfs \(path)") }
+}
+
+/// An unnamed file in `directory` (O_TMPFILE), or a created-and-unlinked one where the
+/// filesystem has no O_TMPFILE (some network filesystems).
+public func makeAnonymousFile(in directory: String) throws(SystemError) -> Int32 {
+    let fd = ubq_open_tmpfile(directory, O_RDWR | O_CLOEXEC, 0o600)
+    if fd >= 0 { return fd }
+    let path = directory + "/" + randomHex(bytes: 8)
+    let named = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+    if named < 0 { throw .last("create a temporary file in \(directory)") }
+    unlink(path)
+    return named
+}
+
+/// The names in directory `path` except `.` and `..`, unsorted.
+public func directoryEntries(_ path: String) throws(SystemError) -> [String] {
+    guard let dir = opendir(path) else { throw .last("list \(path)") }
+    defer { closedir(dir) }
+    var names: [String] = []
+    while let entry = readdir(dir) {
+        let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        if name != "." && name != ".." { names.append(name) }
+    }
+    return names
+}
+
+/// mkdir that accepts an existing directory.
+public func makeDirectory(_ path: String, mode: mode_t = 0o755) throws(SystemError) {
+    if mkdir(path, mode) != 0 && errno != EEXIST { throw .last("mkdir \(path)") }
+}
+
+/// mkdir -p.
+public func makeDirectories(_ path: String, mode: mode_t = 0o755) throws(SystemError) {
+    var prefix = ""
+    for component in path.split(separator: "/", omittingEmptySubsequences: true) {
+        prefix += "/" + component
+        try makeDirectory(prefix, mode: mode)
+    }
+}

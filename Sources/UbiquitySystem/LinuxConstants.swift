@@ -1,0 +1,11 @@
+import CSystem
+
+/// Linux constants that Swift's Glibc module does not export (they need _GNU_SOURCE),
+/// with their values from the C headers (CSystem).
+public enum Linux {
+    /// lseek(2) whence: the next data, the next hole.
+    public static let seekData = ubq_seek_data
+    public static let seekHole = ubq_seek_hole
+    /// fallocate(2) mode bits.
+    public static let fallocKeepSize = ubq_falloc_keep_size
+}

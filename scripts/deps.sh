@@ -1,0 +1,25 @@
+# Sourced by quickstart.sh and test.sh: install the Debian packages that are missing
+# (with sudo unless root). One list per purpose, so each script asks only for its own.
+#
+#   install_missing PACKAGE...
+
+# What building and mounting need.
+BUILD_PACKAGES=(libfuse3-dev fuse3 libsqlite3-dev pkg-config)
+# What the test suite needs on top: fio and getfattr/setfattr (attr) in the mount
+# scenarios, python3 for the differential and hostile-syscall tests, sqlite3 and git as
+# workloads, vim-tiny for the editor saves, and a systemd user manager for the unit test.
+TEST_PACKAGES=(sqlite3 fio attr git python3 systemd dbus-user-session util-linux procps psmisc vim-tiny)
+
+install_missing() {
+  local need=() pkg
+  for pkg in "$@"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+  done
+  [ ${#need[@]} -gt 0 ] || return 0
+  command -v apt-get >/dev/null || { echo "missing packages: ${need[*]} (install them; this script knows only apt-get)" >&2; return 1; }
+  echo "installing: ${need[*]}"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+}
