@@ -183,9 +183,11 @@ class Mount:
         self.store = os.path.join(base, "store")
         self.backing = os.path.join(base, "backing")
         self.xdg = os.path.join(base, "xdg")
-        self.log = os.path.join(self.xdg, "ubiquity", "default", "store", "daemon.log")
+        self.log = os.path.join(self.store, "daemon.log")
         self.daemon_pid = None
-        self.env = dict(os.environ, XDG_DATA_HOME=self.xdg)
+        # The daemon checks each incremental sync step against a whole-tree walk and logs
+        # "sync-scan check:" for anything the change set missed; a checkpoint fails on it.
+        self.env = dict(os.environ, XDG_DATA_HOME=self.xdg, UBQ_VERIFY_SYNC_SCAN="1")
 
     def mount(self):
         r = subprocess.run([self.binary, "mount", self.mnt, "--store", self.store, "--backing", self.backing],
@@ -741,6 +743,9 @@ class Executor:
         self.log("checkpoint (%s): %d entries%s" % (why, len(sr[0]), ", %d differences" % len(lines) if lines else ""))
         if lines:
             self.fail("trees differ at checkpoint (%s)" % why, lines)
+        missed = [l for l in self.mount.log_tail(1 << 20).splitlines() if "sync-scan check:" in l]
+        if missed:
+            self.fail("the sync step's change set missed changes (checkpoint %s)" % why, missed[:20])
         # Open descriptors: offset, attributes and, where readable, the full content.
         for h in list(self.handles.values()):
             self.both("os.lseek(%s, 0, os.SEEK_CUR)" % h.name, lambda s: os.lseek(h.fds[s], 0, os.SEEK_CUR))

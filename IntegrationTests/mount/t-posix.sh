@@ -247,11 +247,12 @@ assert s.f_bsize > 0 and s.f_blocks > 0, s
 assert 0 < s.f_namemax <= 4096, s
 EOF
 
-step "root listing shows .versions and .conflicts; .versions is read-only"
+step "the root listing hides .versions (and .conflicts while empty); both work by name; .versions is read-only"
 listing=$(ls -la "$MNT")
-assert_contains "$listing" " .versions" "ls -la of the mount root"
-assert_contains "$listing" " .conflicts" "ls -la of the mount root"
-[[ -d .versions && -d .conflicts ]] || fail ".versions and .conflicts must be directories"
+assert_not_contains "$listing" " .versions" "ls -la of the mount root"
+assert_not_contains "$listing" " .conflicts" "ls -la of the mount root without conflicts"
+assert_eq "" "$(find "$MNT" -name '*.versions*' -o -path '*/.versions/*' | head -n 3)" "find of the mount (the live tree only)"
+[[ -d .versions && -d .conflicts ]] || fail ".versions and .conflicts must be directories when named"
 v=$(version_names n1 | head -n1)
 [[ -n $v ]] || fail "n1 has no versions"
 ro='EROFS|EACCES|EPERM'

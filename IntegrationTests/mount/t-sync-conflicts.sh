@@ -119,6 +119,7 @@ for m in "$A" "$B"; do
   assert_eq "$shown" "$listed" "ubiquity conflicts --paths $m vs the files under $m/.conflicts/"
   assert_eq 9 "$(wc -l <<<"$shown")" "conflict versions under $m/.conflicts/ (note take keep take2 sub/deep mtime tie both pic)"
   assert_eq 9 "$(sync_status "$m" conflicts)" "conflicts in user.ubiquity.sync of $m"
+  assert_contains "$(ls -A "$m")" ".conflicts" "the root listing of $m while it has conflicts"
 done
 
 step "the later edit is current on both devices; the earlier one is the only conflict version"
@@ -220,6 +221,7 @@ check_resolved tie.txt "tie: from $winner"
 for m in "$A" "$B"; do
   assert_eq "" "$(ls -A "$m/.conflicts")" "entries in $m/.conflicts/ once every conflict is resolved"
   assert_eq 0 "$(sync_status "$m" conflicts)" "conflicts in user.ubiquity.sync of $m once every conflict is resolved"
+  assert_not_contains "$(ls -A "$m")" ".conflicts" "the root listing of $m once every conflict is resolved"
 done
 
 step "after resolving, edits flow normally again"

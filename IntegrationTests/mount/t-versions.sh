@@ -65,4 +65,12 @@ assert_eq "$(printf '%s\n' "${names5[@]}")" "$(version_names notes.txt)" "versio
 assert_file_content ".versions/notes.txt/${names5[0]}" one "oldest version after remount"
 assert_file_content notes.txt two "current content after remount"
 
+step "--show-versions lists .versions in the root; without it, it is hidden but works by name"
+assert_not_contains "$(ls -A "$MNT")" ".versions" "ls -A of the root by default"
+cd /
+MOUNT_ARGS=(--show-versions)
+remount
+assert_contains "$(ls -A "$MNT")" ".versions" "ls -A of the root with --show-versions"
+assert_eq "$(printf '%s\n' "${names5[@]}")" "$(version_names notes.txt)" "version names with --show-versions"
+
 pass

@@ -186,25 +186,20 @@ extension FileSystem {
 
     public func opendir(_ ino: UInt64) throws(Errno) -> UInt64 {
         try meta.withLock { (m) throws(Errno) -> UInt64 in
-            let entries: [DirectoryEntry]
-            if VirtualViews.isVirtual(ino) {
-                entries = try m.views.entries(ino, store: m.store)
-            } else {
-                guard let dir = m.store.inode(ino) else { throw .notFound }
-                guard dir.kind == .directory else { throw .notDirectory }
-                var list = m.store.entries(ino).compactMap { e in m.store.inode(e.id).map { DirectoryEntry(name: e.name, attributes: m.attributes($0)) } }
-                if ino == Store.rootInode { list = try m.views.rootEntries(store: m.store) + list }
-                entries = list
-            }
-            return m.register(.directory(entries: entries))
+            m.register(.directory(entries: try m.listing(ino, showVersions: options.showVersions)))
         }
     }
 
-    /// The listing snapshot taken at opendir: offsets stay stable while the directory changes.
-    public func readdir(_ handle: UInt64) throws(Errno) -> [DirectoryEntry] {
+    /// The listing snapshot taken at opendir: offsets stay stable while the directory
+    /// changes. A read from offset 0 (the first, or one after rewinddir) takes a new
+    /// snapshot: POSIX wants every entry that exists at the rewind (found by t-hostile.py).
+    public func readdir(_ handle: UInt64, ino: UInt64 = 0, fromStart: Bool = false) throws(Errno) -> [DirectoryEntry] {
         try meta.withLock { (m) throws(Errno) -> [DirectoryEntry] in
             guard case .directory(let entries) = m.handles[handle] else { throw .badHandle }
-            return entries
+            guard fromStart else { return entries }
+            let fresh = try m.listing(ino, showVersions: options.showVersions)
+            m.handles[handle] = .directory(entries: fresh)
+            return fresh
         }
     }
 
@@ -225,6 +220,16 @@ func checkName(_ name: String) throws(Errno) {
 }
 
 extension FileSystem.Meta {
+    /// The entries of directory `ino` (control entries at the root), with attributes.
+    mutating func listing(_ ino: UInt64, showVersions: Bool) throws(Errno) -> [DirectoryEntry] {
+        if VirtualViews.isVirtual(ino) { return try views.entries(ino, store: store) }
+        guard let dir = store.inode(ino) else { throw .notFound }
+        guard dir.kind == .directory else { throw .notDirectory }
+        var list = store.entries(ino).compactMap { e in store.inode(e.id).map { DirectoryEntry(name: e.name, attributes: attributes($0)) } }
+        if ino == Store.rootInode { list = try views.rootEntries(store: store, showVersions: showVersions) + list }
+        return list
+    }
+
     func existing(parent: UInt64, name: String) throws(Errno) -> (InodeNumber, Inode) {
         if VirtualViews.isVirtual(parent) || (parent == Store.rootInode && VirtualViews.rootNames.contains(name)) { throw .readOnly }
         guard let dir = store.inode(parent) else { throw .notFound }
@@ -279,7 +284,6 @@ extension FileSystem.Meta {
                 try storeCall { () throws(StoreError) in try store.commitTombstone(fileID: fileID, head: before.head, path: path) }
             }
         }
-        views.invalidate()
         dropIfUnreferenced(id)
     }
 
@@ -325,6 +329,5 @@ extension FileSystem.Meta {
             }
         default: break
         }
-        views.invalidate()
     }
 }

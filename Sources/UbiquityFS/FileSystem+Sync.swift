@@ -54,7 +54,6 @@ extension FileSystem: StoreAccess {
         try meta.withLock { (m) throws(Errno) in
             guard let (_, version) = try m.views.conflictVersion(parent: parent, name: name, store: m.store) else { throw .readOnly }
             try storeCall { () throws(StoreError) in try m.store.discardConflict(version.id) }
-            m.views.invalidate()
         }
     }
 
@@ -98,7 +97,6 @@ extension FileSystem.Meta {
     /// After sync changed the tree: open readers move to the new current version, the
     /// hidden views are rebuilt, unlinked inodes go once unused.
     mutating func treeChanged(_ changes: TreeChanges) throws(StoreError) {
-        views.invalidate()
         for ino in changes.inodes {
             guard let old = openFiles[ino], !old.content.isChanged else { continue }
             openFiles[ino] = nil

@@ -7,7 +7,14 @@ import UbiquityStore
 extension FileSystem {
     static let statusPrefix = "user.ubiquity."
 
+    /// A namespace prefix with nothing after it ("user.") is no name: EINVAL, as the
+    /// kernel's own xattr handlers answer on ext4 (found by t-hostile.py).
+    static func checkXattrName(_ name: String) throws(Errno) {
+        if name == "user." { throw .invalid }
+    }
+
     public func getxattr(_ ino: UInt64, name: String) throws(Errno) -> [UInt8] {
+        try Self.checkXattrName(name)
         if let status = syncStatus(ino, name: name) { return status }
         return try meta.withLock { (m) throws(Errno) -> [UInt8] in
             if VirtualViews.isVirtual(ino) { throw .noData }
@@ -34,6 +41,7 @@ extension FileSystem {
 
     /// flags: XATTR_CREATE (1) fails if it exists, XATTR_REPLACE (2) if it does not.
     public func setxattr(_ ino: UInt64, name: String, value: [UInt8], flags: Int32) throws(Errno) {
+        try Self.checkXattrName(name)
         if try syncControl(ino, name: name, value: value) { return }
         try meta.withLock { (m) throws(Errno) in
             if VirtualViews.isVirtual(ino) { throw .readOnly }
@@ -55,6 +63,7 @@ extension FileSystem {
     }
 
     public func removexattr(_ ino: UInt64, name: String) throws(Errno) {
+        try Self.checkXattrName(name)
         try meta.withLock { (m) throws(Errno) in
             if VirtualViews.isVirtual(ino) { throw .readOnly }
             if name.hasPrefix(Self.statusPrefix) { throw .notPermitted }

@@ -23,6 +23,8 @@ public final class FileSystem: Sendable {
     public struct Options: Sendable {
         /// Commit a file held open and dirty after this long without writes (DESIGN: ~10 s).
         public var idleCommitSeconds: Double = 10
+        /// List `.versions` in the root directory (it always works when named).
+        public var showVersions = false
         public init() {}
     }
 

@@ -29,6 +29,30 @@ enum VersionName {
         }
     }
 
+    /// The millisecond (since the epoch) a version name starts with, or nil when the name
+    /// does not start with a stamp `make` writes (a lookup then lists the history).
+    static func millisecond(of name: String) -> Int64? {
+        // YYYY-MM-DDTHH.MM.SS.mmmZ@
+        let b = Array(name.utf8.prefix(25))
+        guard b.count == 25, b[4] == 0x2D, b[7] == 0x2D, b[10] == 0x54, b[13] == 0x2E, b[16] == 0x2E, b[19] == 0x2E,
+              b[23] == 0x5A, b[24] == 0x40 else { return nil }
+        func number(_ range: Range<Int>) -> Int32? {
+            var value: Int32 = 0
+            for i in range {
+                guard b[i] >= 0x30 && b[i] <= 0x39 else { return nil }
+                value = value * 10 + Int32(b[i] - 0x30)
+            }
+            return value
+        }
+        guard let year = number(0..<4), let month = number(5..<7), let day = number(8..<10), let hour = number(11..<13),
+              let minute = number(14..<16), let second = number(17..<19), let millis = number(20..<23) else { return nil }
+        var parts = tm()
+        parts.tm_year = year - 1900; parts.tm_mon = month - 1; parts.tm_mday = day
+        parts.tm_hour = hour; parts.tm_min = minute; parts.tm_sec = second
+        let seconds = timegm(&parts)
+        return Int64(seconds) * 1000 + Int64(millis)
+    }
+
     /// The extension of a path's last component, with its dot ("" if none).
     static func fileExtension(_ path: String) -> String {
         let name = path.split(separator: "/").last.map(String.init) ?? path

@@ -34,10 +34,6 @@ struct VirtualViews {
     private var nodes: [UInt64: Node] = [versionsRoot: .directory(path: ""), conflictsRoot: .conflictDirectory(path: "")]
     private var numbers: [Node: UInt64] = [.directory(path: ""): versionsRoot, .conflictDirectory(path: ""): conflictsRoot]
     private var next: UInt64 = base + 2
-    /// path -> history file ids, rebuilt after any change to histories.
-    private var index: [String: [String]]?
-
-    mutating func invalidate() { index = nil }
 
     private mutating func number(_ node: Node) -> UInt64 {
         if let n = numbers[node] { return n }
@@ -48,19 +44,19 @@ struct VirtualViews {
         return n
     }
 
-    private mutating func histories(_ store: Store) throws(Errno) -> [String: [String]] {
-        if let index { return index }
-        var built: [String: [String]] = [:]
-        for h in try storeCall({ () throws(StoreError) in try store.histories() }) { built[h.path, default: []].append(h.fileID) }
-        index = built
-        return built
-    }
-
     // MARK: listing
 
-    mutating func rootEntries(store: Store) throws(Errno) -> [DirectoryEntry] {
-        [DirectoryEntry(name: ".versions", attributes: try attributes(Self.versionsRoot, store: store)),
-         DirectoryEntry(name: ".conflicts", attributes: try attributes(Self.conflictsRoot, store: store))]
+    /// The control entries a listing of the root shows. Like ZFS's `.zfs`, `.versions` is
+    /// left out unless asked for (`find`, `du`, `rsync -a`, backups and indexers then see
+    /// the live tree only; it works when named); `.conflicts` is listed only while it holds
+    /// something, so its presence is the signal.
+    mutating func rootEntries(store: Store, showVersions: Bool) throws(Errno) -> [DirectoryEntry] {
+        var entries: [DirectoryEntry] = []
+        if showVersions { entries.append(DirectoryEntry(name: ".versions", attributes: try attributes(Self.versionsRoot, store: store))) }
+        if store.totalConflicts > 0 {
+            entries.append(DirectoryEntry(name: ".conflicts", attributes: try attributes(Self.conflictsRoot, store: store)))
+        }
+        return entries
     }
 
     mutating func entries(_ ino: UInt64, store: Store) throws(Errno) -> [DirectoryEntry] {
@@ -68,9 +64,9 @@ struct VirtualViews {
         var result: [DirectoryEntry] = []
         switch node {
         case .directory(let path):
-            for (name, isLeaf) in Self.children(of: path, among: Array(try histories(store).keys)) {
+            for (name, isHistory) in try storeCall({ () throws(StoreError) in try store.historyChildren(of: path) }) {
                 let child = path.isEmpty ? name : path + "/" + name
-                let n = number(isLeaf ? .history(path: child) : .directory(path: child))
+                let n = number(isHistory ? .history(path: child) : .directory(path: child))
                 result.append(DirectoryEntry(name: name, attributes: try attributes(n, store: store)))
             }
         case .history(let path):
@@ -89,8 +85,8 @@ struct VirtualViews {
         return result
     }
 
-    /// The names directly below `path` among `keys` (paths), and whether each is itself a
-    /// key (a file's entry) rather than only a directory on the way to one.
+    /// The names directly below `path` among `keys` (conflicted paths), and whether each is
+    /// itself a key (a file's entry) rather than only a directory on the way to one.
     private static func children(of path: String, among keys: [String]) -> [(String, Bool)] {
         var names: [String: Bool] = [:]
         let prefix = path.isEmpty ? "" : path + "/"
@@ -129,8 +125,26 @@ struct VirtualViews {
         if parent == Store.rootInode {
             return try attributes(name == ".versions" ? Self.versionsRoot : Self.conflictsRoot, store: store)
         }
-        guard let entry = try entries(parent, store: store).first(where: { $0.name.utf8.elementsEqual(name.utf8) }) else { throw .notFound }
-        return entry.attributes
+        switch nodes[parent] {
+        case .directory(let path):
+            // One indexed row, not a listing: `ls -la` of a big history directory does a
+            // lookup per entry.
+            guard let isHistory = try storeCall({ () throws(StoreError) in try store.historyChild(of: path, name: name) }) else { throw .notFound }
+            let child = path.isEmpty ? name : path + "/" + name
+            return try attributes(number(isHistory ? .history(path: child) : .directory(path: child)), store: store)
+        case .history(let path):
+            // Only the versions committed in the millisecond the name gives (index range).
+            var window: ClosedRange<Nanos> = .min ... .max
+            if let millis = VersionName.millisecond(of: name), millis > Nanos.min / 1_000_000 + 1, millis < Nanos.max / 1_000_000 - 1 {
+                window = millis * 1_000_000...(millis * 1_000_000 + 999_999)
+            }
+            let candidates = try versionEntries(try versions(at: path, committed: window, store: store), path: path, store: store)
+            guard let entry = candidates.first(where: { $0.name.utf8.elementsEqual(name.utf8) }) else { throw .notFound }
+            return entry.attributes
+        default:
+            guard let entry = try entries(parent, store: store).first(where: { $0.name.utf8.elementsEqual(name.utf8) }) else { throw .notFound }
+            return entry.attributes
+        }
     }
 
     mutating func attributes(_ ino: UInt64, store: Store) throws(Errno) -> Attributes {
@@ -160,11 +174,11 @@ struct VirtualViews {
         return Array(zip(VersionName.names(all, extension: VersionName.fileExtension(path)), all))
     }
 
-    /// The versions shown at `path`, oldest first, with their names.
-    private mutating func versions(at path: String, store: Store) throws(Errno) -> [(String, Version)] {
+    /// The versions shown at `path` (committed in `window`), oldest first, with their names.
+    private func versions(at path: String, committed window: ClosedRange<Nanos> = .min ... .max, store: Store) throws(Errno) -> [(String, Version)] {
         var all: [Version] = []
-        for id in try histories(store)[path] ?? [] {
-            all += try storeCall { () throws(StoreError) in try store.versions(of: id) }
+        for id in try storeCall({ () throws(StoreError) in try store.histories(at: path) }) {
+            all += try storeCall { () throws(StoreError) in try store.versions(of: id, committed: window) }
         }
         all.sort { ($0.committed, $0.id) < ($1.committed, $1.id) }
         return Array(zip(VersionName.names(all, extension: VersionName.fileExtension(path)), all))

@@ -269,7 +269,7 @@ private func replyXattr(_ req: fuse_req_t?, _ value: [UInt8], _ size: Int) throw
 /// positions in that snapshot (1-based, after "." and ".."), so they stay valid.
 private func readDirectory(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ offset: off_t, _ handle: UInt64, plus: Bool) throws(Errno) {
     let fs = context(req).fs
-    let entries = try fs.readdir(handle)
+    let entries = try fs.readdir(handle, ino: ino, fromStart: offset == 0)
     let own = try fs.getattr(ino)
     var all: [(String, Attributes)] = [(".", own), ("..", own)]
     all += entries.map { ($0.name, $0.attributes) }

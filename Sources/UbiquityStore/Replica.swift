@@ -34,33 +34,55 @@ struct Replica {
     }
 
     private(set) var records: [String: Record] = [:]
-    private var nodeRecords: [String: [String]] = [:]
-    /// Record ids some record of the same node names as a parent.
-    private var superseded: Set<String> = []
+    /// Each node's heads: its records that no record of the same node names as a parent.
+    private var headIDs: [String: Set<String>] = [:]
+    /// Ids named as a parent before they arrived, with the nodes of the records naming
+    /// them (a parent that arrives after its child is superseded at once).
+    private var awaitedParents: [String: Set<String>] = [:]
     /// Each live node's current record.
     private(set) var current: [String: Record] = [:]
     /// Live nodes by the path their current record names.
     private var nodesAt: [NameKey: Set<String>] = [:]
     /// Number of live nodes strictly below each path (a path with any is a directory).
     private var below: [NameKey: Int] = [:]
+    /// For each path, the paths directly below it that have live nodes at or below them:
+    /// a subtree of the view is walked in proportion to its size.
+    private var childPaths: [NameKey: Set<NameKey>] = [:]
+    /// Conflict versions per path that has any, and their total: kept up to date by
+    /// `add`, so status and `.conflicts/` never walk every path.
+    private(set) var conflictCounts: [NameKey: Int] = [:]
+    private(set) var totalConflicts = 0
+    /// Work done (records and heads visited), for tests that check costs stay
+    /// proportional to the change.
+    private(set) var work = 0
 
     static func dirNode(_ path: String) -> String { "dir:" + path }
     static func linkNode(_ path: String) -> String { "link:" + path }
 
-    /// Adds a record; returns the paths whose view may have changed.
+    /// Adds a record in O(parents + the heads of its node); returns the paths whose view
+    /// may have changed.
     mutating func add(_ r: Record) -> [String] {
         guard records[r.id] == nil else { return [] }
         records[r.id] = r
-        nodeRecords[r.node, default: []].append(r.id)
-        for p in r.parents where records[p]?.node == r.node { superseded.insert(p) }
-        // A parent that arrives after its child is superseded already.
-        if nodeRecords[r.node]!.contains(where: { records[$0]!.parents.contains(r.id) }) { superseded.insert(r.id) }
-        return recompute(r.node)
+        for p in r.parents {
+            work += 1
+            if let parent = records[p] {
+                if parent.node == r.node { headIDs[r.node]?.remove(p) }
+            } else {
+                awaitedParents[p, default: []].insert(r.node)
+            }
+        }
+        if awaitedParents.removeValue(forKey: r.id)?.contains(r.node) != true {
+            headIDs[r.node, default: []].insert(r.id)
+        }
+        let changed = recompute(r.node)
+        updateConflicts(changed)
+        return changed
     }
 
     /// The node's heads: records no record of the node descends from.
     func heads(_ node: String) -> [Record] {
-        (nodeRecords[node] ?? []).compactMap { superseded.contains($0) ? nil : records[$0] }
+        (headIDs[node] ?? []).compactMap { records[$0] }
     }
 
     func liveHeads(_ node: String) -> [Record] { heads(node).filter { !$0.isTombstone } }
@@ -72,15 +94,54 @@ struct Replica {
         var changed: [String] = []
         if let old {
             nodesAt[NameKey(old.path)]?.remove(node)
-            forEachAncestor(old.path) { below[$0, default: 0] -= 1 }
+            if nodesAt[NameKey(old.path)]?.isEmpty == true { nodesAt[NameKey(old.path)] = nil }
+            forEachAncestor(old.path) { below[$0, default: 0] -= 1; if below[$0] == 0 { below[$0] = nil } }
+            unlinkIfEmpty(old.path)
             changed += withAncestors(old.path)
         }
         if let new {
             nodesAt[NameKey(new.path), default: []].insert(node)
             forEachAncestor(new.path) { below[$0, default: 0] += 1 }
+            linkPath(new.path)
             changed += withAncestors(new.path)
         }
         return changed
+    }
+
+    /// Records `path` and its ancestors in `childPaths`.
+    private mutating func linkPath(_ path: String) {
+        var child = Substring(path)
+        while true {
+            let parent = child.lastIndex(of: "/").map { child[..<$0] } ?? ""
+            let inserted = childPaths[NameKey(String(parent)), default: []].insert(NameKey(String(child))).inserted
+            if !inserted || parent.isEmpty { return }
+            child = parent
+        }
+    }
+
+    /// Drops `path` and then its ancestors from `childPaths` while nothing is at or below them.
+    private mutating func unlinkIfEmpty(_ path: String) {
+        var child = Substring(path)
+        while !child.isEmpty {
+            let key = NameKey(String(child))
+            guard nodesAt[key] == nil, below[key] == nil else { return }
+            let parent = child.lastIndex(of: "/").map { child[..<$0] } ?? ""
+            let parentKey = NameKey(String(parent))
+            childPaths[parentKey]?.remove(key)
+            if childPaths[parentKey]?.isEmpty == true { childPaths[parentKey] = nil }
+            child = parent
+        }
+    }
+
+    /// The current records of live nodes at `path` or below it.
+    func currentRecords(atOrBelow path: String) -> [Record] {
+        var result: [Record] = []
+        var pending = [NameKey(path)]
+        while let key = pending.popLast() {
+            for node in nodesAt[key] ?? [] { if let r = current[node] { result.append(r) } }
+            pending += childPaths[key] ?? []
+        }
+        return result
     }
 
     private func forEachAncestor(_ path: String, _ body: (NameKey) -> Void) {
@@ -123,8 +184,18 @@ struct Replica {
     var targets: [String: String] = [:]
     private func mode(of r: Record) -> UInt32 { modes[r.id] ?? 0o755 }
 
-    /// Paths that have conflicts (for `.conflicts/`).
+    /// Paths that have conflicts (for `.conflicts/`), in byte order.
     func conflictedPaths() -> [String] {
-        nodesAt.keys.map(\.name).filter { !state(at: $0).conflicts.isEmpty }.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+        conflictCounts.keys.map(\.name).sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+    }
+
+    private mutating func updateConflicts(_ paths: [String]) {
+        for path in paths {
+            let key = NameKey(path)
+            let count = state(at: path).conflicts.count
+            work += 1
+            totalConflicts += count - (conflictCounts[key] ?? 0)
+            conflictCounts[key] = count == 0 ? nil : count
+        }
     }
 }

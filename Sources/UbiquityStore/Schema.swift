@@ -43,6 +43,13 @@ enum Schema {
             file_id TEXT PRIMARY KEY, path TEXT NOT NULL, live INTEGER NOT NULL)
         """,
         "CREATE INDEX IF NOT EXISTS histories_path ON histories(path)",
+        // The directories the histories' paths make (format 3): `leaves` histories are shown
+        // at exactly parent/name, `total` at or below it (Store+Histories).
+        """
+        CREATE TABLE IF NOT EXISTS history_dirs(
+            parent TEXT NOT NULL, name TEXT NOT NULL, leaves INTEGER NOT NULL, total INTEGER NOT NULL,
+            PRIMARY KEY(parent, name)) WITHOUT ROWID
+        """,
         """
         CREATE TABLE IF NOT EXISTS xattrs(
             inode INTEGER NOT NULL, name TEXT NOT NULL, value BLOB NOT NULL,
@@ -78,6 +85,13 @@ extension Schema {
                 try db.execute("ALTER TABLE \(table) ADD COLUMN \(name) \(type)")
             }
         }
+        let exists = { (table: String) throws(StoreError) -> Bool in
+            try db.rows("SELECT count(*) FROM sqlite_master WHERE name = ?", [.text(table)], { $0.int(0) }).first == 1
+        }
+        let hadHistories = try exists("histories")
+        let hadDirectories = try exists("history_dirs")
+        let upgradingToDirectories = hadHistories && !hadDirectories
         for statement in statements { try db.execute(statement) }
+        if upgradingToDirectories { try Store.buildHistoryDirectories(db) }
     }
 }

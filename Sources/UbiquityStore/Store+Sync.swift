@@ -40,9 +40,122 @@ extension Store {
     /// Records what changed locally since the last call and has no record yet: renames,
     /// chmod, utimens and xattrs of files (meta records), directories and symlinks made,
     /// changed or removed. Unsaved writes are not changes yet: they become records when
-    /// committed.
+    /// committed. Works through the change set (`changed`, `vacated`): an idle call does
+    /// nothing, and a change costs its own inodes and paths. The first call after opening
+    /// looks at the whole tree once instead (`needsFullScan`).
     public func recordLocalChanges(busy: Set<InodeNumber>) throws(StoreError) {
-        guard changeCount != scannedAt, !readOnly else { return }
+        guard !readOnly else { return }
+        if needsFullScan {
+            try recordAllLocalChanges()
+            needsFullScan = false
+            return
+        }
+        guard !changed.isEmpty || !vacated.isEmpty || !recheck.isEmpty || !orphaned.isEmpty else { return }
+        let ids = changed
+        changed = []
+        var holders: Set<String> = []
+        for id in ids where id != Store.rootInode {
+            guard let inode = inodes[id], inode.nlink > 0 else { continue }
+            if case .file(let node) = try recordChange(of: inode) { holders.insert(node) }
+        }
+        // Histories no inode holds any more (an inode took another history: a rename over
+        // a file, a move to a local-only name; the inode was a history's only holder, as
+        // every history has one inode). Found by node, not by path: a hard-linked file's
+        // path is its first name, which need not be the name that went (t-differential
+        // seed 935078509 left such records shown).
+        for node in orphaned where !holders.contains(node) {
+            guard let current = replica.current[node], current.kind == .file else { continue }
+            try recordRemoval(of: current)
+        }
+        orphaned.removeAll()
+        // What was removed or moved away: nodes the view still shows at those paths (or
+        // below them) that the tree no longer has there were deleted here.
+        // What was removed or moved away: the nodes the view showed there that the tree no
+        // longer has. Directories and symlinks are nodes by path: gone. A file node of this
+        // device's own is gone too (deleted, or orphaned: an editor's temp file renamed over
+        // a file continues the target's history, not its own). Another device's file node
+        // still there is one this tree never showed (a conflict loser that is now the
+        // winner, a file made under a directory removed here): reconcile shows it, so
+        // nothing another device made is lost (simulation seed 187 lost one).
+        // Which records are shown is decided before any tombstone.
+        var removed: [Replica.Record] = []
+        for key in vacated {
+            removed += replica.currentRecords(atOrBelow: key.name).filter {
+                ($0.kind != .file || $0.device == deviceID) && isShown($0) && !presentLocally($0)
+            }
+        }
+        for record in removed { try recordRemoval(of: record) }
+        for key in vacated {
+            for record in replica.currentRecords(atOrBelow: key.name) { recheck.insert(NameKey(record.path)) }
+        }
+        queueUnshownPaths()
+        if getenv("UBQ_VERIFY_SYNC_SCAN") != nil { try verifyIncrementalScan() }
+        vacated.removeAll()
+    }
+
+    /// The whole-tree form of `recordLocalChanges` (after opening the store).
+    private func recordAllLocalChanges() throws(StoreError) {
+        var seenFiles: Set<String> = []
+        var seenPaths: Set<NameKey> = []
+        for inode in Array(inodes.values) where inode.id != Store.rootInode && inode.nlink > 0 {
+            guard let seen = try recordChange(of: inode) else { continue }
+            switch seen {
+            case .file(let node): seenFiles.insert(node)
+            case .path(let path): seenPaths.insert(NameKey(path))
+            }
+        }
+        // Nodes the view shows that the tree lacks: deleted here (tombstone), or not shown
+        // yet (queue them for reconcile). Shown ones are chosen before any tombstone (see
+        // `recordLocalChanges`).
+        let shown = replica.current.values.filter(isShown)
+        for record in shown {
+            let present = record.kind == .file ? seenFiles.contains(record.node) : seenPaths.contains(NameKey(record.path))
+            if present { continue }
+            // A path still queued for reconcile is not shown yet; a record of this device's
+            // own that the tree lacks was deleted (an editor's temp file renamed over a
+            // file, or a removal the crash kept from the change set); another device's is
+            // shown by the next reconcile.
+            if isVacated(record.path) || (record.device == deviceID && !unreconciled.contains(NameKey(record.path))) {
+                try recordRemoval(of: record)
+            } else {
+                unreconciled.insert(NameKey(record.path))
+            }
+        }
+        changed.removeAll()
+        vacated.removeAll()
+        orphaned.removeAll()
+        queueUnshownPaths()
+    }
+
+    /// Queues for reconcile the paths in `recheck` where the view shows another device's
+    /// node, or a directory, that the tree does not show. This device's own nodes are
+    /// never queued: the tree is the truth for them (a hard link's other name, a file
+    /// being written that continues a history, a file moved to a local-only name).
+    private func queueUnshownPaths() {
+        for key in recheck where !unreconciled.contains(key) {
+            switch replica.state(at: key.name).shown {
+            case .none: continue
+            case .directory:
+                if locate(key.name) != nil { continue }
+            case .node(let record):
+                guard record.device != deviceID else { continue }
+                // The file must show the current version too, not just the same history:
+                // its own new version may lose to another device's (simulation seed 338).
+                // One that continues the history but has no version yet is being written.
+                if presentLocally(record) {
+                    guard record.kind == .file, let head = locate(key.name).flatMap({ inodes[$0.2]?.head }), head != record.row else { continue }
+                }
+            }
+            unreconciled.insert(key)
+        }
+        recheck.removeAll()
+    }
+
+    /// A self-check for tests (UBQ_VERIFY_SYNC_SCAN=1, which t-differential.py sets): after
+    /// an incremental sync step, walks the whole tree as the first step after mounting
+    /// does and logs a `sync-scan check:` line for anything that walk would still record.
+    /// It costs a walk of the tree per step, so it is never on by default.
+    private func verifyIncrementalScan() throws(StoreError) {
         var seenFiles: Set<String> = []
         var seenPaths: Set<NameKey> = []
         for inode in Array(inodes.values) where inode.id != Store.rootInode && inode.nlink > 0 {
@@ -51,46 +164,85 @@ extension Store {
             case .file:
                 guard let node = inode.fileID else { continue }
                 seenFiles.insert(node)
-                // Also for files open for writing: their committed content with today's
-                // path, so the view never keeps a stale path (a stale implied directory
-                // replaced a symlink in t-differential seed 889786859).
-                try recordFileMetadata(inode, path: path)
+                if let row = inode.head, let head = try db.rows("SELECT path, local, file_id FROM versions WHERE row = ?", [.int(row)], { (path: $0.text(0), local: $0.int(1) != 0, node: $0.text(2)) }).first,
+                   !head.local, head.node == node, !head.path.utf8.elementsEqual(path.utf8) {
+                    log("sync-scan check: file \(path) (inode \(inode.id)) has head path \(head.path)")
+                }
             case .directory:
                 seenPaths.insert(NameKey(path))
-                if case .directory(let mode) = replica.state(at: path).shown, mode == inode.mode & 0o7777 { continue }
-                try recordNode(Replica.dirNode(path), kind: .directory, path: path, mode: inode.mode & 0o7777, mtime: inode.mtime)
+                if case .directory = replica.state(at: path).shown {} else { log("sync-scan check: dir \(path) not shown as dir: \(replica.state(at: path).shown)") }
             case .symlink:
                 seenPaths.insert(NameKey(path))
-                let node = Replica.linkNode(path)
-                if let current = replica.current[node], replica.targets[current.id] == inode.target,
-                   case .node(let shown) = replica.state(at: path).shown, shown.id == current.id { continue }
-                try recordNode(node, kind: .symlink, path: path, mode: 0o777, mtime: inode.mtime, target: inode.target)
-            default:
-                continue // fifos, sockets and device nodes stay local
+            default: break
             }
         }
-        // Nodes the view shows that the tree lacks: deleted here (tombstone), or not shown
-        // yet (queue them for reconcile).
-        for record in Array(replica.current.values) {
+        for record in replica.current.values.filter(isShown) {
             let present = record.kind == .file ? seenFiles.contains(record.node) : seenPaths.contains(NameKey(record.path))
-            if present { continue }
-            switch replica.state(at: record.path).shown {
-            case .node(let shown) where shown.id == record.id: break
-            case .directory where record.kind == .directory: break
-            default: continue // a conflict version: never shown as a file
-            }
-            // Removed or moved away here since the last scan: deleted. Otherwise a path
-            // still queued for reconcile is not shown yet; a record of this device's own
-            // that the tree lacks was deleted (an editor's temp file renamed over a file);
-            // another device's is shown by the next reconcile.
-            if isVacated(record.path) || (record.device == deviceID && !unreconciled.contains(NameKey(record.path))) {
-                try recordNode(record.node, kind: record.kind, path: record.path, mode: 0, mtime: clock(), tombstone: true)
-            } else {
-                unreconciled.insert(NameKey(record.path))
+            if !present {
+                let holders = inodes.values.filter { $0.fileID == record.node }.map { "inode \($0.id) nlink \($0.nlink) links \((links[$0.id] ?? []).map { (path(of: $0.parent) ?? "?") + "/" + $0.name }) path \(path(of: $0.id) ?? "nil")" }
+                log("sync-scan check: shown but missing: \(record.kind) \(record.path) node \(record.node.prefix(12)) device \(record.device == deviceID ? "own" : "other") holders \(holders)")
             }
         }
-        vacated.removeAll()
-        scannedAt = changeCount
+    }
+
+    enum Seen { case file(String), path(String) }
+
+    /// Records `inode`'s state if the view does not show it yet; returns how the tree
+    /// shows it (nil: a node that does not sync).
+    private func recordChange(of inode: Inode) throws(StoreError) -> Seen? {
+        guard let path = path(of: inode.id) else { return nil }
+        if LocalOnly.contains(path) {
+            // Moved to a local-only name: for the other devices the file is gone.
+            if inode.kind == .file, let node = inode.fileID, let current = replica.current[node], !LocalOnly.contains(current.path) {
+                try recordNode(node, kind: .file, path: current.path, mode: 0, mtime: clock(), tombstone: true)
+            }
+            return nil
+        }
+        switch inode.kind {
+        case .file:
+            guard let node = inode.fileID else { return nil }
+            // Also for files open for writing: their committed content with today's
+            // path, so the view never keeps a stale path (a stale implied directory
+            // replaced a symlink in t-differential seed 889786859).
+            try recordFileMetadata(inode, path: path)
+            return .file(node)
+        case .directory:
+            if case .directory(let mode) = replica.state(at: path).shown, mode == inode.mode & 0o7777 { return .path(path) }
+            try recordNode(Replica.dirNode(path), kind: .directory, path: path, mode: inode.mode & 0o7777, mtime: inode.mtime)
+            return .path(path)
+        case .symlink:
+            let node = Replica.linkNode(path)
+            if let current = replica.current[node], replica.targets[current.id] == inode.target,
+               case .node(let shown) = replica.state(at: path).shown, shown.id == current.id { return .path(path) }
+            try recordNode(node, kind: .symlink, path: path, mode: 0o777, mtime: inode.mtime, target: inode.target)
+            return .path(path)
+        default:
+            return nil // fifos, sockets and device nodes stay local
+        }
+    }
+
+    /// Whether the tree has `record`'s node at its path: the same history for a file, a
+    /// directory or symlink for those (as the whole-tree scan counts them).
+    private func presentLocally(_ record: Replica.Record) -> Bool {
+        guard let (_, _, id) = locate(record.path), let inode = inodes[id], !LocalOnly.contains(record.path) else { return false }
+        switch record.kind {
+        case .file: return inode.kind == .file && inode.fileID == record.node
+        default: return inode.kind == .directory || inode.kind == .symlink
+        }
+    }
+
+    /// Whether the view shows `record` at its path (a conflict version never is).
+    private func isShown(_ record: Replica.Record) -> Bool {
+        switch replica.state(at: record.path).shown {
+        case .node(let shown): return shown.id == record.id
+        case .directory: return record.kind == .directory
+        case .none: return false
+        }
+    }
+
+    /// A tombstone for a node the view showed but the tree lost.
+    private func recordRemoval(of record: Replica.Record) throws(StoreError) {
+        try recordNode(record.node, kind: record.kind, path: record.path, mode: 0, mtime: clock(), tombstone: true)
     }
 
     /// A meta record when a file's path, mode, mtime or xattrs differ from its head's.
@@ -332,11 +484,11 @@ extension Store {
         return result
     }
 
-    public func conflictCount(at path: String) -> Int { replica.state(at: path).conflicts.count }
+    public func conflictCount(at path: String) -> Int { replica.conflictCounts[NameKey(path)] ?? 0 }
 
     public func conflictedPaths() -> [String] { replica.conflictedPaths() }
 
-    public var totalConflicts: Int { replica.conflictedPaths().reduce(0) { $0 + replica.state(at: $1).conflicts.count } }
+    public var totalConflicts: Int { replica.totalConflicts }
 
     /// `rm` of a conflict version: a tombstone that descends from it (it stays in history).
     public func discardConflict(_ id: String) throws(StoreError) {

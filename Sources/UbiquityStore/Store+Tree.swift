@@ -162,6 +162,17 @@ extension Store {
         }
         recountLinks(parent)
         recountLinks(newParent)
+        markSubtreeChanged(id)
+    }
+
+    /// Everything below a moved directory has a new path: all of it is in the change set
+    /// (the walk is as large as the move, not as the tree).
+    private func markSubtreeChanged(_ id: InodeNumber) {
+        var pending = [id]
+        while let next = pending.popLast() {
+            changed.insert(next)
+            if inodes[next]?.kind == .directory, let names = children[next] { pending += names.values }
+        }
     }
 
     /// Swaps what two entries name (RENAME_EXCHANGE).
@@ -185,6 +196,8 @@ extension Store {
         if let i = links[b]?.firstIndex(of: refB) { links[b]![i] = refA }
         recountLinks(parentA)
         recountLinks(parentB)
+        markSubtreeChanged(a)
+        markSubtreeChanged(b)
     }
 
     /// Saves changed attributes.
@@ -213,7 +226,7 @@ extension Store {
     }
 
     private func insertEntry(parent: InodeNumber, name: String, id: InodeNumber) throws(StoreError) {
-        changeCount &+= 1
+        changed.insert(id)
         try db.query("INSERT INTO entries(parent, name, inode) VALUES(?, ?, ?)", [.int(Int64(parent)), .text(name), .int(Int64(id))])
     }
 
@@ -225,7 +238,7 @@ extension Store {
     }
 
     func persist(_ inode: Inode, insert: Bool = false) throws(StoreError) {
-        changeCount &+= 1
+        changed.insert(inode.id)
         let values: [SQLValue] = [
             .int(Int64(inode.id)), .int(inode.kind.rawValue), .int(Int64(inode.mode)), .int(Int64(inode.uid)),
             .int(Int64(inode.gid)), .int(inode.size), .int(inode.atime), .int(inode.mtime), .int(inode.ctime),

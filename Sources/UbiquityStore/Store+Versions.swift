@@ -59,7 +59,7 @@ extension Store {
                                    mode: previous?.mode ?? 0o644, isTombstone: true, isMeta: false, path: path)
         try db.transaction { () throws(StoreError) in
             _ = try insert(tombstone, local: false, uploaded: false)
-            try db.query("UPDATE histories SET path = ?, live = 0 WHERE file_id = ?", [.text(path), .text(fileID)])
+            try placeHistory(fileID, path: path, live: false)
         }
     }
 
@@ -67,6 +67,9 @@ extension Store {
     /// target's history). Its next commit becomes a child of `head`.
     public func adoptHistory(_ id: InodeNumber, fileID: String, head: Int64?) throws(StoreError) {
         guard var inode = inodes[id] else { return }
+        // The history the inode leaves has no file any more (the sync step tombstones it
+        // unless it is already dead or continued elsewhere).
+        if let old = inode.fileID, old != fileID { orphaned.insert(old) }
         inode.fileID = fileID
         inode.head = head
         try persist(inode)
@@ -80,30 +83,14 @@ extension Store {
         continuedParents[id] = parent
     }
 
-    /// Moves where a history is shown (after a rename).
-    public func setHistory(_ fileID: String, path: String, live: Bool) throws(StoreError) {
-        try db.query("REPLACE INTO histories(file_id, path, live) VALUES(?, ?, ?)", [.text(fileID), .text(path), .int(live ? 1 : 0)])
-    }
-
-    /// Marks a history as having no live file (it stays shown at its last path).
-    public func retireHistory(_ fileID: String) throws(StoreError) {
-        try db.query("UPDATE histories SET live = 0 WHERE file_id = ?", [.text(fileID)])
-    }
-
-    /// Stops showing a history under .versions/ (its versions stay in the database).
-    public func dropHistory(_ fileID: String) throws(StoreError) {
-        try db.query("DELETE FROM histories WHERE file_id = ?", [.text(fileID)])
-    }
-
-    /// Every (path, fileID) shown under .versions/.
-    public func histories() throws(StoreError) -> [(path: String, fileID: String)] {
-        try db.rows("SELECT path, file_id FROM histories", []) { ($0.text(0), $0.text(1)) }
-    }
-
-    /// A file's versions, oldest first (tombstones and local versions excluded).
-    public func versions(of fileID: String) throws(StoreError) -> [Version] {
-        try db.rows("SELECT \(Store.versionColumns) FROM versions WHERE file_id = ? AND tombstone = 0 AND local = 0 AND meta = 0 ORDER BY committed, id",
-                    [.text(fileID)], Store.version(from:))
+    /// A file's versions, oldest first (tombstones and local versions excluded); with
+    /// `committed`, only those committed in that range (an index range scan).
+    public func versions(of fileID: String, committed range: ClosedRange<Nanos> = .min ... .max) throws(StoreError) -> [Version] {
+        try db.rows("""
+            SELECT \(Store.versionColumns) FROM versions
+            WHERE file_id = ? AND committed >= ? AND committed <= ? AND tombstone = 0 AND local = 0 AND meta = 0
+            ORDER BY committed, id
+            """, [.text(fileID), .int(range.lowerBound), .int(range.upperBound)], Store.version(from:))
     }
 
     func headVersion(_ row: Int64?) throws(StoreError) -> Version? {
@@ -150,26 +137,25 @@ extension Store {
                   .int(r.kind.rawValue), r.target.map { .text($0) } ?? .null, .blob(XattrCodec.encode(r.xattrs)),
                   .int(r.isMeta ? 1 : 0), .int(uploaded ? 1 : 0)])
         let row = db.lastInsertRowID
-        changeCount &+= 1
         if !local {
             let info = Replica.Record(row: row, id: r.id, node: r.node, parents: r.parents, kind: r.kind,
                                       isTombstone: r.isTombstone, mtime: r.mtime, device: r.deviceID, path: r.path)
             if r.kind == .directory { replica.modes[r.id] = r.mode }
             if let target = r.target { replica.targets[r.id] = target }
-            // Only another device's records can make the view differ from the tree here:
-            // the tree already shows this device's own changes (and reconciling after
-            // them would fight the user over hard links: t-differential seed 889786859).
+            // Another device's record: reconcile makes the tree show the view there. One of
+            // this device's own can change what a path shows too (its tombstone reveals a
+            // conflicting node; a skewed clock gives its new file an older mtime): the sync
+            // step checks those paths (`recheck`) and queues the ones the tree does not show.
             let changed = replica.add(info)
-            if uploaded { for path in changed { unreconciled.insert(NameKey(path)) } }
+            for path in changed { if uploaded { unreconciled.insert(NameKey(path)) } else { recheck.insert(NameKey(path)) } }
             // Another device's file is listed under .versions/ from the start, even when it
             // never shows here as a file (a conflict that lost its path, say).
             // (A record can arrive after a tombstone that descends from it: simulation seed 39.)
             if uploaded && r.kind == .file && !r.isTombstone {
                 if replica.current[r.node]?.id == r.id {
-                    try db.query("INSERT INTO histories(file_id, path, live) VALUES(?, ?, 1) ON CONFLICT(file_id) DO UPDATE SET path = excluded.path",
-                                 [.text(r.node), .text(r.path)])
+                    try placeHistory(r.node, path: r.path, live: nil)
                 } else {
-                    try db.query("INSERT OR IGNORE INTO histories(file_id, path, live) VALUES(?, ?, 0)", [.text(r.node), .text(r.path)])
+                    try placeHistory(r.node, path: r.path, live: false, keepExisting: true)
                 }
             }
         }

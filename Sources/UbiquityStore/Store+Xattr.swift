@@ -10,13 +10,13 @@ extension Store {
 
     public func setXattr(_ id: InodeNumber, _ name: String, _ value: [UInt8]) throws(StoreError) {
         try db.query("REPLACE INTO xattrs(inode, name, value) VALUES(?, ?, ?)", [.int(Int64(id)), .text(name), .blob(value)])
-        changeCount &+= 1
+        changed.insert(id)
     }
 
     /// Returns whether the attribute existed.
     public func removeXattr(_ id: InodeNumber, _ name: String) throws(StoreError) -> Bool {
         try db.query("DELETE FROM xattrs WHERE inode = ? AND name = ?", [.int(Int64(id)), .text(name)])
-        changeCount &+= 1
+        changed.insert(id)
         return db.changes > 0
     }
 

@@ -34,13 +34,22 @@ public final class Store: @unchecked Sendable {
     /// local tree may not show it yet (`reconcile` works through them).
     var replica = Replica()
     var unreconciled: Set<NameKey> = []
+    /// Paths this device's own records changed the view of: the sync step queues for
+    /// reconcile those where the tree does not show the view.
+    var recheck: Set<NameKey> = []
     /// Paths the user removed or moved away since the last scan: a directory or symlink
     /// record missing there was deleted, not just not shown yet.
     var vacated: Set<NameKey> = []
-    /// Bumped by every change of the tree, versions or xattrs: the sync scan runs only
-    /// when something changed since it last ran.
-    var changeCount: UInt64 = 0
-    var scannedAt: UInt64 = .max
+    /// The local change set: inodes whose attributes, names, paths or xattrs changed
+    /// since the sync step last looked. The step records what changed from these (and
+    /// `vacated`), so its work follows the change, not the size of the tree.
+    var changed: Set<InodeNumber> = []
+    /// Histories an inode left (it took another's: a rename over a file, a move to a
+    /// local-only name). The sync step tombstones those still shown, wherever their path.
+    var orphaned: Set<String> = []
+    /// The first sync step after opening looks at the whole tree once: what a crash lost
+    /// from the (memory-only) change set is found there.
+    var needsFullScan = true
     /// Timestamps of everything the store records; tests inject a clock.
     public var clock: @Sendable () -> Nanos = nowNanos
 
@@ -119,6 +128,9 @@ public final class Store: @unchecked Sendable {
         do { try db.commitBatch() } catch { log("ubiquity: final metadata commit failed: \(error)") }
         if lockFD >= 0 { close(lockFD) }
     }
+
+    /// Work counters for tests: SQLite steps, and records and paths the synced view visited.
+    public var work: (database: Int, replica: Int) { (db.work, replica.work) }
 
     /// Turns group commit on (the mounted filesystem) — see `SQLiteDatabase.batching`.
     public func startBatching() { db.batching = !readOnly }

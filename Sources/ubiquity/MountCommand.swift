@@ -36,6 +36,9 @@ struct MountCommand: ParsableCommand {
     @Option(help: "Seconds between looks at the backing directory for other devices' changes (and uploads of this one's).")
     var poll = 1.0
 
+    @Flag(help: "List .versions in the mount's root directory. Without it .versions is hidden from listings (so find, du, rsync and backups see only the live tree) but works when named: ls MOUNTPOINT/.versions/FILE/")
+    var showVersions = false
+
     @Flag(help: "Stay in the foreground (for systemd and debugging); log to stderr.")
     var foreground = false
 
@@ -75,7 +78,9 @@ struct MountCommand: ParsableCommand {
         do {
             let store = try Store(directory: storeDir, deviceName: device)
             try makeDirectoriesForCLI(backingDir)
-            let fs = FileSystem(store: store)
+            var fsOptions = FileSystem.Options()
+            fsOptions.showVersions = showVersions
+            let fs = FileSystem(store: store, options: fsOptions)
             var sessionOptions = FUSESession.Options()
             sessionOptions.fsname = storeDir.contains(",") ? "ubiquity" : storeDir
             sessionOptions.mountOptions = (options ?? "").split(separator: ",").map(String.init)

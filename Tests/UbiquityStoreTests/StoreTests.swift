@@ -34,6 +34,38 @@ import UbiquitySystem
         #expect(store.inode(Store.rootInode)?.nlink == 3)
     }
 
+    /// A format-2 store (before sparse files and indexed history views) opens: the new
+    /// column and table are added, `history_dirs` is built from `histories`, and a newer
+    /// store is refused by name rather than misread.
+    @Test func formatTwoStoreIsUpgraded() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        do {
+            let store = try Store(directory: dir.path, deviceName: "old")
+            let d = try store.create(parent: Store.rootInode, name: "docs", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+            let f = try store.create(parent: d.id, name: "a.txt", kind: .file, mode: 0o644, uid: 1, gid: 1)
+            var list = ChunkList()
+            let bytes = Array("hello".utf8)
+            try store.chunks.put(ChunkID(hashing: bytes), bytes)
+            list.append(ChunkID(hashing: bytes), size: bytes.count)
+            try store.commit(f.id, content: list, path: "docs/a.txt", local: false)
+            // Back to format 2, as the previous release wrote it.
+            try store.db.execute("DROP TABLE history_dirs")
+            try store.db.execute("ALTER TABLE inodes DROP COLUMN allocated")
+            try store.db.execute("UPDATE settings SET value = '2' WHERE key = 'format'")
+        }
+        do {
+            let store = try Store(directory: dir.path)
+            #expect(try store.historyChildren(of: "").map(\.name) == ["docs"])
+            #expect(try store.historyChild(of: "docs", name: "a.txt") == true)
+            let docs = try #require(store.child(Store.rootInode, "docs"))
+            let f = try #require(store.child(docs, "a.txt"))
+            #expect(store.inode(f)?.allocated == 5)
+            try store.db.execute("UPDATE settings SET value = '99' WHERE key = 'format'")
+        }
+        #expect(throws: StoreError.self) { try Store(directory: dir.path) }
+    }
+
     @Test func secondOpenIsRefusedWhileLocked() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
@@ -51,7 +83,7 @@ import UbiquitySystem
         let f = try store.create(parent: Store.rootInode, name: "x.swp", kind: .file, mode: 0o644, uid: 0, gid: 0)
         for _ in 0..<3 { try store.commit(f.id, content: ChunkList(), path: "x.swp", local: true) }
         #expect(try store.versions(of: f.fileID!).isEmpty)
-        #expect(try store.histories().isEmpty)
+        #expect(try store.historyChildren(of: "").isEmpty)
         let rows = try store.db.rows("SELECT count(*) FROM versions", []) { $0.int(0) }
         #expect(rows == [1])
     }

@@ -50,6 +50,13 @@ import UbiquitySystem
         #expect(try again.tree() == ["b": "file linked", "z": "dir 755", "z/a": "file linked"])
     }
 
+    /// Seeds that broke the incremental sync step (the change set instead of a walk of
+    /// the whole tree): a tombstone that revealed another device's file (187), a save
+    /// whose older mtime lost to another device's (250, 338), a conflict at a path (337).
+    @Test func changeSetRegressions() throws {
+        for seed: UInt64 in [187, 250, 337, 338] { try runSchedule(seed: seed, steps: 60) }
+    }
+
     @Test func longSchedulesConverge() throws {
         for seed in UInt64(10_001)...10_010 { try runSchedule(seed: seed, steps: 400) }
     }
@@ -211,7 +218,24 @@ func runSchedule(seed: UInt64, steps: Int) throws {
         if tree != first {
             let diff = Set(tree.keys).union(first.keys).sorted().filter { tree[$0] != first[$0] }
                 .map { "\($0): dev0 \(first[$0] ?? "-") | \(d.name) \(tree[$0] ?? "-")" }
-            Issue.record("trees differ, \(context):\n\(diff.joined(separator: "\n"))\ntrace:\n\(trace.suffix(40).joined(separator: "\n"))")
+            var views = ""
+            for key in Set(tree.keys).union(first.keys).sorted() where tree[key] != first[key] {
+                for dev in devices {
+                    let state = dev.store.replica.state(at: key)
+                    let local = dev.store.locate(key).flatMap { dev.store.inodes[$0.2] }
+                    if case .node(let r) = state.shown {
+                        let rows = (try? dev.store.db.rows("SELECT row, id, parents, device_name, tombstone, meta, path FROM versions WHERE file_id = ? ORDER BY row", [.text(r.node)]) { "\($0.int(0)) \($0.text(1).prefix(6)) p=\($0.text(2).split(separator: ",").map { $0.prefix(6) }) \($0.text(3)) t=\($0.int(4)) m=\($0.int(5)) \($0.text(6))" }) ?? []
+                        views += "\n    " + rows.joined(separator: "\n    ")
+                    }
+                    let total = (try? dev.store.db.rows("SELECT count(*), sum(uploaded) FROM versions WHERE local = 0", []) { "\($0.int(0)) records, \($0.int(1)) uploaded" }.first) ?? ""
+                    views += "\n  \(dev.name): \(total)"
+                    for r in dev.store.replica.currentRecords(atOrBelow: key) {
+                        views += "\n    node \(r.node.prefix(6)) current \(r.id.prefix(6)) mtime \(r.mtime) heads \(dev.store.replica.heads(r.node).map { "\($0.id.prefix(6))/\($0.isTombstone)" })"
+                    }
+                    views += "\n  \(dev.name) \(key): shown \(state.shown) conflicts \(state.conflicts.map(\.id)) local \(String(describing: local?.fileID)) unreconciled \(dev.store.unreconciled.contains(NameKey(key)))"
+                }
+            }
+            Issue.record("trees differ, \(context):\n\(diff.joined(separator: "\n"))\(views)\ntrace:\n\(trace.suffix(environment("UBQ_SIM_TRACE") != nil ? 10_000 : 40).joined(separator: "\n"))")
             return
         }
         let conflicts = d.conflicts()

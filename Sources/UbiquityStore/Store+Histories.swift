@@ -1,0 +1,86 @@
+/// Where histories are shown under `.versions/`: the `histories` table (a file's current
+/// path, or the last path it had) and `history_dirs`, the directory tree those paths make,
+/// with counts, so a listing or lookup under `.versions/` reads only the rows it returns
+/// (store format 3). Every change of a history's path goes through `placeHistory` or
+/// `dropHistory`, the one place that keeps the two tables in step.
+extension Store {
+    /// Shows history `fileID` at `path`. `live`: whether a live file has it (nil: keep
+    /// what is recorded, 1 for a new row). `keepExisting`: leave a history that is already
+    /// placed where it is.
+    func placeHistory(_ fileID: String, path: String, live: Bool?, keepExisting: Bool = false) throws(StoreError) {
+        let old = try db.rows("SELECT path, live FROM histories WHERE file_id = ?", [.text(fileID)]) { (path: $0.text(0), live: $0.int(1) != 0) }.first
+        if old != nil && keepExisting { return }
+        let newLive = live ?? old?.live ?? true
+        if let old, old.path.utf8.elementsEqual(path.utf8) {
+            if old.live != newLive { try db.query("UPDATE histories SET live = ? WHERE file_id = ?", [.int(newLive ? 1 : 0), .text(fileID)]) }
+            return
+        }
+        if let old { try countHistoryPath(old.path, by: -1) }
+        try db.query("REPLACE INTO histories(file_id, path, live) VALUES(?, ?, ?)", [.text(fileID), .text(path), .int(newLive ? 1 : 0)])
+        try countHistoryPath(path, by: 1)
+    }
+
+    /// Moves where a history is shown (after a rename, a save, a remote record).
+    public func setHistory(_ fileID: String, path: String, live: Bool) throws(StoreError) {
+        try placeHistory(fileID, path: path, live: live)
+    }
+
+    /// Marks a history as having no live file (it stays shown at its last path).
+    public func retireHistory(_ fileID: String) throws(StoreError) {
+        try db.query("UPDATE histories SET live = 0 WHERE file_id = ?", [.text(fileID)])
+    }
+
+    /// Stops showing a history under .versions/ (its versions stay in the database).
+    public func dropHistory(_ fileID: String) throws(StoreError) {
+        guard let path = try db.rows("SELECT path FROM histories WHERE file_id = ?", [.text(fileID)], { $0.text(0) }).first else { return }
+        try db.query("DELETE FROM histories WHERE file_id = ?", [.text(fileID)])
+        try countHistoryPath(path, by: -1)
+    }
+
+    /// The names directly below `path` ("" is `.versions/` itself) in byte order, and
+    /// whether each is a file's history (else only a directory on the way to some).
+    public func historyChildren(of path: String) throws(StoreError) -> [(name: String, isHistory: Bool)] {
+        try db.rows("SELECT name, leaves FROM history_dirs WHERE parent = ? ORDER BY name", [.text(path)]) {
+            (name: $0.text(0), isHistory: $0.int(1) > 0)
+        }
+    }
+
+    /// One name below `path`: nil when nothing is shown there.
+    public func historyChild(of path: String, name: String) throws(StoreError) -> Bool? {
+        try db.rows("SELECT leaves FROM history_dirs WHERE parent = ? AND name = ?", [.text(path), .text(name)]) { $0.int(0) > 0 }.first
+    }
+
+    /// The histories shown at `path`.
+    public func histories(at path: String) throws(StoreError) -> [String] {
+        try db.rows("SELECT file_id FROM histories WHERE path = ?", [.text(path)]) { $0.text(0) }
+    }
+
+    /// Adds `delta` to the counts of `path` and its ancestors in `history_dirs`; a name
+    /// whose count drops to zero goes.
+    private func countHistoryPath(_ path: String, by delta: Int64) throws(StoreError) {
+        try Self.countHistoryPath(path, by: delta, in: db)
+    }
+
+    static func countHistoryPath(_ path: String, by delta: Int64, in db: SQLiteDatabase) throws(StoreError) {
+        var parent = ""
+        let components = path.split(separator: "/", omittingEmptySubsequences: false)
+        for (i, component) in components.enumerated() {
+            let name = String(component)
+            let leaf: Int64 = i == components.count - 1 ? delta : 0
+            try db.query("""
+                INSERT INTO history_dirs(parent, name, leaves, total) VALUES(?, ?, ?, ?)
+                ON CONFLICT(parent, name) DO UPDATE SET leaves = leaves + excluded.leaves, total = total + excluded.total
+                """, [.text(parent), .text(name), .int(leaf), .int(delta)])
+            if delta < 0 { try db.query("DELETE FROM history_dirs WHERE parent = ? AND name = ? AND total <= 0", [.text(parent), .text(name)]) }
+            parent = parent.isEmpty ? name : parent + "/" + name
+        }
+    }
+
+    /// Builds `history_dirs` from `histories` (upgrading a store from before format 3).
+    static func buildHistoryDirectories(_ db: SQLiteDatabase) throws(StoreError) {
+        let paths = try db.rows("SELECT path FROM histories", []) { $0.text(0) }
+        try db.transaction { () throws(StoreError) in
+            for path in paths { try countHistoryPath(path, by: 1, in: db) }
+        }
+    }
+}

@@ -1,0 +1,116 @@
+import Glibc
+import Testing
+import TestSupport
+@testable import UbiquityFS
+@testable import UbiquityStore
+@testable import UbiquitySync
+
+/// Cost proportional to the change: these count work (SQLite virtual-machine steps, and
+/// records and paths the synced view visits), never time, at two container sizes. Each
+/// fails if an operation goes back to walking the whole tree, every history or every
+/// record.
+@Suite struct WorkTests {
+    /// A synced device holding `files` files in directories of 100.
+    static func device(files: Int, in temp: TempDirectory) throws -> SimDevice {
+        mkdir(temp.path + "/backing", 0o755)
+        let d = try SimDevice(name: "solo", root: temp.path, backing: temp.path + "/backing", clock: nowNanos)
+        for i in 0..<files { try d.save("dir\(i / 100)/file\(i).txt", "content \(i)") }
+        d.cycle()
+        d.cycle()
+        return d
+    }
+
+    static func work(_ d: SimDevice) -> Int { d.store.work.database + d.store.work.replica }
+
+    /// Work of `body` on device `d`.
+    static func measure(_ d: SimDevice, _ body: () throws -> Void) rethrows -> Int {
+        let before = work(d)
+        try body()
+        return work(d) - before
+    }
+
+    @Test func idleSyncCycleIsConstant() throws {
+        var costs: [Int] = []
+        for files in [200, 2000] {
+            let temp = TempDirectory()
+            defer { temp.cleanup() }
+            let d = try Self.device(files: files, in: temp)
+            let replicaBefore = d.store.work.replica
+            costs.append(Self.measure(d) { d.cycle() })
+            #expect(d.store.work.replica == replicaBefore, "an idle cycle visited records of the synced view (\(files) files)")
+        }
+        #expect(costs[1] == costs[0], "idle cycle work at 200 and 2000 files: \(costs)")
+        #expect(costs[1] < 200, "idle cycle work: \(costs[1])")
+    }
+
+    @Test func oneSaveCostsTheSameAtAnySize() throws {
+        var costs: [Int] = []
+        for files in [200, 2000] {
+            let temp = TempDirectory()
+            defer { temp.cleanup() }
+            let d = try Self.device(files: files, in: temp)
+            costs.append(try Self.measure(d) {
+                try d.save("dir0/file0.txt", "changed")
+                d.cycle()
+            })
+        }
+        #expect(costs[1] <= costs[0] + costs[0] / 2, "save + sync cycle work at 200 and 2000 files: \(costs)")
+    }
+
+    @Test func renameAndDeleteCostTheirOwnPaths() throws {
+        var costs: [Int] = []
+        for files in [200, 2000] {
+            let temp = TempDirectory()
+            defer { temp.cleanup() }
+            let d = try Self.device(files: files, in: temp)
+            let dir = try d.fs.lookup(parent: Store.rootInode, name: "dir0").ino
+            costs.append(try Self.measure(d) {
+                try d.fs.rename(parent: dir, name: "file0.txt", newParent: dir, newName: "moved.txt", flags: 0)
+                try d.fs.unlink(parent: dir, name: "file1.txt")
+                d.cycle()
+            })
+            #expect(try d.tree()["dir0/moved.txt"] == "file content 0")
+        }
+        #expect(costs[1] <= costs[0] + costs[0] / 2, "rename + unlink + cycle work at 200 and 2000 files: \(costs)")
+    }
+
+    /// `.versions/` reads indexes: a lookup costs a row or two, a listing its entries.
+    @Test func versionsLookupsUseIndexes() throws {
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let d = try Self.device(files: 2000, in: temp)
+        for i in 0..<300 { try d.save("busy.txt", "version \(i)") }
+        let fs = d.fs
+        let versions = try fs.lookup(parent: Store.rootInode, name: ".versions").ino
+        let lookupDir = try Self.measure(d) { _ = try fs.lookup(parent: versions, name: "dir7") }
+        let dir7 = try fs.lookup(parent: versions, name: "dir7").ino
+        let lookupHistory = try Self.measure(d) { _ = try fs.lookup(parent: dir7, name: "file750.txt") }
+        #expect(lookupDir < 60 && lookupHistory < 60, "lookups under .versions/: \(lookupDir), \(lookupHistory) steps")
+
+        let busy = try fs.lookup(parent: versions, name: "busy.txt").ino
+        let listing = try Self.measure(d) {
+            let h = try fs.opendir(busy)
+            #expect(try fs.readdir(h).count == 300)
+            fs.releasedir(h)
+        }
+        let h = try fs.opendir(busy)
+        let name = try fs.readdir(h)[150].name
+        fs.releasedir(h)
+        let lookupVersion = try Self.measure(d) { _ = try fs.lookup(parent: busy, name: name) }
+        #expect(lookupVersion * 20 < listing, "lookup of one of 300 versions: \(lookupVersion) steps; listing them: \(listing)")
+        #expect(lookupVersion < 200, "lookup of one version: \(lookupVersion) steps")
+    }
+
+    /// A file's 3,000th version costs what its 100th did: heads are kept, not searched.
+    @Test func manyVersionsAddInConstantWork() throws {
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let d = try Self.device(files: 10, in: temp)
+        var costs: [Int] = []
+        for i in 0..<3000 {
+            let cost = try Self.measure(d) { try d.save("hot.txt", "version \(i)") }
+            if i == 100 || i == 2999 { costs.append(cost) }
+        }
+        #expect(costs[1] <= costs[0] + 20, "work of save 100 and save 3000 of one file: \(costs)")
+    }
+}
