@@ -58,7 +58,8 @@ public final class Store: @unchecked Sendable {
     /// Opens (creating if needed) the store at `directory`, taking its lock.
     /// - Parameter deviceName: replaces the stored device name when given.
     /// - Parameter readOnly: inspect a store another process may be using (status, fsck):
-    ///   no lock, no schema changes, no cleanup.
+    ///   no lock, no schema changes, no cleanup, no tree in memory (only the database
+    ///   and chunk queries work).
     public init(directory: String, deviceName: String? = nil, readOnly: Bool = false) throws(StoreError) {
         self.directory = directory
         self.readOnly = readOnly
@@ -113,8 +114,12 @@ public final class Store: @unchecked Sendable {
             self.deviceName = try get("device_name") ?? defaultDeviceName()
         }
         self.db = db
-        try loadTree()
-        try loadReplica()
+        // Read-only inspection (status, fsck) reads what it needs from the database; only
+        // a store that serves a mount holds the tree and the synced view in memory.
+        if !readOnly {
+            try loadTree()
+            try loadReplica()
+        }
         if lock {
             clearStaging()
             // The lock file names the process holding it (for `ubiquity unmount`).
