@@ -11,10 +11,11 @@ struct MountCommand: ParsableCommand {
         commandName: "mount",
         abstract: "Mount a container at MOUNTPOINT.",
         discussion: """
-        Without --foreground, returns once the mount is live and keeps serving it in the
-        background (log: <store>/daemon.log). Defaults need nothing else: the store and the
+        Without --foreground, returns once the mount is live and keeps serving it in the \
+        background (log: <store>/daemon.log). Defaults need nothing else: the store and the \
         backing directory live under $XDG_DATA_HOME/ubiquity/<container>/ (~/.local/share/...).
-        Stop it with `ubiquity unmount MOUNTPOINT`, which commits pending saves first.
+
+        Stop it with `ubiquity unmount MOUNTPOINT`, which commits pending saves first. \
         Under systemd (Type=notify) it reports READY=1 once the mount is live.
         """)
 
