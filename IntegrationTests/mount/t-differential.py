@@ -1262,6 +1262,23 @@ def minimize(binary, args, actions, pattern, progress_file):
 # Main
 
 
+
+def preflight(binary):
+    """None when the binary and /dev/fuse are usable; else the exit status, after saying
+    why (77 = skip, except under CI=true where a test that cannot mount fails)."""
+    if not binary or not os.access(binary, os.X_OK):
+        print("FAIL: set UBIQUITY to the ubiquity binary (got %r)" % binary)
+        return 1
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as e:
+        if os.environ.get("CI") == "true":
+            print("FAIL: /dev/fuse cannot be opened (%s) and CI=true: the FUSE tests must run" % e)
+            return 1
+        print("SKIP: /dev/fuse cannot be opened (%s)" % e)
+        return 77
+    return None
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
@@ -1302,18 +1319,9 @@ def main():
     print("t-differential: seed %d, ops %d" % (args.seed, args.ops), flush=True)
     print("replay: %s" % replay, flush=True)
 
-    if not binary or not os.access(binary, os.X_OK):
-        print("FAIL: set UBIQUITY to the ubiquity binary (got %r)" % binary)
-        return 1
-    try:
-        os.close(os.open("/dev/fuse", os.O_RDWR))
-    except OSError as e:
-        if os.environ.get("CI") == "true":
-            print("FAIL: /dev/fuse cannot be opened (%s) and CI=true: the FUSE tests must run" % e)
-            return 1
-        print("SKIP: /dev/fuse cannot be opened (%s)" % e)
-        return 77
-
+    rc = preflight(binary)
+    if rc is not None:
+        return rc
     os.umask(0o022)
     run = Run(binary, args)
     ACTIVE["run"] = run
