@@ -130,11 +130,11 @@ class Outcome:
         return repr(v)
 
 
-def call(fn):
+def call(fn, outcome=Outcome):
     try:
-        return Outcome(True, fn())
+        return outcome(True, fn())
     except OSError as e:
-        return Outcome(False, errname(e.errno))
+        return outcome(False, errname(e.errno))
 
 
 def read_all_fd(fd):

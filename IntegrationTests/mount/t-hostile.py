@@ -277,10 +277,7 @@ class Outcome(_tdiff.Outcome):
 
 
 def call(fn):
-    try:
-        return Outcome(True, fn())
-    except OSError as e:
-        return Outcome(False, errname(e.errno))
+    return _tdiff.call(fn, Outcome)
 
 
 class Discrepancy(Exception):

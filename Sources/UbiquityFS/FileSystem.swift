@@ -142,9 +142,14 @@ public final class FileSystem: Sendable {
         let (directory, count) = meta.withLock { ($0.store.directory, $0.store.inodeCount) }
         var st = statvfs()
         if statvfs(directory, &st) != 0 { throw Errno(errno) }
-        return FilesystemStats(blockSize: UInt64(st.f_bsize), blocks: UInt64(st.f_blocks) * UInt64(st.f_frsize) / UInt64(st.f_bsize),
-                               blocksFree: UInt64(st.f_bfree) * UInt64(st.f_frsize) / UInt64(st.f_bsize),
-                               blocksAvailable: UInt64(st.f_bavail) * UInt64(st.f_frsize) / UInt64(st.f_bsize),
+        // Counts come in f_frsize units; report them in f_bsize units without overflowing.
+        let (fragment, block) = (UInt64(st.f_frsize), max(UInt64(st.f_bsize), 1))
+        func blocks(_ count: UInt64) -> UInt64 {
+            let (bytes, overflow) = count.multipliedReportingOverflow(by: fragment)
+            return overflow ? count / max(block / max(fragment, 1), 1) : bytes / block
+        }
+        return FilesystemStats(blockSize: block, blocks: blocks(UInt64(st.f_blocks)),
+                               blocksFree: blocks(UInt64(st.f_bfree)), blocksAvailable: blocks(UInt64(st.f_bavail)),
                                files: UInt64(count) + UInt64(st.f_ffree), filesFree: UInt64(st.f_ffree), nameMax: 255)
     }
 }

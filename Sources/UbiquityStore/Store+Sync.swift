@@ -68,8 +68,6 @@ extension Store {
             try recordRemoval(of: current)
         }
         orphaned.removeAll()
-        // What was removed or moved away: nodes the view still shows at those paths (or
-        // below them) that the tree no longer has there were deleted here.
         // What was removed or moved away: the nodes the view showed there that the tree no
         // longer has. Directories and symlinks are nodes by path: gone. A file node of this
         // device's own is gone too (deleted, or orphaned: an editor's temp file renamed over
@@ -88,7 +86,7 @@ extension Store {
         for key in vacated {
             for record in replica.currentRecords(atOrBelow: key.name) { recheck.insert(NameKey(record.path)) }
         }
-        queueUnshownPaths()
+        try queueUnshownPaths()
         if getenv("UBQ_VERIFY_SYNC_SCAN") != nil { try verifyIncrementalScan() }
         vacated.removeAll()
     }
@@ -124,31 +122,38 @@ extension Store {
         changed.removeAll()
         vacated.removeAll()
         orphaned.removeAll()
-        queueUnshownPaths()
+        try queueUnshownPaths()
     }
 
-    /// Queues for reconcile the paths in `recheck` where the view shows another device's
-    /// node, or a directory, that the tree does not show. This device's own nodes are
-    /// never queued: the tree is the truth for them (a hard link's other name, a file
-    /// being written that continues a history, a file moved to a local-only name).
-    private func queueUnshownPaths() {
-        for key in recheck where !unreconciled.contains(key) {
+    /// Makes the tree and the view agree at the paths in `recheck`. Where the view shows
+    /// another device's node, or a directory, that the tree does not show: queued for
+    /// reconcile. Where it shows a node of this device's own that the tree does not have
+    /// there, that node is gone (its inode moved on or took another history; a tombstone
+    /// of the node shown before can reveal it: t-differential seed 1968428888): a
+    /// tombstone, and the path is looked at again. Own nodes the tree has are never
+    /// queued: the tree is the truth for them (a hard link's other name, a file being
+    /// written that continues a history).
+    private func queueUnshownPaths() throws(StoreError) {
+        while let key = recheck.popFirst() {
+            if unreconciled.contains(key) { continue }
             switch replica.state(at: key.name).shown {
             case .none: continue
             case .directory:
                 if locate(key.name) != nil { continue }
             case .node(let record):
-                guard record.device != deviceID else { continue }
+                if record.device == deviceID {
+                    if !presentLocally(record) { try recordRemoval(of: record) } // puts key back in recheck
+                    continue
+                }
                 // The file must show the current version too, not just the same history:
                 // its own new version may lose to another device's (simulation seed 338).
                 // One that continues the history but has no version yet is being written.
                 if presentLocally(record) {
-                    guard record.kind == .file, let head = locate(key.name).flatMap({ inodes[$0.2]?.head }), head != record.row else { continue }
+                    guard record.kind == .file, let (_, _, id) = locate(key.name), let head = inodes[id]?.head, head != record.row else { continue }
                 }
             }
             unreconciled.insert(key)
         }
-        recheck.removeAll()
     }
 
     /// A self-check for tests (UBQ_VERIFY_SYNC_SCAN=1, which t-differential.py sets): after
@@ -194,7 +199,7 @@ extension Store {
         if LocalOnly.contains(path) {
             // Moved to a local-only name: for the other devices the file is gone.
             if inode.kind == .file, let node = inode.fileID, let current = replica.current[node], !LocalOnly.contains(current.path) {
-                try recordNode(node, kind: .file, path: current.path, mode: 0, mtime: clock(), tombstone: true)
+                try recordRemoval(of: current)
             }
             return nil
         }
@@ -207,7 +212,11 @@ extension Store {
             try recordFileMetadata(inode, path: path)
             return .file(node)
         case .directory:
-            if case .directory(let mode) = replica.state(at: path).shown, mode == inode.mode & 0o7777 { return .path(path) }
+            // Only a directory record of its own keeps it shown: one implied by the nodes
+            // below it goes when they go (t-differential seed 394416407 lost a directory
+            // whose files moved out after the scan had passed it).
+            if replica.current[Replica.dirNode(path)] != nil, case .directory(let mode) = replica.state(at: path).shown,
+               mode == inode.mode & 0o7777 { return .path(path) }
             try recordNode(Replica.dirNode(path), kind: .directory, path: path, mode: inode.mode & 0o7777, mtime: inode.mtime)
             return .path(path)
         case .symlink:
