@@ -45,6 +45,9 @@ let package = Package(
             "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityStore", "UbiquitySystem", "TinyPix",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: strict),
+        // Builds large containers through the store API for scripts/bench-scale.sh.
+        .executableTarget(name: "ubiquity-bench-fill", dependencies: ["UbiquityStore", "UbiquitySystem"],
+                          swiftSettings: strict),
         // Helpers the test targets share (seeded generators, temp directories).
         .target(name: "TestSupport", path: "Tests/TestSupport", swiftSettings: strict),
         .testTarget(name: "TinyPixTests", dependencies: ["TinyPix", "TestSupport"], swiftSettings: strict),

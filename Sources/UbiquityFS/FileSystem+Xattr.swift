@@ -82,7 +82,7 @@ extension FileSystem.Meta {
         var result: [String: String] = [
             "local": LocalOnly.contains(path) ? "1" : "0",
             "dirty": openFiles[ino]?.content.isChanged == true ? "1" : "0",
-            "conflicts": String(store.conflictCount(at: path)),
+            "conflicts": String(try storeCall { () throws(StoreError) in try store.conflictCount(at: path) }),
         ]
         if let name = store.name(of: ino), TinyPixView.applies(to: name) {
             try TinyPixView.addStatus(&result, inode: inode, store: store)

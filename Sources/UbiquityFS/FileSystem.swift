@@ -175,7 +175,3 @@ extension FileSystem.Meta {
         do { try store.forget(ino) } catch { log("ubiquity: dropping inode \(ino): \(error)") }
     }
 }
-
-extension Store {
-    public var inodeCount: Int { inodeNumbers.count }
-}

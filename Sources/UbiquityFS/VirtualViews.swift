@@ -53,7 +53,7 @@ struct VirtualViews {
     mutating func rootEntries(store: Store, showVersions: Bool) throws(Errno) -> [DirectoryEntry] {
         var entries: [DirectoryEntry] = []
         if showVersions { entries.append(DirectoryEntry(name: ".versions", attributes: try attributes(Self.versionsRoot, store: store))) }
-        if store.totalConflicts > 0 {
+        if try storeCall({ () throws(StoreError) in try store.totalConflicts() }) > 0 {
             entries.append(DirectoryEntry(name: ".conflicts", attributes: try attributes(Self.conflictsRoot, store: store)))
         }
         return entries
@@ -72,7 +72,7 @@ struct VirtualViews {
         case .history(let path):
             result = try versionEntries(try versions(at: path, store: store), path: path, store: store)
         case .conflictDirectory(let path):
-            for (name, isLeaf) in Self.children(of: path, among: store.conflictedPaths()) {
+            for (name, isLeaf) in Self.children(of: path, among: try storeCall { () throws(StoreError) in try store.conflictedPaths() }) {
                 let child = path.isEmpty ? name : path + "/" + name
                 let n = number(isLeaf ? .conflictList(path: child) : .conflictDirectory(path: child))
                 result.append(DirectoryEntry(name: name, attributes: try attributes(n, store: store)))

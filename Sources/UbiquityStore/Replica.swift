@@ -1,12 +1,20 @@
+import UbiquitySystem
+
 /// The synced view: what every device shows, computed from the set of records alone
 /// (docs/FORMAT.md, "Meaning"). Devices holding the same records compute the same tree
 /// and the same conflicts, whatever order the records came in; that is the whole
 /// convergence argument, so every rule here must depend on the set only.
 ///
 /// A record is a non-local version row: file versions, tombstones, and the records of
-/// directories and symlinks (nodes `dir:<path>`, `link:<path>`). Kept in memory, rebuilt
-/// from the versions table at start; guarded by whatever guards the store.
-struct Replica {
+/// directories and symlinks (nodes `dir:<path>`, `link:<path>`).
+///
+/// The view lives in the store's database (tables `view_*`, store format 4) and each
+/// record updates it in the transaction that inserts the record, so opening a store
+/// reads none of it, memory does not grow with history, and a crash leaves the view
+/// matching the records. Adding a record costs O(its parents + its node's heads + the
+/// depth of its path) indexed statements, whatever the size of the history.
+/// Not thread-safe: guarded by whatever guards the store.
+final class Replica {
     struct Record: Equatable {
         let row: Int64
         let id: String
@@ -17,6 +25,11 @@ struct Replica {
         let mtime: Nanos
         let device: String
         let path: String
+        /// A directory record's mode (the view needs it; file records' attributes are read
+        /// from their version row when shown).
+        let mode: UInt32
+        /// A symlink record's target.
+        let target: String?
 
         /// The winner rule: later mtime, then greater device id, then greater record id.
         func beats(_ other: Record) -> Bool {
@@ -33,169 +46,256 @@ struct Replica {
         case node(Record)
     }
 
-    private(set) var records: [String: Record] = [:]
-    /// Each node's heads: its records that no record of the same node names as a parent.
-    private var headIDs: [String: Set<String>] = [:]
-    /// Ids named as a parent before they arrived, with the nodes of the records naming
-    /// them (a parent that arrives after its child is superseded at once).
-    private var awaitedParents: [String: Set<String>] = [:]
-    /// Each live node's current record.
-    private(set) var current: [String: Record] = [:]
-    /// Live nodes by the path their current record names.
-    private var nodesAt: [NameKey: Set<String>] = [:]
-    /// Number of live nodes strictly below each path (a path with any is a directory).
-    private var below: [NameKey: Int] = [:]
-    /// For each path, the paths directly below it that have live nodes at or below them:
-    /// a subtree of the view is walked in proportion to its size.
-    private var childPaths: [NameKey: Set<NameKey>] = [:]
-    /// Conflict versions per path that has any, and their total: kept up to date by
-    /// `add`, so status and `.conflicts/` never walk every path.
-    private(set) var conflictCounts: [NameKey: Int] = [:]
-    private(set) var totalConflicts = 0
-    /// Work done (records and heads visited), for tests that check costs stay
+    /// The tables, each kept up to date by `add`:
+    /// - `view_heads(node, row)`: each node's heads, its records that no record of the same
+    ///   node names as a parent.
+    /// - `view_awaited(id, node)`: ids named as a parent before they arrived, with the nodes
+    ///   of the records naming them (a parent that arrives after its child is superseded).
+    /// - `view_current(node, row, path)`: each live node's current record, by node and path.
+    /// - `view_paths(path, parent, nodes, below)`: every path with live nodes at it (`nodes`)
+    ///   or strictly below it (`below`; a path with any is a directory), so a subtree of
+    ///   the view is walked in proportion to its size.
+    /// - `view_conflicts(path, count)`: conflict versions per path that has any.
+    static let schema = [
+        "CREATE TABLE IF NOT EXISTS view_heads(node TEXT NOT NULL, row INTEGER NOT NULL, PRIMARY KEY(node, row)) WITHOUT ROWID",
+        "CREATE TABLE IF NOT EXISTS view_awaited(id TEXT NOT NULL, node TEXT NOT NULL, PRIMARY KEY(id, node)) WITHOUT ROWID",
+        "CREATE TABLE IF NOT EXISTS view_current(node TEXT PRIMARY KEY, row INTEGER NOT NULL, path TEXT NOT NULL) WITHOUT ROWID",
+        "CREATE INDEX IF NOT EXISTS view_current_path ON view_current(path)",
+        """
+        CREATE TABLE IF NOT EXISTS view_paths(path TEXT PRIMARY KEY, parent TEXT NOT NULL, nodes INTEGER NOT NULL,
+                                              below INTEGER NOT NULL) WITHOUT ROWID
+        """,
+        "CREATE INDEX IF NOT EXISTS view_paths_parent ON view_paths(parent)",
+        "CREATE TABLE IF NOT EXISTS view_conflicts(path TEXT PRIMARY KEY, count INTEGER NOT NULL) WITHOUT ROWID",
+    ]
+
+    private let db: SQLiteDatabase
+    /// Work done (records and paths visited), for tests that check costs stay
     /// proportional to the change.
     private(set) var work = 0
+
+    init(db: SQLiteDatabase) { self.db = db }
 
     static func dirNode(_ path: String) -> String { "dir:" + path }
     static func linkNode(_ path: String) -> String { "link:" + path }
 
-    /// Adds a record in O(parents + the heads of its node); returns the paths whose view
-    /// may have changed.
-    mutating func add(_ r: Record) -> [String] {
-        guard records[r.id] == nil else { return [] }
-        records[r.id] = r
-        for p in r.parents {
-            work += 1
-            if let parent = records[p] {
-                if parent.node == r.node { headIDs[r.node]?.remove(p) }
-            } else {
-                awaitedParents[p, default: []].insert(r.node)
-            }
+    // MARK: reading records
+
+    private static let columns = "v.row, v.id, v.file_id, v.parents, v.kind, v.tombstone, v.mtime, v.device_id, v.path, v.mode, v.target"
+
+    private func records(_ sql: String, _ params: [SQLValue]) throws(StoreError) -> [Record] {
+        let found = try db.rows("SELECT \(Self.columns) \(sql)", params) { r in
+            Record(row: r.int(0), id: r.text(1), node: r.text(2), parents: splitIDs(r.text(3)),
+                   kind: NodeKind(rawValue: r.int(4)) ?? .file, isTombstone: r.int(5) != 0, mtime: r.int(6),
+                   device: r.text(7), path: r.text(8), mode: UInt32(truncatingIfNeeded: r.int(9)),
+                   target: r.isNull(10) ? nil : r.text(10))
         }
-        if awaitedParents.removeValue(forKey: r.id)?.contains(r.node) != true {
-            headIDs[r.node, default: []].insert(r.id)
-        }
-        let changed = recompute(r.node)
-        updateConflicts(changed)
-        return changed
+        work += found.count
+        return found
+    }
+
+    /// The record with this id (nil: none, or a local version, which is no record).
+    func record(id: String) throws(StoreError) -> Record? {
+        try records("FROM versions v WHERE v.id = ? AND v.local = 0", [.text(id)]).first
+    }
+
+    /// The records at any of `paths` (tests).
+    func records(atPaths paths: [String]) throws(StoreError) -> [Record] {
+        var result: [Record] = []
+        for path in paths { result += try records("FROM versions v WHERE v.path = ? AND v.local = 0", [.text(path)]) }
+        return result
     }
 
     /// The node's heads: records no record of the node descends from.
-    func heads(_ node: String) -> [Record] {
-        (headIDs[node] ?? []).compactMap { records[$0] }
+    func heads(_ node: String) throws(StoreError) -> [Record] {
+        try records("FROM view_heads h JOIN versions v ON v.row = h.row WHERE h.node = ? ORDER BY v.id", [.text(node)])
     }
 
-    func liveHeads(_ node: String) -> [Record] { heads(node).filter { !$0.isTombstone } }
+    func liveHeads(_ node: String) throws(StoreError) -> [Record] {
+        try records("FROM view_heads h JOIN versions v ON v.row = h.row WHERE h.node = ? AND v.tombstone = 0 ORDER BY v.id",
+                    [.text(node)])
+    }
 
-    private mutating func recompute(_ node: String) -> [String] {
-        let old = current[node]
-        let new = liveHeads(node).max { $1.beats($0) }
-        current[node] = new
+    /// The live node's current record.
+    func current(_ node: String) throws(StoreError) -> Record? {
+        try records("FROM view_current c JOIN versions v ON v.row = c.row WHERE c.node = ?", [.text(node)]).first
+    }
+
+    /// Every live node's current record (the whole-tree scan after an upgrade only).
+    func allCurrent() throws(StoreError) -> [Record] {
+        try records("FROM view_current c JOIN versions v ON v.row = c.row", [])
+    }
+
+    /// The current records of live nodes at exactly `path`, by node.
+    private func currentRecords(at path: String) throws(StoreError) -> [Record] {
+        try records("FROM view_current c JOIN versions v ON v.row = c.row WHERE c.path = ? ORDER BY c.node", [.text(path)])
+    }
+
+    /// The current records of live nodes at `path` or below it.
+    func currentRecords(atOrBelow path: String) throws(StoreError) -> [Record] {
+        var result: [Record] = []
+        var pending = [path]
+        while let next = pending.popLast() {
+            result += try currentRecords(at: next)
+            let children = try db.rows("SELECT path FROM view_paths WHERE parent = ?", [.text(next)]) { $0.text(0) }
+            work += children.count
+            pending += children
+        }
+        return result
+    }
+
+    // MARK: adding records
+
+    /// Builds the view of a store from before format 4 (which computed it in memory at
+    /// every start) from all its records: once, at the upgrade, in one transaction.
+    static func build(_ db: SQLiteDatabase) throws(StoreError) {
+        let replica = Replica(db: db)
+        try db.transaction { () throws(StoreError) in
+            var last: Int64 = 0
+            while true {
+                let page = try replica.records("FROM versions v WHERE v.local = 0 AND v.row > ? ORDER BY v.row LIMIT 10000", [.int(last)])
+                guard let end = page.last else { return }
+                for record in page { _ = try replica.add(record) }
+                last = end.row
+                log("ubiquity: upgrading the store: synced view built up to record row \(last)")
+            }
+        }
+    }
+
+    /// Adds a record already inserted in the versions table (same transaction); returns
+    /// the paths whose view may have changed.
+    func add(_ r: Record) throws(StoreError) -> [String] {
+        for p in r.parents {
+            work += 1
+            if let parent = try db.rows("SELECT row, file_id FROM versions WHERE id = ? AND local = 0", [.text(p)], {
+                (row: $0.int(0), node: $0.text(1))
+            }).first {
+                if parent.node == r.node {
+                    try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.text(r.node), .int(parent.row)])
+                }
+            } else {
+                try db.query("INSERT OR IGNORE INTO view_awaited(id, node) VALUES(?, ?)", [.text(p), .text(r.node)])
+            }
+        }
+        let awaitedBy = try db.rows("SELECT node FROM view_awaited WHERE id = ?", [.text(r.id)]) { $0.text(0) }
+        if !awaitedBy.isEmpty { try db.query("DELETE FROM view_awaited WHERE id = ?", [.text(r.id)]) }
+        if !awaitedBy.contains(where: { $0.utf8.elementsEqual(r.node.utf8) }) {
+            try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.text(r.node), .int(r.row)])
+        }
+        let changed = try recompute(r.node)
+        try updateConflicts(changed)
+        return changed
+    }
+
+    private func recompute(_ node: String) throws(StoreError) -> [String] {
+        let old = try db.rows("SELECT row, path FROM view_current WHERE node = ?", [.text(node)]) { (row: $0.int(0), path: $0.text(1)) }.first
+        let new = try liveHeads(node).max { $1.beats($0) }
+        if let old, let new, old.row == new.row { return withAncestors(new.path) }
         var changed: [String] = []
         if let old {
-            nodesAt[NameKey(old.path)]?.remove(node)
-            if nodesAt[NameKey(old.path)]?.isEmpty == true { nodesAt[NameKey(old.path)] = nil }
-            forEachAncestor(old.path) { below[$0, default: 0] -= 1; if below[$0] == 0 { below[$0] = nil } }
-            unlinkIfEmpty(old.path)
+            try db.query("DELETE FROM view_current WHERE node = ?", [.text(node)])
+            try count(old.path, nodes: -1)
             changed += withAncestors(old.path)
         }
         if let new {
-            nodesAt[NameKey(new.path), default: []].insert(node)
-            forEachAncestor(new.path) { below[$0, default: 0] += 1 }
-            linkPath(new.path)
+            try db.query("INSERT INTO view_current(node, row, path) VALUES(?, ?, ?)", [.text(node), .int(new.row), .text(new.path)])
+            try count(new.path, nodes: 1)
             changed += withAncestors(new.path)
         }
         return changed
     }
 
-    /// Records `path` and its ancestors in `childPaths`.
-    private mutating func linkPath(_ path: String) {
-        var child = Substring(path)
+    /// Adds `delta` live nodes at `path` (and below each of its ancestors); a path with
+    /// none at or below it leaves `view_paths`.
+    private func count(_ path: String, nodes delta: Int) throws(StoreError) {
+        var path = Substring(path)
+        var nodes = delta, below = 0
         while true {
-            let parent = child.lastIndex(of: "/").map { child[..<$0] } ?? ""
-            let inserted = childPaths[NameKey(String(parent)), default: []].insert(NameKey(String(child))).inserted
-            if !inserted || parent.isEmpty { return }
-            child = parent
-        }
-    }
-
-    /// Drops `path` and then its ancestors from `childPaths` while nothing is at or below them.
-    private mutating func unlinkIfEmpty(_ path: String) {
-        var child = Substring(path)
-        while !child.isEmpty {
-            let key = NameKey(String(child))
-            guard nodesAt[key] == nil, below[key] == nil else { return }
-            let parent = child.lastIndex(of: "/").map { child[..<$0] } ?? ""
-            let parentKey = NameKey(String(parent))
-            childPaths[parentKey]?.remove(key)
-            if childPaths[parentKey]?.isEmpty == true { childPaths[parentKey] = nil }
-            child = parent
-        }
-    }
-
-    /// The current records of live nodes at `path` or below it.
-    func currentRecords(atOrBelow path: String) -> [Record] {
-        var result: [Record] = []
-        var pending = [NameKey(path)]
-        while let key = pending.popLast() {
-            for node in nodesAt[key] ?? [] { if let r = current[node] { result.append(r) } }
-            pending += childPaths[key] ?? []
-        }
-        return result
-    }
-
-    private func forEachAncestor(_ path: String, _ body: (NameKey) -> Void) {
-        var prefix = Substring(path)
-        while let slash = prefix.lastIndex(of: "/") {
-            prefix = prefix[..<slash]
-            body(NameKey(String(prefix)))
+            work += 1
+            let parent = path.lastIndex(of: "/").map { path[..<$0] } ?? ""
+            try db.query("""
+                INSERT INTO view_paths(path, parent, nodes, below) VALUES(?, ?, ?, ?)
+                ON CONFLICT(path) DO UPDATE SET nodes = nodes + excluded.nodes, below = below + excluded.below
+                """, [.text(String(path)), .text(String(parent)), .int(Int64(nodes)), .int(Int64(below))])
+            if delta < 0 {
+                try db.query("DELETE FROM view_paths WHERE path = ? AND nodes <= 0 AND below <= 0", [.text(String(path))])
+            }
+            if parent.isEmpty { return }
+            path = parent
+            nodes = 0
+            below = delta
         }
     }
 
     private func withAncestors(_ path: String) -> [String] {
         var result = [path]
-        forEachAncestor(path) { result.append($0.name) }
+        var prefix = Substring(path)
+        while let slash = prefix.lastIndex(of: "/") {
+            prefix = prefix[..<slash]
+            result.append(String(prefix))
+        }
         return result
     }
 
-    func isDirectory(_ path: String) -> Bool {
-        (below[NameKey(path)] ?? 0) > 0 || (nodesAt[NameKey(path)] ?? []).contains { $0.hasPrefix("dir:") }
+    // MARK: what paths show
+
+    private func below(_ path: String) throws(StoreError) -> Int64 {
+        try db.rows("SELECT below FROM view_paths WHERE path = ?", [.text(path)]) { $0.int(0) }.first ?? 0
     }
 
     /// What `path` shows, and its conflict versions (live heads not shown, newest first).
-    func state(at path: String) -> (shown: Shown, conflicts: [Record]) {
-        let nodes = (nodesAt[NameKey(path)] ?? []).sorted()
-        let others = nodes.filter { !$0.hasPrefix("dir:") }
-        if isDirectory(path) {
-            let dirs = nodes.compactMap { $0.hasPrefix("dir:") ? current[$0] : nil }
-            let dirMode = dirs.max { $1.beats($0) }.map { mode(of: $0) } ?? 0o755
-            return (.directory(mode: dirMode), sortedConflicts(others.flatMap(liveHeads)))
+    func state(at path: String) throws(StoreError) -> (shown: Shown, conflicts: [Record]) {
+        let here = try currentRecords(at: path)
+        let dirs = here.filter { $0.node.hasPrefix("dir:") }
+        let others = here.filter { !$0.node.hasPrefix("dir:") }
+        var otherHeads: [Record] = []
+        for r in others { otherHeads += try liveHeads(r.node) }
+        var isDirectory = !dirs.isEmpty
+        if !isDirectory { isDirectory = try below(path) > 0 }
+        if isDirectory {
+            let dirMode = dirs.max { $1.beats($0) }?.mode ?? 0o755
+            return (.directory(mode: dirMode), sortedConflicts(otherHeads))
         }
-        guard let winner = others.compactMap({ current[$0] }).max(by: { $1.beats($0) }) else { return (.none, []) }
-        let losers = others.flatMap(liveHeads).filter { $0.id != winner.id }
-        return (.node(winner), sortedConflicts(losers))
+        guard let winner = others.max(by: { $1.beats($0) }) else { return (.none, []) }
+        return (.node(winner), sortedConflicts(otherHeads.filter { $0.id != winner.id }))
     }
 
     private func sortedConflicts(_ list: [Record]) -> [Record] { list.sorted { $0.beats($1) } }
 
-    /// Modes of directory records and targets of symlink records (the view needs them;
-    /// file records' attributes stay in the versions table).
-    var modes: [String: UInt32] = [:]
-    var targets: [String: String] = [:]
-    private func mode(of r: Record) -> UInt32 { modes[r.id] ?? 0o755 }
+    // MARK: conflicts
 
     /// Paths that have conflicts (for `.conflicts/`), in byte order.
-    func conflictedPaths() -> [String] {
-        conflictCounts.keys.map(\.name).sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+    func conflictedPaths() throws(StoreError) -> [String] {
+        try db.rows("SELECT path FROM view_conflicts ORDER BY path", []) { $0.text(0) }
     }
 
-    private mutating func updateConflicts(_ paths: [String]) {
-        for path in paths {
-            let key = NameKey(path)
-            let count = state(at: path).conflicts.count
+    /// Conflict versions in all: the sum of `view_conflicts`, kept as the setting
+    /// `conflicts` by `updateConflicts` (in the same transaction), so it is one row to read.
+    func totalConflicts() throws(StoreError) -> Int {
+        Int(try db.rows("SELECT value FROM settings WHERE key = 'conflicts'", []) { Int64($0.text(0)) ?? 0 }.first ?? 0)
+    }
+
+    func conflictCount(at path: String) throws(StoreError) -> Int {
+        Int(try db.rows("SELECT count FROM view_conflicts WHERE path = ?", [.text(path)]) { $0.int(0) }.first ?? 0)
+    }
+
+    private func updateConflicts(_ paths: [String]) throws(StoreError) {
+        var done: Set<NameKey> = []
+        var delta = 0
+        for path in paths where done.insert(NameKey(path)).inserted {
             work += 1
-            totalConflicts += count - (conflictCounts[key] ?? 0)
-            conflictCounts[key] = count == 0 ? nil : count
+            let count = try state(at: path).conflicts.count
+            let old = try conflictCount(at: path)
+            if count == old { continue }
+            delta += count - old
+            if count == 0 {
+                try db.query("DELETE FROM view_conflicts WHERE path = ?", [.text(path)])
+            } else {
+                try db.query("REPLACE INTO view_conflicts(path, count) VALUES(?, ?)", [.text(path), .int(Int64(count))])
+            }
+        }
+        if delta != 0 {
+            try db.query("REPLACE INTO settings(key, value) VALUES('conflicts', ?)", [.text(String(try totalConflicts() + delta))])
         }
     }
 }

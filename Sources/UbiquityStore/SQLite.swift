@@ -88,18 +88,22 @@ final class SQLiteDatabase {
     /// unlink, rename, chmod) of the last 100 ms, never a saved file, never consistency.
     var batching = false
     private var batchOpen = false
+    /// Transactions open inside one another (an inner one is a savepoint).
+    private var depth = 0
 
-    /// Runs `body` atomically: its own transaction, or a savepoint inside the open batch.
-    /// Rolls back what `body` did if it throws.
+    /// Runs `body` atomically: its own transaction, or a savepoint inside the open batch
+    /// or an enclosing transaction. Rolls back what `body` did if it throws.
     func transaction<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         if batching && !batchOpen {
             try execute("BEGIN IMMEDIATE")
             batchOpen = true
         }
-        let (begin, end, undo) = batchOpen
+        let (begin, end, undo) = batchOpen || depth > 0
             ? ("SAVEPOINT op", "RELEASE op", "ROLLBACK TO op; RELEASE op")
             : ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")
         try execute(begin)
+        depth += 1
+        defer { depth -= 1 }
         do {
             let result = try body()
             try execute(end)

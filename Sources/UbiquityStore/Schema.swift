@@ -1,7 +1,7 @@
 /// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
 /// by a newer program is refused rather than misread.
 enum Schema {
-    static let formatVersion = 3
+    static let formatVersion = 4
 
     static let statements = [
         """
@@ -12,7 +12,8 @@ enum Schema {
             id INTEGER PRIMARY KEY, kind INTEGER NOT NULL, mode INTEGER NOT NULL,
             uid INTEGER NOT NULL, gid INTEGER NOT NULL, size INTEGER NOT NULL,
             atime INTEGER NOT NULL, mtime INTEGER NOT NULL, ctime INTEGER NOT NULL,
-            rdev INTEGER NOT NULL, target TEXT, file_id TEXT, head INTEGER, allocated INTEGER)
+            rdev INTEGER NOT NULL, target TEXT, file_id TEXT, head INTEGER, allocated INTEGER,
+            nlink INTEGER NOT NULL DEFAULT 0, parent INTEGER, name TEXT)
         """,
         // Directory entries: names are UTF-8 (the filesystem refuses others with EILSEQ).
         """
@@ -59,7 +60,11 @@ enum Schema {
         """
         CREATE TABLE IF NOT EXISTS sync_peers(device TEXT PRIMARY KEY, offset INTEGER NOT NULL)
         """,
-    ]
+        // Format 4: the primary name's directory and the link count, so inodes load one at a time.
+        "CREATE INDEX IF NOT EXISTS inodes_unlinked ON inodes(id) WHERE nlink = 0",
+        "CREATE INDEX IF NOT EXISTS inodes_head ON inodes(head) WHERE head IS NOT NULL",
+        PendingSet<Int>.schema,
+    ] + Replica.schema // format 4: the synced view (Replica)
 
     /// Columns added since format 1, added to an older store when it is opened.
     /// Format 2 (sync), on versions:
@@ -68,30 +73,42 @@ enum Schema {
     /// path, mode, mtime or xattrs; `uploaded` = 1: in the backing directory.
     /// Format 3 (sparse files: holes in chunk lists, see `ChunkList.encoded`), on inodes:
     /// `allocated` = bytes of the current content not in holes (NULL: as `size`).
+    /// Format 4 (nothing loaded at open), on inodes: `nlink`, and `parent`/`name`, the
+    /// primary name (the entry its path goes through; NULL for the root and unlinked).
     static let addedColumns = [
         ("versions", "kind", "INTEGER NOT NULL DEFAULT 1"), ("versions", "target", "TEXT"), ("versions", "xattrs", "BLOB"),
         ("versions", "meta", "INTEGER NOT NULL DEFAULT 0"), ("versions", "uploaded", "INTEGER NOT NULL DEFAULT 0"),
         ("inodes", "allocated", "INTEGER"),
+        ("inodes", "nlink", "INTEGER NOT NULL DEFAULT 0"), ("inodes", "parent", "INTEGER"), ("inodes", "name", "TEXT"),
     ]
 }
 
 extension Schema {
+    /// Brings a store of any earlier format to this one, in one transaction (a crash
+    /// during an upgrade leaves the old store as it was).
     static func migrate(_ db: SQLiteDatabase) throws(StoreError) {
-        // A table must have its new columns before an index on one of them is made.
-        for table in ["versions", "inodes"] {
-            guard try db.rows("SELECT count(*) FROM sqlite_master WHERE name = ?", [.text(table)], { $0.int(0) }).first == 1 else { continue }
-            let columns = Set(try db.rows("PRAGMA table_info(\(table))", []) { $0.text(1) })
-            for (t, name, type) in addedColumns where t == table && !columns.contains(name) {
-                try db.execute("ALTER TABLE \(table) ADD COLUMN \(name) \(type)")
+        try db.transaction { () throws(StoreError) in
+            let exists = { (table: String) throws(StoreError) -> Bool in
+                try db.rows("SELECT count(*) FROM sqlite_master WHERE name = ?", [.text(table)], { $0.int(0) }).first == 1
             }
+            let hadInodes = try exists("inodes"), hadVersions = try exists("versions")
+            let hadHistories = try exists("histories"), hadDirectories = try exists("history_dirs")
+            let hadView = try exists("view_current"), hadPending = try exists("pending")
+            var hadLinks = false
+            // A table must have its new columns before an index on one of them is made.
+            for table in ["versions", "inodes"] where try exists(table) {
+                let columns = Set(try db.rows("PRAGMA table_info(\(table))", []) { $0.text(1) })
+                if table == "inodes" { hadLinks = columns.contains("nlink") }
+                for (t, name, type) in addedColumns where t == table && !columns.contains(name) {
+                    try db.execute("ALTER TABLE \(table) ADD COLUMN \(name) \(type)")
+                }
+            }
+            for statement in statements { try db.execute(statement) }
+            if hadInodes && !hadLinks { try Store.computeLinks(db) }
+            if hadHistories && !hadDirectories { try Store.buildHistoryDirectories(db) }
+            if hadVersions && !hadView { try Replica.build(db) }
+            // Before format 4 the change set was in memory only: one look at the whole tree.
+            if hadInodes && !hadPending { try db.execute("REPLACE INTO settings(key, value) VALUES('full_scan', '1')") }
         }
-        let exists = { (table: String) throws(StoreError) -> Bool in
-            try db.rows("SELECT count(*) FROM sqlite_master WHERE name = ?", [.text(table)], { $0.int(0) }).first == 1
-        }
-        let hadHistories = try exists("histories")
-        let hadDirectories = try exists("history_dirs")
-        let upgradingToDirectories = hadHistories && !hadDirectories
-        for statement in statements { try db.execute(statement) }
-        if upgradingToDirectories { try Store.buildHistoryDirectories(db) }
     }
 }

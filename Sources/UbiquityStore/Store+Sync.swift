@@ -23,18 +23,6 @@ public struct EntryName: Sendable, Equatable {
 /// view (`reconcile`). The caller runs them in that order under one lock, so the tree
 /// never shows a view that forgot a local change. Backing-directory I/O is UbiquitySync's.
 extension Store {
-    func loadReplica() throws(StoreError) {
-        try db.query("SELECT row, id, file_id, parents, kind, tombstone, mtime, device_id, path, mode, target FROM versions WHERE local = 0") { (r) throws(StoreError) in
-            let kind = NodeKind(rawValue: r.int(4)) ?? .file
-            let record = Replica.Record(row: r.int(0), id: r.text(1), node: r.text(2), parents: splitIDs(r.text(3)), kind: kind,
-                                        isTombstone: r.int(5) != 0, mtime: r.int(6), device: r.text(7), path: r.text(8))
-            if kind == .directory { replica.modes[record.id] = UInt32(r.int(9)) }
-            if !r.isNull(10) { replica.targets[record.id] = r.text(10) }
-            _ = replica.add(record)
-        }
-        unreconciled = []
-    }
-
     // MARK: local changes -> records
 
     /// Records what changed locally since the last call and has no record yet: renames,
@@ -46,16 +34,37 @@ extension Store {
     public func recordLocalChanges(busy: Set<InodeNumber>) throws(StoreError) {
         guard !readOnly else { return }
         if needsFullScan {
-            try recordAllLocalChanges()
+            try syncStep { () throws(StoreError) in
+                try recordAllLocalChanges()
+                try db.query("DELETE FROM settings WHERE key = 'full_scan'")
+            }
             needsFullScan = false
             return
         }
         guard !changed.isEmpty || !vacated.isEmpty || !recheck.isEmpty || !orphaned.isEmpty else { return }
-        let ids = changed
-        changed = []
+        try syncStep { () throws(StoreError) in try recordChanges() }
+    }
+
+    /// Runs a step of sync as one transaction: what it consumes of the change set goes
+    /// with what it records. If it fails, the sets are read again (the rollback put back
+    /// what it had taken) and the tree cache starts over.
+    private func syncStep(_ body: () throws(StoreError) -> Void) throws(StoreError) {
+        do {
+            try db.transaction(body)
+        } catch {
+            cache.removeAll()
+            try? changed.reload(parse: { InodeNumber($0) })
+            for set in [vacated, recheck, unreconciled] { try? set.reload(parse: NameKey.init) }
+            try? orphaned.reload(parse: { $0 })
+            throw error
+        }
+    }
+
+    private func recordChanges() throws(StoreError) {
+        let ids = try changed.removeAll()
         var holders: Set<String> = []
         for id in ids where id != Store.rootInode {
-            guard let inode = inodes[id], inode.nlink > 0 else { continue }
+            guard let inode = try node(id)?.inode, inode.nlink > 0 else { continue }
             if case .file(let node) = try recordChange(of: inode) { holders.insert(node) }
         }
         // Histories no inode holds any more (an inode took another history: a rename over
@@ -63,11 +72,10 @@ extension Store {
         // every history has one inode). Found by node, not by path: a hard-linked file's
         // path is its first name, which need not be the name that went (t-differential
         // seed 935078509 left such records shown).
-        for node in orphaned where !holders.contains(node) {
-            guard let current = replica.current[node], current.kind == .file else { continue }
+        for node in try orphaned.removeAll() where !holders.contains(node) {
+            guard let current = try replica.current(node), current.kind == .file else { continue }
             try recordRemoval(of: current)
         }
-        orphaned.removeAll()
         // What was removed or moved away: the nodes the view showed there that the tree no
         // longer has. Directories and symlinks are nodes by path: gone. A file node of this
         // device's own is gone too (deleted, or orphaned: an editor's temp file renamed over
@@ -77,26 +85,40 @@ extension Store {
         // nothing another device made is lost (simulation seed 187 lost one).
         // Which records are shown is decided before any tombstone.
         var removed: [Replica.Record] = []
-        for key in vacated {
-            removed += replica.currentRecords(atOrBelow: key.name).filter {
-                ($0.kind != .file || $0.device == deviceID) && isShown($0) && !presentLocally($0)
+        for key in vacated.members {
+            for record in try replica.currentRecords(atOrBelow: key.name)
+            where (record.kind != .file || record.device == deviceID) && !presentLocally(record) {
+                if try isShown(record) { removed.append(record) }
             }
         }
         for record in removed { try recordRemoval(of: record) }
-        for key in vacated {
-            for record in replica.currentRecords(atOrBelow: key.name) { recheck.insert(NameKey(record.path)) }
+        for key in vacated.members {
+            for record in try replica.currentRecords(atOrBelow: key.name) { try recheck.insert(NameKey(record.path)) }
         }
         try queueUnshownPaths()
         if getenv("UBQ_VERIFY_SYNC_SCAN") != nil { try verifyIncrementalScan() }
-        vacated.removeAll()
+        try vacated.removeAll()
     }
 
-    /// The whole-tree form of `recordLocalChanges` (after opening the store).
+    /// Calls `body` with every named inode but the root, a page of ids at a time (the
+    /// whole-tree scan after an upgrade, and the self-check).
+    private func forEachNamedInode(_ body: (Inode) throws(StoreError) -> Void) throws(StoreError) {
+        var last: Int64 = Int64(Store.rootInode)
+        while true {
+            let ids = try db.rows("SELECT id FROM inodes WHERE id > ? AND nlink > 0 ORDER BY id LIMIT 10000", [.int(last)]) { $0.int(0) }
+            guard let end = ids.last else { return }
+            for id in ids { if let inode = try node(InodeNumber(bitPattern: id))?.inode { try body(inode) } }
+            last = end
+        }
+    }
+
+    /// The whole-tree form of `recordLocalChanges` (once, after an upgrade from a store
+    /// before format 4, which kept its change set in memory only).
     private func recordAllLocalChanges() throws(StoreError) {
         var seenFiles: Set<String> = []
         var seenPaths: Set<NameKey> = []
-        for inode in Array(inodes.values) where inode.id != Store.rootInode && inode.nlink > 0 {
-            guard let seen = try recordChange(of: inode) else { continue }
+        try forEachNamedInode { (inode) throws(StoreError) in
+            guard let seen = try recordChange(of: inode) else { return }
             switch seen {
             case .file(let node): seenFiles.insert(node)
             case .path(let path): seenPaths.insert(NameKey(path))
@@ -105,7 +127,8 @@ extension Store {
         // Nodes the view shows that the tree lacks: deleted here (tombstone), or not shown
         // yet (queue them for reconcile). Shown ones are chosen before any tombstone (see
         // `recordLocalChanges`).
-        let shown = replica.current.values.filter(isShown)
+        var shown: [Replica.Record] = []
+        for record in try replica.allCurrent() where try isShown(record) { shown.append(record) }
         for record in shown {
             let present = record.kind == .file ? seenFiles.contains(record.node) : seenPaths.contains(NameKey(record.path))
             if present { continue }
@@ -116,12 +139,12 @@ extension Store {
             if isVacated(record.path) || (record.device == deviceID && !unreconciled.contains(NameKey(record.path))) {
                 try recordRemoval(of: record)
             } else {
-                unreconciled.insert(NameKey(record.path))
+                try unreconciled.insert(NameKey(record.path))
             }
         }
-        changed.removeAll()
-        vacated.removeAll()
-        orphaned.removeAll()
+        try changed.removeAll()
+        try vacated.removeAll()
+        try orphaned.removeAll()
         try queueUnshownPaths()
     }
 
@@ -134,9 +157,9 @@ extension Store {
     /// queued: the tree is the truth for them (a hard link's other name, a file being
     /// written that continues a history).
     private func queueUnshownPaths() throws(StoreError) {
-        while let key = recheck.popFirst() {
+        while let key = try recheck.popFirst() {
             if unreconciled.contains(key) { continue }
-            switch replica.state(at: key.name).shown {
+            switch try replica.state(at: key.name).shown {
             case .none: continue
             case .directory:
                 if locate(key.name) != nil { continue }
@@ -149,10 +172,11 @@ extension Store {
                 // its own new version may lose to another device's (simulation seed 338).
                 // One that continues the history but has no version yet is being written.
                 if presentLocally(record) {
-                    guard record.kind == .file, let (_, _, id) = locate(key.name), let head = inodes[id]?.head, head != record.row else { continue }
+                    guard record.kind == .file, let (_, _, id) = locate(key.name), let head = try node(id)?.inode.head,
+                          head != record.row else { continue }
                 }
             }
-            unreconciled.insert(key)
+            try unreconciled.insert(key)
         }
     }
 
@@ -163,11 +187,11 @@ extension Store {
     private func verifyIncrementalScan() throws(StoreError) {
         var seenFiles: Set<String> = []
         var seenPaths: Set<NameKey> = []
-        for inode in Array(inodes.values) where inode.id != Store.rootInode && inode.nlink > 0 {
-            guard let path = path(of: inode.id), !LocalOnly.contains(path) else { continue }
+        try forEachNamedInode { (inode) throws(StoreError) in
+            guard let path = path(of: inode.id), !LocalOnly.contains(path) else { return }
             switch inode.kind {
             case .file:
-                guard let node = inode.fileID else { continue }
+                guard let node = inode.fileID else { return }
                 seenFiles.insert(node)
                 if let row = inode.head, let head = try db.rows("SELECT path, local, file_id FROM versions WHERE row = ?", [.int(row)], { (path: $0.text(0), local: $0.int(1) != 0, node: $0.text(2)) }).first,
                    !head.local, head.node == node, !head.path.utf8.elementsEqual(path.utf8) {
@@ -175,16 +199,18 @@ extension Store {
                 }
             case .directory:
                 seenPaths.insert(NameKey(path))
-                if case .directory = replica.state(at: path).shown {} else { log("sync-scan check: dir \(path) not shown as dir: \(replica.state(at: path).shown)") }
+                let shown = try replica.state(at: path).shown
+                if case .directory = shown {} else { log("sync-scan check: dir \(path) not shown as dir: \(shown)") }
             case .symlink:
                 seenPaths.insert(NameKey(path))
             default: break
             }
         }
-        for record in replica.current.values.filter(isShown) {
+        for record in try replica.allCurrent() where try isShown(record) {
             let present = record.kind == .file ? seenFiles.contains(record.node) : seenPaths.contains(NameKey(record.path))
             if !present {
-                let holders = inodes.values.filter { $0.fileID == record.node }.map { "inode \($0.id) nlink \($0.nlink) links \((links[$0.id] ?? []).map { (path(of: $0.parent) ?? "?") + "/" + $0.name }) path \(path(of: $0.id) ?? "nil")" }
+                let holders = try db.rows("SELECT id FROM inodes WHERE file_id = ?", [.text(record.node)]) { InodeNumber(bitPattern: $0.int(0)) }
+                    .map { "inode \($0) nlink \(inode($0)?.nlink ?? 0) path \(path(of: $0) ?? "nil")" }
                 log("sync-scan check: shown but missing: \(record.kind) \(record.path) node \(record.node.prefix(12)) device \(record.device == deviceID ? "own" : "other") holders \(holders)")
             }
         }
@@ -198,7 +224,7 @@ extension Store {
         guard let path = path(of: inode.id) else { return nil }
         if LocalOnly.contains(path) {
             // Moved to a local-only name: for the other devices the file is gone.
-            if inode.kind == .file, let node = inode.fileID, let current = replica.current[node], !LocalOnly.contains(current.path) {
+            if inode.kind == .file, let node = inode.fileID, let current = try replica.current(node), !LocalOnly.contains(current.path) {
                 try recordRemoval(of: current)
             }
             return nil
@@ -215,14 +241,14 @@ extension Store {
             // Only a directory record of its own keeps it shown: one implied by the nodes
             // below it goes when they go (t-differential seed 394416407 lost a directory
             // whose files moved out after the scan had passed it).
-            if replica.current[Replica.dirNode(path)] != nil, case .directory(let mode) = replica.state(at: path).shown,
+            if try replica.current(Replica.dirNode(path)) != nil, case .directory(let mode) = try replica.state(at: path).shown,
                mode == inode.mode & 0o7777 { return .path(path) }
             try recordNode(Replica.dirNode(path), kind: .directory, path: path, mode: inode.mode & 0o7777, mtime: inode.mtime)
             return .path(path)
         case .symlink:
             let node = Replica.linkNode(path)
-            if let current = replica.current[node], replica.targets[current.id] == inode.target,
-               case .node(let shown) = replica.state(at: path).shown, shown.id == current.id { return .path(path) }
+            if let current = try replica.current(node), current.target == inode.target,
+               case .node(let shown) = try replica.state(at: path).shown, shown.id == current.id { return .path(path) }
             try recordNode(node, kind: .symlink, path: path, mode: 0o777, mtime: inode.mtime, target: inode.target)
             return .path(path)
         default:
@@ -233,7 +259,7 @@ extension Store {
     /// Whether the tree has `record`'s node at its path: the same history for a file, a
     /// directory or symlink for those (as the whole-tree scan counts them).
     private func presentLocally(_ record: Replica.Record) -> Bool {
-        guard let (_, _, id) = locate(record.path), let inode = inodes[id], !LocalOnly.contains(record.path) else { return false }
+        guard let (_, _, id) = locate(record.path), let inode = inode(id), !LocalOnly.contains(record.path) else { return false }
         switch record.kind {
         case .file: return inode.kind == .file && inode.fileID == record.node
         default: return inode.kind == .directory || inode.kind == .symlink
@@ -241,8 +267,8 @@ extension Store {
     }
 
     /// Whether the view shows `record` at its path (a conflict version never is).
-    private func isShown(_ record: Replica.Record) -> Bool {
-        switch replica.state(at: record.path).shown {
+    private func isShown(_ record: Replica.Record) throws(StoreError) -> Bool {
+        switch try replica.state(at: record.path).shown {
         case .node(let shown): return shown.id == record.id
         case .directory: return record.kind == .directory
         case .none: return false
@@ -272,8 +298,7 @@ extension Store {
         let newRow = try insert(record, local: false, uploaded: false)
         var updated = inode
         updated.head = newRow
-        try persist(updated)
-        update(memoryOnly: updated)
+        try save(updated)
         try setHistory(head.node, path: path, live: true)
     }
 
@@ -281,8 +306,8 @@ extension Store {
     /// from all its heads.
     private func recordNode(_ node: String, kind: NodeKind, path: String, mode: UInt32, mtime: Nanos,
                             target: String? = nil, tombstone: Bool = false) throws(StoreError) {
-        let parents = replica.heads(node).map(\.id).sorted()
-        if tombstone && replica.liveHeads(node).isEmpty { return }
+        let parents = try replica.heads(node).map(\.id).sorted()
+        if tombstone, try replica.liveHeads(node).isEmpty { return }
         let record = SyncRecord(id: randomHex(bytes: 16), node: node, kind: kind, parents: parents, deviceID: deviceID,
                                 deviceName: deviceName, committed: clock(), mtime: mtime, mode: mode,
                                 isTombstone: tombstone, isMeta: false, path: path, target: tombstone ? nil : target)
@@ -310,7 +335,8 @@ extension Store {
     public func addRemote(_ records: [SyncRecord]) throws(StoreError) -> Int {
         var added = 0
         try db.transaction { () throws(StoreError) in
-            for record in records where replica.records[record.id] == nil && record.deviceID != deviceID {
+            for record in records where record.deviceID != deviceID {
+                if try replica.record(id: record.id) != nil { continue }
                 _ = try insert(record, local: false, uploaded: true)
                 added += 1
             }
@@ -366,27 +392,33 @@ extension Store {
     public func reconcile(busy: Set<InodeNumber>) throws(StoreError) -> TreeChanges {
         var changes = TreeChanges()
         guard !unreconciled.isEmpty, !readOnly else { return changes }
-        let plans = unreconciled.map { ($0.name, replica.state(at: $0.name).shown) }
-        unreconciled.removeAll()
+        try syncStep { () throws(StoreError) in changes = try reconcileQueued(busy: busy) }
+        return changes
+    }
+
+    private func reconcileQueued(busy: Set<InodeNumber>) throws(StoreError) -> TreeChanges {
+        var changes = TreeChanges()
+        var plans: [(String, Replica.Shown)] = []
+        for key in try unreconciled.removeAll() { plans.append((key.name, try replica.state(at: key.name).shown)) }
         var deferred: Set<NameKey> = []
         func depth(_ p: String) -> Int { p.utf8.reduce(0) { $0 + ($1 == UInt8(ascii: "/") ? 1 : 0) } }
 
         for (path, shown) in plans.sorted(by: { depth($0.0) > depth($1.0) }) {
-            guard let (parent, name, id) = locate(path), let inode = inodes[id] else { continue }
+            guard let (parent, name, id) = locate(path), let inode = try node(id)?.inode else { continue }
             if matches(inode, shown) { continue }
             guard removable(inode, busy: busy) else { deferred.insert(NameKey(path)); continue }
             try removeEntry(parent: parent, name: name)
-            vacated.remove(NameKey(path))
+            try vacated.remove(NameKey(path))
             changes.entries.append(EntryName(parent: parent, name: name))
-            if inodes[id]?.nlink == 0 { changes.unlinked.append(id) }
-            if inode.kind == .file, let node = inode.fileID, replica.current[node] == nil {
+            if try node(id)?.inode.nlink == 0 { changes.unlinked.append(id) }
+            if inode.kind == .file, let node = inode.fileID, try replica.current(node) == nil {
                 try db.query("UPDATE histories SET live = 0 WHERE file_id = ?", [.text(node)])
             }
         }
         for (path, shown) in plans.sorted(by: { depth($0.0) < depth($1.0) }) where !deferred.contains(NameKey(path)) {
             if case .none = shown { continue }
             if let (_, _, id) = locate(path) {
-                guard var inode = inodes[id], matches(inode, shown) else { deferred.insert(NameKey(path)); continue }
+                guard var inode = try node(id)?.inode, matches(inode, shown) else { deferred.insert(NameKey(path)); continue }
                 switch shown {
                 case .directory(let mode) where inode.mode & 0o7777 != mode:
                     inode.mode = mode
@@ -408,20 +440,20 @@ extension Store {
                     _ = try create(parent: parent, name: name, kind: .directory, mode: mode, uid: getuid(), gid: getgid())
                 case .node(let record):
                     let id = try create(parent: parent, name: name, kind: record.kind, mode: record.kind == .symlink ? 0o777 : 0o644,
-                                    uid: getuid(), gid: getgid(), target: replica.targets[record.id]).id
+                                    uid: getuid(), gid: getgid(), target: record.target).id
                     if record.kind == .file { try show(record, on: id) }
                 }
                 changes.entries.append(EntryName(parent: parent, name: name))
                 changes.inodes.insert(parent)
             }
         }
-        unreconciled.formUnion(deferred)
+        try unreconciled.formUnion(deferred)
         return changes
     }
 
     /// Shows file record `record` as inode `id`'s current version.
     private func show(_ record: Replica.Record, on id: InodeNumber) throws(StoreError) {
-        guard var inode = inodes[id],
+        guard var inode = try node(id)?.inode,
               let row = try db.rows("SELECT size, mode, mtime, xattrs FROM versions WHERE row = ?", [.int(record.row)], {
                   (size: $0.int(0), mode: UInt32($0.int(1)), mtime: $0.int(2), xattrs: $0.isNull(3) ? [] : $0.blob(3))
               }).first else { return }
@@ -446,7 +478,7 @@ extension Store {
         case .directory: return inode.kind == .directory
         case .node(let record):
             if record.kind == .file { return inode.kind == .file && inode.fileID == record.node }
-            return inode.kind == .symlink && inode.target == replica.targets[record.id]
+            return inode.kind == .symlink && inode.target == record.target
         }
     }
 
@@ -476,7 +508,7 @@ extension Store {
     func locateDirectory(_ path: String) -> InodeNumber? {
         var current = Store.rootInode
         for component in path.split(separator: "/") {
-            guard let next = child(current, String(component)), inodes[next]?.kind == .directory else { return nil }
+            guard let next = child(current, String(component)), inode(next)?.kind == .directory else { return nil }
             current = next
         }
         return current
@@ -487,21 +519,21 @@ extension Store {
     /// Conflict versions of the file at `path`, newest first.
     public func conflicts(at path: String) throws(StoreError) -> [Version] {
         var result: [Version] = []
-        for record in replica.state(at: path).conflicts {
+        for record in try replica.state(at: path).conflicts {
             if let v = try version(row: record.row) { result.append(v) }
         }
         return result
     }
 
-    public func conflictCount(at path: String) -> Int { replica.conflictCounts[NameKey(path)] ?? 0 }
+    public func conflictCount(at path: String) throws(StoreError) -> Int { try replica.conflictCount(at: path) }
 
-    public func conflictedPaths() -> [String] { replica.conflictedPaths() }
+    public func conflictedPaths() throws(StoreError) -> [String] { try replica.conflictedPaths() }
 
-    public var totalConflicts: Int { replica.totalConflicts }
+    public func totalConflicts() throws(StoreError) -> Int { try replica.totalConflicts() }
 
     /// `rm` of a conflict version: a tombstone that descends from it (it stays in history).
     public func discardConflict(_ id: String) throws(StoreError) {
-        guard let record = replica.records[id] else { throw .noSuchVersion(id) }
+        guard let record = try replica.record(id: id) else { throw .noSuchVersion(id) }
         let now = clock()
         let tombstone = SyncRecord(id: randomHex(bytes: 16), node: record.node, kind: record.kind, parents: [id],
                                    deviceID: deviceID, deviceName: deviceName, committed: now, mtime: now, mode: 0,
@@ -512,9 +544,9 @@ extension Store {
     /// `mv` of a conflict version onto its file: the file's next version gets its content
     /// (descending from both), and the conflict is resolved.
     public func takeConflict(_ id: String, path: String) throws(StoreError) {
-        guard let taken = replica.records[id], let conflict = try version(row: taken.row) else { throw .noSuchVersion(id) }
-        guard case .node(let current) = replica.state(at: path).shown, current.kind == .file,
-              let (_, _, ino) = locate(path), let inode = inodes[ino], inode.fileID == current.node else {
+        guard let taken = try replica.record(id: id), let conflict = try version(row: taken.row) else { throw .noSuchVersion(id) }
+        guard case .node(let current) = try replica.state(at: path).shown, current.kind == .file,
+              let (_, _, ino) = locate(path), let inode = inode(ino), inode.fileID == current.node else {
             throw .noSuchVersion("no file at \(path) to take \(id) into")
         }
         let now = clock()

@@ -1,86 +1,137 @@
-/// The live tree: inodes and directory entries, in memory and in SQLite. Each mutation is
+/// The live tree: inodes and directory entries in SQLite, the inodes of the working set
+/// also in a bounded cache (`InodeCache`). Each inode row carries its link count and its
+/// primary name (`parent`, `name`: the link its path goes through), so resolving an inode
+/// or its path costs a few indexed reads and nothing is loaded at open. Each mutation is
 /// one transaction, so a crash leaves the tree as it was before or after it.
 extension Store {
+    static let inodeColumns = "id, kind, mode, uid, gid, size, atime, mtime, ctime, rdev, target, file_id, head, allocated, nlink, parent, name"
+
     func loadTree() throws(StoreError) {
         if try db.rows("SELECT count(*) FROM inodes WHERE id = 1", [], { $0.int(0) }).first == 0 && !readOnly {
-            let now = clock()
-            let root = Inode(id: Store.rootInode, kind: .directory, mode: 0o755, uid: getuid(), gid: getgid(), time: now)
-            try persist(root, insert: true)
+            var root = Inode(id: Store.rootInode, kind: .directory, mode: 0o755, uid: getuid(), gid: getgid(), time: clock())
+            root.nlink = 2
+            try persist(TreeNode(inode: root, link: nil), insert: true)
         }
-        try db.query("SELECT id, kind, mode, uid, gid, size, atime, mtime, ctime, rdev, target, file_id, head, allocated FROM inodes") { (r) throws(StoreError) in
-            guard let kind = NodeKind(rawValue: r.int(1)) else { throw .database("inode \(r.int(0)) has unknown kind \(r.int(1))") }
-            var inode = Inode(id: InodeNumber(r.int(0)), kind: kind, mode: UInt32(r.int(2)), uid: UInt32(r.int(3)),
-                              gid: UInt32(r.int(4)), size: Self.checkedSize(r.int(5)), time: 0, rdev: UInt64(bitPattern: r.int(9)),
-                              target: r.isNull(10) ? nil : r.text(10), fileID: r.isNull(11) ? nil : r.text(11))
-            inode.atime = r.int(6); inode.mtime = r.int(7); inode.ctime = r.int(8)
-            inode.head = r.isNull(12) ? nil : r.int(12)
-            // Stores before format 3 have no allocation: the size (no holes) is right for them.
-            inode.allocated = r.isNull(13) ? inode.size : min(Self.checkedSize(r.int(13)), inode.size)
-            inodes[inode.id] = inode
-            nextInode = max(nextInode, inode.id + 1)
-        }
-        try db.query("SELECT parent, name, inode FROM entries") { (r) throws(StoreError) in
-            let parent = InodeNumber(r.int(0)), name = r.text(1), id = InodeNumber(r.int(2))
-            children[parent, default: [:]][NameKey(name)] = id
-            links[id, default: []].append(EntryRef(parent: parent, name: name))
-        }
-        for (parent, names) in children {
-            subdirectories[parent] = names.values.filter { inodes[$0]?.kind == .directory }.count
-        }
-        for id in Array(inodes.keys) { recountLinks(id) }
+        let highest = try db.rows("SELECT max(id) FROM inodes", []) { $0.int(0) }.first ?? 1
+        nextInode = InodeNumber(max(highest, 1)) + 1
         // Inodes no entry names (unlinked while open when the last process stopped) are gone.
         if readOnly { return }
-        for (id, inode) in inodes where id != Store.rootInode && inode.nlink == 0 {
-            try db.query("DELETE FROM inodes WHERE id = ?", [.int(Int64(id))])
-            try db.query("DELETE FROM xattrs WHERE inode = ?", [.int(Int64(id))])
-            inodes[id] = nil
+        for id in try db.rows("SELECT id FROM inodes WHERE nlink = 0 AND id != 1", [], { $0.int(0) }) {
+            try db.query("DELETE FROM inodes WHERE id = ?", [.int(id)])
+            try db.query("DELETE FROM xattrs WHERE inode = ?", [.int(id)])
         }
     }
 
-    /// Recomputes a link count. A directory's subdirectories are counted once at load and
-    /// then kept in `subdirectories` (counting children per create made big directories
-    /// quadratic).
-    private func recountLinks(_ id: InodeNumber) {
-        guard var inode = inodes[id] else { return }
-        if inode.kind == .directory {
-            // A removed directory has no links at all (so it can be forgotten).
-            let named = id == Store.rootInode || !(links[id]?.isEmpty ?? true)
-            inode.nlink = named ? UInt32(2 + (subdirectories[id] ?? 0)) : 0
-        } else {
-            inode.nlink = UInt32(links[id]?.count ?? 0)
-        }
-        inodes[id] = inode
+    /// The inode and its primary name, from the cache or SQLite.
+    func node(_ id: InodeNumber) throws(StoreError) -> TreeNode? {
+        if let hit = cache.get(id) { return hit }
+        guard id <= InodeNumber(Int64.max),
+              let node = try db.rows("SELECT \(Self.inodeColumns) FROM inodes WHERE id = ?", [.int(Int64(id))], Self.treeNode).first
+        else { return nil }
+        let checked = try node.get()
+        cache.put(checked)
+        return checked
     }
 
-    public func inode(_ id: InodeNumber) -> Inode? { inodes[id] }
+    private static func treeNode(_ r: SQLRow) -> Result<TreeNode, StoreError> {
+        guard let kind = NodeKind(rawValue: r.int(1)) else { return .failure(.database("inode \(r.int(0)) has unknown kind \(r.int(1))")) }
+        var inode = Inode(id: InodeNumber(r.int(0)), kind: kind, mode: UInt32(truncatingIfNeeded: r.int(2)),
+                          uid: UInt32(truncatingIfNeeded: r.int(3)), gid: UInt32(truncatingIfNeeded: r.int(4)),
+                          size: checkedSize(r.int(5)), time: 0, rdev: UInt64(bitPattern: r.int(9)),
+                          target: r.isNull(10) ? nil : r.text(10), fileID: r.isNull(11) ? nil : r.text(11))
+        inode.atime = r.int(6); inode.mtime = r.int(7); inode.ctime = r.int(8)
+        inode.head = r.isNull(12) ? nil : r.int(12)
+        // Stores before format 3 have no allocation: the size (no holes) is right for them.
+        inode.allocated = r.isNull(13) ? inode.size : min(checkedSize(r.int(13)), inode.size)
+        inode.nlink = UInt32(clamping: max(r.int(14), 0))
+        let link = r.isNull(15) ? nil : EntryRef(parent: InodeNumber(bitPattern: r.int(15)), name: r.text(16))
+        return .success(TreeNode(inode: inode, link: link))
+    }
 
-    /// The inode's (first) name.
-    public func name(of id: InodeNumber) -> String? { links[id]?.first?.name }
+    /// A read the filesystem cannot act on a failure of (getattr, lookup): a failing database
+    /// is logged and the node reported missing.
+    private func logged<T>(_ what: String, _ body: () throws(StoreError) -> T?) -> T? {
+        do { return try body() } catch {
+            log("ubiquity: \(what): \(error)")
+            return nil
+        }
+    }
+
+    public func inode(_ id: InodeNumber) -> Inode? { logged("read inode \(id)") { () throws(StoreError) in try node(id)?.inode } }
+
+    /// The inode's primary name.
+    public func name(of id: InodeNumber) -> String? { logged("read inode \(id)") { () throws(StoreError) in try node(id)?.link?.name } }
 
     /// A directory's parent (directories have exactly one name).
-    public func parentOfDirectory(_ id: InodeNumber) -> InodeNumber? { links[id]?.first?.parent }
-
-    public var inodeNumbers: Dictionary<InodeNumber, Inode>.Keys { inodes.keys }
-
-    public func child(_ parent: InodeNumber, _ name: String) -> InodeNumber? { children[parent]?[NameKey(name)] }
-
-    /// Entries of a directory, sorted by name (a stable order for readdir offsets).
-    public func entries(_ parent: InodeNumber) -> [(name: String, id: InodeNumber)] {
-        (children[parent] ?? [:]).map { ($0.key.name, $0.value) }.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
+    public func parentOfDirectory(_ id: InodeNumber) -> InodeNumber? {
+        logged("read inode \(id)") { () throws(StoreError) in try node(id)?.link?.parent }
     }
 
-    public func isEmptyDirectory(_ id: InodeNumber) -> Bool { children[id]?.isEmpty ?? true }
+    /// Inodes in the store (statfs); counted once, then kept by create and forget.
+    public var inodeCount: Int {
+        if let inodeTotal { return inodeTotal }
+        let total = logged("count inodes") { () throws(StoreError) in try db.rows("SELECT count(*) FROM inodes", []) { Int($0.int(0)) }.first } ?? 0
+        inodeTotal = total
+        return total
+    }
 
-    /// The inode's path from the root ("a/b/c"; "" for the root), through its first link.
+    public func child(_ parent: InodeNumber, _ name: String) -> InodeNumber? {
+        logged("look up \(name) in \(parent)") { () throws(StoreError) in try childID(parent, name) }
+    }
+
+    func childID(_ parent: InodeNumber, _ name: String) throws(StoreError) -> InodeNumber? {
+        try db.rows("SELECT inode FROM entries WHERE parent = ? AND name = ?", [.int(Int64(bitPattern: parent)), .text(name)]) {
+            InodeNumber(bitPattern: $0.int(0))
+        }.first
+    }
+
+    /// Entries of a directory, sorted by name bytes (a stable order for readdir offsets;
+    /// SQLite compares text with memcmp).
+    public func entries(_ parent: InodeNumber) -> [(name: String, id: InodeNumber)] {
+        logged("list \(parent)") { () throws(StoreError) in
+            try db.rows("SELECT name, inode FROM entries WHERE parent = ? ORDER BY name", [.int(Int64(bitPattern: parent))]) {
+                (name: $0.text(0), id: InodeNumber(bitPattern: $0.int(1)))
+            }
+        } ?? []
+    }
+
+    public func isEmptyDirectory(_ id: InodeNumber) -> Bool {
+        logged("list \(id)") { () throws(StoreError) in
+            try db.rows("SELECT 1 FROM entries WHERE parent = ? LIMIT 1", [.int(Int64(bitPattern: id))]) { _ in true }.isEmpty
+        } ?? false
+    }
+
+    /// The inode's path from the root ("a/b/c"; "" for the root), through primary names.
     public func path(of id: InodeNumber) -> String? {
         var components: [String] = []
         var current = id
         while current != Store.rootInode {
-            guard let link = links[current]?.first, components.count < 4096 else { return nil }
+            guard let link = logged("read inode \(current)", { () throws(StoreError) in try node(current)?.link }),
+                  components.count < 4096 else { return nil }
             components.append(link.name)
             current = link.parent
         }
         return components.reversed().joined(separator: "/")
+    }
+
+    /// Runs a tree mutation as one transaction; if it fails, the cache (which may hold
+    /// what the rollback undid) starts over from SQLite.
+    private func treeTransaction<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        do {
+            return try db.transaction(body)
+        } catch {
+            cache.removeAll()
+            inodeTotal = nil
+            throw error
+        }
+    }
+
+    /// Loads, changes and saves one inode.
+    private func modify(_ id: InodeNumber, _ body: (inout TreeNode) -> Void) throws(StoreError) {
+        guard var node = try node(id) else { return }
+        body(&node)
+        try persist(node)
+        cache.put(node)
     }
 
     /// Creates an inode and its entry `name` in `parent`.
@@ -90,165 +141,193 @@ extension Store {
         var inode = Inode(id: id, kind: kind, mode: mode, uid: uid, gid: gid,
                           size: Int64(target.map(NameCodec.byteCount) ?? 0), time: clock(), rdev: rdev, target: target,
                           fileID: kind == .file ? randomHex(bytes: 16) : nil)
-        try db.transaction { () throws(StoreError) in
-            try persist(inode, insert: true)
+        inode.nlink = kind == .directory ? 2 : 1
+        let node = TreeNode(inode: inode, link: EntryRef(parent: parent, name: name))
+        try treeTransaction { () throws(StoreError) in
+            try persist(node, insert: true)
             try insertEntry(parent: parent, name: name, id: id)
-            try touchDirectory(parent)
+            try touchDirectory(parent, subdirectories: kind == .directory ? 1 : 0)
         }
         nextInode += 1
-        inodes[id] = inode
-        children[parent, default: [:]][NameKey(name)] = id
-        links[id] = [EntryRef(parent: parent, name: name)]
-        if kind == .directory { subdirectories[parent, default: 0] += 1 }
-        recountLinks(id)
-        recountLinks(parent)
-        inode = inodes[id]!
+        inodeTotal = inodeTotal.map { $0 + 1 }
+        cache.put(node)
         return inode
     }
 
     /// Adds a hard link.
     public func link(_ id: InodeNumber, parent: InodeNumber, name: String) throws(StoreError) {
-        try db.transaction { () throws(StoreError) in
+        let now = clock()
+        try treeTransaction { () throws(StoreError) in
             try insertEntry(parent: parent, name: name, id: id)
             try touchDirectory(parent)
-            inodes[id]!.ctime = clock()
-            try persist(inodes[id]!)
+            try modify(id) { node in
+                node.inode.ctime = now
+                node.inode.nlink += 1
+                if node.link == nil { node.link = EntryRef(parent: parent, name: name) }
+            }
         }
-        children[parent, default: [:]][NameKey(name)] = id
-        links[id, default: []].append(EntryRef(parent: parent, name: name))
-        recountLinks(id)
     }
 
     /// Removes the entry; returns the inode it named, with its new link count. The inode
     /// row stays until `forget(_:)` (it may still be open).
     @discardableResult
     public func removeEntry(parent: InodeNumber, name: String) throws(StoreError) -> Inode? {
-        guard let id = children[parent]?[NameKey(name)] else { return nil }
-        noteVacated(id)
-        try db.transaction { () throws(StoreError) in
-            try db.query("DELETE FROM entries WHERE parent = ? AND name = ?", [.int(Int64(parent)), .text(name)])
-            try touchDirectory(parent)
-            inodes[id]!.ctime = clock()
-            try persist(inodes[id]!)
+        guard let id = try childID(parent, name), let node = try node(id) else { return nil }
+        try noteVacated(id)
+        let isDirectory = node.inode.kind == .directory
+        let gone = EntryRef(parent: parent, name: name)
+        let now = clock()
+        try treeTransaction { () throws(StoreError) in
+            try db.query("DELETE FROM entries WHERE parent = ? AND name = ?", [.int(Int64(bitPattern: parent)), .text(name)])
+            try touchDirectory(parent, subdirectories: isDirectory ? -1 : 0)
+            // The primary name went: another name (if any) becomes it.
+            let next = node.link == gone ? try firstLink(id) : node.link
+            try modify(id) { node in
+                node.inode.ctime = now
+                // A removed directory has no links at all (so it can be forgotten).
+                node.inode.nlink = isDirectory ? 0 : max(node.inode.nlink, 1) - 1
+                node.link = next
+            }
         }
-        children[parent]![NameKey(name)] = nil
-        links[id]?.removeAll { $0 == EntryRef(parent: parent, name: name) }
-        if inodes[id]?.kind == .directory { subdirectories[parent, default: 0] -= 1 }
-        recountLinks(id)
-        recountLinks(parent)
-        return inodes[id]
+        return try self.node(id)?.inode
+    }
+
+    private func firstLink(_ id: InodeNumber) throws(StoreError) -> EntryRef? {
+        try db.rows("SELECT parent, name FROM entries WHERE inode = ? ORDER BY parent, name LIMIT 1", [.int(Int64(bitPattern: id))]) {
+            EntryRef(parent: InodeNumber(bitPattern: $0.int(0)), name: $0.text(1))
+        }.first
     }
 
     /// Moves an entry. The caller has removed or exchanged any target first.
     public func moveEntry(from parent: InodeNumber, _ name: String, to newParent: InodeNumber, _ newName: String) throws(StoreError) {
-        guard let id = children[parent]?[NameKey(name)] else { return }
-        noteVacated(id)
-        try db.transaction { () throws(StoreError) in
+        guard let id = try childID(parent, name), let node = try node(id) else { return }
+        try noteVacated(id)
+        let moved = node.inode.kind == .directory && newParent != parent ? 1 : 0
+        let old = EntryRef(parent: parent, name: name), new = EntryRef(parent: newParent, name: newName)
+        let now = clock()
+        try treeTransaction { () throws(StoreError) in
             try db.query("UPDATE entries SET parent = ?, name = ? WHERE parent = ? AND name = ?",
-                         [.int(Int64(newParent)), .text(newName), .int(Int64(parent)), .text(name)])
-            try touchDirectory(parent)
-            if newParent != parent { try touchDirectory(newParent) }
-            inodes[id]!.ctime = clock()
-            try persist(inodes[id]!)
+                         [.int(Int64(bitPattern: newParent)), .text(newName), .int(Int64(bitPattern: parent)), .text(name)])
+            try touchDirectory(parent, subdirectories: -moved)
+            if newParent != parent { try touchDirectory(newParent, subdirectories: moved) }
+            try modify(id) { node in
+                node.inode.ctime = now
+                if node.link == old { node.link = new }
+            }
         }
-        children[parent]![NameKey(name)] = nil
-        children[newParent, default: [:]][NameKey(newName)] = id
-        if inodes[id]?.kind == .directory {
-            subdirectories[parent, default: 0] -= 1
-            subdirectories[newParent, default: 0] += 1
-        }
-        if let i = links[id]?.firstIndex(of: EntryRef(parent: parent, name: name)) {
-            links[id]![i] = EntryRef(parent: newParent, name: newName)
-        }
-        recountLinks(parent)
-        recountLinks(newParent)
-        markSubtreeChanged(id)
+        try markSubtreeChanged(id)
     }
 
     /// Everything below a moved directory has a new path: all of it is in the change set
     /// (the walk is as large as the move, not as the tree).
-    private func markSubtreeChanged(_ id: InodeNumber) {
+    private func markSubtreeChanged(_ id: InodeNumber) throws(StoreError) {
         var pending = [id]
         while let next = pending.popLast() {
-            changed.insert(next)
-            if inodes[next]?.kind == .directory, let names = children[next] { pending += names.values }
+            try changed.insert(next)
+            try db.query("SELECT e.inode, i.kind FROM entries e JOIN inodes i ON i.id = e.inode WHERE e.parent = ?",
+                         [.int(Int64(bitPattern: next))]) { (r) throws(StoreError) in
+                let child = InodeNumber(bitPattern: r.int(0))
+                if r.int(1) == NodeKind.directory.rawValue { pending.append(child) } else { try changed.insert(child) }
+            }
         }
     }
 
     /// Swaps what two entries name (RENAME_EXCHANGE).
     public func exchangeEntries(_ parentA: InodeNumber, _ nameA: String, _ parentB: InodeNumber, _ nameB: String) throws(StoreError) {
-        guard let a = children[parentA]?[NameKey(nameA)], let b = children[parentB]?[NameKey(nameB)] else { return }
-        noteVacated(a)
-        noteVacated(b)
-        try db.transaction { () throws(StoreError) in
-            try db.query("UPDATE entries SET inode = ? WHERE parent = ? AND name = ?", [.int(Int64(b)), .int(Int64(parentA)), .text(nameA)])
-            try db.query("UPDATE entries SET inode = ? WHERE parent = ? AND name = ?", [.int(Int64(a)), .int(Int64(parentB)), .text(nameB)])
-            try touchDirectory(parentA)
-            try touchDirectory(parentB)
-        }
-        children[parentA]![NameKey(nameA)] = b
-        children[parentB]![NameKey(nameB)] = a
-        let delta = (inodes[b]?.kind == .directory ? 1 : 0) - (inodes[a]?.kind == .directory ? 1 : 0)
-        subdirectories[parentA, default: 0] += delta
-        subdirectories[parentB, default: 0] -= delta
+        guard let a = try childID(parentA, nameA), let b = try childID(parentB, nameB),
+              let nodeA = try node(a), let nodeB = try node(b) else { return }
+        try noteVacated(a)
+        try noteVacated(b)
         let refA = EntryRef(parent: parentA, name: nameA), refB = EntryRef(parent: parentB, name: nameB)
-        if let i = links[a]?.firstIndex(of: refA) { links[a]![i] = refB }
-        if let i = links[b]?.firstIndex(of: refB) { links[b]![i] = refA }
-        recountLinks(parentA)
-        recountLinks(parentB)
-        markSubtreeChanged(a)
-        markSubtreeChanged(b)
+        let delta = (nodeB.inode.kind == .directory ? 1 : 0) - (nodeA.inode.kind == .directory ? 1 : 0)
+        try treeTransaction { () throws(StoreError) in
+            try db.query("UPDATE entries SET inode = ? WHERE parent = ? AND name = ?",
+                         [.int(Int64(bitPattern: b)), .int(Int64(bitPattern: parentA)), .text(nameA)])
+            try db.query("UPDATE entries SET inode = ? WHERE parent = ? AND name = ?",
+                         [.int(Int64(bitPattern: a)), .int(Int64(bitPattern: parentB)), .text(nameB)])
+            try touchDirectory(parentA, subdirectories: delta)
+            try touchDirectory(parentB, subdirectories: -delta)
+            try modify(a) { if $0.link == refA { $0.link = refB } }
+            try modify(b) { if $0.link == refB { $0.link = refA } }
+        }
+        try markSubtreeChanged(a)
+        try markSubtreeChanged(b)
     }
 
-    /// Saves changed attributes.
+    /// Saves changed attributes (the link count and names stay the tree's).
     public func update(_ inode: Inode) throws(StoreError) {
-        try persist(inode)
-        let nlink = inodes[inode.id]?.nlink ?? 0
-        inodes[inode.id] = inode
-        inodes[inode.id]!.nlink = nlink
+        try treeTransaction { () throws(StoreError) in
+            try modify(inode.id) { node in
+                let nlink = node.inode.nlink
+                node.inode = inode
+                node.inode.nlink = nlink
+            }
+        }
     }
 
     /// Drops an inode that no entry names and nothing has open.
     public func forget(_ id: InodeNumber) throws(StoreError) {
-        guard let inode = inodes[id], inode.nlink == 0, id != Store.rootInode else { return }
-        try db.transaction { () throws(StoreError) in
-            try db.query("DELETE FROM inodes WHERE id = ?", [.int(Int64(id))])
-            try db.query("DELETE FROM xattrs WHERE inode = ?", [.int(Int64(id))])
+        guard let node = try node(id), node.inode.nlink == 0, id != Store.rootInode else { return }
+        try treeTransaction { () throws(StoreError) in
+            try db.query("DELETE FROM inodes WHERE id = ?", [.int(Int64(bitPattern: id))])
+            try db.query("DELETE FROM xattrs WHERE inode = ?", [.int(Int64(bitPattern: id))])
         }
-        inodes[id] = nil
-        links[id] = nil
-        children[id] = nil
-        subdirectories[id] = nil
+        cache.remove(id)
+        inodeTotal = inodeTotal.map { $0 - 1 }
     }
 
-    private func noteVacated(_ id: InodeNumber) {
-        if let path = path(of: id) { vacated.insert(NameKey(path)) }
+    private func noteVacated(_ id: InodeNumber) throws(StoreError) {
+        if let path = path(of: id) { try vacated.insert(NameKey(path)) }
     }
 
     private func insertEntry(parent: InodeNumber, name: String, id: InodeNumber) throws(StoreError) {
-        changed.insert(id)
-        try db.query("INSERT INTO entries(parent, name, inode) VALUES(?, ?, ?)", [.int(Int64(parent)), .text(name), .int(Int64(id))])
+        try changed.insert(id)
+        try db.query("INSERT INTO entries(parent, name, inode) VALUES(?, ?, ?)",
+                     [.int(Int64(bitPattern: parent)), .text(name), .int(Int64(bitPattern: id))])
     }
 
-    private func touchDirectory(_ id: InodeNumber) throws(StoreError) {
+    /// A directory's entries changed: new mtime and ctime; `subdirectories` more (or fewer)
+    /// of them are directories (its link count is 2 + its subdirectories).
+    private func touchDirectory(_ id: InodeNumber, subdirectories: Int = 0) throws(StoreError) {
         let now = clock()
-        inodes[id]?.mtime = now
-        inodes[id]?.ctime = now
-        if let dir = inodes[id] { try persist(dir) }
+        try modify(id) { node in
+            node.inode.mtime = now
+            node.inode.ctime = now
+            // A removed directory (no links) gets none back.
+            if node.inode.nlink > 0 { node.inode.nlink = UInt32(max(2, Int(node.inode.nlink) + subdirectories)) }
+        }
     }
 
-    func persist(_ inode: Inode, insert: Bool = false) throws(StoreError) {
-        changed.insert(inode.id)
+    /// Saves an inode's attributes; its link count and names stay the tree's.
+    func save(_ inode: Inode) throws(StoreError) { try update(inode) }
+
+    func persist(_ node: TreeNode, insert: Bool = false) throws(StoreError) {
+        let inode = node.inode
+        try changed.insert(inode.id)
         let values: [SQLValue] = [
-            .int(Int64(inode.id)), .int(inode.kind.rawValue), .int(Int64(inode.mode)), .int(Int64(inode.uid)),
+            .int(Int64(bitPattern: inode.id)), .int(inode.kind.rawValue), .int(Int64(inode.mode)), .int(Int64(inode.uid)),
             .int(Int64(inode.gid)), .int(inode.size), .int(inode.atime), .int(inode.mtime), .int(inode.ctime),
             .int(Int64(bitPattern: inode.rdev)), inode.target.map { .text($0) } ?? .null,
             inode.fileID.map { .text($0) } ?? .null, inode.head.map { .int($0) } ?? .null, .int(inode.allocated),
+            .int(Int64(inode.nlink)), node.link.map { .int(Int64(bitPattern: $0.parent)) } ?? .null,
+            node.link.map { .text($0.name) } ?? .null,
         ]
-        try db.query(insert
-            ? "INSERT INTO inodes(id, kind, mode, uid, gid, size, atime, mtime, ctime, rdev, target, file_id, head, allocated) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-            : "REPLACE INTO inodes(id, kind, mode, uid, gid, size, atime, mtime, ctime, rdev, target, file_id, head, allocated) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            values)
+        try db.query("\(insert ? "INSERT" : "REPLACE") INTO inodes(\(Self.inodeColumns)) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", values)
+    }
+
+    /// Format 4 upgrade: every inode's link count and primary name, from its entries (the
+    /// first by (parent, name), the order in which older stores loaded them).
+    static func computeLinks(_ db: SQLiteDatabase) throws(StoreError) {
+        try db.execute("""
+            UPDATE inodes SET
+              parent = (SELECT parent FROM entries WHERE inode = inodes.id ORDER BY parent, name LIMIT 1),
+              name = (SELECT name FROM entries WHERE inode = inodes.id ORDER BY parent, name LIMIT 1),
+              nlink = CASE
+                WHEN kind != 2 THEN (SELECT count(*) FROM entries WHERE inode = inodes.id)
+                WHEN id = 1 OR EXISTS (SELECT 1 FROM entries WHERE inode = inodes.id) THEN 2 + (
+                  SELECT count(*) FROM entries e JOIN inodes c ON c.id = e.inode WHERE e.parent = inodes.id AND c.kind = 2)
+                ELSE 0 END
+            """)
     }
 
     /// A size read from the database, within 0...maxFileSize (a damaged row must not make

@@ -19,7 +19,7 @@ extension Store {
     ///   - local: the file is local-only; its previous local version is dropped.
     @discardableResult
     public func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool) throws(StoreError) -> Version {
-        guard var inode = inodes[id], let fileID = inode.fileID else { throw .noSuchVersion("inode \(id) is not a file") }
+        guard var inode = try node(id)?.inode, let fileID = inode.fileID else { throw .noSuchVersion("inode \(id) is not a file") }
         let previous = try headVersion(inode.head ?? continuedParents[id])
         let record = SyncRecord(id: randomHex(bytes: 16), node: fileID, kind: .file,
                                 parents: previous.flatMap { $0.isLocal ? nil : [$0.id] } ?? [],
@@ -29,18 +29,18 @@ extension Store {
         let row = try db.transaction { () throws(StoreError) -> Int64 in
             // A local file keeps only its latest version; never drop one that another inode
             // still shows (t-differential.py seed 105 left a hard link pointing at nothing).
-            if let previous, previous.isLocal, !inodes.values.contains(where: { $0.id != id && $0.head == previous.row }) {
+            if let previous, previous.isLocal,
+               try db.rows("SELECT 1 FROM inodes WHERE head = ? AND id != ? LIMIT 1", [.int(previous.row), .int(Int64(bitPattern: id))], { _ in true }).isEmpty {
                 try db.query("DELETE FROM versions WHERE row = ?", [.int(previous.row)])
             }
             let row = try insert(record, local: local, uploaded: false)
             inode.head = row
             inode.size = content.totalSize
             inode.allocated = content.storedBytes
-            try persist(inode)
+            try save(inode)
             if !local { try setHistory(fileID, path: path, live: true) }
             return row
         }
-        update(memoryOnly: inode)
         continuedParents[id] = nil
         return try version(row: row)!
     }
@@ -50,7 +50,7 @@ extension Store {
     /// deletes it, rather than bringing a conflict version back as the file.
     public func commitTombstone(fileID: String, head: Int64?, path: String) throws(StoreError) {
         let previous = try headVersion(head)
-        var parents = replica.liveHeads(fileID).map(\.id)
+        var parents = try replica.liveHeads(fileID).map(\.id)
         if let previous, !previous.isLocal, !parents.contains(previous.id) { parents.append(previous.id) }
         guard !parents.isEmpty else { return }
         let now = clock()
@@ -66,14 +66,15 @@ extension Store {
     /// Gives inode `id` the history `fileID` (rename over an existing file continues the
     /// target's history). Its next commit becomes a child of `head`.
     public func adoptHistory(_ id: InodeNumber, fileID: String, head: Int64?) throws(StoreError) {
-        guard var inode = inodes[id] else { return }
+        guard var inode = try node(id)?.inode else { return }
         // The history the inode leaves has no file any more (the sync step tombstones it
         // unless it is already dead or continued elsewhere).
-        if let old = inode.fileID, old != fileID { orphaned.insert(old) }
-        inode.fileID = fileID
-        inode.head = head
-        try persist(inode)
-        update(memoryOnly: inode)
+        try db.transaction { () throws(StoreError) in
+            if let old = inode.fileID, old != fileID { try orphaned.insert(old) }
+            inode.fileID = fileID
+            inode.head = head
+            try save(inode)
+        }
     }
 
     /// A new, empty file continues the history `fileID`: its first commit becomes a child
@@ -125,41 +126,41 @@ extension Store {
     }
 
     /// Appends a version row (every record goes through here) and adds it to the synced
-    /// view; the paths it may change are queued for `reconcile`.
+    /// view in the same transaction; the paths it may change are queued for `reconcile`.
     func insert(_ r: SyncRecord, local: Bool, uploaded: Bool) throws(StoreError) -> Int64 {
-        try db.query("""
-            INSERT INTO versions(id, file_id, parents, device_id, device_name, committed, mtime, mode, size, tombstone,
-                                 local, path, chunks, kind, target, xattrs, meta, uploaded)
-            VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-            """, [.text(r.id), .text(r.node), .text(r.parents.joined(separator: ",")), .text(r.deviceID),
-                  .text(r.deviceName), .int(r.committed), .int(r.mtime), .int(Int64(r.mode)), .int(r.size),
-                  .int(r.isTombstone ? 1 : 0), .int(local ? 1 : 0), .text(r.path), .blob(r.chunks.encoded),
-                  .int(r.kind.rawValue), r.target.map { .text($0) } ?? .null, .blob(XattrCodec.encode(r.xattrs)),
-                  .int(r.isMeta ? 1 : 0), .int(uploaded ? 1 : 0)])
-        let row = db.lastInsertRowID
-        if !local {
+        try db.transaction { () throws(StoreError) -> Int64 in
+            try db.query("""
+                INSERT INTO versions(id, file_id, parents, device_id, device_name, committed, mtime, mode, size, tombstone,
+                                     local, path, chunks, kind, target, xattrs, meta, uploaded)
+                VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                """, [.text(r.id), .text(r.node), .text(r.parents.joined(separator: ",")), .text(r.deviceID),
+                      .text(r.deviceName), .int(r.committed), .int(r.mtime), .int(Int64(r.mode)), .int(r.size),
+                      .int(r.isTombstone ? 1 : 0), .int(local ? 1 : 0), .text(r.path), .blob(r.chunks.encoded),
+                      .int(r.kind.rawValue), r.target.map { .text($0) } ?? .null, .blob(XattrCodec.encode(r.xattrs)),
+                      .int(r.isMeta ? 1 : 0), .int(uploaded ? 1 : 0)])
+            let row = db.lastInsertRowID
+            if local { return row }
             let info = Replica.Record(row: row, id: r.id, node: r.node, parents: r.parents, kind: r.kind,
-                                      isTombstone: r.isTombstone, mtime: r.mtime, device: r.deviceID, path: r.path)
-            if r.kind == .directory { replica.modes[r.id] = r.mode }
-            if let target = r.target { replica.targets[r.id] = target }
-            // Another device's record: reconcile makes the tree show the view there. One of
-            // this device's own can change what a path shows too (its tombstone reveals a
-            // conflicting node; a skewed clock gives its new file an older mtime): the sync
-            // step checks those paths (`recheck`) and queues the ones the tree does not show.
-            let changed = replica.add(info)
-            for path in changed { if uploaded { unreconciled.insert(NameKey(path)) } else { recheck.insert(NameKey(path)) } }
+                                      isTombstone: r.isTombstone, mtime: r.mtime, device: r.deviceID, path: r.path,
+                                      mode: r.mode, target: r.target)
+            let changed = try replica.add(info)
             // Another device's file is listed under .versions/ from the start, even when it
             // never shows here as a file (a conflict that lost its path, say).
             // (A record can arrive after a tombstone that descends from it: simulation seed 39.)
             if uploaded && r.kind == .file && !r.isTombstone {
-                if replica.current[r.node]?.id == r.id {
+                if try replica.current(r.node)?.id == r.id {
                     try placeHistory(r.node, path: r.path, live: nil)
                 } else {
                     try placeHistory(r.node, path: r.path, live: false, keepExisting: true)
                 }
             }
+            // Another device's record: reconcile makes the tree show the view there. One of
+            // this device's own can change what a path shows too (its tombstone reveals a
+            // conflicting node; a skewed clock gives its new file an older mtime): the sync
+            // step checks those paths (`recheck`) and queues the ones the tree does not show.
+            for path in changed { try (uploaded ? unreconciled : recheck).insert(NameKey(path)) }
+            return row
         }
-        return row
     }
 
     /// The inode's user xattrs as a record carries them.
@@ -167,11 +168,5 @@ extension Store {
         try db.rows("SELECT name, value FROM xattrs WHERE inode = ? ORDER BY name", [.int(Int64(id))]) {
             XattrEntry(name: String($0.text(0).dropFirst(5)), value: $0.blob(1))
         }
-    }
-
-    func update(memoryOnly inode: Inode) {
-        let nlink = inodes[inode.id]?.nlink ?? 0
-        inodes[inode.id] = inode
-        inodes[inode.id]!.nlink = nlink
     }
 }

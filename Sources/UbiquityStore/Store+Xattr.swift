@@ -10,14 +10,15 @@ extension Store {
 
     public func setXattr(_ id: InodeNumber, _ name: String, _ value: [UInt8]) throws(StoreError) {
         try db.query("REPLACE INTO xattrs(inode, name, value) VALUES(?, ?, ?)", [.int(Int64(id)), .text(name), .blob(value)])
-        changed.insert(id)
+        try changed.insert(id)
     }
 
     /// Returns whether the attribute existed.
     public func removeXattr(_ id: InodeNumber, _ name: String) throws(StoreError) -> Bool {
         try db.query("DELETE FROM xattrs WHERE inode = ? AND name = ?", [.int(Int64(id)), .text(name)])
-        changed.insert(id)
-        return db.changes > 0
+        let removed = db.changes > 0
+        try changed.insert(id)
+        return removed
     }
 
     /// A history that no live file shows at `path` (its file was deleted or renamed to a

@@ -19,37 +19,36 @@ public final class Store: @unchecked Sendable {
     private let lockFD: Int32
     public let readOnly: Bool
 
-    // The tree, mirrored in memory so lookups and getattr never touch SQLite.
-    var inodes: [InodeNumber: Inode] = [:]
-    var children: [InodeNumber: [NameKey: InodeNumber]] = [:]
-    /// Every (parent, name) that names an inode; directories have exactly one.
-    var links: [InodeNumber: [EntryRef]] = [:]
+    /// The working set of the tree (Store+Tree); the tree itself is in SQLite.
+    var cache = InodeCache(capacity: 65_536)
+    /// Inodes in the store, once counted (statfs).
+    var inodeTotal: Int?
     /// Files that continue a history but have no version yet: the version their first
     /// commit descends from (kept in memory only; losing it in a crash only loses the link).
     var continuedParents: [InodeNumber: Int64] = [:]
-    /// Number of subdirectories of each directory (its link count is 2 + this).
-    var subdirectories: [InodeNumber: Int] = [:]
     var nextInode: InodeNumber = 2
-    /// The synced view computed from all records (see Replica), and the paths where the
-    /// local tree may not show it yet (`reconcile` works through them).
-    var replica = Replica()
-    var unreconciled: Set<NameKey> = []
-    /// Paths this device's own records changed the view of: the sync step queues for
-    /// reconcile those where the tree does not show the view.
-    var recheck: Set<NameKey> = []
-    /// Paths the user removed or moved away since the last scan: a directory or symlink
-    /// record missing there was deleted, not just not shown yet.
-    var vacated: Set<NameKey> = []
-    /// The local change set: inodes whose attributes, names, paths or xattrs changed
-    /// since the sync step last looked. The step records what changed from these (and
-    /// `vacated`), so its work follows the change, not the size of the tree.
-    var changed: Set<InodeNumber> = []
-    /// Histories an inode left (it took another's: a rename over a file, a move to a
-    /// local-only name). The sync step tombstones those still shown, wherever their path.
-    var orphaned: Set<String> = []
-    /// The first sync step after opening looks at the whole tree once: what a crash lost
-    /// from the (memory-only) change set is found there.
-    var needsFullScan = true
+    /// The synced view computed from all records (see Replica).
+    let replica: Replica
+    /// What the sync step still has to look at, each kept in SQLite with the change that
+    /// caused it (PendingSet), so no crash loses one and opening never walks the tree:
+    /// - `changed`: inodes whose attributes, names, paths or xattrs changed since the sync
+    ///   step last looked; it records what changed from these, so its work follows the
+    ///   change, not the size of the tree.
+    /// - `vacated`: paths the user removed or moved away since the last step: a directory
+    ///   or symlink record missing there was deleted, not just not shown yet.
+    /// - `recheck`: paths this device's own records changed the view of; the step queues
+    ///   for reconcile those where the tree does not show the view.
+    /// - `unreconciled`: paths where the tree may not show the view yet (`reconcile`).
+    /// - `orphaned`: histories an inode left (it took another's: a rename over a file, a
+    ///   move to a local-only name); the step tombstones those still shown.
+    let changed: PendingSet<InodeNumber>
+    let vacated: PendingSet<NameKey>
+    let recheck: PendingSet<NameKey>
+    let unreconciled: PendingSet<NameKey>
+    let orphaned: PendingSet<String>
+    /// Set by an upgrade from a store before format 4, which kept no change set: the
+    /// first sync step looks at the whole tree once.
+    var needsFullScan: Bool
     /// Timestamps of everything the store records; tests inject a clock.
     public var clock: @Sendable () -> Nanos = nowNanos
 
@@ -114,12 +113,17 @@ public final class Store: @unchecked Sendable {
             self.deviceName = try get("device_name") ?? defaultDeviceName()
         }
         self.db = db
+        replica = Replica(db: db)
+        let name = { (key: NameKey) in key.name }, load = !readOnly
+        changed = try PendingSet(.inode, db: db, load: load, key: { String($0) }, parse: { InodeNumber($0) })
+        vacated = try PendingSet(.vacated, db: db, load: load, key: name, parse: NameKey.init)
+        recheck = try PendingSet(.recheck, db: db, load: load, key: name, parse: NameKey.init)
+        unreconciled = try PendingSet(.unreconciled, db: db, load: load, key: name, parse: NameKey.init)
+        orphaned = try PendingSet(.orphaned, db: db, load: load, key: { $0 }, parse: { $0 })
+        needsFullScan = try get("full_scan") == "1"
         // Read-only inspection (status, fsck) reads what it needs from the database; only
         // a store that serves a mount holds the tree and the synced view in memory.
-        if !readOnly {
-            try loadTree()
-            try loadReplica()
-        }
+        if !readOnly { try loadTree() }
         if lock {
             clearStaging()
             // The lock file names the process holding it (for `ubiquity unmount`).
@@ -153,7 +157,7 @@ public final class Store: @unchecked Sendable {
     /// The content of a file as of its current version, ready for reads and writes.
     /// - Parameter view: turns the stored chunks into what readers see (TinyPix grids).
     public func openContent(_ id: InodeNumber, view: (ChunkList) throws(StoreError) -> ChunkList = { $0 }) throws(StoreError) -> FileContent {
-        let stored = try inodes[id]?.head.map { (row) throws(StoreError) in try chunkList(row: row) } ?? ChunkList()
+        let stored = try node(id)?.inode.head.map { (row) throws(StoreError) in try chunkList(row: row) } ?? ChunkList()
         return FileContent(base: try view(stored), chunks: chunks, stagingDirectory: stagingDirectory)
     }
 

@@ -139,7 +139,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             if !incoming.isEmpty { try store.addRemote(incoming) }
             for (device, offset) in newOffsets { try store.setPeerOffset(device, offset) }
             let changes = try store.reconcile(busy: busy)
-            conflicts = store.totalConflicts
+            conflicts = try store.totalConflicts()
             return changes
         }
         offsets.withLock { known in for (d, o) in newOffsets { known?[d] = o } }

@@ -66,6 +66,52 @@ import UbiquitySystem
         #expect(throws: StoreError.self) { try Store(directory: dir.path) }
     }
 
+    /// Format 4 keeps the synced view in tables; a format 3 store gets them built from its
+    /// records, and the result is what adding the records one by one made.
+    @Test func formatThreeStoreGetsItsViewBuilt() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let dump = { (store: Store) throws -> [String] in
+            var lines: [String] = []
+            for table in ["view_heads", "view_awaited", "view_current", "view_paths", "view_conflicts"] {
+                lines += try store.db.rows("SELECT * FROM \(table) ORDER BY 1, 2", []) { r in
+                    "\(table): " + (0..<3).map { r.isNull(Int32($0)) ? "-" : r.text(Int32($0)) }.joined(separator: " ")
+                }
+            }
+            return lines + ["conflicts: \(try store.totalConflicts())"]
+        }
+        var before: [String] = []
+        do {
+            let store = try Store(directory: dir.path, deviceName: "old")
+            let d = try store.create(parent: Store.rootInode, name: "docs", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+            let f = try store.create(parent: d.id, name: "a.txt", kind: .file, mode: 0o644, uid: 1, gid: 1)
+            let first = try store.commit(f.id, content: ChunkList(), path: "docs/a.txt", local: false)
+            try store.commit(f.id, content: ChunkList(), path: "docs/a.txt", local: false)
+            try store.recordLocalChanges(busy: [])
+            // Another device edited the first version too (a conflict), and named a parent
+            // this device has not seen yet (awaited).
+            let other = { (id: String, node: String, parents: [String], path: String) in
+                SyncRecord(id: id, node: node, kind: .file, parents: parents, deviceID: "ffffffffffffffff", deviceName: "other",
+                           committed: 1, mtime: 1, mode: 0o644, isTombstone: false, isMeta: false, path: path)
+            }
+            try store.addRemote([other(String(repeating: "a", count: 32), f.fileID!, [first.id], "docs/a.txt"),
+                                 other(String(repeating: "b", count: 32), String(repeating: "c", count: 32),
+                                       [String(repeating: "d", count: 32)], "notes/b.txt")])
+            #expect(try store.totalConflicts() == 1)
+            before = try dump(store)
+            // Back to format 3, as the previous release wrote it.
+            for table in ["view_heads", "view_awaited", "view_current", "view_paths", "view_conflicts"] {
+                try store.db.execute("DROP TABLE \(table)")
+            }
+            try store.db.execute("DELETE FROM settings WHERE key = 'conflicts'")
+            try store.db.execute("UPDATE settings SET value = '3' WHERE key = 'format'")
+        }
+        let store = try Store(directory: dir.path)
+        #expect(try dump(store) == before)
+        #expect(before.contains { $0.hasPrefix("view_awaited: dddd") })
+        #expect(try store.conflictedPaths() == ["docs/a.txt"])
+    }
+
     @Test func secondOpenIsRefusedWhileLocked() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }

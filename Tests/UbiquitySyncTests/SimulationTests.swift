@@ -143,8 +143,8 @@ final class SimDevice {
     func conflicts() -> [String: [String]] {
         fs.meta.withLock { m in
             var result: [String: [String]] = [:]
-            for path in m.store.conflictedPaths() {
-                result[path] = m.store.replica.state(at: path).conflicts.map(\.id).sorted()
+            for path in (try? m.store.conflictedPaths()) ?? ["<error>"] {
+                result[path] = (try? m.store.replica.state(at: path).conflicts.map(\.id).sorted()) ?? ["<error>"]
             }
             return result
         }
@@ -221,16 +221,16 @@ func runSchedule(seed: UInt64, steps: Int) throws {
             var views = ""
             for key in Set(tree.keys).union(first.keys).sorted() where tree[key] != first[key] {
                 for dev in devices {
-                    let state = dev.store.replica.state(at: key)
-                    let local = dev.store.locate(key).flatMap { dev.store.inodes[$0.2] }
+                    guard let state = try? dev.store.replica.state(at: key) else { views += "\n  \(dev.name): no state"; continue }
+                    let local = dev.store.locate(key).flatMap { dev.store.inode($0.2) }
                     if case .node(let r) = state.shown {
                         let rows = (try? dev.store.db.rows("SELECT row, id, parents, device_name, tombstone, meta, path FROM versions WHERE file_id = ? ORDER BY row", [.text(r.node)]) { "\($0.int(0)) \($0.text(1).prefix(6)) p=\($0.text(2).split(separator: ",").map { $0.prefix(6) }) \($0.text(3)) t=\($0.int(4)) m=\($0.int(5)) \($0.text(6))" }) ?? []
                         views += "\n    " + rows.joined(separator: "\n    ")
                     }
                     let total = (try? dev.store.db.rows("SELECT count(*), sum(uploaded) FROM versions WHERE local = 0", []) { "\($0.int(0)) records, \($0.int(1)) uploaded" }.first) ?? ""
                     views += "\n  \(dev.name): \(total)"
-                    for r in dev.store.replica.currentRecords(atOrBelow: key) {
-                        views += "\n    node \(r.node.prefix(6)) current \(r.id.prefix(6)) mtime \(r.mtime) heads \(dev.store.replica.heads(r.node).map { "\($0.id.prefix(6))/\($0.isTombstone)" })"
+                    for r in (try? dev.store.replica.currentRecords(atOrBelow: key)) ?? [] {
+                        views += "\n    node \(r.node.prefix(6)) current \(r.id.prefix(6)) mtime \(r.mtime) heads \(((try? dev.store.replica.heads(r.node)) ?? []).map { "\($0.id.prefix(6))/\($0.isTombstone)" })"
                     }
                     views += "\n  \(dev.name) \(key): shown \(state.shown) conflicts \(state.conflicts.map(\.id)) local \(String(describing: local?.fileID)) unreconciled \(dev.store.unreconciled.contains(NameKey(key)))"
                 }
@@ -244,7 +244,7 @@ func runSchedule(seed: UInt64, steps: Int) throws {
                 .union(firstConflicts.keys.filter { firstConflicts[$0] != conflicts[$0] })
             let describe = { (x: SimDevice) -> String in
                 x.fs.meta.withLock { m in
-                    m.store.replica.records.values.filter { paths.contains($0.path) }
+                    ((try? m.store.replica.records(atPaths: Array(paths))) ?? [])
                         .map { "\($0.id) node=\($0.node) parents=\($0.parents) tomb=\($0.isTombstone) dev=\($0.device) path=\($0.path)" }
                         .sorted().joined(separator: "\n")
                 }
@@ -264,7 +264,7 @@ func runSchedule(seed: UInt64, steps: Int) throws {
         let missing = try d.fs.meta.withLock { (m) throws(StoreError) -> [String] in
             var missing: [String] = []
             for id in committed {
-                guard let node = m.store.replica.records[id]?.node else { missing.append(id); continue }
+                guard let node = try m.store.replica.record(id: id)?.node else { missing.append(id); continue }
                 // A temp file saved once and renamed over a file has no history of its own
                 // (by design): its content is the target's next version.
                 if try m.store.db.rows("""
@@ -280,7 +280,7 @@ func runSchedule(seed: UInt64, steps: Int) throws {
             let detail = devices.map { x in
                 x.fs.meta.withLock { m in
                     missing.map { id in
-                        let r = m.store.replica.records[id]
+                        let r = try? m.store.replica.record(id: id)
                         let h = (try? m.store.db.rows("SELECT path, live FROM histories WHERE file_id = ?", [.text(r?.node ?? "")]) { "\($0.text(0)) live=\($0.int(1))" }) ?? []
                         return "\(x.name): \(id) node=\(r?.node ?? "-") path=\(r?.path ?? "-") dev=\(r?.device ?? "-") history=\(h)"
                     }.joined(separator: "\n")
@@ -293,7 +293,7 @@ func runSchedule(seed: UInt64, steps: Int) throws {
 
 /// Discards or takes one conflict version through the `.conflicts/` view, as `rm`/`mv` do.
 func resolveSomeConflict(_ d: SimDevice, _ rng: inout SplitMix64) throws {
-    let paths = d.fs.meta.withLock { $0.store.conflictedPaths() }
+    let paths = try d.fs.meta.withLock { (m) throws(StoreError) in try m.store.conflictedPaths() }
     guard !paths.isEmpty else { return }
     let path = paths[Int(rng.next() % UInt64(paths.count))]
     var ino = try d.fs.lookup(parent: Store.rootInode, name: ".conflicts").ino

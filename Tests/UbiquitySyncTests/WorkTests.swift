@@ -43,6 +43,30 @@ import TestSupport
         #expect(costs[1] < 200, "idle cycle work: \(costs[1])")
     }
 
+    /// Opening a store reads none of its tree or history (store format 4), and the first
+    /// sync cycle after opening looks only at what changed before the store closed: the
+    /// change set is kept in SQLite, so no crash makes a walk of the tree necessary.
+    @Test func openingAStoreAndItsFirstCycleCostTheSameAtAnySize() throws {
+        var open: [Int] = [], first: [Int] = []
+        for files in [200, 2000] {
+            let temp = TempDirectory()
+            defer { temp.cleanup() }
+            do {
+                let d = try Self.device(files: files, in: temp)
+                try d.save("dir0/file0.txt", "changed before closing") // left for the next cycle
+                d.fs.drain()
+            }
+            let again = try SimDevice(name: "solo", root: temp.path, backing: temp.path + "/backing", clock: nowNanos)
+            open.append(Self.work(again))
+            first.append(Self.measure(again) { again.cycle() })
+            #expect(try again.store.db.rows("SELECT count(*) FROM pending", []) { $0.int(0) } == [0])
+            #expect(try again.store.db.rows("SELECT count(*) FROM versions WHERE meta = 1", []) { $0.int(0) } == [0])
+            #expect(again.store.cache.count < 50, "inodes loaded by opening and one cycle: \(again.store.cache.count)")
+        }
+        #expect(open[1] == open[0], "work of opening a store of 200 and 2000 files: \(open)")
+        #expect(first[1] <= first[0] + first[0] / 2, "first cycle after opening, 200 and 2000 files: \(first)")
+    }
+
     /// The work of `body` on a synced device of 200 files, then of 2,000.
     static func costsAtTwoSizes(_ body: (SimDevice) throws -> Void) throws -> [Int] {
         try [200, 2000].map { files in

@@ -1,0 +1,76 @@
+/// A set of things the sync step still has to look at (the local change set, the paths
+/// to reconcile), kept in memory and in the table `pending` (store format 4). Every
+/// change to it is written in the transaction of the change that caused it, so a crash
+/// loses no entry of a committed change and opening a store never has to walk the whole
+/// tree to find what changed. The sync step consumes entries in its own transaction.
+/// Not thread-safe: guarded by whatever guards the store.
+final class PendingSet<Element: Hashable> {
+    enum Kind: Int64 {
+        case inode = 1, vacated = 2, recheck = 3, unreconciled = 4, orphaned = 5
+    }
+
+    static var schema: String {
+        "CREATE TABLE IF NOT EXISTS pending(kind INTEGER NOT NULL, key TEXT NOT NULL, PRIMARY KEY(kind, key)) WITHOUT ROWID"
+    }
+
+    private let db: SQLiteDatabase
+    private let kind: Kind
+    private let key: (Element) -> String
+    private(set) var members: Set<Element> = []
+
+    /// Loads the set's entries (`parse` drops a key that does not parse); a read-only
+    /// store (status, fsck) loads none.
+    init(_ kind: Kind, db: SQLiteDatabase, load: Bool, key: @escaping (Element) -> String,
+         parse: (String) -> Element?) throws(StoreError) {
+        self.db = db
+        self.kind = kind
+        self.key = key
+        guard load else { return }
+        for text in try db.rows("SELECT key FROM pending WHERE kind = ?", [.int(kind.rawValue)], { $0.text(0) }) {
+            if let element = parse(text) { members.insert(element) }
+        }
+    }
+
+    var isEmpty: Bool { members.isEmpty }
+    var count: Int { members.count }
+    func contains(_ element: Element) -> Bool { members.contains(element) }
+
+    func insert(_ element: Element) throws(StoreError) {
+        guard members.insert(element).inserted else { return }
+        try db.query("INSERT OR IGNORE INTO pending(kind, key) VALUES(?, ?)", [.int(kind.rawValue), .text(key(element))])
+    }
+
+    func formUnion(_ elements: some Sequence<Element>) throws(StoreError) {
+        for element in elements { try insert(element) }
+    }
+
+    func remove(_ element: Element) throws(StoreError) {
+        guard members.remove(element) != nil else { return }
+        try db.query("DELETE FROM pending WHERE kind = ? AND key = ?", [.int(kind.rawValue), .text(key(element))])
+    }
+
+    func popFirst() throws(StoreError) -> Element? {
+        guard let element = members.first else { return nil }
+        try remove(element)
+        return element
+    }
+
+    /// Empties the set, returning what it held.
+    @discardableResult
+    func removeAll() throws(StoreError) -> Set<Element> {
+        let all = members
+        if !all.isEmpty {
+            members = []
+            try db.query("DELETE FROM pending WHERE kind = ?", [.int(kind.rawValue)])
+        }
+        return all
+    }
+
+    /// Reads the set again from SQLite (after a transaction that changed it rolled back).
+    func reload(parse: (String) -> Element?) throws(StoreError) {
+        members = []
+        for text in try db.rows("SELECT key FROM pending WHERE kind = ?", [.int(kind.rawValue)], { $0.text(0) }) {
+            if let element = parse(text) { members.insert(element) }
+        }
+    }
+}
