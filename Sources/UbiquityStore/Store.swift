@@ -20,7 +20,7 @@ public final class Store: @unchecked Sendable {
     public let readOnly: Bool
 
     /// The working set of the tree (Store+Tree); the tree itself is in SQLite.
-    var cache = InodeCache(capacity: 65_536)
+    var cache: InodeCache
     /// Inodes in the store, once counted (statfs).
     var inodeTotal: Int?
     /// Files that continue a history but have no version yet: the version their first
@@ -59,8 +59,11 @@ public final class Store: @unchecked Sendable {
     /// - Parameter readOnly: inspect a store another process may be using (status, fsck):
     ///   no lock, no schema changes, no cleanup, no tree in memory (only the database
     ///   and chunk queries work).
-    public init(directory: String, deviceName: String? = nil, readOnly: Bool = false) throws(StoreError) {
+    /// - Parameter cachedInodes: how many inodes to keep in memory (about 300 bytes each).
+    public init(directory: String, deviceName: String? = nil, readOnly: Bool = false,
+                cachedInodes: Int = 65_536) throws(StoreError) {
         self.directory = directory
+        cache = InodeCache(capacity: cachedInodes)
         self.readOnly = readOnly
         if readOnly {
             guard access(directory + "/meta.sqlite", R_OK) == 0 else {

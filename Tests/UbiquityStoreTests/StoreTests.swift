@@ -67,7 +67,8 @@ import UbiquitySystem
     }
 
     /// Format 4 keeps the synced view in tables; a format 3 store gets them built from its
-    /// records, and the result is what adding the records one by one made.
+    /// records, and the result is what adding the records one by one made. Link counts
+    /// and primary names are computed from the entries.
     @Test func formatThreeStoreGetsItsViewBuilt() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
@@ -85,6 +86,8 @@ import UbiquitySystem
             let store = try Store(directory: dir.path, deviceName: "old")
             let d = try store.create(parent: Store.rootInode, name: "docs", kind: .directory, mode: 0o755, uid: 1, gid: 1)
             let f = try store.create(parent: d.id, name: "a.txt", kind: .file, mode: 0o644, uid: 1, gid: 1)
+            _ = try store.create(parent: d.id, name: "sub", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+            try store.link(f.id, parent: Store.rootInode, name: "z-link")
             let first = try store.commit(f.id, content: ChunkList(), path: "docs/a.txt", local: false)
             try store.commit(f.id, content: ChunkList(), path: "docs/a.txt", local: false)
             try store.recordLocalChanges(busy: [])
@@ -104,10 +107,20 @@ import UbiquitySystem
                 try store.db.execute("DROP TABLE \(table)")
             }
             try store.db.execute("DELETE FROM settings WHERE key = 'conflicts'")
+            try store.db.execute("DROP TABLE pending")
+            try store.db.execute("DROP INDEX inodes_unlinked")
+            for column in ["nlink", "parent", "name"] { try store.db.execute("ALTER TABLE inodes DROP COLUMN \(column)") }
             try store.db.execute("UPDATE settings SET value = '3' WHERE key = 'format'")
         }
         let store = try Store(directory: dir.path)
         #expect(try dump(store) == before)
+        let docs = try #require(store.child(Store.rootInode, "docs"))
+        let file = try #require(store.child(docs, "a.txt"))
+        #expect(store.inode(Store.rootInode)?.nlink == 3)
+        #expect(store.inode(docs)?.nlink == 3)
+        #expect(store.inode(file)?.nlink == 2)
+        #expect(store.path(of: file) == "z-link") // the first by (parent, name), as older stores loaded it
+        #expect(store.needsFullScan)
         #expect(before.contains { $0.hasPrefix("view_awaited: dddd") })
         #expect(try store.conflictedPaths() == ["docs/a.txt"])
     }

@@ -77,7 +77,9 @@ final class SimDevice {
         self.name = name
         link = root + "/\(name)-backing"
         symlink(backing, link)
-        store = try Store(directory: root + "/\(name)-store", deviceName: name)
+        // A cache of a few inodes: every path of the simulation also reads the tree back
+        // from SQLite.
+        store = try Store(directory: root + "/\(name)-store", deviceName: name, cachedInodes: 8)
         store.clock = clock
         fs = FileSystem(store: store)
         engine = SyncEngine(access: fs, store: store, backingDirectory: link)
