@@ -1,43 +1,146 @@
 #!/usr/bin/env bash
-# How costs grow with the container: builds containers of N files (default 10,000 and
-# 100,000) through a real mount, then measures, per size, through the mount:
-#   mount time and daemon RSS after mounting; daemon CPU per one-file save; daemon CPU
-#   of an idle sync cycle; `find` of the mount; `ls -la` of a 1,000-entry directory
-#   under .versions/ (one file saved 1,000 times).
-# and prints one table with the growth ratio largest/smallest of each row.
+# How costs grow with the container (issue 12). For each size N it builds a container
+# with `ubiquity-bench-fill` (through the store API: N files in directories of 100, every
+# fifth with 5 more versions, `hot.txt` with 100,000 versions, `thousand.txt` with 1,000),
+# lets a first mount upload it to a backing directory, then measures through real mounts:
+#   mount time; daemon RSS after mounting and after `ls -R`; daemon CPU of an idle sync
+#   cycle; daemon CPU per one-file save (a small file, and hot.txt); open+read latency of
+#   random files while one file is saved per second (p50/p99/max); `ubiquity status`;
+#   `find` and `du` of the mount (cold kernel caches, when root), and `find` of the same tree through libfuse's
+#   passthrough_ll; `ls -la` of the 1,000 entries of .versions/thousand.txt; how long a
+#   second device, mounted on the same backing directory, takes to catch up, and then
+#   to show a one-file change (default 1 s poll).
+# It prints one table with the growth ratio largest/smallest size of each row.
 #
-#   scripts/bench-scale.sh                 # 10000 and 100000 files (release build)
+#   scripts/bench-scale.sh                          # 10,000 and 100,000 files
 #   BENCH_SIZES="10000 1000000" scripts/bench-scale.sh
+#   BENCH_HOT=1000 scripts/bench-scale.sh           # a smaller hot file (default 100000)
 #
-# Needs FUSE (root or a user allowed to mount). Everything lives under a temp directory
-# that is removed at the end; every mount is unmounted.
+# Release build; needs FUSE (root, or a user allowed to mount) and a C compiler for
+# passthrough_ll. Everything lives under a temp directory that is removed at the end;
+# every mount is unmounted. Random file choices print their seed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 sizes=(${BENCH_SIZES:-10000 100000})
+hot=${BENCH_HOT:-100000}
+seed=${BENCH_SEED:-$RANDOM}
+echo "bench-scale: sizes ${sizes[*]}, hot file $hot versions, seed $seed" >&2
 swift build -c release >/dev/null
-bin=$(swift build -c release --show-bin-path)/ubiquity
+bindir=$(swift build -c release --show-bin-path)
+bin=$bindir/ubiquity
 work=$(mktemp -d /tmp/ubiquity-bench-scale.XXXXXX)
-mnt=$work/mnt
+mounts=()
 cleanup() {
-  fusermount3 -u "$mnt" 2>/dev/null || fusermount3 -u -z "$mnt" 2>/dev/null || true
+  for m in "${mounts[@]}"; do fusermount3 -u "$m" 2>/dev/null || fusermount3 -u -z "$m" 2>/dev/null || true; done
+  [[ -n ${saver:-} ]] && kill "$saver" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 
+examples=/usr/share/doc/libfuse3-dev/examples
+cc -O2 -Wall -o "$work/passthrough_ll" "$examples/passthrough_ll.c" $(pkg-config --cflags --libs fuse3)
+
 now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
 # cpu_ticks PID: utime + stime of a process, in clock ticks.
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 tick=$(getconf CLK_TCK)
+rss_mib() { awk '/VmRSS/ { printf "%.0f", $2 / 1024 }' "/proc/$1/status"; }
 daemon_pid() { sed -n 1p "$1/lock"; }
+mount_at() { # mount_at MNT STORE BACKING
+  mkdir -p "$1"
+  "$bin" mount "$1" --store "$2" --backing "$3" >/dev/null
+  mounts+=("$1")
+}
+unmount_at() { "$bin" unmount "$1" >/dev/null; }
+# The kernel forgets cached names and inodes (FUSE ones too), so `find` and `du` start
+# cold; needs root (otherwise they run with whatever is cached).
+drop_caches() { sync; echo 2 >/proc/sys/vm/drop_caches 2>/dev/null || true; }
+wait_for() { # wait_for SECONDS COMMAND...: polls every 0.05 s
+  local limit=$1; shift
+  local start; start=$(now)
+  until "$@" 2>/dev/null; do
+    if awk -v a="$start" -v b="$(now)" -v l="$limit" 'BEGIN { exit !(b - a > l) }'; then return 1; fi
+    sleep 0.05
+  done
+}
+# cpu_per_save PID FILE: daemon CPU (ms) per save of FILE, 20 saves 0.5 s apart, less
+# the idle baseline.
+cpu_per_save() {
+  local c0 c1
+  c0=$(cpu_ticks "$1")
+  for i in $(seq 20); do echo "save $i" >"$2"; sleep 0.5; done
+  c1=$(cpu_ticks "$1")
+  awk -v a="$c0" -v b="$c1" -v t="$tick" -v idle="$idle_ms" \
+    'BEGIN { v = (b - a) * 1000 / t / 20 - idle / 2; printf "%.1f", v < 0 ? 0 : v }'
+}
 
 declare -A result
 for n in "${sizes[@]}"; do
-  store=$work/store-$n
-  rm -rf "$mnt"; mkdir -p "$mnt"
-  "$bin" mount "$mnt" --store "$store" --backing "$work/backing-$n" >/dev/null
-  echo "building $n files (100 per directory) through the mount..." >&2
-  python3 - "$mnt" "$n" <<'PY'
+  store=$work/store-$n backing=$work/backing-$n mnt=$work/mnt-$n
+  echo "== $n files: building the container through the store API..." >&2
+  t0=$(now)
+  "$bindir/ubiquity-bench-fill" "$store" "$n" "$hot"
+  echo "   built in $(elapsed "$t0") s; first mount uploads it..." >&2
+  t0=$(now)
+  mount_at "$mnt" "$store" "$backing"
+  "$bin" sync "$mnt" >/dev/null
+  unmount_at "$mnt"
+  echo "   uploaded in $(elapsed "$t0") s" >&2
+
+  t0=$(now)
+  mount_at "$mnt" "$store" "$backing"
+  result[$n,mount]=$(elapsed "$t0")
+  pid=$(daemon_pid "$store")
+  result[$n,rss]=$(rss_mib "$pid")
+
+  sleep 2
+  c0=$(cpu_ticks "$pid"); sleep 20; c1=$(cpu_ticks "$pid")
+  idle_ms=$(awk -v a="$c0" -v b="$c1" -v t="$tick" 'BEGIN { printf "%.1f", (b - a) * 1000 / t / 20 }')
+  result[$n,idle]=$idle_ms
+  result[$n,save]=$(cpu_per_save "$pid" "$mnt/d00000/f0000000.txt")
+  result[$n,hotsave]=$(cpu_per_save "$pid" "$mnt/hot.txt")
+
+  # Reads of random files (cold in the kernel's caches) while another file is saved
+  # every second.
+  ( i=0; while true; do echo "busy $i" >"$mnt/d00001/f0000100.txt"; i=$((i + 1)); sleep 1; done ) &
+  saver=$!
+  read -r p50 p99 max < <(python3 - "$mnt" "$n" "$seed" <<'PY'
+import os, random, sys, time
+root, n, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rng = random.Random(seed)
+lat = []
+end = time.monotonic() + 10
+while time.monotonic() < end:
+    i = rng.randrange(n)
+    path = "%s/d%05d/f%07d.txt" % (root, i // 100, i)
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    os.read(fd, 4096)
+    os.close(fd)
+    lat.append(time.perf_counter() - t0)
+lat.sort()
+q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] * 1000
+print("%.2f %.2f %.1f" % (q(0.5), q(0.99), lat[-1] * 1000))
+PY
+)
+  kill "$saver"; wait "$saver" 2>/dev/null || true; saver=
+  result[$n,p50]=$p50 result[$n,p99]=$p99 result[$n,max]=$max
+
+  t0=$(now); "$bin" status "$mnt" >/dev/null; result[$n,status]=$(elapsed "$t0")
+  t0=$(now); ls -la "$mnt/.versions/thousand.txt" >/dev/null; result[$n,versions]=$(elapsed "$t0")
+  drop_caches
+  t0=$(now); find "$mnt" >/dev/null; result[$n,find]=$(elapsed "$t0")
+  drop_caches
+  t0=$(now); du -s "$mnt" >/dev/null; result[$n,du]=$(elapsed "$t0")
+  ls -R "$mnt" >/dev/null
+  result[$n,rssls]=$(rss_mib "$pid")
+
+  # The same tree as plain files, through passthrough_ll (its source is on /dev/shm, so
+  # the reference pays for FUSE, not for a disk).
+  plain=$(mktemp -d /dev/shm/ubiquity-bench-plain.XXXXXX)
+  python3 - "$plain" "$n" <<'PY'
 import os, sys
 root, n = sys.argv[1], int(sys.argv[2])
 for i in range(n):
@@ -45,46 +148,47 @@ for i in range(n):
     if i % 100 == 0:
         os.mkdir(d)
     with open(os.path.join(d, "f%07d.txt" % i), "w") as f:
-        f.write("file %d\n" % i)
-hot = os.path.join(root, "hot.txt")
-for i in range(1000):
-    with open(hot, "w") as f:
-        f.write("version %d\n" % i)
+        f.write("content %d\n" % i)
+for name in ("hot.txt", "thousand.txt"):
+    open(os.path.join(root, name), "w").close()
 PY
-  "$bin" unmount "$mnt" >/dev/null
+  pmnt=$work/passthrough-$n; mkdir -p "$pmnt"
+  "$work/passthrough_ll" -o source="$plain" "$pmnt"
+  mounts+=("$pmnt")
+  drop_caches
+  t0=$(now); find "$pmnt" >/dev/null; result[$n,pfind]=$(elapsed "$t0")
+  fusermount3 -u "$pmnt"
+  rm -rf "$plain"
+
+  # A second device on the same backing directory: its catch-up, then one change.
+  mntb=$work/mnt-b-$n
   t0=$(now)
-  "$bin" mount "$mnt" --store "$store" --backing "$work/backing-$n" >/dev/null
-  t1=$(now)
-  pid=$(daemon_pid "$store")
-  result[$n,mount]=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
-  sleep 3 # the first sync cycle after mounting walks the tree once
-  result[$n,rss]=$(awk '/VmRSS/ { printf "%.0f", $2 / 1024 }' "/proc/$pid/status")
-
-  # Idle: CPU over 10 one-second cycles.
-  c0=$(cpu_ticks "$pid"); sleep 10; c1=$(cpu_ticks "$pid")
-  idle_ms=$(awk -v a="$c0" -v b="$c1" -v t="$tick" 'BEGIN { printf "%.1f", (b - a) * 1000 / t / 10 }')
-  result[$n,idle]=$idle_ms
-
-  # 20 saves of one small file, one every 0.5 s; CPU less the idle baseline.
-  c0=$(cpu_ticks "$pid")
-  for i in $(seq 20); do echo "save $i" >"$mnt/d00000/f0000000.txt"; sleep 0.5; done
-  c1=$(cpu_ticks "$pid")
-  result[$n,save]=$(awk -v a="$c0" -v b="$c1" -v t="$tick" -v idle="$idle_ms" 'BEGIN { v = (b - a) * 1000 / t / 20 - idle / 2; printf "%.1f", v < 0 ? 0 : v }')
-
-  t0=$(now); find "$mnt" >/dev/null; t1=$(now)
-  result[$n,find]=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
-  t0=$(now); ls -la "$mnt/.versions/hot.txt" >/dev/null; t1=$(now)
-  result[$n,versions]=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
-  "$bin" unmount "$mnt" >/dev/null
+  mount_at "$mntb" "$work/store-b-$n" "$backing"
+  last=$((n - 1))
+  wait_for 7200 test -e "$mntb/$(printf 'd%05d/f%07d.txt' $((last / 100)) "$last")"
+  wait_for 600 test -e "$mntb/thousand.txt"
+  result[$n,catchup]=$(elapsed "$t0")
+  echo "propagated $n" >"$mnt/propagate.txt"
+  t0=$(now)
+  wait_for 120 grep -qx "propagated $n" "$mntb/propagate.txt"
+  result[$n,propagate]=$(elapsed "$t0")
+  unmount_at "$mntb"
+  unmount_at "$mnt"
+  rm -rf "$work/store-b-$n" "$store" "$backing"
 done
 
+rows=(mount "mount (s)" rss "RSS after mount (MiB)" rssls "RSS after ls -R (MiB)" idle "idle sync cycle CPU (ms)"
+      save "CPU per one-file save (ms)" hotsave "CPU per save of the 100,000-version file (ms)"
+      p50 "read p50 while saving (ms)" p99 "read p99 while saving (ms)" max "read max while saving (ms)"
+      status "ubiquity status (s)" versions "ls -la of 1,000 versions (s)" find "find of the mount (s)"
+      pfind "find through passthrough_ll (s)" du "du of the mount (s)" catchup "second device catches up (s)"
+      propagate "one change reaches the second device (s)")
 first=${sizes[0]} last=${sizes[-1]}
-printf '\n| row | %s | growth %s/%s |\n|---|%s---|\n' "$(printf '%s files | ' "${sizes[@]}" | sed 's/ | $//')" "$last" "$first" "$(printf -- '---|%.0s' "${sizes[@]}")"
-for row in "mount:mount time (s)" "rss:daemon RSS after mount (MiB)" "save:daemon CPU per one-file save (ms)" \
-           "idle:daemon CPU per idle sync cycle (ms)" "find:find of the mount (s)" "versions:ls -la of 1,000 versions (s)"; do
-  key=${row%%:*} label=${row#*:}
-  line="| $label |"
-  for n in "${sizes[@]}"; do line+=" ${result[$n,$key]} |"; done
-  growth=$(awk -v a="${result[$first,$key]}" -v b="${result[$last,$key]}" 'BEGIN { if (a > 0) printf "%.1f×", b / a; else print "-" }')
-  echo "$line $growth |"
+printf '| %s |' "measure"; for n in "${sizes[@]}"; do printf ' %s files |' "$n"; done; printf ' %s/%s |\n' "$last" "$first"
+printf '|---|'; for _ in "${sizes[@]}"; do printf -- '---|'; done; printf -- '---|\n'
+for ((i = 0; i < ${#rows[@]}; i += 2)); do
+  key=${rows[i]} label=${rows[i + 1]}
+  printf '| %s |' "$label"
+  for n in "${sizes[@]}"; do printf ' %s |' "${result[$n,$key]}"; done
+  awk -v a="${result[$first,$key]}" -v b="${result[$last,$key]}" 'BEGIN { if (a > 0) printf " %.2f |\n", b / a; else print " – |" }'
 done

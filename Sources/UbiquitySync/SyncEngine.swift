@@ -17,6 +17,10 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         public var pollSeconds: Double = 1
         /// Records per journal append.
         public var uploadBatch = 256
+        /// Other devices' records taken in per hold of the filesystem's lock: a device
+        /// catching up on a million records applies them in slices, and the filesystem
+        /// serves requests between them.
+        public var pullSlice = 2000
         public init() {}
     }
 
@@ -123,26 +127,32 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     /// Callers hold `cycleLock`.
     func cycle(pushPull: Bool) throws(StoreError) {
         var problem: StoreError?
-        var incoming: [SyncRecord] = []
-        var newOffsets: [String: Int64] = [:]
-        if pushPull {
-            do {
-                try backing.open()
-                (incoming, newOffsets) = try pull()
-            } catch {
-                problem = error
-            }
-        }
         var pending = 0, conflicts = 0
-        try access.withStore { (store, busy) throws(StoreError) -> TreeChanges in
-            try store.recordLocalChanges(busy: busy)
-            if !incoming.isEmpty { try store.addRemote(incoming) }
-            for (device, offset) in newOffsets { try store.setPeerOffset(device, offset) }
-            let changes = try store.reconcile(busy: busy)
-            conflicts = try store.totalConflicts()
-            return changes
+        if pushPull {
+            do { try backing.open() } catch { problem = error }
         }
-        offsets.withLock { known in for (d, o) in newOffsets { known?[d] = o } }
+        // Local changes first, then other devices' records a slice at a time.
+        var first = true
+        while true {
+            var incoming: [SyncRecord] = []
+            var newOffsets: [String: Int64] = [:]
+            var more = false
+            if pushPull && problem == nil {
+                do { (incoming, newOffsets, more) = try pull(limit: options.pullSlice) } catch { problem = error }
+            }
+            let local = first
+            try access.withStore { (store, busy) throws(StoreError) -> TreeChanges in
+                if local { try store.recordLocalChanges(busy: busy) }
+                if !incoming.isEmpty { try store.addRemote(incoming) }
+                for (device, offset) in newOffsets { try store.setPeerOffset(device, offset) }
+                let changes = try store.reconcile(busy: busy)
+                conflicts = try store.totalConflicts()
+                return changes
+            }
+            offsets.withLock { known in for (d, o) in newOffsets { known?[d] = o } }
+            first = false
+            if !more { break }
+        }
         if pushPull && problem == nil {
             do { try push() } catch { problem = error }
         }
@@ -188,15 +198,17 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         return known
     }
 
-    /// New complete records of every other device, in journal order, with their chunks in
-    /// the local chunk store; and how far each journal was consumed.
-    private func pull() throws(StoreError) -> ([SyncRecord], [String: Int64]) {
+    /// New complete records of other devices, in journal order, with their chunks in the
+    /// local chunk store; how far each journal was consumed; and whether more records may
+    /// wait (it stops after `limit` records, at the end of a line).
+    private func pull(limit: Int) throws(StoreError) -> ([SyncRecord], [String: Int64], Bool) {
         let (devices, ignored) = try backing.peers()
         for name in ignored { logOnce("ubiquity: sync: ignoring devices/\(RecordCodec.printable(name)) in the backing directory (not a device id)") }
         let known = try knownOffsets(devices)
         var records: [SyncRecord] = []
         var consumed: [String: Int64] = [:]
-        for device in devices {
+        var more = false
+        devices: for device in devices {
             var offset = known[device] ?? 0
             // The journal is read in windows, so memory stays bounded however large a
             // (possibly hostile) journal grows; a window without a newline is widened up to
@@ -230,6 +242,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
                         }
                     }
                     start = newline + 1
+                    if records.count >= limit { more = true; break journal }
                 }
                 let full = bytes.count == window
                 if start == 0 && full {
@@ -239,11 +252,12 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
                 }
                 offset += Int64(start)
                 if start > 0 { consumed[device] = offset }
+                if more { break devices }
                 if waiting || !full { break reading }
                 window = Backing.journalWindow
             }
         }
-        return (records, consumed)
+        return (records, consumed, more)
     }
 
     enum Fetch { case ready, waiting(String), malformed(String) }

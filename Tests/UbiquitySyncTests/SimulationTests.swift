@@ -82,7 +82,11 @@ final class SimDevice {
         store = try Store(directory: root + "/\(name)-store", deviceName: name, cachedInodes: 8)
         store.clock = clock
         fs = FileSystem(store: store)
-        engine = SyncEngine(access: fs, store: store, backingDirectory: link)
+        // Other devices' records arrive a few at a time (slices, as a device catching up
+        // takes them).
+        var options = SyncEngine.Options()
+        options.pullSlice = 3
+        engine = SyncEngine(access: fs, store: store, backingDirectory: link, options: options)
     }
 
     func cycle() { try? engine.cycle(pushPull: !paused) }
