@@ -205,7 +205,9 @@ extension FileSystem {
 
     /// readdirplus hands the kernel an entry reference for each listed node.
     public func noteLookup(_ ino: UInt64) {
-        meta.withLock { m in if !VirtualViews.isVirtual(ino) { m.lookups[ino, default: 0] += 1 } }
+        meta.withLock { m in
+            if VirtualViews.isVirtual(ino) { m.views.referenced(ino) } else { m.lookups[ino, default: 0] += 1 }
+        }
     }
 
     public func releasedir(_ handle: UInt64) {
@@ -220,9 +222,25 @@ func checkName(_ name: String) throws(Errno) {
 }
 
 extension FileSystem.Meta {
+    /// Lets the history views drop nodes the kernel holds no reference to, keeping those
+    /// that open directory handles list.
+    mutating func pruneViews() {
+        let handles = self.handles
+        views.pruneUnreferenced {
+            var pinned: Set<UInt64> = []
+            for case .directory(let entries) in handles.values {
+                for entry in entries where VirtualViews.isVirtual(entry.attributes.ino) { pinned.insert(entry.attributes.ino) }
+            }
+            return pinned
+        }
+    }
+
     /// The entries of directory `ino` (control entries at the root), with attributes.
     mutating func listing(_ ino: UInt64, showVersions: Bool) throws(Errno) -> [DirectoryEntry] {
-        if VirtualViews.isVirtual(ino) { return try views.entries(ino, store: store) }
+        if VirtualViews.isVirtual(ino) {
+            pruneViews()
+            return try views.entries(ino, store: store)
+        }
         guard let dir = store.inode(ino) else { throw .notFound }
         guard dir.kind == .directory else { throw .notDirectory }
         var list = store.entries(ino).compactMap { e in store.inode(e.id).map { DirectoryEntry(name: e.name, attributes: attributes($0)) } }

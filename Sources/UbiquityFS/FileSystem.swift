@@ -57,7 +57,10 @@ public final class FileSystem: Sendable {
     public func lookup(parent: UInt64, name: String) throws(Errno) -> Attributes {
         try meta.withLock { (m) throws(Errno) -> Attributes in
             if VirtualViews.isVirtual(parent) || (parent == Store.rootInode && VirtualViews.rootNames.contains(name)) {
-                return try m.views.lookup(parent: parent, name: name, store: m.store)
+                m.pruneViews()
+                let attributes = try m.views.lookup(parent: parent, name: name, store: m.store)
+                m.views.referenced(attributes.ino)
+                return attributes
             }
             guard let dir = m.store.inode(parent) else { throw .notFound }
             guard dir.kind == .directory else { throw .notDirectory }
@@ -71,7 +74,8 @@ public final class FileSystem: Sendable {
     /// handle refers to any more is removed from the store.
     public func forget(_ ino: UInt64, count: UInt64) {
         meta.withLock { m in
-            guard !VirtualViews.isVirtual(ino), let current = m.lookups[ino] else { return }
+            if VirtualViews.isVirtual(ino) { return m.views.forget(ino, count: count) }
+            guard let current = m.lookups[ino] else { return }
             if current <= count { m.lookups[ino] = nil } else { m.lookups[ino] = current - count }
             m.dropIfUnreferenced(ino)
         }

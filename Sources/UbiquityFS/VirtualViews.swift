@@ -34,6 +34,42 @@ struct VirtualViews {
     private var nodes: [UInt64: Node] = [versionsRoot: .directory(path: ""), conflictsRoot: .conflictDirectory(path: "")]
     private var numbers: [Node: UInt64] = [.directory(path: ""): versionsRoot, .conflictDirectory(path: ""): conflictsRoot]
     private var next: UInt64 = base + 2
+    /// References the kernel holds (lookups, readdirplus entries) to each numbered node.
+    /// A node it forgot is dropped, and nodes only listed (never referenced) are dropped
+    /// once there are many, so browsing history costs memory only for what is in use.
+    private var references: [UInt64: UInt64] = [:]
+    static let unreferencedLimit = 10_000
+
+    /// The kernel took a reference to `ino` (a lookup or a readdirplus entry).
+    mutating func referenced(_ ino: UInt64) {
+        if nodes[ino] != nil { references[ino, default: 0] += 1 }
+    }
+
+    /// The kernel dropped `count` references to `ino`.
+    mutating func forget(_ ino: UInt64, count: UInt64) {
+        guard let held = references[ino] else { return }
+        if held > count {
+            references[ino] = held - count
+            return
+        }
+        references[ino] = nil
+        drop(ino)
+    }
+
+    private mutating func drop(_ ino: UInt64) {
+        guard ino != Self.versionsRoot, ino != Self.conflictsRoot, let node = nodes.removeValue(forKey: ino) else { return }
+        numbers[node] = nil
+    }
+
+    /// Drops the numbered nodes no reference holds, when there are many; `pinned` are
+    /// those an open directory handle lists (readdirplus may still hand them out).
+    mutating func pruneUnreferenced(pinned: () -> Set<UInt64>) {
+        guard nodes.count - references.count > Self.unreferencedLimit else { return }
+        let keep = pinned()
+        for ino in Array(nodes.keys) where references[ino] == nil && !keep.contains(ino) { drop(ino) }
+    }
+
+    var nodeCount: Int { nodes.count }
 
     private mutating func number(_ node: Node) -> UInt64 {
         if let n = numbers[node] { return n }

@@ -162,6 +162,33 @@ final class Harness {
         #expect(throws: Errno.exists) { try h.fs.mkdir(parent: Store.rootInode, name: ".versions", mode: 0o755, caller: h.me) }
     }
 
+    /// Browsing history costs memory only for what the kernel holds: a version it forgot
+    /// is dropped, and listed-only versions go once there are many (but not while an open
+    /// directory handle still lists them).
+    @Test func historyViewsForgetWhatTheKernelForgot() throws {
+        let h = try Harness()
+        let count = VirtualViews.unreferencedLimit + 500
+        try h.fs.meta.withLock { (m) throws(StoreError) in
+            let f = try m.store.create(parent: Store.rootInode, name: "many.txt", kind: .file, mode: 0o644, uid: 0, gid: 0)
+            for _ in 0..<count { try m.store.commit(f.id, content: ChunkList(), path: "many.txt", local: false) }
+        }
+        let versions = try h.fs.lookup(parent: Store.rootInode, name: ".versions").ino
+        let hist = try h.fs.lookup(parent: versions, name: "many.txt").ino
+        let handle = try h.fs.opendir(hist)
+        let listed = try h.fs.readdir(handle)
+        #expect(listed.count == count)
+        let nodes = { h.fs.meta.withLock { $0.views.nodeCount } }
+        _ = try h.fs.lookup(parent: Store.rootInode, name: ".versions") // would prune, but the handle pins them
+        #expect(nodes() >= count)
+        h.fs.releasedir(handle)
+        let one = try h.fs.lookup(parent: hist, name: listed[7].name) // prunes: only referenced nodes stay
+        #expect(nodes() < count / 10)
+        #expect(try h.fs.getattr(one.ino).size == 0)
+        h.fs.forget(one.ino, count: 1)
+        #expect(throws: Errno.notFound) { try h.fs.getattr(one.ino) }
+        #expect(try h.fs.getattr(hist).ino == hist) // still referenced by its lookup
+    }
+
     @Test func renameFlags() throws {
         let h = try Harness()
         try h.save("a", "A")
