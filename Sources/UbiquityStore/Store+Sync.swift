@@ -256,13 +256,17 @@ extension Store {
         }
     }
 
-    /// Whether the tree has `record`'s node at its path: the same history for a file, a
-    /// directory or symlink for those (as the whole-tree scan counts them).
+    /// Whether the tree has `record`'s node at its path: the same history for a file; a
+    /// directory, or a symlink named there by its primary name, for those (as the
+    /// whole-tree scan counts them: another name of a hard-linked symlink is local, and
+    /// kept a removed directory's record alive in t-differential seed 308010073).
     private func presentLocally(_ record: Replica.Record) -> Bool {
         guard let (_, _, id) = locate(record.path), let inode = inode(id), !LocalOnly.contains(record.path) else { return false }
         switch record.kind {
         case .file: return inode.kind == .file && inode.fileID == record.node
-        default: return inode.kind == .directory || inode.kind == .symlink
+        default:
+            if inode.kind == .directory { return true }
+            return inode.kind == .symlink && path(of: id)?.utf8.elementsEqual(record.path.utf8) == true
         }
     }
 

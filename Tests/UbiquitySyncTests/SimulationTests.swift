@@ -50,6 +50,27 @@ import UbiquitySystem
         #expect(try again.tree() == ["b": "file linked", "z": "dir 755", "z/a": "file linked"])
     }
 
+    /// Regression (t-differential seed 308010073): a directory removed and replaced by a
+    /// second name of a hard-linked symlink kept its record: the step took any symlink
+    /// there for the directory's node, while the whole-tree scan (rightly) sees a
+    /// symlink only at its primary name.
+    @Test func hardLinkedSymlinkDoesNotKeepARemovedDirectory() throws {
+        let temp = TempDirectory(prefix: "ubiquity-sim")
+        defer { temp.cleanup() }
+        mkdir(temp.path + "/backing", 0o755)
+        let d = try SimDevice(name: "one", root: temp.path, backing: temp.path + "/backing", clock: nowNanos)
+        _ = try d.directory("c d", create: true)
+        let link = try d.fs.symlink(target: "x", parent: Store.rootInode, name: "a", caller: d.me)
+        d.cycle()
+        #expect(try d.store.replica.current(Replica.dirNode("c d")) != nil)
+        try d.fs.rmdir(parent: Store.rootInode, name: "c d")
+        _ = try d.fs.link(link.ino, parent: Store.rootInode, name: "c d")
+        d.cycle()
+        #expect(try d.store.replica.current(Replica.dirNode("c d")) == nil)
+        #expect(try d.store.replica.current(Replica.linkNode("a"))?.target == "x")
+        #expect(try d.store.replica.current(Replica.linkNode("c d")) == nil) // a local second name
+    }
+
     /// Seeds that broke the incremental sync step (the change set instead of a walk of
     /// the whole tree): a tombstone that revealed another device's file (187), a save
     /// whose older mtime lost to another device's (250, 338), a conflict at a path (337).
