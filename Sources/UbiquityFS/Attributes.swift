@@ -18,6 +18,15 @@ public struct Attributes: Sendable, Equatable {
     /// Bytes held (not holes), so `du` and `cp --sparse` see a sparse file as sparse.
     public var allocated: Int64
 
+    /// A node of the hidden views that never changes (a version under .versions/): the
+    /// kernel may cache it like a live node. Other virtual nodes are never cached.
+    public var immutable = false
+
+    /// How long the kernel may cache this node's entry and attributes, in seconds.
+    public func cacheSeconds(live: Double) -> Double {
+        !VirtualViews.isVirtual(ino) || immutable ? live : 0
+    }
+
     /// st_blocks: 512-byte units of `allocated` (at most maxFileSize, so no overflow).
     public var blocks: Int64 { allocated / 512 + (allocated % 512 == 0 ? 0 : 1) }
 

@@ -243,7 +243,7 @@ extension FileSystem.Meta {
         }
         guard let dir = store.inode(ino) else { throw .notFound }
         guard dir.kind == .directory else { throw .notDirectory }
-        var list = store.entries(ino).compactMap { e in store.inode(e.id).map { DirectoryEntry(name: e.name, attributes: attributes($0)) } }
+        var list = store.entriesWithInodes(ino).map { DirectoryEntry(name: $0.name, attributes: attributes($0.inode, primaryName: $0.primaryName)) }
         if ino == Store.rootInode { list = try views.rootEntries(store: store, showVersions: showVersions) + list }
         return list
     }

@@ -64,7 +64,8 @@ public final class FileSystem: Sendable {
             }
             guard let dir = m.store.inode(parent) else { throw .notFound }
             guard dir.kind == .directory else { throw .notDirectory }
-            guard let id = m.store.child(parent, name), let inode = m.store.inode(id) else { throw .notFound }
+            guard let inode = m.store.childInode(parent, name) else { throw .notFound }
+            let id = inode.id
             m.lookups[id, default: 0] += 1
             return m.attributes(inode)
         }
@@ -161,12 +162,17 @@ public final class FileSystem: Sendable {
 extension FileSystem.Meta {
     /// Attributes with the live size and mtime of an open file.
     func attributes(_ inode: Inode) -> Attributes {
+        attributes(inode, primaryName: inode.kind == .file ? store.name(of: inode.id) : nil)
+    }
+
+    /// Attributes when the inode's primary name is known (a listing read it already).
+    func attributes(_ inode: Inode, primaryName: String?) -> Attributes {
         if let open = openFiles[inode.id] {
             var a = Attributes(inode, size: open.content.size, allocated: open.content.allocatedBytes)
             if let t = open.pendingMTime { a.mtime = t; a.ctime = t }
             return a
         }
-        if inode.kind == .file, let name = store.name(of: inode.id), TinyPixView.applies(to: name) {
+        if inode.kind == .file, let name = primaryName, TinyPixView.applies(to: name) {
             let size = TinyPixView.viewSize(storedSize: inode.size)
             return Attributes(inode, size: size, allocated: size)
         }

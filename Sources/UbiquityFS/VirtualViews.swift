@@ -23,8 +23,10 @@ struct VirtualViews {
         case directory(path: String)
         /// The list of versions of the file(s) last seen at `path`.
         case history(path: String)
-        /// One version's content (`tinypix`: shown as a grid, like the file itself).
-        case version(row: Int64, size: Int64, time: Nanos, tinypix: Bool)
+        /// One version's content (`tinypix`: shown as a grid, like the file itself). Under
+        /// .conflicts/ (`conflict`) it is a node of its own: those entries come and go
+        /// (rm, mv), while one under .versions/ never changes, so the kernel may cache it.
+        case version(row: Int64, size: Int64, time: Nanos, tinypix: Bool, conflict: Bool)
         /// A directory of .conflicts/ mirroring `path`.
         case conflictDirectory(path: String)
         /// The conflict versions of the file at `path`.
@@ -106,7 +108,7 @@ struct VirtualViews {
                 result.append(DirectoryEntry(name: name, attributes: try attributes(n, store: store)))
             }
         case .history(let path):
-            result = try versionEntries(try versions(at: path, store: store), path: path, store: store)
+            result = try versionEntries(try versions(at: path, store: store), path: path, conflict: false, store: store)
         case .conflictDirectory(let path):
             for (name, isLeaf) in Self.children(of: path, among: try storeCall { () throws(StoreError) in try store.conflictedPaths() }) {
                 let child = path.isEmpty ? name : path + "/" + name
@@ -114,7 +116,7 @@ struct VirtualViews {
                 result.append(DirectoryEntry(name: name, attributes: try attributes(n, store: store)))
             }
         case .conflictList(let path):
-            result = try versionEntries(try conflicts(at: path, store: store), path: path, store: store)
+            result = try versionEntries(try conflicts(at: path, store: store), path: path, conflict: true, store: store)
         case .version:
             throw .notDirectory
         }
@@ -137,12 +139,12 @@ struct VirtualViews {
         return names.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
     }
 
-    private mutating func versionEntries(_ list: [(String, Version)], path: String, store: Store) throws(Errno) -> [DirectoryEntry] {
+    private mutating func versionEntries(_ list: [(String, Version)], path: String, conflict: Bool, store: Store) throws(Errno) -> [DirectoryEntry] {
         let tinypix = TinyPixView.applies(to: path)
         var result: [DirectoryEntry] = []
         for (name, version) in list {
             let size = tinypix ? TinyPixView.viewSize(storedSize: version.size) : version.size
-            let n = number(.version(row: version.row, size: size, time: version.committed, tinypix: tinypix))
+            let n = number(.version(row: version.row, size: size, time: version.committed, tinypix: tinypix, conflict: conflict))
             result.append(DirectoryEntry(name: name, attributes: try attributes(n, store: store)))
         }
         return result
@@ -174,7 +176,7 @@ struct VirtualViews {
             if let millis = VersionName.millisecond(of: name), millis > Nanos.min / 1_000_000 + 1, millis < Nanos.max / 1_000_000 - 1 {
                 window = millis * 1_000_000...(millis * 1_000_000 + 999_999)
             }
-            let candidates = try versionEntries(try versions(at: path, committed: window, store: store), path: path, store: store)
+            let candidates = try versionEntries(try versions(at: path, committed: window, store: store), path: path, conflict: false, store: store)
             guard let entry = candidates.first(where: { $0.name.utf8.elementsEqual(name.utf8) }) else { throw .notFound }
             return entry.attributes
         default:
@@ -188,14 +190,16 @@ struct VirtualViews {
         switch node {
         case .directory, .history, .conflictDirectory, .conflictList:
             return Attributes(virtual: ino, directory: true, size: 0, time: root.mtime, uid: root.uid, gid: root.gid)
-        case .version(_, let size, let time, _):
-            return Attributes(virtual: ino, directory: false, size: size, time: time, uid: root.uid, gid: root.gid)
+        case .version(_, let size, let time, _, let conflict):
+            var a = Attributes(virtual: ino, directory: false, size: size, time: time, uid: root.uid, gid: root.gid)
+            a.immutable = !conflict
+            return a
         }
     }
 
     /// A version's content for reading.
     func content(_ ino: UInt64, store: Store) throws(Errno) -> FileContent {
-        guard case .version(let row, _, _, let tinypix) = nodes[ino] else { throw nodes[ino] == nil ? .notFound : .isDirectory }
+        guard case .version(let row, _, _, let tinypix, _) = nodes[ino] else { throw nodes[ino] == nil ? .notFound : .isDirectory }
         let list = try storeCall { () throws(StoreError) -> ChunkList in
             let stored = try store.chunkList(row: row)
             return tinypix ? try TinyPixView.view(of: stored, chunks: store.chunks) : stored

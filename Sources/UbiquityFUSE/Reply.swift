@@ -86,7 +86,7 @@ func entryParam(_ a: Attributes) -> fuse_entry_param {
     e.ino = a.ino
     e.generation = 1
     e.attr = statBuffer(a)
-    let timeout = a.ino >= (1 << 56) ? 0 : cacheTimeout
+    let timeout = a.cacheSeconds(live: cacheTimeout)
     e.attr_timeout = timeout
     e.entry_timeout = timeout
     return e
@@ -99,7 +99,7 @@ func replyEntry(_ req: fuse_req_t?, _ a: Attributes) {
 
 func replyAttr(_ req: fuse_req_t?, _ a: Attributes) {
     var st = statBuffer(a)
-    fuse_reply_attr(req, &st, a.ino >= (1 << 56) ? 0 : cacheTimeout)
+    fuse_reply_attr(req, &st, a.cacheSeconds(live: cacheTimeout))
 }
 
 extension timespec {

@@ -299,7 +299,7 @@ extension Store {
                                 deviceID: deviceID, deviceName: deviceName, committed: clock(), mtime: inode.mtime,
                                 mode: inode.mode, isTombstone: false, isMeta: true, path: path,
                                 chunks: try chunkList(row: row), xattrs: xattrs)
-        let newRow = try insert(record, local: false, uploaded: false)
+        let newRow = try insert(record, from: .here)
         var updated = inode
         updated.head = newRow
         try save(updated)
@@ -315,7 +315,7 @@ extension Store {
         let record = SyncRecord(id: randomHex(bytes: 16), node: node, kind: kind, parents: parents, deviceID: deviceID,
                                 deviceName: deviceName, committed: clock(), mtime: mtime, mode: mode,
                                 isTombstone: tombstone, isMeta: false, path: path, target: tombstone ? nil : target)
-        _ = try insert(record, local: false, uploaded: false)
+        _ = try insert(record, from: .here)
         if tombstone && kind == .file {
             try db.query("UPDATE histories SET live = 0 WHERE file_id = ?", [.text(node)])
         }
@@ -341,7 +341,7 @@ extension Store {
         try db.transaction { () throws(StoreError) in
             for record in records where record.deviceID != deviceID {
                 if try replica.record(id: record.id) != nil { continue }
-                _ = try insert(record, local: false, uploaded: true)
+                _ = try insert(record, from: .otherDevice)
                 added += 1
             }
         }
@@ -542,7 +542,7 @@ extension Store {
         let tombstone = SyncRecord(id: randomHex(bytes: 16), node: record.node, kind: record.kind, parents: [id],
                                    deviceID: deviceID, deviceName: deviceName, committed: now, mtime: now, mode: 0,
                                    isTombstone: true, isMeta: false, path: record.path)
-        try db.transaction { () throws(StoreError) in _ = try insert(tombstone, local: false, uploaded: false) }
+        try db.transaction { () throws(StoreError) in _ = try insert(tombstone, from: .here) }
     }
 
     /// `mv` of a conflict version onto its file: the file's next version gets its content
@@ -560,7 +560,7 @@ extension Store {
                                 mode: conflict.mode, isTombstone: false, isMeta: false, path: path,
                                 chunks: try chunkList(row: taken.row), xattrs: try currentXattrs(ino))
         try db.transaction { () throws(StoreError) in
-            let row = try insert(record, local: false, uploaded: false)
+            let row = try insert(record, from: .here)
             var updated = inode
             updated.head = row
             updated.size = record.chunks.totalSize

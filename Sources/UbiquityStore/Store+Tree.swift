@@ -95,6 +95,33 @@ extension Store {
         } ?? []
     }
 
+    /// Entries of a directory with their inodes, by name bytes: one walk of the entries
+    /// and inode B-trees for a listing, instead of a lookup per entry.
+    /// The inode entry `name` of `parent` names (a lookup): one query for both.
+    public func childInode(_ parent: InodeNumber, _ name: String) -> Inode? {
+        logged("look up \(name) in \(parent)") { () throws(StoreError) -> Inode? in
+            guard let node = try db.rows("SELECT \(Self.qualifiedInodeColumns) FROM entries e JOIN inodes i ON i.id = e.inode WHERE e.parent = ? AND e.name = ?",
+                                         [.int(Int64(bitPattern: parent)), .text(name)], Self.treeNode).first else { return nil }
+            let checked = try node.get()
+            cache.put(checked) // the cache never holds anything SQLite does not
+
+            return checked.inode
+        }
+    }
+
+    static let qualifiedInodeColumns = inodeColumns.split(separator: ",").map { "i." + $0.filter { $0 != " " } }.joined(separator: ", ")
+
+    /// `primaryName` is the inode's own primary name (TinyPix is decided by it).
+    public func entriesWithInodes(_ parent: InodeNumber) -> [(name: String, inode: Inode, primaryName: String?)] {
+        logged("list \(parent)") { () throws(StoreError) in
+            return try db.rows("""
+                SELECT \(Self.qualifiedInodeColumns), e.name FROM entries e JOIN inodes i ON i.id = e.inode
+                WHERE e.parent = ? ORDER BY e.name
+                """, [.int(Int64(bitPattern: parent))]) { r in (r.text(17), Self.treeNode(r)) }
+            .compactMap { (name, node) in (try? node.get()).map { (name: name, inode: $0.inode, primaryName: $0.link?.name) } }
+        } ?? []
+    }
+
     public func isEmptyDirectory(_ id: InodeNumber) -> Bool {
         logged("list \(id)") { () throws(StoreError) in
             try db.rows("SELECT 1 FROM entries WHERE parent = ? LIMIT 1", [.int(Int64(bitPattern: id))]) { _ in true }.isEmpty

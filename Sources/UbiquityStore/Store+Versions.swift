@@ -33,7 +33,7 @@ extension Store {
                try db.rows("SELECT 1 FROM inodes WHERE head = ? AND id != ? LIMIT 1", [.int(previous.row), .int(Int64(bitPattern: id))], { _ in true }).isEmpty {
                 try db.query("DELETE FROM versions WHERE row = ?", [.int(previous.row)])
             }
-            let row = try insert(record, local: local, uploaded: false)
+            let row = try insert(record, from: local ? .hereLocalOnly : .here)
             inode.head = row
             inode.size = content.totalSize
             inode.allocated = content.storedBytes
@@ -58,7 +58,7 @@ extension Store {
                                    deviceID: deviceID, deviceName: deviceName, committed: now, mtime: now,
                                    mode: previous?.mode ?? 0o644, isTombstone: true, isMeta: false, path: path)
         try db.transaction { () throws(StoreError) in
-            _ = try insert(tombstone, local: false, uploaded: false)
+            _ = try insert(tombstone, from: .here)
             try placeHistory(fileID, path: path, live: false)
         }
     }
@@ -125,10 +125,21 @@ extension Store {
         (try? db.rows("SELECT count(*) FROM versions WHERE tombstone = 0 AND local = 0 AND meta = 0 AND kind = 1", []) { Int($0.int(0)) }.first) ?? 0
     }
 
+    /// Where a version row comes from.
+    enum Origin {
+        /// Made on this device: a record, to upload.
+        case here
+        /// Made on this device for a local-only file: never a record, never synced.
+        case hereLocalOnly
+        /// Another device's record, read from the backing directory (so already there).
+        case otherDevice
+    }
+
     /// Appends a version row (every record goes through here) and adds it to the synced
     /// view in the same transaction; the paths it may change are queued for `reconcile`.
-    func insert(_ r: SyncRecord, local: Bool, uploaded: Bool) throws(StoreError) -> Int64 {
-        try db.transaction { () throws(StoreError) -> Int64 in
+    func insert(_ r: SyncRecord, from origin: Origin) throws(StoreError) -> Int64 {
+        let local = origin == .hereLocalOnly, remote = origin == .otherDevice
+        return try db.transaction { () throws(StoreError) -> Int64 in
             try db.query("""
                 INSERT INTO versions(id, file_id, parents, device_id, device_name, committed, mtime, mode, size, tombstone,
                                      local, path, chunks, kind, target, xattrs, meta, uploaded)
@@ -137,7 +148,7 @@ extension Store {
                       .text(r.deviceName), .int(r.committed), .int(r.mtime), .int(Int64(r.mode)), .int(r.size),
                       .int(r.isTombstone ? 1 : 0), .int(local ? 1 : 0), .text(r.path), .blob(r.chunks.encoded),
                       .int(r.kind.rawValue), r.target.map { .text($0) } ?? .null, .blob(XattrCodec.encode(r.xattrs)),
-                      .int(r.isMeta ? 1 : 0), .int(uploaded ? 1 : 0)])
+                      .int(r.isMeta ? 1 : 0), .int(remote ? 1 : 0)])
             let row = db.lastInsertRowID
             if local { return row }
             let info = Replica.Record(row: row, id: r.id, node: r.node, parents: r.parents, kind: r.kind,
@@ -147,7 +158,7 @@ extension Store {
             // Another device's file is listed under .versions/ from the start, even when it
             // never shows here as a file (a conflict that lost its path, say).
             // (A record can arrive after a tombstone that descends from it: simulation seed 39.)
-            if uploaded && r.kind == .file && !r.isTombstone {
+            if remote && r.kind == .file && !r.isTombstone {
                 if try replica.current(r.node)?.id == r.id {
                     try placeHistory(r.node, path: r.path, live: nil)
                 } else {
@@ -158,7 +169,7 @@ extension Store {
             // this device's own can change what a path shows too (its tombstone reveals a
             // conflicting node; a skewed clock gives its new file an older mtime): the sync
             // step checks those paths (`recheck`) and queues the ones the tree does not show.
-            for path in changed { try (uploaded ? unreconciled : recheck).insert(NameKey(path)) }
+            for path in changed { try (remote ? unreconciled : recheck).insert(NameKey(path)) }
             return row
         }
     }
