@@ -39,7 +39,7 @@ extension StoreError {
         case .locked: return .busy
         case .noSuchVersion: return .notFound
         case .unsupportedFormat: return .io
-        case .invalidContent: return .invalid
+        case .invalidContent, .invalidConfiguration: return .invalid
         }
     }
 }
@@ -48,7 +48,7 @@ extension StoreError {
 /// that an EIO or EINVAL always has an explanation in the log.
 func storeErrorLogged(_ error: StoreError) -> Errno {
     switch error {
-    case .noSuchVersion, .locked: break
+    case .noSuchVersion, .locked, .invalidConfiguration: break
     default: log("ubiquity: \(error)")
     }
     return error.errno

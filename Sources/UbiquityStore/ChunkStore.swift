@@ -12,6 +12,10 @@ import UbiquitySystem
 ///   many) and callers run it before recording a durable version that names them.
 /// - `read` re-hashes every chunk it returns and throws `.corruptChunk` on a mismatch, so
 ///   wrong bytes are never served. Verified chunks are kept in a small cache.
+/// - Garbage collection (`sweep`) deletes only a chunk no version named when its mark
+///   began and that nobody wrote or claimed since: `put` and `contains` of a chunk that is
+///   already there renew its mtime, and they and `sweep` decide under one lock, so a
+///   commit that reuses an old chunk never loses it to a concurrent gc.
 public final class ChunkStore: Sendable {
     public let directory: String
     private let dirFD: Int32
@@ -20,6 +24,8 @@ public final class ChunkStore: Sendable {
     private let prefetching = Locked<Set<ChunkID>>([])
     /// Chunk files written since the last `sync()`.
     private let unsynced = Locked<Set<ChunkID>>([])
+    /// Orders "is it there? keep it" (`put`, `contains`) against gc's "unused? delete".
+    private let claims = Locked(())
 
     public init(directory: String) throws(StoreError) {
         self.directory = directory
@@ -38,14 +44,40 @@ public final class ChunkStore: Sendable {
         return "\(directory)/\(hex.prefix(2))/\(hex)"
     }
 
+    /// Whether the chunk is here; if so, it is claimed (kept from gc) as `put` does.
     public func contains(_ id: ChunkID) -> Bool {
-        access(path(of: id), F_OK) == 0
+        claim(id)
+    }
+
+    /// Renews the chunk's mtime if it exists: gc keeps it (see the contract above).
+    private func claim(_ id: ChunkID) -> Bool {
+        let p = path(of: id)
+        return claims.withLock { _ in
+            if utimensat(AT_FDCWD, p, nil, 0) == 0 { return true } // both times: now
+            // A read-only store (or a chunk file another user made) cannot be touched:
+            // it is there all the same.
+            return errno != ENOENT && access(p, F_OK) == 0
+        }
+    }
+
+    /// gc: deletes the chunk unless it was written or claimed at or after `cutoff` (or is
+    /// gone). Returns the disk space freed, nil when it was kept.
+    public func sweep(_ id: ChunkID, unusedSince cutoff: Nanos) -> Int64? {
+        let p = path(of: id)
+        return claims.withLock { _ -> Int64? in
+            var st = stat()
+            guard stat(p, &st) == 0 else { return nil }
+            let mtime = Nanos(st.st_mtim.tv_sec) * 1_000_000_000 + Nanos(st.st_mtim.tv_nsec)
+            guard mtime < cutoff, unlink(p) == 0 else { return nil }
+            cache.withLock { $0.remove(id) }
+            return Int64(st.st_blocks) * 512
+        }
     }
 
     /// Stores `bytes` (whose hash is `id`) unless the chunk is already there.
     public func put(_ id: ChunkID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) {
         let final = path(of: id)
-        if access(final, F_OK) == 0 { return }
+        if claim(id) { return }
         let temp = final + ".tmp.\(getpid()).\(UInt32.random(in: 0...UInt32.max))"
         let fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o444)
         if fd < 0 { throw .io(errno: errno, "create chunk \(temp)") }

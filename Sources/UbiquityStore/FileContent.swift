@@ -61,6 +61,8 @@ public final class FileContent: @unchecked Sendable {
     }
 
     public var size: Int64 { summary.withLock { $0.size } }
+    /// The chunks the committed content is made of (gc keeps them while the file is open).
+    public var baseChunks: [ChunkID] { state.withLock { s in s.base.chunks.map(\.id) } }
     public var isChanged: Bool { summary.withLock { $0.changed } }
     /// Whether bytes were written since the last commit (not just a truncation).
     public var hasWrites: Bool { summary.withLock { $0.hasWrites } }

@@ -17,6 +17,8 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     case unsupportedFormat(String)
     /// Written content a file type cannot store (an invalid TinyPix grid); nothing changed.
     case invalidContent(String)
+    /// A setting (retention file, option) the store cannot use; the message names it.
+    case invalidConfiguration(String)
 
     public var description: String {
         switch self {
@@ -28,6 +30,7 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
         case .noSuchVersion(let what): return "no such version: \(what)"
         case .unsupportedFormat(let message): return message
         case .invalidContent(let message): return message
+        case .invalidConfiguration(let message): return message
         }
     }
 }

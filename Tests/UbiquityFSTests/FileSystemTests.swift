@@ -381,7 +381,7 @@ extension TinyPixViewTests {
         let cases: [(StoreError, Int32)] = [
             (.corruptChunk(id), EIO), (.missingChunk(id), EIO), (.io(errno: ENOSPC, "write"), ENOSPC),
             (.database("x"), EIO), (.locked("x"), EBUSY), (.noSuchVersion("x"), ENOENT),
-            (.unsupportedFormat("x"), EIO), (.invalidContent("x"), EINVAL),
+            (.unsupportedFormat("x"), EIO), (.invalidContent("x"), EINVAL), (.invalidConfiguration("x"), EINVAL),
         ]
         for (error, code) in cases { #expect(error.errno.code == code, "\(error)") }
     }

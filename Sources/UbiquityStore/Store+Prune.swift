@@ -1,0 +1,85 @@
+/// Prune: drops the versions a retention policy does not keep. Works a page of histories
+/// at a time (the caller holds the filesystem's lock per page), so a big store is pruned
+/// in slices while the mount keeps serving. The chunks pruned versions leave behind are
+/// freed by gc (Store+Gc).
+extension Store {
+    /// One pruned version, for the report.
+    public struct PrunedVersion: Sendable {
+        public var path: String
+        public var committed: Nanos
+        public var size: Int64
+    }
+
+    public struct PruneResult: Sendable {
+        public var versions: [PrunedVersion] = []
+        /// Histories of deleted files that lost their last version (gone from .versions/).
+        public var histories = 0
+        /// The last history looked at: the next page starts after it (nil: done).
+        public var resumeAfter: String?
+        public init() {}
+    }
+
+    /// Prunes (or with `dryRun`, only lists) the versions of up to `limit` histories after
+    /// `after` (in file id order) that `policy` does not keep at `now`. `under`: only
+    /// histories shown at that path or below it ("" for all).
+    public func prune(policy: RetentionPolicy, now: Nanos, under: String = "", after: String? = nil,
+                      limit: Int = 200, dryRun: Bool) throws(StoreError) -> PruneResult {
+        var result = PruneResult()
+        let page = try db.rows("SELECT file_id, path, live FROM histories WHERE file_id > ? ORDER BY file_id LIMIT ?",
+                               [.text(after ?? ""), .int(Int64(limit))]) { (id: $0.text(0), path: $0.text(1), live: $0.int(2) != 0) }
+        result.resumeAfter = page.count == limit ? page.last?.id : nil
+        if policy.keepEverything { return result }
+        try db.transaction { () throws(StoreError) in
+            for history in page where Self.isAtOrBelow(history.path, under) {
+                try prune(history: history.id, live: history.live, policy: policy, now: now, dryRun: dryRun, into: &result)
+            }
+        }
+        return result
+    }
+
+    static func isAtOrBelow(_ path: String, _ root: String) -> Bool {
+        root.isEmpty || path.utf8.elementsEqual(root.utf8) || path.utf8.starts(with: (root + "/").utf8)
+    }
+
+    private func prune(history fileID: String, live: Bool, policy: RetentionPolicy, now: Nanos, dryRun: Bool,
+                       into result: inout PruneResult) throws(StoreError) {
+        struct Row {
+            var row: Int64, committed: Nanos, tombstone: Bool, meta: Bool, uploaded: Bool, path: String, size: Int64
+            var content: Bool { !tombstone && !meta }
+        }
+        let rows = try db.rows("""
+            SELECT row, committed, tombstone, meta, uploaded, device_id, path, size FROM versions
+            WHERE file_id = ? AND local = 0
+            """, [.text(fileID)]) {
+            Row(row: $0.int(0), committed: $0.int(1), tombstone: $0.int(2) != 0, meta: $0.int(3) != 0,
+                uploaded: $0.int(4) != 0 || $0.text(5) != deviceID, path: $0.text(6), size: $0.int(7))
+        }
+        // Never pruned: the node's heads (its current version, unresolved conflicts, its
+        // tombstone), what an inode shows or a new file continues, and records of this
+        // device's own not yet in the backing directory.
+        var protected = Set(try db.rows("SELECT row FROM view_heads WHERE node = ?", [.text(fileID)]) { $0.int(0) })
+        for row in rows where !row.uploaded { protected.insert(row.row) }
+        for row in rows where try !db.rows("SELECT 1 FROM inodes WHERE head = ? LIMIT 1", [.int(row.row)], { _ in true }).isEmpty {
+            protected.insert(row.row)
+        }
+        protected.formUnion(continuedParents.values)
+        let deletedAt = live ? nil : rows.filter(\.tombstone).map(\.committed).max()
+        // The policy staggers the versions .versions/ lists; the rows between them that
+        // carry no content of their own (meta records, tombstones) go once they are past
+        // the keep-everything window, unless protected.
+        let content = rows.filter(\.content).map { RetentionPolicy.Candidate(row: $0.row, committed: $0.committed) }
+        var drop = Set(policy.prunable(content, now: now, deletedAt: deletedAt, protected: protected))
+        for row in rows where !row.content && !protected.contains(row.row) && RetentionPolicy.age(row.committed, now: now) > policy.keepAll {
+            drop.insert(row.row)
+        }
+        if drop.isEmpty { return }
+        for row in rows where drop.contains(row.row) && row.content {
+            result.versions.append(PrunedVersion(path: row.path, committed: row.committed, size: row.size))
+        }
+        let remaining = rows.filter { $0.content && !drop.contains($0.row) }.count
+        if !live && remaining == 0 { result.histories += 1 }
+        if dryRun { return }
+        for row in drop { try db.query("DELETE FROM versions WHERE row = ?", [.int(row)]) }
+        if !live && remaining == 0 { try dropHistory(fileID) }
+    }
+}
