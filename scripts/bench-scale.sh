@@ -6,11 +6,14 @@
 #   mount time; daemon RSS after mounting and after `ls -R`; daemon CPU of an idle sync
 #   cycle; daemon CPU per one-file save (a small file, and hot.txt); open+read latency of
 #   random files while one file is saved per second (p50/p99/max); `ubiquity status`;
-#   `find` and `du` of the mount (cold kernel caches, when root), and `find` of the same tree through libfuse's
-#   passthrough_ll; `ls -la` of the 1,000 entries of .versions/thousand.txt; how long a
+#   `find` and `du` of the mount (cold kernel caches, when root), and `find` of the same
+#   tree (plain files on /dev/shm) through libfuse's passthrough_ll and its high-level
+#   passthrough (passthrough_ll needs a file descriptor per inode: where the open-file
+#   limit is too low for the tree it reports "failed"); `ls -la` of the 1,000 entries of .versions/thousand.txt; how long a
 #   second device, mounted on the same backing directory, takes to catch up, and then
 #   to show a one-file change (default 1 s poll).
-# It prints one table with the growth ratio largest/smallest size of each row.
+# Times of status, ls, find and du are the median of three runs. It prints one table
+# with the growth ratio largest/smallest size of each row.
 #
 #   scripts/bench-scale.sh                          # 10,000 and 100,000 files
 #   BENCH_SIZES="10000 1000000" scripts/bench-scale.sh
@@ -39,7 +42,9 @@ cleanup() {
 trap cleanup EXIT
 
 examples=/usr/share/doc/libfuse3-dev/examples
-cc -O2 -Wall -o "$work/passthrough_ll" "$examples/passthrough_ll.c" $(pkg-config --cflags --libs fuse3)
+for reference in passthrough_ll passthrough; do
+  cc -O2 -Wall -o "$work/$reference" "$examples/$reference.c" $(pkg-config --cflags --libs fuse3)
+done
 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
@@ -57,6 +62,17 @@ unmount_at() { "$bin" unmount "$1" >/dev/null; }
 # The kernel forgets cached names and inodes (FUSE ones too), so `find` and `du` start
 # cold; needs root (otherwise they run with whatever is cached).
 drop_caches() { sync; echo 2 >/proc/sys/vm/drop_caches 2>/dev/null || true; }
+# median3 [--cold] COMMAND...: the median seconds of three runs (--cold: kernel caches
+# dropped before each).
+median3() {
+  local cold=0; [[ $1 == --cold ]] && { cold=1; shift; }
+  local times=() t0
+  for _ in 1 2 3; do
+    ((cold)) && drop_caches
+    t0=$(now); "$@" >/dev/null 2>&1; times+=("$(elapsed "$t0")")
+  done
+  printf '%s\n' "${times[@]}" | sort -n | sed -n 2p
+}
 wait_for() { # wait_for SECONDS COMMAND...: polls every 0.05 s
   local limit=$1; shift
   local start; start=$(now)
@@ -65,15 +81,30 @@ wait_for() { # wait_for SECONDS COMMAND...: polls every 0.05 s
     sleep 0.05
   done
 }
-# cpu_per_save PID FILE: daemon CPU (ms) per save of FILE, 20 saves 0.5 s apart, less
-# the idle baseline.
+# cpu_per_save PID FILE: daemon CPU (ms) per save of FILE (with the sync cycle that
+# uploads it), 40 saves 0.5 s apart, less the idle baseline.
 cpu_per_save() {
   local c0 c1
   c0=$(cpu_ticks "$1")
-  for i in $(seq 20); do echo "save $i" >"$2"; sleep 0.5; done
+  for i in $(seq 40); do echo "save $i" >"$2"; sleep 0.5; done
   c1=$(cpu_ticks "$1")
   awk -v a="$c0" -v b="$c1" -v t="$tick" -v idle="$idle_ms" \
-    'BEGIN { v = (b - a) * 1000 / t / 20 - idle / 2; printf "%.1f", v < 0 ? 0 : v }'
+    'BEGIN { v = (b - a) * 1000 / t / 40 - idle / 2; printf "%.1f", v < 0 ? 0 : v }'
+}
+# find_through REFERENCE MOUNT SOURCE: seconds for a cold `find` of SOURCE through
+# libfuse's example REFERENCE mounted at MOUNT ("failed" if it cannot serve the tree:
+# passthrough_ll keeps a file descriptor per inode it has seen, and this machine allows
+# no more open files than `ulimit -Hn`).
+find_through() {
+  local args
+  case $1 in
+    passthrough_ll) args=(-o source="$3" "$2") ;;
+    passthrough) args=("$2" -o modules=subdir,subdir="$3") ;;
+  esac
+  bash -c 'ulimit -n "$(ulimit -Hn)"; exec "$@"' - "$work/$1" "${args[@]}"
+  mounts+=("$2")
+  if find "$2" >/dev/null 2>&1; then median3 --cold find "$2"; else echo failed; fi
+  fusermount3 -u "$2"
 }
 
 declare -A result
@@ -128,12 +159,11 @@ PY
   kill "$saver"; wait "$saver" 2>/dev/null || true; saver=
   result[$n,p50]=$p50 result[$n,p99]=$p99 result[$n,max]=$max
 
-  t0=$(now); "$bin" status "$mnt" >/dev/null; result[$n,status]=$(elapsed "$t0")
-  t0=$(now); ls -la "$mnt/.versions/thousand.txt" >/dev/null; result[$n,versions]=$(elapsed "$t0")
-  drop_caches
-  t0=$(now); find "$mnt" >/dev/null; result[$n,find]=$(elapsed "$t0")
-  drop_caches
-  t0=$(now); du -s "$mnt" >/dev/null; result[$n,du]=$(elapsed "$t0")
+  sleep 2 # the saver's last upload
+  result[$n,status]=$(median3 "$bin" status "$mnt")
+  result[$n,versions]=$(median3 ls -la "$mnt/.versions/thousand.txt")
+  result[$n,find]=$(median3 --cold find "$mnt")
+  result[$n,du]=$(median3 --cold du -s "$mnt")
   ls -R "$mnt" >/dev/null
   result[$n,rssls]=$(rss_mib "$pid")
 
@@ -153,14 +183,8 @@ for name in ("hot.txt", "thousand.txt"):
     open(os.path.join(root, name), "w").close()
 PY
   pmnt=$work/passthrough-$n; mkdir -p "$pmnt"
-  # passthrough_ll keeps a file descriptor per inode it has seen.
-  bash -c 'ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec "$@"' - \
-    "$work/passthrough_ll" -o source="$plain" "$pmnt"
-  mounts+=("$pmnt")
-  drop_caches
-  t0=$(now)
-  if find "$pmnt" >/dev/null; then result[$n,pfind]=$(elapsed "$t0"); else result[$n,pfind]="failed"; fi
-  fusermount3 -u "$pmnt"
+  result[$n,pllfind]=$(find_through passthrough_ll "$pmnt" "$plain")
+  result[$n,pfind]=$(find_through passthrough "$pmnt" "$plain")
   rm -rf "$plain"
 
   # A second device on the same backing directory: its catch-up, then one change.
@@ -184,7 +208,7 @@ rows=(mount "mount (s)" rss "RSS after mount (MiB)" rssls "RSS after ls -R (MiB)
       save "CPU per one-file save (ms)" hotsave "CPU per save of the 100,000-version file (ms)"
       p50 "read p50 while saving (ms)" p99 "read p99 while saving (ms)" max "read max while saving (ms)"
       status "ubiquity status (s)" versions "ls -la of 1,000 versions (s)" find "find of the mount (s)"
-      pfind "find through passthrough_ll (s)" du "du of the mount (s)" catchup "second device catches up (s)"
+      pllfind "find through passthrough_ll (s)" pfind "find through passthrough (s)" du "du of the mount (s)" catchup "second device catches up (s)"
       propagate "one change reaches the second device (s)")
 first=${sizes[0]} last=${sizes[-1]}
 printf '| %s |' "measure"; for n in "${sizes[@]}"; do printf ' %s files |' "$n"; done; printf ' %s/%s |\n' "$last" "$first"

@@ -51,10 +51,18 @@ extension FileSystem {
         let total = meta.withLock { $0.store.versionRowCount }
         var marked: Set<ChunkID> = []
         // Chunks open files and views read from (a pruned version's view stays readable).
-        meta.withLock { m in
-            for case .file(_, let open, _) in m.handles.values { marked.formUnion(open.content.baseChunks) }
-            for case .view(let content) in m.handles.values { marked.formUnion(content.baseChunks) }
+        // Their content locks come before the metadata lock (FileSystem.swift), so the
+        // contents are read after it is released.
+        let open = meta.withLock { m in
+            m.handles.values.compactMap { handle -> FileContent? in
+                switch handle {
+                case .file(_, let open, _): return open.content
+                case .view(let content): return content
+                case .directory: return nil
+                }
+            }
         }
+        for content in open { marked.formUnion(content.baseChunks) }
         var after: Int64 = 0
         while true {
             let last = try withMeta { (m) throws(StoreError) -> Int64? in
@@ -77,5 +85,142 @@ extension FileSystem {
             if i % 4096 == 0 || i == ids.count - 1 { progress?("sweeping", i + 1, ids.count) }
         }
         return report
+    }
+}
+
+// MARK: control through the mount root (`ubiquity prune`, `ubiquity gc`)
+
+/// What maintenance reports on the mount root: `user.ubiquity.prune` and
+/// `user.ubiquity.gc` hold the last run's report (gc: its progress while it runs).
+struct MaintenanceReports {
+    var prune = ""
+    var gc = ""
+}
+
+extension FileSystem {
+    public static let pruneAttribute = "user.ubiquity.prune"
+    public static let gcAttribute = "user.ubiquity.gc"
+    static let maintenanceAttributes = [pruneAttribute, gcAttribute]
+
+    /// Reads of the maintenance reports, answered without the metadata lock.
+    func maintenanceReport(_ ino: UInt64, name: String) -> [UInt8]? {
+        guard ino == Store.rootInode else { return nil }
+        switch name {
+        case Self.pruneAttribute: return Array(reports.withLock { $0.prune }.utf8)
+        case Self.gcAttribute: return Array(reports.withLock { $0.gc }.utf8)
+        default: return nil
+        }
+    }
+
+    /// `prune [dry-run] [keep-within=D] [keep-deleted-within=D] [path=P]` (the path last:
+    /// it may hold spaces) and `gc [grace=D]`, written to the control attribute; answered
+    /// when done. False for text that is not a maintenance command.
+    func maintenanceControl(_ text: String) throws(Errno) -> Bool {
+        var text = Substring(text)
+        var path = ""
+        if let at = text.firstRange(of: " path=") {
+            path = String(text[at.upperBound...])
+            text = text[..<at.lowerBound]
+        }
+        let words = text.split(separator: " ").map(String.init)
+        guard let command = words.first, command == "prune" || command == "gc" else { return false }
+        if command == "gc" && !path.isEmpty { throw .invalid }
+        var options: [String: String] = [:]
+        for word in words.dropFirst() {
+            let parts = word.split(separator: "=", maxSplits: 1).map(String.init)
+            options[parts[0]] = parts.count == 2 ? parts[1] : ""
+        }
+        if command == "gc" {
+            var grace = Self.gcGrace
+            if let text = options.removeValue(forKey: "grace") {
+                guard let d = RetentionPolicy.duration(text) else { throw .invalid }
+                grace = d
+            }
+            guard options.isEmpty else { throw .invalid }
+            reports.withLock { $0.gc = "gc: starting\n" }
+            let report = try collectGarbage(grace: grace) { [reports] phase, done, total in
+                reports.withLock { $0.gc = "gc: \(phase) \(done)/\(total)\n" }
+            }
+            reports.withLock { $0.gc = report.summary + "\n" }
+            return true
+        }
+        var policy = self.options.retention
+        let dryRun = options.removeValue(forKey: "dry-run") != nil
+        func duration(_ key: String) throws(Errno) -> Nanos? {
+            guard let value = options.removeValue(forKey: key) else { return nil }
+            guard let d = RetentionPolicy.duration(value) else { throw .invalid }
+            return d
+        }
+        policy.apply(keepWithin: try duration("keep-within"), keepDeletedWithin: try duration("keep-deleted-within"))
+        guard options.isEmpty else { throw .invalid }
+        let report = try prune(policy: policy, now: meta.withLock { $0.store.clock() }, under: path, dryRun: dryRun)
+        reports.withLock { $0.prune = report.text(dryRun: dryRun, limit: 400) }
+        return true
+    }
+}
+
+extension FileSystem.GcReport {
+    public var summary: String {
+        "gc: read \(versionsRead) versions, checked \(chunksChecked) chunks, deleted \(chunksDeleted) (\(byteText(bytesFreed)) freed)"
+    }
+}
+
+extension FileSystem.PruneReport {
+    /// The report `ubiquity prune` prints: a summary line, then up to `limit` versions.
+    public func text(dryRun: Bool, limit: Int) -> String {
+        let verb = dryRun ? "would prune" : "pruned"
+        var lines = ["\(verb) \(versions.count) version(s), \(byteText(bytes)) of file content"
+            + (histories > 0 ? "; \(histories) deleted file(s) gone from .versions/" : "")
+            + (dryRun ? "" : " (gc frees what no other version shares)")]
+        for v in versions.sorted(by: { ($0.path, $0.committed) < ($1.path, $1.committed) }).prefix(limit) {
+            lines.append("  \(v.path)  \(isoTime(v.committed))  \(byteText(v.size))")
+        }
+        if versions.count > limit { lines.append("  ... and \(versions.count - limit) more") }
+        return lines.joined(separator: "\n") + "\n"
+    }
+}
+
+/// "1.5 MiB".
+func byteText(_ bytes: Int64) -> String {
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"]
+    var value = Double(bytes), unit = 0
+    while value >= 1024 && unit < units.count - 1 { value /= 1024; unit += 1 }
+    return unit == 0 ? "\(bytes) bytes" : String(Int(value * 10) / 10) + "." + String(Int(value * 10) % 10) + " " + units[unit]
+}
+
+extension FileSystem {
+    /// The daemon's own prune and gc, once per `Options.maintenanceInterval` (the time of
+    /// the last run is kept in the store, so short sessions add up). Logs what it did.
+    public func maintainIfDue(now: Nanos = nowNanos()) {
+        let interval = options.maintenanceInterval
+        guard interval > 0 else { return }
+        let last: Nanos?
+        do {
+            last = try withMeta { (m) throws(StoreError) -> Nanos? in
+                guard let last = try m.store.setting("last_maintenance").flatMap({ Nanos($0) }) else {
+                    try m.store.setSetting("last_maintenance", String(now)) // a first mount: one interval from now
+                    return nil
+                }
+                return last
+            }
+        } catch {
+            log("ubiquity: maintenance: \(error)")
+            return
+        }
+        guard let last, RetentionPolicy.age(last, now: now) >= interval else { return }
+        do {
+            let pruned = try prune(policy: options.retention, now: meta.withLock { $0.store.clock() }, dryRun: false)
+            reports.withLock { $0.prune = pruned.text(dryRun: false, limit: 400) }
+            let gc = try collectGarbage()
+            reports.withLock { $0.gc = gc.summary + "\n" }
+            log("ubiquity: maintenance: \(pruned.text(dryRun: false, limit: 0).trimmingWhitespace); \(gc.summary)")
+        } catch {
+            log("ubiquity: maintenance: \(error)")
+        }
+        do {
+            try withMeta { (m) throws(StoreError) in try m.store.setSetting("last_maintenance", String(now)) }
+        } catch {
+            log("ubiquity: maintenance: \(error)")
+        }
     }
 }

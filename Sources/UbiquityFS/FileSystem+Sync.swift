@@ -31,12 +31,15 @@ extension FileSystem: StoreAccess {
         return Array(sync.statusText().utf8)
     }
 
-    /// `setfattr -n user.ubiquity.control -v sync|pause|resume MOUNTPOINT`.
-    func syncControl(_ ino: UInt64, name: String, value: [UInt8]) throws(Errno) -> Bool {
+    /// `setfattr -n user.ubiquity.control -v sync|pause|resume MOUNTPOINT`, and the
+    /// maintenance commands (`prune ...`, `gc ...`: FileSystem+Maintenance).
+    func control(_ ino: UInt64, name: String, value: [UInt8]) throws(Errno) -> Bool {
         guard name == Self.controlAttribute else { return false }
         guard ino == Store.rootInode else { throw .notPermitted }
+        let text = String(decoding: value, as: UTF8.self).trimmingWhitespace
+        if try maintenanceControl(text) { return true }
         guard let sync = hooks.withLock({ $0.sync }) else { throw .notSupported }
-        switch String(decoding: value, as: UTF8.self).trimmingWhitespace {
+        switch text {
         case "sync": try storeCall { () throws(StoreError) in try sync.syncNow() }
         case "pause": sync.pause()
         case "resume": sync.resume()

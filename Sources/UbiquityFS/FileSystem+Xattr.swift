@@ -15,7 +15,7 @@ extension FileSystem {
 
     public func getxattr(_ ino: UInt64, name: String) throws(Errno) -> [UInt8] {
         try Self.checkXattrName(name)
-        if let status = syncStatus(ino, name: name) { return status }
+        if let status = syncStatus(ino, name: name) ?? maintenanceReport(ino, name: name) { return status }
         return try meta.withLock { (m) throws(Errno) -> [UInt8] in
             if VirtualViews.isVirtual(ino) { throw .noData }
             guard m.store.inode(ino) != nil else { throw .notFound }
@@ -30,7 +30,7 @@ extension FileSystem {
     }
 
     public func listxattr(_ ino: UInt64) throws(Errno) -> [String] {
-        let root = ino == Store.rootInode && hasSync ? [Self.syncStatusAttribute] : []
+        let root = ino != Store.rootInode ? [] : (hasSync ? [Self.syncStatusAttribute] : []) + Self.maintenanceAttributes
         return try meta.withLock { (m) throws(Errno) -> [String] in
             if VirtualViews.isVirtual(ino) { return [] }
             guard m.store.inode(ino) != nil else { throw .notFound }
@@ -42,7 +42,7 @@ extension FileSystem {
     /// flags: XATTR_CREATE (1) fails if it exists, XATTR_REPLACE (2) if it does not.
     public func setxattr(_ ino: UInt64, name: String, value: [UInt8], flags: Int32) throws(Errno) {
         try Self.checkXattrName(name)
-        if try syncControl(ino, name: name, value: value) { return }
+        if try control(ino, name: name, value: value) { return }
         try meta.withLock { (m) throws(Errno) in
             if VirtualViews.isVirtual(ino) { throw .readOnly }
             guard m.store.inode(ino) != nil else { throw .notFound }

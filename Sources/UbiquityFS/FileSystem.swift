@@ -19,12 +19,18 @@ public final class FileSystem: Sendable {
     let chunks: ChunkStore
     public let options: Options
     let hooks = Locked(Hooks())
+    /// The last prune and gc reports (FileSystem+Maintenance).
+    let reports = Locked(MaintenanceReports())
 
     public struct Options: Sendable {
         /// Commit a file held open and dirty after this long without writes (DESIGN: ~10 s).
         public var idleCommitSeconds: Double = 10
         /// List `.versions` in the root directory (it always works when named).
         public var showVersions = false
+        /// What prune keeps (the daemon prunes daily; `ubiquity prune` starts from it).
+        public var retention = RetentionPolicy.standard
+        /// How often the daemon prunes and collects garbage (0: never on its own).
+        public var maintenanceInterval: Nanos = RetentionPolicy.day
         public init() {}
     }
 

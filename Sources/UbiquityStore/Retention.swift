@@ -23,6 +23,16 @@ public struct RetentionPolicy: Sendable, Equatable {
 
     public init() {}
 
+    /// `--keep-within` and `--keep-deleted-within` of `ubiquity prune`, for one run: keep
+    /// every version younger than `keepWithin` and none older; keep a deleted file's
+    /// history `keepDeletedWithin`.
+    public mutating func apply(keepWithin: Nanos?, keepDeletedWithin: Nanos?) {
+        if let d = keepWithin {
+            keepAll = d; hourlyUntil = d; dailyUntil = d; weekly = false; keepEverything = false
+        }
+        if let d = keepDeletedWithin { keepDeleted = d }
+    }
+
     /// The default policy, or "keep everything".
     public static let standard = RetentionPolicy()
     public static var everything: RetentionPolicy {

@@ -59,7 +59,7 @@ extension Store {
         // device's own not yet in the backing directory.
         var protected = Set(try db.rows("SELECT row FROM view_heads WHERE node = ?", [.text(fileID)]) { $0.int(0) })
         for row in rows where !row.uploaded { protected.insert(row.row) }
-        for row in rows where try !db.rows("SELECT 1 FROM inodes WHERE head = ? LIMIT 1", [.int(row.row)], { _ in true }).isEmpty {
+        for row in rows where try !db.rows("SELECT 1 FROM inodes WHERE head = ? AND nlink > 0 LIMIT 1", [.int(row.row)], { _ in true }).isEmpty {
             protected.insert(row.row)
         }
         protected.formUnion(continuedParents.values)

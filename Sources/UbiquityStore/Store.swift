@@ -89,6 +89,9 @@ public final class Store: @unchecked Sendable {
         let db = try SQLiteDatabase(path: directory + "/meta.sqlite")
         try db.execute("PRAGMA journal_mode=WAL")
         try db.execute("PRAGMA synchronous=NORMAL")
+        // 32 MiB of pages (the default is 2 MiB): the tree's B-tree pages of a big container
+        // stay in memory instead of being read again for every lookup.
+        try db.execute("PRAGMA cache_size=-32768")
         if !readOnly { try Schema.migrate(db) }
         let get = { (key: String) throws(StoreError) -> String? in
             try db.rows("SELECT value FROM settings WHERE key = ?", [.text(key)]) { $0.text(0) }.first
@@ -139,6 +142,15 @@ public final class Store: @unchecked Sendable {
     deinit {
         do { try db.commitBatch() } catch { log("ubiquity: final metadata commit failed: \(error)") }
         if lockFD >= 0 { close(lockFD) }
+    }
+
+    /// A value kept in the store's settings (nil: not set).
+    public func setting(_ key: String) throws(StoreError) -> String? {
+        try db.rows("SELECT value FROM settings WHERE key = ?", [.text(key)]) { $0.text(0) }.first
+    }
+
+    public func setSetting(_ key: String, _ value: String) throws(StoreError) {
+        try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(key), .text(value)])
     }
 
     /// Work counters for tests: SQLite steps, and records and paths the synced view visited.

@@ -34,6 +34,12 @@ struct MountCommand: ParsableCommand {
     @Option(help: "This device's name, shown in version names. Default: the stored name, else the hostname.")
     var device: String?
 
+    @Option(help: ArgumentHelp("A retention setting, KEY=VALUE, over the container's retention file (repeatable), e.g. --retention keep=everything or --retention keep-deleted-within=60d. See `ubiquity prune --help`.", valueName: "KEY=VALUE"))
+    var retention: [String] = []
+
+    @Option(help: .hidden)
+    var maintenanceEvery: String?
+
     @Option(help: "Seconds between looks at the backing directory for other devices' changes (and uploads of this one's).")
     var poll = 1.0
 
@@ -81,6 +87,11 @@ struct MountCommand: ParsableCommand {
             try makeDirectoriesForCLI(backingDir)
             var fsOptions = FileSystem.Options()
             fsOptions.showVersions = showVersions
+            fsOptions.retention = try Paths.retentionPolicy(container: container, settings: retention)
+            if let every = maintenanceEvery {
+                guard let interval = RetentionPolicy.duration(every) else { throw CLIError("--maintenance-every \(every): not a duration") }
+                fsOptions.maintenanceInterval = interval
+            }
             let fs = FileSystem(store: store, options: fsOptions)
             var sessionOptions = FUSESession.Options()
             sessionOptions.fsname = storeDir.contains(",") ? "ubiquity" : storeDir

@@ -1,4 +1,5 @@
 import Glibc
+import UbiquityStore
 import UbiquitySystem
 
 /// Where things live by default (XDG base directories), per container name.
@@ -8,6 +9,34 @@ enum Paths {
     static func dataDirectory(container: String) -> String {
         let base = env("XDG_DATA_HOME").flatMap { $0.hasPrefix("/") ? $0 : nil } ?? home + "/.local/share"
         return base + "/ubiquity/" + container
+    }
+
+    /// The retention file of a container: `$XDG_CONFIG_HOME/ubiquity/<container>.retention`.
+    static func retentionFile(container: String) -> String {
+        let base = env("XDG_CONFIG_HOME").flatMap { $0.hasPrefix("/") ? $0 : nil } ?? home + "/.config"
+        return base + "/ubiquity/" + container + ".retention"
+    }
+
+    /// The container's retention policy: its file if there is one, else the default;
+    /// `settings` (`key=value`, from mount options) replace what the file says.
+    static func retentionPolicy(container: String, settings: [String] = []) throws -> RetentionPolicy {
+        let file = retentionFile(container: container)
+        var policy = RetentionPolicy.standard
+        do {
+            if let bytes = try readFile(file, limit: 1 << 20) {
+                policy = try RetentionPolicy(configuration: String(decoding: bytes, as: UTF8.self))
+            }
+            for setting in settings {
+                let parts = setting.split(separator: "=", maxSplits: 1).map(String.init)
+                guard parts.count == 2 else { throw StoreError.invalidConfiguration("--retention \(setting): expected KEY=VALUE") }
+                try policy.set(parts[0], parts[1])
+            }
+        } catch let error as StoreError {
+            throw CLIError("\(file): \(error)")
+        } catch {
+            throw CLIError("\(file): \(error)")
+        }
+        return policy
     }
 
     static func env(_ name: String) -> String? {

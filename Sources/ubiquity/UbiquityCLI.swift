@@ -22,5 +22,6 @@ struct Ubiquity: ParsableCommand {
         subcommands: [MountCommand.self, UnmountCommand.self, StatusCommand.self,
                       SyncCommand.self, PauseCommand.self, ResumeCommand.self,
                       ConflictsCommand.self, ResolveCommand.self,
-                      VersionsCommand.self, RestoreCommand.self, FsckCommand.self, TinyPixCommand.self])
+                      VersionsCommand.self, RestoreCommand.self, PruneCommand.self, GcCommand.self,
+                      FsckCommand.self, TinyPixCommand.self])
 }

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Prune and gc through a real mount: `ubiquity prune --dry-run` lists and changes nothing;
+# prune drops the versions the policy does not keep (they vanish from .versions/), a
+# deleted file's history goes after its window, only under a path when one is given;
+# gc frees their chunks and nothing current; both work on an unmounted store (--store);
+# `--retention keep=everything` keeps all; and SIGKILL of the daemon in the middle of
+# prune or gc, 20 times each, never loses a current version (fsck clean after each).
+# ubq-timeout: 240
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+mount_fresh prunegc
+cd "$MNT"
+chunk_bytes() { du -sb "$STORE/chunks" | cut -f1; }
+
+step "20 saves of a.bin, 5 of docs/b.bin, one deleted file"
+mkdir docs
+for i in $(seq 20); do head -c 100000 /dev/urandom >a.bin; done
+for i in $(seq 5); do head -c 100000 /dev/urandom >docs/b.bin; done
+echo "soon gone" >gone.txt
+rm gone.txt
+sum_a=$(sha256sum <a.bin) sum_b=$(sha256sum <docs/b.bin)
+"$UBIQUITY" sync "$MNT" >/dev/null # uploaded: versions still waiting for upload are never pruned
+assert_eq 20 "$(version_count a.bin)" "versions of a.bin"
+sleep 2 # older than --keep-within 1s
+
+step "a dry run lists and changes nothing"
+out=$("$UBIQUITY" prune --dry-run --keep-within 1s --keep-deleted-within 1s "$MNT")
+assert_contains "$out" "would prune 24 version(s)" "dry-run summary"
+assert_contains "$out" "gone.txt" "dry-run list"
+assert_eq 20 "$(version_count a.bin)" "versions of a.bin after a dry run"
+
+step "prune only under docs/"
+out=$("$UBIQUITY" prune --keep-within 1s --keep-deleted-within 1s "$MNT/docs")
+assert_contains "$out" "pruned 4 version(s)" "prune of docs/"
+assert_eq 1 "$(version_count docs/b.bin)" "versions of docs/b.bin"
+assert_eq 20 "$(version_count a.bin)" "versions of a.bin (outside docs/)"
+
+step "prune everything, then gc frees the space"
+out=$("$UBIQUITY" prune --keep-within 1s --keep-deleted-within 1s "$MNT")
+assert_contains "$out" "pruned 20 version(s)" "prune of the rest"
+assert_eq 1 "$(version_count a.bin)" "versions of a.bin"
+[[ ! -e .versions/gone.txt ]] || fail "the deleted file's history is still in .versions/"
+before=$(chunk_bytes)
+out=$("$UBIQUITY" gc --grace 0s "$MNT")
+assert_contains "$out" "MiB freed" "gc report"
+after=$(chunk_bytes)
+(( before - after >= 23 * 100000 )) || fail "gc freed $((before - after)) bytes, expected at least 2.3 MB"
+assert_eq "$sum_a" "$(sha256sum <a.bin)" "a.bin after gc"
+assert_eq "$sum_b" "$(sha256sum <docs/b.bin)" "docs/b.bin after gc"
+"$UBIQUITY" fsck --store "$STORE" >/dev/null || fail "fsck after prune and gc"
+
+step "prune and gc of an unmounted store"
+for i in $(seq 3); do head -c 50000 /dev/urandom >a.bin; done
+sum_a=$(sha256sum <a.bin)
+"$UBIQUITY" sync "$MNT" >/dev/null
+unmount_it
+sleep 1.1
+out=$("$UBIQUITY" prune --store "$STORE" --keep-within 1s)
+assert_contains "$out" "pruned 3 version(s)" "prune --store"
+out=$("$UBIQUITY" gc --store "$STORE" --grace 0s)
+assert_contains "$out" "KiB freed" "gc --store"
+_ubq_mount
+assert_eq "$sum_a" "$(sha256sum <"$MNT/a.bin")" "a.bin after an offline prune and gc"
+out=$("$UBIQUITY" prune --store "$STORE" 2>&1 || true)
+assert_contains "$out" "in use" "prune --store of a mounted store"
+
+step "--retention keep=everything keeps every version"
+unmount_it
+MOUNT_ARGS=(--retention keep=everything)
+_ubq_mount
+cd "$MNT"
+for i in $(seq 3); do echo "kept $i" >kept.txt; done
+"$UBIQUITY" sync "$MNT" >/dev/null
+sleep 1.1
+out=$("$UBIQUITY" prune --keep-deleted-within 1s "$MNT")
+assert_contains "$out" "pruned 0 version(s)" "prune under keep=everything"
+assert_eq 3 "$(version_count kept.txt)" "versions under keep=everything"
+MOUNT_ARGS=()
+assert_fails "a bad --retention setting is refused at mount" \
+  "$UBIQUITY" mount "$ROOT/other" --store "$ROOT/other-store" --retention keep=most
+
+step "SIGKILL during prune and during gc, 20 times each"
+cd /
+unmount_it
+_ubq_mount
+for round in $(seq 40); do
+  for i in $(seq 5); do head -c 20000 /dev/urandom >"$MNT/k.bin"; done
+  sum_k=$(sha256sum <"$MNT/k.bin")
+  "$UBIQUITY" sync "$MNT" >/dev/null
+  if ((round % 2)); then command=(prune --keep-within 1s); else command=(gc --grace 0s); fi
+  "$UBIQUITY" "${command[@]}" "$MNT" >/dev/null 2>&1 &
+  cli=$!
+  sleep "0.0$((RANDOM % 10))"
+  kill -9 "$DAEMON_PID"
+  wait "$cli" 2>/dev/null || true
+  for _ in $(seq 50); do is_mounted "$MNT" || break; sleep 0.1; done
+  _ubq_mount
+  assert_eq "$sum_k" "$(sha256sum <"$MNT/k.bin")" "k.bin after SIGKILL during ${command[0]} (round $round)"
+  "$UBIQUITY" fsck --store "$STORE" >/dev/null || fail "fsck after SIGKILL during ${command[0]} (round $round)"
+done
+unmount_it
+pass
