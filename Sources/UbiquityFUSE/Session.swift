@@ -129,36 +129,26 @@ public enum MountError: Error, CustomStringConvertible {
 /// the cooperative pool (two threads on two cores) would starve it.
 final class BackgroundLoop: @unchecked Sendable {
     private let state = Locked(false)
-    private var thread = pthread_t()
-    private let body: @Sendable () -> Void
-    private let interval: Double
+    private var thread: JoinableThread?
 
-    init(intervalSeconds: Double, _ body: @escaping @Sendable () -> Void) {
-        self.body = body
-        interval = intervalSeconds
-        let box = Unmanaged.passRetained(self).toOpaque()
-        pthread_create(&thread, nil, { arg in
-            let loop = Unmanaged<BackgroundLoop>.fromOpaque(arg!).takeRetainedValue()
-            loop.loop()
-            return nil
-        }, box)
-    }
-
-    private func loop() {
-        while true {
-            var slept = 0.0
-            while slept < interval {
-                if state.withLock({ $0 }) { return }
-                let step = min(0.1, interval)
-                usleep(UInt32(step * 1_000_000))
-                slept += step
+    init(intervalSeconds interval: Double, _ body: @escaping @Sendable () -> Void) {
+        let state = self.state
+        thread = JoinableThread {
+            while true {
+                var slept = 0.0
+                while slept < interval {
+                    if state.withLock({ $0 }) { return }
+                    let step = min(0.1, interval)
+                    usleep(UInt32(step * 1_000_000))
+                    slept += step
+                }
+                body()
             }
-            body()
         }
     }
 
     func stop() {
         state.withLock { $0 = true }
-        pthread_join(thread, nil)
+        thread?.join()
     }
 }
