@@ -186,27 +186,35 @@ extension FileSystem {
 
     public func opendir(_ ino: UInt64) throws(Errno) -> UInt64 {
         try meta.withLock { (m) throws(Errno) -> UInt64 in
-            m.register(.directory(entries: try m.listing(ino, showVersions: options.showVersions)))
+            if !VirtualViews.isVirtual(ino) {
+                guard let dir = m.store.inode(ino) else { throw .notFound }
+                guard dir.kind == .directory else { throw .notDirectory }
+            }
+            return m.register(.directory(ino: ino, entries: nil))
         }
     }
 
-    /// The listing snapshot taken at opendir: offsets stay stable while the directory
-    /// changes. A read from offset 0 (the first, or one after rewinddir) takes a new
-    /// snapshot: POSIX wants every entry that exists at the rewind (found by t-hostile.py).
-    public func readdir(_ handle: UInt64, ino: UInt64 = 0, fromStart: Bool = false) throws(Errno) -> [DirectoryEntry] {
+    /// The listing snapshot taken by the first read: offsets stay stable while the
+    /// directory changes. A read from offset 0 (the first, or one after rewinddir) takes
+    /// a new snapshot: POSIX wants every entry that exists at the rewind (found by
+    /// t-hostile.py). (Listing at opendir as well read every directory twice.)
+    public func readdir(_ handle: UInt64, fromStart: Bool = false) throws(Errno) -> [DirectoryEntry] {
         try meta.withLock { (m) throws(Errno) -> [DirectoryEntry] in
-            guard case .directory(let entries) = m.handles[handle] else { throw .badHandle }
-            guard fromStart else { return entries }
+            guard case .directory(let ino, let entries) = m.handles[handle] else { throw .badHandle }
+            if !fromStart, let entries { return entries }
             let fresh = try m.listing(ino, showVersions: options.showVersions)
-            m.handles[handle] = .directory(entries: fresh)
+            m.handles[handle] = .directory(ino: ino, entries: fresh)
             return fresh
         }
     }
 
     /// readdirplus hands the kernel an entry reference for each listed node.
-    public func noteLookup(_ ino: UInt64) {
+    public func noteLookups(_ inos: [UInt64]) {
+        guard !inos.isEmpty else { return }
         meta.withLock { m in
-            if VirtualViews.isVirtual(ino) { m.views.referenced(ino) } else { m.lookups[ino, default: 0] += 1 }
+            for ino in inos {
+                if VirtualViews.isVirtual(ino) { m.views.referenced(ino) } else { m.lookups[ino, default: 0] += 1 }
+            }
         }
     }
 
@@ -228,7 +236,7 @@ extension FileSystem.Meta {
         let handles = self.handles
         views.pruneUnreferenced {
             var pinned: Set<UInt64> = []
-            for case .directory(let entries) in handles.values {
+            for case .directory(_, let entries?) in handles.values {
                 for entry in entries where VirtualViews.isVirtual(entry.attributes.ino) { pinned.insert(entry.attributes.ino) }
             }
             return pinned
@@ -302,7 +310,7 @@ extension FileSystem.Meta {
                 try storeCall { () throws(StoreError) in try store.commitTombstone(fileID: fileID, head: before.head, path: path) }
             }
         }
-        dropIfUnreferenced(id)
+        if after?.nlink == 0 { noteUnlinked(id) }
     }
 
     func isAncestor(_ ancestor: InodeNumber, of node: InodeNumber) -> Bool {

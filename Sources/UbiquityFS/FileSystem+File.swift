@@ -23,7 +23,8 @@ enum Handle {
     case file(ino: InodeNumber, open: OpenFile, writable: Bool)
     /// A read-only view (a version under .versions/).
     case view(content: FileContent)
-    case directory(entries: [DirectoryEntry])
+    /// An open directory: the listing snapshot of its last read from offset 0 (nil before).
+    case directory(ino: UInt64, entries: [DirectoryEntry]?)
 }
 
 public struct OpenFlags: Sendable {

@@ -112,7 +112,7 @@ extension FileSystem.Meta {
                 }
             }
         }
-        for ino in changes.unlinked { dropIfUnreferenced(ino) }
+        for ino in changes.unlinked { noteUnlinked(ino) }
     }
 }
 

@@ -38,6 +38,9 @@ public final class FileSystem: Sendable {
     struct Meta {
         let store: Store
         var lookups: [InodeNumber: UInt64] = [:]
+        /// Inodes that lost their last name and are still referenced (open, or known to
+        /// the kernel): dropped when that ends.
+        var unlinked: Set<InodeNumber> = []
         var openFiles: [InodeNumber: OpenFile] = [:]
         var handles: [UInt64: Handle] = [:]
         var nextHandle: UInt64 = 1
@@ -185,9 +188,18 @@ extension FileSystem.Meta {
         return Attributes(inode)
     }
 
-    /// Removes an inode once nothing names it, nothing has it open and the kernel forgot it.
+    /// `ino` lost its last name: it goes once nothing has it open and the kernel forgot it.
+    mutating func noteUnlinked(_ ino: InodeNumber) {
+        unlinked.insert(ino)
+        dropIfUnreferenced(ino)
+    }
+
+    /// Removes an unlinked inode once nothing has it open and the kernel forgot it. A set
+    /// lookup for every other inode (forget of a listed file must not read the database).
     mutating func dropIfUnreferenced(_ ino: InodeNumber) {
-        guard let inode = store.inode(ino), inode.nlink == 0, lookups[ino] == nil, openFiles[ino] == nil else { return }
+        guard unlinked.contains(ino), lookups[ino] == nil, openFiles[ino] == nil else { return }
+        unlinked.remove(ino)
+        guard let inode = store.inode(ino), inode.nlink == 0 else { return }
         do { try store.forget(ino) } catch { log("ubiquity: dropping inode \(ino): \(error)") }
     }
 }

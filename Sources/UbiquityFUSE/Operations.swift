@@ -269,15 +269,22 @@ private func replyXattr(_ req: fuse_req_t?, _ value: [UInt8], _ size: Int) throw
 /// positions in that snapshot (1-based, after "." and ".."), so they stay valid.
 private func readDirectory(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ offset: off_t, _ handle: UInt64, plus: Bool) throws(Errno) {
     let fs = context(req).fs
-    let entries = try fs.readdir(handle, ino: ino, fromStart: offset == 0)
-    let own = try fs.getattr(ino)
-    var all: [(String, Attributes)] = [(".", own), ("..", own)]
-    all += entries.map { ($0.name, $0.attributes) }
+    // The snapshot is shared, not copied: a call costs the entries it returns, so listing
+    // a directory of N entries is O(N), not O(N²).
+    let entries = try fs.readdir(handle, fromStart: offset == 0)
+    var own: Attributes?
+    var referenced: [UInt64] = []
     var buffer = [CChar](repeating: 0, count: size)
     var used = 0
-    var index = Int(offset)
-    while index < all.count {
-        let (entryName, attributes) = all[index]
+    var index = max(0, Int(offset))
+    while index < entries.count + 2 {
+        let entryName: String, attributes: Attributes
+        if index < 2 {
+            if own == nil { own = try fs.getattr(ino) }
+            (entryName, attributes) = (index == 0 ? "." : "..", own!)
+        } else {
+            (entryName, attributes) = (entries[index - 2].name, entries[index - 2].attributes)
+        }
         let needed = buffer.withUnsafeMutableBufferPointer { buf -> Int in
             let dest = buf.baseAddress! + used
             if plus {
@@ -290,9 +297,10 @@ private func readDirectory(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _
         }
         if needed > size - used { break }
         // The kernel takes a reference for each readdirplus entry except "." and "..".
-        if plus && index >= 2 { fs.noteLookup(attributes.ino) }
+        if plus && index >= 2 { referenced.append(attributes.ino) }
         used += needed
         index += 1
     }
+    fs.noteLookups(referenced)
     _ = buffer.withUnsafeBufferPointer { fuse_reply_buf(req, $0.baseAddress, used) }
 }

@@ -110,12 +110,18 @@ extension Store {
     }
 
     static let qualifiedInodeColumns = inodeColumns.split(separator: ",").map { "i." + $0.filter { $0 != " " } }.joined(separator: ", ")
+    static let listingColumns = inodeColumns.split(separator: ",").map { column -> String in
+        let name = String(column.filter { $0 != " " })
+        return name == "target" || name == "file_id" ? "NULL" : "i." + name
+    }.joined(separator: ", ")
 
-    /// `primaryName` is the inode's own primary name (TinyPix is decided by it).
+    /// `primaryName` is the inode's own primary name (TinyPix is decided by it). The inodes
+    /// are for attributes only: without symlink target and history id (a listing of a
+    /// big directory makes no strings it does not need), and never cached.
     public func entriesWithInodes(_ parent: InodeNumber) -> [(name: String, inode: Inode, primaryName: String?)] {
         logged("list \(parent)") { () throws(StoreError) in
             return try db.rows("""
-                SELECT \(Self.qualifiedInodeColumns), e.name FROM entries e JOIN inodes i ON i.id = e.inode
+                SELECT \(Self.listingColumns), e.name FROM entries e JOIN inodes i ON i.id = e.inode
                 WHERE e.parent = ? ORDER BY e.name
                 """, [.int(Int64(bitPattern: parent))]) { r in (r.text(17), Self.treeNode(r)) }
             .compactMap { (name, node) in (try? node.get()).map { (name: name, inode: $0.inode, primaryName: $0.link?.name) } }
