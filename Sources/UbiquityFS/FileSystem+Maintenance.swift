@@ -41,6 +41,8 @@ extension FileSystem {
     /// a commit that claimed chunks and has not recorded its version yet, and readers of a
     /// version pruned while they read it.
     public static let gcGrace: Nanos = 3_600 * 1_000_000_000
+    /// The least grace gc uses, whatever it is asked for (`--grace 0s` means this).
+    public static let minimumGrace: Nanos = 1_000_000_000
 
     /// Deletes the chunks no version names and nobody wrote or claimed within `grace`.
     /// `progress(phase, done, total)` is called now and then.
@@ -75,7 +77,10 @@ extension FileSystem {
         }
         report.versionsRead = min(report.versionsRead, total)
         let ids = chunks.allChunkIDs()
-        let unusedSince = markStart.subtractingReportingOverflow(grace).overflow ? .min : markStart - grace
+        // At least a second: the kernel stamps file times with a coarse clock, so a chunk
+        // claimed just after the mark began may carry a time a little before it.
+        let margin = max(grace, Self.minimumGrace)
+        let unusedSince = markStart.subtractingReportingOverflow(margin).overflow ? .min : markStart - margin
         for (i, id) in ids.enumerated() {
             report.chunksChecked += 1
             if !marked.contains(id), let freed = chunks.sweep(id, unusedSince: unusedSince) {

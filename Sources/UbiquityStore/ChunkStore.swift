@@ -67,8 +67,11 @@ public final class ChunkStore: Sendable {
         return claims.withLock { _ -> Int64? in
             var st = stat()
             guard stat(p, &st) == 0 else { return nil }
-            let mtime = Nanos(st.st_mtim.tv_sec) * 1_000_000_000 + Nanos(st.st_mtim.tv_nsec)
-            guard mtime < cutoff, unlink(p) == 0 else { return nil }
+            // A file's time can be anything (a clock gone wrong, a restored backup): one
+            // that does not fit in nanoseconds counts as recent, so it is kept.
+            let (seconds, overflow) = Nanos(st.st_mtim.tv_sec).multipliedReportingOverflow(by: 1_000_000_000)
+            let (mtime, overflow2) = seconds.addingReportingOverflow(Nanos(st.st_mtim.tv_nsec))
+            guard !overflow, !overflow2, mtime < cutoff, unlink(p) == 0 else { return nil }
             cache.withLock { $0.remove(id) }
             return Int64(st.st_blocks) * 512
         }

@@ -84,7 +84,7 @@ struct GcCommand: ParsableCommand {
         abstract: "Delete the chunks no version needs any more, and report the space freed.",
         discussion: """
         Safe while the container is in use: a chunk is deleted only when no version names \
-        it and nothing wrote or reused it during the grace period (default 1h), so a save \
+        it and nothing wrote or reused it during the grace period (default 1h, at least 1s), so a save \
         that reuses an old chunk never loses it. The daemon runs gc after its daily prune.
 
           ubiquity gc                    # the only mounted container

@@ -41,6 +41,7 @@ import UbiquitySystem
         #expect(try h.versionNames("a.txt").count == 1)
         #expect(throws: Errno.notFound) { try h.versionNames("gone.txt") }
         #expect(Self.chunkFiles(h) == before) // prune frees nothing by itself
+        usleep(1_100_000) // gc keeps what was written within the last second, whatever the grace
         let gc = try h.fs.collectGarbage(grace: 0)
         #expect(gc.chunksDeleted == 14 && gc.bytesFreed > 0)
         #expect(Self.chunkFiles(h) == 2)
@@ -57,8 +58,17 @@ import UbiquitySystem
         try h.save("a.txt", "new")
         try Self.uploadAll(h)
         _ = try h.fs.prune(policy: Self.strict, now: nowNanos() + 1_000_000_000, dryRun: false)
-        // Within the grace period the pruned chunk stays.
+        // Within the grace period the pruned chunk stays; so does one whose mtime is beyond
+        // what nanoseconds hold (year 3000: the sweep must not overflow).
         #expect(try h.fs.collectGarbage(grace: 3_600_000_000_000).chunksDeleted == 0)
+        for id in h.fs.chunks.allChunkIDs() {
+            var far = [timespec(tv_sec: 32_503_680_000, tv_nsec: 0), timespec(tv_sec: 32_503_680_000, tv_nsec: 0)]
+            utimensat(AT_FDCWD, h.fs.chunks.path(of: id), &far, 0)
+        }
+        #expect(try h.fs.collectGarbage(grace: 0).chunksDeleted == 0)
+        for id in h.fs.chunks.allChunkIDs() { utimensat(AT_FDCWD, h.fs.chunks.path(of: id), nil, 0) }
+        #expect(try h.fs.collectGarbage(grace: 0).chunksDeleted == 0) // written within the last second
+        usleep(1_100_000)
         #expect(try h.fs.collectGarbage(grace: 0).chunksDeleted == 1)
     }
 
