@@ -67,15 +67,14 @@ extension FileSystem {
         for content in open { marked.formUnion(content.baseChunks) }
         var after: Int64 = 0
         while true {
-            let last = try withMeta { (m) throws(StoreError) -> Int64? in
+            let page = try withMeta { (m) throws(StoreError) -> (last: Int64, rows: Int)? in
                 try m.store.markChunks(afterRow: after, limit: 2_000, into: &marked)
             }
-            guard let last else { break }
-            report.versionsRead += 2_000
+            guard let page else { break }
+            report.versionsRead += page.rows
             progress?("marking", min(report.versionsRead, total), total)
-            after = last
+            after = page.last
         }
-        report.versionsRead = min(report.versionsRead, total)
         let ids = chunks.allChunkIDs()
         // At least a second: the kernel stamps file times with a coarse clock, so a chunk
         // claimed just after the mark began may carry a time a little before it.

@@ -2,16 +2,17 @@
 /// version rows at a time so the caller can hold the filesystem's lock per page. The
 /// sweep is `ChunkStore.sweep`; `FileSystem.collectGarbage` runs both.
 extension Store {
-    /// The chunks named by the version rows after `afterRow`, up to `limit` rows, and the
-    /// last row read (nil: no more rows).
-    public func markChunks(afterRow: Int64, limit: Int, into marked: inout Set<ChunkID>) throws(StoreError) -> Int64? {
-        var last: Int64?
+    /// The chunks named by the version rows after `afterRow`, up to `limit` rows; returns
+    /// the last row read (nil: no more rows) and how many were read.
+    public func markChunks(afterRow: Int64, limit: Int, into marked: inout Set<ChunkID>) throws(StoreError) -> (last: Int64, rows: Int)? {
+        var last: Int64?, rows = 0
         try db.query("SELECT row, chunks FROM versions WHERE row > ? ORDER BY row LIMIT ?", [.int(afterRow), .int(Int64(limit))]) { r in
             last = r.int(0)
+            rows += 1
             guard let list = ChunkList(encoded: r.blob(1)) else { return }
             for i in 0..<list.count where !list.isHole(i) { marked.insert(list.ids[i]) }
         }
-        return last
+        return last.map { ($0, rows) }
     }
 
     /// Version rows in all (the mark's progress).

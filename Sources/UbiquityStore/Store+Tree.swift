@@ -124,7 +124,14 @@ extension Store {
                 SELECT \(Self.listingColumns), e.name FROM entries e JOIN inodes i ON i.id = e.inode
                 WHERE e.parent = ? ORDER BY e.name
                 """, [.int(Int64(bitPattern: parent))]) { r in (r.text(17), Self.treeNode(r)) }
-            .compactMap { (name, node) in (try? node.get()).map { (name: name, inode: $0.inode, primaryName: $0.link?.name) } }
+            .compactMap { (name, node) in
+                switch node {
+                case .success(let n): return (name: name, inode: n.inode, primaryName: n.link?.name)
+                case .failure(let error):
+                    log("ubiquity: list \(parent): entry \(name) left out: \(error)") // a damaged row, not a crash
+                    return nil
+                }
+            }
         } ?? []
     }
 
