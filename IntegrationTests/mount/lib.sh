@@ -254,6 +254,33 @@ require_fuse() {
 # is_mounted PATH: PATH is a mount point right now (exact match in the mount table).
 is_mounted() { findmnt -rn -M "$1" >/dev/null 2>&1; }
 
+# is_dead_mount PATH: PATH is a mount whose daemon is gone (the kernel answers ENOTCONN).
+# `ubiquity mount` clears such a mount itself, so remounting over it is allowed.
+is_dead_mount() {
+  is_mounted "$1" && [[ $(timeout 5 stat -c %i "$1" 2>&1) == *"not connected"* ]]
+}
+
+# _process_alive PID: running, not a zombie (a dead process waits for its reaper, which in
+# some containers takes a second or more).
+_process_alive() {
+  local state
+  state=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+  [[ $state != Z* ]]
+}
+
+# crash_daemon: SIGKILL the daemon of MNT and wait until the process is really gone (a
+# thread in an fsync finishes it first: seconds on a slow CI disk), then give
+# fusermount3's auto_unmount a moment. What may remain is a dead mount, which the next
+# `ubiquity mount` clears as it would for a user.
+crash_daemon() {
+  kill -9 "$DAEMON_PID"
+  local i
+  for i in $(seq 600); do _process_alive "$DAEMON_PID" || break; sleep 0.1; done
+  ! _process_alive "$DAEMON_PID" || fail "daemon $DAEMON_PID still alive 60 s after SIGKILL"
+  for i in $(seq 50); do is_mounted "$MNT" || break; sleep 0.1; done
+  ! is_mounted "$MNT" || is_dead_mount "$MNT" || fail "$MNT is still a live mount after its daemon was killed"
+}
+
 # mounts_under_prefix: every mount point this script could have made that is live.
 mounts_under_prefix() {
   findmnt -rn -o TARGET 2>/dev/null | grep -F -- "$TEST_PREFIX" || true
@@ -300,7 +327,7 @@ _UBQ_PID=
 _ubq_mount_at() {
   local mnt=$1 store=$2 backing=$3 data=$4 device=$5 out pid
   shift 5
-  ! is_mounted "$mnt" || fail "$mnt is already mounted"
+  ! is_mounted "$mnt" || is_dead_mount "$mnt" || fail "$mnt is already mounted"
   if ! out=$(XDG_DATA_HOME="$data" timeout 60 "$UBIQUITY" mount "$mnt" --store "$store" \
     --backing "$backing" --device "$device" "$@" 2>&1); then
     _ubq_record_from_status "$mnt"

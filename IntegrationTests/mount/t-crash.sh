@@ -8,9 +8,8 @@ mount_fresh crash
 step "save, then SIGKILL the daemon at once"
 mkdir "$MNT/dir"
 echo "saved before the crash" > "$MNT/dir/kept.txt"
-kill -9 "$DAEMON_PID"
 # auto_unmount (fusermount3) removes the dead mount; ubiquity mount clears it otherwise.
-for _ in $(seq 50); do is_mounted "$MNT" || break; sleep 0.1; done
+crash_daemon
 _ubq_mount
 assert_file_content "$MNT/dir/kept.txt" "saved before the crash" "file saved just before the crash"
 assert_eq 1 "$(version_count dir/kept.txt)" "its version"

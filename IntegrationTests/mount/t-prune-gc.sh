@@ -92,9 +92,8 @@ for round in $(seq 40); do
   "$UBIQUITY" "${command[@]}" "$MNT" >/dev/null 2>&1 &
   cli=$!
   sleep "0.0$((RANDOM % 10))"
-  kill -9 "$DAEMON_PID"
+  crash_daemon
   wait "$cli" 2>/dev/null || true
-  for _ in $(seq 50); do is_mounted "$MNT" || break; sleep 0.1; done
   _ubq_mount
   assert_eq "$sum_k" "$(sha256sum <"$MNT/k.bin")" "k.bin after SIGKILL during ${command[0]} (round $round)"
   "$UBIQUITY" fsck --store "$STORE" >/dev/null || fail "fsck after SIGKILL during ${command[0]} (round $round)"
