@@ -242,6 +242,17 @@ extension FileSystem {
             do { try commit(ino, file) } catch { log("ubiquity: committing inode \(ino) at unmount failed: \(error)") }
         }
         commitMetadata()
+        // A clean stop leaves everything durable, so the next mount has nothing to check
+        // (Store+Recovery).
+        do { try fsyncDirectory() } catch { log("ubiquity: durability barrier at unmount failed: \(error)") }
+    }
+
+    /// A durability barrier when versions were saved since the last one (the maintenance
+    /// loop, every minute): what a crash or a power loss leaves for the recovery at the
+    /// next mount to check is then at most a minute of saves.
+    public func barrierIfNeeded() {
+        guard (try? withMeta { (m) throws(StoreError) in try m.store.hasUndurableVersions() }) == true else { return }
+        do { try fsyncDirectory() } catch { log("ubiquity: periodic durability barrier failed: \(error)") }
     }
 
     /// Commits files held open and dirty for longer than the idle interval (autosave).

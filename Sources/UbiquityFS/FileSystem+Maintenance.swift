@@ -88,6 +88,7 @@ extension FileSystem {
             }
             if i % 4096 == 0 || i == ids.count - 1 { progress?("sweeping", i + 1, ids.count) }
         }
+        if report.chunksDeleted > 0 { try storeCall { () throws(StoreError) in try chunks.compact() } }
         return report
     }
 }

@@ -83,7 +83,10 @@ public final class FUSESession: @unchecked Sendable {
         guard let session else { return -1 }
         let autosave = startAutosave()
         let groupCommit = BackgroundLoop(intervalSeconds: 0.1) { [fs] in fs.commitMetadata() }
-        let maintenance = BackgroundLoop(intervalSeconds: 60) { [fs] in fs.maintainIfDue() }
+        let maintenance = BackgroundLoop(intervalSeconds: 60) { [fs] in
+            fs.barrierIfNeeded()
+            fs.maintainIfDue()
+        }
         let cfg = fuse_loop_cfg_create()
         fuse_loop_cfg_set_max_threads(cfg, options.maxThreads)
         fuse_loop_cfg_set_clone_fd(cfg, 0)

@@ -2,7 +2,10 @@ import Dispatch
 import Glibc
 import UbiquitySystem
 
-/// Immutable chunks as files named by their SHA-256 under `chunks/xx/` (256-way fan-out).
+/// Immutable chunks named by their SHA-256: files under `chunks/xx/` (256-way fan-out),
+/// and chunks of at most `SmallChunks.limit` bytes as rows of `chunks/small.sqlite`
+/// (`SmallChunks`). Lookups try the rows first, then the files (a store from before format
+/// 5 keeps its small chunks as files, which stay readable and are collected as usual).
 ///
 /// Contract:
 /// - `put` is idempotent: a chunk that exists is not written again (same name, same bytes).
@@ -26,18 +29,26 @@ public final class ChunkStore: Sendable {
     private let unsynced = Locked<Set<ChunkID>>([])
     /// Orders "is it there? keep it" (`put`, `contains`) against gc's "unused? delete".
     private let claims = Locked(())
+    /// Small chunks; their `used` times are the wall clock, as the files' mtimes are.
+    private let small: SmallChunks
 
-    public init(directory: String) throws(StoreError) {
+    public init(directory: String, readOnly: Bool = false) throws(StoreError) {
         self.directory = directory
         try StoreError.wrap { () throws(SystemError) in
             try makeDirectory(directory)
             for i in 0..<256 { try makeDirectory(directory + "/" + Hex.byte(i)) }
         }
+        small = try SmallChunks(directory: directory, readOnly: readOnly)
         dirFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         if dirFD < 0 { throw .io(errno: errno, "open \(directory)") }
     }
 
     deinit { close(dirFD) }
+
+    /// Where the chunk is kept, for messages: its file, or its row.
+    public func location(of id: ChunkID) -> String {
+        small.size(of: id) != nil ? "\(small.path), row \(id.hex)" : path(of: id)
+    }
 
     public func path(of id: ChunkID) -> String {
         let hex = id.hex
@@ -46,11 +57,18 @@ public final class ChunkStore: Sendable {
 
     /// Whether the chunk is here; if so, it is claimed (kept from gc) as `put` does.
     public func contains(_ id: ChunkID) -> Bool {
-        claim(id)
+        small.claim(id, now: nowNanos()) || claimFile(id)
     }
 
-    /// Renews the chunk's mtime if it exists: gc keeps it (see the contract above).
-    private func claim(_ id: ChunkID) -> Bool {
+    /// The size of the chunk as stored, nil when it is not here (not verified).
+    public func size(of id: ChunkID) -> Int? {
+        if let size = small.size(of: id) { return size }
+        var st = stat()
+        return stat(path(of: id), &st) == 0 ? Int(st.st_size) : nil
+    }
+
+    /// Renews the chunk file's mtime if it exists: gc keeps it (see the contract above).
+    private func claimFile(_ id: ChunkID) -> Bool {
         let p = path(of: id)
         return claims.withLock { _ in
             if utimensat(AT_FDCWD, p, nil, 0) == 0 { return true } // both times: now
@@ -61,8 +79,31 @@ public final class ChunkStore: Sendable {
     }
 
     /// gc: deletes the chunk unless it was written or claimed at or after `cutoff` (or is
-    /// gone). Returns the disk space freed, nil when it was kept.
+    /// gone). Returns the disk space freed, nil when it was kept. A chunk that is both a
+    /// row and a file (a store from before format 5 that wrote it again) loses both.
     public func sweep(_ id: ChunkID, unusedSince cutoff: Nanos) -> Int64? {
+        let row = small.sweep(id, unusedSince: cutoff)
+        if row != nil { cache.withLock { $0.remove(id) } }
+        guard let file = sweepFile(id, unusedSince: cutoff) else { return row }
+        return (row ?? 0) + file
+    }
+
+    /// Sets the time of the chunk's last write or claim (tests: a chunk written long ago;
+    /// a file's time can be one that nanoseconds do not hold).
+    func setLastUse(_ id: ChunkID, seconds: Int) throws(StoreError) {
+        let (nanos, overflow) = Nanos(seconds).multipliedReportingOverflow(by: 1_000_000_000)
+        if !overflow { try small.setUsed(id, to: nanos) }
+        var times = [timespec(tv_sec: seconds, tv_nsec: 0), timespec(tv_sec: seconds, tv_nsec: 0)]
+        _ = utimensat(AT_FDCWD, path(of: id), &times, 0)
+    }
+
+    /// Returns the pages of swept rows to the filesystem (gc's last step).
+    public func compact() throws(StoreError) { try small.compact() }
+
+    /// Disk space of the small chunks' database (the files are counted by walking them).
+    public var smallChunkBytes: Int64 { small.diskBytes }
+
+    private func sweepFile(_ id: ChunkID, unusedSince cutoff: Nanos) -> Int64? {
         let p = path(of: id)
         return claims.withLock { _ -> Int64? in
             var st = stat()
@@ -80,7 +121,13 @@ public final class ChunkStore: Sendable {
     /// Stores `bytes` (whose hash is `id`) unless the chunk is already there.
     public func put(_ id: ChunkID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) {
         let final = path(of: id)
-        if claim(id) { return }
+        if bytes.count <= SmallChunks.limit {
+            // Kept as a file by an older store: claiming it is enough.
+            if claimFile(id) { return }
+            try small.put(id, bytes, now: nowNanos())
+            return
+        }
+        if claimFile(id) { return }
         let temp = final + ".tmp.\(getpid()).\(UInt32.random(in: 0...UInt32.max))"
         let fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o444)
         if fd < 0 { throw .io(errno: errno, "create chunk \(temp)") }
@@ -118,7 +165,7 @@ public final class ChunkStore: Sendable {
         if let hit = cache.withLock({ $0.get(id) }) { return hit }
         let bytes = try readUnverified(id)
         guard ChunkID(hashing: bytes) == id else {
-            log("ubiquity: chunk \(id) is corrupt: content hash mismatch (\(path(of: id))); run `ubiquity fsck`")
+            log("ubiquity: chunk \(id) is corrupt: content hash mismatch (\(location(of: id))); run `ubiquity fsck`")
             throw .corruptChunk(id)
         }
         cache.withLock { $0.put(id, bytes) }
@@ -165,6 +212,7 @@ public final class ChunkStore: Sendable {
     /// The raw file content, for fsck and repair; not verified. A file larger than any
     /// chunk can be is damage: it is reported as corrupt, not loaded.
     public func readUnverified(_ id: ChunkID) throws(StoreError) -> [UInt8] {
+        if let row = try small.get(id) { return row }
         let bytes: [UInt8]?
         do throws(SystemError) {
             bytes = try readFile(path(of: id), limit: Self.maxChunkSize)
@@ -175,9 +223,9 @@ public final class ChunkStore: Sendable {
         return bytes
     }
 
-    /// Every chunk id present (for fsck and gc).
+    /// Every chunk id present (for fsck and gc); one that is a row and a file is listed twice.
     public func allChunkIDs() -> [ChunkID] {
-        var ids: [ChunkID] = []
+        var ids = small.ids()
         for i in 0..<256 {
             guard let dir = opendir(directory + "/" + Hex.byte(i)) else { continue }
             while let entry = readdir(dir) {
@@ -195,6 +243,7 @@ public final class ChunkStore: Sendable {
     /// A few new chunks are fsynced one by one (an editor's save: one or two); many (a big
     /// copy) with one syncfs of the whole filesystem, which is then cheaper.
     public func sync() throws(StoreError) {
+        try small.sync()
         let pending = unsynced.withLock { s -> Set<ChunkID> in defer { s = [] }; return s }
         do throws(StoreError) {
             if pending.count > 32 {
@@ -213,6 +262,14 @@ public final class ChunkStore: Sendable {
             unsynced.withLock { $0.formUnion(pending) }
             throw error
         }
+    }
+
+    /// Durability barrier for every chunk in the store, whoever wrote it: after a crash,
+    /// what the dead process wrote is made durable before its versions are (recovery).
+    func syncEverything() throws(StoreError) {
+        try small.sync(all: true)
+        try StoreError.wrap { () throws(SystemError) in try syncFilesystem(dirFD, path: directory) }
+        unsynced.withLock { $0 = [] }
     }
 
     public func dropCache() { cache.withLock { $0.removeAll() } }

@@ -20,7 +20,7 @@ public enum Fsck {
                 sizes[id] = bytes.count
                 if ChunkID(hashing: bytes) != id {
                     bad.insert(id)
-                    report.problems.append("chunk \(id) is corrupt: its content does not match its hash (\(store.chunks.path(of: id)))")
+                    report.problems.append("chunk \(id) is corrupt: its content does not match its hash (\(store.chunks.location(of: id)))")
                 }
             } catch {
                 bad.insert(id)

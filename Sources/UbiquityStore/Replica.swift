@@ -187,6 +187,24 @@ final class Replica {
         return changed
     }
 
+    /// Takes back a record that is being deleted from the versions table (same
+    /// transaction): a version of this device that never left it and whose bytes were
+    /// lost before they were durable (Store+Recovery). Its parents become heads again
+    /// unless another record of the node descends from them. Returns the paths whose view
+    /// may have changed.
+    func remove(_ r: Record) throws(StoreError) -> [String] {
+        try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.text(r.node), .int(r.row)])
+        let others = try records("FROM versions v WHERE v.file_id = ? AND v.local = 0 AND v.row != ?", [.text(r.node), .int(r.row)])
+        let named = Set(others.flatMap(\.parents))
+        for parent in others where r.parents.contains(parent.id) && !named.contains(parent.id) {
+            try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.text(r.node), .int(parent.row)])
+        }
+        var changed = try recompute(r.node)
+        changed += withAncestors(r.path)
+        try updateConflicts(changed)
+        return changed
+    }
+
     private func recompute(_ node: String) throws(StoreError) -> [String] {
         let old = try db.rows("SELECT row, path FROM view_current WHERE node = ?", [.text(node)]) { (row: $0.int(0), path: $0.text(1)) }.first
         let new = try liveHeads(node).max { $1.beats($0) }

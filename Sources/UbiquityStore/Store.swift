@@ -42,6 +42,8 @@ public final class Store: @unchecked Sendable {
     /// - `orphaned`: histories an inode left (it took another's: a rename over a file, a
     ///   move to a local-only name); the step tombstones those still shown.
     let changed: PendingSet<InodeNumber>
+    /// What the recovery at open found (Store+Recovery); empty after a clean stop.
+    public private(set) var recovery = RecoveryReport()
     let vacated: PendingSet<NameKey>
     let recheck: PendingSet<NameKey>
     let unreconciled: PendingSet<NameKey>
@@ -85,7 +87,7 @@ public final class Store: @unchecked Sendable {
         } else {
             lockFD = -1
         }
-        chunks = try ChunkStore(directory: directory + "/chunks")
+        chunks = try ChunkStore(directory: directory + "/chunks", readOnly: readOnly)
         let db = try SQLiteDatabase(path: directory + "/meta.sqlite")
         try db.execute("PRAGMA journal_mode=WAL")
         try db.execute("PRAGMA synchronous=NORMAL")
@@ -130,6 +132,7 @@ public final class Store: @unchecked Sendable {
         // Read-only inspection (status, fsck) reads what it needs from the database; only
         // a store that serves a mount holds the tree and the synced view in memory.
         if !readOnly { try loadTree() }
+        if lock { recovery = try recoverUndurableVersions() }
         if lock {
             clearStaging()
             // The lock file names the process holding it (for `ubiquity unmount`).
@@ -180,6 +183,11 @@ public final class Store: @unchecked Sendable {
     /// callers run it without the metadata lock, then `markDurable()` under it.
     public func syncFiles() throws(StoreError) {
         try chunks.sync()
+    }
+
+    /// Whether a version was written since the last durability barrier (an indexed probe).
+    public func hasUndurableVersions() throws(StoreError) -> Bool {
+        try !db.rows("SELECT 1 FROM versions WHERE durable = 0 LIMIT 1", []) { _ in true }.isEmpty
     }
 
     /// Durability barrier, part 2: one transaction with synchronous=FULL, which fsyncs the

@@ -266,8 +266,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     private func fetchChunks(of record: SyncRecord) -> Fetch {
         for (id, size) in record.chunks.chunks {
             if chunks.contains(id) {
-                var st = stat()
-                if stat(chunks.path(of: id), &st) == 0, st.st_size != Int(size) { return .malformed("chunk \(id.hex) is \(st.st_size) bytes, not \(size)") }
+                if let stored = chunks.size(of: id), stored != Int(size) { return .malformed("chunk \(id.hex) is \(stored) bytes, not \(size)") }
                 continue
             }
             do {

@@ -5,10 +5,13 @@
 // metadata, and a pool keeps the chunk directory small).
 //
 //   ubiquity-bench-fill STORE FILES [HOT_VERSIONS]
+//   ubiquity-bench-fill --small STORE FILES VERSIONS
 //
 // Makes FILES files d<NNNNN>/f<NNNNNNN>.txt, 100 per directory; every fifth file gets 5
 // more versions; `hot.txt` gets HOT_VERSIONS versions (default 100,000) and
 // `thousand.txt` 1,000. Versions are committed 1 ms apart (each has its own name).
+// With --small (scripts/bench-store.sh), every file gets VERSIONS versions of 20 bytes
+// of its own (no pool: each version is a chunk of its own, as a user's small files are).
 import Glibc
 import UbiquityStore
 import UbiquitySystem
@@ -18,11 +21,17 @@ func fail(_ message: String) -> Never {
     exit(1)
 }
 
-let arguments = CommandLine.arguments
+var arguments = CommandLine.arguments
+let small = arguments.count > 1 && arguments[1] == "--small"
+if small { arguments.remove(at: 1) }
 guard arguments.count >= 3, let files = Int(arguments[2]), files >= 0 else {
-    fail("usage: ubiquity-bench-fill STORE FILES [HOT_VERSIONS]")
+    fail("usage: ubiquity-bench-fill [--small] STORE FILES [HOT_VERSIONS | VERSIONS]")
 }
 let hotVersions = arguments.count > 3 ? Int(arguments[3]) ?? 100_000 : 100_000
+/// 20 bytes that differ for every (file, version).
+func smallContent(_ file: Int, _ version: Int) -> [UInt8] {
+    Array("f\(String(file).leftPadded(to: 8)) v\(String(version).leftPadded(to: 8))\n".utf8)
+}
 
 do throws(StoreError) {
     let store = try Store(directory: arguments[1], deviceName: "bench")
@@ -42,8 +51,8 @@ do throws(StoreError) {
         pool.append(list)
     }
     var operations = 0
-    func save(_ id: InodeNumber, _ path: String, _ k: Int) throws(StoreError) {
-        _ = try store.commit(id, content: pool[k % pool.count], path: path, local: false)
+    func save(_ id: InodeNumber, _ path: String, _ k: Int, content: ChunkList? = nil) throws(StoreError) {
+        _ = try store.commit(id, content: content ?? pool[k % pool.count], path: path, local: false)
         operations += 1
         if operations % 10_000 == 0 { try store.commitBatch() }
     }
@@ -61,11 +70,22 @@ do throws(StoreError) {
         }
         let name = "f" + String(i).leftPadded(to: 7) + ".txt"
         let id = try file(directory, name)
-        let versions = i % 5 == 0 ? 6 : 1
-        for v in 0..<versions { try save(id, dirName + "/" + name, i + v) }
+        if small {
+            for v in 0..<hotVersions {
+                let bytes = smallContent(i, v)
+                let chunk = ChunkID(hashing: bytes)
+                try store.chunks.put(chunk, bytes)
+                var list = ChunkList()
+                list.append(chunk, size: bytes.count)
+                try save(id, dirName + "/" + name, 0, content: list)
+            }
+        } else {
+            let versions = i % 5 == 0 ? 6 : 1
+            for v in 0..<versions { try save(id, dirName + "/" + name, i + v) }
+        }
         if i % 100_000 == 99_999 { log("ubiquity-bench-fill: \(i + 1) files") }
     }
-    for (name, count) in [("hot.txt", hotVersions), ("thousand.txt", 1000)] {
+    for (name, count) in small ? [] : [("hot.txt", hotVersions), ("thousand.txt", 1000)] {
         let id = try file(Store.rootInode, name)
         for v in 0..<count { try save(id, name, v) }
     }

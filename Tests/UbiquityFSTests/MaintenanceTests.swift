@@ -52,24 +52,25 @@ import UbiquitySystem
         #expect(fsck.problems.isEmpty, "\(fsck.problems)")
     }
 
-    @Test func gcKeepsWhatIsRecentOrOpen() throws {
+    /// Both kinds of chunk: a file (over SmallChunks.limit) and a row.
+    @Test(arguments: [3_000, 20]) func gcKeepsWhatIsRecentOrOpen(size: Int) throws {
         let h = try Harness()
-        try h.save("a.txt", "old")
-        try h.save("a.txt", "new")
+        try h.save("a.txt", String(repeating: "o", count: size))
+        try h.save("a.txt", String(repeating: "n", count: size))
         try Self.uploadAll(h)
         _ = try h.fs.prune(policy: Self.strict, now: nowNanos() + 1_000_000_000, dryRun: false)
-        // Within the grace period the pruned chunk stays; so does one whose mtime is beyond
-        // what nanoseconds hold (year 3000: the sweep must not overflow).
+        // Within the grace period the pruned chunk stays; so does one whose time is beyond
+        // what nanoseconds hold (a file's mtime in the year 3000: the sweep must not overflow).
         #expect(try h.fs.collectGarbage(grace: 3_600_000_000_000).chunksDeleted == 0)
-        for id in h.fs.chunks.allChunkIDs() {
-            var far = [timespec(tv_sec: 32_503_680_000, tv_nsec: 0), timespec(tv_sec: 32_503_680_000, tv_nsec: 0)]
-            utimensat(AT_FDCWD, h.fs.chunks.path(of: id), &far, 0)
+        if size > SmallChunks.limit {
+            for id in h.fs.chunks.allChunkIDs() { try h.fs.chunks.setLastUse(id, seconds: 32_503_680_000) }
+            #expect(try h.fs.collectGarbage(grace: 0).chunksDeleted == 0)
+            for id in h.fs.chunks.allChunkIDs() { try h.fs.chunks.setLastUse(id, seconds: time(nil)) }
         }
-        #expect(try h.fs.collectGarbage(grace: 0).chunksDeleted == 0)
-        for id in h.fs.chunks.allChunkIDs() { utimensat(AT_FDCWD, h.fs.chunks.path(of: id), nil, 0) }
         #expect(try h.fs.collectGarbage(grace: 0).chunksDeleted == 0) // written within the last second
         usleep(1_100_000)
         #expect(try h.fs.collectGarbage(grace: 0).chunksDeleted == 1)
+        #expect(try h.read("a.txt") == String(repeating: "n", count: size))
     }
 
     /// Stress (seeded): while gc runs again and again, a writer saves files whose content
@@ -80,14 +81,14 @@ import UbiquitySystem
         print("gcNeverLosesAChunkACommitReuses seed \(seed) (UBQ_GC_SEED=\(seed) replays)")
         var rng = SplitMix64(seed: seed)
         let h = try Harness()
-        // 300 garbage chunks, written an hour ago as far as their mtime says.
-        let contents = (0..<300).map { "garbage \($0) \(rng.next())" }
+        // 300 garbage chunks, written an hour ago as far as their times say: rows and
+        // (every third, over SmallChunks.limit) files.
+        let contents = (0..<300).map { "garbage \($0) \(rng.next())" + ($0 % 3 == 0 ? String(repeating: "+", count: 3_000) : "") }
         for text in contents {
             let bytes = Array(text.utf8)
             let id = ChunkID(hashing: bytes)
             try h.fs.chunks.put(id, bytes)
-            var old = [timespec(tv_sec: time(nil) - 3600, tv_nsec: 0), timespec(tv_sec: time(nil) - 3600, tv_nsec: 0)]
-            utimensat(AT_FDCWD, h.fs.chunks.path(of: id), &old, 0)
+            try h.fs.chunks.setLastUse(id, seconds: time(nil) - 3600)
         }
         let fs = h.fs!
         let stop = Locked(false)

@@ -42,4 +42,72 @@ import TestSupport
         }
         #expect(Set(store.allChunkIDs()) == Set(ids))
     }
+
+    /// Small chunks are rows of chunks/small.sqlite (format 5), not files: read back,
+    /// verified, listed, swept by their `used` time, durable after `sync()`.
+    @Test func smallChunksAreRowsWithTheContractOfFiles() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try ChunkStore(directory: dir.path + "/chunks")
+        let bytes = Array("twenty bytes of text".utf8)
+        let id = ChunkID(hashing: bytes)
+        try store.put(id, bytes)
+        #expect(access(store.path(of: id), F_OK) != 0, "a small chunk is not a file")
+        #expect(store.size(of: id) == bytes.count)
+        #expect(try store.read(id) == bytes)
+        #expect(store.allChunkIDs() == [id])
+        try store.sync()
+
+        // The biggest small chunk is a row, one byte more is a file.
+        let edge = [UInt8](repeating: 7, count: SmallChunks.limit)
+        let over = [UInt8](repeating: 7, count: SmallChunks.limit + 1)
+        try store.put(ChunkID(hashing: edge), edge)
+        try store.put(ChunkID(hashing: over), over)
+        #expect(access(store.path(of: ChunkID(hashing: edge)), F_OK) != 0)
+        #expect(access(store.path(of: ChunkID(hashing: over)), F_OK) == 0)
+
+        // Damage in the row is caught by the hash, as in a file.
+        store.dropCache()
+        try withDatabase(dir.path + "/chunks/small.sqlite") { (db) throws(StoreError) in
+            try db.query("UPDATE chunks SET bytes = ? WHERE id = ?", [.blob(Array("twenty bytes of tex!".utf8)), .blob(id.raw)])
+        }
+        #expect(throws: StoreError.corruptChunk(id)) { try store.read(id) }
+
+        // gc: a chunk used after the cutoff stays; one used before goes.
+        let before = nowNanos()
+        #expect(store.sweep(id, unusedSince: before - 60_000_000_000) == nil, "used within the grace: kept")
+        #expect(store.contains(id))
+        #expect(store.sweep(id, unusedSince: nowNanos() + 1) != nil)
+        #expect(!store.contains(id))
+        #expect(throws: StoreError.missingChunk(id)) { try store.read(id) }
+        try store.compact()
+    }
+
+    /// A store from before format 5 keeps small chunks as files: they stay readable, a
+    /// put of the same bytes claims the file instead of adding a row, gc collects it.
+    @Test func smallChunkFilesOfAnOlderStoreStayReadable() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try ChunkStore(directory: dir.path + "/chunks")
+        let bytes = Array("kept as a file by format 4".utf8)
+        let id = ChunkID(hashing: bytes)
+        let path = store.path(of: id)
+        let fd = open(path, O_WRONLY | O_CREAT, 0o444)
+        _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        close(fd)
+        #expect(try store.read(id) == bytes)
+        try store.put(id, bytes)
+        #expect(try withDatabase(dir.path + "/chunks/small.sqlite") { (db) throws(StoreError) in
+            try db.rows("SELECT count(*) FROM chunks", []) { $0.int(0) }.first
+        } == 0, "no second copy as a row")
+        #expect(store.allChunkIDs() == [id])
+        #expect(store.sweep(id, unusedSince: nowNanos() + 1_000_000_000) != nil)
+        #expect(access(path, F_OK) != 0)
+    }
+}
+
+/// Opens a SQLite database of a store directly (to damage or inspect it).
+func withDatabase<T>(_ path: String, _ body: (SQLiteDatabase) throws(StoreError) -> T) throws -> T {
+    let db = try SQLiteDatabase(path: path)
+    return try body(db)
 }

@@ -154,7 +154,7 @@ import UbiquitySystem
         let f = try store.create(parent: Store.rootInode, name: "a", kind: .file, mode: 0o644, uid: 0, gid: 0)
         var list = ChunkList()
         for i in 0..<3 {
-            let b = [UInt8](repeating: UInt8(i), count: 1000)
+            let b = [UInt8](repeating: UInt8(i), count: 3000) // files (over SmallChunks.limit)
             let id = ChunkID(hashing: b)
             try store.chunks.put(id, b)
             list.append(id, size: b.count)

@@ -1,0 +1,150 @@
+import CSQLite
+import Glibc
+import UbiquitySystem
+
+/// Chunks of at most `SmallChunks.limit` bytes, kept as rows of one SQLite database
+/// (`chunks/small.sqlite`, local store format 5) instead of one file each. A file costs a
+/// whole filesystem block (4 KiB on ext4) and an inode for a 20-byte version; a row costs
+/// its bytes plus about 100 (row, id index).
+///
+/// The same contract as chunk files (see `ChunkStore`): a row appears whole (one SQLite
+/// statement); `used` is the time the chunk was last written or claimed, and `sweep`
+/// deletes a row only when `used` is older than the cutoff, in one statement, so a claim
+/// and a sweep of one chunk are ordered by SQLite's write lock; `sync()` makes every row
+/// written so far durable (one transaction with synchronous=FULL, which fsyncs the WAL).
+/// Bytes are verified by `ChunkStore.read` as a file's are.
+final class SmallChunks: Sendable {
+    /// Chunks up to this size are rows: it keeps a row within one 4 KiB page. Bigger
+    /// chunks are files, where a block's waste is at most half the chunk.
+    static let limit = 2048
+
+    private struct State {
+        let db: SQLiteDatabase?
+        /// Rows written since the last `sync()`.
+        var unsynced = false
+    }
+    private let state: Locked<State>
+    let path: String
+
+    /// A read-only store (fsck, status) does not create the database when it is missing.
+    init(directory: String, readOnly: Bool) throws(StoreError) {
+        path = directory + "/small.sqlite"
+        if readOnly && access(path, F_OK) != 0 {
+            state = Locked(State(db: nil))
+            return
+        }
+        let db = try SQLiteDatabase(path: path)
+        // Before the first table: space that gc frees goes back to the filesystem
+        // (`compact`) instead of staying in the file as free pages.
+        try db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        try db.execute("PRAGMA journal_mode=WAL")
+        try db.execute("PRAGMA synchronous=NORMAL")
+        if !readOnly {
+            try db.execute("""
+                CREATE TABLE IF NOT EXISTS chunks(row INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE,
+                    bytes BLOB NOT NULL, used INTEGER NOT NULL)
+                """)
+            try db.execute("CREATE TABLE IF NOT EXISTS barrier(n INTEGER NOT NULL)")
+        }
+        state = Locked(State(db: db))
+    }
+
+    /// Stores the chunk, or renews `used` when it is there.
+    func put(_ id: ChunkID, _ bytes: UnsafeRawBufferPointer, now: Nanos) throws(StoreError) {
+        try state.withLock { (s) throws(StoreError) in
+            guard let db = s.db else { throw .io(errno: EROFS, "\(path) is read-only") }
+            try db.query("INSERT INTO chunks(id, bytes, used) VALUES(?, ?, ?) ON CONFLICT(id) DO UPDATE SET used = excluded.used",
+                         [.blob(id.raw), .blob(Array(bytes)), .int(now)])
+            s.unsynced = true
+        }
+    }
+
+    /// Whether the chunk is here; if so, its `used` time is renewed (gc keeps it).
+    func claim(_ id: ChunkID, now: Nanos) -> Bool {
+        state.withLock { s in
+            guard let db = s.db else { return false }
+            do throws(StoreError) {
+                try db.query("UPDATE chunks SET used = ? WHERE id = ?", [.int(now), .blob(id.raw)])
+                return db.changes > 0
+            } catch {
+                // A store that cannot be written (read-only file, full disk): whether the
+                // chunk is there all the same.
+                return (try? db.rows("SELECT 1 FROM chunks WHERE id = ?", [.blob(id.raw)]) { _ in true }.first) ?? false
+            }
+        }
+    }
+
+    /// Sets `used` (tests: a chunk written long ago).
+    func setUsed(_ id: ChunkID, to time: Nanos) throws(StoreError) {
+        try state.withLock { (s) throws(StoreError) in
+            try s.db?.query("UPDATE chunks SET used = ? WHERE id = ?", [.int(time), .blob(id.raw)])
+        }
+    }
+
+    /// The chunk's bytes as stored (not verified), nil when it is not here.
+    func get(_ id: ChunkID) throws(StoreError) -> [UInt8]? {
+        try state.withLock { (s) throws(StoreError) -> [UInt8]? in
+            guard let db = s.db else { return nil }
+            return try db.rows("SELECT bytes FROM chunks WHERE id = ?", [.blob(id.raw)]) { $0.blob(0) }.first
+        }
+    }
+
+    /// The chunk's size, nil when it is not here.
+    func size(of id: ChunkID) -> Int? {
+        state.withLock { s in
+            try? s.db?.rows("SELECT length(bytes) FROM chunks WHERE id = ?", [.blob(id.raw)]) { Int($0.int(0)) }.first
+        }
+    }
+
+    /// gc: deletes the chunk unless it was written or claimed at or after `cutoff`.
+    /// Returns the bytes freed (the chunk and its row's share), nil when it was kept.
+    func sweep(_ id: ChunkID, unusedSince cutoff: Nanos) -> Int64? {
+        state.withLock { s -> Int64? in
+            guard let db = s.db,
+                  let size = try? db.rows("SELECT length(bytes) FROM chunks WHERE id = ? AND used < ?",
+                                          [.blob(id.raw), .int(cutoff)], { $0.int(0) }).first,
+                  (try? db.query("DELETE FROM chunks WHERE id = ? AND used < ?", [.blob(id.raw), .int(cutoff)])) != nil,
+                  db.changes > 0
+            else { return nil }
+            return size + 80
+        }
+    }
+
+    /// Every chunk id here (for fsck and gc).
+    func ids() -> [ChunkID] {
+        state.withLock { s in
+            (try? s.db?.rows("SELECT id FROM chunks", []) { ChunkID(raw: $0.blob(0)) }.compactMap { $0 }) ?? []
+        }
+    }
+
+    /// Durability barrier for every row written so far (`all`: by any process, even if
+    /// this one wrote none: recovery after a crash).
+    func sync(all: Bool = false) throws(StoreError) {
+        try state.withLock { (s) throws(StoreError) in
+            guard s.unsynced || all, let db = s.db else { return }
+            try db.execute("PRAGMA synchronous=FULL")
+            defer { try? db.execute("PRAGMA synchronous=NORMAL") }
+            // A transaction that writes, so that its commit (and the WAL's fsync) happens.
+            try db.transaction { () throws(StoreError) in
+                try db.execute("DELETE FROM barrier")
+                try db.execute("INSERT INTO barrier(n) VALUES(1)")
+            }
+            s.unsynced = false
+        }
+    }
+
+    /// Gives the pages of swept rows back to the filesystem.
+    func compact() throws(StoreError) {
+        try state.withLock { (s) throws(StoreError) in try s.db?.execute("PRAGMA incremental_vacuum") }
+    }
+
+    /// The database's size on disk, WAL included (O(1): `ubiquity status`).
+    var diskBytes: Int64 {
+        var total: Int64 = 0
+        for p in [path, path + "-wal"] {
+            var st = stat()
+            if stat(p, &st) == 0 { total += Int64(st.st_blocks) * 512 }
+        }
+        return total
+    }
+}

@@ -1,0 +1,104 @@
+import UbiquitySystem
+
+/// Recovery after an unclean stop. A version is `durable` once a durability barrier ran
+/// after it was written (`markDurable`); a clean stop runs one, so versions that are not
+/// durable at open were written just before a crash or a power loss. A crash of the
+/// process loses nothing (the kernel still writes its page cache), but a power loss drops
+/// every write that was not fsynced, so such a version may name chunks that never reached
+/// the disk. Each is checked (its chunks read and hashed): a good one is made durable; a
+/// damaged one of this device that never left it is rolled back to its parent (the file
+/// shows its previous version, or is empty when it had none), and the log says so. One
+/// that came from another device, or that was uploaded, is left for
+/// `ubiquity fsck --repair`, which fetches its chunks from the backing directory.
+///
+/// The cost is proportional to what was written since the last barrier (at most a few
+/// seconds of writes, as the filesystem runs one every second), found by the partial
+/// index `versions_pending`.
+extension Store {
+    public struct RecoveryReport: Sendable, Equatable {
+        /// Versions checked.
+        public var checked = 0
+        /// "path: version <id> → <what it shows now>" for each version rolled back.
+        public var rolledBack: [String] = []
+        /// Damaged versions left for `fsck --repair`.
+        public var damaged: [String] = []
+    }
+
+    /// Runs at open (serving stores only). Does nothing after a clean stop.
+    func recoverUndurableVersions() throws(StoreError) -> RecoveryReport {
+        var report = RecoveryReport()
+        let pending = try db.rows("""
+            SELECT row, id, file_id, parents, device_id, uploaded, local, kind, tombstone, path, mtime, device_id, mode, target
+            FROM versions WHERE durable = 0 ORDER BY row DESC
+            """, []) { r in
+            (record: Replica.Record(row: r.int(0), id: r.text(1), node: r.text(2), parents: splitIDs(r.text(3)),
+                                    kind: NodeKind(rawValue: r.int(7)) ?? .file, isTombstone: r.int(8) != 0,
+                                    mtime: r.int(10), device: r.text(11), path: r.text(9),
+                                    mode: UInt32(truncatingIfNeeded: r.int(12)), target: r.isNull(13) ? nil : r.text(13)),
+             mine: r.text(4) == deviceID, uploaded: r.int(5) != 0, local: r.int(6) != 0)
+        }
+        if pending.isEmpty { return report }
+        log("ubiquity: recovery: \(pending.count) version(s) written since the last durability barrier (an unclean stop): checking their chunks")
+        // What the crash left in the page cache is on disk after this; what a power loss
+        // dropped is missing or damaged, and the reads below find it.
+        try chunks.syncEverything()
+        for version in pending where version.record.kind == .file && !version.record.isTombstone {
+            report.checked += 1
+            let list = try chunkList(row: version.record.row)
+            guard let problem = damage(in: list) else { continue }
+            let name = "\(version.record.path): version \(version.record.id)"
+            guard version.mine && !version.uploaded else {
+                report.damaged.append("\(name) (\(problem))")
+                log("ubiquity: recovery: \(name) is damaged (\(problem)); `ubiquity fsck --repair` fetches it from the backing directory")
+                continue
+            }
+            let shows = try rollBack(version.record, local: version.local)
+            report.rolledBack.append("\(name) → \(shows)")
+            log("ubiquity: recovery: \(name) lost its bytes in the crash (\(problem)); rolled back, the file shows \(shows)")
+        }
+        try markDurable()
+        return report
+    }
+
+    /// The first problem with a chunk of the list, nil when every chunk reads back whole.
+    private func damage(in list: ChunkList) -> String? {
+        for i in 0..<list.count where !list.isHole(i) {
+            do throws(StoreError) {
+                let bytes = try chunks.read(list.ids[i])
+                if Int64(bytes.count) != list.size(i) { return "chunk \(list.ids[i]) has \(bytes.count) bytes, not \(list.size(i))" }
+            } catch {
+                return "\(error)"
+            }
+        }
+        return nil
+    }
+
+    /// Deletes the version and points what showed it at its parent. Returns what the file
+    /// shows now, for the log.
+    private func rollBack(_ record: Replica.Record, local: Bool) throws(StoreError) -> String {
+        try db.transaction { () throws(StoreError) -> String in
+            var parents: [(row: Int64, committed: Nanos)] = []
+            for id in record.parents {
+                parents += try db.rows("SELECT row, committed FROM versions WHERE id = ? AND file_id = ?",
+                                       [.text(id), .text(record.node)]) { ($0.int(0), $0.int(1)) }
+            }
+            let parent = parents.max { $0.committed < $1.committed }?.row
+            try db.query("DELETE FROM versions WHERE row = ?", [.int(record.row)])
+            if !local { _ = try replica.remove(record) }
+            let previous = try parent.flatMap { (row) throws(StoreError) in try version(row: row) }
+            let content = try parent.map { (row) throws(StoreError) in try chunkList(row: row) } ?? ChunkList()
+            for id in try db.rows("SELECT id FROM inodes WHERE head = ?", [.int(record.row)], { InodeNumber(bitPattern: $0.int(0)) }) {
+                guard var inode = try node(id)?.inode else { continue }
+                inode.head = parent
+                inode.size = content.totalSize
+                inode.allocated = content.storedBytes
+                if let previous { inode.mtime = previous.mtime }
+                try save(inode)
+            }
+            if try db.rows("SELECT 1 FROM versions WHERE file_id = ? AND local = 0 LIMIT 1", [.text(record.node)], { _ in true }).isEmpty {
+                try dropHistory(record.node)
+            }
+            return previous.map { "its version \($0.id) of \(isoTime($0.committed))" } ?? "no content (it had no earlier version)"
+        }
+    }
+}

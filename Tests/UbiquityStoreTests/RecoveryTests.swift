@@ -1,0 +1,103 @@
+import Glibc
+import Testing
+import TestSupport
+import UbiquitySystem
+@testable import UbiquityStore
+
+/// Recovery at open after an unclean stop (Store+Recovery): a simulated power loss drops
+/// the chunks written after the last durability barrier.
+@Suite struct RecoveryTests {
+    static func save(_ store: Store, _ id: InodeNumber, _ path: String, _ bytes: [UInt8]) throws -> Version {
+        let chunk = ChunkID(hashing: bytes)
+        try store.chunks.put(chunk, bytes)
+        var list = ChunkList()
+        list.append(chunk, size: bytes.count)
+        return try store.commit(id, content: list, path: path, local: false)
+    }
+
+    static func read(_ store: Store, _ id: InodeNumber) throws -> [UInt8] {
+        let content = try store.openContent(id)
+        return try content.read(offset: 0, count: 1 << 20)
+    }
+
+    @Test func versionsThatLostTheirBytesAreRolledBack() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let old = [UInt8](repeating: 1, count: 3000), lost = [UInt8](repeating: 2, count: 3000)
+        let smallLost = Array("never reached the disk".utf8), kept = Array("written, not yet durable".utf8)
+        var a: InodeNumber = 0, b: InodeNumber = 0, c: InodeNumber = 0
+        var aFile = "", durableID = ""
+        do {
+            let store = try Store(directory: dir.path, deviceName: "test")
+            a = try store.create(parent: Store.rootInode, name: "a", kind: .file, mode: 0o644, uid: 0, gid: 0).id
+            b = try store.create(parent: Store.rootInode, name: "b", kind: .file, mode: 0o644, uid: 0, gid: 0).id
+            c = try store.create(parent: Store.rootInode, name: "c", kind: .file, mode: 0o644, uid: 0, gid: 0).id
+            durableID = try Self.save(store, a, "a", old).id
+            aFile = try #require(store.inode(a)?.fileID)
+            try store.syncFiles()
+            try store.markDurable()
+            // After the barrier: a's second version (a chunk file), b's first (a row), c's first.
+            _ = try Self.save(store, a, "a", lost)
+            _ = try Self.save(store, b, "b", smallLost)
+            _ = try Self.save(store, c, "c", kept)
+            try store.commitBatch()
+        }
+        // The power loss: the chunk file and the row never reached the disk.
+        unlink(try ChunkStore(directory: dir.path + "/chunks").path(of: ChunkID(hashing: lost)))
+        _ = try withDatabase(dir.path + "/chunks/small.sqlite") { (db) throws(StoreError) in
+            try db.query("DELETE FROM chunks WHERE id = ?", [.blob(ChunkID(hashing: smallLost).raw)])
+        }
+
+        let store = try Store(directory: dir.path)
+        #expect(store.recovery.checked == 3)
+        #expect(store.recovery.rolledBack.count == 2, "\(store.recovery.rolledBack)")
+        #expect(store.recovery.rolledBack.contains { $0.hasPrefix("a: ") && $0.contains(durableID) })
+        #expect(store.recovery.rolledBack.contains { $0.hasPrefix("b: ") && $0.contains("no content") })
+        #expect(store.recovery.damaged.isEmpty)
+        #expect(try Self.read(store, a) == old)
+        #expect(store.inode(a)?.size == 3000)
+        #expect(try Self.read(store, b) == [])
+        #expect(store.inode(b)?.size == 0)
+        #expect(try Self.read(store, c) == kept)
+        #expect(try store.versions(of: aFile).map(\.id) == [durableID])
+        // The synced view agrees: a's current record is the durable version, and only
+        // records whose bytes exist are offered for upload.
+        #expect(try store.replica.current(aFile)?.id == durableID)
+        #expect(try store.pendingUploads(limit: 100).filter { $0.kind == .file }.map(\.path).sorted() == ["a", "c"])
+        #expect(try Fsck.run(store: store).problems.isEmpty)
+    }
+
+    @Test func aCleanStopChecksNothing() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        do {
+            let store = try Store(directory: dir.path, deviceName: "test")
+            let a = try store.create(parent: Store.rootInode, name: "a", kind: .file, mode: 0o644, uid: 0, gid: 0).id
+            _ = try Self.save(store, a, "a", Array("fine".utf8))
+            try store.syncFiles()
+            try store.markDurable()
+        }
+        let store = try Store(directory: dir.path)
+        #expect(store.recovery == Store.RecoveryReport())
+    }
+
+    /// A damaged version that was uploaded (or came from another device) is not rolled
+    /// back: the backing directory has its bytes, and `fsck --repair` fetches them.
+    @Test func anUploadedVersionIsLeftForRepair() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let bytes = [UInt8](repeating: 9, count: 3000)
+        do {
+            let store = try Store(directory: dir.path, deviceName: "test")
+            let a = try store.create(parent: Store.rootInode, name: "a", kind: .file, mode: 0o644, uid: 0, gid: 0).id
+            let v = try Self.save(store, a, "a", bytes)
+            try store.markUploaded([v.id])
+            try store.commitBatch()
+        }
+        unlink(try ChunkStore(directory: dir.path + "/chunks").path(of: ChunkID(hashing: bytes)))
+        let store = try Store(directory: dir.path)
+        #expect(store.recovery.rolledBack.isEmpty)
+        #expect(store.recovery.damaged.count == 1)
+        #expect(store.recovery.damaged.first?.contains("missing") == true, "\(store.recovery.damaged)")
+    }
+}
