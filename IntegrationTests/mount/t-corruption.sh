@@ -65,6 +65,7 @@ write_tracked trunc.bin
 trunc_chunk=$CHUNK trunc_off=$OFFSET trunc_len=$LENGTH
 write_tracked gone.bin
 gone_chunk=$CHUNK gone_off=$OFFSET gone_len=$LENGTH
+"$UBIQUITY" sync "$MNT" >/dev/null # the backing directory gets every chunk (fsck --repair below)
 unmount_it
 
 step "fsck of the intact store exits 0"
@@ -149,5 +150,21 @@ while read -r c; do
   case $c in "$flip_chunk" | "$trunc_chunk" | "$gone_chunk") continue ;; esac
   assert_not_contains "$out" "$(basename "$c")" "fsck report (intact chunk $(basename "$c") named)"
 done < <(cat "$WORK/flip.bin.chunks" "$WORK/trunc.bin.chunks" "$WORK/gone.bin.chunks")
+
+step "fsck --repair (live) fetches damaged chunks from the backing directory, names what it cannot"
+hex=$(basename "$gone_chunk")
+rm -f "$BACKING/objects/${hex:0:2}/$hex" # this one the backing directory lost too
+rc=0
+out=$("$UBIQUITY" fsck --repair --store "$STORE" 2>&1) || rc=$?
+assert_eq 1 "$rc" "exit status of fsck --repair when a chunk could not be repaired"
+assert_contains "$out" "repaired 2 chunk(s)" "fsck --repair report"
+assert_contains "$out" "NOT REPAIRED: chunk $hex: not in the backing directory" "fsck --repair names what it could not repair"
+assert_same_file "$WORK/flip.bin" "$MNT/flip.bin" "flip.bin after the repair"
+assert_same_file "$WORK/trunc.bin" "$MNT/trunc.bin" "trunc.bin after the repair"
+check_damaged gone.bin "$gone_off" "$gone_len"
+rc=0
+out=$("$UBIQUITY" fsck --store "$STORE" 2>&1) || rc=$?
+assert_eq 1 "$rc" "fsck after the repair: gone.bin's chunk is still missing"
+assert_not_contains "$out" "$(basename "$flip_chunk")" "fsck after the repair (flip.bin's chunk)"
 
 pass

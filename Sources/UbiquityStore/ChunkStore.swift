@@ -97,6 +97,14 @@ public final class ChunkStore: Sendable {
         _ = utimensat(AT_FDCWD, path(of: id), &times, 0)
     }
 
+    /// Deletes a damaged copy of the chunk, whatever its time (repair, before it puts the
+    /// good bytes: `put` keeps a copy that is there).
+    public func discard(_ id: ChunkID) {
+        _ = small.sweep(id, unusedSince: .max)
+        claims.withLock { _ in _ = unlink(path(of: id)) }
+        cache.withLock { $0.remove(id) }
+    }
+
     /// Returns the pages of swept rows to the filesystem (gc's last step).
     public func compact() throws(StoreError) { try small.compact() }
 

@@ -7,6 +7,9 @@ public enum Fsck {
         public var chunksChecked = 0
         public var versionsChecked = 0
         public var problems: [String] = []
+        /// Chunks some version needs that are missing, damaged or of the wrong size, with
+        /// the size the version records (what `fsck --repair` fetches).
+        public var damaged: [ChunkID: Int64] = [:]
     }
 
     public static func run(store: Store, progress: ((Int, Int) -> Void)? = nil) throws(StoreError) -> Report {
@@ -39,11 +42,14 @@ public enum Fsck {
                 if let actual = sizes[id] {
                     if bad.contains(id) {
                         report.problems.append("version \(versionID) needs corrupt chunk \(id)")
+                        report.damaged[id] = Int64(size)
                     } else if actual != Int(size) {
                         report.problems.append("version \(versionID) expects chunk \(id) of \(size) bytes, found \(actual)")
+                        report.damaged[id] = Int64(size)
                     }
                 } else {
                     report.problems.append("version \(versionID) needs missing chunk \(id)")
+                    report.damaged[id] = Int64(size)
                 }
             }
         }

@@ -1,12 +1,23 @@
 import ArgumentParser
 import Glibc
 import UbiquityStore
+import UbiquitySync
 
 struct FsckCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "fsck",
-        abstract: "Verify every chunk's hash and every version's chunk references.",
-        discussion: "Safe while mounted (read-only). Exit status 1 and a report when anything is damaged.")
+        abstract: "Verify every chunk's hash and every version's chunk references; repair from the backing directory.",
+        discussion: """
+        Safe while mounted. Without --repair it changes nothing: exit status 1 and a \
+        report when anything is damaged. With --repair, chunks that versions need and \
+        that are missing or damaged are fetched from the backing directory (each verified \
+        by its hash and size before use) and the store is checked again; what could not \
+        be repaired is listed, and the exit status is 1 unless everything is whole.
+
+          ubiquity fsck
+          ubiquity fsck --repair
+          ubiquity fsck --repair --store DIR --backing DIR
+        """)
 
     @Option(help: "Store directory. Default: that of --container.")
     var store: String?
@@ -14,20 +25,59 @@ struct FsckCommand: ParsableCommand {
     @Option(help: "Container name (selects the default store).")
     var container = "default"
 
+    @Flag(help: "Fetch missing or damaged chunks from the backing directory.")
+    var repair = false
+
+    @Option(help: "Backing directory for --repair. Default: the one the store last synced with.")
+    var backing: String?
+
     func run() throws {
         let dir = store.map(Paths.absolute) ?? Paths.dataDirectory(container: container) + "/store"
         let s: Store
         do { s = try Store(directory: dir, readOnly: true) } catch { throw CLIError("\(error)") }
-        let progress: (@Sendable (Int, Int) -> Void)? = isatty(STDERR_FILENO) != 0 ? Fsck.terminalProgress : nil
-        let report: Fsck.Report
-        do { report = try Fsck.run(store: s, progress: progress) } catch { throw CLIError("\(error)") }
-        print("checked \(report.chunksChecked) chunks and \(report.versionsChecked) versions in \(dir)")
+        var report = try check(s, dir)
+        if repair && !report.damaged.isEmpty {
+            let backingDir: String
+            if let backing {
+                backingDir = Paths.absolute(backing)
+            } else if let last = try? s.setting("backing") {
+                backingDir = last
+            } else {
+                throw CLIError("\(dir) does not know its backing directory (it never mounted with this version): pass --backing DIR")
+            }
+            print("repairing \(report.damaged.count) chunk(s) from \(backingDir)")
+            let result: Repair.Report
+            do {
+                let chunks = try ChunkStore(directory: dir + "/chunks")
+                var progress: ((Int, Int) -> Void)?
+                if isatty(STDERR_FILENO) != 0 { progress = Self.repairProgress }
+                result = try Repair.run(damaged: report.damaged, chunks: chunks, backingDirectory: backingDir, progress: progress)
+            } catch { throw CLIError("\(error)") }
+            print("repaired \(result.repaired.count) chunk(s)")
+            for (id, why) in result.unrepaired { print("NOT REPAIRED: chunk \(id): \(why)") }
+            print("checking again")
+            report = try check(s, dir)
+        }
         for problem in report.problems { print("DAMAGED: \(problem)") }
         if report.problems.isEmpty {
             print("OK: no damage found")
         } else {
-            print("\(report.problems.count) problem(s). Damaged chunks are never served (reads fail with EIO); versions that need them cannot be read.")
+            print("\(report.problems.count) problem(s). Damaged chunks are never served (reads fail with EIO); versions that need them cannot be read."
+                  + (repair ? "" : " `ubiquity fsck --repair` fetches them from the backing directory if it has them."))
             throw ExitCode.failure
         }
+    }
+
+    private static func repairProgress(_ done: Int, _ total: Int) {
+        let line = "\rrepairing: \(done)/\(total)" + (done == total ? "\n" : "")
+        _ = line.withCString { write(STDERR_FILENO, $0, strlen($0)) }
+    }
+
+    private func check(_ s: Store, _ dir: String) throws -> Fsck.Report {
+        let progress: (@Sendable (Int, Int) -> Void)? = isatty(STDERR_FILENO) != 0 ? Fsck.terminalProgress : nil
+        let report: Fsck.Report
+        do { report = try Fsck.run(store: s, progress: progress) } catch { throw CLIError("\(error)") }
+        print("checked \(report.chunksChecked) chunks and \(report.versionsChecked) versions in \(dir)")
+        return report
     }
 }

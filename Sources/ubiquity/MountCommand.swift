@@ -85,6 +85,8 @@ struct MountCommand: ParsableCommand {
         do {
             let store = try Store(directory: storeDir, deviceName: device)
             try makeDirectoriesForCLI(backingDir)
+            // `ubiquity fsck --repair` fetches damaged chunks from here by default.
+            try store.setSetting("backing", backingDir)
             var fsOptions = FileSystem.Options()
             fsOptions.showVersions = showVersions
             fsOptions.retention = try Paths.retentionPolicy(container: container, settings: retention)
