@@ -35,6 +35,19 @@ extension FileSystem {
         public var chunksChecked = 0
         public var chunksDeleted = 0
         public var bytesFreed: Int64 = 0
+        /// Content (unique chunk bytes) of the versions files show now.
+        public var currentBytes: Int64 = 0
+        /// Content only older versions use.
+        public var historyBytes: Int64 = 0
+        /// Of that, what a prune by the policy gc was given would free (with the gc after it).
+        public var prunableBytes: Int64 = 0
+        /// Disk space of the chunk files kept (small chunks are in their database).
+        public var chunkFileBytes: Int64 = 0
+
+        /// The store setting `space` that `ubiquity status` prints.
+        func spaceSetting(at time: Nanos) -> String {
+            "measured=\(time) current=\(currentBytes) history=\(historyBytes) prunable=\(prunableBytes) chunk_files=\(chunkFileBytes)"
+        }
     }
 
     /// How long a chunk nobody names is kept after it was last written or claimed: covers
@@ -46,9 +59,17 @@ extension FileSystem {
 
     /// Deletes the chunks no version names and nobody wrote or claimed within `grace`.
     /// `progress(phase, done, total)` is called now and then.
-    public func collectGarbage(grace: Nanos = FileSystem.gcGrace,
+    /// With `policy`, it also measures what a prune by it would free (a dry run first).
+    public func collectGarbage(grace: Nanos = FileSystem.gcGrace, policy: RetentionPolicy? = nil,
                                progress: ((String, Int, Int) -> Void)? = nil) throws(Errno) -> GcReport {
         var report = GcReport()
+        var prunable: Set<Int64> = []
+        if let policy {
+            progress?("measuring what prune would free", 0, 1)
+            let now = meta.withLock { $0.store.clock() }
+            prunable = Set(try prune(policy: policy, now: now, dryRun: true).versions.map(\.row))
+        }
+        let current = try withMeta { (m) throws(StoreError) in try m.store.currentVersionRows() }
         let markStart = nowNanos()
         let total = meta.withLock { $0.store.versionRowCount }
         var marked: Set<ChunkID> = []
@@ -65,10 +86,26 @@ extension FileSystem {
             }
         }
         for content in open { marked.formUnion(content.baseChunks) }
+        // For the space report: each chunk's size, and which chunks the current versions,
+        // the versions a prune keeps and the ones it drops name.
+        var sizes: [ChunkID: Int] = [:]
+        var shown: Set<ChunkID> = [], kept: Set<ChunkID> = [], dropped: Set<ChunkID> = []
         var after: Int64 = 0
         while true {
             let page = try withMeta { (m) throws(StoreError) -> (last: Int64, rows: Int)? in
-                try m.store.markChunks(afterRow: after, limit: 2_000, into: &marked)
+                try m.store.markChunks(afterRow: after, limit: 2_000) { row, list in
+                    for (id, size) in list.chunks {
+                        marked.insert(id)
+                        sizes[id] = size
+                        if current.contains(row) {
+                            shown.insert(id)
+                        } else if prunable.contains(row) {
+                            dropped.insert(id)
+                        } else {
+                            kept.insert(id)
+                        }
+                    }
+                }
             }
             guard let page else { break }
             report.versionsRead += page.rows
@@ -89,6 +126,13 @@ extension FileSystem {
             if i % 4096 == 0 || i == ids.count - 1 { progress?("sweeping", i + 1, ids.count) }
         }
         if report.chunksDeleted > 0 { try storeCall { () throws(StoreError) in try chunks.compact() } }
+        func bytes(_ set: Set<ChunkID>) -> Int64 { set.reduce(0) { $0 + Int64(sizes[$1] ?? 0) } }
+        report.currentBytes = bytes(shown)
+        report.historyBytes = bytes(kept.union(dropped).subtracting(shown))
+        report.prunableBytes = bytes(dropped.subtracting(shown).subtracting(kept))
+        report.chunkFileBytes = ids.reduce(0) { $0 + (chunks.fileBytes(of: $1) ?? 0) }
+        let setting = report.spaceSetting(at: nowNanos())
+        try withMeta { (m) throws(StoreError) in try m.store.setSetting("space", setting) }
         return report
     }
 }
@@ -143,7 +187,7 @@ extension FileSystem {
             }
             guard options.isEmpty else { throw .invalid }
             reports.withLock { $0.gc = "gc: starting\n" }
-            let report = try collectGarbage(grace: grace) { [reports] phase, done, total in
+            let report = try collectGarbage(grace: grace, policy: self.options.retention) { [reports] phase, done, total in
                 reports.withLock { $0.gc = "gc: \(phase) \(done)/\(total)\n" }
             }
             reports.withLock { $0.gc = report.summary + "\n" }
@@ -166,7 +210,9 @@ extension FileSystem {
 
 extension FileSystem.GcReport {
     public var summary: String {
-        "gc: read \(versionsRead) versions, checked \(chunksChecked) chunks, deleted \(chunksDeleted) (\(byteText(bytesFreed)) freed)"
+        "gc: read \(versionsRead) versions, checked \(chunksChecked) chunks, deleted \(chunksDeleted) (\(byteText(bytesFreed)) freed); "
+            + "content: \(byteText(currentBytes)) current, \(byteText(historyBytes)) only in history, "
+            + "\(byteText(prunableBytes)) of it prunable by the retention policy"
     }
 }
 
@@ -185,13 +231,6 @@ extension FileSystem.PruneReport {
     }
 }
 
-/// "1.5 MiB".
-func byteText(_ bytes: Int64) -> String {
-    let units = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"]
-    var value = Double(bytes), unit = 0
-    while value >= 1024 && unit < units.count - 1 { value /= 1024; unit += 1 }
-    return unit == 0 ? "\(bytes) bytes" : String(Int(value * 10) / 10) + "." + String(Int(value * 10) % 10) + " " + units[unit]
-}
 
 extension FileSystem {
     /// The daemon's own prune and gc, once per `Options.maintenanceInterval` (the time of
@@ -216,7 +255,7 @@ extension FileSystem {
         do {
             let pruned = try prune(policy: options.retention, now: meta.withLock { $0.store.clock() }, dryRun: false)
             reports.withLock { $0.prune = pruned.text(dryRun: false, limit: 400) }
-            let gc = try collectGarbage()
+            let gc = try collectGarbage(policy: options.retention)
             reports.withLock { $0.gc = gc.summary + "\n" }
             log("ubiquity: maintenance: \(pruned.text(dryRun: false, limit: 0).trimmingWhitespace); \(gc.summary)")
         } catch {

@@ -67,6 +67,12 @@ public final class ChunkStore: Sendable {
         return stat(path(of: id), &st) == 0 ? Int(st.st_size) : nil
     }
 
+    /// Disk space of the chunk's file (nil: it has none; small chunks are rows).
+    public func fileBytes(of id: ChunkID) -> Int64? {
+        var st = stat()
+        return stat(path(of: id), &st) == 0 ? Int64(st.st_blocks) * 512 : nil
+    }
+
     /// Renews the chunk file's mtime if it exists: gc keeps it (see the contract above).
     private func claimFile(_ id: ChunkID) -> Bool {
         let p = path(of: id)

@@ -5,6 +5,7 @@
 extension Store {
     /// One pruned version, for the report.
     public struct PrunedVersion: Sendable {
+        public var row: Int64
         public var path: String
         public var committed: Nanos
         public var size: Int64
@@ -74,7 +75,7 @@ extension Store {
         }
         if drop.isEmpty { return }
         for row in rows where drop.contains(row.row) && row.content {
-            result.versions.append(PrunedVersion(path: row.path, committed: row.committed, size: row.size))
+            result.versions.append(PrunedVersion(row: row.row, path: row.path, committed: row.committed, size: row.size))
         }
         let remaining = rows.filter { $0.content && !drop.contains($0.row) }.count
         if !live && remaining == 0 { result.histories += 1 }

@@ -116,7 +116,8 @@ struct GcCommand: ParsableCommand {
             defer { fs.drain() }
             let report: FileSystem.GcReport
             do {
-                report = try fs.collectGarbage(grace: grace.flatMap(RetentionPolicy.duration) ?? FileSystem.gcGrace) { phase, done, total in
+                report = try fs.collectGarbage(grace: grace.flatMap(RetentionPolicy.duration) ?? FileSystem.gcGrace,
+                                               policy: fs.options.retention) { phase, done, total in
                     if terminal { progressLine("gc: \(phase) \(done)/\(total)") }
                 }
             } catch {

@@ -47,6 +47,7 @@ struct StatusCommand: ParsableCommand {
             if let store = try? Store(directory: m.source, readOnly: true) {
                 print("  device: \(store.deviceName) (\(store.deviceID))")
                 print("  versions: \(store.versionCount)")
+                printSpace(store)
             }
             if let pid = daemonPID(store: m.source) { print("  daemon pid: \(pid)") }
             let log = daemonLogPath(store: m.source)
@@ -54,6 +55,28 @@ struct StatusCommand: ParsableCommand {
             printSyncStatus(mountpoint: m.mountpoint)
         }
     }
+}
+
+/// The store's size now (its databases: O(1)), and what the last gc measured: the chunk
+/// files, the content only history uses, and how much of it the retention policy would
+/// prune.
+func printSpace(_ store: Store) {
+    let (metadata, small) = store.databaseBytes
+    var fields: [String: Int64] = [:]
+    for item in ((try? store.setting("space")) ?? nil)?.split(separator: " ") ?? [] {
+        let parts = item.split(separator: "=", maxSplits: 1)
+        if parts.count == 2, let value = Int64(parts[1]) { fields[String(parts[0])] = value }
+    }
+    guard let measured = fields["measured"] else {
+        print("  store: \(byteText(metadata + small)) in databases (metadata \(byteText(metadata)), small chunks \(byteText(small))), "
+              + "chunk files not measured yet (the daemon's daily gc measures them; `ubiquity gc` does now)")
+        return
+    }
+    let files = fields["chunk_files"] ?? 0
+    print("  store: \(byteText(metadata + small + files)) (metadata \(byteText(metadata)), small chunks \(byteText(small)), "
+          + "chunk files \(byteText(files)) at the last gc, \(isoTime(measured)))")
+    print("  content: \(byteText(fields["current"] ?? 0)) in current versions, \(byteText(fields["history"] ?? 0)) only in older versions")
+    print("  reclaimable: \(byteText(fields["prunable"] ?? 0)) by `ubiquity prune` then `ubiquity gc` (the retention policy, at the last gc)")
 }
 
 /// The daemon's sync status (`user.ubiquity.sync` on the mount point), one `key: value`
