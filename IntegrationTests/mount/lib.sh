@@ -281,6 +281,14 @@ crash_daemon() {
   ! is_mounted "$MNT" || is_dead_mount "$MNT" || fail "$MNT is still a live mount after its daemon was killed"
 }
 
+# mount_tmpfs SIZE DIR: a tmpfs of SIZE (e.g. 48m) on DIR (root only), unmounted by the
+# cleanup after every ubiquity mount.
+_UBQ_PLAIN_MOUNTS=()
+mount_tmpfs() {
+  mount -t tmpfs -o "size=$1" ubiquity-test-tmpfs "$2"
+  _UBQ_PLAIN_MOUNTS+=("$2")
+}
+
 # mounts_under_prefix: every mount point this script could have made that is live.
 mounts_under_prefix() {
   findmnt -rn -o TARGET 2>/dev/null | grep -F -- "$TEST_PREFIX" || true
@@ -825,6 +833,10 @@ _ubq_cleanup() {
         sleep 0.5
       fi
     fi
+  done
+  # Plain mounts a scenario made (a small tmpfs for a store), after the daemons using them.
+  for ((i = ${#_UBQ_PLAIN_MOUNTS[@]} - 1; i >= 0; i--)); do
+    is_mounted "${_UBQ_PLAIN_MOUNTS[i]}" && umount -l "${_UBQ_PLAIN_MOUNTS[i]}"
   done
   # On failure, the end of each daemon log of this scenario helps more than anything.
   if ((rc != 0 && rc != SKIP_CODE)); then

@@ -237,6 +237,8 @@ extension FileSystem {
 
     /// Commits every open file with changes (unmount, SIGTERM): nothing acknowledged is lost.
     public func drain() {
+        // A full disk must not keep the last commits and the unmount from finishing.
+        if let pressure = spacePressure() { releaseReserve(because: pressure.reason) }
         let open = meta.withLock { m in m.openFiles.map { ($0.key, $0.value) } }
         for (ino, file) in open where file.content.isChanged {
             do { try commit(ino, file) } catch { log("ubiquity: committing inode \(ino) at unmount failed: \(error)") }
@@ -248,8 +250,8 @@ extension FileSystem {
     }
 
     /// A durability barrier when versions were saved since the last one (the maintenance
-    /// loop, every minute): what a crash or a power loss leaves for the recovery at the
-    /// next mount to check is then at most a minute of saves.
+    /// loop, every 10 s): what a crash or a power loss leaves for the recovery at the next
+    /// mount to check is then at most a few seconds of saves.
     public func barrierIfNeeded() {
         guard (try? withMeta { (m) throws(StoreError) in try m.store.hasUndurableVersions() }) == true else { return }
         do { try fsyncDirectory() } catch { log("ubiquity: periodic durability barrier failed: \(error)") }

@@ -70,6 +70,7 @@ extension FileSystem {
             prunable = Set(try prune(policy: policy, now: now, dryRun: true).versions.map(\.row))
         }
         let current = try withMeta { (m) throws(StoreError) in try m.store.currentVersionRows() }
+        let putAtStart = chunks.fileBytesPut
         let markStart = nowNanos()
         let total = meta.withLock { $0.store.versionRowCount }
         var marked: Set<ChunkID> = []
@@ -133,6 +134,7 @@ extension FileSystem {
         report.chunkFileBytes = ids.reduce(0) { $0 + (chunks.fileBytes(of: $1) ?? 0) }
         let setting = report.spaceSetting(at: nowNanos())
         try withMeta { (m) throws(StoreError) in try m.store.setSetting("space", setting) }
+        space.withLock { $0.putAtLastMeasure = putAtStart }
         return report
     }
 }

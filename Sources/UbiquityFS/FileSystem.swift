@@ -21,6 +21,8 @@ public final class FileSystem: Sendable {
     let hooks = Locked(Hooks())
     /// The last prune and gc reports (FileSystem+Maintenance).
     let reports = Locked(MaintenanceReports())
+    /// Space pressure's measures (FileSystem+Space).
+    let space = Locked(SpaceState())
 
     public struct Options: Sendable {
         /// Commit a file held open and dirty after this long without writes (DESIGN: ~10 s).

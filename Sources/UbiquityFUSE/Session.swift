@@ -83,7 +83,8 @@ public final class FUSESession: @unchecked Sendable {
         guard let session else { return -1 }
         let autosave = startAutosave()
         let groupCommit = BackgroundLoop(intervalSeconds: 0.1) { [fs] in fs.commitMetadata() }
-        let maintenance = BackgroundLoop(intervalSeconds: 60) { [fs] in
+        let maintenance = BackgroundLoop(intervalSeconds: 10) { [fs] in
+            fs.relieveSpacePressure()
             fs.barrierIfNeeded()
             fs.maintainIfDue()
         }

@@ -29,6 +29,10 @@ public final class ChunkStore: Sendable {
     private let unsynced = Locked<Set<ChunkID>>([])
     /// Orders "is it there? keep it" (`put`, `contains`) against gc's "unused? delete".
     private let claims = Locked(())
+    /// Bytes of chunk files this process wrote (space pressure estimates the store's size
+    /// from the last gc's measure plus these).
+    private let filesPut = Locked<Int64>(0)
+    public var fileBytesPut: Int64 { filesPut.withLock { $0 } }
     /// Small chunks; their `used` times are the wall clock, as the files' mtimes are.
     private let small: SmallChunks
 
@@ -168,6 +172,7 @@ public final class ChunkStore: Sendable {
             throw .io(errno: code, "publish chunk \(id)")
         }
         unsynced.withLock { _ = $0.insert(id) }
+        filesPut.withLock { $0 += Int64(bytes.count) }
     }
 
     public func put(_ id: ChunkID, _ bytes: [UInt8]) throws(StoreError) {

@@ -20,6 +20,33 @@ public struct RetentionPolicy: Sendable, Equatable {
     public var keepDeleted: Nanos = 30 * day
     /// Keep every version forever (prune does nothing).
     public var keepEverything = false
+    /// Space pressure (FileSystem+Space): when the store grows past this many bytes, or
+    /// its filesystem's free space falls under `minFree`, history goes oldest-first
+    /// (even versions the staggering keeps, never current or conflict versions).
+    public var sizeLimit: Int64?
+    public var minFree: SpaceAmount = .percent(2)
+
+    /// An amount of disk space: bytes, or a percentage of the filesystem.
+    public enum SpaceAmount: Sendable, Equatable {
+        case bytes(Int64)
+        case percent(Int)
+
+        public func bytes(ofFilesystem total: Int64) -> Int64 {
+            switch self {
+            case .bytes(let b): return b
+            case .percent(let p): return total / 100 * Int64(p)
+            }
+        }
+    }
+
+    /// "10G", "500M", "64K", "1T" (powers of 1024) or plain bytes; nil when it is none of these.
+    public static func size(_ text: String) -> Int64? {
+        let units: [Character: Int64] = ["K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40]
+        if let amount = Int64(text), amount >= 0 { return amount }
+        guard let unit = text.last.flatMap({ units[Character($0.uppercased())] }), let amount = Int64(text.dropLast()), amount >= 0 else { return nil }
+        let (value, overflow) = amount.multipliedReportingOverflow(by: unit)
+        return overflow ? nil : value
+    }
 
     public init() {}
 
@@ -136,8 +163,20 @@ extension RetentionPolicy {
         case "daily-within": dailyUntil = try time()
         case "weekly": weekly = try pick(["yes": true, "no": false])
         case "keep-deleted-within": keepDeleted = try time()
+        case "size-limit":
+            if value == "none" { sizeLimit = nil; break }
+            guard let size = Self.size(value) else { throw .invalidConfiguration("\(place)\(key): `\(value)` is not a size (like 500M, 10G) or `none`") }
+            sizeLimit = size
+        case "min-free":
+            if value.hasSuffix("%"), let p = Int(value.dropLast()), (0...50).contains(p) {
+                minFree = .percent(p)
+            } else if let size = Self.size(value) {
+                minFree = .bytes(size)
+            } else {
+                throw .invalidConfiguration("\(place)\(key): `\(value)` is not a size (like 1G) or a percentage from 0% to 50%")
+            }
         default:
-            throw .invalidConfiguration("\(place)unknown setting `\(key)` (known: keep, keep-all-within, hourly-within, daily-within, weekly, keep-deleted-within)")
+            throw .invalidConfiguration("\(place)unknown setting `\(key)` (known: keep, keep-all-within, hourly-within, daily-within, weekly, keep-deleted-within, size-limit, min-free)")
         }
     }
 }

@@ -84,3 +84,46 @@ extension Store {
         if !live && remaining == 0 { try dropHistory(fileID) }
     }
 }
+
+/// Space pressure: history goes oldest-first, whatever the policy says.
+extension Store {
+    /// Drops up to `limit` of the oldest versions (in the order this store received them,
+    /// after row `after`) that nothing protects: not a node's head (current, conflict or
+    /// tombstone), not what an inode shows or a new file continues. Unlike prune, a
+    /// version of this device still waiting for upload may go: on a full disk that is
+    /// offline, its history is what frees space (the current version still syncs; other
+    /// devices then miss that intermediate version, as if it had been pruned). Stops early once the dropped versions' sizes add up
+    /// to `bytes`. Returns them and the row to resume after (nil: the end of the table).
+    public func pruneOldest(limit: Int, bytes: Int64 = .max, after: Int64) throws(StoreError) -> (versions: [PrunedVersion], resumeAfter: Int64?) {
+        var dropped: [PrunedVersion] = []
+        var covered: Int64 = 0
+        var last = after
+        let continued = Set(continuedParents.values)
+        try db.transaction { () throws(StoreError) in
+            while dropped.count < limit && covered < bytes {
+                let page = try db.rows("""
+                    SELECT row, file_id, committed, path, size, tombstone, meta FROM versions
+                    WHERE local = 0 AND row > ? ORDER BY row LIMIT 500
+                    """, [.int(last)]) {
+                    (row: $0.int(0), node: $0.text(1), committed: $0.int(2), path: $0.text(3), size: $0.int(4),
+                     content: $0.int(5) == 0 && $0.int(6) == 0)
+                }
+                guard let end = page.last?.row else { break }
+                for v in page where dropped.count < limit && covered < bytes {
+                    last = v.row
+                    if continued.contains(v.row) { continue }
+                    if try !db.rows("SELECT 1 FROM view_heads WHERE node = ? AND row = ?", [.text(v.node), .int(v.row)], { _ in true }).isEmpty { continue }
+                    if try !db.rows("SELECT 1 FROM inodes WHERE head = ? AND nlink > 0 LIMIT 1", [.int(v.row)], { _ in true }).isEmpty { continue }
+                    try db.query("DELETE FROM versions WHERE row = ?", [.int(v.row)])
+                    if v.content {
+                        dropped.append(PrunedVersion(row: v.row, path: v.path, committed: v.committed, size: v.size))
+                        covered = covered.addingReportingOverflow(v.size).overflow ? .max : covered + v.size
+                    }
+                }
+                if dropped.count < limit && covered < bytes { last = end }
+            }
+        }
+        let more = try !db.rows("SELECT 1 FROM versions WHERE row > ? LIMIT 1", [.int(last)], { _ in true }).isEmpty
+        return (dropped, more ? last : nil)
+    }
+}

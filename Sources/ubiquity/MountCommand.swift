@@ -95,6 +95,7 @@ struct MountCommand: ParsableCommand {
                 fsOptions.maintenanceInterval = interval
             }
             let fs = FileSystem(store: store, options: fsOptions)
+            fs.relieveSpacePressure()
             var sessionOptions = FUSESession.Options()
             sessionOptions.fsname = storeDir.contains(",") ? "ubiquity" : storeDir
             sessionOptions.mountOptions = (options ?? "").split(separator: ",").map(String.init)

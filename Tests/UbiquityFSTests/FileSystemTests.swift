@@ -10,9 +10,9 @@ final class Harness {
     private(set) var fs: FileSystem!
     let me = Caller(uid: 1000, gid: 1000)
 
-    init() throws {
+    init(options: FileSystem.Options = FileSystem.Options()) throws {
         dir = TempDirectory().path
-        fs = FileSystem(store: try Store(directory: dir, deviceName: "unit"))
+        fs = FileSystem(store: try Store(directory: dir, deviceName: "unit"), options: options)
     }
 
     /// As an unmount and a mount: drain, drop the store (and its lock), open it again.

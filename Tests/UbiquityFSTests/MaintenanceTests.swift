@@ -113,3 +113,37 @@ import UbiquitySystem
         for n in 0..<20 { #expect(try h.read("f\(n).txt") == contents[order[order.count - 20 + n]], "seed \(seed)") }
     }
 }
+
+/// Space pressure (FileSystem+Space): past the size limit, history goes oldest-first
+/// (even what the staggering keeps), never a current version; the log names each.
+@Suite struct SpacePressureTests {
+    @Test func historyGoesOldestFirstUntilTheStoreFits() throws {
+        var options = FileSystem.Options()
+        options.retention.minFree = .bytes(0)
+        let h = try Harness(options: options)
+        // 12 versions of a.bin and 4 of b.bin, 200 KiB each (chunk files, distinct content).
+        let version = 204_800
+        func content(_ name: String, _ i: Int) -> String { String(repeating: "\(name) \(i) ", count: 60_000).prefix(version).description }
+        for i in 0..<12 { try h.save("a.bin", content("a", i)) }
+        for i in 0..<4 { try h.save("b.bin", content("b", i)) }
+        try MaintenanceTests.uploadAll(h)
+        // Written an hour ago (gc under pressure keeps what was used in the last minute).
+        for id in h.fs.chunks.allChunkIDs() { try h.fs.chunks.setLastUse(id, seconds: time(nil) - 3600) }
+        #expect(h.fs.spacePressure() == nil)
+        let size = h.fs.storeBytes()
+        // A limit 10.5 versions' worth under the store's size: the oldest go first. (A second
+        // FileSystem over the same store, used in turn with the first: options are fixed
+        // at creation.)
+        var tight = options
+        tight.retention.sizeLimit = size - Int64(version * 21 / 2)
+        let fs = FileSystem(store: h.fs.meta.withLock { $0.store }, options: tight)
+        #expect(fs.spacePressure() != nil)
+        fs.relieveSpacePressure()
+        #expect(fs.spacePressure() == nil, "\(fs.storeBytes()) > \(size - Int64(version * 21 / 2))")
+        let a = try h.versionNames("a.bin"), b = try h.versionNames("b.bin")
+        // Oldest first: a.bin's old versions went, b.bin's (saved after all of them) stay.
+        #expect(a.count == 1 && b.count == 4, "\(a.count) \(b.count)")
+        #expect(try h.read("a.bin") == content("a", 11))
+        #expect(try h.read("b.bin") == content("b", 3))
+    }
+}

@@ -88,4 +88,16 @@ import TestSupport
         #expect(RetentionPolicy.duration("90d") == 90 * Self.d)
         #expect(RetentionPolicy.duration("-1d") == nil)
     }
+
+    @Test func sizeSettings() throws {
+        let policy = try RetentionPolicy(configuration: "size-limit = 10G\nmin-free = 5%")
+        #expect(policy.sizeLimit == 10 << 30 && policy.minFree == .percent(5))
+        #expect(policy.minFree.bytes(ofFilesystem: 1_000) == 50)
+        #expect(try RetentionPolicy(configuration: "min-free = 512M").minFree == .bytes(512 << 20))
+        #expect(try RetentionPolicy(configuration: "size-limit = none").sizeLimit == nil)
+        #expect(RetentionPolicy.standard.sizeLimit == nil && RetentionPolicy.standard.minFree == .percent(2))
+        for bad in ["size-limit = 10 GB", "size-limit = -1G", "size-limit = 99999999999T", "min-free = 80%", "min-free = lots"] {
+            #expect(throws: StoreError.self, "\(bad)") { try RetentionPolicy(configuration: bad) }
+        }
+    }
 }

@@ -1,0 +1,161 @@
+import Glibc
+import UbiquityStore
+import UbiquitySystem
+
+/// Space pressure. When the store's filesystem has less free space than the policy's
+/// `min-free` (default 2 %), or the store has grown past its `size-limit`, history goes
+/// oldest-first (Time Machine does the same): a page of the oldest versions nothing
+/// protects is pruned, then gc frees their chunks, until the pressure is gone or only
+/// current and conflict versions are left. Every dropped version is logged. So on a full
+/// disk, deleting files frees space: their history goes first.
+///
+/// A reserve file (`STORE/reserve`, 16 MiB) holds back space for the moment the disk is
+/// full: it is deleted then, so metadata commits, gc and unmount can still finish, and
+/// made again when there is room.
+extension FileSystem {
+    static let reserveBytes: Int64 = 16 << 20
+    /// gc's grace under pressure: short, since the space is needed now; a commit renews
+    /// the chunks it reuses, so it never loses one however short the grace.
+    static let pressureGrace: Nanos = 60 * 1_000_000_000
+
+    /// Why the store is under pressure and how many bytes it should free (nil: it is not).
+    func spacePressure() -> (reason: String, bytes: Int64)? {
+        let store = meta.withLock { $0.store }
+        var fs = statvfs()
+        if statvfs(store.directory, &fs) == 0 {
+            let unit = Int64(fs.f_frsize)
+            let (total, o1) = Int64(clamping: fs.f_blocks).multipliedReportingOverflow(by: unit)
+            let (free, o2) = Int64(clamping: fs.f_bavail).multipliedReportingOverflow(by: unit)
+            let minimum = options.retention.minFree.bytes(ofFilesystem: total)
+            if !o1 && !o2 && free < minimum {
+                return ("the store's filesystem has \(byteText(free)) free, less than min-free \(byteText(minimum))", minimum - free)
+            }
+        }
+        if let limit = options.retention.sizeLimit {
+            let size = storeBytes()
+            if size > limit { return ("the store holds \(byteText(size)), more than its size-limit \(byteText(limit))", size - limit) }
+        }
+        return nil
+    }
+
+    /// The store's size: its databases now, plus its chunk files (measured by the last gc,
+    /// or now when no gc has, plus what was written since).
+    func storeBytes() -> Int64 {
+        let (store, measured) = meta.withLock { m in
+            (m.store, (try? m.store.setting("space")).flatMap { $0 }.flatMap(Self.chunkFileBytes(inSpaceSetting:)))
+        }
+        let (metadata, small) = store.databaseBytes
+        let files = measured.map { $0 + chunks.fileBytesPut - space.withLock { $0.putAtLastMeasure } }
+            ?? chunks.allChunkIDs().reduce(0) { $0 + (chunks.fileBytes(of: $1) ?? 0) }
+        return metadata + small + files
+    }
+
+    static func chunkFileBytes(inSpaceSetting text: String) -> Int64? {
+        text.split(separator: " ").first { $0.hasPrefix("chunk_files=") }.flatMap { Int64($0.dropFirst("chunk_files=".count)) }
+    }
+
+    /// Runs at mount (before the first request: the reserve is made then), from the
+    /// maintenance loop (every 10 s): relieves pressure, and keeps the reserve.
+    public func relieveSpacePressure(now: Nanos = nowNanos()) {
+        guard let pressure = spacePressure() else {
+            collectWhatPressureDropped(now: now)
+            keepReserve()
+            return
+        }
+        releaseReserve(because: pressure.reason)
+        log("ubiquity: space pressure: \(pressure.reason): pruning history oldest-first")
+        var dropped: [Store.PrunedVersion] = [], freed: Int64 = 0, after: Int64 = 0
+        var needed = pressure.bytes
+        rounds: for _ in 0..<8 {
+            // Prune until the dropped versions' sizes cover what is needed (they overstate
+            // what gc frees, as versions share chunks; the next round makes up for it).
+            var covered: Int64 = 0
+            while covered < needed {
+                let page: (versions: [Store.PrunedVersion], resumeAfter: Int64?)
+                do {
+                    page = try withMeta { (m) throws(StoreError) in
+                        let page = try m.store.pruneOldest(limit: 200, bytes: needed - covered, after: after)
+                        try m.store.commitBatch()
+                        return page
+                    }
+                } catch {
+                    log("ubiquity: space pressure: pruning failed: \(error)")
+                    break rounds
+                }
+                dropped += page.versions
+                covered += page.versions.reduce(0) { $0 + $1.size }
+                guard let next = page.resumeAfter else { break }
+                after = next
+            }
+            let gc: GcReport
+            do { gc = try collectGarbage(grace: Self.pressureGrace) } catch {
+                log("ubiquity: space pressure: gc failed: \(error)")
+                break
+            }
+            freed += gc.bytesFreed
+            guard let still = spacePressure() else { break }
+            if covered == 0 { break } // nothing left to prune
+            needed = still.bytes
+        }
+        // Chunks gc had to keep for the grace are freed by a gc once it has passed.
+        if !dropped.isEmpty { space.withLock { $0.collectAfter = now + Self.pressureGrace + 1_000_000_000 } }
+        for v in dropped.prefix(50) {
+            log("ubiquity: space pressure: dropped \(v.path) version of \(isoTime(v.committed)) (\(byteText(v.size)))")
+        }
+        if dropped.count > 50 { log("ubiquity: space pressure: ... and \(dropped.count - 50) more versions") }
+        let still = spacePressure()
+        log("ubiquity: space pressure: dropped \(dropped.count) version(s), gc freed \(byteText(freed))"
+            + (still.map { "; still: \($0.reason) (only current and conflict versions are left; delete files to free space)" } ?? ""))
+    }
+
+    /// The gc that frees what pruning under pressure dropped, once gc's grace has passed.
+    private func collectWhatPressureDropped(now: Nanos) {
+        guard let due = space.withLock({ $0.collectAfter }), now >= due else { return }
+        space.withLock { $0.collectAfter = nil }
+        do {
+            let gc = try collectGarbage(grace: Self.pressureGrace)
+            log("ubiquity: space pressure: gc after the grace freed \(byteText(gc.bytesFreed))")
+        } catch {
+            log("ubiquity: space pressure: gc failed: \(error)")
+        }
+    }
+
+    private var reservePath: String { meta.withLock { $0.store.directory } + "/reserve" }
+
+    /// Deletes the reserve so what must finish can (metadata commits, unmount).
+    func releaseReserve(because reason: String) {
+        if Glibc.unlink(reservePath) == 0 { log("ubiquity: space pressure: released the \(byteText(Self.reserveBytes)) reserve (\(reason))") }
+    }
+
+    /// Makes the reserve when it is missing and there is room for it beyond min-free.
+    private func keepReserve() {
+        let path = reservePath
+        var st = stat()
+        if stat(path, &st) == 0 && Int64(st.st_size) == Self.reserveBytes { return }
+        var fs = statvfs()
+        guard statvfs(path.dropLastComponent, &fs) == 0 else { return }
+        let free = Int64(clamping: fs.f_bavail).multipliedReportingOverflow(by: Int64(fs.f_frsize))
+        let total = Int64(clamping: fs.f_blocks).multipliedReportingOverflow(by: Int64(fs.f_frsize))
+        guard !free.overflow, !total.overflow,
+              free.partialValue > Self.reserveBytes * 2 + options.retention.minFree.bytes(ofFilesystem: total.partialValue) else { return }
+        let fd = Glibc.open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return }
+        defer { close(fd) }
+        if posix_fallocate(fd, 0, off_t(Self.reserveBytes)) != 0 { Glibc.unlink(path) }
+    }
+}
+
+/// What space pressure remembers between checks (guarded by its own lock).
+struct SpaceState {
+    /// `ChunkStore.fileBytesPut` when the last gc measured the chunk files.
+    var putAtLastMeasure: Int64 = 0
+    /// When to run the gc that frees what pruning under pressure dropped (nil: none due).
+    var collectAfter: Nanos?
+}
+
+private extension String {
+    var dropLastComponent: String {
+        guard let slash = lastIndex(of: "/") else { return "." }
+        return String(self[..<slash])
+    }
+}
