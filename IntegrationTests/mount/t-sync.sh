@@ -221,11 +221,11 @@ assert_same_tree "$A" "$C" "alpha vs gamma after sync_all"
 for n in alpha beta gamma; do assert_daemon_alive "$n"; done
 
 step "the backing directory follows docs/FORMAT.md"
-assert_eq "ubiquity-backing 2" "$(cat "$BACKING/FORMAT")" "content of BACKING/FORMAT"
+assert_eq "ubiquity-backing 3" "$(cat "$BACKING/FORMAT")" "content of BACKING/FORMAT"
 format_report=$(python3 - "$BACKING" <<'PY'
 import hashlib, os, re, sys, urllib.parse
 b = sys.argv[1]
-errors, records, chunks = [], 0, set()
+errors, records, chunks, inlined = [], 0, set(), 0
 required = {b"id", b"kind", b"parents", b"device", b"name", b"committed", b"mtime", b"mode", b"tomb", b"path"}
 # FORMAT.md also lists meta (file) and xattrs (file, dir); the writer leaves them out
 # when 0 / empty and the reader does not require them, so they are not checked here.
@@ -266,10 +266,23 @@ for dev in devices:
             errors.append(f"{where}: path {path!r}")
         if kind == b"file" and kv.get(b"tomb") == b"0":
             total = 0
-            for c in filter(None, urllib.parse.unquote_to_bytes(kv.get(b"chunks", b"")).split(b",")):
+            # Format 3: chunks of up to 1 KiB travel in the record, "<index>:<hex>".
+            inline = {}
+            for item in filter(None, kv.get(b"inline", b"").split(b",")):
+                i, _, data = item.partition(b":")
+                inline[int(i)] = bytes.fromhex(data.decode())
+            for i, c in enumerate(filter(None, urllib.parse.unquote_to_bytes(kv.get(b"chunks", b"")).split(b","))):
                 sha, _, size = c.partition(b":")
                 total += int(size)
-                if sha != b"hole":  # a run of zeros (format 2): no object
+                if sha == b"hole":  # a run of zeros (format 2): no object
+                    continue
+                if i in inline:
+                    if hashlib.sha256(inline[i]).hexdigest().encode() != sha or len(inline[i]) != int(size):
+                        errors.append(f"{where}: inline chunk {i} has the wrong bytes or size")
+                    inlined += 1
+                elif int(size) <= 1024:
+                    errors.append(f"{where}: chunk {i} of {int(size)} bytes is not inline")
+                else:
                     chunks.add((sha.decode(), int(size), where))
             if total != int(kv.get(b"size", b"-1")):
                 errors.append(f"{where}: size {kv.get(b'size')!r} is not the sum of the chunk sizes {total}")
@@ -282,7 +295,7 @@ for sha, size, where in sorted(chunks):
         continue
     if hashlib.sha256(data).hexdigest() != sha or len(data) != size:
         errors.append(f"{where}: object {sha} has the wrong bytes or size")
-print(f"{len(devices)} devices, {records} records, {len(chunks)} chunks")
+print(f"{len(devices)} devices, {records} records, {len(chunks)} chunks, {inlined} inline chunks")
 for e in errors[:30]:
     print("ERROR", e)
 PY

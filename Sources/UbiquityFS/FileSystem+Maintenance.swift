@@ -127,6 +127,7 @@ extension FileSystem {
             if i % 4096 == 0 || i == ids.count - 1 { progress?("sweeping", i + 1, ids.count) }
         }
         if report.chunksDeleted > 0 { try storeCall { () throws(StoreError) in try chunks.compact() } }
+        try withMeta { (m) throws(StoreError) in try m.store.compactDatabase() }
         func bytes(_ set: Set<ChunkID>) -> Int64 { set.reduce(0) { $0 + Int64(sizes[$1] ?? 0) } }
         report.currentBytes = bytes(shown)
         report.historyBytes = bytes(kept.union(dropped).subtracting(shown))

@@ -17,6 +17,13 @@ extension Store {
         return last.map { ($0, rows) }
     }
 
+    /// Gives free pages of the metadata database back to the filesystem (stores created
+    /// with incremental auto-vacuum, format 5 on; older ones reuse their free pages).
+    public func compactDatabase() throws(StoreError) {
+        try db.commitBatch()
+        try db.execute("PRAGMA incremental_vacuum")
+    }
+
     /// The version rows files show now (their inodes' heads), for gc's space report.
     public func currentVersionRows() throws(StoreError) -> Set<Int64> {
         Set(try db.rows("SELECT head FROM inodes WHERE head IS NOT NULL AND nlink > 0", []) { $0.int(0) })

@@ -89,6 +89,9 @@ public final class Store: @unchecked Sendable {
         }
         chunks = try ChunkStore(directory: directory + "/chunks", readOnly: readOnly)
         let db = try SQLiteDatabase(path: directory + "/meta.sqlite")
+        // A new store gives the pages prune frees back to the filesystem (`compact()`
+        // after gc); this must come before the first table (a no-op on older stores).
+        if !readOnly { try db.execute("PRAGMA auto_vacuum=INCREMENTAL") }
         try db.execute("PRAGMA journal_mode=WAL")
         try db.execute("PRAGMA synchronous=NORMAL")
         // 32 MiB of pages (the default is 2 MiB): the tree's B-tree pages of a big container

@@ -19,6 +19,10 @@ public struct SyncRecord: Sendable, Equatable {
     public var target: String?
     /// User xattrs, names without the `user.` prefix, sorted by name.
     public var xattrs: [XattrEntry]
+    /// The bytes of small chunks, carried inside the record instead of as objects
+    /// (backing format 3); filled by the sender, checked against their ids by the codec.
+    /// Never stored in the versions table (the chunks are).
+    public var inline: [ChunkID: [UInt8]] = [:]
 
     public init(id: String, node: String, kind: NodeKind, parents: [String], deviceID: String, deviceName: String,
                 committed: Nanos, mtime: Nanos, mode: UInt32, isTombstone: Bool, isMeta: Bool, path: String,

@@ -6,10 +6,12 @@ import UbiquitySystem
 /// device. Only plain file operations, so any shared directory works. Every failure is a
 /// `StoreError.io` naming the file; the engine treats it as "offline" and retries.
 struct Backing {
-    /// Format 2 adds holes to file records (`hole:<length>` chunk items, docs/FORMAT.md).
-    /// A device upgrades a format-1 directory when it first opens it, so devices still on
-    /// format 1 stop with "upgrade ubiquity" instead of skipping records they cannot read.
-    static let formatVersion = 2
+    /// Format 2 adds holes to file records (`hole:<length>` chunk items, docs/FORMAT.md);
+    /// format 3 carries chunks of up to 1 KiB inside their records (`inline`). A device
+    /// upgrades an older directory when it first opens it, so devices still on an older
+    /// format stop with "upgrade ubiquity" instead of waiting forever for objects that
+    /// are never written, or skipping records they cannot read.
+    static let formatVersion = 3
     static var formatLine: String { "ubiquity-backing \(formatVersion)\n" }
 
     let directory: String

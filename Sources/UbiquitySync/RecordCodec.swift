@@ -8,6 +8,9 @@ import UbiquitySystem
 public enum RecordCodec {
     public static let maxChunkSize = ChunkStore.maxChunkSize
     public static let maxParents = 64
+    /// Chunks up to this size travel inside their record (`inline`, format 3), so the
+    /// backing directory holds no object file per tiny chunk.
+    public static let maxInline = 1024
 
     public static func encode(_ r: SyncRecord) -> String {
         var fields: [(String, String)] = [
@@ -22,6 +25,15 @@ public enum RecordCodec {
         if r.kind == .file {
             fields += [("meta", r.isMeta ? "1" : "0"), ("size", String(r.chunks.totalSize)),
                        ("chunks", chunkItems(r.chunks))]
+        }
+        if r.kind == .file && !r.inline.isEmpty {
+            var items: [String] = [], done: Set<ChunkID> = []
+            for i in 0..<r.chunks.count where !r.chunks.isHole(i) {
+                let id = r.chunks.ids[i]
+                guard let bytes = r.inline[id], done.insert(id).inserted else { continue }
+                items.append("\(i):\(Hex.encode(bytes))")
+            }
+            fields.append(("inline", items.joined(separator: ",")))
         }
         if r.kind == .symlink { fields.append(("target", percent(r.target ?? ""))) }
         if !r.xattrs.isEmpty {
@@ -110,6 +122,18 @@ public enum RecordCodec {
                 }
             }
             guard record.chunks.totalSize == (try int("size")) else { throw Rejection("size does not match the chunks") }
+            if let text = f["inline"], !text.isEmpty {
+                for item in text.split(separator: ",") {
+                    let parts = item.split(separator: ":", omittingEmptySubsequences: false)
+                    guard parts.count == 2, let i = Int(parts[0]), i >= 0, i < record.chunks.count, !record.chunks.isHole(i),
+                          parts[1].utf8.count <= 2 * maxInline, let bytes = Hex.decode(parts[1]),
+                          Int64(bytes.count) == record.chunks.size(i), record.inline[record.chunks.ids[i]] == nil else {
+                        throw Rejection("bad inline chunk \(item.prefix(80))")
+                    }
+                    guard ChunkID(hashing: bytes) == record.chunks.ids[i] else { throw Rejection("inline bytes of chunk \(i) do not match its hash") }
+                    record.inline[record.chunks.ids[i]] = bytes
+                }
+            }
         case .directory:
             record.node = "dir:" + path
         default:

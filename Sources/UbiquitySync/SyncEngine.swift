@@ -265,6 +265,11 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     /// Copies the record's chunks into the local chunk store, each verified.
     private func fetchChunks(of record: SyncRecord) -> Fetch {
         for (id, size) in record.chunks.chunks {
+            if let bytes = record.inline[id] {
+                // Carried in the record, checked against its id by the codec.
+                do { try chunks.put(id, bytes) } catch { return .waiting("chunk \(id.hex): \(error)") }
+                continue
+            }
             if chunks.contains(id) {
                 if let stored = chunks.size(of: id), stored != Int(size) { return .malformed("chunk \(id.hex) is \(stored) bytes, not \(size)") }
                 continue
@@ -291,10 +296,14 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             }
             if batch.isEmpty { return }
             var directories: Set<String> = []
-            for record in batch {
-                for id in Set(record.chunks.chunks.map(\.id)) where !backing.hasObject(id) {
-                    try backing.putObject(id, try chunks.read(id))
-                    directories.insert(String(id.hex.prefix(2)))
+            for i in batch.indices {
+                for (id, size) in batch[i].chunks.chunks where batch[i].inline[id] == nil {
+                    if size <= RecordCodec.maxInline {
+                        batch[i].inline[id] = try chunks.read(id) // travels in the record
+                    } else if !backing.hasObject(id) {
+                        try backing.putObject(id, try chunks.read(id))
+                        directories.insert(String(id.hex.prefix(2)))
+                    }
                 }
             }
             // The objects' names must be durable before a record names them.

@@ -39,6 +39,28 @@ import TestSupport
     }
 
     /// Format 2: holes travel as `hole:<length>`; a 1 PiB sparse file is one short line.
+    /// Format 3: small chunks travel inside the record, checked against their ids.
+    @Test func inlineChunksRoundTripAndAreChecked() throws {
+        var record = Self.sample()
+        let hello = Array("hello".utf8)
+        record.inline[ChunkID(hashing: hello)] = hello
+        let line = RecordCodec.encode(record)
+        #expect(line.contains(" inline=0:68656c6c6f"))
+        #expect(try Self.decode(line).get() == record)
+        let body = String(line.dropFirst(68).dropLast())
+        for (bad, why) in [("inline=0:68656c6c6e", "do not match"), ("inline=1:68656c6c6f", "bad inline"),
+                           ("inline=0:68656c6c", "bad inline"), ("inline=0:zz", "bad inline"),
+                           ("inline=0:68656c6c6f,0:68656c6c6f", "bad inline")] {
+            let changed = body.split(separator: " ").map { $0.hasPrefix("inline=") ? bad : String($0) }.joined(separator: " ")
+            let result = Self.decode(Self.signed(changed))
+            guard case .failure(let rejection) = result else {
+                Issue.record("accepted \(bad)")
+                continue
+            }
+            #expect(rejection.description.contains(why), "\(bad): \(rejection)")
+        }
+    }
+
     @Test func holesRoundTrip() throws {
         var record = Self.sample()
         var chunks = ChunkList()

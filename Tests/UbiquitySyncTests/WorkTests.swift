@@ -120,7 +120,9 @@ import TestSupport
         fs.releasedir(h)
         let lookupVersion = try Self.measure(d) { _ = try fs.lookup(parent: busy, name: name) }
         #expect(lookupVersion * 20 < listing, "lookup of one of 300 versions: \(lookupVersion) steps; listing them: \(listing)")
-        #expect(lookupVersion < 200, "lookup of one version: \(lookupVersion) steps")
+        // About 230 steps (an incremental auto-vacuum database, format 5, takes some 15 %
+        // more than before); what matters is that it does not grow with the versions.
+        #expect(lookupVersion < 300, "lookup of one version: \(lookupVersion) steps")
     }
 
     /// A file's 3,000th version costs what its 100th did: heads are kept, not searched.
