@@ -6,6 +6,7 @@ extension Store {
     /// One pruned version, for the report.
     public struct PrunedVersion: Sendable {
         public var row: Int64
+        public var id: String
         public var path: String
         public var committed: Nanos
         public var size: Int64
@@ -45,14 +46,14 @@ extension Store {
     private func prune(history fileID: String, live: Bool, policy: RetentionPolicy, now: Nanos, dryRun: Bool,
                        into result: inout PruneResult) throws(StoreError) {
         struct Row {
-            var row: Int64, committed: Nanos, tombstone: Bool, meta: Bool, uploaded: Bool, path: String, size: Int64
+            var row: Int64, id: String, committed: Nanos, tombstone: Bool, meta: Bool, uploaded: Bool, path: String, size: Int64
             var content: Bool { !tombstone && !meta }
         }
         let rows = try db.rows("""
-            SELECT row, committed, tombstone, meta, uploaded, device_id, path, size FROM versions
+            SELECT row, committed, tombstone, meta, uploaded, device_id, path, size, id FROM versions
             WHERE file_id = ? AND local = 0
             """, [.text(fileID)]) {
-            Row(row: $0.int(0), committed: $0.int(1), tombstone: $0.int(2) != 0, meta: $0.int(3) != 0,
+            Row(row: $0.int(0), id: $0.text(8), committed: $0.int(1), tombstone: $0.int(2) != 0, meta: $0.int(3) != 0,
                 uploaded: $0.int(4) != 0 || $0.text(5) != deviceID, path: $0.text(6), size: $0.int(7))
         }
         // Never pruned: the node's heads (its current version, unresolved conflicts, its
@@ -75,7 +76,7 @@ extension Store {
         }
         if drop.isEmpty { return }
         for row in rows where drop.contains(row.row) && row.content {
-            result.versions.append(PrunedVersion(row: row.row, path: row.path, committed: row.committed, size: row.size))
+            result.versions.append(PrunedVersion(row: row.row, id: row.id, path: row.path, committed: row.committed, size: row.size))
         }
         let remaining = rows.filter { $0.content && !drop.contains($0.row) }.count
         if !live && remaining == 0 { result.histories += 1 }
@@ -102,10 +103,10 @@ extension Store {
         try db.transaction { () throws(StoreError) in
             while dropped.count < limit && covered < bytes {
                 let page = try db.rows("""
-                    SELECT row, file_id, committed, path, size, tombstone, meta FROM versions
+                    SELECT row, file_id, committed, path, size, tombstone, meta, id FROM versions
                     WHERE local = 0 AND row > ? ORDER BY row LIMIT 500
                     """, [.int(last)]) {
-                    (row: $0.int(0), node: $0.text(1), committed: $0.int(2), path: $0.text(3), size: $0.int(4),
+                    (row: $0.int(0), id: $0.text(7), node: $0.text(1), committed: $0.int(2), path: $0.text(3), size: $0.int(4),
                      content: $0.int(5) == 0 && $0.int(6) == 0)
                 }
                 guard let end = page.last?.row else { break }
@@ -116,7 +117,7 @@ extension Store {
                     if try !db.rows("SELECT 1 FROM inodes WHERE head = ? AND nlink > 0 LIMIT 1", [.int(v.row)], { _ in true }).isEmpty { continue }
                     try db.query("DELETE FROM versions WHERE row = ?", [.int(v.row)])
                     if v.content {
-                        dropped.append(PrunedVersion(row: v.row, path: v.path, committed: v.committed, size: v.size))
+                        dropped.append(PrunedVersion(row: v.row, id: v.id, path: v.path, committed: v.committed, size: v.size))
                         covered = covered.addingReportingOverflow(v.size).overflow ? .max : covered + v.size
                     }
                 }

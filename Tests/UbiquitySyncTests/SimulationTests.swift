@@ -7,10 +7,12 @@ import UbiquitySystem
 @testable import UbiquitySync
 
 /// Deterministic multi-device simulation: devices edit, rename, delete, resolve
-/// conflicts, pause and lose their backing directory in a seeded random order, each
-/// with its own skewed injected clock; sync cycles run at random points. In the end, with
-/// everything reconnected, every device must show the same tree and the same conflicts,
-/// and every version any device committed must be in every device's history.
+/// conflicts, pause, lose their backing directory, prune their history and collect
+/// garbage in a seeded random order, each with its own skewed injected clock; sync cycles
+/// run at random points. In the end, with everything reconnected, every device must show
+/// the same tree and the same conflicts, every version any device committed (and no
+/// device pruned) must be in every device's history, and every device's store must be
+/// whole (fsck: no version lost a chunk to gc).
 ///
 /// Replay one schedule: `UBQ_SIM_SEED=1234 swift test --filter Simulation`.
 /// More schedules: `UBQ_SIM_SCHEDULES=5000`.
@@ -197,6 +199,7 @@ func runSchedule(seed: UInt64, steps: Int) throws {
     }
     let names = ["a.txt", "b.txt", "d/c.txt", "d/e/f.txt", "g.tinypix.txt"]
     var trace: [String] = []
+    var pruned: Set<String> = [], prunedOn: Set<String> = []
     for step in 0..<steps {
         let d = devices[Int(rng.next() % UInt64(devices.count))]
         let roll = rng.next() % 100
@@ -226,6 +229,16 @@ func runSchedule(seed: UInt64, steps: Int) throws {
             if let parent = try d.directory(dir, create: true) {
                 _ = try? d.fs.symlink(target: "../\(step)", parent: parent, name: "s\(step % 3)", caller: d.me)
             }
+        case 77..<80:
+            // Prune everything the policy lets go, then gc with every chunk an hour old
+            // (the grace would otherwise keep all of them in a run this fast).
+            var policy = RetentionPolicy.standard
+            policy.apply(keepWithin: 1, keepDeletedWithin: 1)
+            let report = try d.fs.prune(policy: policy, now: d.store.clock(), dryRun: false)
+            pruned.formUnion(report.versions.map(\.id))
+            prunedOn.insert(d.name)
+            for id in d.fs.chunks.allChunkIDs() { try d.fs.chunks.setLastUse(id, seconds: time(nil) - 3600) }
+            _ = try d.fs.collectGarbage(grace: 0)
         default:
             d.cycle()
         }
@@ -283,8 +296,12 @@ func runSchedule(seed: UInt64, steps: Int) throws {
     var committed: Set<String> = []
     for d in devices {
         try d.fs.meta.withLock { (m) throws(StoreError) in
-            for id in try m.store.db.rows("SELECT id FROM versions WHERE device_id = ? AND tombstone = 0 AND local = 0 AND kind = 1",
-                                          [.text(m.store.deviceID)], { $0.text(0) }) { committed.insert(id) }
+            for id in try m.store.db.rows("SELECT id FROM versions WHERE device_id = ? AND tombstone = 0 AND local = 0 AND kind = 1 AND meta = 0",
+                                          [.text(m.store.deviceID)], { $0.text(0) }) where !pruned.contains(id) { committed.insert(id) }
+        }
+        let fsck = try d.fs.meta.withLock { (m) throws(StoreError) in try Fsck.run(store: m.store) }
+        if !fsck.problems.isEmpty {
+            Issue.record("\(d.name)'s store is damaged, \(context): \(fsck.problems.prefix(5))\ntrace:\n\(trace.suffix(40).joined(separator: "\n"))")
         }
     }
     for d in devices {
@@ -292,6 +309,9 @@ func runSchedule(seed: UInt64, steps: Int) throws {
             var missing: [String] = []
             for id in committed {
                 guard let node = try m.store.replica.record(id: id)?.node else { missing.append(id); continue }
+                // A device that pruned may have dropped the copy of a version that shows
+                // only through another history (the rename case below): the record stays.
+                if prunedOn.contains(d.name) { continue }
                 // A temp file saved once and renamed over a file has no history of its own
                 // (by design): its content is the target's next version.
                 if try m.store.db.rows("""
@@ -309,11 +329,14 @@ func runSchedule(seed: UInt64, steps: Int) throws {
                     missing.map { id in
                         let r = try? m.store.replica.record(id: id)
                         let h = (try? m.store.db.rows("SELECT path, live FROM histories WHERE file_id = ?", [.text(r?.node ?? "")]) { "\($0.text(0)) live=\($0.int(1))" }) ?? []
-                        return "\(x.name): \(id) node=\(r?.node ?? "-") path=\(r?.path ?? "-") dev=\(r?.device ?? "-") history=\(h)"
+                        let rows = (try? m.store.db.rows("SELECT id, parents, tombstone, meta, uploaded, device_name FROM versions WHERE file_id = ? ORDER BY row", [.text(r?.node ?? "")]) {
+                            "\($0.text(0).prefix(6)) p=\($0.text(1).split(separator: ",").map { $0.prefix(6) }) t=\($0.int(2)) m=\($0.int(3)) up=\($0.int(4)) \($0.text(5))"
+                        }) ?? []
+                        return "\(x.name): \(id) node=\(r?.node ?? "-") path=\(r?.path ?? "-") dev=\(r?.device ?? "-") history=\(h)\n    " + rows.joined(separator: "\n    ")
                     }.joined(separator: "\n")
                 }
             }
-            Issue.record("\(d.name) cannot reach \(missing.count) committed versions, \(context)\n\(detail.joined(separator: "\n"))")
+            Issue.record("\(d.name) cannot reach \(missing.count) committed versions, \(context)\n\(detail.joined(separator: "\n"))\ntrace:\n\(trace.suffix(40).joined(separator: "\n"))")
         }
     }
 }
