@@ -6,9 +6,10 @@
 #     and its parts (metadata database, small-chunk database, chunk files);
 #   - the backing directory's size after a real mount uploaded everything, against the
 #     same target, and how many files it holds;
-#   - after pruning to one version per file (`prune --keep-within 1s`) and gc: the store
-#     again, against 1.2 x the live content;
-#   - the time of that gc (offline, `gc --store`), with the number of chunks it checked.
+#   - a prune to one version per file (`prune --keep-within 1s`) and a gc through the live
+#     mount, timed, while a reader opens and reads random files and writes every tenth
+#     (latency p50/p99/max of each, against p99 <= 10 ms); then the store's size again,
+#     against 1.2 x the live content.
 #
 #   scripts/bench-store.sh                  # 100,000 files (500,000 versions)
 #   BENCH_FILES=20000 scripts/bench-store.sh
@@ -58,16 +59,64 @@ start=$(now)
 pending=$(getfattr --only-values -n user.ubiquity.sync "$mnt" 2>/dev/null | sed -n 's/^pending=//p')
 [[ $pending == 0 ]] || { echo "bench-store: $pending records still pending after sync" >&2; exit 1; }
 upload_time=$(elapsed "$start")
-"$bin" unmount "$mnt" >/dev/null
 backing_bytes=$(disk "$backing")
 backing_files=$(find "$backing" -type f | wc -l)
 
-live=$((files * 20))
-"$bin" prune --store "$store" --keep-within 1s --keep-deleted-within 1s >/dev/null
+echo "bench-store: prune to one version per file, then gc through the live mount while it serves" >&2
+"$bin" prune --keep-within 1s --keep-deleted-within 1s "$mnt" >/dev/null
+# Random reads of the files, and a write every tenth operation, until told to stop: for
+# as long as gc runs, and for the same time without gc (the reference).
+load() {
+python3 - "$mnt" "$files" "$work/stop" <<'PY'
+
+import os, random, sys, time
+root, n, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rng = random.Random(1)
+reads, writes = [], []
+k = 0
+while not os.path.exists(stop):
+    i = rng.randrange(n)
+    path = "%s/d%05d/f%07d.txt" % (root, i // 100, i)
+    t0 = time.perf_counter()
+    if k % 10 == 9:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        os.write(fd, b"written during gc %d\n" % k)
+        os.close(fd)
+        writes.append(time.perf_counter() - t0)
+    else:
+        fd = os.open(path, os.O_RDONLY)
+        os.read(fd, 4096)
+        os.close(fd)
+        reads.append(time.perf_counter() - t0)
+    k += 1
+for name, lat in (("reads", reads), ("writes", writes)):
+    lat.sort()
+    q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] * 1000
+    print("%s %d %.2f %.2f %.1f" % (name, len(lat), q(0.5), q(0.99), lat[-1] * 1000))
+PY
+}
+load >"$work/latency" &
+loader=$!
+sleep 1
 start=$(now)
-gc_out=$("$bin" gc --store "$store" --grace 0s)
+gc_out=$("$bin" gc --grace 0s "$mnt")
 gc_time=$(elapsed "$start")
+touch "$work/stop"
+wait "$loader"
+rm "$work/stop"
+load >"$work/reference" &
+loader=$!
+sleep "$gc_time"
+touch "$work/stop"
+wait "$loader"
+read -r _ reads read_p50 read_p99 read_max < <(grep '^reads' "$work/latency")
+read -r _ writes write_p50 write_p99 write_max < <(grep '^writes' "$work/latency")
+read -r _ ref_reads ref_read_p50 ref_read_p99 ref_read_max < <(grep '^reads' "$work/reference")
+read -r _ ref_writes ref_write_p50 ref_write_p99 ref_write_max < <(grep '^writes' "$work/reference")
+"$bin" unmount "$mnt" >/dev/null
 pruned_bytes=$(disk "$store")
+live=$((files * 20))
+chunks_checked=$(sed -n 's/.*checked \([0-9]*\) chunks.*/\1/p' <<<"$gc_out")
 
 printf '\n| measure (%s files x %s versions of 20 B) | value | target | ratio to target |\n|---|---|---|---|\n' "$files" "$versions"
 printf '| content of all versions | %s | | |\n' "$(mib "$content")"
@@ -78,5 +127,10 @@ printf '| - chunk files and directories | %s | | |\n' "$(mib "$file_bytes")"
 printf '| backing directory | %s in %s files | %s | %s |\n' "$(mib "$backing_bytes")" "$backing_files" "$(mib "$target")" "$(ratio "$backing_bytes" "$target")"
 printf '| upload of everything (s) | %s | | |\n' "$upload_time"
 printf '| store after prune to 1 version + gc | %s | %s (1.2 x live content) | %s |\n' "$(mib "$pruned_bytes")" "$(mib $((live * 6 / 5)))" "$(ratio "$pruned_bytes" $((live * 6 / 5)))"
-printf '| gc of %s versions'"'"' chunks (s) | %s | 60 per million chunks | |\n' "$((files * versions))" "$gc_time"
+printf '| live gc of %s chunks (s) | %s | %s (60 s per million) | %s |\n' "$chunks_checked" "$gc_time" \
+  "$(awk -v c="$chunks_checked" 'BEGIN { printf "%.1f", c * 60 / 1000000 }')" "$(ratio "$gc_time" "$(awk -v c="$chunks_checked" 'BEGIN { print c * 60 / 1000000 }')")"
+printf '| reads during gc: p50 / p99 / max (ms) | %s / %s / %s (%s reads) | p99 10 | %s |\n' "$read_p50" "$read_p99" "$read_max" "$reads" "$(ratio "$read_p99" 10)"
+printf '| writes during gc: p50 / p99 / max (ms) | %s / %s / %s (%s writes) | p99 10 | %s |\n' "$write_p50" "$write_p99" "$write_max" "$writes" "$(ratio "$write_p99" 10)"
+printf '| the same without gc: reads p50 / p99 / max (ms) | %s / %s / %s (%s reads) | | |\n' "$ref_read_p50" "$ref_read_p99" "$ref_read_max" "$ref_reads"
+printf '| the same without gc: writes p50 / p99 / max (ms) | %s / %s / %s (%s writes) | | |\n' "$ref_write_p50" "$ref_write_p99" "$ref_write_max" "$ref_writes"
 echo "$gc_out" | sed 's/^/    /'

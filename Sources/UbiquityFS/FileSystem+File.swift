@@ -247,6 +247,14 @@ extension FileSystem {
         // A clean stop leaves everything durable, so the next mount has nothing to check
         // (Store+Recovery).
         do { try fsyncDirectory() } catch { log("ubiquity: durability barrier at unmount failed: \(error)") }
+        do { try withMeta { (m) throws(StoreError) in try m.store.checkpoint() } } catch { log("ubiquity: checkpoint at unmount failed: \(error)") }
+    }
+
+    /// Database checkpoints off the serving connections (the session's loop, every 5 s):
+    /// see `WALCheckpointer`.
+    public func checkpointInBackground() {
+        let store = meta.withLock { $0.store }
+        do { try store.checkpointInBackground() } catch { log("ubiquity: background checkpoint failed: \(error)") }
     }
 
     /// A durability barrier when versions were saved since the last one (the maintenance

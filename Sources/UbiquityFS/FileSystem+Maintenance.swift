@@ -69,7 +69,10 @@ extension FileSystem {
             let now = meta.withLock { $0.store.clock() }
             prunable = Set(try prune(policy: policy, now: now, dryRun: true).versions.map(\.row))
         }
-        let current = try withMeta { (m) throws(StoreError) in try m.store.currentVersionRows() }
+        var current: Set<Int64> = [], inode: Int64? = 0
+        while let after = inode {
+            inode = try withMeta { (m) throws(StoreError) in try m.store.currentVersionRows(afterInode: after, limit: 2_000, into: &current) }
+        }
         let putAtStart = chunks.fileBytesPut
         let markStart = nowNanos()
         let total = meta.withLock { $0.store.versionRowCount }
@@ -118,16 +121,20 @@ extension FileSystem {
         // claimed just after the mark began may carry a time a little before it.
         let margin = max(grace, Self.minimumGrace)
         let unusedSince = markStart.subtractingReportingOverflow(margin).overflow ? .min : markStart - margin
-        for (i, id) in ids.enumerated() {
-            report.chunksChecked += 1
-            if !marked.contains(id), let freed = chunks.sweep(id, unusedSince: unusedSince) {
-                report.chunksDeleted += 1
-                report.bytesFreed += freed
-            }
-            if i % 4096 == 0 || i == ids.count - 1 { progress?("sweeping", i + 1, ids.count) }
+        // In batches: the small chunks' rows of a batch go in one transaction.
+        var start = 0
+        while start < ids.count {
+            let batch = ids[start..<min(start + 512, ids.count)]
+            report.chunksChecked += batch.count
+            let freed = chunks.sweep(batch.filter { !marked.contains($0) }, unusedSince: unusedSince)
+            report.chunksDeleted += freed.count
+            report.bytesFreed += freed.values.reduce(0, +)
+            start += batch.count
+            progress?("sweeping", start, ids.count)
         }
         if report.chunksDeleted > 0 { try storeCall { () throws(StoreError) in try chunks.compact() } }
-        try withMeta { (m) throws(StoreError) in try m.store.compactDatabase() }
+        // The metadata's free pages, a step per hold of the filesystem's lock.
+        while try withMeta({ (m) throws(StoreError) in try m.store.compactDatabaseStep() }) {}
         func bytes(_ set: Set<ChunkID>) -> Int64 { set.reduce(0) { $0 + Int64(sizes[$1] ?? 0) } }
         report.currentBytes = bytes(shown)
         report.historyBytes = bytes(kept.union(dropped).subtracting(shown))

@@ -83,6 +83,8 @@ public final class FUSESession: @unchecked Sendable {
         guard let session else { return -1 }
         let autosave = startAutosave()
         let groupCommit = BackgroundLoop(intervalSeconds: 0.1) { [fs] in fs.commitMetadata() }
+        // Its own loop: a long gc in the maintenance loop must not hold checkpoints back.
+        let checkpoints = BackgroundLoop(intervalSeconds: 5) { [fs] in fs.checkpointInBackground() }
         let maintenance = BackgroundLoop(intervalSeconds: 10) { [fs] in
             fs.relieveSpacePressure()
             fs.barrierIfNeeded()
@@ -99,6 +101,7 @@ public final class FUSESession: @unchecked Sendable {
         autosave.stop()
         groupCommit.stop()
         maintenance.stop()
+        checkpoints.stop()
         fuse_session_unmount(session)
         if options.handleSignals { fuse_remove_signal_handlers(session) }
         fs.drain()

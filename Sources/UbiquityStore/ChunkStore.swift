@@ -92,10 +92,17 @@ public final class ChunkStore: Sendable {
     /// gone). Returns the disk space freed, nil when it was kept. A chunk that is both a
     /// row and a file (a store from before format 5 that wrote it again) loses both.
     public func sweep(_ id: ChunkID, unusedSince cutoff: Nanos) -> Int64? {
-        let row = small.sweep(id, unusedSince: cutoff)
-        if row != nil { cache.withLock { $0.remove(id) } }
-        guard let file = sweepFile(id, unusedSince: cutoff) else { return row }
-        return (row ?? 0) + file
+        sweep([id], unusedSince: cutoff)[id]
+    }
+
+    /// `sweep` of many chunks: the small ones' rows go in one transaction.
+    public func sweep(_ ids: [ChunkID], unusedSince cutoff: Nanos) -> [ChunkID: Int64] {
+        var freed = small.sweep(ids, unusedSince: cutoff)
+        cache.withLock { c in for id in freed.keys { c.remove(id) } }
+        for id in ids {
+            if let file = sweepFile(id, unusedSince: cutoff) { freed[id, default: 0] += file }
+        }
+        return freed
     }
 
     /// Sets the time of the chunk's last write or claim (tests: a chunk written long ago;
@@ -110,10 +117,13 @@ public final class ChunkStore: Sendable {
     /// Deletes a damaged copy of the chunk, whatever its time (repair, before it puts the
     /// good bytes: `put` keeps a copy that is there).
     public func discard(_ id: ChunkID) {
-        _ = small.sweep(id, unusedSince: .max)
+        _ = small.sweep([id], unusedSince: .max)
         claims.withLock { _ in _ = unlink(path(of: id)) }
         cache.withLock { $0.remove(id) }
     }
+
+    /// A checkpoint of the small chunks' database from a connection of its own.
+    func checkpoint() throws(StoreError) { try small.checkpointer.run() }
 
     /// Returns the pages of swept rows to the filesystem (gc's last step).
     public func compact() throws(StoreError) { try small.compact() }

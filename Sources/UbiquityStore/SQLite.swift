@@ -1,4 +1,5 @@
 import CSQLite
+import UbiquitySystem
 
 /// A thin wrapper over one SQLite connection. Not thread-safe: the owner serializes access
 /// (the store runs every statement under its metadata lock).
@@ -114,6 +115,23 @@ final class SQLiteDatabase {
         }
     }
 
+    /// The WAL file is cut back to this after a checkpoint (`journal_size_limit`): a big
+    /// prune or gc would otherwise leave it at its largest size for good.
+    static let walSizeLimit = 4 << 20
+
+    /// One step of an incremental vacuum (auto_vacuum=INCREMENTAL databases): frees up to
+    /// 32 pages. Returns whether free pages remain.
+    func vacuumStep() throws(StoreError) -> Bool {
+        try commitBatch()
+        let free = { () throws(StoreError) -> Int64 in try self.rows("PRAGMA freelist_count", []) { $0.int(0) }.first ?? 0 }
+        let before = try free()
+        guard before > 0 else { return false }
+        try execute("PRAGMA incremental_vacuum(32)")
+        let after = try free()
+        // No progress: not an auto-vacuum database (a store from before format 5).
+        return after > 0 && after < before
+    }
+
     /// Commits the open batch, if any.
     func commitBatch() throws(StoreError) {
         guard batchOpen else { return }
@@ -160,3 +178,29 @@ struct SQLRow {
 
 /// SQLITE_TRANSIENT: SQLite copies the bound value (the macro is not importable).
 private let sqliteTransient = unsafeBitCast(OpaquePointer(bitPattern: -1), to: sqlite3_destructor_type.self)
+
+/// Checkpoints of a WAL database from a connection of their own, so that commits of the
+/// serving connection seldom run one (a checkpoint writes pages back and fsyncs the
+/// database: milliseconds, which a save, or a read waiting for the serving connection's
+/// lock, would otherwise pay). A mounted filesystem calls `run()` every 5 s; a PASSIVE
+/// checkpoint never blocks the serving connection's readers or writers. The serving
+/// connection keeps its automatic checkpoint (at 1,000 pages) as the bound on the WAL
+/// when a burst of writes (a prune) outruns these.
+final class WALCheckpointer: @unchecked Sendable {
+    private let path: String
+    private let connection = Locked<SQLiteDatabase?>(nil)
+
+    init(path: String) { self.path = path }
+
+    func run() throws(StoreError) {
+        try connection.withLock { (c) throws(StoreError) in
+            if c == nil {
+                let db = try SQLiteDatabase(path: path)
+                try db.execute("PRAGMA journal_size_limit=\(SQLiteDatabase.walSizeLimit)")
+                c = db
+            }
+            try c?.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        }
+    }
+}
+

@@ -29,6 +29,7 @@ final class SmallChunks: Sendable {
     /// A read-only store (fsck, status) does not create the database when it is missing.
     init(directory: String, readOnly: Bool) throws(StoreError) {
         path = directory + "/small.sqlite"
+        checkpointer = WALCheckpointer(path: path)
         if readOnly && access(path, F_OK) != 0 {
             state = Locked(State(db: nil))
             return
@@ -39,6 +40,7 @@ final class SmallChunks: Sendable {
         try db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         try db.execute("PRAGMA journal_mode=WAL")
         try db.execute("PRAGMA synchronous=NORMAL")
+        try db.execute("PRAGMA journal_size_limit=\(SQLiteDatabase.walSizeLimit)")
         if !readOnly {
             try db.execute("""
                 CREATE TABLE IF NOT EXISTS chunks(row INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE,
@@ -96,24 +98,38 @@ final class SmallChunks: Sendable {
         }
     }
 
-    /// gc: deletes the chunk unless it was written or claimed at or after `cutoff`.
-    /// Returns the bytes freed (the chunk and its row's share), nil when it was kept.
-    func sweep(_ id: ChunkID, unusedSince cutoff: Nanos) -> Int64? {
-        state.withLock { s -> Int64? in
-            guard let db = s.db,
-                  let size = try? db.rows("SELECT length(bytes) FROM chunks WHERE id = ? AND used < ?",
-                                          [.blob(id.raw), .int(cutoff)], { $0.int(0) }).first,
-                  (try? db.query("DELETE FROM chunks WHERE id = ? AND used < ?", [.blob(id.raw), .int(cutoff)])) != nil,
-                  db.changes > 0
-            else { return nil }
-            return size + 80
+    /// gc: deletes each chunk unless it was written or claimed at or after `cutoff`, in one
+    /// transaction (one commit for the batch, the lock held for the batch only). Returns
+    /// the bytes freed per chunk deleted (the chunk and its row's share).
+    func sweep(_ ids: [ChunkID], unusedSince cutoff: Nanos) -> [ChunkID: Int64] {
+        state.withLock { s -> [ChunkID: Int64] in
+            guard let db = s.db else { return [:] }
+            var freed: [ChunkID: Int64] = [:]
+            _ = try? db.transaction { () throws(StoreError) in
+                for id in ids {
+                    guard let size = try db.rows("SELECT length(bytes) FROM chunks WHERE id = ? AND used < ?",
+                                                 [.blob(id.raw), .int(cutoff)], { $0.int(0) }).first else { continue }
+                    try db.query("DELETE FROM chunks WHERE id = ? AND used < ?", [.blob(id.raw), .int(cutoff)])
+                    if db.changes > 0 { freed[id] = size + 80 }
+                }
+            }
+            return freed
         }
     }
 
-    /// Every chunk id here (for fsck and gc).
+    /// Every chunk id here (for fsck and gc), read 4,096 rows per hold of the lock: a
+    /// reader of a small file never waits for the whole list.
     func ids() -> [ChunkID] {
-        state.withLock { s in
-            (try? s.db?.rows("SELECT id FROM chunks", []) { ChunkID(raw: $0.blob(0)) }.compactMap { $0 }) ?? []
+        var ids: [ChunkID] = [], after: Int64 = 0
+        while true {
+            let page = state.withLock { s -> [(Int64, ChunkID?)] in
+                (try? s.db?.rows("SELECT row, id FROM chunks WHERE row > ? ORDER BY row LIMIT 4096", [.int(after)]) {
+                    ($0.int(0), ChunkID(raw: $0.blob(1)))
+                }) ?? []
+            }
+            guard let last = page.last?.0 else { return ids }
+            ids += page.compactMap(\.1)
+            after = last
         }
     }
 
@@ -133,9 +149,15 @@ final class SmallChunks: Sendable {
         }
     }
 
-    /// Gives the pages of swept rows back to the filesystem.
+    let checkpointer: WALCheckpointer
+
+    /// Gives the pages of swept rows back to the filesystem, 256 pages per hold of the
+    /// lock (a vacuum of everything at once would stall saves of small files).
     func compact() throws(StoreError) {
-        try state.withLock { (s) throws(StoreError) in try s.db?.execute("PRAGMA incremental_vacuum") }
+        while try state.withLock({ (s) throws(StoreError) -> Bool in
+            guard let db = s.db else { return false }
+            return try db.vacuumStep()
+        }) {}
     }
 
     /// The database's size on disk, WAL included (O(1): `ubiquity status`).

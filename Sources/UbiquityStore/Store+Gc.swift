@@ -17,16 +17,23 @@ extension Store {
         return last.map { ($0, rows) }
     }
 
-    /// Gives free pages of the metadata database back to the filesystem (stores created
-    /// with incremental auto-vacuum, format 5 on; older ones reuse their free pages).
-    public func compactDatabase() throws(StoreError) {
-        try db.commitBatch()
-        try db.execute("PRAGMA incremental_vacuum")
+    /// Gives up to 256 free pages of the metadata database back to the filesystem (stores
+    /// created with incremental auto-vacuum, format 5 on; older ones reuse their free
+    /// pages). Returns whether free pages remain: the caller repeats, taking its lock
+    /// for each step only.
+    public func compactDatabaseStep() throws(StoreError) -> Bool {
+        try db.vacuumStep()
     }
 
-    /// The version rows files show now (their inodes' heads), for gc's space report.
-    public func currentVersionRows() throws(StoreError) -> Set<Int64> {
-        Set(try db.rows("SELECT head FROM inodes WHERE head IS NOT NULL AND nlink > 0", []) { $0.int(0) })
+    /// The version rows files show now (their inodes' heads) of up to `limit` inodes after
+    /// inode `after`, for gc's space report; returns the last inode read (nil: done).
+    public func currentVersionRows(afterInode after: Int64, limit: Int, into rows: inout Set<Int64>) throws(StoreError) -> Int64? {
+        var last: Int64?
+        try db.query("SELECT id, head FROM inodes WHERE id > ? ORDER BY id LIMIT ?", [.int(after), .int(Int64(limit))]) { r in
+            last = r.int(0)
+            if !r.isNull(1) { rows.insert(r.int(1)) }
+        }
+        return last
     }
 
     /// Disk space of the databases (metadata, small chunks), WAL included: O(1).
@@ -39,8 +46,9 @@ extension Store {
         return (total, chunks.smallChunkBytes)
     }
 
-    /// Version rows in all (the mark's progress).
+    /// About how many version rows there are (the mark's progress): the highest row, read
+    /// from the end of the table's index, not a count of every row.
     public var versionRowCount: Int {
-        (try? db.rows("SELECT count(*) FROM versions", []) { Int($0.int(0)) }.first) ?? 0
+        (try? db.rows("SELECT max(row) FROM versions", []) { Int($0.int(0)) }.first) ?? 0
     }
 }

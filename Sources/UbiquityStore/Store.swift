@@ -42,6 +42,8 @@ public final class Store: @unchecked Sendable {
     /// - `orphaned`: histories an inode left (it took another's: a rename over a file, a
     ///   move to a local-only name); the step tombstones those still shown.
     let changed: PendingSet<InodeNumber>
+    /// Checkpoints of meta.sqlite's WAL from a connection of their own (mounted stores).
+    private let checkpointer: WALCheckpointer
     /// What the recovery at open found (Store+Recovery); empty after a clean stop.
     public private(set) var recovery = RecoveryReport()
     let vacated: PendingSet<NameKey>
@@ -89,11 +91,13 @@ public final class Store: @unchecked Sendable {
         }
         chunks = try ChunkStore(directory: directory + "/chunks", readOnly: readOnly)
         let db = try SQLiteDatabase(path: directory + "/meta.sqlite")
+        checkpointer = WALCheckpointer(path: directory + "/meta.sqlite")
         // A new store gives the pages prune frees back to the filesystem (`compact()`
         // after gc); this must come before the first table (a no-op on older stores).
         if !readOnly { try db.execute("PRAGMA auto_vacuum=INCREMENTAL") }
         try db.execute("PRAGMA journal_mode=WAL")
         try db.execute("PRAGMA synchronous=NORMAL")
+        try db.execute("PRAGMA journal_size_limit=\(SQLiteDatabase.walSizeLimit)")
         // 32 MiB of pages (the default is 2 MiB): the tree's B-tree pages of a big container
         // stay in memory instead of being read again for every lookup.
         try db.execute("PRAGMA cache_size=-32768")
@@ -186,6 +190,20 @@ public final class Store: @unchecked Sendable {
     /// callers run it without the metadata lock, then `markDurable()` under it.
     public func syncFiles() throws(StoreError) {
         try chunks.sync()
+    }
+
+    /// Checkpoints of both databases from connections of their own (`WALCheckpointer`).
+    /// Thread-safe: call it without the metadata lock (that is the point).
+    public func checkpointInBackground() throws(StoreError) {
+        try checkpointer.run()
+        try chunks.checkpoint()
+    }
+
+    /// Moves the WAL into the database and cuts it to nothing (unmount: the daemon exits
+    /// without closing SQLite, which would otherwise leave the WAL at its largest).
+    public func checkpoint() throws(StoreError) {
+        try db.commitBatch()
+        try db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     }
 
     /// Whether a version was written since the last durability barrier (an indexed probe).
