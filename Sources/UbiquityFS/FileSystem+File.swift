@@ -237,6 +237,7 @@ extension FileSystem {
 
     /// Commits every open file with changes (unmount, SIGTERM): nothing acknowledged is lost.
     public func drain() {
+        joinMaintenanceJobs()
         // A full disk must not keep the last commits and the unmount from finishing.
         if let pressure = spacePressure() { releaseReserve(because: pressure.reason) }
         let open = meta.withLock { m in m.openFiles.map { ($0.key, $0.value) } }

@@ -18,7 +18,7 @@ extension FileSystem {
         var report = PruneReport()
         var after: String?
         repeat {
-            let page = try withMeta { (m) throws(StoreError) -> Store.PruneResult in
+            let page = try withMetaSlice { (m) throws(StoreError) -> Store.PruneResult in
                 let result = try m.store.prune(policy: policy, now: now, under: under, after: after, dryRun: dryRun)
                 try m.store.commitBatch()
                 return result
@@ -71,7 +71,7 @@ extension FileSystem {
         }
         var current: Set<Int64> = [], inode: Int64? = 0
         while let after = inode {
-            inode = try withMeta { (m) throws(StoreError) in try m.store.currentVersionRows(afterInode: after, limit: 2_000, into: &current) }
+            inode = try withMetaSlice { (m) throws(StoreError) in try m.store.currentVersionRows(afterInode: after, limit: 2_000, into: &current) }
         }
         let putAtStart = chunks.fileBytesPut
         let markStart = nowNanos()
@@ -96,7 +96,7 @@ extension FileSystem {
         var shown: Set<ChunkID> = [], kept: Set<ChunkID> = [], dropped: Set<ChunkID> = []
         var after: Int64 = 0
         while true {
-            let page = try withMeta { (m) throws(StoreError) -> (last: Int64, rows: Int)? in
+            let page = try withMetaSlice { (m) throws(StoreError) -> (last: Int64, rows: Int)? in
                 try m.store.markChunks(afterRow: after, limit: 2_000) { row, list in
                     for (id, size) in list.chunks {
                         marked.insert(id)
@@ -131,10 +131,11 @@ extension FileSystem {
             report.bytesFreed += freed.values.reduce(0, +)
             start += batch.count
             progress?("sweeping", start, ids.count)
+            usleep(200) // readers of small chunks wait for the same lock (not fair)
         }
         if report.chunksDeleted > 0 { try storeCall { () throws(StoreError) in try chunks.compact() } }
         // The metadata's free pages, a step per hold of the filesystem's lock.
-        while try withMeta({ (m) throws(StoreError) in try m.store.compactDatabaseStep() }) {}
+        while try withMetaSlice({ (m) throws(StoreError) in try m.store.compactDatabaseStep() }) {}
         func bytes(_ set: Set<ChunkID>) -> Int64 { set.reduce(0) { $0 + Int64(sizes[$1] ?? 0) } }
         report.currentBytes = bytes(shown)
         report.historyBytes = bytes(kept.union(dropped).subtracting(shown))
@@ -150,10 +151,15 @@ extension FileSystem {
 // MARK: control through the mount root (`ubiquity prune`, `ubiquity gc`)
 
 /// What maintenance reports on the mount root: `user.ubiquity.prune` and
-/// `user.ubiquity.gc` hold the last run's report (gc: its progress while it runs).
+/// `user.ubiquity.gc` hold the last run's report, or `<command>: running ...` (with gc's
+/// progress) while one runs.
 struct MaintenanceReports {
     var prune = ""
     var gc = ""
+    /// Runs started through the control attribute, by command (one at a time each); the
+    /// filesystem joins them before it stops (`drain`).
+    var jobs: [String: JoinableThread] = [:]
+    var running: Set<String> = []
 }
 
 extension FileSystem {
@@ -172,8 +178,12 @@ extension FileSystem {
     }
 
     /// `prune [dry-run] [keep-within=D] [keep-deleted-within=D] [path=P]` (the path last:
-    /// it may hold spaces) and `gc [grace=D]`, written to the control attribute; answered
-    /// when done. False for text that is not a maintenance command.
+    /// it may hold spaces) and `gc [grace=D]`, written to the control attribute. The run
+    /// starts in a thread of its own and the write returns at once: while a setxattr is
+    /// answered the kernel holds the mount root's inode lock, so a run answered when done
+    /// stalled every path lookup through the root for all of it (11 s for a gc of 500,000
+    /// chunks). The report attribute says when it is done. EBUSY while one runs. False for
+    /// text that is not a maintenance command.
     func maintenanceControl(_ text: String) throws(Errno) -> Bool {
         var text = Substring(text)
         var path = ""
@@ -196,11 +206,11 @@ extension FileSystem {
                 grace = d
             }
             guard options.isEmpty else { throw .invalid }
-            reports.withLock { $0.gc = "gc: starting\n" }
-            let report = try collectGarbage(grace: grace, policy: self.options.retention) { [reports] phase, done, total in
-                reports.withLock { $0.gc = "gc: \(phase) \(done)/\(total)\n" }
+            try startJob("gc") { [self, grace] () throws(Errno) -> String in
+                try collectGarbage(grace: grace, policy: self.options.retention) { [reports] phase, done, total in
+                    reports.withLock { $0.gc = "gc: running: \(phase) \(done)/\(total)\n" }
+                }.summary
             }
-            reports.withLock { $0.gc = report.summary + "\n" }
             return true
         }
         var policy = self.options.retention
@@ -212,9 +222,40 @@ extension FileSystem {
         }
         policy.apply(keepWithin: try duration("keep-within"), keepDeletedWithin: try duration("keep-deleted-within"))
         guard options.isEmpty else { throw .invalid }
-        let report = try prune(policy: policy, now: meta.withLock { $0.store.clock() }, under: path, dryRun: dryRun)
-        reports.withLock { $0.prune = report.text(dryRun: dryRun, limit: 400) }
+        let now = meta.withLock { $0.store.clock() }
+        try startJob("prune") { [self, policy, path] () throws(Errno) -> String in
+            try prune(policy: policy, now: now, under: path, dryRun: dryRun).text(dryRun: dryRun, limit: 400)
+        }
         return true
+    }
+
+    /// Runs `body` in a thread of its own; its report (or `<command>: failed: ...`) goes
+    /// to the command's attribute when it ends.
+    private func startJob(_ command: String, _ body: @escaping @Sendable () throws(Errno) -> String) throws(Errno) {
+        let reports = self.reports
+        @Sendable func set(_ r: inout MaintenanceReports, _ text: String) {
+            if command == "gc" { r.gc = text } else { r.prune = text }
+        }
+        try reports.withLock { (r) throws(Errno) in
+            guard !r.running.contains(command) else { throw Errno(EBUSY) }
+            r.running.insert(command)
+            set(&r, "\(command): running\n")
+            r.jobs[command]?.join() // the previous run, ended already
+            r.jobs[command] = JoinableThread {
+                let text: String
+                do throws(Errno) { text = try body() } catch { text = "\(command): failed: \(errnoText(error.code))\n" }
+                reports.withLock { r in
+                    set(&r, text.hasSuffix("\n") ? text : text + "\n")
+                    r.running.remove(command)
+                }
+            }
+        }
+    }
+
+    /// Waits for the runs started through the control attribute (before the store closes).
+    func joinMaintenanceJobs() {
+        let jobs = reports.withLock { r in defer { r.jobs = [:] }; return Array(r.jobs.values) }
+        for job in jobs { job.join() }
     }
 }
 

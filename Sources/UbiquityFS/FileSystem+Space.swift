@@ -73,7 +73,7 @@ extension FileSystem {
             while covered < needed {
                 let page: (versions: [Store.PrunedVersion], resumeAfter: Int64?)
                 do {
-                    page = try withMeta { (m) throws(StoreError) in
+                    page = try withMetaSlice { (m) throws(StoreError) in
                         let page = try m.store.pruneOldest(limit: 200, bytes: needed - covered, after: after)
                         try m.store.commitBatch()
                         return page

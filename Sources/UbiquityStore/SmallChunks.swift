@@ -130,6 +130,7 @@ final class SmallChunks: Sendable {
             guard let last = page.last?.0 else { return ids }
             ids += page.compactMap(\.1)
             after = last
+            usleep(200) // let a waiting reader in (the lock is not fair)
         }
     }
 
@@ -157,7 +158,9 @@ final class SmallChunks: Sendable {
         while try state.withLock({ (s) throws(StoreError) -> Bool in
             guard let db = s.db else { return false }
             return try db.vacuumStep()
-        }) {}
+        }) {
+            usleep(200) // let a waiting reader in (the lock is not fair)
+        }
     }
 
     /// The database's size on disk, WAL included (O(1): `ubiquity status`).

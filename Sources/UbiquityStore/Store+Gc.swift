@@ -29,9 +29,9 @@ extension Store {
     /// inode `after`, for gc's space report; returns the last inode read (nil: done).
     public func currentVersionRows(afterInode after: Int64, limit: Int, into rows: inout Set<Int64>) throws(StoreError) -> Int64? {
         var last: Int64?
-        try db.query("SELECT id, head FROM inodes WHERE id > ? ORDER BY id LIMIT ?", [.int(after), .int(Int64(limit))]) { r in
+        try db.query("SELECT id, head, nlink FROM inodes WHERE id > ? ORDER BY id LIMIT ?", [.int(after), .int(Int64(limit))]) { r in
             last = r.int(0)
-            if !r.isNull(1) { rows.insert(r.int(1)) }
+            if !r.isNull(1) && r.int(2) > 0 { rows.insert(r.int(1)) } // a file with a name
         }
         return last
     }

@@ -73,7 +73,7 @@ struct PruneCommand: ParsableCommand {
         if let keepDeletedWithin { words.append("keep-deleted-within=" + keepDeletedWithin) }
         if !relative.isEmpty { words.append("path=" + relative) } // last: the path may hold spaces
         try sendControl(words.joined(separator: " "), to: entry, command: "prune")
-        print(try getXattr(entry.mountpoint, FileSystem.pruneAttribute), terminator: "")
+        print(try waitForMaintenance(entry.mountpoint, FileSystem.pruneAttribute, command: "prune", progress: false), terminator: "")
         if !dryRun { print("the daemon's gc frees their space within a day; `ubiquity gc \(entry.mountpoint)` does it now") }
     }
 }
@@ -129,23 +129,25 @@ struct GcCommand: ParsableCommand {
         }
         let (entry, _) = try selectMount(mountpoint, command: "gc")
         let mp = entry.mountpoint
-        // The control call returns when gc is done; meanwhile its progress is readable.
-        let finished = Locked<(any Error)?>(nil), done = Locked(false)
-        let word = "gc" + (grace.map { " grace=" + $0 } ?? "")
-        let worker = JoinableThread {
-            do { try sendControl(word, to: entry, command: "gc") } catch { finished.withLock { $0 = error } }
-            done.withLock { $0 = true }
+        try sendControl("gc" + (grace.map { " grace=" + $0 } ?? ""), to: entry, command: "gc")
+        print(try waitForMaintenance(mp, FileSystem.gcAttribute, command: "gc", progress: terminal), terminator: "")
+    }
+}
+
+/// The report of a prune or gc the daemon runs in the background (the control write
+/// returns at once): polls `attribute` until it no longer says `<command>: running`,
+/// showing the progress on a terminal. A failed run is an error.
+func waitForMaintenance(_ mountpoint: String, _ attribute: String, command: String, progress: Bool) throws -> String {
+    while true {
+        let text = try getXattr(mountpoint, attribute)
+        if text.hasPrefix("\(command): running") {
+            if progress { progressLine(text.trimmingTrailingNewlines()) }
+            usleep(200_000)
+            continue
         }
-        defer { worker.join() }
-        while !done.withLock({ $0 }) {
-            usleep(300_000)
-            if terminal, let progress = try? readXattr(mp, FileSystem.gcAttribute) {
-                progressLine(progress.trimmingTrailingNewlines())
-            }
-        }
-        if terminal { progressLine("") }
-        if let error = finished.withLock({ $0 }) { throw error }
-        print(try getXattr(mp, FileSystem.gcAttribute), terminator: "")
+        if progress { progressLine("") }
+        if text.hasPrefix("\(command): failed") { throw CLIError(text.trimmingTrailingNewlines()) }
+        return text
     }
 }
 

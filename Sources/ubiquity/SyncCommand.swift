@@ -105,6 +105,10 @@ func sendControl(_ word: String, to entry: MountEntry, command: String) throws {
     } catch {
         let code = error.code
         var message = "\(mp): \(errnoText(code)); \(daemonLogHint(entry))"
+        if code == EBUSY {
+            // prune and gc run one at a time each, in the background.
+            throw fail(command, "\(mp): a \(command) is running already; wait for it (`ubiquity status`, or the attribute user.ubiquity.\(command) on \(mp))")
+        }
         if code == EAGAIN {
             // The daemon refuses to sync while paused (Airplane Mode means no traffic).
             throw fail(command, "\(mp) is paused; `ubiquity resume \(mp)` first (pending saves are kept)")

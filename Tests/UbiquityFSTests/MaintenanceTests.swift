@@ -114,6 +114,34 @@ import UbiquitySystem
     }
 }
 
+/// Regression (bench-store at 100,000 files): a gc started through the control attribute
+/// was answered when done, and the kernel holds the mount root's inode lock while a
+/// setxattr is answered, so every path lookup through the root waited for the whole gc
+/// (11 s). The write must return while the gc still runs.
+@Suite struct MaintenanceControlTests {
+    @Test func gcThroughTheControlAttributeRunsInTheBackground() throws {
+        let h = try Harness()
+        try h.save("a.txt", "one")
+        try h.save("a.txt", "two")
+        let control = Array("gc grace=0s".utf8)
+        // Hold the metadata lock: a gc answered when done could not finish meanwhile.
+        let held = Locked(true)
+        let holder = JoinableThread { [fs = h.fs!] in
+            fs.meta.withLock { _ in while held.withLock({ $0 }) { usleep(1_000) } }
+        }
+        usleep(50_000)
+        #expect(try h.fs.control(Store.rootInode, name: FileSystem.controlAttribute, value: control))
+        let running = String(decoding: h.fs.maintenanceReport(Store.rootInode, name: FileSystem.gcAttribute) ?? [], as: UTF8.self)
+        #expect(running.hasPrefix("gc: running"), "\(running)")
+        #expect(throws: Errno(EBUSY)) { try h.fs.control(Store.rootInode, name: FileSystem.controlAttribute, value: control) }
+        held.withLock { $0 = false }
+        holder.join()
+        h.fs.joinMaintenanceJobs()
+        let done = String(decoding: h.fs.maintenanceReport(Store.rootInode, name: FileSystem.gcAttribute) ?? [], as: UTF8.self)
+        #expect(done.hasPrefix("gc: read "), "\(done)")
+    }
+}
+
 /// Space pressure (FileSystem+Space): past the size limit, history goes oldest-first
 /// (even what the staggering keeps), never a current version; the log names each.
 @Suite struct SpacePressureTests {
