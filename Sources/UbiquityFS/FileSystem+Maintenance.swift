@@ -97,7 +97,7 @@ extension FileSystem {
         var after: Int64 = 0
         while true {
             let page = try withMetaSlice { (m) throws(StoreError) -> (last: Int64, rows: Int)? in
-                try m.store.markChunks(afterRow: after, limit: 2_000) { row, list in
+                try m.store.markChunks(afterRow: after, limit: 1_000) { row, list in
                     for (id, size) in list.chunks {
                         marked.insert(id)
                         sizes[id] = size
@@ -242,6 +242,7 @@ extension FileSystem {
             set(&r, "\(command): running\n")
             r.jobs[command]?.join() // the previous run, ended already
             r.jobs[command] = JoinableThread {
+                lowerThreadPriority()
                 let text: String
                 do throws(Errno) { text = try body() } catch { text = "\(command): failed: \(errnoText(error.code))\n" }
                 reports.withLock { r in

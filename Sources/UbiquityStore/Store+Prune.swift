@@ -25,7 +25,7 @@ extension Store {
     /// `after` (in file id order) that `policy` does not keep at `now`. `under`: only
     /// histories shown at that path or below it ("" for all).
     public func prune(policy: RetentionPolicy, now: Nanos, under: String = "", after: String? = nil,
-                      limit: Int = 200, dryRun: Bool) throws(StoreError) -> PruneResult {
+                      limit: Int = 50, dryRun: Bool) throws(StoreError) -> PruneResult {
         var result = PruneResult()
         let page = try db.rows("SELECT file_id, path, live FROM histories WHERE file_id > ? ORDER BY file_id LIMIT ?",
                                [.text(after ?? ""), .int(Int64(limit))]) { (id: $0.text(0), path: $0.text(1), live: $0.int(2) != 0) }

@@ -1,3 +1,4 @@
+import CSystem
 import Glibc
 
 /// A pthread running `body` once; `join()` waits for it. (Foundation's Thread is not
@@ -17,4 +18,10 @@ public final class JoinableThread: @unchecked Sendable {
     }
 
     public func join() { pthread_join(thread, nil) }
+}
+
+/// Lowers the calling thread's priority (nice 10): background work (gc, prune) then
+/// yields the CPU to the requests it shares the machine with.
+public func lowerThreadPriority() {
+    _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(ubq_gettid()), 10)
 }

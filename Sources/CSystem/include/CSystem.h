@@ -19,6 +19,9 @@ extern const int ubq_seek_data;
 extern const int ubq_seek_hole;
 
 
+/// gettid(2): the calling thread's id (for setpriority of one thread).
+pid_t ubq_gettid(void);
+
 /// fallocate(2) mode bits.
 extern const int ubq_falloc_keep_size;
 
