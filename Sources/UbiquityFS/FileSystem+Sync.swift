@@ -40,7 +40,7 @@ extension FileSystem: StoreAccess {
         if try maintenanceControl(text) { return true }
         guard let sync = hooks.withLock({ $0.sync }) else { throw .notSupported }
         switch text {
-        case "sync": try storeCall { () throws(StoreError) in try sync.syncNow() }
+        case "sync": try storeCall { () throws(StoreError) in try sync.requestSync() }
         case "pause": sync.pause()
         case "resume": sync.resume()
         default: throw .invalid

@@ -593,8 +593,11 @@ public protocol StoreAccess: AnyObject, Sendable {
 
 /// What the filesystem asks of the sync engine (xattr control on the mount root).
 public protocol SyncControl: AnyObject, Sendable {
-    /// One full push and pull, now; returns when done.
-    func syncNow() throws(StoreError)
+    /// Asks for one full push and pull now and returns at once: the control write that
+    /// asks is answered while the kernel holds the mount root's inode lock, so waiting for
+    /// the cycle there would stall every lookup through the root. The status's `requests`
+    /// and `requests-done` say when the cycle that covers this request has ended.
+    func requestSync() throws(StoreError)
     func pause()
     func resume()
     /// `key=value` lines (README: status attributes), from the engine's own state.

@@ -32,6 +32,10 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         var pending = 0
         var conflicts = 0
         var stopped = false
+        /// Sync requests received (`requestSync`), and how many of them a finished cycle
+        /// covered (a cycle covers every request received before it started).
+        var requests = 0
+        var requestsDone = 0
         /// Messages already logged (each problem is logged once, not every second).
         var logged: Set<String> = []
     }
@@ -64,7 +68,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         started = true
         DispatchQueue(label: "ubiquity.sync").async { [self] in
             while !state.withLock({ $0.stopped }) {
+                let covering = state.withLock { $0.requests }
                 runCycle(pushPull: !state.withLock { $0.paused })
+                state.withLock { $0.requestsDone = max($0.requestsDone, covering) }
                 _ = wake.wait(timeout: .now() + options.pollSeconds)
             }
             finished.signal()
@@ -89,6 +95,21 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         try cycleLock.withLock { (_: inout ()) throws(StoreError) in try cycle(pushPull: true) }
     }
 
+    public func requestSync() throws(StoreError) {
+        guard started else {
+            // No loop to run it (a store used without a mount): now, then.
+            try syncNow()
+            state.withLock { $0.requests += 1; $0.requestsDone = $0.requests }
+            return
+        }
+        if state.withLock({ $0.paused }) {
+            log("ubiquity: sync requested while paused: run `ubiquity resume` first")
+            throw .io(errno: EAGAIN, "syncing is paused")
+        }
+        state.withLock { $0.requests += 1 }
+        wake.signal()
+    }
+
     public func pause() {
         state.withLock { $0.paused = true }
         log("ubiquity: sync paused")
@@ -107,6 +128,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             state=\(mode)
             pending=\(s.pending)
             last-sync=\(s.lastSync.map(isoTime) ?? "never")
+            requests=\(s.requests)
+            requests-done=\(s.requestsDone)
             conflicts=\(s.conflicts)
             error=\(s.lastError)
             backing=\(backing.directory)

@@ -28,9 +28,21 @@ struct SyncCommand: ParsableCommand {
         let (entry, _) = try selectMount(mountpoint, command: "sync")
         try sendControl("sync", to: entry, command: "sync")
         let mp = entry.mountpoint
-        guard let status = try? SyncStatus.read(mountpoint: mp) else {
+        guard var status = try? SyncStatus.read(mountpoint: mp) else {
             print("synced \(mp)")
             return
+        }
+        // The daemon runs the cycle in the background; wait for one that covers this
+        // request (every request received before a cycle starts is covered by it). A
+        // daemon from before that reports no counts: its cycle was done on return.
+        if let asked = status["requests"].flatMap({ Int($0) }) {
+            while (status["requests-done"].flatMap { Int($0) } ?? asked) < asked {
+                usleep(50_000)
+                status = try SyncStatus.read(mountpoint: mp)
+            }
+            if let error = status["error"], !error.isEmpty {
+                throw CLIError("sync of \(mp) failed: \(error); \(daemonLogHint(entry))")
+            }
         }
         var line = "synced \(mp): \(status.summary)"
         if let conflicts = status["conflicts"], let n = Int(conflicts), n > 0 {
