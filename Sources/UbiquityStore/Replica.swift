@@ -190,10 +190,12 @@ final class Replica {
     /// Takes back a record that is being deleted from the versions table (same
     /// transaction): a version of this device that never left it and whose bytes were
     /// lost before they were durable (Store+Recovery). Its parents become heads again
-    /// unless another record of the node descends from them. Returns the paths whose view
-    /// may have changed.
+    /// unless another record of the node descends from them. A record that is not a head
+    /// (a later record descends from it) changes no heads: it goes as prune takes one, and
+    /// its parents stay superseded. Returns the paths whose view may have changed.
     func remove(_ r: Record) throws(StoreError) -> [String] {
         try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.text(r.node), .int(r.row)])
+        if db.changes == 0 { return [] }
         let others = try records("FROM versions v WHERE v.file_id = ? AND v.local = 0 AND v.row != ?", [.text(r.node), .int(r.row)])
         let named = Set(others.flatMap(\.parents))
         for parent in others where r.parents.contains(parent.id) && !named.contains(parent.id) {

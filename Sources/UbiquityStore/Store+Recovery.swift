@@ -87,7 +87,8 @@ extension Store {
             if !local { _ = try replica.remove(record) }
             let previous = try parent.flatMap { (row) throws(StoreError) in try version(row: row) }
             let content = try parent.map { (row) throws(StoreError) in try chunkList(row: row) } ?? ChunkList()
-            for id in try db.rows("SELECT id FROM inodes WHERE head = ?", [.int(record.row)], { InodeNumber(bitPattern: $0.int(0)) }) {
+            let showing = try db.rows("SELECT id FROM inodes WHERE head = ?", [.int(record.row)], { InodeNumber(bitPattern: $0.int(0)) })
+            for id in showing {
                 guard var inode = try node(id)?.inode else { continue }
                 inode.head = parent
                 inode.size = content.totalSize
@@ -98,6 +99,7 @@ extension Store {
             if try db.rows("SELECT 1 FROM versions WHERE file_id = ? AND local = 0 LIMIT 1", [.text(record.node)], { _ in true }).isEmpty {
                 try dropHistory(record.node)
             }
+            if showing.isEmpty { return "its current version still (the lost one was an older version)" }
             return previous.map { "its version \($0.id) of \(isoTime($0.committed))" } ?? "no content (it had no earlier version)"
         }
     }

@@ -67,6 +67,35 @@ import UbiquitySystem
         #expect(try Fsck.run(store: store).problems.isEmpty)
     }
 
+    /// A lost version that a later, intact one descends from is not a head: it goes as
+    /// prune would take it, and its parent must not become a head again (a false conflict).
+    @Test func aLostMiddleVersionLeavesNoFalseConflict() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let first = [UInt8](repeating: 1, count: 3000), lost = [UInt8](repeating: 2, count: 3000)
+        let last = [UInt8](repeating: 3, count: 3000)
+        var a: InodeNumber = 0, file = "", lastID = ""
+        do {
+            let store = try Store(directory: dir.path, deviceName: "test")
+            a = try store.create(parent: Store.rootInode, name: "a", kind: .file, mode: 0o644, uid: 0, gid: 0).id
+            file = try #require(store.inode(a)?.fileID)
+            _ = try Self.save(store, a, "a", first)
+            try store.syncFiles()
+            try store.markDurable()
+            _ = try Self.save(store, a, "a", lost)
+            lastID = try Self.save(store, a, "a", last).id
+            try store.commitBatch()
+        }
+        unlink(try ChunkStore(directory: dir.path + "/chunks").path(of: ChunkID(hashing: lost)))
+        let store = try Store(directory: dir.path)
+        #expect(store.recovery.rolledBack.count == 1)
+        #expect(store.recovery.rolledBack.first?.contains("current version still") == true, "\(store.recovery.rolledBack)")
+        #expect(try Self.read(store, a) == last)
+        #expect(try store.replica.heads(file).map(\.id) == [lastID])
+        #expect(try store.totalConflicts() == 0)
+        #expect(try Fsck.run(store: store).problems.isEmpty)
+    }
+
     @Test func aCleanStopChecksNothing() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
