@@ -120,7 +120,7 @@ extension FileSystem {
         // At least a second: the kernel stamps file times with a coarse clock, so a chunk
         // claimed just after the mark began may carry a time a little before it.
         let margin = max(grace, Self.minimumGrace)
-        let unusedSince = markStart.subtractingReportingOverflow(margin).overflow ? .min : markStart - margin
+        let unusedSince = markStart.subtractingClamped(margin)
         // In batches: the small chunks' rows of a batch go in one transaction.
         var start = 0
         while start < ids.count {
@@ -140,10 +140,10 @@ extension FileSystem {
         report.currentBytes = bytes(shown)
         report.historyBytes = bytes(kept.union(dropped).subtracting(shown))
         report.prunableBytes = bytes(dropped.subtracting(shown).subtracting(kept))
-        report.chunkFileBytes = ids.reduce(0) { $0 + (chunks.fileBytes(of: $1) ?? 0) }
+        report.chunkFileBytes = chunks.chunkFileBytes()
         let setting = report.spaceSetting(at: nowNanos())
         try withMeta { (m) throws(StoreError) in try m.store.setSetting("space", setting) }
-        space.withLock { $0.putAtLastMeasure = putAtStart }
+        space.withLock { $0.chunkFiles = report.chunkFileBytes; $0.putAtLastMeasure = putAtStart }
         return report
     }
 }

@@ -20,14 +20,9 @@ extension FileSystem {
 
     /// Why the store is under pressure and how many bytes it should free (nil: it is not).
     func spacePressure() -> (reason: String, bytes: Int64)? {
-        let store = meta.withLock { $0.store }
-        var fs = statvfs()
-        if statvfs(store.directory, &fs) == 0 {
-            let unit = Int64(fs.f_frsize)
-            let (total, o1) = Int64(clamping: fs.f_blocks).multipliedReportingOverflow(by: unit)
-            let (free, o2) = Int64(clamping: fs.f_bavail).multipliedReportingOverflow(by: unit)
+        if let (free, total) = Self.freeSpace(of: meta.withLock { $0.store.directory }) {
             let minimum = options.retention.minFree.bytes(ofFilesystem: total)
-            if !o1 && !o2 && free < minimum {
+            if free < minimum {
                 return ("the store's filesystem has \(byteText(free)) free, less than min-free \(byteText(minimum))", minimum - free)
             }
         }
@@ -38,20 +33,39 @@ extension FileSystem {
         return nil
     }
 
-    /// The store's size: its databases now, plus its chunk files (measured by the last gc,
-    /// or now when no gc has, plus what was written since).
+    /// Free bytes (for this user) and total bytes of the filesystem holding `path`, from
+    /// statvfs (clamped: the kernel's numbers are unsigned).
+    static func freeSpace(of path: String) -> (free: Int64, total: Int64)? {
+        var fs = statvfs()
+        guard statvfs(path, &fs) == 0 else { return nil }
+        let unit = Int64(clamping: fs.f_frsize)
+        return (Int64(clamping: fs.f_bavail).multipliedClamped(by: unit), Int64(clamping: fs.f_blocks).multipliedClamped(by: unit))
+    }
+
+    /// The store's size: its databases now, plus its chunk files as last measured (by gc,
+    /// or once here when none has) and what was written since.
     func storeBytes() -> Int64 {
-        let (store, measured) = meta.withLock { m in
-            (m.store, (try? m.store.setting("space")).flatMap { $0 }.flatMap(Self.chunkFileBytes(inSpaceSetting:)))
-        }
+        let (store, setting) = meta.withLock { m in (m.store, (try? m.store.setting("space")) ?? nil) }
         let (metadata, small) = store.databaseBytes
-        let files = measured.map { $0 + chunks.fileBytesPut - space.withLock { $0.putAtLastMeasure } }
-            ?? chunks.allChunkIDs().reduce(0) { $0 + (chunks.fileBytes(of: $1) ?? 0) }
-        return metadata + small + files
+        let put = chunks.fileBytesPut
+        let measured = space.withLock { s -> Int64? in
+            if s.chunkFiles == nil { s.chunkFiles = setting.flatMap(Self.chunkFileBytes(inSpaceSetting:)) }
+            return s.chunkFiles.map { $0.addingClamped(put.subtractingClamped(s.putAtLastMeasure)) }
+        }
+        let files: Int64
+        if let measured {
+            files = measured
+        } else {
+            // Never measured: walk the chunk files once (then gc keeps the measure).
+            files = chunks.chunkFileBytes()
+            space.withLock { $0.chunkFiles = files; $0.putAtLastMeasure = put }
+        }
+        return metadata.addingClamped(small).addingClamped(files)
     }
 
     static func chunkFileBytes(inSpaceSetting text: String) -> Int64? {
-        text.split(separator: " ").first { $0.hasPrefix("chunk_files=") }.flatMap { Int64($0.dropFirst("chunk_files=".count)) }
+        text.split(separator: " ").first { $0.hasPrefix("chunk_files=") }
+            .flatMap { Int64($0.dropFirst("chunk_files=".count)) }.map { Swift.max($0, 0) }
     }
 
     /// Runs at mount (before the first request: the reserve is made then), from the
@@ -132,12 +146,8 @@ extension FileSystem {
         let path = reservePath
         var st = stat()
         if stat(path, &st) == 0 && Int64(st.st_size) == Self.reserveBytes { return }
-        var fs = statvfs()
-        guard statvfs(path.dropLastComponent, &fs) == 0 else { return }
-        let free = Int64(clamping: fs.f_bavail).multipliedReportingOverflow(by: Int64(fs.f_frsize))
-        let total = Int64(clamping: fs.f_blocks).multipliedReportingOverflow(by: Int64(fs.f_frsize))
-        guard !free.overflow, !total.overflow,
-              free.partialValue > Self.reserveBytes * 2 + options.retention.minFree.bytes(ofFilesystem: total.partialValue) else { return }
+        guard let (free, total) = Self.freeSpace(of: path.dropLastComponent),
+              free > (Self.reserveBytes * 2).addingClamped(options.retention.minFree.bytes(ofFilesystem: total)) else { return }
         let fd = Glibc.open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
         guard fd >= 0 else { return }
         defer { close(fd) }
@@ -147,7 +157,9 @@ extension FileSystem {
 
 /// What space pressure remembers between checks (guarded by its own lock).
 struct SpaceState {
-    /// `ChunkStore.fileBytesPut` when the last gc measured the chunk files.
+    /// The chunk files' disk space when last measured (gc, or a walk when none has), and
+    /// `ChunkStore.fileBytesPut` then.
+    var chunkFiles: Int64?
     var putAtLastMeasure: Int64 = 0
     /// When to run the gc that frees what pruning under pressure dropped (nil: none due).
     var collectAfter: Nanos?

@@ -71,10 +71,23 @@ public final class ChunkStore: Sendable {
         return stat(path(of: id), &st) == 0 ? Int(st.st_size) : nil
     }
 
-    /// Disk space of the chunk's file (nil: it has none; small chunks are rows).
-    public func fileBytes(of id: ChunkID) -> Int64? {
-        var st = stat()
-        return stat(path(of: id), &st) == 0 ? Int64(st.st_blocks) * 512 : nil
+    /// Disk space of every chunk file (small chunks are rows, in `smallChunkBytes`): a walk
+    /// of the chunk directories, for gc's measure.
+    public func chunkFileBytes() -> Int64 {
+        var total: Int64 = 0
+        for i in 0..<256 {
+            let dir = directory + "/" + Hex.byte(i)
+            guard let d = opendir(dir) else { continue }
+            while let entry = readdir(d) {
+                var st = stat()
+                let found = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                    fstatat(dirfd(d), raw.baseAddress!.assumingMemoryBound(to: CChar.self), &st, AT_SYMLINK_NOFOLLOW) == 0
+                }
+                if found && st.st_mode & S_IFMT == S_IFREG { total = total.addingClamped(Int64(st.st_blocks).multipliedClamped(by: 512)) }
+            }
+            closedir(d)
+        }
+        return total
     }
 
     /// Renews the chunk file's mtime if it exists: gc keeps it (see the contract above).

@@ -1,4 +1,5 @@
 import CSQLite
+import Glibc
 import UbiquitySystem
 
 /// A thin wrapper over one SQLite connection. Not thread-safe: the owner serializes access
@@ -113,6 +114,16 @@ final class SQLiteDatabase {
             try? execute(undo)
             throw error
         }
+    }
+
+    /// Disk space of the database file at `path` and its WAL (O(1): two stats).
+    static func diskBytes(path: String) -> Int64 {
+        var total: Int64 = 0
+        for p in [path, path + "-wal"] {
+            var st = stat()
+            if stat(p, &st) == 0 { total = total.addingClamped(Int64(st.st_blocks).multipliedClamped(by: 512)) }
+        }
+        return total
     }
 
     /// The WAL file is cut back to this after a checkpoint (`journal_size_limit`): a big

@@ -105,13 +105,19 @@ final class SmallChunks: Sendable {
         state.withLock { s -> [ChunkID: Int64] in
             guard let db = s.db else { return [:] }
             var freed: [ChunkID: Int64] = [:]
-            _ = try? db.transaction { () throws(StoreError) in
+            do throws(StoreError) {
+                try db.transaction { () throws(StoreError) in
                 for id in ids {
                     guard let size = try db.rows("SELECT length(bytes) FROM chunks WHERE id = ? AND used < ?",
                                                  [.blob(id.raw), .int(cutoff)], { $0.int(0) }).first else { continue }
                     try db.query("DELETE FROM chunks WHERE id = ? AND used < ?", [.blob(id.raw), .int(cutoff)])
                     if db.changes > 0 { freed[id] = size + 80 }
                 }
+                }
+            } catch {
+                // Nothing of the batch was deleted (rolled back): gc reports it as kept.
+                log("ubiquity: gc: deleting small chunks failed: \(error)")
+                return [:]
             }
             return freed
         }
@@ -152,8 +158,8 @@ final class SmallChunks: Sendable {
 
     let checkpointer: WALCheckpointer
 
-    /// Gives the pages of swept rows back to the filesystem, 256 pages per hold of the
-    /// lock (a vacuum of everything at once would stall saves of small files).
+    /// Gives the pages of swept rows back to the filesystem, a `vacuumStep` per hold of
+    /// the lock (a vacuum of everything at once would stall saves of small files).
     func compact() throws(StoreError) {
         while try state.withLock({ (s) throws(StoreError) -> Bool in
             guard let db = s.db else { return false }
@@ -164,12 +170,5 @@ final class SmallChunks: Sendable {
     }
 
     /// The database's size on disk, WAL included (O(1): `ubiquity status`).
-    var diskBytes: Int64 {
-        var total: Int64 = 0
-        for p in [path, path + "-wal"] {
-            var st = stat()
-            if stat(p, &st) == 0 { total += Int64(st.st_blocks) * 512 }
-        }
-        return total
-    }
+    var diskBytes: Int64 { SQLiteDatabase.diskBytes(path: path) }
 }

@@ -1,5 +1,3 @@
-import Glibc
-
 /// Garbage collection, the store's half: which chunks versions name ("mark"), a page of
 /// version rows at a time so the caller can hold the filesystem's lock per page. The
 /// sweep is `ChunkStore.sweep`; `FileSystem.collectGarbage` runs both.
@@ -17,7 +15,7 @@ extension Store {
         return last.map { ($0, rows) }
     }
 
-    /// Gives up to 256 free pages of the metadata database back to the filesystem (stores
+    /// Gives a `vacuumStep` of free pages of the metadata database back to the filesystem (stores
     /// created with incremental auto-vacuum, format 5 on; older ones reuse their free
     /// pages). Returns whether free pages remain: the caller repeats, taking its lock
     /// for each step only.
@@ -38,12 +36,7 @@ extension Store {
 
     /// Disk space of the databases (metadata, small chunks), WAL included: O(1).
     public var databaseBytes: (metadata: Int64, smallChunks: Int64) {
-        var total: Int64 = 0
-        for p in [db.path, db.path + "-wal"] {
-            var st = stat()
-            if stat(p, &st) == 0 { total += Int64(st.st_blocks) * 512 }
-        }
-        return (total, chunks.smallChunkBytes)
+        (SQLiteDatabase.diskBytes(path: db.path), chunks.smallChunkBytes)
     }
 
     /// About how many version rows there are (the mark's progress): the highest row, read

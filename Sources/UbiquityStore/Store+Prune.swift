@@ -118,7 +118,7 @@ extension Store {
                     try db.query("DELETE FROM versions WHERE row = ?", [.int(v.row)])
                     if v.content {
                         dropped.append(PrunedVersion(row: v.row, id: v.id, path: v.path, committed: v.committed, size: v.size))
-                        covered = covered.addingReportingOverflow(v.size).overflow ? .max : covered + v.size
+                        covered = covered.addingClamped(v.size)
                     }
                 }
                 if dropped.count < limit && covered < bytes { last = end }

@@ -73,7 +73,7 @@ func printSpace(_ store: Store) {
         return
     }
     let files = fields["chunk_files"] ?? 0
-    print("  store: \(byteText(metadata + small + files)) (metadata \(byteText(metadata)), small chunks \(byteText(small)), "
+    print("  store: \(byteText(metadata.addingClamped(small).addingClamped(files))) (metadata \(byteText(metadata)), small chunks \(byteText(small)), "
           + "chunk files \(byteText(files)) at the last gc, \(isoTime(measured)))")
     print("  content: \(byteText(fields["current"] ?? 0)) in current versions, \(byteText(fields["history"] ?? 0)) only in older versions")
     print("  reclaimable: \(byteText(fields["prunable"] ?? 0)) by `ubiquity prune` then `ubiquity gc` (the retention policy, at the last gc)")

@@ -1,4 +1,5 @@
 import Testing
+import UbiquitySystem
 import TestSupport
 @testable import UbiquityStore
 
@@ -87,6 +88,13 @@ import TestSupport
         }
         #expect(RetentionPolicy.duration("90d") == 90 * Self.d)
         #expect(RetentionPolicy.duration("-1d") == nil)
+    }
+
+    /// The saturating helpers that space pressure and gc use on outside numbers.
+    @Test func clampedArithmetic() {
+        #expect(Int64.max.addingClamped(1) == .max && Int64.min.addingClamped(-1) == .min && Int64(2).addingClamped(3) == 5)
+        #expect(Int64.min.subtractingClamped(1) == .min && Int64.max.subtractingClamped(-1) == .max && Int64(2).subtractingClamped(3) == -1)
+        #expect(Int64.max.multipliedClamped(by: 2) == .max && Int64.max.multipliedClamped(by: -2) == .min && Int64(512).multipliedClamped(by: 8) == 4096)
     }
 
     @Test func sizeSettings() throws {
