@@ -93,8 +93,9 @@ extension Store {
     /// tombstone), not what an inode shows or a new file continues. Unlike prune, a
     /// version of this device still waiting for upload may go: on a full disk that is
     /// offline, its history is what frees space (the current version still syncs; other
-    /// devices then miss that intermediate version, as if it had been pruned). Stops early once the dropped versions' sizes add up
-    /// to `bytes`. Returns them and the row to resume after (nil: the end of the table).
+    /// devices then miss that intermediate version, as if it had been pruned). Stops early
+    /// once the dropped versions' sizes add up to `bytes`. Returns them and the row to
+    /// resume after (nil: the end of the table).
     public func pruneOldest(limit: Int, bytes: Int64 = .max, after: Int64) throws(StoreError) -> (versions: [PrunedVersion], resumeAfter: Int64?) {
         var dropped: [PrunedVersion] = []
         var covered: Int64 = 0

@@ -56,7 +56,11 @@ struct FsckCommand: ParsableCommand {
             print("repaired \(result.repaired.count) chunk(s)")
             for (id, why) in result.unrepaired { print("NOT REPAIRED: chunk \(id): \(why)") }
             print("checking again")
-            report = try check(s, dir)
+            // A store opened again: a read-only one opened before the repair does not see a
+            // small-chunk database the repair had to create.
+            let again: Store
+            do { again = try Store(directory: dir, readOnly: true) } catch { throw CLIError("\(error)") }
+            report = try check(again, dir)
         }
         for problem in report.problems { print("DAMAGED: \(problem)") }
         if report.problems.isEmpty {
