@@ -207,9 +207,11 @@ extension FileSystem {
             }
             guard options.isEmpty else { throw .invalid }
             try startJob("gc") { [self, grace] () throws(Errno) -> String in
-                try collectGarbage(grace: grace, policy: self.options.retention) { [reports] phase, done, total in
+                let progress = { @Sendable [reports] (phase: String, done: Int, total: Int) in
                     reports.withLock { $0.gc = "gc: running: \(phase) \(done)/\(total)\n" }
-                }.summary
+                }
+                let local = try collectGarbage(grace: grace, policy: self.options.retention, progress: progress).summary
+                return local + "\n" + collectBacking(progress: progress)
             }
             return true
         }
@@ -260,6 +262,21 @@ extension FileSystem {
     }
 }
 
+extension FileSystem {
+    /// The backing directory's half of gc, when the mount syncs: its report line (or why
+    /// it did not run: a gc that freed the store's space has succeeded even when the
+    /// backing directory is offline).
+    func collectBacking(progress: ((String, Int, Int) -> Void)? = nil) -> String {
+        guard let sync = hooks.withLock({ $0.sync }) else { return "backing directory: none (this mount does not sync)" }
+        do {
+            return try sync.collectBacking(now: Int64(time(nil)), progress: progress.map { p in { p("backing: " + $0, $1, $2) } })
+        } catch {
+            log("ubiquity: gc of the backing directory: \(error)")
+            return "backing directory: not collected: \(error)"
+        }
+    }
+}
+
 extension FileSystem.GcReport {
     public var summary: String {
         "gc: read \(versionsRead) versions, checked \(chunksChecked) chunks, deleted \(chunksDeleted) (\(byteText(bytesFreed)) freed); "
@@ -307,9 +324,9 @@ extension FileSystem {
         do {
             let pruned = try prune(policy: options.retention, now: meta.withLock { $0.store.clock() }, dryRun: false)
             reports.withLock { $0.prune = pruned.text(dryRun: false, limit: 400) }
-            let gc = try collectGarbage(policy: options.retention)
-            reports.withLock { $0.gc = gc.summary + "\n" }
-            log("ubiquity: maintenance: \(pruned.text(dryRun: false, limit: 0).trimmingWhitespace); \(gc.summary)")
+            let gc = try collectGarbage(policy: options.retention).summary + "\n" + collectBacking()
+            reports.withLock { $0.gc = gc + "\n" }
+            log("ubiquity: maintenance: \(pruned.text(dryRun: false, limit: 0).trimmingWhitespace); \(gc)")
         } catch {
             log("ubiquity: maintenance: \(error)")
         }

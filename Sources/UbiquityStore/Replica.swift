@@ -30,6 +30,13 @@ final class Replica {
         let mode: UInt32
         /// A symlink record's target.
         let target: String?
+        /// Its dot and context (empty for records from before format 6 of the store).
+        var lineage = Lineage()
+
+        /// Whether this record supersedes `other` (of the same node) by its context.
+        func covers(_ other: Record) -> Bool {
+            other.id != id && lineage.contains(device: other.device, counter: other.lineage.dot)
+        }
 
         /// The winner rule: later mtime, then greater device id, then greater record id.
         func beats(_ other: Record) -> Bool {
@@ -81,14 +88,14 @@ final class Replica {
 
     // MARK: reading records
 
-    private static let columns = "v.row, v.id, v.file_id, v.parents, v.kind, v.tombstone, v.mtime, v.device_id, v.path, v.mode, v.target"
+    private static let columns = "v.row, v.id, v.file_id, v.parents, v.kind, v.tombstone, v.mtime, v.device_id, v.path, v.mode, v.target, v.lineage"
 
     private func records(_ sql: String, _ params: [SQLValue]) throws(StoreError) -> [Record] {
         let found = try db.rows("SELECT \(Self.columns) \(sql)", params) { r in
             Record(row: r.int(0), id: r.text(1), node: r.text(2), parents: splitIDs(r.text(3)),
                    kind: NodeKind(rawValue: r.int(4)) ?? .file, isTombstone: r.int(5) != 0, mtime: r.int(6),
                    device: r.text(7), path: r.text(8), mode: UInt32(truncatingIfNeeded: r.int(9)),
-                   target: r.isNull(10) ? nil : r.text(10))
+                   target: r.isNull(10) ? nil : r.text(10), lineage: r.isNull(11) ? Lineage() : Lineage(stored: r.text(11)) ?? Lineage())
         }
         work += found.count
         return found
@@ -162,6 +169,27 @@ final class Replica {
         }
     }
 
+    /// The lineage of a record this device makes now for `node` with `parents`: a dot
+    /// with the next counter of `device` for the node (above every dot of it the node's
+    /// heads hold, so above every one it ever made: each record is a head or held by one),
+    /// and a context of the parents' dots and contexts. Parents of other nodes (a conflict
+    /// taken from another node) do not count: counters are per node.
+    func lineage(node: String, parents: [String], device: String) throws(StoreError) -> Lineage {
+        var lineage = Lineage()
+        for id in parents {
+            guard let parent = try record(id: id), parent.node == node else { continue }
+            lineage.formUnion(parent.lineage.context)
+            lineage.insert(device: parent.device, counter: parent.lineage.dot)
+        }
+        var highest: Int64 = 0
+        for head in try heads(node) {
+            if head.device == device { highest = max(highest, head.lineage.dot) }
+            highest = max(highest, head.lineage.context[device]?.max ?? 0)
+        }
+        lineage.dot = highest + 1
+        return lineage
+    }
+
     /// Adds a record already inserted in the versions table (same transaction); returns
     /// the paths whose view may have changed.
     func add(_ r: Record) throws(StoreError) -> [String] {
@@ -179,7 +207,18 @@ final class Replica {
         }
         let awaitedBy = try db.rows("SELECT node FROM view_awaited WHERE id = ?", [.text(r.id)]) { $0.text(0) }
         if !awaitedBy.isEmpty { try db.query("DELETE FROM view_awaited WHERE id = ?", [.text(r.id)]) }
-        if !awaitedBy.contains(where: { $0.utf8.elementsEqual(r.node.utf8) }) {
+        var superseded = awaitedBy.contains(where: { $0.utf8.elementsEqual(r.node.utf8) })
+        // By lineage: the heads this record's context holds go; a head whose context holds
+        // this record's dot supersedes it (the records between may be pruned). Heads are
+        // enough: a record superseded by another is held by every context that holds that one.
+        for head in try heads(r.node) {
+            if r.covers(head) {
+                try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.text(r.node), .int(head.row)])
+            } else if head.covers(r) {
+                superseded = true
+            }
+        }
+        if !superseded {
             try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.text(r.node), .int(r.row)])
         }
         let changed = try recompute(r.node)
@@ -198,7 +237,7 @@ final class Replica {
         if db.changes == 0 { return [] }
         let others = try records("FROM versions v WHERE v.file_id = ? AND v.local = 0 AND v.row != ?", [.text(r.node), .int(r.row)])
         let named = Set(others.flatMap(\.parents))
-        for parent in others where r.parents.contains(parent.id) && !named.contains(parent.id) {
+        for parent in others where r.parents.contains(parent.id) && !named.contains(parent.id) && !others.contains(where: { $0.covers(parent) }) {
             try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.text(r.node), .int(parent.row)])
         }
         var changed = try recompute(r.node)

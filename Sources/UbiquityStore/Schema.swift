@@ -1,7 +1,7 @@
 /// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
 /// by a newer program is refused rather than misread.
 enum Schema {
-    static let formatVersion = 5
+    static let formatVersion = 6
 
     static let statements = [
         """
@@ -32,7 +32,7 @@ enum Schema {
             size INTEGER NOT NULL, tombstone INTEGER NOT NULL, local INTEGER NOT NULL,
             path TEXT NOT NULL, chunks BLOB NOT NULL, durable INTEGER NOT NULL DEFAULT 0,
             kind INTEGER NOT NULL DEFAULT 1, target TEXT, xattrs BLOB, meta INTEGER NOT NULL DEFAULT 0,
-            uploaded INTEGER NOT NULL DEFAULT 0)
+            uploaded INTEGER NOT NULL DEFAULT 0, lineage TEXT)
         """,
         "CREATE INDEX IF NOT EXISTS versions_file ON versions(file_id, committed)",
         "CREATE INDEX IF NOT EXISTS versions_pending ON versions(durable) WHERE durable = 0",
@@ -56,10 +56,20 @@ enum Schema {
             inode INTEGER NOT NULL, name TEXT NOT NULL, value BLOB NOT NULL,
             PRIMARY KEY(inode, name)) WITHOUT ROWID
         """,
-        // Sync: how far this device has read each other device's journal (bytes).
+        // Sync: how far this device has read each other device's journal: the journal's
+        // generation (format 6: devices rewrite their journals, docs/FORMAT.md) and bytes.
         """
-        CREATE TABLE IF NOT EXISTS sync_peers(device TEXT PRIMARY KEY, offset INTEGER NOT NULL)
+        CREATE TABLE IF NOT EXISTS sync_peers(device TEXT PRIMARY KEY, offset INTEGER NOT NULL,
+                                              generation INTEGER NOT NULL DEFAULT 0)
         """,
+        // Format 6: other devices' records this device pruned, so that reading them again
+        // (in a rewritten journal of their author) does not bring them back. `seen`: the
+        // author's journal generation they were last known to be in (Store+Journal).
+        """
+        CREATE TABLE IF NOT EXISTS pruned_records(id TEXT PRIMARY KEY, device TEXT NOT NULL,
+                                                  seen INTEGER NOT NULL) WITHOUT ROWID
+        """,
+        "CREATE INDEX IF NOT EXISTS pruned_records_seen ON pruned_records(device, seen)",
         // Format 4: the primary name's directory and the link count, so inodes load one at a time.
         "CREATE INDEX IF NOT EXISTS inodes_unlinked ON inodes(id) WHERE nlink = 0",
         "CREATE INDEX IF NOT EXISTS inodes_head ON inodes(head) WHERE head IS NOT NULL",
@@ -75,11 +85,14 @@ enum Schema {
     /// `allocated` = bytes of the current content not in holes (NULL: as `size`).
     /// Format 4 (nothing loaded at open), on inodes: `nlink`, and `parent`/`name`, the
     /// primary name (the entry its path goes through; NULL for the root and unlinked).
+    /// Format 6 (journal generations), on sync_peers: `generation`; on versions: `lineage`,
+    /// the record's dot and context (`Lineage.stored`; NULL for records made before).
     static let addedColumns = [
         ("versions", "kind", "INTEGER NOT NULL DEFAULT 1"), ("versions", "target", "TEXT"), ("versions", "xattrs", "BLOB"),
         ("versions", "meta", "INTEGER NOT NULL DEFAULT 0"), ("versions", "uploaded", "INTEGER NOT NULL DEFAULT 0"),
         ("inodes", "allocated", "INTEGER"),
         ("inodes", "nlink", "INTEGER NOT NULL DEFAULT 0"), ("inodes", "parent", "INTEGER"), ("inodes", "name", "TEXT"),
+        ("sync_peers", "generation", "INTEGER NOT NULL DEFAULT 0"), ("versions", "lineage", "TEXT"),
     ]
 }
 
@@ -96,7 +109,7 @@ extension Schema {
             let hadView = try exists("view_current"), hadPending = try exists("pending")
             var hadLinks = false
             // A table must have its new columns before an index on one of them is made.
-            for table in ["versions", "inodes"] where try exists(table) {
+            for table in ["versions", "inodes", "sync_peers"] where try exists(table) {
                 let columns = Set(try db.rows("PRAGMA table_info(\(table))", []) { $0.text(1) })
                 if table == "inodes" { hadLinks = columns.contains("nlink") }
                 for (t, name, type) in addedColumns where t == table && !columns.contains(name) {

@@ -47,6 +47,7 @@ extension Store {
                        into result: inout PruneResult) throws(StoreError) {
         struct Row {
             var row: Int64, id: String, committed: Nanos, tombstone: Bool, meta: Bool, uploaded: Bool, path: String, size: Int64
+            var device: String
             var content: Bool { !tombstone && !meta }
         }
         let rows = try db.rows("""
@@ -54,7 +55,7 @@ extension Store {
             WHERE file_id = ? AND local = 0
             """, [.text(fileID)]) {
             Row(row: $0.int(0), id: $0.text(8), committed: $0.int(1), tombstone: $0.int(2) != 0, meta: $0.int(3) != 0,
-                uploaded: $0.int(4) != 0 || $0.text(5) != deviceID, path: $0.text(6), size: $0.int(7))
+                uploaded: $0.int(4) != 0 || $0.text(5) != deviceID, path: $0.text(6), size: $0.int(7), device: $0.text(5))
         }
         // Never pruned: the node's heads (its current version, unresolved conflicts, its
         // tombstone), what an inode shows or a new file continues, and records of this
@@ -81,7 +82,10 @@ extension Store {
         let remaining = rows.filter { $0.content && !drop.contains($0.row) }.count
         if !live && remaining == 0 { result.histories += 1 }
         if dryRun { return }
-        for row in drop { try db.query("DELETE FROM versions WHERE row = ?", [.int(row)]) }
+        for row in rows where drop.contains(row.row) {
+            try db.query("DELETE FROM versions WHERE row = ?", [.int(row.row)])
+            try notePruned(id: row.id, device: row.device, uploaded: row.uploaded)
+        }
         if !live && remaining == 0 { try dropHistory(fileID) }
     }
 }
@@ -104,11 +108,11 @@ extension Store {
         try db.transaction { () throws(StoreError) in
             while dropped.count < limit && covered < bytes {
                 let page = try db.rows("""
-                    SELECT row, file_id, committed, path, size, tombstone, meta, id FROM versions
+                    SELECT row, file_id, committed, path, size, tombstone, meta, id, device_id, uploaded FROM versions
                     WHERE local = 0 AND row > ? ORDER BY row LIMIT 500
                     """, [.int(last)]) {
                     (row: $0.int(0), id: $0.text(7), node: $0.text(1), committed: $0.int(2), path: $0.text(3), size: $0.int(4),
-                     content: $0.int(5) == 0 && $0.int(6) == 0)
+                     content: $0.int(5) == 0 && $0.int(6) == 0, device: $0.text(8), uploaded: $0.int(9) != 0)
                 }
                 guard let end = page.last?.row else { break }
                 for v in page where dropped.count < limit && covered < bytes {
@@ -117,6 +121,7 @@ extension Store {
                     if try !db.rows("SELECT 1 FROM view_heads WHERE node = ? AND row = ?", [.text(v.node), .int(v.row)], { _ in true }).isEmpty { continue }
                     if try !db.rows("SELECT 1 FROM inodes WHERE head = ? AND nlink > 0 LIMIT 1", [.int(v.row)], { _ in true }).isEmpty { continue }
                     try db.query("DELETE FROM versions WHERE row = ?", [.int(v.row)])
+                    try notePruned(id: v.id, device: v.device, uploaded: v.uploaded)
                     if v.content {
                         dropped.append(PrunedVersion(row: v.row, id: v.id, path: v.path, committed: v.committed, size: v.size))
                         covered = covered.addingClamped(v.size)

@@ -341,6 +341,7 @@ extension Store {
         try db.transaction { () throws(StoreError) in
             for record in records where record.deviceID != deviceID {
                 if try replica.record(id: record.id) != nil { continue }
+                if try isPrunedRecord(record.id) { continue }
                 _ = try insert(record, from: .otherDevice)
                 added += 1
             }
@@ -348,28 +349,27 @@ extension Store {
         return added
     }
 
-    public func peerOffset(_ device: String) throws(StoreError) -> Int64 {
-        try db.rows("SELECT offset FROM sync_peers WHERE device = ?", [.text(device)]) { $0.int(0) }.first ?? 0
-    }
-
-    public func setPeerOffset(_ device: String, _ offset: Int64) throws(StoreError) {
-        try db.query("REPLACE INTO sync_peers(device, offset) VALUES(?, ?)", [.text(device), .int(offset)])
-    }
-
     // MARK: uploads
 
     /// This device's records not yet in the backing directory, oldest first.
     public func pendingUploads(limit: Int) throws(StoreError) -> [SyncRecord] {
+        try ownRecords("uploaded = 0", after: 0, limit: limit).map(\.record)
+    }
+
+    /// This device's records matching `condition` after row `after`, in row order.
+    func ownRecords(_ condition: String, after: Int64, limit: Int) throws(StoreError) -> [(row: Int64, record: SyncRecord)] {
         try db.rows("""
             SELECT id, file_id, kind, parents, device_id, device_name, committed, mtime, mode, tombstone, meta, path,
-                   chunks, target, xattrs
-            FROM versions WHERE uploaded = 0 AND local = 0 AND device_id = ? ORDER BY row LIMIT ?
-            """, [.text(deviceID), .int(Int64(limit))]) { r in
-            SyncRecord(id: r.text(0), node: r.text(1), kind: NodeKind(rawValue: r.int(2)) ?? .file,
-                       parents: splitIDs(r.text(3)), deviceID: r.text(4), deviceName: r.text(5), committed: r.int(6),
-                       mtime: r.int(7), mode: UInt32(r.int(8)), isTombstone: r.int(9) != 0, isMeta: r.int(10) != 0,
-                       path: r.text(11), chunks: ChunkList(encoded: r.blob(12)) ?? ChunkList(),
-                       target: r.isNull(13) ? nil : r.text(13), xattrs: r.isNull(14) ? [] : XattrCodec.decode(r.blob(14)))
+                   chunks, target, xattrs, row, lineage
+            FROM versions WHERE \(condition) AND local = 0 AND device_id = ? AND row > ? ORDER BY row LIMIT ?
+            """, [.text(deviceID), .int(after), .int(Int64(limit))]) { r in
+            var record = SyncRecord(id: r.text(0), node: r.text(1), kind: NodeKind(rawValue: r.int(2)) ?? .file,
+                        parents: splitIDs(r.text(3)), deviceID: r.text(4), deviceName: r.text(5), committed: r.int(6),
+                        mtime: r.int(7), mode: UInt32(r.int(8)), isTombstone: r.int(9) != 0, isMeta: r.int(10) != 0,
+                        path: r.text(11), chunks: ChunkList(encoded: r.blob(12)) ?? ChunkList(),
+                        target: r.isNull(13) ? nil : r.text(13), xattrs: r.isNull(14) ? [] : XattrCodec.decode(r.blob(14)))
+            if !r.isNull(16) { record.lineage = Lineage(stored: r.text(16)) ?? Lineage() }
+            return (r.int(15), record)
         }
     }
 
@@ -380,6 +380,7 @@ extension Store {
     public func markUploaded(_ ids: [String]) throws(StoreError) {
         try db.transaction { () throws(StoreError) in
             for id in ids { try db.query("UPDATE versions SET uploaded = 1 WHERE id = ?", [.text(id)]) }
+            try addToSetting(Self.journalRecordsKey, Int64(ids.count))
         }
     }
 
@@ -602,4 +603,8 @@ public protocol SyncControl: AnyObject, Sendable {
     func resume()
     /// `key=value` lines (README: status attributes), from the engine's own state.
     func statusText() -> String
+    /// The backing directory's gc (after the local one): rewrites this device's journal if
+    /// pruning made that worth it and collects unused objects. `now` in seconds since the
+    /// epoch. Returns a report line.
+    func collectBacking(now: Int64, progress: ((String, Int, Int) -> Void)?) throws(StoreError) -> String
 }

@@ -140,20 +140,21 @@ extension Store {
     func insert(_ r: SyncRecord, from origin: Origin) throws(StoreError) -> Int64 {
         let local = origin == .hereLocalOnly, remote = origin == .otherDevice
         return try db.transaction { () throws(StoreError) -> Int64 in
+            let lineage = origin == .here ? try replica.lineage(node: r.node, parents: r.parents, device: r.deviceID) : r.lineage
             try db.query("""
                 INSERT INTO versions(id, file_id, parents, device_id, device_name, committed, mtime, mode, size, tombstone,
-                                     local, path, chunks, kind, target, xattrs, meta, uploaded)
-                VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                                     local, path, chunks, kind, target, xattrs, meta, uploaded, lineage)
+                VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                 """, [.text(r.id), .text(r.node), .text(r.parents.joined(separator: ",")), .text(r.deviceID),
                       .text(r.deviceName), .int(r.committed), .int(r.mtime), .int(Int64(r.mode)), .int(r.size),
                       .int(r.isTombstone ? 1 : 0), .int(local ? 1 : 0), .text(r.path), .blob(r.chunks.encoded),
                       .int(r.kind.rawValue), r.target.map { .text($0) } ?? .null, .blob(XattrCodec.encode(r.xattrs)),
-                      .int(r.isMeta ? 1 : 0), .int(remote ? 1 : 0)])
+                      .int(r.isMeta ? 1 : 0), .int(remote ? 1 : 0), local ? .null : lineage.stored.map { .text($0) } ?? .null])
             let row = db.lastInsertRowID
             if local { return row }
             let info = Replica.Record(row: row, id: r.id, node: r.node, parents: r.parents, kind: r.kind,
                                       isTombstone: r.isTombstone, mtime: r.mtime, device: r.deviceID, path: r.path,
-                                      mode: r.mode, target: r.target)
+                                      mode: r.mode, target: r.target, lineage: lineage)
             let changed = try replica.add(info)
             // Another device's file is listed under .versions/ from the start, even when it
             // never shows here as a file (a conflict that lost its path, say).

@@ -23,6 +23,8 @@ public struct SyncRecord: Sendable, Equatable {
     /// (backing format 3); filled by the sender, checked against their ids by the codec.
     /// Never stored in the versions table (the chunks are).
     public var inline: [ChunkID: [UInt8]] = [:]
+    /// Its dot and the dots it descends from (backing format 4; empty in older records).
+    public var lineage = Lineage()
 
     public init(id: String, node: String, kind: NodeKind, parents: [String], deviceID: String, deviceName: String,
                 committed: Nanos, mtime: Nanos, mode: UInt32, isTombstone: Bool, isMeta: Bool, path: String,

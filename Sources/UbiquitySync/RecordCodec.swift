@@ -36,6 +36,7 @@ public enum RecordCodec {
             fields.append(("inline", items.joined(separator: ",")))
         }
         if r.kind == .symlink { fields.append(("target", percent(r.target ?? ""))) }
+        if !r.lineage.isEmpty { fields += [("dot", String(r.lineage.dot)), ("context", r.lineage.contextText)] }
         if !r.xattrs.isEmpty {
             fields.append(("xattrs", r.xattrs.map { percent($0.name) + ":" + Hex.encode($0.value) }.joined(separator: ",")))
         }
@@ -152,6 +153,16 @@ public enum RecordCodec {
                 }
                 record.xattrs.append(XattrEntry(name: name, value: value))
             }
+        }
+        // Format 4: the record's dot and context (Lineage); records from before have none.
+        if let dot = f["dot"] {
+            guard let counter = Lineage.counter(Substring(dot)) else { throw Rejection("bad dot") }
+            guard let context = Lineage.parseContext(Substring(try field("context"))) else { throw Rejection("bad context") }
+            record.lineage.context = context
+            guard !record.lineage.contains(device: device, counter: counter) else { throw Rejection("the context holds the record's own dot") }
+            record.lineage.dot = counter
+        } else if f["context"] != nil {
+            throw Rejection("a context without a dot")
         }
         return record
     }

@@ -21,6 +21,14 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         /// catching up on a million records applies them in slices, and the filesystem
         /// serves requests between them.
         public var pullSlice = 2000
+        /// Seconds a check that an object is in the backing directory stays good for: a
+        /// push whose batch took longer (a laptop suspended in the middle) checks again
+        /// before it appends, so a fossil collected meanwhile is uploaded again
+        /// (BackingCollector).
+        public var objectCheckValidity: Int64 = 3_600
+        /// The backing collector's ages (seconds): see `BackingCollector`.
+        public var objectGrace: Int64 = 86_400
+        public var fossilAge: Int64 = 7 * 86_400
         public init() {}
     }
 
@@ -45,10 +53,13 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     let backing: Backing
     let deviceName: String
     public let options: Options
-    private let state = Locked(State())
-    private let cycleLock = Locked(())
-    /// Journal offsets read so far, by device (mirrors the store's sync_peers).
-    private let offsets = Locked<[String: Int64]?>(nil)
+    let state = Locked(State())
+    let cycleLock = Locked(())
+    /// Journal positions read so far, by device (mirrors the store's sync_peers).
+    private let offsets = Locked<[String: Store.JournalPosition]?>(nil)
+    /// The generation of each device's journal read to its end this session (the pruned
+    /// records it no longer holds were forgotten then). Used under `cycleLock`.
+    private var readToEnd: [String: Int64] = [:]
     private let wake = DispatchSemaphore(value: 0)
     private let finished = DispatchSemaphore(value: 0)
     private var started = false
@@ -158,7 +169,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         var first = true
         while true {
             var incoming: [SyncRecord] = []
-            var newOffsets: [String: Int64] = [:]
+            var newOffsets: [String: Store.JournalPosition] = [:]
             var more = false
             if pushPull && problem == nil {
                 do { (incoming, newOffsets, more) = try pull(limit: options.pullSlice) } catch { problem = error }
@@ -167,7 +178,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             try access.withStore { (store, busy) throws(StoreError) -> TreeChanges in
                 if local { try store.recordLocalChanges(busy: busy) }
                 if !incoming.isEmpty { try store.addRemote(incoming) }
-                for (device, offset) in newOffsets { try store.setPeerOffset(device, offset) }
+                for (device, position) in newOffsets { try store.setPeerPosition(device, position) }
                 let changes = try store.reconcile(busy: busy)
                 conflicts = try store.totalConflicts()
                 return changes
@@ -208,12 +219,12 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
 
     /// How far each device's journal was read: kept in memory, loaded from the store the
     /// first time a device is seen.
-    private func knownOffsets(_ devices: [String]) throws(StoreError) -> [String: Int64] {
+    private func knownPositions(_ devices: [String]) throws(StoreError) -> [String: Store.JournalPosition] {
         var known = offsets.withLock { $0 ?? [:] }
         let unknown = devices.filter { known[$0] == nil }
         if !unknown.isEmpty {
             try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-                for device in unknown { known[device] = try store.peerOffset(device) }
+                for device in unknown { known[device] = try store.peerPosition(device) }
                 return TreeChanges()
             }
             offsets.withLock { $0 = known }
@@ -224,63 +235,107 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     /// New complete records of other devices, in journal order, with their chunks in the
     /// local chunk store; how far each journal was consumed; and whether more records may
     /// wait (it stops after `limit` records, at the end of a line).
-    private func pull(limit: Int) throws(StoreError) -> ([SyncRecord], [String: Int64], Bool) {
+    ///
+    /// A device that rewrote its journal (a new generation, docs/FORMAT.md) is read again
+    /// from the start of the new one: the records this store holds or pruned are skipped
+    /// before their chunks are fetched.
+    private func pull(limit: Int) throws(StoreError) -> ([SyncRecord], [String: Store.JournalPosition], Bool) {
         let (devices, ignored) = try backing.peers()
         for name in ignored { logOnce("ubiquity: sync: ignoring devices/\(RecordCodec.printable(name)) in the backing directory (not a device id)") }
-        let known = try knownOffsets(devices)
+        let known = try knownPositions(devices)
         var records: [SyncRecord] = []
-        var consumed: [String: Int64] = [:]
+        var consumed: [String: Store.JournalPosition] = [:]
         var more = false
         devices: for device in devices {
-            var offset = known[device] ?? 0
-            // The journal is read in windows, so memory stays bounded however large a
-            // (possibly hostile) journal grows; a window without a newline is widened up to
-            // Backing.maxLine, and a longer "line" is skipped in pieces that never parse.
-            var window = Backing.journalWindow
+            let current: Int64
+            do {
+                guard let last = try backing.generations(of: device).last else { continue devices }
+                current = last
+            } catch {
+                // One unreadable device directory must not stop the others.
+                logOnce("ubiquity: sync: cannot read the journal of device \(device): \(error)")
+                continue devices
+            }
+            var position = known[device] ?? Store.JournalPosition(generation: 0, offset: 0)
+            if position.generation != current {
+                position = Store.JournalPosition(generation: current, offset: 0)
+                consumed[device] = position
+            }
+            let journal = "devices/\(device)/\(Backing.journalName(current))"
             reading: while true {
-                let read: [UInt8]?
-                do { read = try backing.journal(of: device, from: offset, limit: window) } catch {
-                    // One unreadable journal (junk where a device's directory should be) must
-                    // not stop the others.
+                let read: Backing.Lines?
+                do { read = try backing.lines(of: device, generation: current, from: position.offset) } catch {
                     logOnce("ubiquity: sync: cannot read the journal of device \(device): \(error)")
                     break reading
                 }
-                guard let bytes = read, !bytes.isEmpty else { break reading }
-                var start = 0
-                var waiting = false
-                journal: while let newline = bytes[start...].firstIndex(of: UInt8(ascii: "\n")) {
-                    let at = offset + Int64(start)
-                    switch RecordCodec.decode(bytes[start..<newline], journalDevice: device) {
+                // Gone: rewritten since it was listed; the next cycle reads the new one.
+                guard let batch = read else { break reading }
+                if batch.skipped > 0 {
+                    logOnce("ubiquity: sync: skipping \(batch.skipped) bytes at byte \(position.offset) of \(journal): a line longer than \(Backing.maxLine) bytes")
+                }
+                let decoded = batch.lines.map { RecordCodec.decode($0.bytes, journalDevice: device) }
+                let ids = decoded.compactMap { try? $0.get().id }
+                var held: Set<String> = []
+                if !ids.isEmpty {
+                    try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                        held = try store.knownRecords(ids, device: device, generation: current)
+                        return TreeChanges()
+                    }
+                }
+                var offset = batch.end
+                var stopped = false
+                lines: for (line, result) in zip(batch.lines, decoded) {
+                    switch result {
                     case .failure(let why):
-                        logOnce("ubiquity: sync: skipping line at byte \(at) of devices/\(device)/journal: \(why)")
+                        logOnce("ubiquity: sync: skipping line at byte \(line.start) of \(journal): \(why)")
                     case .success(let record):
+                        if held.contains(record.id) { break }
                         switch fetchChunks(of: record) {
                         case .ready: records.append(record)
                         case .malformed(let why):
-                            logOnce("ubiquity: sync: skipping record \(record.id) of devices/\(device)/journal: \(why)")
+                            logOnce("ubiquity: sync: skipping record \(record.id) of \(journal): \(why)")
                         case .waiting(let why):
-                            logOnce("ubiquity: sync: record \(record.id) of devices/\(device)/journal waits: \(why)")
-                            waiting = true
-                            break journal
+                            logOnce("ubiquity: sync: record \(record.id) of \(journal) waits: \(why)")
+                            offset = line.start
+                            stopped = true
+                            break lines
                         }
                     }
-                    start = newline + 1
-                    if records.count >= limit { more = true; break journal }
+                    if records.count >= limit {
+                        offset = line.start + Int64(line.bytes.count) + 1
+                        more = true
+                        stopped = true
+                        break lines
+                    }
                 }
-                let full = bytes.count == window
-                if start == 0 && full {
-                    if window < Backing.maxLine { window = min(window * 4, Backing.maxLine); continue reading }
-                    logOnce("ubiquity: sync: skipping \(window) bytes at byte \(offset) of devices/\(device)/journal: a line longer than \(Backing.maxLine) bytes")
-                    start = bytes.count
+                if offset != position.offset {
+                    position.offset = offset
+                    consumed[device] = position
                 }
-                offset += Int64(start)
-                if start > 0 { consumed[device] = offset }
                 if more { break devices }
-                if waiting || !full { break reading }
-                window = Backing.journalWindow
+                if stopped { break reading }
+                if batch.atEnd {
+                    try readEntirely(device, generation: current)
+                    break reading
+                }
             }
         }
         return (records, consumed, more)
+    }
+
+    /// A generation of a device's journal was read to its end, so all of the checkpoint
+    /// it starts with: the records this device pruned that were not met in it are gone.
+    private func readEntirely(_ device: String, generation: Int64) throws(StoreError) {
+        guard readToEnd[device] != generation else { return }
+        var forgotten = 0
+        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            forgotten = try store.forgetPrunedRecords(of: device, before: generation)
+            return TreeChanges()
+        }
+        readToEnd[device] = generation
+        if forgotten > 0 {
+            log("ubiquity: sync: device \(device) rewrote its journal without \(forgotten) record(s) this device pruned: forgotten")
+        }
     }
 
     enum Fetch { case ready, waiting(String), malformed(String) }
@@ -318,19 +373,14 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
                 return TreeChanges()
             }
             if batch.isEmpty { return }
-            var directories: Set<String> = []
-            for i in batch.indices {
-                for (id, size) in batch[i].chunks.chunks where batch[i].inline[id] == nil {
-                    if size <= RecordCodec.maxInline {
-                        batch[i].inline[id] = try chunks.read(id) // travels in the record
-                    } else if !backing.hasObject(id) {
-                        try backing.putObject(id, try chunks.read(id))
-                        directories.insert(String(id.hex.prefix(2)))
-                    }
-                }
+            // An object found present may become a fossil once it is old (BackingCollector),
+            // to be deleted days later: a batch whose checks took longer than
+            // `objectCheckValidity` (the device slept meanwhile) checks once more.
+            let checked = bootSeconds()
+            try uploadObjects(&batch)
+            if bootSeconds().subtractingClamped(checked) > options.objectCheckValidity {
+                try uploadObjects(&batch)
             }
-            // The objects' names must be durable before a record names them.
-            for dir in directories { fsyncDirectory(backing.directory + "/objects/" + dir) }
             try backing.append(batch.map(RecordCodec.encode))
             let ids = batch.map(\.id)
             try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
@@ -341,12 +391,37 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         }
     }
 
+    /// Puts the objects of the batch's records that are not in the backing directory
+    /// there, and carries the small chunks in the records.
+    private func uploadObjects(_ batch: inout [SyncRecord]) throws(StoreError) {
+        var directories: Set<String> = []
+        for i in batch.indices {
+            for (id, size) in batch[i].chunks.chunks where batch[i].inline[id] == nil {
+                if size <= RecordCodec.maxInline {
+                    batch[i].inline[id] = try chunks.read(id) // travels in the record
+                } else if !backing.hasObject(id) {
+                    try backing.putObject(id, try chunks.read(id))
+                    directories.insert(String(id.hex.prefix(2)))
+                }
+            }
+        }
+        // The objects' names must be durable before a record names them.
+        for dir in directories { fsyncDirectory(backing.directory + "/objects/" + dir) }
+    }
+
+    /// Seconds since boot, counting time suspended (CLOCK_BOOTTIME).
+    private func bootSeconds() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_BOOTTIME, &ts)
+        return Int64(ts.tv_sec)
+    }
+
     private func fsyncDirectory(_ path: String) {
         let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         if fd >= 0 { _ = fsync(fd); close(fd) }
     }
 
-    private func logOnce(_ message: String) {
+    func logOnce(_ message: String) {
         let first = state.withLock { $0.logged.insert(message).inserted }
         if first { log(message) }
     }

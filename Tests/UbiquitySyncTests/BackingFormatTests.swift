@@ -12,19 +12,19 @@ import UbiquitySystem
         (try? readFile(dir + "/FORMAT", limit: 100)).flatMap { $0 }.map { String(decoding: $0, as: UTF8.self) } ?? ""
     }
 
-    @Test(arguments: [1, 2]) func anOlderDirectoryIsUpgraded(from version: Int) throws {
+    @Test(arguments: [1, 2, 3]) func anOlderDirectoryIsUpgraded(from version: Int) throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
         try writeFileAtomically(dir.path + "/FORMAT", Array("ubiquity-backing \(version)\n".utf8), tempPrefix: ".tmp")
         try Backing(directory: dir.path, deviceID: "0123456789abcdef").open()
-        #expect(Self.format(dir.path) == "ubiquity-backing 3\n")
+        #expect(Self.format(dir.path) == "ubiquity-backing 4\n")
     }
 
     @Test func aNewerDirectoryIsRefused() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
-        try writeFileAtomically(dir.path + "/FORMAT", Array("ubiquity-backing 4\n".utf8), tempPrefix: ".tmp")
+        try writeFileAtomically(dir.path + "/FORMAT", Array("ubiquity-backing 5\n".utf8), tempPrefix: ".tmp")
         #expect(throws: StoreError.self) { try Backing(directory: dir.path, deviceID: "0123456789abcdef").open() }
-        #expect(Self.format(dir.path) == "ubiquity-backing 4\n")
+        #expect(Self.format(dir.path) == "ubiquity-backing 5\n")
     }
 }

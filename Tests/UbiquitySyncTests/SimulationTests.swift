@@ -8,7 +8,7 @@ import UbiquitySystem
 
 /// Deterministic multi-device simulation: devices edit, rename, delete, resolve
 /// conflicts, pause, lose their backing directory, prune their history and collect
-/// garbage in a seeded random order, each with its own skewed injected clock; sync cycles
+/// garbage (in their stores and in the backing directory) in a seeded random order, each with its own skewed injected clock; sync cycles
 /// run at random points. In the end, with everything reconnected, every device must show
 /// the same tree and the same conflicts, every version any device committed (and no
 /// device pruned) must be in every device's history, and every device's store must be
@@ -200,6 +200,7 @@ func runSchedule(seed: UInt64, steps: Int) throws {
     let names = ["a.txt", "b.txt", "d/c.txt", "d/e/f.txt", "g.tinypix.txt"]
     var trace: [String] = []
     var pruned: Set<String> = [], prunedOn: Set<String> = []
+    var backingGcRuns: Int64 = 0
     for step in 0..<steps {
         let d = devices[Int(rng.next() % UInt64(devices.count))]
         let roll = rng.next() % 100
@@ -208,7 +209,8 @@ func runSchedule(seed: UInt64, steps: Int) throws {
         trace.append("\(step) \(d.name) \(roll) \(path)")
         switch roll {
         case 0..<35:
-            try d.save(path, "\(d.name) step \(step)")
+            // Every seventh save is large enough to travel as an object, not inline.
+            try d.save(path, String(repeating: "\(d.name) step \(step) ", count: step % 7 == 0 ? 120 : 1))
         case 35..<45:
             if let parent = try d.directory(dir, create: false) { try? d.fs.unlink(parent: parent, name: name) }
         case 45..<55:
@@ -239,6 +241,12 @@ func runSchedule(seed: UInt64, steps: Int) throws {
             prunedOn.insert(d.name)
             for id in d.fs.chunks.allChunkIDs() { try d.fs.chunks.setLastUse(id, seconds: time(nil) - 3600) }
             _ = try d.fs.collectGarbage(grace: 0)
+            // The backing directory's gc, each run a simulated eight days after the last:
+            // this device's journal rewritten (always, or when due), unused objects made
+            // fossils, the fossils of the run before deleted. Offline: it fails, as it would.
+            _ = try? d.engine.checkpointJournal(force: rng.next() % 2 == 0)
+            backingGcRuns += 1
+            _ = try? BackingCollector(backing: d.engine.backing).run(now: Int64(time(nil)) + backingGcRuns * 8 * 86_400)
         default:
             d.cycle()
         }
