@@ -740,7 +740,7 @@ backing_put_object() {
 backing_device_id() {
   local j enc
   enc=$(pct_encode "$1")
-  for j in "$BACKING"/devices/*/journal; do
+  for j in "$BACKING"/devices/*/journal "$BACKING"/devices/*/journal.*; do
     [[ -f $j ]] || continue
     if grep -qE -- " name=${enc//./\\.}( |\$)" "$j"; then
       basename "$(dirname "$j")"
@@ -783,7 +783,7 @@ dump_sync_state() {
     echo "--- tree of $m (.conflicts included):"
     (cd "$m" && find . -path ./.versions -prune -o -print | LC_ALL=C sort | head -n 80)
   done < <(device_mounts)
-  for j in "${BACKING:-/nonexistent}"/devices/*/journal; do
+  for j in "${BACKING:-/nonexistent}"/devices/*/journal "${BACKING:-/nonexistent}"/devices/*/journal.*; do
     [[ -f $j ]] || continue
     echo "--- $j: $(wc -l <"$j") lines; the last 20, shortened:"
     tail -n 20 "$j" | cut -c1-1000 | sed -E 's/^U1 [0-9a-f]{64} //; s/ (committed|chunks|xattrs|device)=[^ ]*//g; s/([0-9a-f]{8})[0-9a-f]{24}/\1/g' | cut -c1-240

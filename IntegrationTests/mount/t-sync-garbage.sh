@@ -40,7 +40,7 @@ check_flow() {
 step "baseline: edits flow both ways"
 echo one >"$A/f.txt"
 wait_content "$B/f.txt" one "f.txt on beta"
-assert_eq "ubiquity-backing 3" "$(cat "$BACKING/FORMAT")" "content of BACKING/FORMAT"
+assert_eq "ubiquity-backing 4" "$(cat "$BACKING/FORMAT")" "content of BACKING/FORMAT"
 check_flow "a clean backing directory"
 
 # The junk is checked at the end: nobody may change or delete it (only gc deletes).

@@ -221,12 +221,14 @@ assert_same_tree "$A" "$C" "alpha vs gamma after sync_all"
 for n in alpha beta gamma; do assert_daemon_alive "$n"; done
 
 step "the backing directory follows docs/FORMAT.md"
-assert_eq "ubiquity-backing 3" "$(cat "$BACKING/FORMAT")" "content of BACKING/FORMAT"
+assert_eq "ubiquity-backing 4" "$(cat "$BACKING/FORMAT")" "content of BACKING/FORMAT"
 format_report=$(python3 - "$BACKING" <<'PY'
 import hashlib, os, re, sys, urllib.parse
 b = sys.argv[1]
 errors, records, chunks, inlined = [], 0, set(), 0
-required = {b"id", b"kind", b"parents", b"device", b"name", b"committed", b"mtime", b"mode", b"tomb", b"path"}
+# Format 4: every record this program writes carries its lineage (dot, context).
+required = {b"id", b"kind", b"parents", b"device", b"name", b"committed", b"mtime", b"mode", b"tomb", b"path",
+            b"dot", b"context"}
 # FORMAT.md also lists meta (file) and xattrs (file, dir); the writer leaves them out
 # when 0 / empty and the reader does not require them, so they are not checked here.
 per_kind = {b"file": {b"node", b"size", b"chunks"}, b"dir": set(), b"link": {b"target"}}
@@ -235,7 +237,11 @@ for dev in devices:
     if not re.fullmatch(r"[0-9a-f]{16}", dev):
         errors.append(f"devices/{dev}: not a 16-hex-digit device id")
         continue
-    data = open(f"{b}/devices/{dev}/journal", "rb").read()
+    # The current generation: the highest journal.<n>, or journal (generation 0).
+    gens = [0 if n == "journal" else int(n[8:]) for n in os.listdir(f"{b}/devices/{dev}")
+            if n == "journal" or re.fullmatch(r"journal\.[1-9][0-9]*", n)]
+    name = "journal" if max(gens) == 0 else f"journal.{max(gens)}"
+    data = open(f"{b}/devices/{dev}/{name}", "rb").read()
     if data and not data.endswith(b"\n"):
         errors.append(f"{dev}: journal does not end with a newline")
     for n, line in enumerate(data.split(b"\n")[:-1], 1):
@@ -259,6 +265,9 @@ for dev in devices:
             errors.append(f"{where}: kind {kind!r}")
         if missing:
             errors.append(f"{where}: missing keys {sorted(missing)}")
+        if not re.fullmatch(rb"[1-9][0-9]{0,18}", kv.get(b"dot", b"")) or \
+                not re.fullmatch(rb"([0-9a-f]{16}:[1-9][0-9]*(:[1-9][0-9]*-[1-9][0-9]*)*(,|$))*", kv.get(b"context", b"")):
+            errors.append(f"{where}: dot {kv.get(b'dot')!r} / context {kv.get(b'context')!r}")
         if kv.get(b"device") != dev.encode():
             errors.append(f"{where}: device {kv.get(b'device')!r} is not the journal's {dev}")
         path = urllib.parse.unquote_to_bytes(kv.get(b"path", b""))

@@ -295,7 +295,11 @@ public final class ChunkStore: Sendable {
             var directories: Set<String> = []
             for id in pending {
                 let p = path(of: id)
-                try StoreError.wrap { () throws(SystemError) in try fsyncPath(p) }
+                // Gone: gc deleted it (no version names it), so nothing is to be made
+                // durable. Failing here would fail every barrier after it.
+                try StoreError.wrap { () throws(SystemError) in
+                    do throws(SystemError) { try fsyncPath(p) } catch { if error.code != ENOENT { throw error } }
+                }
                 directories.insert(String(p[..<p.lastIndex(of: "/")!]))
             }
             for d in directories { try StoreError.wrap { () throws(SystemError) in try fsyncPath(d, directory: true) } }

@@ -186,7 +186,8 @@ final class Replica {
             if head.device == device { highest = max(highest, head.lineage.dot) }
             highest = max(highest, head.lineage.context[device]?.max ?? 0)
         }
-        lineage.dot = highest + 1
+        // Capped so the record stays valid (only a hostile context gets near it).
+        lineage.dot = min(highest, Lineage.maxCounter - 1) + 1
         return lineage
     }
 

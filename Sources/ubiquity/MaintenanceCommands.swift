@@ -87,6 +87,11 @@ struct GcCommand: ParsableCommand {
         it and nothing wrote or reused it during the grace period (default 1h, at least 1s), so a save \
         that reuses an old chunk never loses it. The daemon runs gc after its daily prune.
 
+        On a mount that syncs, gc then collects the backing directory: this device's \
+        journal is rewritten without its pruned records once a quarter of them are, \
+        objects no journal names become fossils after a day and are deleted a week later \
+        (docs/FORMAT.md). With --store only the store is collected.
+
           ubiquity gc                    # the only mounted container
           ubiquity gc --store DIR        # a store that is not mounted
         """)

@@ -125,6 +125,40 @@ import UbiquitySystem
         #expect(try store.conflictedPaths() == ["docs/a.txt"])
     }
 
+    /// Format 6 adds journal generations (sync_peers.generation), pruned_records and the
+    /// records' lineage: a format 5 store keeps its records (without lineage, as they
+    /// were) and its journal offsets (generation 0); new records get a lineage.
+    @Test func formatFiveStoreIsUpgraded() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let device = "00000000000000aa"
+        do {
+            let store = try Store(directory: dir.path, deviceName: "old")
+            let f = try store.create(parent: Store.rootInode, name: "a.txt", kind: .file, mode: 0o644, uid: 1, gid: 1)
+            try store.commit(f.id, content: ChunkList(), path: "a.txt", local: false)
+            try store.setPeerPosition(device, Store.JournalPosition(generation: 0, offset: 1234))
+            // Back to format 5, as the previous release wrote it.
+            try store.db.execute("DROP TABLE pruned_records")
+            try store.db.execute("UPDATE versions SET lineage = NULL")
+            try store.db.execute("ALTER TABLE versions DROP COLUMN lineage")
+            try store.db.execute("CREATE TABLE old_peers(device TEXT PRIMARY KEY, offset INTEGER NOT NULL)")
+            try store.db.execute("INSERT INTO old_peers SELECT device, offset FROM sync_peers")
+            try store.db.execute("DROP TABLE sync_peers")
+            try store.db.execute("ALTER TABLE old_peers RENAME TO sync_peers")
+            try store.db.execute("UPDATE settings SET value = '5' WHERE key = 'format'")
+        }
+        let store = try Store(directory: dir.path)
+        #expect(try store.setting("format") == "6")
+        #expect(try store.peerPosition(device) == Store.JournalPosition(generation: 0, offset: 1234))
+        let f = try #require(store.child(Store.rootInode, "a.txt"))
+        let old = try #require(try store.replica.current(store.inode(f)!.fileID!))
+        #expect(old.lineage.isEmpty)
+        try store.commit(f, content: ChunkList(), path: "a.txt", local: false)
+        let new = try #require(try store.replica.current(store.inode(f)!.fileID!))
+        #expect(new.lineage.dot == 1 && new.lineage.context.isEmpty) // the old parent has no dot
+        #expect(try store.replica.heads(new.node).map(\.id) == [new.id])
+    }
+
     @Test func secondOpenIsRefusedWhileLocked() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }

@@ -61,6 +61,28 @@ import TestSupport
         }
     }
 
+    /// Format 4: the record's dot and context travel (`dot`, `context`); a record without
+    /// them is an older one; a bad one, or one whose context holds its own dot, is refused.
+    @Test func lineageRoundTripsAndIsChecked() throws {
+        var record = Self.sample()
+        record.lineage.insert(device: "00000000000000aa", counter: 3)
+        record.lineage.insert(device: Self.device, counter: 1)
+        record.lineage.insert(device: Self.device, counter: 4)
+        record.lineage.dot = 5
+        let line = RecordCodec.encode(record)
+        #expect(line.contains(" dot=5 context=00000000000000aa:3:1-2,\(Self.device):4:2-3"))
+        #expect(try Self.decode(line).get() == record)
+        #expect(try Self.decode(RecordCodec.encode(Self.sample())).get().lineage.isEmpty)
+        let body = String(line.dropFirst(68).dropLast())
+        for (key, bad) in [("dot", "dot=0"), ("dot", "dot=x"), ("dot", "dot=4"), ("context", "context=zz:1"), ("dot", "noise=1")] {
+            let changed = body.split(separator: " ").map { $0.hasPrefix(key + "=") ? bad : String($0) }.joined(separator: " ")
+            guard case .failure = Self.decode(Self.signed(changed)) else {
+                Issue.record("accepted \(bad)")
+                continue
+            }
+        }
+    }
+
     @Test func holesRoundTrip() throws {
         var record = Self.sample()
         var chunks = ChunkList()
