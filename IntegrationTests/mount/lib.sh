@@ -786,7 +786,7 @@ dump_sync_state() {
   for j in "${BACKING:-/nonexistent}"/devices/*/journal "${BACKING:-/nonexistent}"/devices/*/journal.*; do
     [[ -f $j ]] || continue
     echo "--- $j: $(wc -l <"$j") lines; the last 20, shortened:"
-    tail -n 20 "$j" | cut -c1-1000 | sed -E 's/^U1 [0-9a-f]{64} //; s/ (committed|chunks|xattrs|device)=[^ ]*//g; s/([0-9a-f]{8})[0-9a-f]{24}/\1/g' | cut -c1-240
+    tail -n 20 "$j" | cut -c1-1000 | sed -E 's/^U1 [0-9a-f]{64} //; s/^U2 [0-9a-f]{32} //; s/ (committed|chunks|xattrs|device)=[^ ]*//g; s/([0-9a-f]{8})[0-9a-f]{24}/\1/g' | cut -c1-240
   done
 }
 

@@ -226,9 +226,10 @@ format_report=$(python3 - "$BACKING" <<'PY'
 import hashlib, os, re, sys, urllib.parse
 b = sys.argv[1]
 errors, records, chunks, inlined = [], 0, set(), 0
-# Format 4: every record this program writes carries its lineage (dot, context).
-required = {b"id", b"kind", b"parents", b"device", b"name", b"committed", b"mtime", b"mode", b"tomb", b"path",
-            b"dot", b"context"}
+# Format 4: every record this program writes carries its dot (its context is left out
+# when it is the device's own previous dot); kind (file), tomb (0), meta (0) and device
+# (the journal's) are left out at their defaults.
+required = {b"id", b"parents", b"name", b"committed", b"mtime", b"mode", b"path", b"dot"}
 # FORMAT.md also lists meta (file) and xattrs (file, dir); the writer leaves them out
 # when 0 / empty and the reader does not require them, so they are not checked here.
 per_kind = {b"file": {b"node", b"size", b"chunks"}, b"dir": set(), b"link": {b"target"}}
@@ -246,11 +247,11 @@ for dev in devices:
         errors.append(f"{dev}: journal does not end with a newline")
     for n, line in enumerate(data.split(b"\n")[:-1], 1):
         where = f"devices/{dev}/journal line {n}"
-        m = re.fullmatch(rb"U1 ([0-9a-f]{64}) (.+)", line)
+        m = re.fullmatch(rb"U2 ([0-9a-f]{32}) (.+)", line)
         if not m:
-            errors.append(f"{where}: not 'U1 <sha256> ...': {line[:80]!r}")
+            errors.append(f"{where}: not 'U2 <128 bits of sha256> ...': {line[:80]!r}")
             continue
-        if hashlib.sha256(m.group(2)).hexdigest().encode() != m.group(1):
+        if hashlib.sha256(m.group(2)).hexdigest().encode()[:32] != m.group(1):
             errors.append(f"{where}: checksum does not match")
         kv = {}
         for item in m.group(2).split(b" "):
@@ -259,21 +260,21 @@ for dev in devices:
                 errors.append(f"{where}: bad or repeated key in {item[:40]!r}")
             kv[k] = v
         records += 1
-        kind = kv.get(b"kind", b"")
+        kind = kv.get(b"kind", b"file")
         missing = (required | per_kind.get(kind, set())) - kv.keys()
         if kind not in per_kind:
             errors.append(f"{where}: kind {kind!r}")
         if missing:
             errors.append(f"{where}: missing keys {sorted(missing)}")
-        if not re.fullmatch(rb"[1-9][0-9]{0,18}", kv.get(b"dot", b"")) or \
-                not re.fullmatch(rb"([0-9a-f]{16}:[1-9][0-9]*(:[1-9][0-9]*-[1-9][0-9]*)*(,|$))*", kv.get(b"context", b"")):
+        if (not re.fullmatch(rb"[1-9][0-9]{0,18}", kv.get(b"dot", b"")) or
+                not re.fullmatch(rb"([0-9a-f]{16}:[1-9][0-9]*(:[1-9][0-9]*-[1-9][0-9]*)*(,|$))*", kv.get(b"context", b""))):
             errors.append(f"{where}: dot {kv.get(b'dot')!r} / context {kv.get(b'context')!r}")
-        if kv.get(b"device") != dev.encode():
+        if kv.get(b"device", dev.encode()) != dev.encode():
             errors.append(f"{where}: device {kv.get(b'device')!r} is not the journal's {dev}")
         path = urllib.parse.unquote_to_bytes(kv.get(b"path", b""))
         if not path or path.startswith(b"/") or b".." in path.split(b"/") or b".nosync" in path:
             errors.append(f"{where}: path {path!r}")
-        if kind == b"file" and kv.get(b"tomb") == b"0":
+        if kind == b"file" and kv.get(b"tomb", b"0") == b"0":
             total = 0
             # Format 3: chunks of up to 1 KiB travel in the record, "<index>:<hex>".
             inline = {}
@@ -281,6 +282,13 @@ for dev in devices:
                 i, _, data = item.partition(b":")
                 inline[int(i)] = bytes.fromhex(data.decode())
             for i, c in enumerate(filter(None, urllib.parse.unquote_to_bytes(kv.get(b"chunks", b"")).split(b","))):
+                if c.startswith(b"="):  # format 4: a small chunk as its bytes
+                    data = bytes.fromhex(c[1:].decode())
+                    if not 0 < len(data) <= 1024:
+                        errors.append(f"{where}: inline chunk {i} of {len(data)} bytes")
+                    total += len(data)
+                    inlined += 1
+                    continue
                 sha, _, size = c.partition(b":")
                 total += int(size)
                 if sha == b"hole":  # a run of zeros (format 2): no object

@@ -22,6 +22,10 @@ public struct Lineage: Sendable, Equatable {
     public struct Entry: Sendable, Equatable {
         public var max: Int64
         public var missing: [ClosedRange<Int64>] = []
+        public init(max: Int64, missing: [ClosedRange<Int64>] = []) {
+            self.max = max
+            self.missing = missing
+        }
     }
 
     public init() {}

@@ -12,46 +12,56 @@ public enum RecordCodec {
     /// backing directory holds no object file per tiny chunk.
     public static let maxInline = 1024
 
+    /// A format-4 line (`U2`): keys left out when they hold their default (`kind=file`,
+    /// `tomb=0`, `meta=0`, `device` = the journal's, a context that is the device's own
+    /// previous dot), small chunks as their bytes in `chunks` (`=<hex>`), and a 128-bit
+    /// checksum: a tiny file's version is about 300 bytes instead of 460 (docs/FORMAT.md).
     public static func encode(_ r: SyncRecord) -> String {
-        var fields: [(String, String)] = [
-            ("id", r.id), ("kind", kindName(r.kind)),
-        ]
+        var fields: [(String, String)] = [("id", r.id)]
+        if r.kind != .file { fields.append(("kind", kindName(r.kind))) }
         if r.kind == .file { fields.append(("node", r.node)) }
         fields += [
-            ("parents", r.parents.joined(separator: ",")), ("device", r.deviceID), ("name", percent(r.deviceName)),
+            ("parents", r.parents.joined(separator: ",")), ("name", percent(r.deviceName)),
             ("committed", String(r.committed)), ("mtime", String(r.mtime)), ("mode", String(r.mode & 0o7777)),
-            ("tomb", r.isTombstone ? "1" : "0"), ("path", percent(r.path)),
         ]
+        if r.isTombstone { fields.append(("tomb", "1")) }
+        fields.append(("path", percent(r.path)))
         if r.kind == .file {
-            fields += [("meta", r.isMeta ? "1" : "0"), ("size", String(r.chunks.totalSize)),
-                       ("chunks", chunkItems(r.chunks))]
-        }
-        if r.kind == .file && !r.inline.isEmpty {
-            var items: [String] = [], done: Set<ChunkID> = []
-            for i in 0..<r.chunks.count where !r.chunks.isHole(i) {
-                let id = r.chunks.ids[i]
-                guard let bytes = r.inline[id], done.insert(id).inserted else { continue }
-                items.append("\(i):\(Hex.encode(bytes))")
-            }
-            fields.append(("inline", items.joined(separator: ",")))
+            if r.isMeta { fields.append(("meta", "1")) }
+            fields += [("size", String(r.chunks.totalSize)), ("chunks", chunkItems(r.chunks, inline: r.inline))]
         }
         if r.kind == .symlink { fields.append(("target", percent(r.target ?? ""))) }
-        if !r.lineage.isEmpty { fields += [("dot", String(r.lineage.dot)), ("context", r.lineage.contextText)] }
         if !r.xattrs.isEmpty {
             fields.append(("xattrs", r.xattrs.map { percent($0.name) + ":" + Hex.encode($0.value) }.joined(separator: ",")))
         }
+        if !r.lineage.isEmpty {
+            fields.append(("dot", String(r.lineage.dot)))
+            if r.lineage.context != Self.linearContext(device: r.deviceID, dot: r.lineage.dot) {
+                fields.append(("context", r.lineage.contextText))
+            }
+        }
         let body = fields.map { "\($0)=\($1)" }.joined(separator: " ")
-        return "U1 \(sha256Hex(Array(body.utf8))) \(body)\n"
+        return "U2 \(checksum(Array(body.utf8), hexDigits: 32)) \(body)\n"
+    }
+
+    /// The context a record has when it continues its device's own previous record of
+    /// the node and nothing else: left out of the line.
+    static func linearContext(device: String, dot: Int64) -> [String: Lineage.Entry] {
+        dot > 1 ? [device: Lineage.Entry(max: dot - 1)] : [:]
     }
 
     /// Decodes one line (without its `\n`) from the journal of device `journalDevice`.
     public static func decode(_ line: ArraySlice<UInt8>, journalDevice: String) -> Result<SyncRecord, Rejection> {
         let bytes = Array(line)
-        guard bytes.count > 68, bytes[0] == UInt8(ascii: "U"), bytes[1] == UInt8(ascii: "1"), bytes[2] == 0x20,
-              bytes[67] == 0x20 else { return .failure(Rejection("not a U1 record line")) }
-        let checksum = String(decoding: bytes[3..<67], as: UTF8.self)
-        let body = Array(bytes[68...])
-        guard sha256Hex(body) == checksum else { return .failure(Rejection("checksum mismatch")) }
+        // U1 (formats 1-3): 64 hex digits of checksum; U2 (format 4): 32.
+        let digits = bytes.starts(with: Array("U1 ".utf8)) ? 64 : bytes.starts(with: Array("U2 ".utf8)) ? 32 : 0
+        guard digits > 0, bytes.count > digits + 4, bytes[digits + 3] == 0x20 else {
+            return .failure(Rejection("not a U1 or U2 record line"))
+        }
+        let body = Array(bytes[(digits + 4)...])
+        guard checksum(body, hexDigits: digits).utf8.elementsEqual(bytes[3..<digits + 3]) else {
+            return .failure(Rejection("checksum mismatch"))
+        }
         var fields: [String: String] = [:]
         for part in body.split(separator: 0x20) {
             guard let eq = part.firstIndex(of: UInt8(ascii: "=")) else { return .failure(Rejection("field without '='")) }
@@ -82,10 +92,10 @@ public enum RecordCodec {
         }
         let id = try field("id")
         guard Hex.isLowercase(id, count: 32) else { throw Rejection("bad id") }
-        let device = try field("device")
+        let device = f["device"] ?? journalDevice
         guard device == journalDevice else { throw Rejection("device \(device.prefix(40)) writes in the journal of \(journalDevice)") }
         let kind: NodeKind
-        switch try field("kind") {
+        switch f["kind"] ?? "file" {
         case "file": kind = .file
         case "dir": kind = .directory
         case "link": kind = .symlink
@@ -98,7 +108,7 @@ public enum RecordCodec {
         guard let name = unpercent(try field("name")) else { throw Rejection("bad device name") }
         let mode = try int("mode")
         guard (0...0o7777).contains(mode) else { throw Rejection("mode out of range") }
-        let tomb = try field("tomb")
+        let tomb = f["tomb"] ?? "0"
         guard tomb == "0" || tomb == "1" else { throw Rejection("tomb is not 0 or 1") }
         var record = SyncRecord(id: id, node: "", kind: kind, parents: parents, deviceID: device, deviceName: name,
                                 committed: try int("committed"), mtime: try int("mtime"), mode: UInt32(mode),
@@ -110,6 +120,17 @@ public enum RecordCodec {
             record.node = node
             let chunkText = try field("chunks")
             for item in chunkText.split(separator: ",") {
+                if item.first == "=" {
+                    // Format 4: a small chunk as its bytes; its id is their hash.
+                    guard item.utf8.count > 1, item.utf8.count <= 2 * maxInline + 1, let bytes = Hex.decode(item.dropFirst()),
+                          Int64(bytes.count) <= maxFileSize - record.chunks.totalSize else {
+                        throw Rejection("bad chunk \(item.prefix(80))")
+                    }
+                    let id = ChunkID(hashing: bytes)
+                    record.chunks.append(id, size: bytes.count)
+                    record.inline[id] = bytes
+                    continue
+                }
                 let parts = item.split(separator: ":")
                 guard parts.count == 2, let size = Int64(parts[1]), size > 0,
                       size <= maxFileSize - record.chunks.totalSize else { throw Rejection("bad chunk \(item.prefix(80))") }
@@ -157,8 +178,12 @@ public enum RecordCodec {
         // Format 4: the record's dot and context (Lineage); records from before have none.
         if let dot = f["dot"] {
             guard let counter = Lineage.counter(Substring(dot)) else { throw Rejection("bad dot") }
-            guard let context = Lineage.parseContext(Substring(try field("context"))) else { throw Rejection("bad context") }
-            record.lineage.context = context
+            if let text = f["context"] {
+                guard let context = Lineage.parseContext(Substring(text)) else { throw Rejection("bad context") }
+                record.lineage.context = context
+            } else {
+                record.lineage.context = linearContext(device: device, dot: counter)
+            }
             guard !record.lineage.contains(device: device, counter: counter) else { throw Rejection("the context holds the record's own dot") }
             record.lineage.dot = counter
         } else if f["context"] != nil {
@@ -167,9 +192,16 @@ public enum RecordCodec {
         return record
     }
 
-    /// `<sha256>:<size>` per chunk, `hole:<length>` per hole (backing format 2).
-    static func chunkItems(_ list: ChunkList) -> String {
-        (0..<list.count).map { i in (list.isHole(i) ? "hole" : list.ids[i].hex) + ":\(list.size(i))" }.joined(separator: ",")
+    /// `<sha256>:<size>` per chunk, `hole:<length>` per hole (backing format 2), and
+    /// `=<hex bytes>` for the first occurrence of a chunk in `inline` (format 4).
+    static func chunkItems(_ list: ChunkList, inline: [ChunkID: [UInt8]] = [:]) -> String {
+        var written: Set<ChunkID> = []
+        return (0..<list.count).map { i in
+            if list.isHole(i) { return "hole:\(list.size(i))" }
+            let id = list.ids[i]
+            if let bytes = inline[id], written.insert(id).inserted { return "=" + Hex.encode(bytes) }
+            return "\(id.hex):\(list.size(i))"
+        }.joined(separator: ",")
     }
 
     static func kindName(_ kind: NodeKind) -> String {
@@ -183,6 +215,9 @@ public enum RecordCodec {
     // MARK: encodings
 
     static func sha256Hex(_ bytes: [UInt8]) -> String { Hex.encode(SHA256.hash(data: bytes)) }
+
+    /// A line's checksum: the first `hexDigits` hex digits of the body's SHA-256.
+    static func checksum(_ body: [UInt8], hexDigits: Int) -> String { String(sha256Hex(body).prefix(hexDigits)) }
 
     static func percent(_ text: String) -> String {
         let hexDigits = Array("0123456789ABCDEF".utf8)

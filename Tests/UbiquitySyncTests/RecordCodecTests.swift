@@ -38,27 +38,61 @@ import TestSupport
         #expect(try Self.decode(RecordCodec.encode(link)).get() == link)
     }
 
-    /// Format 2: holes travel as `hole:<length>`; a 1 PiB sparse file is one short line.
-    /// Format 3: small chunks travel inside the record, checked against their ids.
+    /// Format 3: small chunks travel inside the record (`inline=<index>:<hex>`), checked
+    /// against their ids; format 4 writes them as the chunk item itself (`=<hex>`, the id
+    /// is their hash). A reader takes both.
     @Test func inlineChunksRoundTripAndAreChecked() throws {
         var record = Self.sample()
         let hello = Array("hello".utf8)
-        record.inline[ChunkID(hashing: hello)] = hello
+        let id = ChunkID(hashing: hello)
+        record.inline[id] = hello
         let line = RecordCodec.encode(record)
-        #expect(line.contains(" inline=0:68656c6c6f"))
+        #expect(line.contains(" chunks==68656c6c6f "))
+        #expect(!line.contains(id.hex))
         #expect(try Self.decode(line).get() == record)
-        let body = String(line.dropFirst(68).dropLast())
+        let body = String(line.dropFirst(36).dropLast())
+        for bad in ["==68656c6c", "==zz", "==", "==" + String(repeating: "00", count: 1025), "==6", "=68656c6c6f"] {
+            let changed = body.split(separator: " ").map { $0.hasPrefix("chunks=") ? "chunks" + bad : String($0) }.joined(separator: " ")
+            guard case .failure = Self.decode(Self.signed(changed)) else {
+                Issue.record("accepted chunks\(bad)")
+                continue
+            }
+        }
+        // Format 3's inline key.
+        let format3 = body.split(separator: " ").map { $0.hasPrefix("chunks=") ? "chunks=\(id.hex):5" : String($0) }.joined(separator: " ")
+        #expect(try Self.decode(Self.signed(format3 + " inline=0:68656c6c6f")).get() == record)
         for (bad, why) in [("inline=0:68656c6c6e", "do not match"), ("inline=1:68656c6c6f", "bad inline"),
                            ("inline=0:68656c6c", "bad inline"), ("inline=0:zz", "bad inline"),
                            ("inline=0:68656c6c6f,0:68656c6c6f", "bad inline")] {
-            let changed = body.split(separator: " ").map { $0.hasPrefix("inline=") ? bad : String($0) }.joined(separator: " ")
-            let result = Self.decode(Self.signed(changed))
+            let result = Self.decode(Self.signed(format3 + " " + bad))
             guard case .failure(let rejection) = result else {
                 Issue.record("accepted \(bad)")
                 continue
             }
             #expect(rejection.description.contains(why), "\(bad): \(rejection)")
         }
+    }
+
+    /// Format 4 leaves out keys at their defaults (kind=file, tomb=0, meta=0, the device
+    /// of the journal, a linear context) and checks 128 bits of SHA-256: a tiny file's
+    /// version is about 300 bytes.
+    @Test func format4LinesAreShort() throws {
+        var record = Self.sample()
+        record.xattrs = []
+        let hello = Array("hello".utf8)
+        record.inline[ChunkID(hashing: hello)] = hello
+        record.lineage.insert(device: Self.device, counter: 1)
+        record.lineage.insert(device: Self.device, counter: 2)
+        record.lineage.dot = 3
+        let line = RecordCodec.encode(record)
+        for key in [" kind=", " tomb=", " meta=", " device=", " context=", " inline="] {
+            #expect(!line.contains(key), "\(key) in \(line)")
+        }
+        #expect(line.hasPrefix("U2 ") && line.contains(" dot=3"))
+        #expect(line.utf8.count < 300, "\(line.utf8.count) bytes")
+        #expect(try Self.decode(line).get() == record)
+        record.isTombstone = true; record.chunks = ChunkList(); record.inline = [:]
+        #expect(try Self.decode(RecordCodec.encode(record)).get() == record)
     }
 
     /// Format 4: the record's dot and context travel (`dot`, `context`); a record without
@@ -73,7 +107,7 @@ import TestSupport
         #expect(line.contains(" dot=5 context=00000000000000aa:3:1-2,\(Self.device):4:2-3"))
         #expect(try Self.decode(line).get() == record)
         #expect(try Self.decode(RecordCodec.encode(Self.sample())).get().lineage.isEmpty)
-        let body = String(line.dropFirst(68).dropLast())
+        let body = String(line.dropFirst(36).dropLast())
         for (key, bad) in [("dot", "dot=0"), ("dot", "dot=x"), ("dot", "dot=4"), ("context", "context=zz:1"), ("dot", "noise=1")] {
             let changed = body.split(separator: " ").map { $0.hasPrefix(key + "=") ? bad : String($0) }.joined(separator: " ")
             guard case .failure = Self.decode(Self.signed(changed)) else {
@@ -128,19 +162,21 @@ import TestSupport
         }
     }
 
-    @Test func rejectsDamagedLines() {
+    @Test func rejectsDamagedLines() throws {
         let line = RecordCodec.encode(Self.sample())
         var flipped = Array(line.utf8)
         flipped[80] ^= 1
         let damaged = [
             "", "garbage\n", String(line.prefix(40)) + "\n", String(decoding: flipped, as: UTF8.self),
-            line.replacingOccurrences("U1 ", "U2 "),
+            line.replacingOccurrences("U2 ", "U1 "), line.replacingOccurrences("U2 ", "U3 "),
         ]
         for bad in damaged {
             guard case .failure = Self.decode(bad) else { Issue.record("accepted \(bad.prefix(60))"); continue }
         }
         // Another device's record in this journal: impersonation.
-        guard case .failure = Self.decode(line, device: "fedcba9876543210") else { Issue.record("accepted another device's record"); return }
+        let body = String(line.dropFirst(36).dropLast()) + " device=\(Self.device)"
+        #expect(try Self.decode(Self.signed(body)).get() == Self.sample())
+        guard case .failure = Self.decode(Self.signed(body), device: "fedcba9876543210") else { Issue.record("accepted another device's record"); return }
     }
 
     @Test func rejectsHostilePaths() {
