@@ -9,7 +9,8 @@
 #   - a prune to one version per file (`prune --keep-within 1s`) and a gc through the live
 #     mount, timed, while a reader opens and reads random files and writes every tenth
 #     (latency p50/p99/max of each, against p99 <= 10 ms); then the store's size again,
-#     against 1.2 x the live content.
+#     against 1.2 x the live content and against a store that only ever had the live
+#     versions; and the backing directory's size after the gc rewrote the journal.
 #
 #   scripts/bench-store.sh                  # 100,000 files (500,000 versions)
 #   BENCH_FILES=20000 scripts/bench-store.sh
@@ -109,13 +110,22 @@ loader=$!
 sleep "$gc_time"
 touch "$work/stop"
 wait "$loader"
+# The loads wrote a second version of some files: prune and gc again, so that what is
+# measured next is one version per file.
+sleep 1.1
+"$bin" prune --keep-within 1s --keep-deleted-within 1s "$mnt" >/dev/null
+"$bin" gc --grace 0s "$mnt" >/dev/null
 read -r _ reads read_p50 read_p99 read_max < <(grep '^reads' "$work/latency")
 read -r _ writes write_p50 write_p99 write_max < <(grep '^writes' "$work/latency")
 read -r _ ref_reads ref_read_p50 ref_read_p99 ref_read_max < <(grep '^reads' "$work/reference")
 read -r _ ref_writes ref_write_p50 ref_write_p99 ref_write_max < <(grep '^writes' "$work/reference")
 "$bin" unmount "$mnt" >/dev/null
 pruned_bytes=$(disk "$store")
+pruned_backing=$(disk "$backing")
 live=$((files * 20))
+# The reference for "after prune": a store that only ever had the live versions.
+"$bindir/ubiquity-bench-fill" --small "$work/reference-store" "$files" 1
+reference_bytes=$(disk "$work/reference-store")
 chunks_checked=$(sed -n 's/.*checked \([0-9]*\) chunks.*/\1/p' <<<"$gc_out")
 
 printf '\n| measure (%s files x %s versions of 20 B) | value | target | ratio to target |\n|---|---|---|---|\n' "$files" "$versions"
@@ -127,6 +137,8 @@ printf '| - chunk files and directories | %s | | |\n' "$(mib "$file_bytes")"
 printf '| backing directory | %s in %s files | %s | %s |\n' "$(mib "$backing_bytes")" "$backing_files" "$(mib "$target")" "$(ratio "$backing_bytes" "$target")"
 printf '| upload of everything (s) | %s | | |\n' "$upload_time"
 printf '| store after prune to 1 version + gc | %s | %s (1.2 x live content) | %s |\n' "$(mib "$pruned_bytes")" "$(mib $((live * 6 / 5)))" "$(ratio "$pruned_bytes" $((live * 6 / 5)))"
+printf '| - against a store that only ever had the live versions (%s) | %s | %s (1.2 x it) | %s |\n' "$(mib "$reference_bytes")" "$(mib "$pruned_bytes")" "$(mib $((reference_bytes * 6 / 5)))" "$(ratio "$pruned_bytes" $((reference_bytes * 6 / 5)))"
+printf '| backing directory after prune + gc (journal rewritten) | %s | %s (1.5 x (live content + 200 B/file)) | %s |\n' "$(mib "$pruned_backing")" "$(mib $(( (live + 200 * files) * 3 / 2 )))" "$(ratio "$pruned_backing" $(( (live + 200 * files) * 3 / 2 )))"
 printf '| live gc of %s chunks (s) | %s | %s (60 s per million) | %s |\n' "$chunks_checked" "$gc_time" \
   "$(awk -v c="$chunks_checked" 'BEGIN { printf "%.1f", c * 60 / 1000000 }')" "$(ratio "$gc_time" "$(awk -v c="$chunks_checked" 'BEGIN { print c * 60 / 1000000 }')")"
 printf '| reads during gc: p50 / p99 / max (ms) | %s / %s / %s (%s reads) | p99 10 | %s |\n' "$read_p50" "$read_p99" "$read_max" "$reads" "$(ratio "$read_p99" 10)"

@@ -132,11 +132,29 @@ public struct Lineage: Sendable, Equatable {
         return value
     }
 
-    /// The versions table's `lineage` column: `<dot>;<context>` (NULL when empty).
-    var stored: String? { isEmpty ? nil : "\(dot);\(contextText)" }
+    /// The lineage of a record of `device` that continues that device's own previous
+    /// record of the node and nothing else: the common case, which journal lines and the
+    /// versions table write as the dot alone.
+    public static func linear(device: String, dot: Int64) -> [String: Entry] {
+        dot > 1 ? [device: Entry(max: dot - 1)] : [:]
+    }
 
-    init?(stored: String) {
-        guard let semicolon = stored.firstIndex(of: ";"), let dot = Self.counter(stored[..<semicolon]),
+    public func isLinear(device: String) -> Bool { context == Self.linear(device: device, dot: dot) }
+
+    /// The versions table's `lineage` column for a record of `device`: `<dot>` when linear,
+    /// else `<dot>;<context>` (NULL when empty).
+    func stored(device: String) -> String? {
+        isEmpty ? nil : isLinear(device: device) ? String(dot) : "\(dot);\(contextText)"
+    }
+
+    init?(stored: String, device: String) {
+        guard let semicolon = stored.firstIndex(of: ";") else {
+            guard let dot = Self.counter(Substring(stored)) else { return nil }
+            self.dot = dot
+            self.context = Self.linear(device: device, dot: dot)
+            return
+        }
+        guard let dot = Self.counter(stored[..<semicolon]),
               let context = Self.parseContext(stored[stored.index(after: semicolon)...]) else { return nil }
         self.dot = dot
         self.context = context

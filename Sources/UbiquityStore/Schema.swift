@@ -86,7 +86,7 @@ enum Schema {
     /// Format 4 (nothing loaded at open), on inodes: `nlink`, and `parent`/`name`, the
     /// primary name (the entry its path goes through; NULL for the root and unlinked).
     /// Format 6 (journal generations), on sync_peers: `generation`; on versions: `lineage`,
-    /// the record's dot and context (`Lineage.stored`; NULL for records made before).
+    /// the record's dot and context (`Lineage.stored(device:)`; NULL for records made before).
     static let addedColumns = [
         ("versions", "kind", "INTEGER NOT NULL DEFAULT 1"), ("versions", "target", "TEXT"), ("versions", "xattrs", "BLOB"),
         ("versions", "meta", "INTEGER NOT NULL DEFAULT 0"), ("versions", "uploaded", "INTEGER NOT NULL DEFAULT 0"),

@@ -149,7 +149,7 @@ extension Store {
                       .text(r.deviceName), .int(r.committed), .int(r.mtime), .int(Int64(r.mode)), .int(r.size),
                       .int(r.isTombstone ? 1 : 0), .int(local ? 1 : 0), .text(r.path), .blob(r.chunks.encoded),
                       .int(r.kind.rawValue), r.target.map { .text($0) } ?? .null, .blob(XattrCodec.encode(r.xattrs)),
-                      .int(r.isMeta ? 1 : 0), .int(remote ? 1 : 0), local ? .null : lineage.stored.map { .text($0) } ?? .null])
+                      .int(r.isMeta ? 1 : 0), .int(remote ? 1 : 0), local ? .null : lineage.stored(device: r.deviceID).map { .text($0) } ?? .null])
             let row = db.lastInsertRowID
             if local { return row }
             let info = Replica.Record(row: row, id: r.id, node: r.node, parents: r.parents, kind: r.kind,

@@ -36,18 +36,12 @@ public enum RecordCodec {
         }
         if !r.lineage.isEmpty {
             fields.append(("dot", String(r.lineage.dot)))
-            if r.lineage.context != Self.linearContext(device: r.deviceID, dot: r.lineage.dot) {
+            if !r.lineage.isLinear(device: r.deviceID) {
                 fields.append(("context", r.lineage.contextText))
             }
         }
         let body = fields.map { "\($0)=\($1)" }.joined(separator: " ")
         return "U2 \(checksum(Array(body.utf8), hexDigits: 32)) \(body)\n"
-    }
-
-    /// The context a record has when it continues its device's own previous record of
-    /// the node and nothing else: left out of the line.
-    static func linearContext(device: String, dot: Int64) -> [String: Lineage.Entry] {
-        dot > 1 ? [device: Lineage.Entry(max: dot - 1)] : [:]
     }
 
     /// Decodes one line (without its `\n`) from the journal of device `journalDevice`.
@@ -182,7 +176,7 @@ public enum RecordCodec {
                 guard let context = Lineage.parseContext(Substring(text)) else { throw Rejection("bad context") }
                 record.lineage.context = context
             } else {
-                record.lineage.context = linearContext(device: device, dot: counter)
+                record.lineage.context = Lineage.linear(device: device, dot: counter)
             }
             guard !record.lineage.contains(device: device, counter: counter) else { throw Rejection("the context holds the record's own dot") }
             record.lineage.dot = counter

@@ -33,7 +33,8 @@ extension SyncEngine {
                 while true {
                     var page: [(row: Int64, record: SyncRecord)] = []
                     try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-                        page = try store.uploadedRecords(after: after, limit: 1_000)
+                        // Small pages: saves wait for the filesystem's lock meanwhile.
+                        page = try store.uploadedRecords(after: after, limit: 200)
                         return TreeChanges()
                     }
                     guard let last = page.last else { return }

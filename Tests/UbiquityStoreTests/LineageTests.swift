@@ -46,7 +46,15 @@ import TestSupport
         lineage.insert(device: d, counter: 500)
         #expect(lineage.contextText == "\(d):1000000:2-499:501-999999")
         lineage.dot = 7
-        #expect(Lineage(stored: lineage.stored!) == lineage)
+        #expect(Lineage(stored: lineage.stored(device: d)!, device: d) == lineage)
+        // A linear lineage is stored as its dot alone.
+        var linear = Lineage()
+        linear.insert(device: d, counter: 1)
+        linear.insert(device: d, counter: 2)
+        linear.dot = 3
+        #expect(linear.stored(device: d) == "3")
+        #expect(Lineage(stored: "3", device: d) == linear)
+        #expect(linear.stored(device: Self.devices[1]) == "3;\(d):2")
     }
 
     @Test func hostileContextsAreRefused() {
