@@ -92,6 +92,9 @@ public struct Lineage: Sendable, Equatable {
         }.joined(separator: ",")
     }
 
+    /// Counters and ranges in the context (what `maxItems` limits).
+    public var itemCount: Int { context.values.reduce(0) { $0 + 1 + $1.missing.count } }
+
     /// The largest counter a dot may have; the most items a context may hold.
     public static let maxCounter: Int64 = 1 << 62
     public static let maxItems = 4096

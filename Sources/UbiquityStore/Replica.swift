@@ -169,9 +169,9 @@ final class Replica {
         }
     }
 
-    /// The lineage of a record this device makes now for `node` with `parents`: a dot
-    /// with the next counter of `device` for the node (above every dot of it the node's
-    /// heads hold, so above every one it ever made: each record is a head or held by one),
+    /// The lineage of a record this device makes now for `node` with `parents` (in the
+    /// transaction that inserts it): a dot with the next counter of `device` for the node
+    /// (above every dot of it it gave before, and every one the node's heads hold),
     /// and a context of the parents' dots and contexts. Parents of other nodes (a conflict
     /// taken from another node) do not count: counters are per node.
     func lineage(node: String, parents: [String], device: String) throws(StoreError) -> Lineage {
@@ -181,13 +181,20 @@ final class Replica {
             lineage.formUnion(parent.lineage.context)
             lineage.insert(device: parent.device, counter: parent.lineage.dot)
         }
-        var highest: Int64 = 0
+        // The highest dot this device gave the node is also kept (`own_dots`): heads alone
+        // can lose it (a version rolled back after a power loss whose parent was pruned
+        // leaves the node without heads here while other devices hold its dots).
+        var highest = try db.rows("SELECT dot FROM own_dots WHERE node = ?", [.text(node)]) { $0.int(0) }.first ?? 0
         for head in try heads(node) {
             if head.device == device { highest = max(highest, head.lineage.dot) }
             highest = max(highest, head.lineage.context[device]?.max ?? 0)
         }
         // Capped so the record stays valid (only a hostile context gets near it).
         lineage.dot = min(highest, Lineage.maxCounter - 1) + 1
+        try db.query("REPLACE INTO own_dots(node, dot) VALUES(?, ?)", [.text(node), .int(lineage.dot)])
+        // A context past the limit (a hostile parent's) could not be read back anywhere:
+        // the record goes without lineage, superseding by its parents only.
+        guard lineage.itemCount <= Lineage.maxItems else { return Lineage() }
         return lineage
     }
 

@@ -70,6 +70,8 @@ enum Schema {
                                                   seen INTEGER NOT NULL) WITHOUT ROWID
         """,
         "CREATE INDEX IF NOT EXISTS pruned_records_seen ON pruned_records(device, seen)",
+        // Format 6: the highest dot this device gave each node's records (Replica.lineage).
+        "CREATE TABLE IF NOT EXISTS own_dots(node TEXT PRIMARY KEY, dot INTEGER NOT NULL) WITHOUT ROWID",
         // Format 4: the primary name's directory and the link count, so inodes load one at a time.
         "CREATE INDEX IF NOT EXISTS inodes_unlinked ON inodes(id) WHERE nlink = 0",
         "CREATE INDEX IF NOT EXISTS inodes_head ON inodes(head) WHERE head IS NOT NULL",

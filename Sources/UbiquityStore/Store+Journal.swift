@@ -53,7 +53,7 @@ extension Store {
                 if try replica.record(id: id) != nil {
                     known.insert(id)
                 } else if try isPrunedRecord(id) {
-                    try db.query("UPDATE pruned_records SET seen = ? WHERE id = ?", [.int(generation), .text(id)])
+                    try db.query("UPDATE pruned_records SET seen = ? WHERE id = ? AND device = ?", [.int(generation), .text(id), .text(device)])
                     known.insert(id)
                 }
             }

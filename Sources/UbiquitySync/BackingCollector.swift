@@ -119,7 +119,10 @@ struct BackingCollector {
                         try move(path, to: original)
                     }
                     report.restored += 1
-                } else if now.subtractingClamped(stamp) >= fossilAge {
+                } else if now.subtractingClamped(max(stamp, changed(path) ?? stamp)) >= fossilAge {
+                    // Aged by the later of the stamp (the renaming device's clock) and the
+                    // rename's ctime (the shared filesystem's): one clock far behind does
+                    // not shorten the week.
                     var st = stat()
                     let size = stat(path, &st) == 0 ? Int64(st.st_size) : 0
                     try remove(path)
@@ -139,6 +142,11 @@ struct BackingCollector {
         var st = stat()
         guard stat(path, &st) == 0 else { return nil }
         return now.subtractingClamped(Int64(st.st_mtim.tv_sec))
+    }
+
+    private func changed(_ path: String) -> Int64? {
+        var st = stat()
+        return stat(path, &st) == 0 ? Int64(st.st_ctim.tv_sec) : nil
     }
 
     private func move(_ from: String, to: String) throws(StoreError) {

@@ -150,6 +150,11 @@ public enum RecordCodec {
                     record.inline[record.chunks.ids[i]] = bytes
                 }
             }
+            for i in 0..<record.chunks.count where !record.chunks.isHole(i) {
+                if let bytes = record.inline[record.chunks.ids[i]], Int64(bytes.count) != record.chunks.size(i) {
+                    throw Rejection("chunk \(i) names carried bytes of another size")
+                }
+            }
         case .directory:
             record.node = "dir:" + path
         default:

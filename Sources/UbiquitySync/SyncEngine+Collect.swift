@@ -38,14 +38,11 @@ extension SyncEngine {
                         return TreeChanges()
                     }
                     guard let last = page.last else { return }
-                    var lines: [String] = []
-                    for (_, var record) in page {
-                        for (id, size) in record.chunks.chunks where size <= RecordCodec.maxInline && record.inline[id] == nil {
-                            record.inline[id] = try chunks.read(id)
-                        }
-                        lines.append(RecordCodec.encode(record))
-                    }
-                    try add(lines)
+                    // Small chunks inline; an object gone from the backing directory (a
+                    // fossil deleted too early, a damaged copy removed) is uploaded again.
+                    var batch = page.map(\.record)
+                    try uploadObjects(&batch)
+                    try add(batch.map(RecordCodec.encode))
                     records += Int64(page.count)
                     after = last.row
                 }

@@ -258,8 +258,14 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             }
             var position = known[device] ?? Store.JournalPosition(generation: 0, offset: 0)
             if position.generation != current {
+                // Stored at once: a prune while the new generation is read must remember
+                // what it drops as met in it (`seen`), or reaching its end would forget it.
                 position = Store.JournalPosition(generation: current, offset: 0)
-                consumed[device] = position
+                try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                    try store.setPeerPosition(device, position)
+                    return TreeChanges()
+                }
+                offsets.withLock { $0?[device] = position }
             }
             let journal = "devices/\(device)/\(Backing.journalName(current))"
             reading: while true {
@@ -373,6 +379,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
                 return TreeChanges()
             }
             if batch.isEmpty { return }
+            try makeDurable()
             // An object found present may become a fossil once it is old (BackingCollector),
             // to be deleted days later: a batch whose checks took longer than
             // `objectCheckValidity` (the device slept meanwhile) checks once more.
@@ -391,9 +398,26 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         }
     }
 
+    /// The durability barrier before records leave this device: a power loss must not
+    /// take back a record other devices have (recovery would roll back a version they
+    /// show, and its dot would be given to another record).
+    private func makeDurable() throws(StoreError) {
+        var pending = false
+        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            pending = try store.hasUndurableVersions()
+            return TreeChanges()
+        }
+        guard pending else { return }
+        try chunks.sync() // without the filesystem's lock: a disk flush
+        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try store.markDurable()
+            return TreeChanges()
+        }
+    }
+
     /// Puts the objects of the batch's records that are not in the backing directory
     /// there, and carries the small chunks in the records.
-    private func uploadObjects(_ batch: inout [SyncRecord]) throws(StoreError) {
+    func uploadObjects(_ batch: inout [SyncRecord]) throws(StoreError) {
         var directories: Set<String> = []
         for i in batch.indices {
             for (id, size) in batch[i].chunks.chunks where batch[i].inline[id] == nil {

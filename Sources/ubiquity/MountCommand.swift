@@ -107,6 +107,12 @@ struct MountCommand: ParsableCommand {
             let session = FUSESession(fs: fs, mountpoint: mp, options: sessionOptions)
             var syncOptions = SyncEngine.Options()
             syncOptions.pollSeconds = poll
+            // For tests only (t-backing-gc.sh): a fossil's wait in seconds instead of 7 days;
+            // its age counts from the rename's ctime, which a test cannot set back.
+            if let text = getenv("UBQ_TEST_FOSSIL_AGE").map({ String(cString: $0) }), let seconds = Int64(text), seconds >= 0 {
+                syncOptions.fossilAge = seconds
+                log("ubiquity: UBQ_TEST_FOSSIL_AGE: fossils are deleted after \(seconds) s (a test setting)")
+            }
             let sync = SyncEngine(access: fs, store: store, backingDirectory: backingDir, options: syncOptions)
             fs.attach(sync: sync)
             fs.onTreeChange { session.invalidate($0) }

@@ -57,6 +57,42 @@ import TestSupport
         #expect(linear.stored(device: Self.devices[1]) == "3;\(d):2")
     }
 
+    /// A device never gives a dot twice, even when the records that held its dots are
+    /// gone from the node's heads (review: a rollback after its parent was pruned left a
+    /// node without heads, and the next save got dot 1 again).
+    @Test func dotsAreNeverGivenTwice() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "one")
+        let f = try store.create(parent: Store.rootInode, name: "a.txt", kind: .file, mode: 0o644, uid: 1, gid: 1)
+        for _ in 0..<3 { try store.commit(f.id, content: ChunkList(), path: "a.txt", local: false) }
+        let node = try #require(store.inode(f.id)?.fileID)
+        #expect(try store.replica.current(node)?.lineage.dot == 3)
+        try store.db.execute("DELETE FROM view_heads")
+        try store.db.execute("DELETE FROM versions")
+        #expect(try store.replica.lineage(node: node, parents: [], device: store.deviceID).dot == 4)
+    }
+
+    /// A parent whose context is at the limit (hostile): the record that continues it goes
+    /// without lineage (parents only) rather than with one no reader accepts.
+    @Test func aContextPastTheLimitIsDropped() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "one")
+        let other = "00000000000000aa"
+        var record = SyncRecord(id: String(repeating: "a", count: 32), node: String(repeating: "b", count: 32), kind: .file,
+                                parents: [], deviceID: other, deviceName: "x", committed: 1, mtime: 1, mode: 0o644,
+                                isTombstone: false, isMeta: false, path: "f")
+        record.lineage.dot = 1
+        // Every second counter: a max and 4,095 ranges, 4,096 items (the most a reader takes).
+        for k in 1...4_095 { record.lineage.insert(device: Self.devices[0], counter: Int64(2 * k)) }
+        #expect(record.lineage.itemCount == Lineage.maxItems)
+        #expect(Lineage.parseContext(Substring(record.lineage.contextText)) != nil)
+        try store.addRemote([record])
+        let next = try store.replica.lineage(node: record.node, parents: [record.id], device: store.deviceID)
+        #expect(next.isEmpty)
+    }
+
     @Test func hostileContextsAreRefused() {
         let d = Self.devices[0], e = Self.devices[1]
         for bad in ["\(d)", "\(d):0", "\(d):01", "\(d):5:3-2", "\(d):5:2-5", "\(d):5:3-3:2-2", "\(d):5:0-1",

@@ -139,6 +139,7 @@ import UbiquitySystem
             try store.setPeerPosition(device, Store.JournalPosition(generation: 0, offset: 1234))
             // Back to format 5, as the previous release wrote it.
             try store.db.execute("DROP TABLE pruned_records")
+            try store.db.execute("DROP TABLE own_dots")
             try store.db.execute("UPDATE versions SET lineage = NULL")
             try store.db.execute("ALTER TABLE versions DROP COLUMN lineage")
             try store.db.execute("CREATE TABLE old_peers(device TEXT PRIMARY KEY, offset INTEGER NOT NULL)")

@@ -143,11 +143,39 @@ import UbiquitySystem
         #expect(report.restored == 1) // named: back under its name
         #expect(access(path, F_OK) == 0)
 
+        // A fossil's age is the later of its stamp and its rename (ctime): a stamp from a
+        // clock far behind does not shorten the week.
+        let early = ChunkID(hashing: Array("early".utf8))
+        try a.engine.backing.putObject(early, Array("early".utf8))
+        let earlyFossil = a.engine.backing.objectPath(early) + Backing.fossilMark + String(now - 30 * Self.day)
+        #expect(rename(a.engine.backing.objectPath(early), earlyFossil) == 0)
+        report = try collector.run(now: now)
+        #expect(report.deleted == 0 && access(earlyFossil, F_OK) == 0)
+        unlink(earlyFossil)
+
         // A week after they became fossils, the unused ones go.
         report = try collector.run(now: now + 10 * Self.day)
         #expect(report.deleted == 2 && report.fossils == 0 && report.bytesDeleted >= 8_000)
         for d in [a, b, c] { d.cycle() }
         for d in [b, c] { #expect(try d.tree() == ["big.txt": "file " + big(1)]) }
+    }
+
+    /// Review finding: a checkpoint rewrote records naming an object that had gone from
+    /// the backing directory, so readers waited for it forever. It uploads it again. And
+    /// records leave a device only once durable there.
+    @Test func aCheckpointUploadsMissingObjectsAgainAndPushesOnlyDurableRecords() throws {
+        let world = World()
+        let a = try world.device("a"), b = try world.device("b")
+        let big = String(repeating: "big content ", count: 400)
+        try a.save("big.txt", big)
+        a.cycle()
+        #expect(try a.fs.meta.withLock { (m) throws(StoreError) in try m.store.hasUndurableVersions() } == false)
+        let object = a.engine.backing.objectPath(ChunkID(hashing: Array(big.utf8)))
+        #expect(unlink(object) == 0)
+        try a.engine.checkpointJournal(force: true)
+        #expect(access(object, F_OK) == 0)
+        b.cycle()
+        #expect(try b.tree() == ["big.txt": "file " + big])
     }
 
     @Test func aDeviceOfflineForWeeksConvergesAndKeepsItsVersions() throws {

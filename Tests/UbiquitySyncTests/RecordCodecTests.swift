@@ -51,7 +51,8 @@ import TestSupport
         #expect(!line.contains(id.hex))
         #expect(try Self.decode(line).get() == record)
         let body = String(line.dropFirst(36).dropLast())
-        for bad in ["==68656c6c", "==zz", "==", "==" + String(repeating: "00", count: 1025), "==6", "=68656c6c6f"] {
+        for bad in ["==68656c6c", "==zz", "==", "==" + String(repeating: "00", count: 1025), "==6", "=68656c6c6f",
+                    "==68656c6c6f,\(id.hex):4"] { // the same chunk again with another size
             let changed = body.split(separator: " ").map { $0.hasPrefix("chunks=") ? "chunks" + bad : String($0) }.joined(separator: " ")
             guard case .failure = Self.decode(Self.signed(changed)) else {
                 Issue.record("accepted chunks\(bad)")
