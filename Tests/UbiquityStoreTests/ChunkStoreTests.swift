@@ -123,6 +123,35 @@ import TestSupport
     }
 }
 
+extension ChunkStoreTests {
+    /// Format 6 keys the small-chunk table by id (no row number, no index of ids); a
+    /// format-5 table is copied over at the first open that may write, and read as it is
+    /// by a read-only one.
+    @Test func aFormatFiveSmallChunkTableIsUpgraded() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        mkdir(dir.path + "/chunks", 0o755)
+        let chunks = (0..<5000).map { i in Array("small chunk \(i)".utf8) }
+        try withDatabase(dir.path + "/chunks/small.sqlite") { (db) throws(StoreError) in
+            try db.execute("CREATE TABLE chunks(row INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE, bytes BLOB NOT NULL, used INTEGER NOT NULL)")
+            for bytes in chunks {
+                try db.query("INSERT INTO chunks(id, bytes, used) VALUES(?, ?, 1)", [.blob(ChunkID(hashing: bytes).raw), .blob(bytes)])
+            }
+        }
+        let readOnly = try ChunkStore(directory: dir.path + "/chunks", readOnly: true)
+        #expect(try readOnly.read(ChunkID(hashing: chunks[7])) == chunks[7])
+        #expect(Set(readOnly.allChunkIDs()) == Set(chunks.map { ChunkID(hashing: $0) }))
+        let store = try ChunkStore(directory: dir.path + "/chunks")
+        #expect(try withDatabase(dir.path + "/chunks/small.sqlite") { (db) throws(StoreError) in
+            try db.rows("PRAGMA table_info(chunks)", []) { $0.text(1) }
+        } == ["id", "bytes", "used"])
+        #expect(Set(store.allChunkIDs()) == Set(chunks.map { ChunkID(hashing: $0) }))
+        for bytes in chunks.prefix(50) { #expect(try store.read(ChunkID(hashing: bytes)) == bytes) }
+        #expect(store.sweep(ChunkID(hashing: chunks[0]), unusedSince: 2) != nil)
+        #expect(!store.contains(ChunkID(hashing: chunks[0])))
+    }
+}
+
 /// Opens a SQLite database of a store directly (to damage or inspect it).
 func withDatabase<T>(_ path: String, _ body: (SQLiteDatabase) throws(StoreError) -> T) throws -> T {
     let db = try SQLiteDatabase(path: path)
