@@ -32,7 +32,10 @@ for rel in open(sys.argv[2]).read().split():
 found.sort()
 if len(found) < 3:
     sys.exit("expected a ~1 MiB random file to make at least 3 chunks, got %d" % len(found))
-if sum(n for _, n, _ in found) != len(ref):
+# A last chunk of at most 2 KiB is a row of small.sqlite, not a file (store format 5):
+# the files then add up to all but that tail (seen in CI: about 1 run in 10).
+covered = sum(n for _, n, _ in found)
+if covered != len(ref) and not (0 < len(ref) - covered <= 2048 and found[-1][0] + found[-1][1] == covered):
     sys.exit("the new chunks do not add up to the file size")
 off, n, rel = found[len(found) // 2]
 print(rel, off, n)

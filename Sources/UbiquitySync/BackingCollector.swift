@@ -32,7 +32,8 @@ struct BackingCollector {
         var tempsDeleted = 0
 
         var summary: String {
-            "read \(records) records in \(journals) journals (\(referenced) objects named); checked \(objects) objects: "
+            if journals == 0 && objects == 0 { return "no objects to collect (small files travel in their records)" }
+            return "read \(records) records in \(journals) journals (\(referenced) objects named); checked \(objects) objects: "
                 + "\(fossilized) became fossils, \(restored) fossils named again were restored, "
                 + "\(deleted) fossils deleted (\(byteText(bytesDeleted)) freed), \(fossils) fossils wait"
         }
@@ -51,10 +52,15 @@ struct BackingCollector {
             throw .io(errno: EBUSY, "another gc of \(backing.directory) is running (gc.lock)")
         }
         var report = Report()
-        let referenced = try references(&report, progress: progress)
-        report.referenced = referenced.count
         let prefixes = try backing.list(backing.directory + "/objects")
             .filter { $0.utf8.count == 2 && Hex.isLowercase($0, count: 2) }.sorted()
+        // A container of small files has no objects (their chunks travel in the records):
+        // then there is nothing to collect and the journals need not be read.
+        guard prefixes.contains(where: { !((try? directoryEntries(backing.directory + "/objects/" + $0))?.isEmpty ?? true) }) else {
+            return report
+        }
+        let referenced = try references(&report, progress: progress)
+        report.referenced = referenced.count
         for (i, prefix) in prefixes.enumerated() {
             try collect(backing.directory + "/objects/" + prefix, referenced: referenced, now: now, into: &report)
             progress?("collecting objects", i + 1, prefixes.count)

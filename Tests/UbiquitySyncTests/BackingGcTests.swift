@@ -89,6 +89,9 @@ import UbiquitySystem
         #expect(Self.journals(world, a) == ["journal.2"])
         #expect(Self.size("\(world.backing)/devices/\(a.store.deviceID)/journal.2") < before)
         #expect(try a.engine.checkpointJournal() == nil) // not due again
+        // Only small files: no objects, so the collector does not even read the journals.
+        let idle = try BackingCollector(backing: a.engine.backing).run(now: Int64(time(nil)))
+        #expect(idle.journals == 0 && idle.objects == 0 && idle.summary.hasPrefix("no objects"))
         b.cycle()
         #expect(try Self.prunedRemembered(b) == 0) // gone for good: forgotten
         #expect(b.conflicts().isEmpty)
