@@ -120,9 +120,9 @@ extension FileSystem {
 
     /// The durability barrier, without holding `meta` during the disk flush.
     public func fsyncDirectory() throws(Errno) {
-        let store = meta.withLock { $0.store }
+        let (store, mark) = try withMeta { (m) throws(StoreError) in (m.store, try m.store.durabilityMark()) }
         try storeCall { () throws(StoreError) in try store.syncFiles() }
-        try withMeta { (m) throws(StoreError) in try m.store.markDurable() }
+        try withMeta { (m) throws(StoreError) in try m.store.markDurable(upTo: mark) }
     }
 
     // MARK: data

@@ -27,6 +27,8 @@ public final class ChunkStore: Sendable {
     private let prefetching = Locked<Set<ChunkID>>([])
     /// Chunk files written since the last `sync()`.
     private let unsynced = Locked<Set<ChunkID>>([])
+    /// Held for a whole barrier (`sync`).
+    private let barrier = Locked(())
     /// Orders "is it there? keep it" (`put`, `contains`) against gc's "unused? delete".
     private let claims = Locked(())
     /// Bytes of chunk files this process wrote (space pressure estimates the store's size
@@ -284,7 +286,15 @@ public final class ChunkStore: Sendable {
     /// Durability barrier: every chunk written so far reaches the disk before this returns.
     /// A few new chunks are fsynced one by one (an editor's save: one or two); many (a big
     /// copy) with one syncfs of the whole filesystem, which is then cheaper.
+    ///
+    /// Barriers run one at a time (fsync, the periodic one, the one before an upload): a
+    /// second one that found the pending set empty while the first was still flushing
+    /// it would return at once and let its caller mark versions durable too early.
     public func sync() throws(StoreError) {
+        try barrier.withLock { (_: inout ()) throws(StoreError) in try syncPending() }
+    }
+
+    private func syncPending() throws(StoreError) {
         try small.sync()
         let pending = unsynced.withLock { s -> Set<ChunkID> in defer { s = [] }; return s }
         do throws(StoreError) {
@@ -298,7 +308,10 @@ public final class ChunkStore: Sendable {
                 // Gone: gc deleted it (no version names it), so nothing is to be made
                 // durable. Failing here would fail every barrier after it.
                 try StoreError.wrap { () throws(SystemError) in
-                    do throws(SystemError) { try fsyncPath(p) } catch { if error.code != ENOENT { throw error } }
+                    do throws(SystemError) { try fsyncPath(p) } catch {
+                        guard error.code == ENOENT else { throw error }
+                        log("ubiquity: durability barrier: chunk \(id.hex) was deleted by gc before it was fsynced (no version names it)")
+                    }
                 }
                 directories.insert(String(p[..<p.lastIndex(of: "/")!]))
             }

@@ -14,8 +14,9 @@ import UbiquitySystem
 /// written so far durable (one transaction with synchronous=FULL, which fsyncs the WAL).
 /// Bytes are verified by `ChunkStore.read` as a file's are.
 final class SmallChunks: Sendable {
-    /// Chunks up to this size are rows: it keeps a row within one 4 KiB page. Bigger
-    /// chunks are files, where a block's waste is at most half the chunk.
+    /// Chunks up to this size are rows: it keeps a row within its page (16 KiB pages in a
+    /// database made at format 6, 4 KiB before). Bigger chunks are files, where a block's
+    /// waste is at most half the chunk.
     static let limit = 2048
 
     private struct State {
@@ -36,33 +37,28 @@ final class SmallChunks: Sendable {
         }
         let db = try SQLiteDatabase(path: path)
         // Before the first table: space that gc frees goes back to the filesystem
-        // (`compact`) instead of staying in the file as free pages.
+        // (`compact`) instead of staying in the file as free pages; and 16 KiB pages, so
+        // that a row of up to `limit` bytes stays in its page in the table keyed by id
+        // (with 4 KiB pages such a table keeps at most about 1,000 bytes of a row in the
+        // page and puts the rest on an overflow page of its own). No-ops on an older file.
+        try db.execute("PRAGMA page_size=16384")
         try db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         try db.execute("PRAGMA journal_mode=WAL")
         try db.execute("PRAGMA synchronous=NORMAL")
         try db.execute("PRAGMA journal_size_limit=\(SQLiteDatabase.walSizeLimit)")
         if !readOnly {
-            try Self.createOrUpgrade(db)
+            try Self.createTable(db)
             try db.execute("CREATE TABLE IF NOT EXISTS barrier(n INTEGER NOT NULL)")
         }
         state = Locked(State(db: db))
     }
 
     /// The table keyed by the chunk id itself (store format 6): no row number and no
-    /// separate index of ids, about 40 bytes less per chunk. A format-5 table (`row`
-    /// column, an index on `id`) is copied over once, in one transaction. Every query
-    /// here works on both, so a read-only opener of an older store reads it as it is.
-    private static func createOrUpgrade(_ db: SQLiteDatabase) throws(StoreError) {
-        let create = "CREATE TABLE IF NOT EXISTS chunks(id BLOB PRIMARY KEY, bytes BLOB NOT NULL, used INTEGER NOT NULL) WITHOUT ROWID"
-        let columns = try db.rows("PRAGMA table_info(chunks)", []) { $0.text(1) }
-        guard columns.contains("row") else { return try db.execute(create) }
-        try db.transaction { () throws(StoreError) in
-            try db.execute("ALTER TABLE chunks RENAME TO chunks_format5")
-            try db.execute(create)
-            try db.execute("INSERT INTO chunks(id, bytes, used) SELECT id, bytes, used FROM chunks_format5")
-            try db.execute("DROP TABLE chunks_format5")
-        }
-        log("ubiquity: upgraded \(db.path) to the small-chunk table of store format 6")
+    /// separate index of ids, about 40 bytes less per chunk, and a delete touches one
+    /// B-tree. A format-5 table (`row` column, an index on `id`, 4 KiB pages) is kept as
+    /// it is: every query here works on both, and rewriting it would need a full copy.
+    private static func createTable(_ db: SQLiteDatabase) throws(StoreError) {
+        try db.execute("CREATE TABLE IF NOT EXISTS chunks(id BLOB PRIMARY KEY, bytes BLOB NOT NULL, used INTEGER NOT NULL) WITHOUT ROWID")
     }
 
     /// Stores the chunk, or renews `used` when it is there.

@@ -86,7 +86,11 @@ extension Store {
             try db.query("DELETE FROM versions WHERE row = ?", [.int(row.row)])
             try notePruned(id: row.id, device: row.device, uploaded: row.uploaded)
         }
-        if !live && remaining == 0 { try dropHistory(fileID) }
+        if !live && remaining == 0 {
+            try dropHistory(fileID)
+            // Its heads (tombstones, never pruned) hold every dot this device gave it.
+            try db.query("DELETE FROM own_dots WHERE node = ?", [.text(fileID)])
+        }
     }
 }
 

@@ -211,15 +211,24 @@ public final class Store: @unchecked Sendable {
         try !db.rows("SELECT 1 FROM versions WHERE durable = 0 LIMIT 1", []) { _ in true }.isEmpty
     }
 
+    /// Durability barrier, part 0 (under the metadata lock, before the chunks are
+    /// flushed): the last version row written so far. A version's chunks are written
+    /// before its row, so a flush that starts after this covers every version up to it,
+    /// and only those may be marked durable after it (a save recorded during the flush
+    /// waits for the next barrier).
+    public func durabilityMark() throws(StoreError) -> Int64 {
+        try db.rows("SELECT max(row) FROM versions WHERE durable = 0", []) { $0.isNull(0) ? 0 : $0.int(0) }.first ?? 0
+    }
+
     /// Durability barrier, part 2: one transaction with synchronous=FULL, which fsyncs the
     /// WAL and so makes every metadata change so far durable (the chunks they name already
-    /// are). It also marks the versions as durable.
-    public func markDurable() throws(StoreError) {
+    /// are). It also marks the versions up to `mark` (`durabilityMark`) as durable.
+    public func markDurable(upTo mark: Int64 = .max) throws(StoreError) {
         try db.commitBatch()
         try db.execute("PRAGMA synchronous=FULL")
         defer { try? db.execute("PRAGMA synchronous=NORMAL") }
         try db.transaction { () throws(StoreError) in
-            try db.execute("UPDATE versions SET durable = 1 WHERE durable = 0")
+            try db.query("UPDATE versions SET durable = 1 WHERE durable = 0 AND row <= ?", [.int(mark)])
             // Always write something, so the commit (and its WAL fsync) really happens.
             try db.execute("REPLACE INTO settings(key, value) VALUES('last_sync', strftime('%s','now'))")
         }

@@ -41,7 +41,7 @@ extension SyncEngine {
                     // Small chunks inline; an object gone from the backing directory (a
                     // fossil deleted too early, a damaged copy removed) is uploaded again.
                     var batch = page.map(\.record)
-                    try uploadObjects(&batch)
+                    try uploadObjects(&batch, tolerant: true)
                     try add(batch.map(RecordCodec.encode))
                     records += Int64(page.count)
                     after = last.row

@@ -402,29 +402,39 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     /// take back a record other devices have (recovery would roll back a version they
     /// show, and its dot would be given to another record).
     private func makeDurable() throws(StoreError) {
-        var pending = false
+        var mark: Int64 = 0
         try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-            pending = try store.hasUndurableVersions()
+            mark = try store.durabilityMark()
             return TreeChanges()
         }
-        guard pending else { return }
+        guard mark > 0 else { return }
         try chunks.sync() // without the filesystem's lock: a disk flush
         try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-            try store.markDurable()
+            try store.markDurable(upTo: mark)
             return TreeChanges()
         }
     }
 
     /// Puts the objects of the batch's records that are not in the backing directory
-    /// there, and carries the small chunks in the records.
-    func uploadObjects(_ batch: inout [SyncRecord]) throws(StoreError) {
+    /// there, and carries the small chunks in the records. `tolerant` (a checkpoint, which
+    /// rewrites records already out): a chunk this store cannot read (damaged here, for
+    /// `fsck --repair`) is logged and left named by its hash, as it was before.
+    func uploadObjects(_ batch: inout [SyncRecord], tolerant: Bool = false) throws(StoreError) {
         var directories: Set<String> = []
         for i in batch.indices {
             for (id, size) in batch[i].chunks.chunks where batch[i].inline[id] == nil {
-                if size <= RecordCodec.maxInline {
-                    batch[i].inline[id] = try chunks.read(id) // travels in the record
-                } else if !backing.hasObject(id) {
-                    try backing.putObject(id, try chunks.read(id))
+                let small = size <= RecordCodec.maxInline
+                if !small && backing.hasObject(id) { continue }
+                let bytes: [UInt8]
+                do { bytes = try chunks.read(id) } catch {
+                    guard tolerant else { throw error }
+                    logOnce("ubiquity: sync: rewriting the journal: chunk \(id.hex) of \(batch[i].path) cannot be read here (\(error)); its record names it by hash")
+                    continue
+                }
+                if small {
+                    batch[i].inline[id] = bytes // travels in the record
+                } else {
+                    try backing.putObject(id, bytes)
                     directories.insert(String(id.hex.prefix(2)))
                 }
             }

@@ -124,10 +124,10 @@ import TestSupport
 }
 
 extension ChunkStoreTests {
-    /// Format 6 keys the small-chunk table by id (no row number, no index of ids); a
-    /// format-5 table is copied over at the first open that may write, and read as it is
-    /// by a read-only one.
-    @Test func aFormatFiveSmallChunkTableIsUpgraded() throws {
+    /// Format 6 makes the small-chunk table keyed by id (no row number, no index of ids)
+    /// in 16 KiB pages, so a 2 KiB chunk stays in its page; a format-5 table is kept and
+    /// works as before.
+    @Test func aFormatFiveSmallChunkTableKeepsWorking() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
         mkdir(dir.path + "/chunks", 0o755)
@@ -138,17 +138,24 @@ extension ChunkStoreTests {
                 try db.query("INSERT INTO chunks(id, bytes, used) VALUES(?, ?, 1)", [.blob(ChunkID(hashing: bytes).raw), .blob(bytes)])
             }
         }
-        let readOnly = try ChunkStore(directory: dir.path + "/chunks", readOnly: true)
-        #expect(try readOnly.read(ChunkID(hashing: chunks[7])) == chunks[7])
-        #expect(Set(readOnly.allChunkIDs()) == Set(chunks.map { ChunkID(hashing: $0) }))
         let store = try ChunkStore(directory: dir.path + "/chunks")
-        #expect(try withDatabase(dir.path + "/chunks/small.sqlite") { (db) throws(StoreError) in
-            try db.rows("PRAGMA table_info(chunks)", []) { $0.text(1) }
-        } == ["id", "bytes", "used"])
         #expect(Set(store.allChunkIDs()) == Set(chunks.map { ChunkID(hashing: $0) }))
         for bytes in chunks.prefix(50) { #expect(try store.read(ChunkID(hashing: bytes)) == bytes) }
+        let new = Array(repeating: UInt8(7), count: 2048)
+        try store.put(ChunkID(hashing: new), new)
+        #expect(try store.read(ChunkID(hashing: new)) == new)
         #expect(store.sweep(ChunkID(hashing: chunks[0]), unusedSince: 2) != nil)
         #expect(!store.contains(ChunkID(hashing: chunks[0])))
+
+        let fresh = TempDirectory()
+        defer { fresh.cleanup() }
+        let made = try ChunkStore(directory: fresh.path + "/chunks")
+        try made.put(ChunkID(hashing: new), new)
+        let (pageSize, columns) = try withDatabase(fresh.path + "/chunks/small.sqlite") { (db) throws(StoreError) in
+            (try db.rows("PRAGMA page_size", []) { $0.int(0) }.first, try db.rows("PRAGMA table_info(chunks)", []) { $0.text(1) })
+        }
+        #expect(pageSize == 16384)
+        #expect(columns == ["id", "bytes", "used"])
     }
 }
 

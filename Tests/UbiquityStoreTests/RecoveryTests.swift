@@ -129,4 +129,24 @@ import UbiquitySystem
         #expect(store.recovery.damaged.count == 1)
         #expect(store.recovery.damaged.first?.contains("missing") == true, "\(store.recovery.damaged)")
     }
+
+    /// Review finding: a barrier marked every version durable, including one saved while
+    /// its chunks were being flushed (its chunks possibly not on disk). Only the versions
+    /// up to the mark taken before the flush are.
+    @Test func aBarrierMarksOnlyTheVersionsBeforeItsFlush() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "one")
+        let f = try store.create(parent: Store.rootInode, name: "a.txt", kind: .file, mode: 0o644, uid: 1, gid: 1)
+        try store.commit(f.id, content: ChunkList(), path: "a.txt", local: false)
+        let mark = try store.durabilityMark()
+        #expect(mark > 0)
+        try store.commit(f.id, content: ChunkList(), path: "a.txt", local: false) // during the flush
+        try store.markDurable(upTo: mark)
+        #expect(try store.hasUndurableVersions())
+        #expect(try store.durabilityMark() > mark)
+        try store.markDurable(upTo: try store.durabilityMark())
+        #expect(try !store.hasUndurableVersions())
+        #expect(try store.durabilityMark() == 0)
+    }
 }
