@@ -150,6 +150,16 @@ public struct Lineage: Sendable, Equatable {
         isEmpty ? nil : isLinear(device: device) ? String(dot) : "\(dot);\(contextText)"
     }
 
+    /// The `lineage` column as read from a row (NULL: none). One that does not parse
+    /// (only a damaged database holds one: this program stores only what it can read
+    /// back) is logged and read as none, so the record supersedes by its parents only.
+    static func column(_ text: String?, device: String) -> Lineage {
+        guard let text else { return Lineage() }
+        if let lineage = Lineage(stored: text, device: device) { return lineage }
+        log("ubiquity: a version's lineage \(text.prefix(80)) does not parse (damaged database?); read as none")
+        return Lineage()
+    }
+
     init?(stored: String, device: String) {
         guard let semicolon = stored.firstIndex(of: ";") else {
             guard let dot = Self.counter(Substring(stored)) else { return nil }

@@ -95,7 +95,7 @@ final class Replica {
             Record(row: r.int(0), id: r.text(1), node: r.text(2), parents: splitIDs(r.text(3)),
                    kind: NodeKind(rawValue: r.int(4)) ?? .file, isTombstone: r.int(5) != 0, mtime: r.int(6),
                    device: r.text(7), path: r.text(8), mode: UInt32(truncatingIfNeeded: r.int(9)),
-                   target: r.isNull(10) ? nil : r.text(10), lineage: r.isNull(11) ? Lineage() : Lineage(stored: r.text(11), device: r.text(7)) ?? Lineage())
+                   target: r.isNull(10) ? nil : r.text(10), lineage: Lineage.column(r.isNull(11) ? nil : r.text(11), device: r.text(7)))
         }
         work += found.count
         return found

@@ -368,7 +368,7 @@ extension Store {
                         mtime: r.int(7), mode: UInt32(r.int(8)), isTombstone: r.int(9) != 0, isMeta: r.int(10) != 0,
                         path: r.text(11), chunks: ChunkList(encoded: r.blob(12)) ?? ChunkList(),
                         target: r.isNull(13) ? nil : r.text(13), xattrs: r.isNull(14) ? [] : XattrCodec.decode(r.blob(14)))
-            if !r.isNull(16) { record.lineage = Lineage(stored: r.text(16), device: r.text(4)) ?? Lineage() }
+            record.lineage = Lineage.column(r.isNull(16) ? nil : r.text(16), device: r.text(4))
             return (r.int(15), record)
         }
     }

@@ -36,6 +36,7 @@ struct BackingCollector {
             return "read \(records) records in \(journals) journals (\(referenced) objects named); checked \(objects) objects: "
                 + "\(fossilized) became fossils, \(restored) fossils named again were restored, "
                 + "\(deleted) fossils deleted (\(byteText(bytesDeleted)) freed), \(fossils) fossils wait"
+                + (tempsDeleted > 0 ? "; \(tempsDeleted) unfinished uploads removed" : "")
         }
     }
 
