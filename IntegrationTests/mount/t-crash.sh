@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A daemon killed (SIGKILL) right after a save keeps the saved file: versions are not
-# held back by the 100 ms group commit of metadata (a bug the systemd test found). A
+# A daemon killed (SIGKILL) right after a save keeps the saved file: the intent log holds
+# the saves the 100 ms group commit of metadata has not committed yet (a bug the systemd
+# test found, before the log: the batch was committed at every save). A
 # power loss that drops a saved version's bytes (they were never fsynced) rolls the file
 # back to its previous version at the next mount, instead of EIO forever.
 set -euo pipefail
@@ -16,6 +17,13 @@ _ubq_mount
 assert_file_content "$MNT/dir/kept.txt" "saved before the crash" "file saved just before the crash"
 assert_eq 1 "$(version_count dir/kept.txt)" "its version"
 "$UBIQUITY" fsck --store "$STORE" >/dev/null || fail "fsck after the crash"
+
+step "a burst of saves in new directories, then SIGKILL: every save is there (intent log)"
+for i in $(seq 1 40); do mkdir -p "$MNT/burst/d$((i % 7))"; echo "burst $i" >"$MNT/burst/d$((i % 7))/f$i"; done
+crash_daemon
+_ubq_mount
+for i in $(seq 1 40); do assert_file_content "$MNT/burst/d$((i % 7))/f$i" "burst $i" "burst file $i after the crash"; done
+"$UBIQUITY" fsck --store "$STORE" >/dev/null || fail "fsck after the burst"
 
 step "power loss: a version whose chunk never reached the disk is rolled back at mount"
 mkdir -p "$WORK"
@@ -34,7 +42,9 @@ assert_eq 1 "$(version_count p.bin)" "the lost version is gone from .versions/"
 assert_contains "$(cat "$STORE/daemon.log")" "p.bin: version" "the log names the rolled-back version"
 assert_contains "$(cat "$STORE/daemon.log")" "rolled back" "the log says it was rolled back"
 "$UBIQUITY" fsck --store "$STORE" >/dev/null || fail "fsck after the rollback"
-checks=$(grep -c 'written since the last durability barrier' "$STORE/daemon.log")
+# (The crash may come before the group commit wrote the version at all; then the
+# intent log held it, and there was nothing for the recovery to check: count 0.)
+checks=$(grep -c 'written since the last durability barrier' "$STORE/daemon.log" || true)
 echo "saved, not fsynced" >"$MNT/q.txt"
 unmount_it
 _ubq_mount

@@ -169,7 +169,7 @@ extension FileSystem {
                     if let old = source.fileID {
                         let versions = try m.store.versions(of: old)
                         if versions.count <= 1 && versions.allSatisfy({ $0.deviceID == m.store.deviceID }) {
-                            try m.store.dropHistory(old)
+                            if try !m.store.withdrawUnsentHistory(old) { try m.store.dropHistory(old) }
                         } else {
                             try m.store.retireHistory(old)
                         }

@@ -143,6 +143,12 @@ public final class ChunkStore: Sendable {
     /// Returns the pages of swept rows to the filesystem (gc's last step).
     public func compact() throws(StoreError) { try small.compact() }
 
+    /// Group commit of small chunks (a mounted store; see `SmallChunks.startBatching`).
+    func startBatching() { small.startBatching() }
+    func commitSmallChunks() throws(StoreError) { try small.commitBatch() }
+    /// Those of `ids` that are small chunks not committed yet, with their bytes.
+    func uncommittedSmallChunks(_ ids: [ChunkID]) -> [ChunkID: [UInt8]] { small.uncommitted(ids) }
+
     /// Disk space of the small chunks' database (the files are counted by walking them).
     public var smallChunkBytes: Int64 { small.diskBytes }
 

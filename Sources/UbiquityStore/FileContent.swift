@@ -25,7 +25,8 @@ public final class FileContent: @unchecked Sendable {
         var baseStored: Int64
         /// Set by any write or truncate since the last commit.
         var changed = false
-        var stagingFD: Int32 = -1
+        /// Where the bytes of `dirty` are.
+        let staging: StagingBuffer
         var lastChange: Nanos = 0
         /// `lastChange` of content whose commit was refused as invalid (`.invalidContent`).
         var refusedChange: Nanos?
@@ -47,17 +48,11 @@ public final class FileContent: @unchecked Sendable {
         /// Bytes that are not holes (about: written ranges may overlap base chunks).
         var allocated: Int64 = 0
     }
-    private let stagingDirectory: String
-
     public init(base: ChunkList, chunks: ChunkStore, stagingDirectory: String) {
-        state = Locked(State(base: base, baseLimit: base.totalSize, size: base.totalSize, baseStored: base.storedBytes))
+        state = Locked(State(base: base, baseLimit: base.totalSize, size: base.totalSize, baseStored: base.storedBytes,
+                             staging: StagingBuffer(directory: stagingDirectory)))
         summary = Locked(Summary(size: base.totalSize, allocated: base.storedBytes))
         self.chunks = chunks
-        self.stagingDirectory = stagingDirectory
-    }
-
-    deinit {
-        state.withLock { s in if s.stagingFD >= 0 { close(s.stagingFD) } }
     }
 
     public var size: Int64 { summary.withLock { $0.size } }
@@ -121,11 +116,10 @@ public final class FileContent: @unchecked Sendable {
         guard offset >= 0, offset <= maxFileSize - Int64(data.count) else { throw .io(errno: EFBIG, "write at \(offset)") }
         guard data.count > 0 else { return }
         try state.withLock { (s) throws(StoreError) in
-            if s.stagingFD < 0 { s.stagingFD = try StoreError.wrap { () throws(SystemError) in try makeAnonymousFile(in: stagingDirectory) } }
             let end = offset + Int64(data.count)
             // Bytes first, then the map: a failed write leaves the map as it was.
             let at = s.dirty.location(for: offset..<end)
-            try StoreError.wrap { () throws(SystemError) in try writeAll(s.stagingFD, data, at: at, path: "staging data") }
+            try StoreError.wrap { () throws(SystemError) in try s.staging.write(data, at: at) }
             s.dirty.place(offset..<end)
             s.size = max(s.size, end)
             s.changed = true
@@ -139,7 +133,7 @@ public final class FileContent: @unchecked Sendable {
         guard newSize >= 0, newSize <= maxFileSize else { throw .io(errno: EFBIG, "truncate to \(newSize)") }
         state.withLock { s in
             if newSize < s.size {
-                if s.dirty.clip(to: newSize), s.stagingFD >= 0 { _ = ftruncate(s.stagingFD, 0) }
+                if s.dirty.clip(to: newSize) { s.staging.removeAll() }
                 s.baseLimit = min(s.baseLimit, newSize)
             }
             s.size = newSize
@@ -203,7 +197,7 @@ public final class FileContent: @unchecked Sendable {
             s.baseStored = list.storedBytes
             s.dirty.removeAll()
             s.changed = false
-            if s.stagingFD >= 0 { _ = ftruncate(s.stagingFD, 0) }
+            s.staging.removeAll()
             publish(s)
             return true
         }
@@ -213,8 +207,8 @@ public final class FileContent: @unchecked Sendable {
     public func discardChanges() {
         state.withLock { s in
             s = State(base: s.base, baseLimit: s.base.totalSize, size: s.base.totalSize, baseStored: s.baseStored,
-                      stagingFD: s.stagingFD, lastChange: s.lastChange)
-            if s.stagingFD >= 0 { _ = ftruncate(s.stagingFD, 0) }
+                      staging: s.staging, lastChange: s.lastChange)
+            s.staging.removeAll()
             publish(s)
         }
     }
@@ -293,12 +287,10 @@ public final class FileContent: @unchecked Sendable {
         for piece in s.dirty.pieces(in: offset..<end) {
             let count = Int(piece.range.upperBound - piece.range.lowerBound)
             let into = Int(piece.range.lowerBound - offset)
-            let fd = s.stagingFD
+            let staging = s.staging
             var failure: SystemError?
             out.withUnsafeMutableBytes { raw in
-                // A short read (the staging file ends early) leaves zeros, which is what
-                // a write that never reached the file would read as.
-                do throws(SystemError) { _ = try readFully(fd, into: UnsafeMutableRawBufferPointer(rebasing: raw[into..<into + count]), at: piece.staged, path: "staging data") }
+                do throws(SystemError) { try staging.read(into: UnsafeMutableRawBufferPointer(rebasing: raw[into..<into + count]), at: piece.staged) }
                 catch { failure = error }
             }
             if let failure { throw .io(errno: failure.code, failure.context) }

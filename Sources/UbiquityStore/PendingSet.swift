@@ -7,6 +7,8 @@
 final class PendingSet<Element: Hashable> {
     enum Kind: Int64 {
         case inode = 1, vacated = 2, recheck = 3, unreconciled = 4, orphaned = 5
+        /// Store format 7: nodes held by inodes a sliced sync step recorded (`held`).
+        case held = 6
     }
 
     static var schema: String {
@@ -53,6 +55,14 @@ final class PendingSet<Element: Hashable> {
         guard let element = members.first else { return nil }
         try remove(element)
         return element
+    }
+
+    /// Takes up to `count` entries out of the set, any of them.
+    func removeSome(_ count: Int) throws(StoreError) -> [Element] {
+        guard members.count > count else { return Array(try removeAll()) }
+        let taken = Array(members.prefix(count))
+        for element in taken { try remove(element) }
+        return taken
     }
 
     /// Empties the set, returning what it held.

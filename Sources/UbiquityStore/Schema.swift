@@ -1,7 +1,7 @@
 /// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
 /// by a newer program is refused rather than misread.
 enum Schema {
-    static let formatVersion = 6
+    static let formatVersion = 7
 
     static let statements = [
         """

@@ -23,6 +23,9 @@ final class SmallChunks: Sendable {
         let db: SQLiteDatabase?
         /// Rows written since the last `sync()`.
         var unsynced = false
+        /// Rows put in the open batch (group commit, `startBatching`), by id: the intent
+        /// log carries them with the save that wrote them until the batch commits.
+        var uncommitted: [ChunkID: [UInt8]] = [:]
     }
     private let state: Locked<State>
     let path: String
@@ -61,12 +64,41 @@ final class SmallChunks: Sendable {
         try db.execute("CREATE TABLE IF NOT EXISTS chunks(id BLOB PRIMARY KEY, bytes BLOB NOT NULL, used INTEGER NOT NULL) WITHOUT ROWID")
     }
 
+    /// Group commit (a mounted store): puts join one open transaction that `commitBatch`
+    /// commits, instead of a commit (a 16 KiB WAL frame) each. The store commits this batch
+    /// before its metadata batch, so a committed version never names an uncommitted row.
+    func startBatching() {
+        state.withLock { s in s.db?.batching = true }
+    }
+
+    /// Commits the rows put since the last call.
+    func commitBatch() throws(StoreError) {
+        try state.withLock { (s) throws(StoreError) in
+            try s.db?.commitBatch()
+            s.uncommitted = [:]
+        }
+    }
+
+    /// Those of `ids` put in the open batch, with their bytes.
+    func uncommitted(_ ids: [ChunkID]) -> [ChunkID: [UInt8]] {
+        state.withLock { s in
+            guard !s.uncommitted.isEmpty else { return [:] }
+            var found: [ChunkID: [UInt8]] = [:]
+            for id in ids { if let bytes = s.uncommitted[id] { found[id] = bytes } }
+            return found
+        }
+    }
+
     /// Stores the chunk, or renews `used` when it is there.
     func put(_ id: ChunkID, _ bytes: UnsafeRawBufferPointer, now: Nanos) throws(StoreError) {
         try state.withLock { (s) throws(StoreError) in
             guard let db = s.db else { throw .io(errno: EROFS, "\(path) is read-only") }
-            try db.query("INSERT INTO chunks(id, bytes, used) VALUES(?, ?, ?) ON CONFLICT(id) DO UPDATE SET used = excluded.used",
-                         [.blob(id.raw), .blob(Array(bytes)), .int(now)])
+            let row = Array(bytes)
+            try db.transaction { () throws(StoreError) in
+                try db.query("INSERT INTO chunks(id, bytes, used) VALUES(?, ?, ?) ON CONFLICT(id) DO UPDATE SET used = excluded.used",
+                             [.blob(id.raw), .blob(row), .int(now)])
+            }
+            if db.batching { s.uncommitted[id] = row }
             s.unsynced = true
         }
     }
@@ -124,11 +156,13 @@ final class SmallChunks: Sendable {
                     if db.changes > 0 { freed[id] = size + 80 }
                 }
                 }
+                try db.commitBatch()
             } catch {
                 // Nothing of the batch was deleted (rolled back): gc reports it as kept.
                 log("ubiquity: gc: deleting small chunks failed: \(error)")
                 return [:]
             }
+            for id in freed.keys { s.uncommitted[id] = nil }
             return freed
         }
     }
@@ -153,6 +187,8 @@ final class SmallChunks: Sendable {
     func sync(all: Bool = false) throws(StoreError) {
         try state.withLock { (s) throws(StoreError) in
             guard s.unsynced || all, let db = s.db else { return }
+            try db.commitBatch()
+            s.uncommitted = [:]
             try db.execute("PRAGMA synchronous=FULL")
             defer { try? db.execute("PRAGMA synchronous=NORMAL") }
             // A transaction that writes, so that its commit (and the WAL's fsync) happens.
@@ -160,6 +196,7 @@ final class SmallChunks: Sendable {
                 try db.execute("DELETE FROM barrier")
                 try db.execute("INSERT INTO barrier(n) VALUES(1)")
             }
+            try db.commitBatch() // with group commit on, the transaction above opened a batch
             s.unsynced = false
         }
     }

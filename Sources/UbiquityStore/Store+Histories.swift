@@ -31,6 +31,29 @@ extension Store {
     }
 
     /// Stops showing a history under .versions/ (its versions stay in the database).
+    /// An editor's atomic save (write a temp file, rename it over the file): the temp
+    /// file's history, when its one version never left this device, goes altogether, as
+    /// if it never was: its content becomes the target's next version. Otherwise that
+    /// version would be a record now, shown at the temp path to every device, and a
+    /// tombstone at the next sync step: three records per save instead of one, and until
+    /// the step, one more live node at the temp path for each save (which every later
+    /// save there had to count for conflicts). Returns false when the history has more
+    /// than that version, or it was uploaded or is being uploaded: the caller keeps it.
+    public func withdrawUnsentHistory(_ fileID: String) throws(StoreError) -> Bool {
+        let rows = try db.rows("SELECT row, id, device_id, uploaded, local FROM versions WHERE file_id = ? LIMIT 2", [.text(fileID)]) {
+            (row: $0.int(0), id: $0.text(1), device: $0.text(2), uploaded: $0.int(3) != 0, local: $0.int(4) != 0)
+        }
+        guard rows.count == 1, let only = rows.first, only.device == deviceID, !only.uploaded, !only.local,
+              !uploadsInFlight.contains(only.id), let record = try replica.record(id: only.id) else { return false }
+        try db.transaction { () throws(StoreError) in
+            try db.query("DELETE FROM versions WHERE row = ?", [.int(only.row)])
+            _ = try replica.remove(record)
+            try db.query("DELETE FROM own_dots WHERE node = ?", [.text(fileID)])
+            try dropHistory(fileID)
+        }
+        return true
+    }
+
     public func dropHistory(_ fileID: String) throws(StoreError) {
         guard let path = try db.rows("SELECT path FROM histories WHERE file_id = ?", [.text(fileID)], { $0.text(0) }).first else { return }
         try db.query("DELETE FROM histories WHERE file_id = ?", [.text(fileID)])

@@ -32,50 +32,63 @@ extension Store {
     /// nothing, and a change costs its own inodes and paths. The first call after opening
     /// looks at the whole tree once instead (`needsFullScan`).
     public func recordLocalChanges(busy: Set<InodeNumber>) throws(StoreError) {
-        guard !readOnly else { return }
+        while try recordLocalChangesSlice(busy: busy) {}
+    }
+
+    /// How many changed inodes, and then orphaned histories, one slice takes.
+    static let changesPerSlice = 256
+
+    /// One slice of `recordLocalChanges`, its own transaction; returns whether more
+    /// remains. The sync engine holds the filesystem's lock for one slice at a time: a
+    /// burst of saves (an editor's 1,000 temp-file renames) made one step of 400 ms during
+    /// which every request waited.
+    public func recordLocalChangesSlice(busy: Set<InodeNumber>) throws(StoreError) -> Bool {
+        guard !readOnly else { return false }
         if needsFullScan {
             try syncStep { () throws(StoreError) in
                 try recordAllLocalChanges()
                 try db.query("DELETE FROM settings WHERE key = 'full_scan'")
             }
             needsFullScan = false
-            return
+            return false
         }
-        guard !changed.isEmpty || !vacated.isEmpty || !recheck.isEmpty || !orphaned.isEmpty else { return }
-        try syncStep { () throws(StoreError) in try recordChanges() }
+        guard !changed.isEmpty || !vacated.isEmpty || !recheck.isEmpty || !orphaned.isEmpty else { return false }
+        return try syncStep { () throws(StoreError) -> Bool in try recordChanges(limit: Self.changesPerSlice) }
     }
 
     /// Runs a step of sync as one transaction: what it consumes of the change set goes
     /// with what it records. If it fails, the sets are read again (the rollback put back
     /// what it had taken) and the tree cache starts over.
-    private func syncStep(_ body: () throws(StoreError) -> Void) throws(StoreError) {
+    private func syncStep<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         do {
-            try db.transaction(body)
+            return try db.transaction { () throws(StoreError) -> T in try replica.deferringConflicts(body) }
         } catch {
             cache.removeAll()
             try? changed.reload(parse: { InodeNumber($0) })
             for set in [vacated, recheck, unreconciled] { try? set.reload(parse: NameKey.init) }
-            try? orphaned.reload(parse: { $0 })
+            for set in [orphaned, held] { try? set.reload(parse: { $0 }) }
             throw error
         }
     }
 
-    private func recordChanges() throws(StoreError) {
-        let ids = try changed.removeAll()
-        var holders: Set<String> = []
-        for id in ids where id != Store.rootInode {
+    /// Returns whether more remains (`limit` reached).
+    private func recordChanges(limit: Int) throws(StoreError) -> Bool {
+        for id in try changed.removeSome(limit) where id != Store.rootInode {
             guard let inode = try node(id)?.inode, inode.nlink > 0 else { continue }
-            if case .file(let node) = try recordChange(of: inode) { holders.insert(node) }
+            if case .file(let node) = try recordChange(of: inode) { try held.insert(node) }
         }
+        if !changed.isEmpty { return true }
         // Histories no inode holds any more (an inode took another history: a rename over
         // a file, a move to a local-only name; the inode was a history's only holder, as
         // every history has one inode). Found by node, not by path: a hard-linked file's
         // path is its first name, which need not be the name that went (t-differential
         // seed 935078509 left such records shown).
-        for node in try orphaned.removeAll() where !holders.contains(node) {
+        for node in try orphaned.removeSome(limit) where !held.contains(node) {
             guard let current = try replica.current(node), current.kind == .file else { continue }
             try recordRemoval(of: current)
         }
+        if !orphaned.isEmpty { return true }
+        try held.removeAll()
         // What was removed or moved away: the nodes the view showed there that the tree no
         // longer has. Directories and symlinks are nodes by path: gone. A file node of this
         // device's own is gone too (deleted, or orphaned: an editor's temp file renamed over
@@ -98,6 +111,7 @@ extension Store {
         try queueUnshownPaths()
         if getenv("UBQ_VERIFY_SYNC_SCAN") != nil { try verifyIncrementalScan() }
         try vacated.removeAll()
+        return false
     }
 
     /// Calls `body` with every named inode but the root, a page of ids at a time (the
@@ -339,11 +353,13 @@ extension Store {
     public func addRemote(_ records: [SyncRecord]) throws(StoreError) -> Int {
         var added = 0
         try db.transaction { () throws(StoreError) in
+            try replica.deferringConflicts { () throws(StoreError) in
             for record in records where record.deviceID != deviceID {
                 if try replica.record(id: record.id) != nil { continue }
                 if try isPrunedRecord(record.id) { continue }
                 _ = try insert(record, from: .otherDevice)
                 added += 1
+            }
             }
         }
         return added
@@ -353,7 +369,10 @@ extension Store {
 
     /// This device's records not yet in the backing directory, oldest first.
     public func pendingUploads(limit: Int) throws(StoreError) -> [SyncRecord] {
-        try ownRecords("uploaded = 0", after: 0, limit: limit).map(\.record)
+        let batch = try ownRecords("uploaded = 0", after: 0, limit: limit).map(\.record)
+        // The engine uploads them without the lock; until `markUploaded` they must stay.
+        uploadsInFlight = Set(batch.map(\.id))
+        return batch
     }
 
     /// This device's records matching `condition` after row `after`, in row order.
@@ -382,6 +401,7 @@ extension Store {
             for id in ids { try db.query("UPDATE versions SET uploaded = 1 WHERE id = ?", [.text(id)]) }
             try addToSetting(Self.journalRecordsKey, Int64(ids.count))
         }
+        uploadsInFlight.subtract(ids)
     }
 
     public func isUploaded(row: Int64) throws(StoreError) -> Bool {

@@ -17,11 +17,12 @@ extension Store {
     /// Records a new current version of a file and returns it.
     /// - Parameters:
     ///   - local: the file is local-only; its previous local version is dropped.
+    ///   - versionID: the new version's id (the intent log's replay); a fresh one if nil.
     @discardableResult
-    public func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool) throws(StoreError) -> Version {
+    public func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool, versionID: String? = nil) throws(StoreError) -> Version {
         guard var inode = try node(id)?.inode, let fileID = inode.fileID else { throw .noSuchVersion("inode \(id) is not a file") }
         let previous = try headVersion(inode.head ?? continuedParents[id])
-        let record = SyncRecord(id: randomHex(bytes: 16), node: fileID, kind: .file,
+        let record = SyncRecord(id: versionID ?? randomHex(bytes: 16), node: fileID, kind: .file,
                                 parents: previous.flatMap { $0.isLocal ? nil : [$0.id] } ?? [],
                                 deviceID: deviceID, deviceName: deviceName, committed: clock(), mtime: inode.mtime,
                                 mode: inode.mode, isTombstone: false, isMeta: false, path: path, chunks: content,
@@ -42,6 +43,7 @@ extension Store {
             return row
         }
         continuedParents[id] = nil
+        try secure(id, content: content, path: path, version: record.id)
         return try version(row: row)!
     }
 

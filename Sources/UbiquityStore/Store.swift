@@ -6,6 +6,7 @@ import UbiquitySystem
 ///     meta.sqlite      metadata: tree, versions, histories, xattrs (SQLite, WAL)
 ///     chunks/xx/<sha>  immutable chunk files named by their SHA-256
 ///     staging/         bytes written to open files since their last commit
+///     intent.log       saves acknowledged since the last metadata commit (IntentLog)
 ///     lock             held (flock) by the one process using the store
 ///
 /// Not thread-safe: the filesystem layer calls it under its metadata lock. Chunk I/O
@@ -27,6 +28,18 @@ public final class Store: @unchecked Sendable {
     /// commit descends from (kept in memory only; losing it in a crash only loses the link).
     var continuedParents: [InodeNumber: Int64] = [:]
     var nextInode: InodeNumber = 2
+    /// Records `pendingUploads` handed to the sync engine and not marked uploaded yet:
+    /// `withdrawUnsentHistory` leaves them alone.
+    var uploadsInFlight: Set<String> = []
+    /// Saves not yet in a committed batch (Store+Intents), and the last sequence given.
+    let intents: IntentLog
+    var intentSequence: Int64 = 0
+    /// `intentSequence` when the durability barrier in progress took its mark: the log
+    /// may be emptied after the barrier only if nothing was appended since.
+    var intentSequenceAtMark: Int64 = -1
+    /// Saves the open recorded again from the intent log (the last process was killed
+    /// before its batch committed them).
+    public private(set) var recoveredSaves: [String] = []
     /// The synced view computed from all records (see Replica).
     let replica: Replica
     /// What the sync step still has to look at, each kept in SQLite with the change that
@@ -41,6 +54,8 @@ public final class Store: @unchecked Sendable {
     /// - `unreconciled`: paths where the tree may not show the view yet (`reconcile`).
     /// - `orphaned`: histories an inode left (it took another's: a rename over a file, a
     ///   move to a local-only name); the step tombstones those still shown.
+    /// - `held`: file nodes that inodes recorded by the current pass hold (the pass runs
+    ///   in slices; an orphaned history one of them holds is not removed).
     let changed: PendingSet<InodeNumber>
     /// Checkpoints of meta.sqlite's WAL from a connection of their own (mounted stores).
     private let checkpointer: WALCheckpointer
@@ -50,6 +65,7 @@ public final class Store: @unchecked Sendable {
     let recheck: PendingSet<NameKey>
     let unreconciled: PendingSet<NameKey>
     let orphaned: PendingSet<String>
+    let held: PendingSet<String>
     /// Set by an upgrade from a store before format 4, which kept no change set: the
     /// first sync step looks at the whole tree once.
     var needsFullScan: Bool
@@ -90,6 +106,7 @@ public final class Store: @unchecked Sendable {
             lockFD = -1
         }
         chunks = try ChunkStore(directory: directory + "/chunks", readOnly: readOnly)
+        intents = IntentLog(directory: directory)
         let db = try SQLiteDatabase(path: directory + "/meta.sqlite")
         checkpointer = WALCheckpointer(path: directory + "/meta.sqlite")
         // A new store gives the pages prune frees back to the filesystem (`compact()`
@@ -101,6 +118,9 @@ public final class Store: @unchecked Sendable {
         // 32 MiB of pages (the default is 2 MiB): the tree's B-tree pages of a big container
         // stay in memory instead of being read again for every lookup.
         try db.execute("PRAGMA cache_size=-32768")
+        // Statement journals (a savepoint's undo inside the open batch) and sorts stay in
+        // memory: as files under /var/tmp they cost about 50 writes per saved file.
+        try db.execute("PRAGMA temp_store=MEMORY")
         if !readOnly { try Schema.migrate(db) }
         let get = { (key: String) throws(StoreError) -> String? in
             try db.rows("SELECT value FROM settings WHERE key = ?", [.text(key)]) { $0.text(0) }.first
@@ -135,11 +155,15 @@ public final class Store: @unchecked Sendable {
         recheck = try PendingSet(.recheck, db: db, load: load, key: name, parse: NameKey.init)
         unreconciled = try PendingSet(.unreconciled, db: db, load: load, key: name, parse: NameKey.init)
         orphaned = try PendingSet(.orphaned, db: db, load: load, key: { $0 }, parse: { $0 })
+        held = try PendingSet(.held, db: db, load: load, key: { $0 }, parse: { $0 })
         needsFullScan = try get("full_scan") == "1"
         // Read-only inspection (status, fsck) reads what it needs from the database; only
         // a store that serves a mount holds the tree and the synced view in memory.
         if !readOnly { try loadTree() }
-        if lock { recovery = try recoverUndurableVersions() }
+        if lock {
+            recovery = try recoverUndurableVersions()
+            recoveredSaves = try replayIntents()
+        }
         if lock {
             clearStaging()
             // The lock file names the process holding it (for `ubiquity unmount`).
@@ -150,7 +174,7 @@ public final class Store: @unchecked Sendable {
     }
 
     deinit {
-        do { try db.commitBatch() } catch { log("ubiquity: final metadata commit failed: \(error)") }
+        do { try commitBatch() } catch { log("ubiquity: final metadata commit failed: \(error)") }
         if lockFD >= 0 { close(lockFD) }
     }
 
@@ -167,10 +191,20 @@ public final class Store: @unchecked Sendable {
     public var work: (database: Int, replica: Int) { (db.work, replica.work) }
 
     /// Turns group commit on (the mounted filesystem) — see `SQLiteDatabase.batching`.
-    public func startBatching() { db.batching = !readOnly }
+    public func startBatching() {
+        guard !readOnly else { return }
+        db.batching = true
+        chunks.startBatching()
+    }
 
     /// Commits the metadata changes made since the last call (a cheap no-op when none).
-    public func commitBatch() throws(StoreError) { try db.commitBatch() }
+    /// The intent log keeps its saves until the next durability barrier (`markDurable`):
+    /// the ones an fsync made durable through it are not durable in the database yet.
+    public func commitBatch() throws(StoreError) {
+        // Chunks first: a committed version must never name a row that is not.
+        try chunks.commitSmallChunks()
+        try db.commitBatch()
+    }
 
     /// Staging holds only uncommitted bytes of open files; after a restart nothing is open.
     private func clearStaging() {
@@ -202,7 +236,7 @@ public final class Store: @unchecked Sendable {
     /// Moves the WAL into the database and cuts it to nothing (unmount: the daemon exits
     /// without closing SQLite, which would otherwise leave the WAL at its largest).
     public func checkpoint() throws(StoreError) {
-        try db.commitBatch()
+        try commitBatch()
         try db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     }
 
@@ -217,14 +251,15 @@ public final class Store: @unchecked Sendable {
     /// and only those may be marked durable after it (a save recorded during the flush
     /// waits for the next barrier).
     public func durabilityMark() throws(StoreError) -> Int64 {
-        try db.rows("SELECT max(row) FROM versions WHERE durable = 0", []) { $0.isNull(0) ? 0 : $0.int(0) }.first ?? 0
+        intentSequenceAtMark = intentSequence
+        return try db.rows("SELECT max(row) FROM versions WHERE durable = 0", []) { $0.isNull(0) ? 0 : $0.int(0) }.first ?? 0
     }
 
     /// Durability barrier, part 2: one transaction with synchronous=FULL, which fsyncs the
     /// WAL and so makes every metadata change so far durable (the chunks they name already
     /// are). It also marks the versions up to `mark` (`durabilityMark`) as durable.
     public func markDurable(upTo mark: Int64 = .max) throws(StoreError) {
-        try db.commitBatch()
+        try commitBatch()
         try db.execute("PRAGMA synchronous=FULL")
         defer { try? db.execute("PRAGMA synchronous=NORMAL") }
         try db.transaction { () throws(StoreError) in
@@ -232,7 +267,10 @@ public final class Store: @unchecked Sendable {
             // Always write something, so the commit (and its WAL fsync) really happens.
             try db.execute("REPLACE INTO settings(key, value) VALUES('last_sync', strftime('%s','now'))")
         }
-        try db.commitBatch() // when group commit is on, the transaction above joined a batch
+        try commitBatch() // when group commit is on, the transaction above joined a batch
+        // Every save the log holds is durable now, with its chunks (they were written
+        // before the mark): unless one was logged during the flush.
+        if intentSequence == intentSequenceAtMark { intents.clear() }
     }
 }
 

@@ -165,18 +165,25 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         if pushPull {
             do { try backing.open() } catch { problem = error }
         }
-        // Local changes first, then other devices' records a slice at a time.
-        var first = true
+        // Local changes first, a slice per hold of the filesystem's lock (a burst of saves
+        // must not stall every request for the whole batch), then other devices' records a
+        // slice at a time. The last local slice and the first reconcile share a hold, so
+        // the tree never shows a view that forgot a local change.
+        var localMore = true
         while true {
             var incoming: [SyncRecord] = []
             var newOffsets: [String: Store.JournalPosition] = [:]
             var more = false
-            if pushPull && problem == nil {
+            if pushPull && problem == nil && !localMore {
                 do { (incoming, newOffsets, more) = try pull(limit: options.pullSlice) } catch { problem = error }
             }
-            let local = first
+            let recording = localMore
             try access.withStore { (store, busy) throws(StoreError) -> TreeChanges in
-                if local { try store.recordLocalChanges(busy: busy) }
+                if recording {
+                    localMore = try store.recordLocalChangesSlice(busy: busy)
+                    if localMore { return TreeChanges() }
+                    more = pushPull && problem == nil // then pull
+                }
                 if !incoming.isEmpty { try store.addRemote(incoming) }
                 for (device, position) in newOffsets { try store.setPeerPosition(device, position) }
                 let changes = try store.reconcile(busy: busy)
@@ -184,8 +191,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
                 return changes
             }
             offsets.withLock { known in for (d, o) in newOffsets { known?[d] = o } }
-            first = false
-            if !more { break }
+            if !more && !localMore { break }
         }
         if pushPull && problem == nil {
             do { try push() } catch { problem = error }

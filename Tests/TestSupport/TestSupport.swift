@@ -65,3 +65,30 @@ public func removeTree(_ path: String) {
         unlink(path)
     }
 }
+
+/// cp -r of regular files and directories, skipping names that end in `-shm` (what a
+/// process killed at this moment leaves on disk; SQLite rebuilds its shared index).
+public func copyTree(_ from: String, to: String) {
+    var st = stat()
+    guard lstat(from, &st) == 0 else { return }
+    if st.st_mode & S_IFMT == S_IFDIR {
+        mkdir(to, 0o755)
+        guard let dir = opendir(from) else { return }
+        var names: [String] = []
+        while let entry = readdir(dir) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            if name != "." && name != ".." && !name.hasSuffix("-shm") { names.append(name) }
+        }
+        closedir(dir)
+        for name in names { copyTree(from + "/" + name, to: to + "/" + name) }
+    } else if st.st_mode & S_IFMT == S_IFREG {
+        let input = open(from, O_RDONLY), output = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        defer { close(input); close(output) }
+        var buffer = [UInt8](repeating: 0, count: 1 << 16)
+        while true {
+            let n = read(input, &buffer, buffer.count)
+            if n <= 0 { break }
+            _ = write(output, buffer, n)
+        }
+    }
+}

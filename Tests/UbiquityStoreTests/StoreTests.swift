@@ -149,7 +149,7 @@ import UbiquitySystem
             try store.db.execute("UPDATE settings SET value = '5' WHERE key = 'format'")
         }
         let store = try Store(directory: dir.path)
-        #expect(try store.setting("format") == "6")
+        #expect(try store.setting("format") == String(Schema.formatVersion))
         #expect(try store.peerPosition(device) == Store.JournalPosition(generation: 0, offset: 1234))
         let f = try #require(store.child(Store.rootInode, "a.txt"))
         let old = try #require(try store.replica.current(store.inode(f)!.fileID!))

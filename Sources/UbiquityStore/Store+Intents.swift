@@ -1,0 +1,134 @@
+import Glibc
+import UbiquitySystem
+
+/// Saves secured by the intent log (`IntentLog`) until the metadata batch commits.
+extension Store {
+    /// After `commit` recorded a version inside the open batch: the save is appended to
+    /// the intent log, and the batch notes its sequence (`intent_applied`), so the next open
+    /// knows whether the batch made it to the database. Without group commit (a store used
+    /// outside a mount) the version is committed already and nothing is logged.
+    func secure(_ id: InodeNumber, content: ChunkList, path: String, version: String) throws(StoreError) {
+        guard db.batching, let inode = try node(id)?.inode else { return }
+        do {
+            try append(Intent(sequence: 0, version: version, path: path, mode: inode.mode, uid: inode.uid, gid: inode.gid,
+                           mtime: inode.mtime, content: content, chunkBytes: chunks.uncommittedSmallChunks(content.ids)))
+        } catch {
+            // No log (a full disk, a save too big for a frame): commit the batch now, as
+            // every save did before the log existed.
+            try commitBatch()
+        }
+    }
+
+    /// Largest content `logDurably` carries in one frame; a bigger file's fsync runs the
+    /// durability barrier instead.
+    static let durableFrameLimit: Int64 = 1 << 20
+
+    /// fsync(2) of a file of up to `durableFrameLimit` bytes: one frame carrying its
+    /// current version with all its bytes, so that one fdatasync of the log (the caller's,
+    /// on the descriptor returned, outside the metadata lock) makes the save durable,
+    /// where the barrier fsyncs the chunk files, their directories and both databases'
+    /// WALs. Nil when the barrier is needed: a bigger file, or one with extended
+    /// attributes (the frame does not carry them).
+    public func logDurably(_ id: InodeNumber) throws(StoreError) -> Int32? {
+        guard db.batching, let inode = try node(id)?.inode, inode.kind == .file, let head = inode.head,
+              let version = try version(row: head), try currentXattrs(id).isEmpty else { return nil }
+        let content = try chunkList(row: head)
+        guard content.storedBytes <= Self.durableFrameLimit else { return nil }
+        var bytes: [ChunkID: [UInt8]] = [:]
+        for i in 0..<content.count where !content.isHole(i) { bytes[content.ids[i]] = try chunks.read(content.ids[i]) }
+        try append(Intent(sequence: 0, version: version.id, path: version.path, mode: inode.mode, uid: inode.uid, gid: inode.gid,
+                       mtime: inode.mtime, content: content, chunkBytes: bytes))
+        return intents.descriptor
+    }
+
+    /// Appends `intent` with the next sequence, which the open batch records as applied.
+    private func append(_ intent: Intent) throws(StoreError) {
+        var intent = intent
+        intent.sequence = intentSequence + 1
+        try intents.append(intent)
+        intentSequence += 1
+        try db.query("REPLACE INTO settings(key, value) VALUES('intent_applied', ?)", [.text(String(intentSequence))])
+    }
+
+    /// At open, before anything else changes the tree: records again the saves of the
+    /// log that the database does not have (the process was killed before its batch
+    /// committed, or the power went before a barrier made it durable). Each goes to its
+    /// path (directories made as needed), as a new version of the file there, or of a new
+    /// file, with the id it had. A save whose chunks are missing (a power loss dropped
+    /// them: they were never fsynced) is logged and skipped: the file keeps its version
+    /// before it. The log is empty afterwards. Returns the paths recovered.
+    func replayIntents() throws(StoreError) -> [String] {
+        let found = try IntentLog.read(path: intents.path)
+        let applied = Int64(try setting("intent_applied") ?? "0") ?? 0
+        intentSequence = max(applied, found.map(\.sequence).max() ?? 0)
+        var recovered: [String] = []
+        for intent in found where intent.sequence > applied {
+            do {
+                guard try version(id: intent.version) == nil else { continue } // an fsync's second frame
+                if try replay(intent) { recovered.append(intent.path) }
+            } catch {
+                log("ubiquity: \(intent.path): the save the intent log kept could not be recorded again: \(error)")
+            }
+        }
+        if !found.isEmpty {
+            try setSetting("intent_applied", String(intentSequence))
+            // What was recorded again must be durable before the log that held it goes.
+            if !recovered.isEmpty {
+                try chunks.sync()
+                try markDurable()
+            }
+            intents.clear(force: true)
+        }
+        for path in recovered {
+            log("ubiquity: \(path): a save the daemon acknowledged before it stopped was recorded again from the intent log")
+        }
+        return recovered
+    }
+
+    private func replay(_ intent: Intent) throws(StoreError) -> Bool {
+        for (id, bytes) in intent.chunkBytes where ChunkID(hashing: bytes) == id {
+            try chunks.put(id, bytes)
+        }
+        for i in 0..<intent.content.count where !intent.content.isHole(i) {
+            guard chunks.contains(intent.content.ids[i]) else {
+                log("ubiquity: \(intent.path): version saved at \(intent.mtime / 1_000_000_000) not recovered: chunk \(intent.content.ids[i]) is missing (it was never fsynced and the power went); rolled back to the version before it")
+                return false
+            }
+        }
+        let names = intent.path.split(separator: "/").map(String.init)
+        guard let name = names.last else { return false }
+        var parent = Store.rootInode
+        for directory in names.dropLast() {
+            if let child = try childID(parent, directory) {
+                guard try node(child)?.inode.kind == .directory else {
+                    log("ubiquity: \(intent.path): not recovered: \(directory) is no longer a directory")
+                    return false
+                }
+                parent = child
+            } else {
+                parent = try create(parent: parent, name: directory, kind: .directory, mode: 0o755, uid: intent.uid, gid: intent.gid).id
+            }
+        }
+        let id: InodeNumber
+        if let existing = try childID(parent, name) {
+            guard try node(existing)?.inode.kind == .file else {
+                log("ubiquity: \(intent.path): not recovered: the name is no longer a file")
+                return false
+            }
+            id = existing
+        } else {
+            id = try create(parent: parent, name: name, kind: .file, mode: intent.mode, uid: intent.uid, gid: intent.gid).id
+            // As a new file at a deleted file's path continues its history (FileSystem).
+            if !LocalOnly.contains(intent.path), let dead = try deadHistory(at: intent.path) {
+                try continueHistory(id, fileID: dead.fileID, parent: dead.head)
+            }
+        }
+        guard var inode = try node(id)?.inode else { return false }
+        inode.mode = intent.mode
+        inode.mtime = intent.mtime
+        inode.ctime = intent.mtime
+        try update(inode)
+        try commit(id, content: intent.content, path: intent.path, local: LocalOnly.contains(intent.path), versionID: intent.version)
+        return true
+    }
+}

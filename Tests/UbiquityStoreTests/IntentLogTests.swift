@@ -1,0 +1,177 @@
+import Glibc
+import Testing
+import TestSupport
+import UbiquitySystem
+@testable import UbiquityStore
+
+/// The intent log (store format 7): a save acknowledged while its metadata batch was still
+/// open survives a kill of the process, recorded again at the next open.
+@Suite struct IntentLogTests {
+    static func save(_ store: Store, _ id: InodeNumber, _ path: String, _ bytes: [UInt8]) throws {
+        let chunk = ChunkID(hashing: bytes)
+        try store.chunks.put(chunk, bytes)
+        var list = ChunkList()
+        list.append(chunk, size: bytes.count)
+        try store.commit(id, content: list, path: path, local: false)
+    }
+
+    static func file(_ store: Store, _ name: String) throws -> InodeNumber {
+        try store.create(parent: Store.rootInode, name: name, kind: .file, mode: 0o644, uid: 0, gid: 0).id
+    }
+
+    static func inode(_ store: Store, _ path: String) -> InodeNumber? {
+        var id = Store.rootInode
+        for name in path.split(separator: "/") {
+            guard let child = store.child(id, String(name)) else { return nil }
+            id = child
+        }
+        return id
+    }
+
+    static func content(_ store: Store, _ path: String) throws -> [UInt8]? {
+        guard let id = inode(store, path) else { return nil }
+        return try store.openContent(id).read(offset: 0, count: 1 << 20)
+    }
+
+    static func versionCount(_ store: Store, _ path: String) throws -> Int {
+        let fileID = try #require(inode(store, path).flatMap { store.inode($0)?.fileID })
+        return try store.versions(of: fileID).count
+    }
+
+    /// What a kill -9 leaves: the files as they are on disk while the batch is open.
+    static func killed(_ dir: TempDirectory) -> TempDirectory {
+        let copy = TempDirectory()
+        copyTree(dir.path, to: copy.path)
+        unlink(copy.path + "/lock")
+        return copy
+    }
+
+    @Test func savesInAnOpenBatchSurviveAKill() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let small = Array("twenty bytes of text".utf8), big = [UInt8](repeating: 7, count: 5000)
+        let store = try Store(directory: dir.path, deviceName: "test")
+        let old = try store.create(parent: Store.rootInode, name: "old", kind: .file, mode: 0o600, uid: 0, gid: 0).id
+        try Self.save(store, old, "old", Array("first".utf8))
+        store.startBatching()
+        // In the batch: a directory, a file in it, a second version of an older file.
+        let d = try store.create(parent: Store.rootInode, name: "d", kind: .directory, mode: 0o755, uid: 0, gid: 0).id
+        let f = try store.create(parent: d, name: "f", kind: .file, mode: 0o640, uid: 0, gid: 0).id
+        try Self.save(store, f, "d/f", small)
+        try Self.save(store, old, "old", big)
+        let copy = Self.killed(dir)
+        defer { copy.cleanup() }
+
+        let reopened = try Store(directory: copy.path)
+        #expect(reopened.recoveredSaves.sorted() == ["d/f", "old"])
+        #expect(try Self.content(reopened, "d/f") == small)
+        #expect(try Self.content(reopened, "old") == big)
+        #expect(Self.inode(reopened, "d").flatMap { reopened.inode($0)?.kind } == .directory)
+        #expect(Self.inode(reopened, "d/f").flatMap { reopened.inode($0)?.mode } == 0o640)
+        #expect(try Self.versionCount(reopened, "old") == 2, "the replayed save continues the file's history")
+        // The log is empty now, and a second open replays nothing.
+        var st = stat()
+        #expect(stat(copy.path + "/intent.log", &st) == 0 && st.st_size == 0)
+    }
+
+    @Test func aCommittedBatchIsNotReplayed() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "test")
+        store.startBatching()
+        let f = try Self.file(store, "f")
+        try Self.save(store, f, "f", Array("one".utf8))
+        let log = try #require(try readFile(dir.path + "/intent.log", limit: 1 << 20))
+        try store.commitBatch()
+        // A kill between the batch's commit and the log's truncation: the log still holds
+        // the save, and the database says it is applied.
+        let fd = open(dir.path + "/intent.log", O_WRONLY | O_TRUNC)
+        _ = log.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        close(fd)
+        let copy = Self.killed(dir)
+        defer { copy.cleanup() }
+        let reopened = try Store(directory: copy.path)
+        #expect(reopened.recoveredSaves.isEmpty)
+        #expect(try Self.versionCount(reopened, "f") == 1)
+    }
+
+    @Test func aTornFrameEndsTheLogAndMissingChunksAreSkipped() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "test")
+        store.startBatching()
+        let a = try Self.file(store, "a")
+        let b = try Self.file(store, "b")
+        let lost = [UInt8](repeating: 9, count: 5000)
+        try Self.save(store, a, "a", Array("kept".utf8))
+        try Self.save(store, b, "b", lost)
+        let copy = Self.killed(dir)
+        defer { copy.cleanup() }
+        // A power loss took b's chunk file; the crash cut the log's last write short.
+        unlink(try ChunkStore(directory: copy.path + "/chunks").path(of: ChunkID(hashing: lost)))
+        let fd = open(copy.path + "/intent.log", O_WRONLY | O_APPEND)
+        _ = write(fd, [UInt8(200), 0, 0, 0, 1, 2], 6)
+        close(fd)
+        let reopened = try Store(directory: copy.path)
+        #expect(reopened.recoveredSaves == ["a"])
+        #expect(try Self.content(reopened, "a") == Array("kept".utf8))
+        #expect(reopened.child(Store.rootInode, "b") == nil, "b's create was in the lost batch, its save lost its data")
+    }
+
+    /// fsync of a small file writes one frame with its bytes and fdatasyncs the log: a
+    /// power loss that takes the database's unsynced WAL and the chunk file keeps the save.
+    @Test func anFsyncedFrameSurvivesAPowerLoss() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let bytes = [UInt8](repeating: 3, count: 5000)
+        let store = try Store(directory: dir.path, deviceName: "test")
+        try store.checkpoint() // the schema is in the database file, not only in the WAL
+        store.startBatching()
+        let f = try Self.file(store, "f")
+        try Self.save(store, f, "f", bytes)
+        let fd = try #require(try store.logDurably(f))
+        #expect(fdatasync(fd) == 0)
+        let copy = Self.killed(dir)
+        defer { copy.cleanup() }
+        // The power loss: the WAL and the chunk file never reached the disk.
+        #expect(truncate(copy.path + "/meta.sqlite-wal", 0) == 0)
+        unlink(try ChunkStore(directory: copy.path + "/chunks").path(of: ChunkID(hashing: bytes)))
+        let reopened = try Store(directory: copy.path)
+        #expect(reopened.recoveredSaves == ["f"])
+        #expect(try Self.content(reopened, "f") == bytes)
+        #expect(try Self.versionCount(reopened, "f") == 1)
+    }
+
+    /// A file over the frame limit, or with extended attributes, goes the barrier's way.
+    @Test func bigFilesAndFilesWithXattrsAreLeftToTheBarrier() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "test")
+        store.startBatching()
+        let big = try Self.file(store, "big")
+        var list = ChunkList()
+        for i in 0..<5 {
+            let chunk = [UInt8](repeating: UInt8(i), count: 256 << 10)
+            try store.chunks.put(ChunkID(hashing: chunk), chunk)
+            list.append(ChunkID(hashing: chunk), size: chunk.count)
+        }
+        try store.commit(big, content: list, path: "big", local: false)
+        #expect(try store.logDurably(big) == nil)
+        let tagged = try Self.file(store, "tagged")
+        try Self.save(store, tagged, "tagged", Array("x".utf8))
+        try store.setXattr(tagged, "user.tag", [1])
+        #expect(try store.logDurably(tagged) == nil)
+    }
+
+    @Test func framesRoundTrip() throws {
+        var list = ChunkList()
+        list.append(ChunkID(hashing: [1, 2, 3]), size: 3)
+        list.appendHole(1 << 40)
+        let intent = Intent(sequence: 42, version: "00112233445566778899aabbccddeeff", path: "dir/naïve name", mode: 0o4755,
+                            uid: 1000, gid: 100, mtime: -5, content: list, chunkBytes: [ChunkID(hashing: [1, 2, 3]): [1, 2, 3]])
+        #expect(IntentLog.decode(IntentLog.encode(intent)) == intent)
+        var damaged = IntentLog.encode(intent)
+        damaged.removeLast()
+        #expect(IntentLog.decode(damaged) == nil)
+    }
+}
