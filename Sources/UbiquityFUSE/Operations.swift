@@ -16,6 +16,9 @@ func makeOperations() -> fuse_lowlevel_ops {
         guard let conn else { return }
         // Let the kernel send O_TRUNC with open (one request instead of setattr + open).
         if conn.pointee.capable & UInt32(FUSE_CAP_ATOMIC_O_TRUNC) != 0 { conn.pointee.want |= UInt32(FUSE_CAP_ATOMIC_O_TRUNC) }
+        // Read ahead up to 1 MiB per request once the mount's read_ahead_kb allows it
+        // (FUSESession.raiseReadahead); the kernel keeps whichever is smaller.
+        conn.pointee.max_readahead = UInt32(FUSESession.readaheadKiB << 10)
     }
 
     ops.lookup = { req, parent, cname in

@@ -60,9 +60,13 @@ func reply(_ req: fuse_req_t?, _ body: () throws(Errno) -> Void) {
     }
 }
 
-/// Attribute and entry validity for real nodes. Everything that changes a node comes
-/// through the kernel, so a second is safe and saves most getattr round trips.
-let cacheTimeout = 1.0
+/// Attribute and entry validity for real nodes: five minutes. Everything that changes a
+/// node comes through the kernel, except what sync and conflict resolution change, and
+/// those send `notify_inval_inode`/`_entry` for exactly what they changed
+/// (`FUSESession.invalidate`). So the kernel may keep names and attributes long: a
+/// `tar -x` or `git clone` looks up each directory once, not once a second (1 s before).
+/// Not forever: the bound limits what a missed invalidation could ever show.
+let cacheTimeout = 300.0
 
 func statBuffer(_ a: Attributes) -> stat {
     var st = stat()

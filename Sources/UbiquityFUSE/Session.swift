@@ -74,7 +74,25 @@ public final class FUSESession: @unchecked Sendable {
             if options.handleSignals { fuse_remove_signal_handlers(created) }
             throw .failed("cannot mount on \(mountpoint): does it exist, is it an empty directory you own, and is /dev/fuse usable (package fuse3)?")
         }
+        raiseReadahead()
     }
+
+    /// The kernel reads ahead 128 KiB at a time on a FUSE mount, and offers no more in
+    /// init whatever the filesystem asks: a sequential reader then waits for a request
+    /// per 128 KiB. The mount's backing device info takes a larger window, from root only
+    /// (anyone else keeps the default, silently). Found through mountinfo, not stat: a stat
+    /// of the mountpoint would wait for this very daemon, which does not serve yet.
+    private func raiseReadahead() {
+        guard getuid() == 0, let entry = mountEntries().last(where: { $0.mountpoint == mountpoint }) else { return }
+        let path = "/sys/class/bdi/\(entry.device)/read_ahead_kb"
+        let fd = open(path, O_WRONLY | O_CLOEXEC)
+        guard fd >= 0 else { return }
+        defer { close(fd) }
+        _ = "\(Self.readaheadKiB)\n".withCString { write(fd, $0, strlen($0)) }
+    }
+
+    /// Matches `max_readahead` in init: a FUSE request carries at most 1 MiB.
+    static let readaheadKiB = 1024
 
     /// Serves requests until the filesystem is unmounted or a signal ends the loop, then
     /// unmounts (if still mounted) and commits everything pending. Returns the loop's status.

@@ -22,7 +22,7 @@ import UbiquitySystem
 public final class ChunkStore: Sendable {
     public let directory: String
     private let dirFD: Int32
-    private let cache = Locked(ChunkCache(capacityBytes: 64 << 20))
+    private let cache = Locked(ChunkCache(capacityBytes: ChunkCache.defaultCapacity))
     /// Chunks being read ahead, so two readers never fetch the same one twice.
     private let prefetching = Locked<Set<ChunkID>>([])
     /// Chunk files written since the last `sync()`.
@@ -351,6 +351,17 @@ struct ChunkCache {
     private var youngBytes = 0
 
     init(capacityBytes: Int) { self.capacityBytes = capacityBytes }
+
+    /// A sixty-fourth of the machine's memory, at least 64 MiB and at most 512 MiB (384
+    /// MiB on a 24 GiB machine): a file read at random then hashes each chunk once, not
+    /// once per read (a 128 MiB file read in 4 KiB pieces against a 64 MiB cache hashed
+    /// 64 KiB for half of its reads).
+    static var defaultCapacity: Int {
+        let pages = sysconf(Int32(_SC_PHYS_PAGES)), size = sysconf(Int32(_SC_PAGESIZE))
+        guard pages > 0, size > 0 else { return 64 << 20 }
+        let (total, overflow) = pages.multipliedReportingOverflow(by: size)
+        return overflow ? 512 << 20 : min(max(total / 64, 64 << 20), 512 << 20)
+    }
 
     func contains(_ id: ChunkID) -> Bool { young[id] != nil || old[id] != nil }
 

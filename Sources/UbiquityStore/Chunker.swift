@@ -3,7 +3,7 @@
 /// so an edit moves at most the cuts near it and the rest of a file dedups against its
 /// previous version. Sizes: 16 KiB min / 64 KiB average / 256 KiB max; a file smaller than
 /// the minimum is one chunk.
-public struct Chunker: Sendable {
+public struct Chunker: Sendable, Equatable {
     public let minSize: Int
     public let avgSize: Int
     public let maxSize: Int

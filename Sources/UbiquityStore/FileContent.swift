@@ -27,6 +27,12 @@ public final class FileContent: @unchecked Sendable {
         var changed = false
         /// Where the bytes of `dirty` are.
         let staging: StagingBuffer
+        /// A file written in order from its start: its bytes are in here, cut and stored
+        /// as they come, not in `dirty` (`SequentialStream`).
+        var stream: SequentialStream?
+        /// The committed chunk list, while `base` holds the chunks of a stream that ended
+        /// before the commit (`settle`): what `discardChanges` goes back to.
+        var committedBase: ChunkList?
         var lastChange: Nanos = 0
         /// `lastChange` of content whose commit was refused as invalid (`.invalidContent`).
         var refusedChange: Nanos?
@@ -57,7 +63,9 @@ public final class FileContent: @unchecked Sendable {
 
     public var size: Int64 { summary.withLock { $0.size } }
     /// The chunks the committed content is made of (gc keeps them while the file is open).
-    public var baseChunks: [ChunkID] { state.withLock { s in s.base.chunks.map(\.id) } }
+    public var baseChunks: [ChunkID] {
+        state.withLock { s in s.base.chunks.map(\.id) + (s.committedBase?.chunks.map(\.id) ?? []) + (s.stream?.chunks.chunks.map(\.id) ?? []) }
+    }
     public var isChanged: Bool { summary.withLock { $0.changed } }
     /// Whether bytes were written since the last commit (not just a truncation).
     public var hasWrites: Bool { summary.withLock { $0.hasWrites } }
@@ -71,9 +79,9 @@ public final class FileContent: @unchecked Sendable {
     /// Called under the content lock after every change of `s`.
     private func publish(_ s: State) {
         summary.withLock {
-            $0 = Summary(size: s.size, changed: s.changed, hasWrites: !s.dirty.isEmpty,
+            $0 = Summary(size: s.size, changed: s.changed, hasWrites: !s.dirty.isEmpty || s.stream != nil,
                          refused: s.changed && s.refusedChange == s.lastChange, lastChange: s.lastChange,
-                         allocated: min(s.size, s.baseStored + s.dirty.stagedBytes))
+                         allocated: s.stream.map(\.size) ?? min(s.size, s.baseStored + s.dirty.stagedBytes))
         }
     }
 
@@ -81,6 +89,7 @@ public final class FileContent: @unchecked Sendable {
     /// one request carries; holes read as zeros without touching the chunk store.
     public func read(offset: Int64, count: Int) throws(StoreError) -> [UInt8] {
         guard offset >= 0, count >= 0 else { throw .io(errno: EINVAL, "read at \(offset)") }
+        try state.withLock { (s) throws(StoreError) in try settle(&s) }
         // Fetch and verify the base chunks outside the lock, so parallel reads (kernel
         // readahead) hash in parallel; the assembly under the lock then hits the cache.
         let (needed, ahead) = state.withLock { s -> ([ChunkID], [ChunkID]) in
@@ -117,6 +126,21 @@ public final class FileContent: @unchecked Sendable {
         guard data.count > 0 else { return }
         try state.withLock { (s) throws(StoreError) in
             let end = offset + Int64(data.count)
+            if s.stream == nil { try startStream(&s, at: offset) }
+            if s.stream != nil {
+                if offset == s.size {
+                    // Chunks the earlier writes decided first: a full disk fails this write,
+                    // before its bytes are taken.
+                    try s.stream!.cutComplete(into: chunks)
+                    s.stream!.append(data)
+                    s.size = end
+                    s.changed = true
+                    s.lastChange = nowNanos()
+                    publish(s)
+                    return
+                }
+                try settle(&s)
+            }
             // Bytes first, then the map: a failed write leaves the map as it was.
             let at = s.dirty.location(for: offset..<end)
             try StoreError.wrap { () throws(SystemError) in try s.staging.write(data, at: at) }
@@ -131,7 +155,8 @@ public final class FileContent: @unchecked Sendable {
     /// Sets the size; the caller checks `0...maxFileSize`. Growing adds a hole.
     public func truncate(_ newSize: Int64) throws(StoreError) {
         guard newSize >= 0, newSize <= maxFileSize else { throw .io(errno: EFBIG, "truncate to \(newSize)") }
-        state.withLock { s in
+        try state.withLock { (s) throws(StoreError) in
+            if s.stream != nil && newSize != s.size { try settle(&s) }
             if newSize < s.size {
                 if s.dirty.clip(to: newSize) { s.staging.removeAll() }
                 s.baseLimit = min(s.baseLimit, newSize)
@@ -149,6 +174,7 @@ public final class FileContent: @unchecked Sendable {
     public func seek(data: Bool, from offset: Int64) -> Int64? {
         state.withLock { s -> Int64? in
             guard offset >= 0, offset < s.size else { return nil }
+            if s.stream != nil { return data ? offset : s.size } // all written, no holes
             let baseEnd = min(s.baseLimit, s.base.totalSize)
             // The data region containing p (a staged range or a base chunk), if any.
             func dataRegion(at p: Int64) -> Range<Int64>? {
@@ -184,7 +210,12 @@ public final class FileContent: @unchecked Sendable {
             guard s.changed else { return false }
             let list: ChunkList
             do throws(StoreError) {
-                list = try record(try rechunk(&s, chunker: chunker))
+                if let stream = s.stream, chunker == SequentialStream.chunker {
+                    list = try record(try stream.finished(into: chunks))
+                } else {
+                    try settle(&s)
+                    list = try record(try rechunk(&s, chunker: chunker))
+                }
             } catch {
                 if case .invalidContent = error {
                     s.refusedChange = s.lastChange
@@ -196,6 +227,8 @@ public final class FileContent: @unchecked Sendable {
             s.baseLimit = list.totalSize
             s.baseStored = list.storedBytes
             s.dirty.removeAll()
+            s.stream = nil
+            s.committedBase = nil
             s.changed = false
             s.staging.removeAll()
             publish(s)
@@ -206,11 +239,53 @@ public final class FileContent: @unchecked Sendable {
     /// Drops uncommitted writes: the content is its base again.
     public func discardChanges() {
         state.withLock { s in
-            s = State(base: s.base, baseLimit: s.base.totalSize, size: s.base.totalSize, baseStored: s.baseStored,
+            let base = s.committedBase ?? s.base
+            s = State(base: base, baseLimit: base.totalSize, size: base.totalSize, baseStored: base.storedBytes,
                       staging: s.staging, lastChange: s.lastChange)
             s.staging.removeAll()
             publish(s)
         }
+    }
+
+    /// Starts a stream when a write continues a file written so far only in order from
+    /// its start, none of its committed bytes left, past the staging memory (smaller files
+    /// stay in memory until their commit anyway): the bytes staged so far move into it.
+    private func startStream(_ s: inout State, at offset: Int64) throws(StoreError) {
+        guard offset == s.size, s.baseLimit == 0, s.size >= Int64(StagingBuffer.memoryLimit),
+              s.dirty.extents.count == 1, s.dirty.extents[0].range == 0..<s.size, s.dirty.extents[0].staged == 0 else { return }
+        var bytes = [UInt8](repeating: 0, count: Int(s.size))
+        let staging = s.staging
+        var failure: SystemError?
+        bytes.withUnsafeMutableBytes { raw in
+            do throws(SystemError) { try staging.read(into: raw, at: 0) } catch { failure = error }
+        }
+        if let failure { throw .io(errno: failure.code, failure.context) }
+        s.stream = SequentialStream(startingWith: bytes)
+        s.dirty.removeAll()
+        s.staging.removeAll()
+    }
+
+    /// Ends the stream before anything but an append (a read, a write elsewhere, a
+    /// truncation): its chunks become the base the overlay lies on (the committed base
+    /// showed no bytes, so nothing of it is lost), its pending bytes are staged.
+    private func settle(_ s: inout State) throws(StoreError) {
+        guard let stream = s.stream else { return }
+        let pending = stream.pendingBytes
+        let start = stream.chunks.totalSize
+        if !pending.isEmpty {
+            let range = start..<start + Int64(pending.count)
+            let at = s.dirty.location(for: range)
+            let staging = s.staging
+            try withBytes(Array(pending)) { (raw) throws(StoreError) in
+                try StoreError.wrap { () throws(SystemError) in try staging.write(raw, at: at) }
+            }
+            s.dirty.place(range)
+        }
+        if s.committedBase == nil { s.committedBase = s.base }
+        s.base = stream.chunks
+        s.baseLimit = start
+        s.baseStored = stream.chunks.storedBytes
+        s.stream = nil
     }
 
     /// The new chunk list. Base pieces untouched by writes and truncation are reused as

@@ -245,8 +245,8 @@ final class Replica {
         if !superseded {
             try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.text(r.node), .int(r.row)])
         }
-        let changed = try recompute(r.node)
-        try conflictsChanged(changed)
+        let (changed, conflicts) = try recompute(r.node)
+        try conflictsChanged(conflicts + [r.path])
         return changed
     }
 
@@ -268,46 +268,56 @@ final class Replica {
         for parent in others where r.parents.contains(parent.id) && !named.contains(parent.id) && !others.contains(where: { $0.covers(parent) }) {
             try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.text(r.node), .int(parent.row)])
         }
-        var changed = try recompute(r.node)
+        var (changed, conflicts) = try recompute(r.node)
         changed += withAncestors(r.path)
-        try conflictsChanged(changed)
+        try conflictsChanged(conflicts + [r.path])
         return changed
     }
 
-    private func recompute(_ node: String) throws(StoreError) -> [String] {
+    /// Recomputes the node's current record. Returns the paths whose view may have
+    /// changed (with their ancestors), and those whose conflict count may have: the node's
+    /// old and new paths, and the ancestors that got their first node below or lost their
+    /// last (a path's count depends on what is below it only through whether anything is:
+    /// `state(at:)`), so a change deep in a tree recounts one path, not every ancestor.
+    private func recompute(_ node: String) throws(StoreError) -> (changed: [String], conflicts: [String]) {
         let old = try db.rows("SELECT row, path FROM view_current WHERE node = ?", [.text(node)]) { (row: $0.int(0), path: $0.text(1)) }.first
         let new = try liveHeads(node).max { $1.beats($0) }
-        if let old, let new, old.row == new.row { return withAncestors(new.path) }
-        var changed: [String] = []
+        if let old, let new, old.row == new.row { return (withAncestors(new.path), [new.path]) }
+        var changed: [String] = [], conflicts: [String] = []
         if let old {
             try db.query("DELETE FROM view_current WHERE node = ?", [.text(node)])
-            try count(old.path, nodes: -1)
+            conflicts += [old.path] + (try count(old.path, nodes: -1))
             changed += withAncestors(old.path)
         }
         if let new {
             try db.query("INSERT INTO view_current(node, row, path) VALUES(?, ?, ?)", [.text(node), .int(new.row), .text(new.path)])
-            try count(new.path, nodes: 1)
+            conflicts += [new.path] + (try count(new.path, nodes: 1))
             changed += withAncestors(new.path)
         }
-        return changed
+        return (changed, conflicts)
     }
 
-    /// Adds `delta` live nodes at `path` (and below each of its ancestors); a path with
-    /// none at or below it leaves `view_paths`.
-    private func count(_ path: String, nodes delta: Int) throws(StoreError) {
+    /// Adds `delta` (±1) live nodes at `path` (and below each of its ancestors); a path
+    /// with none at or below it leaves `view_paths`. Returns the ancestors whose `below`
+    /// went from 0 to 1 or from 1 to 0.
+    @discardableResult
+    private func count(_ path: String, nodes delta: Int) throws(StoreError) -> [String] {
         var path = Substring(path)
         var nodes = delta, below = 0
+        var crossed: [String] = []
         while true {
             work += 1
             let parent = path.lastIndex(of: "/").map { path[..<$0] } ?? ""
-            try db.query("""
+            let now = try db.rows("""
                 INSERT INTO view_paths(path, parent, nodes, below) VALUES(?, ?, ?, ?)
                 ON CONFLICT(path) DO UPDATE SET nodes = nodes + excluded.nodes, below = below + excluded.below
-                """, [.text(String(path)), .text(String(parent)), .int(Int64(nodes)), .int(Int64(below))])
+                RETURNING below
+                """, [.text(String(path)), .text(String(parent)), .int(Int64(nodes)), .int(Int64(below))]) { $0.int(0) }.first ?? 0
+            if below != 0 && now == (delta > 0 ? 1 : 0) { crossed.append(String(path)) }
             if delta < 0 {
                 try db.query("DELETE FROM view_paths WHERE path = ? AND nodes <= 0 AND below <= 0", [.text(String(path))])
             }
-            if parent.isEmpty { return }
+            if parent.isEmpty { return crossed }
             path = parent
             nodes = 0
             below = delta

@@ -2,6 +2,8 @@ import Glibc
 
 /// One line of /proc/self/mountinfo.
 public struct MountEntry: Sendable {
+    /// The mount's device, "major:minor" (its backing device info is /sys/class/bdi/<device>).
+    public var device: String
     public var mountpoint: String
     public var fstype: String
     public var source: String
@@ -17,7 +19,7 @@ public func mountEntries() -> [MountEntry] {
     while getline(&line, &capacity, file) > 0 {
         let fields = String(cString: line!).split(separator: " ")
         guard let dash = fields.firstIndex(of: "-"), fields.count > dash + 2, fields.count > 4 else { continue }
-        result.append(MountEntry(mountpoint: unescape(fields[4]), fstype: String(fields[dash + 1]), source: unescape(fields[dash + 2])))
+        result.append(MountEntry(device: String(fields[2]), mountpoint: unescape(fields[4]), fstype: String(fields[dash + 1]), source: unescape(fields[dash + 2])))
     }
     free(line)
     return result
