@@ -25,15 +25,11 @@ struct SequentialStream {
     mutating func cutComplete(into store: ChunkStore) throws(StoreError) {
         let maxSize = Self.chunker.maxSize
         while tail.count - tailStart >= maxSize {
-            let length = try withBytes(tail) { (raw) throws(StoreError) -> Int in
-                let window = UnsafeRawBufferPointer(rebasing: raw[tailStart..<tailStart + maxSize])
-                let length = Self.chunker.cut(window)
-                let chunk = UnsafeRawBufferPointer(rebasing: window[0..<length])
-                let id = ChunkID(hashing: chunk)
-                try store.put(id, chunk)
-                chunks.append(id, size: length)
-                return length
+            let start = tailStart
+            let (id, length) = try withBytes(tail) { (raw) throws(StoreError) in
+                try Self.cutAndStore(UnsafeRawBufferPointer(rebasing: raw[start..<start + maxSize]), into: store)
             }
+            chunks.append(id, size: length)
             tailStart += length
         }
         // Keep the buffer small: drop what was cut once it outweighs what is left.
@@ -47,17 +43,23 @@ struct SequentialStream {
         var list = chunks
         var at = tailStart
         while at < tail.count {
-            let length = try withBytes(tail) { (raw) throws(StoreError) -> Int in
-                let rest = UnsafeRawBufferPointer(rebasing: raw[at..<min(tail.count, at + Self.chunker.maxSize)])
-                let length = Self.chunker.cut(rest)
-                let chunk = UnsafeRawBufferPointer(rebasing: rest[0..<length])
-                let id = ChunkID(hashing: chunk)
-                try store.put(id, chunk)
-                list.append(id, size: length)
-                return length
+            let start = at, end = min(tail.count, at + Self.chunker.maxSize)
+            let (id, length) = try withBytes(tail) { (raw) throws(StoreError) in
+                try Self.cutAndStore(UnsafeRawBufferPointer(rebasing: raw[start..<end]), into: store)
             }
+            list.append(id, size: length)
             at += length
         }
         return list
+    }
+
+    /// Cuts the chunk that starts `window` (at most `maxSize` bytes, or the rest of the
+    /// input) and stores it.
+    private static func cutAndStore(_ window: UnsafeRawBufferPointer, into store: ChunkStore) throws(StoreError) -> (ChunkID, Int) {
+        let length = chunker.cut(window)
+        let chunk = UnsafeRawBufferPointer(rebasing: window[0..<length])
+        let id = ChunkID(hashing: chunk)
+        try store.put(id, chunk)
+        return (id, length)
     }
 }
