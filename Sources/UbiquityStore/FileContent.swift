@@ -64,7 +64,7 @@ public final class FileContent: @unchecked Sendable {
     public var size: Int64 { summary.withLock { $0.size } }
     /// The chunks the committed content is made of (gc keeps them while the file is open).
     public var baseChunks: [ChunkID] {
-        state.withLock { s in s.base.chunks.map(\.id) + (s.committedBase?.chunks.map(\.id) ?? []) + (s.stream?.chunks.chunks.map(\.id) ?? []) }
+        state.withLock { s in s.base.chunks.map(\.id) + (s.committedBase?.chunks.map(\.id) ?? []) + (s.stream?.storedIDs ?? []) }
     }
     public var isChanged: Bool { summary.withLock { $0.changed } }
     /// Whether bytes were written since the last commit (not just a truncation).
@@ -131,7 +131,7 @@ public final class FileContent: @unchecked Sendable {
                 if offset == s.size {
                     // Chunks the earlier writes decided first: a full disk fails this write,
                     // before its bytes are taken.
-                    try s.stream!.cutComplete(into: chunks)
+                    try s.stream!.cutComplete()
                     s.stream!.append(data)
                     s.size = end
                     s.changed = true
@@ -260,7 +260,7 @@ public final class FileContent: @unchecked Sendable {
             do throws(SystemError) { try staging.read(into: raw, at: 0) } catch { failure = error }
         }
         if let failure { throw .io(errno: failure.code, failure.context) }
-        s.stream = SequentialStream(startingWith: bytes)
+        s.stream = SequentialStream(startingWith: bytes, store: chunks)
         s.dirty.removeAll()
         s.staging.removeAll()
     }
@@ -270,8 +270,9 @@ public final class FileContent: @unchecked Sendable {
     /// showed no bytes, so nothing of it is lost), its pending bytes are staged.
     private func settle(_ s: inout State) throws(StoreError) {
         guard let stream = s.stream else { return }
+        let streamed = try stream.storedChunks()
         let pending = stream.pendingBytes
-        let start = stream.chunks.totalSize
+        let start = streamed.totalSize
         if !pending.isEmpty {
             let range = start..<start + Int64(pending.count)
             let at = s.dirty.location(for: range)
@@ -282,9 +283,9 @@ public final class FileContent: @unchecked Sendable {
             s.dirty.place(range)
         }
         if s.committedBase == nil { s.committedBase = s.base }
-        s.base = stream.chunks
+        s.base = streamed
         s.baseLimit = start
-        s.baseStored = stream.chunks.storedBytes
+        s.baseStored = streamed.storedBytes
         s.stream = nil
     }
 

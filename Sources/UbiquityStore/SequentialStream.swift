@@ -5,32 +5,41 @@
 ///
 /// The cuts are the ones `FileContent`'s commit would make (`Chunker.standard`): a cut is
 /// made only when `maxSize` bytes after the previous one are known, which is all the
-/// chunker looks at. Memory: the bytes not cut yet, less than `maxSize` plus one write.
+/// chunker looks at. The chunks are hashed and stored on another thread (`ChunkWriter`).
+/// Memory: the bytes not cut yet (less than `maxSize` plus one write) and the chunks
+/// waiting for the writer.
 struct SequentialStream {
     static let chunker = Chunker.standard
 
-    /// The chunks cut so far, from offset 0.
-    private(set) var chunks = ChunkList()
+    /// Hashes and stores the chunks cut so far, in order, in the background.
+    private let writer: ChunkWriter
+    /// Bytes of the chunks cut so far, from offset 0.
+    private var cutBytes: Int64 = 0
     /// Bytes after the last cut: `tail[tailStart...]`.
     private var tail: [UInt8]
     private var tailStart = 0
 
-    init(startingWith bytes: [UInt8]) { tail = bytes }
+    init(startingWith bytes: [UInt8], store: ChunkStore) {
+        tail = bytes
+        writer = ChunkWriter(store: store)
+    }
 
-    var size: Int64 { chunks.totalSize + Int64(tail.count - tailStart) }
+    var size: Int64 { cutBytes + Int64(tail.count - tailStart) }
     var pendingBytes: ArraySlice<UInt8> { tail[tailStart...] }
+    /// The chunks stored so far (gc keeps them while the file is open).
+    var storedIDs: [ChunkID] { writer.storedIDs }
 
-    /// Stores every chunk whose end the bytes so far decide. Throws what storing throws
-    /// (a full disk); nothing is lost then, the bytes stay pending.
-    mutating func cutComplete(into store: ChunkStore) throws(StoreError) {
+    /// Hands every chunk whose end the bytes so far decide to the writer. Throws when a
+    /// chunk could not be stored (a full disk) and still cannot: nothing is lost then.
+    mutating func cutComplete() throws(StoreError) {
+        try writer.retry()
         let maxSize = Self.chunker.maxSize
         while tail.count - tailStart >= maxSize {
             let start = tailStart
-            let (id, length) = try withBytes(tail) { (raw) throws(StoreError) in
-                try Self.cutAndStore(UnsafeRawBufferPointer(rebasing: raw[start..<start + maxSize]), into: store)
-            }
-            chunks.append(id, size: length)
+            let length = tail.withUnsafeBytes { raw in Self.chunker.cut(UnsafeRawBufferPointer(rebasing: raw[start..<start + maxSize])) }
+            writer.submit(Array(tail[start..<start + length]))
             tailStart += length
+            cutBytes += Int64(length)
         }
         // Keep the buffer small: drop what was cut once it outweighs what is left.
         if tailStart > maxSize { tail.removeFirst(tailStart); tailStart = 0 }
@@ -38,28 +47,26 @@ struct SequentialStream {
 
     mutating func append(_ data: UnsafeRawBufferPointer) { tail.append(contentsOf: data) }
 
+    /// The chunks cut so far, once stored (waits for the writer).
+    func storedChunks() throws(StoreError) -> ChunkList { try writer.finish() }
+
     /// The whole content as a chunk list: the pending bytes cut to their end and stored.
     func finished(into store: ChunkStore) throws(StoreError) -> ChunkList {
-        var list = chunks
+        var list = try writer.finish()
         var at = tailStart
         while at < tail.count {
             let start = at, end = min(tail.count, at + Self.chunker.maxSize)
-            let (id, length) = try withBytes(tail) { (raw) throws(StoreError) in
-                try Self.cutAndStore(UnsafeRawBufferPointer(rebasing: raw[start..<end]), into: store)
+            let (id, length) = try withBytes(tail) { (raw) throws(StoreError) -> (ChunkID, Int) in
+                let window = UnsafeRawBufferPointer(rebasing: raw[start..<end])
+                let length = Self.chunker.cut(window)
+                let chunk = UnsafeRawBufferPointer(rebasing: window[0..<length])
+                let id = ChunkID(hashing: chunk)
+                try store.put(id, chunk)
+                return (id, length)
             }
             list.append(id, size: length)
             at += length
         }
         return list
-    }
-
-    /// Cuts the chunk that starts `window` (at most `maxSize` bytes, or the rest of the
-    /// input) and stores it.
-    private static func cutAndStore(_ window: UnsafeRawBufferPointer, into store: ChunkStore) throws(StoreError) -> (ChunkID, Int) {
-        let length = chunker.cut(window)
-        let chunk = UnsafeRawBufferPointer(rebasing: window[0..<length])
-        let id = ChunkID(hashing: chunk)
-        try store.put(id, chunk)
-        return (id, length)
     }
 }

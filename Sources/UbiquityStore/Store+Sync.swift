@@ -36,7 +36,7 @@ extension Store {
     }
 
     /// How many changed inodes, and then orphaned histories, one slice takes.
-    static let changesPerSlice = 256
+    static let changesPerSlice = 64
 
     /// One slice of `recordLocalChanges`, its own transaction; returns whether more
     /// remains. The sync engine holds the filesystem's lock for one slice at a time: a

@@ -192,6 +192,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             }
             offsets.withLock { known in for (d, o) in newOffsets { known?[d] = o } }
             if !more && !localMore { break }
+            // Between slices, let a waiting request take the filesystem's lock (a pthread
+            // mutex is not fair: taking it again at once can keep a request out).
+            usleep(200)
         }
         if pushPull && problem == nil {
             do { try push() } catch { problem = error }
