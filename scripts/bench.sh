@@ -125,7 +125,9 @@ wait_mount() { # mountpoint pid log: until mounted, or fail if the daemon died
 mount_passthrough() {
   local name=$1; shift
   mkdir "$W/$name-src" "$W/$name"
-  "$W/bin/passthrough_ll" -f -o source="$W/$name-src" -o auto_unmount "$@" "$W/$name" >"$W/$name.log" 2>&1 &
+  # passthrough_ll holds a descriptor for every inode the kernel knows: a 20,000-file
+  # tree needs more than the default 1,024 ("Too many open files" in du).
+  ( ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec "$W/bin/passthrough_ll" -f -o source="$W/$name-src" -o auto_unmount "$@" "$W/$name" ) >"$W/$name.log" 2>&1 &
   pids+=($!); mounts+=("$W/$name")
   wait_mount "$W/$name" $! "$W/$name.log"
 }
