@@ -119,6 +119,7 @@ extension FileSystem {
         if let (ino, open) = try fileHandle(handle) {
             try commit(ino, open)
             if let fd = try withMeta({ (m) throws(StoreError) in try m.store.logDurably(ino) }) {
+                defer { close(fd) }
                 guard fdatasync(fd) == 0 else { throw Errno(errno) }
                 return
             }

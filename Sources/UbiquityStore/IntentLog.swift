@@ -70,9 +70,49 @@ final class IntentLog {
         size += Int64(frame.count)
     }
 
-    /// The log's descriptor, for an fdatasync outside the owner's lock (nil: nothing was
-    /// appended by this process).
-    var descriptor: Int32? { fd >= 0 ? fd : nil }
+    /// A descriptor of the log for an fdatasync outside the owner's lock; the caller
+    /// closes it (nil: nothing was appended by this process). A duplicate, so that
+    /// `dropPrefix` may replace the log meanwhile: it makes what it keeps durable itself.
+    func durableDescriptor() throws(StoreError) -> Int32? {
+        guard fd >= 0 else { return nil }
+        let copy = fcntl(fd, F_DUPFD_CLOEXEC, 0)
+        if copy < 0 { throw .io(errno: errno, "dup \(path)") }
+        return copy
+    }
+
+    /// After a durability barrier: the first `offset` bytes (the frames appended before
+    /// its mark) are durable in the database and go. Frames appended during the barrier
+    /// stay: the log is then replaced by a file of just those (written, fdatasynced and
+    /// renamed over it, the directory fsynced), so that a log kept busy by saves that never
+    /// pause still shrinks at every barrier instead of growing until the next idle moment.
+    func dropPrefix(_ offset: Int64) throws(StoreError) {
+        guard offset > 0 else { return }
+        guard offset < size else { return clear() }
+        let keep = try StoreError.wrap { () throws(SystemError) -> [UInt8] in
+            let reader = open(path, O_RDONLY | O_CLOEXEC)
+            if reader < 0 { throw .last("open \(path)") }
+            defer { close(reader) }
+            return try readBytes(reader, count: Int(size - offset), at: offset, path: path)
+        }
+        let temp = path + ".tmp"
+        let fresh = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0o600)
+        if fresh < 0 { throw .io(errno: errno, "create \(temp)") }
+        do throws(StoreError) {
+            try StoreError.wrap { () throws(SystemError) in
+                try writeAll(fresh, keep, path: temp)
+                if fdatasync(fresh) != 0 { throw .last("fdatasync \(temp)") }
+                if rename(temp, path) != 0 { throw .last("rename \(temp)") }
+                try fsyncPath(String(path[..<path.lastIndex(of: "/")!]), directory: true)
+            }
+        } catch {
+            close(fresh)
+            unlink(temp)
+            throw error
+        }
+        if fd >= 0 { close(fd) }
+        fd = fresh
+        size = Int64(keep.count)
+    }
 
     /// Empties the log: every intent in it is committed (`force`: also what an earlier
     /// process appended).

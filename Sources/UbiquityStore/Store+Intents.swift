@@ -25,7 +25,8 @@ extension Store {
 
     /// fsync(2) of a file of up to `durableFrameLimit` bytes: one frame carrying its
     /// current version with all its bytes, so that one fdatasync of the log (the caller's,
-    /// on the descriptor returned, outside the metadata lock) makes the save durable,
+    /// on the descriptor returned, which it closes, outside the metadata lock) makes the
+    /// save durable,
     /// where the barrier fsyncs the chunk files, their directories and both databases'
     /// WALs. Nil when the barrier is needed: a bigger file, or one with extended
     /// attributes (the frame does not carry them).
@@ -38,7 +39,7 @@ extension Store {
         for i in 0..<content.count where !content.isHole(i) { bytes[content.ids[i]] = try chunks.read(content.ids[i]) }
         try append(Intent(sequence: 0, version: version.id, path: version.path, mode: inode.mode, uid: inode.uid, gid: inode.gid,
                        mtime: inode.mtime, content: content, chunkBytes: bytes))
-        return intents.descriptor
+        return try intents.durableDescriptor()
     }
 
     /// Appends `intent` with the next sequence, which the open batch records as applied.
@@ -58,6 +59,7 @@ extension Store {
     /// them: they were never fsynced) is logged and skipped: the file keeps its version
     /// before it. The log is empty afterwards. Returns the paths recovered.
     func replayIntents() throws(StoreError) -> [String] {
+        unlink(intents.path + ".tmp") // a `dropPrefix` the stop interrupted; the log is whole
         let found = try IntentLog.read(path: intents.path)
         let applied = Int64(try setting("intent_applied") ?? "0") ?? 0
         intentSequence = max(applied, found.map(\.sequence).max() ?? 0)

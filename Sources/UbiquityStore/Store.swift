@@ -34,9 +34,9 @@ public final class Store: @unchecked Sendable {
     /// Saves not yet in a committed batch (Store+Intents), and the last sequence given.
     let intents: IntentLog
     var intentSequence: Int64 = 0
-    /// `intentSequence` when the durability barrier in progress took its mark: the log
-    /// may be emptied after the barrier only if nothing was appended since.
-    var intentSequenceAtMark: Int64 = -1
+    /// The intent log's size when the durability barrier in progress took its mark (the
+    /// smallest, if barriers overlap): what the barrier makes durable in the database.
+    var intentBytesAtMark: Int64?
     /// Saves the open recorded again from the intent log (the last process was killed
     /// before its batch committed them).
     public private(set) var recoveredSaves: [String] = []
@@ -251,7 +251,7 @@ public final class Store: @unchecked Sendable {
     /// and only those may be marked durable after it (a save recorded during the flush
     /// waits for the next barrier).
     public func durabilityMark() throws(StoreError) -> Int64 {
-        intentSequenceAtMark = intentSequence
+        intentBytesAtMark = min(intentBytesAtMark ?? intents.size, intents.size)
         return try db.rows("SELECT max(row) FROM versions WHERE durable = 0", []) { $0.isNull(0) ? 0 : $0.int(0) }.first ?? 0
     }
 
@@ -268,9 +268,12 @@ public final class Store: @unchecked Sendable {
             try db.execute("REPLACE INTO settings(key, value) VALUES('last_sync', strftime('%s','now'))")
         }
         try commitBatch() // when group commit is on, the transaction above joined a batch
-        // Every save the log holds is durable now, with its chunks (they were written
-        // before the mark): unless one was logged during the flush.
-        if intentSequence == intentSequenceAtMark { intents.clear() }
+        // The saves logged before the mark are durable now, with their chunks (written
+        // before the mark); those logged during the flush stay in the log.
+        if let mark = intentBytesAtMark {
+            intentBytesAtMark = nil
+            try intents.dropPrefix(mark)
+        }
     }
 }
 

@@ -131,6 +131,7 @@ import UbiquitySystem
         try Self.save(store, f, "f", bytes)
         let fd = try #require(try store.logDurably(f))
         #expect(fdatasync(fd) == 0)
+        close(fd)
         let copy = Self.killed(dir)
         defer { copy.cleanup() }
         // The power loss: the WAL and the chunk file never reached the disk.
@@ -161,6 +162,29 @@ import UbiquitySystem
         try Self.save(store, tagged, "tagged", Array("x".utf8))
         try store.setXattr(tagged, "user.tag", [1])
         #expect(try store.logDurably(tagged) == nil)
+    }
+
+    /// A barrier drops the frames it made durable and keeps those logged during its
+    /// flush, so a log that saves never let go idle still shrinks.
+    @Test func aBarrierKeepsOnlyTheFramesLoggedDuringItsFlush() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "test")
+        store.startBatching()
+        let a = try Self.file(store, "a"), b = try Self.file(store, "b")
+        try Self.save(store, a, "a", Array("before the mark".utf8))
+        let mark = try store.durabilityMark()
+        try Self.save(store, b, "b", Array("during the flush".utf8))
+        try store.syncFiles()
+        try store.markDurable(upTo: mark)
+        #expect(try IntentLog.read(path: dir.path + "/intent.log").map(\.path) == ["b"])
+        let next = try store.durabilityMark()
+        try store.syncFiles()
+        try store.markDurable(upTo: next)
+        #expect(try IntentLog.read(path: dir.path + "/intent.log").isEmpty)
+        // Appends go on in the replaced file.
+        try Self.save(store, a, "a", Array("after".utf8))
+        #expect(try IntentLog.read(path: dir.path + "/intent.log").map(\.path) == ["a"])
     }
 
     @Test func framesRoundTrip() throws {
