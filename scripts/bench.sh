@@ -174,24 +174,36 @@ ubq_settle() {
 # Test data, made once: in /dev/shm so that reading it costs no disk and drop_caches
 # does not make it cold.
 
-echo "generating test data in $SHM.* ..." >&2
-head -c "${SEQ_MB}M" /dev/urandom > "$SHM.rand"
-"$W/bin/mktree" "$SHM.tree" "$TREE_FILES" > "$W/tree.info"
-read -r _ tree_bytes tree_dirs < "$W/tree.info"
-tar -cf "$SHM.tar" -C "$SHM.tree" .
-mkdir "$SHM.repo"
-( cd "$SHM.repo" && git init -q && for i in $(seq "$REPO_FILES"); do d=d$((i % 30)); mkdir -p "$d"; head -c $((RANDOM % 8192 + 100)) /dev/urandom | base64 > "$d/f$i.txt"; done \
-  && git add -A && git -c user.email=b@b -c user.name=b commit -qm init )
+# New data for every run (the same for every target of a run): ubiquity keeps what it
+# stored, so the same bytes written again would be deduplicated (and read back from its
+# verified-chunk cache) in the second and third runs.
+make_data() {
+  echo "generating test data for run $1 in $SHM.* ..." >&2
+  rm -rf "$SHM.rand" "$SHM.tree" "$SHM.tar" "$SHM.repo"
+  head -c "${SEQ_MB}M" /dev/urandom > "$SHM.rand"
+  "$W/bin/mktree" "$SHM.tree" "$TREE_FILES" "$1" > "$W/tree.info"
+  read -r _ tree_bytes tree_dirs < "$W/tree.info"
+  tar -cf "$SHM.tar" -C "$SHM.tree" .
+  mkdir "$SHM.repo"
+  ( cd "$SHM.repo" && git init -q && for i in $(seq "$REPO_FILES"); do d=d$((i % 30)); mkdir -p "$d"; head -c $((RANDOM % 8192 + 100)) /dev/urandom | base64 > "$d/f$i.txt"; done \
+    && git add -A && git -c user.email=b@b -c user.name=b commit -qm init )
+}
 
 # ---------------------------------------------------------------------------------------
 # The workloads on one target. Each deletes what it made before the next starts, so the
 # disk use stays bounded (ubiquity keeps deleted files' history in its store, though).
 
+# Before each workload: a sync, so that it does not pay for the dirty pages the one before
+# it left (or the previous target's); on ubiquity also the end of the background copying
+# of what the workload before made, so each row pays for its own sync work only.
+settle() {
+  if [ "$t" = ubq ]; then ubq_settle; fi
+  sync
+}
+
 bench_target() {
   local d=${dir[$t]} s out phase n start
-  # Every workload starts after a sync, so that it does not pay for the dirty pages the
-  # one before it left (or the previous target's).
-  sync
+  settle
 
   # Sequential write of SEQ_MB + fsync; then, after dropping the page cache, a cold
   # sequential read of the same file.
@@ -210,7 +222,7 @@ bench_target() {
 
   # 4 KiB random write, then random read, of a 128 MiB file fio lays out (fio drops
   # that file's page cache before each job).
-  sync
+  settle
   for phase in randwrite randread; do
     fio --name=rw --directory="$d" --size=128M --bs=4k --ioengine=psync --rw=$phase --runtime="$RAND_SECS" --time_based \
         --output-format=terse --terse-version=3 > "$W/fio.out" 2>"$W/fio.err" || { cat "$W/fio.err" >&2; die "fio $phase failed on $t"; }
@@ -219,7 +231,7 @@ bench_target() {
   rm -f "$d"/rw.*
 
   # Small files: create+write, stat, read, delete of FILES files of 1 KiB in one directory.
-  sync
+  settle
   mkdir "$d/small"
   out=$("$W/bin/smallfiles" "$d/small" "$FILES")
   while read -r phase s; do record "$phase" "$(div "$FILES" "$s")"; done <<< "$out"
@@ -228,7 +240,7 @@ bench_target() {
   # A tree of TREE_FILES files: tar -x of it; then du -s and find over the extracted tree,
   # each after dropping the caches, so they measure the filesystem's metadata path and
   # not the kernel's dentry and inode caches.
-  sync
+  settle
   mkdir "$d/tarx"
   record tarx "$(secs tar -xf "$SHM.tar" -C "$d/tarx")"
   drop_caches
@@ -240,16 +252,16 @@ bench_target() {
   [ "$n" = "$TREE_FILES" ] || die "find counted $n files in the tree extracted to $t, not $TREE_FILES"
   rm -rf "$d/tarx"
   # rsync -a of the same tree into a fresh directory.
-  sync
+  settle
   record rsync "$(secs rsync -a "$SHM.tree/" "$d/rsync/")"
   rm -rf "$d/rsync"
 
-  sync
+  settle
   record clone "$(secs git clone -q --no-hardlinks "$SHM.repo" "$d/clone")"
   rm -rf "$d/clone"
 
   # Editor saves: temp file + fsync + rename over the target, SAVES times.
-  sync
+  settle
   mkdir "$d/ed"
   out=$("$W/bin/editorsave" "$d/ed" "$SAVES")
   read -r _ s <<< "$out"
@@ -262,6 +274,7 @@ bench_target() {
 echo "raw values: $RAW" >&2
 printf 'run\ttarget\tworkload\tvalue\n' > "$RAW"
 for run in $(seq "$RUNS"); do
+  make_data "$run"
   for t in "${targets[@]}"; do
     echo "== run $run/$RUNS: $t" >&2
     bench_target

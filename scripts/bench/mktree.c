@@ -2,7 +2,9 @@
  * source tree, for the tar -x, rsync, du and find rows. Sizes are log-uniform between
  * 100 B and 16 KiB (many small files, a few larger ones) and the contents are
  * pseudo-random, so no filesystem can dedupe or compress them. Deterministic for a
- * given N: every run and every target gets the same tree. Prints "files bytes dirs". */
+ * given N and SEED: every target of a run gets the same tree, and each run a new one
+ * (ubiquity would otherwise dedupe the second run against the first). Prints
+ * "files bytes dirs". */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -38,7 +40,8 @@ static int make_parents(char *path) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) { fprintf(stderr, "usage: mktree DIR N\n"); return 2; }
+    if (argc != 3 && argc != 4) { fprintf(stderr, "usage: mktree DIR N [SEED]\n"); return 2; }
+    if (argc == 4) state ^= (uint64_t)atoll(argv[3]) * 0x9e3779b97f4a7c15ULL;
     const char *root = argv[1];
     long n = atol(argv[2]);
     static const char *ext[] = {"c", "h", "txt", "json", "md", "py", "swift", "png"};
