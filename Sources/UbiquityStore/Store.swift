@@ -34,9 +34,6 @@ public final class Store: @unchecked Sendable {
     /// Saves not yet in a committed batch (Store+Intents), and the last sequence given.
     let intents: IntentLog
     var intentSequence: Int64 = 0
-    /// The intent log's size when the durability barrier in progress took its mark (the
-    /// smallest, if barriers overlap): what the barrier makes durable in the database.
-    var intentBytesAtMark: Int64?
     /// Saves the open recorded again from the intent log (the last process was killed
     /// before its batch committed them).
     public private(set) var recoveredSaves: [String] = []
@@ -250,31 +247,38 @@ public final class Store: @unchecked Sendable {
     /// before its row, so a flush that starts after this covers every version up to it,
     /// and only those may be marked durable after it (a save recorded during the flush
     /// waits for the next barrier).
-    public func durabilityMark() throws(StoreError) -> Int64 {
-        intentBytesAtMark = min(intentBytesAtMark ?? intents.size, intents.size)
-        return try db.rows("SELECT max(row) FROM versions WHERE durable = 0", []) { $0.isNull(0) ? 0 : $0.int(0) }.first ?? 0
+    public func durabilityMark() throws(StoreError) -> DurabilityMark {
+        let row = try db.rows("SELECT max(row) FROM versions WHERE durable = 0", []) { $0.isNull(0) ? 0 : $0.int(0) }.first ?? 0
+        return DurabilityMark(row: row, intentBytes: intents.size)
     }
 
     /// Durability barrier, part 2: one transaction with synchronous=FULL, which fsyncs the
     /// WAL and so makes every metadata change so far durable (the chunks they name already
     /// are). It also marks the versions up to `mark` (`durabilityMark`) as durable.
-    public func markDurable(upTo mark: Int64 = .max) throws(StoreError) {
+    /// Without a mark: everything written so far (the caller flushed every chunk).
+    public func markDurable(upTo given: DurabilityMark? = nil) throws(StoreError) {
+        let mark = given ?? DurabilityMark(row: .max, intentBytes: intents.size)
         try commitBatch()
         try db.execute("PRAGMA synchronous=FULL")
         defer { try? db.execute("PRAGMA synchronous=NORMAL") }
         try db.transaction { () throws(StoreError) in
-            try db.query("UPDATE versions SET durable = 1 WHERE durable = 0 AND row <= ?", [.int(mark)])
+            try db.query("UPDATE versions SET durable = 1 WHERE durable = 0 AND row <= ?", [.int(mark.row)])
             // Always write something, so the commit (and its WAL fsync) really happens.
             try db.execute("REPLACE INTO settings(key, value) VALUES('last_sync', strftime('%s','now'))")
         }
         try commitBatch() // when group commit is on, the transaction above joined a batch
         // The saves logged before the mark are durable now, with their chunks (written
         // before the mark); those logged during the flush stay in the log.
-        if let mark = intentBytesAtMark {
-            intentBytesAtMark = nil
-            try intents.dropPrefix(mark)
-        }
+        try intents.dropPrefix(mark.intentBytes)
     }
+}
+
+/// Where a durability barrier starts (`Store.durabilityMark`): what its flush covers.
+public struct DurabilityMark: Sendable {
+    /// The last version row written before the flush (0: none waits).
+    public let row: Int64
+    /// The intent log's size then: its frames up to here are durable after the barrier.
+    let intentBytes: Int64
 }
 
 struct EntryRef: Equatable {

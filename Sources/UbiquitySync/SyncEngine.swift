@@ -411,12 +411,12 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     /// take back a record other devices have (recovery would roll back a version they
     /// show, and its dot would be given to another record).
     private func makeDurable() throws(StoreError) {
-        var mark: Int64 = 0
+        var mark: DurabilityMark?
         try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
             mark = try store.durabilityMark()
             return TreeChanges()
         }
-        guard mark > 0 else { return }
+        guard let mark, mark.row > 0 else { return }
         try chunks.sync() // without the filesystem's lock: a disk flush
         try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
             try store.markDurable(upTo: mark)
