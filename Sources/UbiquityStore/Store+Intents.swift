@@ -97,6 +97,9 @@ extension Store {
                 return false
             }
         }
+        // Permission bits only: the frame came from disk, and no other bit of a mode is a
+        // file's to take from it.
+        let mode = intent.mode & 0o7777
         let names = intent.path.split(separator: "/").map(String.init)
         guard let name = names.last else { return false }
         var parent = Store.rootInode
@@ -119,14 +122,14 @@ extension Store {
             }
             id = existing
         } else {
-            id = try create(parent: parent, name: name, kind: .file, mode: intent.mode, uid: intent.uid, gid: intent.gid).id
+            id = try create(parent: parent, name: name, kind: .file, mode: mode, uid: intent.uid, gid: intent.gid).id
             // As a new file at a deleted file's path continues its history (FileSystem).
             if !LocalOnly.contains(intent.path), let dead = try deadHistory(at: intent.path) {
                 try continueHistory(id, fileID: dead.fileID, parent: dead.head)
             }
         }
         guard var inode = try node(id)?.inode else { return false }
-        inode.mode = intent.mode
+        inode.mode = mode
         inode.mtime = intent.mtime
         inode.ctime = intent.mtime
         try update(inode)
