@@ -26,19 +26,21 @@ extension Store {
     /// fsync(2) of a file of up to `durableFrameLimit` bytes: one frame carrying its
     /// current version with all its bytes, so that one fdatasync of the log (the caller's,
     /// on the descriptor returned, which it closes, outside the metadata lock) makes the
-    /// save durable,
-    /// where the barrier fsyncs the chunk files, their directories and both databases'
-    /// WALs. Nil when the barrier is needed: a bigger file, or one with extended
-    /// attributes (the frame does not carry them).
+    /// save durable, where the barrier fsyncs the chunk files, their directories and both
+    /// databases' WALs. Nil when the barrier is needed: a bigger file, one with extended
+    /// attributes (the frame does not carry them), or one whose current version came
+    /// from another device (replay would record it as this device's, under its id).
     public func logDurably(_ id: InodeNumber) throws(StoreError) -> Int32? {
         guard db.batching, let inode = try node(id)?.inode, inode.kind == .file, let head = inode.head,
-              let version = try version(row: head), try currentXattrs(id).isEmpty else { return nil }
+              let version = try version(row: head), version.deviceID == deviceID,
+              try currentXattrs(id).isEmpty else { return nil }
         let content = try chunkList(row: head)
         guard content.storedBytes <= Self.durableFrameLimit else { return nil }
         var bytes: [ChunkID: [UInt8]] = [:]
         for i in 0..<content.count where !content.isHole(i) { bytes[content.ids[i]] = try chunks.read(content.ids[i]) }
-        try append(Intent(sequence: 0, version: version.id, path: version.path, mode: inode.mode, uid: inode.uid, gid: inode.gid,
-                       mtime: inode.mtime, content: content, chunkBytes: bytes))
+        // Its path now (a rename since the save is not in the version yet).
+        try append(Intent(sequence: 0, version: version.id, path: path(of: id) ?? version.path, mode: inode.mode,
+                          uid: inode.uid, gid: inode.gid, mtime: inode.mtime, content: content, chunkBytes: bytes))
         return try intents.durableDescriptor()
     }
 
