@@ -102,16 +102,18 @@ final class IntentLog {
                 try writeAll(fresh, keep, path: temp)
                 if fdatasync(fresh) != 0 { throw .last("fdatasync \(temp)") }
                 if rename(temp, path) != 0 { throw .last("rename \(temp)") }
-                try fsyncPath(String(path[..<path.lastIndex(of: "/")!]), directory: true)
             }
         } catch {
             close(fresh)
             unlink(temp)
             throw error
         }
+        // Renamed: the new file is the log now, whatever comes next (appends to the old,
+        // unlinked one would be lost).
         if fd >= 0 { close(fd) }
         fd = fresh
         size = Int64(keep.count)
+        try StoreError.wrap { () throws(SystemError) in try fsyncPath(String(path[..<path.lastIndex(of: "/")!]), directory: true) }
     }
 
     /// Empties the log: every intent in it is committed (`force`: also what an earlier
