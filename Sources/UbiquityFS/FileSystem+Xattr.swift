@@ -15,6 +15,9 @@ extension FileSystem {
 
     public func getxattr(_ ino: UInt64, name: String) throws(Errno) -> [UInt8] {
         try Self.checkXattrName(name)
+        // Only user.* names have values, and the kernel asks for security.capability
+        // before every write (to clear it): answered without the lock or the database.
+        guard name.hasPrefix("user.") else { throw .noData }
         if let status = syncStatus(ino, name: name) ?? maintenanceReport(ino, name: name) { return status }
         return try meta.withLock { (m) throws(Errno) -> [UInt8] in
             if VirtualViews.isVirtual(ino) { throw .noData }
@@ -23,7 +26,6 @@ extension FileSystem {
                 guard let value = try m.status(ino)[String(name.dropFirst(Self.statusPrefix.count))] else { throw .noData }
                 return Array(value.utf8)
             }
-            guard name.hasPrefix("user.") else { throw .noData }
             guard let value = try storeCall({ () throws(StoreError) in try m.store.xattr(ino, name) }) else { throw .noData }
             return value
         }

@@ -222,6 +222,9 @@ final class Harness {
         #expect(throws: Errno.notPermitted) { try h.fs.setxattr(ino, name: "user.ubiquity.version", value: [1], flags: 0) }
         try h.fs.removexattr(ino, name: "user.color")
         #expect(throws: Errno.noData) { try h.fs.getxattr(ino, name: "user.color") }
+        // Asked by the kernel before every write; answered before the lock.
+        #expect(throws: Errno.noData) { try h.fs.getxattr(ino, name: "security.capability") }
+        #expect(throws: Errno.invalid) { try h.fs.getxattr(ino, name: "user.") }
     }
 
     @Test func unlinkWhileOpenKeepsData() throws {

@@ -1,5 +1,6 @@
 import Testing
 import TestSupport
+import UbiquitySystem
 @testable import UbiquityStore
 @testable import UbiquitySync
 
@@ -24,6 +25,19 @@ import TestSupport
     /// A line with a correct checksum around any body (what a hostile writer can make).
     static func signed(_ body: String) -> String {
         "U1 \(RecordCodec.sha256Hex(Array(body.utf8))) \(body)\n"
+    }
+
+    /// Hex is the encoding of every id and hash on disk: the contiguous fast path and the
+    /// generic one must give the same digits, and decode must invert both.
+    @Test func hexEncodesEveryByteValue() {
+        let all = (0...255).map { UInt8($0) }
+        let expected = all.map { String($0, radix: 16) }.map { $0.count == 1 ? "0" + $0 : $0 }.joined()
+        #expect(Hex.encode(all) == expected)
+        #expect(Hex.encode(all.lazy.map { $0 }) == expected) // not contiguous
+        #expect(Hex.encode(all[10..<12]) == "0a0b")
+        #expect(Hex.encode([UInt8]()) == "")
+        #expect(Hex.decode(expected) == all)
+        #expect(RecordCodec.sha256Hex(Array("abc".utf8)) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
     }
 
     @Test func roundTrips() throws {
