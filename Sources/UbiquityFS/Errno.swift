@@ -40,6 +40,13 @@ extension StoreError {
         case .noSuchVersion: return .notFound
         case .unsupportedFormat: return .io
         case .invalidContent, .invalidConfiguration: return .invalid
+        case .keyValue(let error):
+            switch error {
+            case .tooManyKeys, .totalTooLarge: return Errno(EDQUOT)
+            case .valueTooLarge: return .fileTooBig
+            case .keyTooLong: return .nameTooLong
+            case .badKey, .badValue: return .invalid
+            }
         }
     }
 }
@@ -48,7 +55,7 @@ extension StoreError {
 /// that an EIO or EINVAL always has an explanation in the log.
 func storeErrorLogged(_ error: StoreError) -> Errno {
     switch error {
-    case .noSuchVersion, .locked, .invalidConfiguration: break
+    case .noSuchVersion, .locked, .invalidConfiguration, .keyValue: break
     default: log("ubiquity: \(error)")
     }
     return error.errno

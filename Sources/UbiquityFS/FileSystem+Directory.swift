@@ -60,6 +60,7 @@ extension FileSystem {
     }
 
     public func unlink(parent: UInt64, name: String) throws(Errno) {
+        if parent == KeyValueDoor.root { return try kvUnlink(parent: parent, name: name) }
         if VirtualViews.isVirtual(parent) { return try discardConflict(parent: parent, name: name) }
         try meta.withLock { (m) throws(Errno) in
             let (id, inode) = try m.existing(parent: parent, name: name)
@@ -83,6 +84,8 @@ extension FileSystem {
     public func rename(parent: UInt64, name: String, newParent: UInt64, newName: String, flags: UInt32) throws(Errno) {
         guard flags & ~(RenameFlags.noReplace | RenameFlags.exchange) == 0,
               flags != RenameFlags.noReplace | RenameFlags.exchange else { throw .invalid }
+        // Keys are not files: mv falls back to copy and remove.
+        if KeyValueDoor.owns(parent) || KeyValueDoor.owns(newParent) { throw Errno(EXDEV) }
         if VirtualViews.isVirtual(parent) && flags == 0 {
             return try takeConflict(parent: parent, name: name, newParent: newParent, newName: newName)
         }
@@ -213,7 +216,13 @@ extension FileSystem {
         guard !inos.isEmpty else { return }
         meta.withLock { m in
             for ino in inos {
-                if VirtualViews.isVirtual(ino) { m.views.referenced(ino) } else { m.lookups[ino, default: 0] += 1 }
+                if KeyValueDoor.owns(ino) {
+                    m.kv.referenced(ino)
+                } else if VirtualViews.isVirtual(ino) {
+                    m.views.referenced(ino)
+                } else {
+                    m.lookups[ino, default: 0] += 1
+                }
             }
         }
     }
@@ -245,6 +254,12 @@ extension FileSystem.Meta {
 
     /// The entries of directory `ino` (control entries at the root), with attributes.
     mutating func listing(_ ino: UInt64, showVersions: Bool) throws(Errno) -> [DirectoryEntry] {
+        if ino == KeyValueDoor.root {
+            return try storeCall { () throws(StoreError) in try store.kvEntries() }.map { entry in
+                DirectoryEntry(name: entry.key, attributes: kvAttributes(kv.number(entry.key), entry: entry))
+            }
+        }
+        if KeyValueDoor.owns(ino) { throw .notDirectory }
         if VirtualViews.isVirtual(ino) {
             pruneViews()
             return try views.entries(ino, store: store)

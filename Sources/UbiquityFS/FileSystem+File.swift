@@ -25,6 +25,8 @@ enum Handle {
     case view(content: FileContent)
     /// An open directory: the listing snapshot of its last read from offset 0 (nil before).
     case directory(ino: UInt64, entries: [DirectoryEntry]?)
+    /// A key file under `.kv/` (FileSystem+KeyValue).
+    case keyValue(KeyValueOpen)
 }
 
 public struct OpenFlags: Sendable {
@@ -38,6 +40,7 @@ extension FileSystem {
     // MARK: create, open, release
 
     public func create(parent: UInt64, name: String, mode: UInt32, flags: OpenFlags, caller: Caller) throws(Errno) -> (Attributes, UInt64) {
+        if parent == KeyValueDoor.root { return try kvCreate(parent: parent, name: name, flags: flags) }
         let (attributes, handle, open) = try meta.withLock { (m) throws(Errno) -> (Attributes, UInt64, OpenFile) in
             let inode = try m.makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller)
             let open = try m.openFile(inode.id)
@@ -55,12 +58,16 @@ extension FileSystem {
     /// views, whose grid is normalized at each commit (what was written as `X` reads `#`).
     public func keepsCache(_ handle: UInt64) -> Bool {
         meta.withLock { m in
-            if case .file(_, let open, _) = m.handles[handle] { return !open.isTinyPix }
-            return true
+            switch m.handles[handle] {
+            case .file(_, let open, _): return !open.isTinyPix
+            case .keyValue: return false // another device may have set it since
+            default: return true
+            }
         }
     }
 
     public func open(_ ino: UInt64, flags: OpenFlags) throws(Errno) -> UInt64 {
+        if KeyValueDoor.owns(ino) { return try kvOpen(ino, flags: flags) }
         if VirtualViews.isVirtual(ino) {
             if flags.writable || flags.truncates { throw .readOnly }
             return try meta.withLock { (m) throws(Errno) -> UInt64 in
@@ -89,6 +96,7 @@ extension FileSystem {
     /// a shell's `> file` closes a dup'ed descriptor right after open(O_TRUNC), and that
     /// must not become an empty version. Release commits whatever is left.
     public func flush(_ handle: UInt64) throws(Errno) {
+        if let kv = keyValueHandle(handle) { return try kvFlush(kv) }
         guard let (ino, open) = try fileHandle(handle), open.content.hasWrites,
               meta.withLock({ _ in open.handles }) == 1 else { return }
         try commit(ino, open)
@@ -96,6 +104,7 @@ extension FileSystem {
 
     public func release(_ handle: UInt64) throws(Errno) {
         let removed = meta.withLock { m -> Handle? in m.handles.removeValue(forKey: handle) }
+        if case .keyValue(let kv) = removed { return kvRelease(kv) }
         guard case .file(let ino, let open, _) = removed else { return }
         let last = meta.withLock { _ -> Bool in open.handles -= 1; return open.handles == 0 }
         guard last else { return }
@@ -116,6 +125,7 @@ extension FileSystem {
     /// the intent log and its fdatasync (outside the metadata lock, so concurrent fsyncs
     /// share the disk flush), anything else by the durability barrier.
     public func fsync(_ handle: UInt64) throws(Errno) {
+        if let kv = keyValueHandle(handle) { return try kvFlush(kv) } // applied is durable
         if let (ino, open) = try fileHandle(handle) {
             try commit(ino, open)
             if let fd = try withMeta({ (m) throws(StoreError) in try m.store.logDurably(ino) }) {
@@ -137,6 +147,7 @@ extension FileSystem {
     // MARK: data
 
     public func read(_ handle: UInt64, offset: Int64, count: Int) throws(Errno) -> [UInt8] {
+        if let kv = keyValueHandle(handle) { return kvRead(kv, offset: offset, count: count) }
         let content: FileContent = try meta.withLock { (m) throws(Errno) -> FileContent in
             switch m.handles[handle] {
             case .file(_, let open, _): return open.content
@@ -148,6 +159,7 @@ extension FileSystem {
     }
 
     public func write(_ handle: UInt64, offset: Int64, data: UnsafeRawBufferPointer) throws(Errno) -> Int {
+        if let kv = keyValueHandle(handle) { return try kvWrite(kv, offset: offset, data: data) }
         guard let (_, open) = try fileHandle(handle, forWriting: true) else { throw .badHandle }
         guard offset >= 0 else { throw .invalid }
         guard offset <= maxFileSize - Int64(data.count) else { throw .fileTooBig }
@@ -284,6 +296,13 @@ extension FileSystem {
         }
     }
 
+    private func keyValueHandle(_ handle: UInt64) -> KeyValueOpen? {
+        meta.withLock { m in
+            if case .keyValue(let open) = m.handles[handle] { return open }
+            return nil
+        }
+    }
+
     private func fileHandle(_ handle: UInt64, forWriting: Bool = false) throws(Errno) -> (InodeNumber, OpenFile)? {
         try meta.withLock { (m) throws(Errno) -> (InodeNumber, OpenFile)? in
             switch m.handles[handle] {
@@ -291,7 +310,7 @@ extension FileSystem {
                 if forWriting && !writable { throw .badHandle }
                 return (ino, open)
             case .view: if forWriting { throw .badHandle }; return nil
-            case .directory, nil: throw .badHandle
+            case .directory, .keyValue, nil: throw .badHandle
             }
         }
     }

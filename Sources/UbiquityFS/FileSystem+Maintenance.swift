@@ -85,7 +85,7 @@ extension FileSystem {
                 switch handle {
                 case .file(_, let open, _): return open.content
                 case .view(let content): return content
-                case .directory: return nil
+                case .directory, .keyValue: return nil
                 }
             }
         }

@@ -15,6 +15,7 @@ extension FileSystem {
 
     public func getxattr(_ ino: UInt64, name: String) throws(Errno) -> [UInt8] {
         try Self.checkXattrName(name)
+        if KeyValueDoor.owns(ino) { return try kvGetxattr(ino, name: name) }
         // Only user.* names have values, and the kernel asks for security.capability
         // before every write (to clear it): answered without the lock or the database.
         guard name.hasPrefix("user.") else { throw .noData }
@@ -32,6 +33,7 @@ extension FileSystem {
     }
 
     public func listxattr(_ ino: UInt64) throws(Errno) -> [String] {
+        if KeyValueDoor.owns(ino) { return try kvListxattr(ino) }
         let root = ino != Store.rootInode ? [] : (hasSync ? [Self.syncStatusAttribute] : []) + Self.maintenanceAttributes
         return try meta.withLock { (m) throws(Errno) -> [String] in
             if VirtualViews.isVirtual(ino) { return [] }
@@ -45,6 +47,7 @@ extension FileSystem {
     public func setxattr(_ ino: UInt64, name: String, value: [UInt8], flags: Int32) throws(Errno) {
         try Self.checkXattrName(name)
         if try control(ino, name: name, value: value) { return }
+        if KeyValueDoor.owns(ino) { return try kvSetxattr(ino, name: name, value: value) }
         try meta.withLock { (m) throws(Errno) in
             if VirtualViews.isVirtual(ino) { throw .readOnly }
             guard m.store.inode(ino) != nil else { throw .notFound }

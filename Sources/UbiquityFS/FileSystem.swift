@@ -33,6 +33,8 @@ public final class FileSystem: Sendable {
         public var retention = RetentionPolicy.standard
         /// How often the daemon prunes and collects garbage (0: never on its own).
         public var maintenanceInterval: Nanos = RetentionPolicy.day
+        /// The key-value store's limits (`.kv/`, `ubiquity kv`).
+        public var kvLimits = KVLimits()
         public init() {}
     }
 
@@ -47,6 +49,7 @@ public final class FileSystem: Sendable {
         var handles: [UInt64: Handle] = [:]
         var nextHandle: UInt64 = 1
         var views = VirtualViews()
+        var kv = KeyValueDoor()
     }
 
     /// - Parameter store: the filesystem turns on its group commit; call `commitMetadata()`
@@ -75,7 +78,10 @@ public final class FileSystem: Sendable {
     // MARK: lookup, forget, getattr
 
     public func lookup(parent: UInt64, name: String) throws(Errno) -> Attributes {
-        try meta.withLock { (m) throws(Errno) -> Attributes in
+        if parent == KeyValueDoor.root || (parent == Store.rootInode && name == KeyValueDoor.name) {
+            return try kvLookup(parent: parent, name: name)
+        }
+        return try meta.withLock { (m) throws(Errno) -> Attributes in
             if VirtualViews.isVirtual(parent) || (parent == Store.rootInode && VirtualViews.rootNames.contains(name)) {
                 m.pruneViews()
                 let attributes = try m.views.lookup(parent: parent, name: name, store: m.store)
@@ -95,6 +101,7 @@ public final class FileSystem: Sendable {
     /// handle refers to any more is removed from the store.
     public func forget(_ ino: UInt64, count: UInt64) {
         meta.withLock { m in
+            if KeyValueDoor.owns(ino) { return m.kv.forget(ino, count: count) }
             if VirtualViews.isVirtual(ino) { return m.views.forget(ino, count: count) }
             guard let current = m.lookups[ino] else { return }
             if current <= count { m.lookups[ino] = nil } else { m.lookups[ino] = current - count }
@@ -104,6 +111,7 @@ public final class FileSystem: Sendable {
 
     public func getattr(_ ino: UInt64) throws(Errno) -> Attributes {
         try meta.withLock { (m) throws(Errno) -> Attributes in
+            if KeyValueDoor.owns(ino) { return try m.kvAttributes(ino) }
             if VirtualViews.isVirtual(ino) { return try m.views.attributes(ino, store: m.store) }
             guard let inode = m.store.inode(ino) else { throw .notFound }
             return m.attributes(inode)
@@ -124,6 +132,11 @@ public final class FileSystem: Sendable {
     public enum TimeChange: Sendable { case now, at(Nanos) }
 
     public func setattr(_ ino: UInt64, _ changes: AttributeChanges) throws(Errno) -> Attributes {
+        if KeyValueDoor.owns(ino) {
+            // Modes, owners and times of key files are fixed; only the size changes.
+            if let size = changes.size { try kvTruncate(ino, to: size) }
+            return try getattr(ino)
+        }
         if VirtualViews.isVirtual(ino) { throw .readOnly }
         if let size = changes.size {
             try truncate(ino, to: size)

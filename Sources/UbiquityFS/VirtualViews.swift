@@ -14,7 +14,7 @@ struct VirtualViews {
     static let base: UInt64 = 1 << 56
     static let versionsRoot = base
     static let conflictsRoot = base + 1
-    static let rootNames: Set<String> = [".versions", ".conflicts"]
+    static let rootNames: Set<String> = [".versions", ".conflicts", KeyValueDoor.name]
 
     static func isVirtual(_ ino: UInt64) -> Bool { ino >= base }
 
@@ -33,54 +33,24 @@ struct VirtualViews {
         case conflictList(path: String)
     }
 
-    private var nodes: [UInt64: Node] = [versionsRoot: .directory(path: ""), conflictsRoot: .conflictDirectory(path: "")]
-    private var numbers: [Node: UInt64] = [.directory(path: ""): versionsRoot, .conflictDirectory(path: ""): conflictsRoot]
-    private var next: UInt64 = base + 2
-    /// References the kernel holds (lookups, readdirplus entries) to each numbered node.
-    /// A node it forgot is dropped, and nodes only listed (never referenced) are dropped
-    /// once there are many, so browsing history costs memory only for what is in use.
-    private var references: [UInt64: UInt64] = [:]
+    /// base + 2 is `.kv` (KeyValueDoor); numbers below base + 16 are kept for such roots.
+    private var nodes = NodeNumbering<Node>(first: base + 16, permanent: [
+        versionsRoot: .directory(path: ""), conflictsRoot: .conflictDirectory(path: ""),
+    ])
+    /// Nodes only listed (never referenced) are dropped once there are this many.
     static let unreferencedLimit = 10_000
 
-    /// The kernel took a reference to `ino` (a lookup or a readdirplus entry).
-    mutating func referenced(_ ino: UInt64) {
-        if nodes[ino] != nil { references[ino, default: 0] += 1 }
-    }
+    mutating func referenced(_ ino: UInt64) { nodes.referenced(ino) }
 
-    /// The kernel dropped `count` references to `ino`.
-    mutating func forget(_ ino: UInt64, count: UInt64) {
-        guard let held = references[ino] else { return }
-        if held > count {
-            references[ino] = held - count
-            return
-        }
-        references[ino] = nil
-        drop(ino)
-    }
+    mutating func forget(_ ino: UInt64, count: UInt64) { nodes.forget(ino, count: count) }
 
-    private mutating func drop(_ ino: UInt64) {
-        guard ino != Self.versionsRoot, ino != Self.conflictsRoot, let node = nodes.removeValue(forKey: ino) else { return }
-        numbers[node] = nil
-    }
-
-    /// Drops the numbered nodes no reference holds, when there are many; `pinned` are
-    /// those an open directory handle lists (readdirplus may still hand them out).
     mutating func pruneUnreferenced(pinned: () -> Set<UInt64>) {
-        guard nodes.count - references.count > Self.unreferencedLimit else { return }
-        let keep = pinned()
-        for ino in Array(nodes.keys) where references[ino] == nil && !keep.contains(ino) { drop(ino) }
+        nodes.pruneUnreferenced(limit: Self.unreferencedLimit, pinned: pinned)
     }
 
     var nodeCount: Int { nodes.count }
 
-    private mutating func number(_ node: Node) -> UInt64 {
-        if let n = numbers[node] { return n }
-        let n = next
-        next += 1
-        nodes[n] = node
-        numbers[node] = n
-        return n
-    }
+    private mutating func number(_ node: Node) -> UInt64 { nodes.number(node) }
 
     // MARK: listing
 
@@ -98,7 +68,7 @@ struct VirtualViews {
     }
 
     mutating func entries(_ ino: UInt64, store: Store) throws(Errno) -> [DirectoryEntry] {
-        guard let node = nodes[ino] else { throw .notFound }
+        guard let node = nodes.key(ino) else { throw .notFound }
         var result: [DirectoryEntry] = []
         switch node {
         case .directory(let path):
@@ -152,7 +122,7 @@ struct VirtualViews {
 
     /// The conflict version `name` in the conflict list `parent`, with the file's path.
     mutating func conflictVersion(parent: UInt64, name: String, store: Store) throws(Errno) -> (String, Version)? {
-        guard case .conflictList(let path) = nodes[parent] else { return nil }
+        guard case .conflictList(let path) = nodes.key(parent) else { return nil }
         guard let (_, version) = try conflicts(at: path, store: store).first(where: { $0.0.utf8.elementsEqual(name.utf8) }) else {
             throw .notFound
         }
@@ -163,7 +133,7 @@ struct VirtualViews {
         if parent == Store.rootInode {
             return try attributes(name == ".versions" ? Self.versionsRoot : Self.conflictsRoot, store: store)
         }
-        switch nodes[parent] {
+        switch nodes.key(parent) {
         case .directory(let path):
             // One indexed row, not a listing: `ls -la` of a big history directory does a
             // lookup per entry.
@@ -186,7 +156,7 @@ struct VirtualViews {
     }
 
     mutating func attributes(_ ino: UInt64, store: Store) throws(Errno) -> Attributes {
-        guard let node = nodes[ino], let root = store.inode(Store.rootInode) else { throw .notFound }
+        guard let node = nodes.key(ino), let root = store.inode(Store.rootInode) else { throw .notFound }
         switch node {
         case .directory, .history, .conflictDirectory, .conflictList:
             return Attributes(virtual: ino, directory: true, size: 0, time: root.mtime, uid: root.uid, gid: root.gid)
@@ -199,7 +169,7 @@ struct VirtualViews {
 
     /// A version's content for reading.
     func content(_ ino: UInt64, store: Store) throws(Errno) -> FileContent {
-        guard case .version(let row, _, _, let tinypix, _) = nodes[ino] else { throw nodes[ino] == nil ? .notFound : .isDirectory }
+        guard case .version(let row, _, _, let tinypix, _) = nodes.key(ino) else { throw nodes.key(ino) == nil ? .notFound : .isDirectory }
         let list = try storeCall { () throws(StoreError) -> ChunkList in
             let stored = try store.chunkList(row: row)
             return tinypix ? try TinyPixView.view(of: stored, chunks: store.chunks) : stored

@@ -1,7 +1,7 @@
 /// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
 /// by a newer program is refused rather than misread.
 enum Schema {
-    static let formatVersion = 7
+    static let formatVersion = 8
 
     static let statements = [
         """
@@ -77,6 +77,7 @@ enum Schema {
         "CREATE INDEX IF NOT EXISTS inodes_head ON inodes(head) WHERE head IS NOT NULL",
         PendingSet<Int>.schema,
     ] + Replica.schema // format 4: the synced view (Replica)
+        + Store.kvSchema // format 8: the key-value store
 
     /// Columns added since format 1, added to an older store when it is opened.
     /// Format 2 (sync), on versions:

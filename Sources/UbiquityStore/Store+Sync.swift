@@ -9,7 +9,9 @@ public struct TreeChanges: Sendable {
     public var entries: [EntryName] = []
     /// Inodes that lost their last name (forget them once nothing uses them).
     public var unlinked: [InodeNumber] = []
-    public var isEmpty: Bool { inodes.isEmpty && entries.isEmpty && unlinked.isEmpty }
+    /// Keys of the key-value store another device changed (for watchers).
+    public var keyValues: [KVChange] = []
+    public var isEmpty: Bool { inodes.isEmpty && entries.isEmpty && unlinked.isEmpty && keyValues.isEmpty }
     public init() {}
 }
 

@@ -19,6 +19,8 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     case invalidContent(String)
     /// A setting (retention file, option) the store cannot use; the message names it.
     case invalidConfiguration(String)
+    /// A key-value write the store's rules or limits refuse; the old value stays.
+    case keyValue(KVError)
 
     public var description: String {
         switch self {
@@ -31,6 +33,7 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
         case .unsupportedFormat(let message): return message
         case .invalidContent(let message): return message
         case .invalidConfiguration(let message): return message
+        case .keyValue(let error): return error.description
         }
     }
 }

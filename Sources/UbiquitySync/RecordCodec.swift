@@ -270,7 +270,7 @@ public enum SyncPath {
             if c.isEmpty || c == "." || c == ".." { return "has an empty, '.' or '..' component" }
             if NameCodec.byteCount(String(c)) > 255 { return "has a component over 255 bytes" }
         }
-        if components.first == ".versions" || components.first == ".conflicts" { return "names a control entry" }
+        if [".versions", ".conflicts", ".kv"].contains(components.first) { return "names a control entry" }
         if LocalOnly.contains(path) { return "is local-only" }
         return nil
     }

@@ -60,6 +60,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     /// The generation of each device's journal read to its end this session (the pruned
     /// records it no longer holds were forgotten then). Used under `cycleLock`.
     private var readToEnd: [String: Int64] = [:]
+    /// The key-value file of each device as last read (KeyValueSync).
+    let kvSeen = Locked<[String: FileSignature]>([:])
     private let wake = DispatchSemaphore(value: 0)
     private let finished = DispatchSemaphore(value: 0)
     private var started = false
@@ -198,6 +200,13 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         }
         if pushPull && problem == nil {
             do { try push() } catch { problem = error }
+        }
+        // The key-value store: other devices' files that changed, then this device's own.
+        if pushPull && problem == nil {
+            do {
+                try pullKeyValues(devices: try backing.peers().devices)
+                try pushKeyValues()
+            } catch { problem = error }
         }
         try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
             pending = store.pendingUploadCount
@@ -410,7 +419,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     /// The durability barrier before records leave this device: a power loss must not
     /// take back a record other devices have (recovery would roll back a version they
     /// show, and its dot would be given to another record).
-    private func makeDurable() throws(StoreError) {
+    func makeDurable() throws(StoreError) {
         var mark: DurabilityMark?
         try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
             mark = try store.durabilityMark()

@@ -31,6 +31,12 @@ public func setXattr(_ path: String, _ name: String, _ value: [UInt8]) throws(Sy
     guard result == 0 else { throw .last("setxattr \(name)") }
 }
 
+/// Sets attribute `name` of the open file `fd`.
+public func setXattr(fd: Int32, _ name: String, _ value: [UInt8]) throws(SystemError) {
+    let result = value.withUnsafeBytes { raw in fsetxattr(fd, name, raw.baseAddress, raw.count, 0) }
+    guard result == 0 else { throw .last("fsetxattr \(name)") }
+}
+
 /// The names of `path`'s attributes.
 public func listXattrs(_ path: String) throws(SystemError) -> [String] {
     while true {

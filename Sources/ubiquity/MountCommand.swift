@@ -37,6 +37,9 @@ struct MountCommand: ParsableCommand {
     @Option(help: ArgumentHelp("A retention setting, KEY=VALUE, over the container's retention file (repeatable), e.g. --retention keep=everything or --retention keep-deleted-within=60d. See `ubiquity prune --help`.", valueName: "KEY=VALUE"))
     var retention: [String] = []
 
+    @Option(name: .customLong("kv-limit"), help: ArgumentHelp("A key-value store limit, NAME=N (repeatable), over the container's <container>.kv-limits file: keys (default 1024), bytes in all (1048576), value bytes (1048576), key bytes (64). See `ubiquity kv --help`.", valueName: "NAME=N"))
+    var kvLimits: [String] = []
+
     @Option(help: .hidden)
     var maintenanceEvery: String?
 
@@ -90,6 +93,7 @@ struct MountCommand: ParsableCommand {
             var fsOptions = FileSystem.Options()
             fsOptions.showVersions = showVersions
             fsOptions.retention = try Paths.retentionPolicy(container: container, settings: retention)
+            fsOptions.kvLimits = try Paths.keyValueLimits(container: container, settings: kvLimits)
             if let every = maintenanceEvery {
                 guard let interval = RetentionPolicy.duration(every) else { throw CLIError("--maintenance-every \(every): not a duration") }
                 fsOptions.maintenanceInterval = interval

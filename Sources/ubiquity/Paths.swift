@@ -39,6 +39,25 @@ enum Paths {
         return policy
     }
 
+    /// The key-value limits of a container: `$XDG_CONFIG_HOME/ubiquity/<container>.kv-limits`
+    /// (`keys = 2048` lines) if there is one, then `settings` (`NAME=N`, from mount options).
+    static func keyValueLimits(container: String, settings: [String] = []) throws -> KVLimits {
+        let base = env("XDG_CONFIG_HOME").flatMap { $0.hasPrefix("/") ? $0 : nil } ?? home + "/.config"
+        let file = base + "/ubiquity/" + container + ".kv-limits"
+        do {
+            var limits = KVLimits()
+            if let bytes = try readFile(file, limit: 1 << 20) { limits = try KVLimits(configuration: String(decoding: bytes, as: UTF8.self)) }
+            for setting in settings {
+                let parts = setting.split(separator: "=", maxSplits: 1).map(String.init)
+                guard parts.count == 2 else { throw StoreError.invalidConfiguration("--kv-limit \(setting): expected NAME=NUMBER") }
+                try limits.set(parts[0], parts[1])
+            }
+            return limits
+        } catch {
+            throw CLIError("\(file): \(error)")
+        }
+    }
+
     static func env(_ name: String) -> String? {
         guard let v = getenv(name) else { return nil }
         let s = String(cString: v)

@@ -37,6 +37,8 @@ struct TinyPixCommand: ParsableCommand {
             Examples:
               ubiquity tinypix --new smile.tinypix       create a picture (a diagonal)
               ubiquity tinypix smile.tinypix             show it as a grid
+              ubiquity tinypix --color smile.tinypix     in the tint of the key-value store's
+                                                         selectedColorIndex (0 red, 1 green, 2 blue)
               ubiquity tinypix smile.tinypix > smile.txt
               ubiquity tinypix --encode smile.txt -o smile.tinypix
               ubiquity tinypix --encode - < smile.txt | od -An -tx1
@@ -62,6 +64,15 @@ struct TinyPixCommand: ParsableCommand {
     @Flag(name: .long, help: "With --new: replace the file if it already exists.")
     var force = false
 
+    @Flag(name: .long, help: ArgumentHelp(
+        "Draw the grid's on cells in the container's tint, as the TinyPix app does: the key-value store's selectedColorIndex (0 red, 1 green, 2 blue, anything else or none red)."))
+    var color = false
+
+    @Option(name: .customLong("mount"), help: ArgumentHelp(
+        "With --color: the mount whose selectedColorIndex to use. Default: the mount holding the file, else the only one.",
+        valueName: "dir"))
+    var mount: String?
+
     func validate() throws {
         if newName != nil {
             if file != nil { throw ValidationError("--new takes no <file> argument.") }
@@ -72,6 +83,8 @@ struct TinyPixCommand: ParsableCommand {
             if output != nil && !encode { throw ValidationError("--output is only used with --encode.") }
             if force { throw ValidationError("--force is only used with --new.") }
         }
+        if color && (encode || newName != nil) { throw ValidationError("--color goes with showing a picture, not --encode or --new.") }
+        if mount != nil && !color { throw ValidationError("--mount is only used with --color.") }
     }
 
     func run() throws {
@@ -104,7 +117,35 @@ struct TinyPixCommand: ParsableCommand {
         guard let grid = TinyPix.render(stored) else {
             throw TinyPixCommandFailure("\(displayName(path)): cannot render")  // unreachable: encode gives 8 bytes
         }
-        try writeAll(grid, to: STDOUT_FILENO, name: "standard output")
+        try writeAll(color ? tinted(grid, path) : grid, to: STDOUT_FILENO, name: "standard output")
+    }
+
+    /// The grid with its on cells in the tint (ANSI colours). The plain grid (and `cat`
+    /// of the file) stays byte for byte what it was.
+    private func tinted(_ grid: [UInt8], _ path: String) -> [UInt8] {
+        let index = Self.selectedColorIndex(mount: mount, near: path == "-" ? nil : path)
+        let code = index == 1 ? "32" : index == 2 ? "34" : "31"
+        var out: [UInt8] = []
+        for b in grid {
+            if b == UInt8(ascii: "#") { out += Array("\u{1B}[\(code)m#\u{1B}[0m".utf8) } else { out.append(b) }
+        }
+        return out
+    }
+
+    /// The key-value store's selectedColorIndex of the mount named, or holding `path`, or
+    /// the only one; 0 when there is none or it is not an integer.
+    static func selectedColorIndex(mount: String?, near path: String?) -> Int64 {
+        let mountpoint: String?
+        if let mount {
+            mountpoint = Paths.mount(containing: Paths.absolute(mount))?.entry.mountpoint
+        } else if let path, let found = Paths.mount(containing: Paths.absolute(path)) {
+            mountpoint = found.entry.mountpoint
+        } else {
+            let all = ubiquityMounts()
+            mountpoint = all.count == 1 ? all[0].mountpoint : nil
+        }
+        guard let mountpoint, let bytes = try? readFile(mountpoint + "/.kv/selectedColorIndex", limit: 64) else { return 0 }
+        return Int64(String(decoding: bytes, as: UTF8.self).filter { !$0.isWhitespace }) ?? 0
     }
 
     /// Writes the 8 stored bytes for a grid (or 8 raw bytes) to --output or stdout.

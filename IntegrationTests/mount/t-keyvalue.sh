@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The key-value store through real mounts: both doors (`.kv/` files and `ubiquity kv`)
+# show one state; types are checked at close and a refused value keeps the old one;
+# limits answer EDQUOT / EFBIG / ENAMETOOLONG / EINVAL and the CLI's exit statuses say
+# which; a key set on one device reaches the other; two devices that set one key while
+# one is paused end with the same winner; values survive a restart and a kill -9.
+# ubq-timeout: 240
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+DEVICE=alpha
+mount_fresh kv --poll 0.2 --kv-limit keys=20 --kv-limit bytes=4096 --kv-limit value=1000
+A=$MNT
+mount_device beta --poll 0.2 --kv-limit keys=20 --kv-limit bytes=4096 --kv-limit value=1000
+B=$(mnt_of beta)
+on_failure dump_sync_state
+
+# kv_get MNT KEY: the CLI's value, "" and no failure when the key is missing.
+kv_get() { "$UBIQUITY" kv get "$2" --mount "$1" 2>/dev/null || true; }
+# kv_status CMD...: the exit status of a `ubiquity kv` command.
+kv_status() { local rc=0; "$UBIQUITY" kv "$@" >/dev/null 2>&1 || rc=$?; echo "$rc"; }
+
+step "ubiquity kv set, then .kv/ shows it: one file per key, its type in an xattr"
+ubq kv set selectedColorIndex 2 --type integer --mount "$A"
+assert_eq 2 "$(cat "$A/.kv/selectedColorIndex")" "cat .kv/selectedColorIndex"
+assert_eq integer "$(xattr "$A/.kv/selectedColorIndex" user.ubiquity.kv.type)" "its type xattr"
+assert_eq selectedColorIndex "$(ls "$A/.kv")" "ls .kv"
+assert_not_contains "$(ls -a "$A")" ".kv" "the root listing (hidden like .versions)"
+
+step "the files' door: echo sets (a new key is a string), rm deletes; the CLI sees both"
+echo "Ada" >"$A/.kv/name"
+assert_eq Ada "$(kv_get "$A" name)" "kv get name after echo > .kv/name"
+assert_eq string "$(xattr "$A/.kv/name" user.ubiquity.kv.type)" "type of a key made by echo"
+rm "$A/.kv/name"
+assert_eq 1 "$(kv_status get name --mount "$A")" "exit status of kv get of a deleted key"
+assert_missing "$A/.kv/name"
+
+step "a value that is not its type is refused at close (EINVAL) and the old value stays"
+assert_errno EINVAL "fd = os.open('$A/.kv/selectedColorIndex', os.O_WRONLY | os.O_TRUNC); os.write(fd, b'red'); os.close(fd)" \
+  "close of .kv/selectedColorIndex after writing text into an integer"
+assert_eq 2 "$(cat "$A/.kv/selectedColorIndex")" "the old value after the refused write"
+assert_eq 2 "$(kv_status set selectedColorIndex red --mount "$A")" "exit status of a refused kv set"
+assert_contains "$("$UBIQUITY" kv set selectedColorIndex red --mount "$A" 2>&1 || true)" "refused" "kv set's message"
+assert_errno EINVAL "os.setxattr('$A/.kv/selectedColorIndex', 'user.ubiquity.kv.type', b'date')" "converting 2 to a date"
+ubq kv set when "2026-11-24T09:00:00+01:00" --type date --mount "$A"
+assert_eq "2026-11-24T08:00:00.000Z" "$(cat "$A/.kv/when")" "a date, kept in UTC"
+ubq kv set tags '["a", 1, 2.5, true]' --type array --mount "$A"
+assert_contains "$(ubq kv get tags --json --mount "$A")" '"type":"array","value":["a",1,2.5,true]' "kv get --json of an array"
+assert_eq '["a",1,2.5,true]' "$(cat "$A/.kv/tags")" "an array as compact JSON"
+
+step "limits: a key over 64 bytes (ENAMETOOLONG), a value over 1000 (EFBIG), a full store (EDQUOT)"
+long=$(printf 'k%.0s' $(seq 65))
+assert_errno ENAMETOOLONG "open('$A/.kv/$long', 'w').close()" "a key of 65 bytes"
+assert_eq 2 "$(kv_status set "$long" x --mount "$A")" "exit status of kv set with a long key"
+assert_errno EFBIG "fd = os.open('$A/.kv/big', os.O_WRONLY | os.O_CREAT); os.write(fd, b'x' * 1000); os.write(fd, b'y')" \
+  "a write past 1000 bytes (the 1000 before it are set at the close)"
+for i in $(seq 16); do printf 'v%s' "$i" >"$A/.kv/k$i"; done
+assert_eq 20 "$(ls "$A/.kv" | wc -l)" "keys after filling the store to its limit of 20"
+assert_errno EDQUOT "f = open('$A/.kv/one-more', 'w'); f.write('x'); f.close()" "a 21st key (refused at its close)"
+msg=$("$UBIQUITY" kv set one-more x --mount "$A" 2>&1 || true)
+assert_contains "$msg" "20 of 20 keys" "kv set's message names the limit and the use"
+assert_eq 2 "$(kv_status set one-more x --mount "$A")" "exit status of kv set into a full store"
+for i in $(seq 16); do rm "$A/.kv/k$i"; done
+
+step "a key set on alpha reaches beta; a delete on beta reaches alpha"
+wait_eq 2 "selectedColorIndex on beta" kv_get "$B" selectedColorIndex
+ubq kv rm when --mount "$B"
+wait_eq "" "when on alpha after beta deleted it" kv_get "$A" when
+
+step "both devices set one key while beta is paused: the same winner on both"
+pause_dev "$B"
+ubq kv set selectedColorIndex 1 --mount "$B"
+sleep 0.05
+ubq kv set selectedColorIndex 0 --mount "$A"
+sleep 1
+assert_eq 1 "$(kv_get "$B" selectedColorIndex)" "beta's own value while paused"
+resume_dev "$B"
+sync_all
+wait_eq 0 "selectedColorIndex on beta (alpha wrote later)" kv_get "$B" selectedColorIndex
+assert_eq 0 "$(kv_get "$A" selectedColorIndex)" "selectedColorIndex on alpha"
+
+step "tinypix --color draws in the tint of selectedColorIndex; cat of the file stays the same"
+"$UBIQUITY" tinypix --new "$A/smile.tinypix" >/dev/null
+plain=$(cat "$A/smile.tinypix")
+assert_eq "$plain" "$("$UBIQUITY" tinypix "$A/smile.tinypix")" "the plain grid"
+assert_contains "$("$UBIQUITY" tinypix --color "$A/smile.tinypix" | od -c | tr -s ' ')" "[ 3 1 m #" "the grid in red (index 0)"
+ubq kv set selectedColorIndex 2 --mount "$A"
+assert_contains "$("$UBIQUITY" tinypix --color "$A/smile.tinypix" | od -c | tr -s ' ')" "[ 3 4 m #" "the grid in blue (index 2)"
+assert_eq "$plain" "$(cat "$A/smile.tinypix")" "cat of the picture after the tint changed"
+ubq kv set selectedColorIndex 7 --mount "$A"
+assert_contains "$("$UBIQUITY" tinypix --color "$A/smile.tinypix" | od -c | tr -s ' ')" "[ 3 1 m #" "index 7 draws red"
+ubq kv set selectedColorIndex 0 --mount "$A"
+
+step "the key-value state survives a restart and a kill -9 right after the set returns"
+remount
+assert_eq 0 "$(kv_get "$A" selectedColorIndex)" "after a remount"
+ubq kv set crashproof yes --type bool --mount "$A"
+crash_daemon
+_ubq_mount
+assert_eq true "$(kv_get "$A" crashproof)" "a bool set just before kill -9"
+pass

@@ -1,0 +1,322 @@
+import Glibc
+import UbiquityStore
+import UbiquitySystem
+
+/// The mount's door to the key-value store: `.kv/` at the root, one file per key. A file's
+/// content is the value (`KeyValues.canonical`), its type the xattr `user.ubiquity.kv.type`.
+/// Writes collect in the open handle and are applied, validated, when it is closed: a
+/// value that fails the type or the limits is refused with close()'s error (EINVAL,
+/// EFBIG, EDQUOT) and the old value stays. `ubiquity kv` goes through this same door.
+///
+/// Nothing here is cached by the kernel (zero timeouts, no page cache kept): a value
+/// another device set shows at the next read.
+struct KeyValueDoor {
+    static let root = VirtualViews.base + 2
+    /// Key files are numbered from here, apart from the history views' nodes.
+    static let keyBase: UInt64 = 1 << 57
+    static let typeAttribute = "user.ubiquity.kv.type"
+    static let deviceAttribute = "user.ubiquity.kv.device"
+    static let timeAttribute = "user.ubiquity.kv.time"
+    /// On `.kv` itself: `keys=N bytes=N value=N key=N` (the limits) and `keys=N bytes=N`.
+    static let limitsAttribute = "user.ubiquity.kv.limits"
+    static let usageAttribute = "user.ubiquity.kv.usage"
+    static let name = ".kv"
+
+    static func owns(_ ino: UInt64) -> Bool { ino == root || ino >= keyBase }
+
+    /// Key files' numbers (see NodeNumbering).
+    private var files = NodeNumbering<String>(first: keyBase)
+
+    mutating func number(_ key: String) -> UInt64 { files.number(key) }
+
+    func key(_ ino: UInt64) -> String? { files.key(ino) }
+
+    mutating func referenced(_ ino: UInt64) { files.referenced(ino) }
+
+    mutating func forget(_ ino: UInt64, count: UInt64) { files.forget(ino, count: count) }
+}
+
+/// An open key file: the bytes it will set at close, and the type the value will take
+/// (set by `setxattr` of the type while open; else the key's current type, else string).
+final class KeyValueOpen: @unchecked Sendable {
+    let key: String
+    let writable: Bool
+    var buffer: [UInt8]
+    var type: KVType?
+    /// Changed since opened or last applied (a write, a truncation, a new key).
+    var dirty = false
+    /// A write() since the last apply: close() applies then (a flush of a descriptor that
+    /// only truncated, as a shell's `>` dup'ed one, must not set an empty value).
+    var wrote = false
+
+    init(key: String, writable: Bool, buffer: [UInt8], type: KVType?) {
+        self.key = key
+        self.writable = writable
+        self.buffer = buffer
+        self.type = type
+    }
+}
+
+extension FileSystem {
+    var kvLimits: KVLimits { options.kvLimits }
+
+    // MARK: nodes
+
+    func kvLookup(parent: UInt64, name: String) throws(Errno) -> Attributes {
+        try meta.withLock { (m) throws(Errno) -> Attributes in
+            if parent == Store.rootInode { return m.kvAttributes(KeyValueDoor.root, entry: nil) }
+            guard parent == KeyValueDoor.root else { throw .notFound }
+            guard let entry = try storeCall({ () throws(StoreError) in try m.store.kvEntry(name) }), !entry.isTombstone else {
+                throw .notFound
+            }
+            let ino = m.kv.number(name)
+            m.kv.referenced(ino)
+            return m.kvAttributes(ino, entry: entry)
+        }
+    }
+
+    // MARK: files
+
+    func kvCreate(parent: UInt64, name: String, flags: OpenFlags) throws(Errno) -> (Attributes, UInt64) {
+        guard parent == KeyValueDoor.root else { throw .readOnly }
+        do throws(KVError) { try KeyValues.check(key: name, limits: kvLimits) } catch { throw StoreError.keyValue(error).errno }
+        return try meta.withLock { (m) throws(Errno) -> (Attributes, UInt64) in
+            let current = try storeCall { () throws(StoreError) in try m.store.kvEntry(name) }.flatMap { $0.isTombstone ? nil : $0 }
+            if current != nil && flags.raw & O_EXCL != 0 { throw .exists }
+            let open = KeyValueOpen(key: name, writable: true, buffer: [], type: current?.type)
+            open.dirty = true
+            let ino = m.kv.number(name)
+            m.kv.referenced(ino)
+            let handle = m.register(.keyValue(open))
+            var a = m.kvAttributes(ino, entry: current)
+            a.size = 0
+            a.allocated = 0
+            return (a, handle)
+        }
+    }
+
+    func kvOpen(_ ino: UInt64, flags: OpenFlags) throws(Errno) -> UInt64 {
+        try meta.withLock { (m) throws(Errno) -> UInt64 in
+            if ino == KeyValueDoor.root { throw .isDirectory }
+            guard let key = m.kv.key(ino) else { throw .notFound }
+            let current = try storeCall { () throws(StoreError) in try m.store.kvEntry(key) }.flatMap { $0.isTombstone ? nil : $0 }
+            let truncate = flags.writable && flags.truncates
+            guard current != nil || truncate || flags.raw & O_CREAT != 0 else { throw .notFound }
+            let open = KeyValueOpen(key: key, writable: flags.writable, buffer: truncate ? [] : current?.value ?? [], type: current?.type)
+            open.dirty = truncate || current == nil
+            return m.register(.keyValue(open))
+        }
+    }
+
+    func kvRead(_ open: KeyValueOpen, offset: Int64, count: Int) -> [UInt8] {
+        meta.withLock { _ in
+            guard offset >= 0, offset < Int64(open.buffer.count), count > 0 else { return [] }
+            let start = Int(offset)
+            return Array(open.buffer[start..<min(open.buffer.count, start + min(count, open.buffer.count - start))])
+        }
+    }
+
+    /// Bytes beyond the per-value limit are refused at once (EFBIG), so an open key file
+    /// never holds more memory than a value may have.
+    func kvWrite(_ open: KeyValueOpen, offset: Int64, data: UnsafeRawBufferPointer) throws(Errno) -> Int {
+        guard open.writable else { throw .badHandle }
+        guard offset >= 0 else { throw .invalid }
+        let (end, overflow) = offset.addingReportingOverflow(Int64(data.count))
+        guard !overflow, end <= Int64(kvLimits.maxValueBytes) else { throw .fileTooBig }
+        meta.withLock { _ in
+            let start = Int(offset)
+            if open.buffer.count < start + data.count { open.buffer += [UInt8](repeating: 0, count: start + data.count - open.buffer.count) }
+            open.buffer.replaceSubrange(start..<start + data.count, with: data)
+            open.dirty = true
+            open.wrote = true
+        }
+        return data.count
+    }
+
+    /// close(2): applies what was written since the last apply; its error is close()'s.
+    func kvFlush(_ open: KeyValueOpen) throws(Errno) {
+        guard meta.withLock({ _ in open.wrote }) else { return }
+        try kvApply(open)
+    }
+
+    /// The last close: applies a truncation or a new empty key no write followed.
+    func kvRelease(_ open: KeyValueOpen) {
+        do { try kvApply(open) } catch { log("ubiquity: key \(String(reflecting: open.key)) not set at close: \(error)") }
+    }
+
+    private func kvApply(_ open: KeyValueOpen) throws(Errno) {
+        try meta.withLock { (m) throws(Errno) in
+            guard open.dirty else { return }
+            open.dirty = false
+            open.wrote = false
+            let current = try storeCall { () throws(StoreError) in try m.store.kvEntry(open.key) }.flatMap { $0.isTombstone ? nil : $0 }
+            let type = open.type ?? KeyValues.defaultType(current: current?.type)
+            let limits = kvLimits
+            let entry = try storeCall { () throws(StoreError) -> KVEntry in
+                let entry = try m.store.kvSet(open.key, type: type, content: open.buffer, limits: limits)
+                try m.store.commitBatch() // a set value survives a crash once close() returns
+                return entry
+            }
+            open.buffer = entry.value
+        }
+        requestSyncSoon()
+    }
+
+    /// truncate(2) of a key file: the open handles' pending values, or the stored value at once.
+    func kvTruncate(_ ino: UInt64, to size: Int64) throws(Errno) {
+        guard size >= 0 else { throw .invalid }
+        guard size <= Int64(kvLimits.maxValueBytes) else { throw .fileTooBig }
+        let open: [KeyValueOpen] = try meta.withLock { (m) throws(Errno) -> [KeyValueOpen] in
+            guard let key = m.kv.key(ino) else { throw ino == KeyValueDoor.root ? .isDirectory : .notFound }
+            return m.handles.values.compactMap { h in
+                if case .keyValue(let o) = h, o.key == key, o.writable { return o }
+                return nil
+            }
+        }
+        if !open.isEmpty {
+            meta.withLock { _ in
+                for o in open {
+                    o.buffer = Array(o.buffer.prefix(Int(size))) + [UInt8](repeating: 0, count: max(0, Int(size) - o.buffer.count))
+                    o.dirty = true
+                }
+            }
+            return
+        }
+        try meta.withLock { (m) throws(Errno) in
+            guard let key = m.kv.key(ino) else { throw .notFound }
+            guard let current = try storeCall({ () throws(StoreError) in try m.store.kvEntry(key) }), !current.isTombstone else { throw .notFound }
+            let value = Array(current.value.prefix(Int(size))) + [UInt8](repeating: 0, count: max(0, Int(size) - current.value.count))
+            try storeCall { () throws(StoreError) in
+                try m.store.kvSet(key, type: current.type, content: value, limits: kvLimits)
+                try m.store.commitBatch()
+            }
+        }
+        requestSyncSoon()
+    }
+
+    func kvUnlink(parent: UInt64, name: String) throws(Errno) {
+        guard parent == KeyValueDoor.root else { throw .readOnly }
+        try meta.withLock { (m) throws(Errno) in
+            let removed = try storeCall { () throws(StoreError) -> Bool in
+                let removed = try m.store.kvRemove(name)
+                if removed { try m.store.commitBatch() }
+                return removed
+            }
+            if !removed { throw .notFound }
+        }
+        requestSyncSoon()
+    }
+
+    // MARK: xattrs
+
+    func kvGetxattr(_ ino: UInt64, name: String) throws(Errno) -> [UInt8] {
+        try meta.withLock { (m) throws(Errno) -> [UInt8] in
+            if ino == KeyValueDoor.root {
+                let l = kvLimits
+                switch name {
+                case KeyValueDoor.limitsAttribute:
+                    return Array("keys=\(l.maxKeys) bytes=\(l.maxTotalBytes) value=\(l.maxValueBytes) key=\(l.maxKeyBytes)".utf8)
+                case KeyValueDoor.usageAttribute:
+                    let usage = try storeCall { () throws(StoreError) in try m.store.kvUsage() }
+                    return Array("keys=\(usage.keys) bytes=\(usage.bytes)".utf8)
+                default: throw .noData
+                }
+            }
+            guard let key = m.kv.key(ino) else { throw ino == KeyValueDoor.root ? .noData : .notFound }
+            let pending = m.handles.values.lazy.compactMap { h -> KVType? in
+                if case .keyValue(let o) = h, o.key == key, o.dirty { return o.type }
+                return nil
+            }.first
+            let current = try storeCall { () throws(StoreError) in try m.store.kvEntry(key) }.flatMap { $0.isTombstone ? nil : $0 }
+            switch name {
+            case KeyValueDoor.typeAttribute:
+                guard let type = pending ?? current?.type else { throw .noData }
+                return Array(type.name.utf8)
+            case KeyValueDoor.deviceAttribute:
+                guard let current else { throw .noData }
+                return Array(current.stamp.device.utf8)
+            case KeyValueDoor.timeAttribute:
+                guard let current else { throw .noData }
+                return Array(ISODate.format(millis: current.stamp.time / 1_000_000).utf8)
+            default: throw .noData
+            }
+        }
+    }
+
+    func kvListxattr(_ ino: UInt64) throws(Errno) -> [String] {
+        ino == KeyValueDoor.root ? [KeyValueDoor.limitsAttribute, KeyValueDoor.usageAttribute] : [KeyValueDoor.typeAttribute, KeyValueDoor.deviceAttribute, KeyValueDoor.timeAttribute]
+    }
+
+    /// Setting the type: while the key is open for writing, the type its value takes at
+    /// close; otherwise the stored value is converted now (EINVAL if it does not parse).
+    func kvSetxattr(_ ino: UInt64, name: String, value: [UInt8]) throws(Errno) {
+        guard name == KeyValueDoor.typeAttribute else { throw .notSupported }
+        guard let text = String(validating: value, as: UTF8.self), let type = KVType(name: text.trimmingCharacters()) else {
+            throw .invalid
+        }
+        let applied = try meta.withLock { (m) throws(Errno) -> Bool in
+            guard let key = m.kv.key(ino) else { throw ino == KeyValueDoor.root ? .notSupported : .notFound }
+            var pending = false
+            for case .keyValue(let o) in m.handles.values where o.key == key && o.writable {
+                o.type = type
+                o.dirty = true
+                pending = true
+            }
+            if pending { return false }
+            guard let current = try storeCall({ () throws(StoreError) in try m.store.kvEntry(key) }), !current.isTombstone else { throw .notFound }
+            if current.type == type { return false }
+            try storeCall { () throws(StoreError) in
+                try m.store.kvSet(key, type: type, content: current.value, limits: kvLimits)
+                try m.store.commitBatch()
+            }
+            return true
+        }
+        if applied { requestSyncSoon() }
+    }
+
+    /// A local change to publish: the sync engine's next cycle (at most the poll interval).
+    func requestSyncSoon() {
+        if let sync = hooks.withLock({ $0.sync }) { try? sync.requestSync() }
+    }
+}
+
+extension FileSystem.Meta {
+    /// A key file's attributes from the store (the size an open handle will set shows
+    /// only after its close).
+    func kvAttributes(_ ino: UInt64) throws(Errno) -> Attributes {
+        if ino == KeyValueDoor.root { return kvAttributes(ino, entry: nil) }
+        guard let key = kv.key(ino) else { throw .notFound }
+        let entry = try storeCall { () throws(StoreError) in try store.kvEntry(key) }
+        let open = handles.values.contains { h in
+            if case .keyValue(let o) = h { return o.key == key }
+            return false
+        }
+        guard let entry, !entry.isTombstone else {
+            if open { return kvAttributes(ino, entry: nil) }
+            throw .notFound
+        }
+        return kvAttributes(ino, entry: entry)
+    }
+
+    func kvAttributes(_ ino: UInt64, entry: KVEntry?) -> Attributes {
+        let root = store.inode(Store.rootInode)
+        let uid = root?.uid ?? 0, gid = root?.gid ?? 0
+        if ino == KeyValueDoor.root {
+            var a = Attributes(virtual: ino, directory: true, size: 0, time: root?.mtime ?? 0, uid: uid, gid: gid)
+            a.mode = UInt32(S_IFDIR) | 0o755
+            return a
+        }
+        var a = Attributes(virtual: ino, directory: false, size: Int64(entry?.value.count ?? 0), time: entry?.stamp.time ?? 0,
+                           uid: uid, gid: gid)
+        a.mode = UInt32(S_IFREG) | 0o644
+        return a
+    }
+}
+
+private extension String {
+    func trimmingCharacters() -> String {
+        var s = Substring(self)
+        while let c = s.last, c == "\n" || c == " " || c == "\t" { s = s.dropLast() }
+        return String(s)
+    }
+}

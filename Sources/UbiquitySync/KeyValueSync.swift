@@ -1,0 +1,169 @@
+import Glibc
+import UbiquityStore
+import UbiquitySystem
+
+/// The key-value store in the backing directory (docs/FORMAT.md, "Key-value store"): each
+/// device keeps one file, `devices/<id>/keyvalue`, with the entries it wrote that still
+/// win (tombstones too), replaced whole (temp name, fsync, rename) when they change. A
+/// reader merges every other device's file into its store by the entries' stamps, so all
+/// devices that read the same files agree, in any order, however often they read them.
+/// The file is bounded by the store's limits (a value of 1 MiB at most, 1 MiB in all),
+/// so a whole-file exchange costs what the store holds, never what the tree holds.
+enum KeyValueCodec {
+    static let header = "ubiquity-keyvalue 1\n"
+    static let fileName = "keyvalue"
+    /// The largest file read: 1 MiB of values doubled by hex, 4,096 tombstones and the
+    /// lines' keys, with room for a device whose limits are larger.
+    static let maxFileSize = 16 << 20
+
+    static func encode(_ entries: [KVEntry]) -> [UInt8] {
+        var out = header
+        for e in entries {
+            var body = "key=\(RecordCodec.percent(e.key)) type=\(e.type.name) stamp=\(e.stamp.time) name=\(RecordCodec.percent(e.stamp.deviceName))"
+            if e.isTombstone { body += " tomb=1" } else { body += " value=\(Hex.encode(e.value))" }
+            out += "K1 \(RecordCodec.checksum(Array(body.utf8), hexDigits: 32)) \(body)\n"
+        }
+        return Array(out.utf8)
+    }
+
+    /// The entries of `device`'s file, and why each rejected line was rejected.
+    static func decode(_ bytes: [UInt8], device: String) -> (entries: [KVEntry], rejected: [String]) {
+        var entries: [KVEntry] = [], rejected: [String] = []
+        var lines = bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false)
+        // A file is written whole and renamed into place: it ends with a newline.
+        if lines.last?.isEmpty == true { lines.removeLast() } else { rejected.append("the file does not end with a newline") }
+        guard let first = lines.first, Array(first) + [UInt8(ascii: "\n")] == Array(header.utf8) else {
+            return ([], ["not a key-value file of format 1"])
+        }
+        for (n, line) in lines.dropFirst().enumerated() {
+            switch entry(Array(line), device: device) {
+            case .success(let e): entries.append(e)
+            case .failure(let why): rejected.append("line \(n + 2): \(why.description)")
+            }
+        }
+        return (entries, rejected)
+    }
+
+    private static func entry(_ line: [UInt8], device: String) -> Result<KVEntry, RecordCodec.Rejection> {
+        guard line.count > 36, line.starts(with: Array("K1 ".utf8)), line[35] == 0x20 else {
+            return .failure(RecordCodec.Rejection("not a K1 line"))
+        }
+        let body = Array(line[36...])
+        guard RecordCodec.checksum(body, hexDigits: 32).utf8.elementsEqual(line[3..<35]) else {
+            return .failure(RecordCodec.Rejection("checksum mismatch"))
+        }
+        var fields: [String: String] = [:]
+        for part in body.split(separator: 0x20) {
+            guard let eq = part.firstIndex(of: UInt8(ascii: "=")) else { return .failure(RecordCodec.Rejection("field without '='")) }
+            let key = String(decoding: part[part.startIndex..<eq], as: UTF8.self)
+            guard fields[key] == nil else { return .failure(RecordCodec.Rejection("repeated key \(key)")) }
+            fields[key] = String(decoding: part[(eq + 1)...], as: UTF8.self)
+        }
+        guard let keyText = fields["key"], let key = RecordCodec.unpercent(keyText) else { return .failure(RecordCodec.Rejection("bad key")) }
+        guard let typeName = fields["type"], let type = KVType(name: typeName) else { return .failure(RecordCodec.Rejection("bad type")) }
+        guard let stampText = fields["stamp"], let time = Int64(stampText), time > 0 else { return .failure(RecordCodec.Rejection("bad stamp")) }
+        let tomb = fields["tomb"] == "1"
+        if fields["tomb"] != nil && !tomb { return .failure(RecordCodec.Rejection("bad tomb")) }
+        var value: [UInt8] = []
+        if !tomb {
+            guard let hex = fields["value"], let bytes = Hex.decode(hex) else { return .failure(RecordCodec.Rejection("bad value")) }
+            value = bytes
+        } else if fields["value"] != nil {
+            return .failure(RecordCodec.Rejection("a tombstone with a value"))
+        }
+        let name = fields["name"].flatMap(RecordCodec.unpercent) ?? ""
+        return .success(KVEntry(key: key, type: type, value: value, stamp: KVStamp(time: time, device: device, deviceName: name),
+                                isTombstone: tomb))
+    }
+}
+
+/// What was last read of a device's file: read again when any of these change.
+struct FileSignature: Equatable {
+    let size: Int64
+    let mtime: Int64
+    let inode: UInt64
+
+    init?(path: String) {
+        var st = stat()
+        guard stat(path, &st) == 0 else { return nil }
+        size = Int64(st.st_size)
+        mtime = Int64(st.st_mtim.tv_sec) &* 1_000_000_000 &+ Int64(st.st_mtim.tv_nsec)
+        inode = UInt64(st.st_ino)
+    }
+}
+
+extension SyncEngine {
+    /// Takes in the key-value files of other devices that changed since last read. One
+    /// stat per device when nothing changed.
+    func pullKeyValues(devices: [String]) throws(StoreError) {
+        for device in devices {
+            let path = "\(backing.directory)/devices/\(device)/\(KeyValueCodec.fileName)"
+            guard let signature = FileSignature(path: path) else { continue }
+            if kvSeen.withLock({ $0[device] }) == signature { continue }
+            guard signature.size <= KeyValueCodec.maxFileSize else {
+                logOnce("ubiquity: sync: \(path) is \(signature.size) bytes, more than a key-value file can be: not read")
+                continue
+            }
+            let bytes: [UInt8]
+            do { bytes = try readFile(path, limit: KeyValueCodec.maxFileSize) ?? [] } catch {
+                throw .io(errno: error.code, error.context)
+            }
+            let (entries, rejected) = KeyValueCodec.decode(bytes, device: device)
+            for why in rejected.prefix(5) { logOnce("ubiquity: sync: \(path): \(why)") }
+            var refused: [String] = []
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                let merged = try store.kvMerge(entries)
+                refused = merged.rejected
+                var changes = TreeChanges()
+                changes.keyValues = merged.changes
+                return changes
+            }
+            for why in refused.prefix(5) { logOnce("ubiquity: sync: \(path): \(why)") }
+            kvSeen.withLock { $0[device] = signature }
+        }
+    }
+
+    /// Publishes this device's entries when they changed: after the durability barrier (a
+    /// power loss must not take back a value other devices have taken).
+    func pushKeyValues() throws(StoreError) {
+        var entries: [KVEntry]?
+        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            if try store.kvNeedsPublishing {
+                entries = try store.kvOwnEntries()
+                try store.kvPublished()
+            }
+            return TreeChanges()
+        }
+        guard let entries else { return }
+        do {
+            try makeDurable()
+            let dir = "\(backing.directory)/devices/\(backing.deviceID)"
+            try backing.io { () throws(SystemError) in
+                try makeDirectories(dir)
+                // One temp name, reused: a crash leaves one file the next write replaces.
+                let temp = dir + "/.tmp-" + KeyValueCodec.fileName
+                let fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+                guard fd >= 0 else { throw .last("create \(temp)") }
+                var closed = false
+                do throws(SystemError) {
+                    try writeAll(fd, KeyValueCodec.encode(entries), path: temp)
+                    guard fsync(fd) == 0 else { throw .last("fsync \(temp)") }
+                    closed = true
+                    guard close(fd) == 0 else { throw .last("close \(temp)") }
+                } catch {
+                    if !closed { close(fd) }
+                    throw error
+                }
+                guard rename(temp, dir + "/" + KeyValueCodec.fileName) == 0 else { throw .last("rename \(temp)") }
+                try fsyncPath(dir, directory: true)
+            }
+        } catch {
+            // Published at the next cycle that reaches the backing directory.
+            try? access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                try store.kvMarkUnpublished()
+                return TreeChanges()
+            }
+            throw error
+        }
+    }
+}
