@@ -65,7 +65,9 @@ extension FileSystem {
         try meta.withLock { (m) throws(Errno) in
             let (id, inode) = try m.existing(parent: parent, name: name)
             guard inode.kind != .directory else { throw .isDirectory }
+            let path = feed.isWatched ? m.store.path(of: id) : nil
             try m.removeName(parent: parent, name: name, id: id)
+            if let path, inode.kind == .file { publishFileEvents(m, [(.removed, path)]) }
         }
     }
 
@@ -82,6 +84,21 @@ extension FileSystem {
     /// existing file continues the *target's* history with the source's content, which is
     /// how editors' "write temp, rename over" saves stay one history.
     public func rename(parent: UInt64, name: String, newParent: UInt64, newName: String, flags: UInt32) throws(Errno) {
+        guard feed.isWatched else { return try renameEntry(parent: parent, name: name, newParent: newParent, newName: newName, flags: flags) }
+        // For watchers: the files at both names before and after (a directory's files).
+        let files = { [self] () -> Set<String> in
+            meta.withLock { m in m.filePaths(parent, name).union(m.filePaths(newParent, newName)) }
+        }
+        let before = files()
+        try renameEntry(parent: parent, name: name, newParent: newParent, newName: newName, flags: flags)
+        let after = files()
+        meta.withLock { m in
+            publishFileEvents(m, before.subtracting(after).sorted().map { (.removed, $0) }
+                                + after.sorted().map { (before.contains($0) ? .changed : .added, $0) })
+        }
+    }
+
+    private func renameEntry(parent: UInt64, name: String, newParent: UInt64, newName: String, flags: UInt32) throws(Errno) {
         guard flags & ~(RenameFlags.noReplace | RenameFlags.exchange) == 0,
               flags != RenameFlags.noReplace | RenameFlags.exchange else { throw .invalid }
         // Keys are not files: mv falls back to copy and remove.

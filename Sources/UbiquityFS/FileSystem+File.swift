@@ -47,6 +47,7 @@ extension FileSystem {
             open.handles = 1
             m.lookups[inode.id, default: 0] += 1
             let handle = m.register(.file(ino: inode.id, open: open, writable: true))
+            if let path = m.store.path(of: inode.id) { publishFileEvents(m, [(.added, path)]) }
             return (m.attributes(inode), handle, open)
         }
         // A new file is a save even if nothing is written: its empty first version.
@@ -242,6 +243,7 @@ extension FileSystem {
                     // store logs the save (IntentLog) until the batch commits (found by the
                     // systemd test: SIGKILL right after a write lost the file).
                     try m.store.commit(ino, content: stored, path: path, local: LocalOnly.contains(path))
+                    publishFileEvents(m, [(.changed, path)])
                     return open.isTinyPix ? try TinyPixView.view(of: stored, chunks: chunks) : list
                 }
             }

@@ -11,17 +11,39 @@ extension FileSystem: StoreAccess {
     /// Connects the sync engine (the control and status attributes of the root).
     public func attach(sync: SyncControl) { hooks.withLock { $0.sync = sync } }
 
+    static let socketAttribute = "user.ubiquity.socket"
+
+    /// Names the control socket on the mount root (`user.ubiquity.socket`), so the CLI
+    /// finds it from the mount whatever the store's path.
+    public func announce(controlSocket path: String) { hooks.withLock { $0.controlSocket = path } }
+
+    func socketAttribute(_ ino: UInt64, name: String) -> [UInt8]? {
+        guard ino == Store.rootInode, name == Self.socketAttribute, let path = hooks.withLock({ $0.controlSocket }) else { return nil }
+        return Array(path.utf8)
+    }
+
     /// Called (outside every lock) with what sync changed in the tree: the FUSE layer
     /// invalidates the kernel's caches there.
     public func onTreeChange(_ body: @escaping @Sendable (TreeChanges) -> Void) { hooks.withLock { $0.treeChanged = body } }
 
     public func withStore(_ body: (Store, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError) {
         let changes = try meta.withLock { (m) throws(StoreError) -> TreeChanges in
-            let changes = try body(m.store, m.busyFiles())
+            var changes = try body(m.store, m.busyFiles())
+            changes.conflicts = m.store.takeNewConflicts()
             if !changes.isEmpty { try m.treeChanged(changes) }
+            if feed.isWatched { publishSyncEvents(m, changes) }
             return changes
         }
         if !changes.isEmpty, let notify = hooks.withLock({ $0.treeChanged }) { notify(changes) }
+    }
+
+    /// Runs `body` under the metadata lock after committing the batch, so a second
+    /// connection opened there sees every change made so far (a query's snapshot).
+    public func withStoreSnapshot<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        try meta.withLock { (m) throws(StoreError) -> T in
+            try m.store.commitBatch()
+            return try body()
+        }
     }
 
     /// Reads of the root's sync status attribute, answered without the metadata lock (the
@@ -84,6 +106,8 @@ extension FileSystem: StoreAccess {
 struct Hooks {
     var sync: SyncControl?
     var treeChanged: (@Sendable (TreeChanges) -> Void)?
+    /// The daemon's control socket (watchers and queries connect there).
+    var controlSocket: String?
 }
 
 extension FileSystem.Meta {

@@ -19,7 +19,9 @@ extension FileSystem {
         // Only user.* names have values, and the kernel asks for security.capability
         // before every write (to clear it): answered without the lock or the database.
         guard name.hasPrefix("user.") else { throw .noData }
-        if let status = syncStatus(ino, name: name) ?? maintenanceReport(ino, name: name) { return status }
+        if let status = syncStatus(ino, name: name) ?? maintenanceReport(ino, name: name) ?? socketAttribute(ino, name: name) {
+            return status
+        }
         return try meta.withLock { (m) throws(Errno) -> [UInt8] in
             if VirtualViews.isVirtual(ino) { throw .noData }
             guard m.store.inode(ino) != nil else { throw .notFound }

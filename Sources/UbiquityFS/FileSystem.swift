@@ -23,6 +23,8 @@ public final class FileSystem: Sendable {
     let reports = Locked(MaintenanceReports())
     /// Space pressure's measures (FileSystem+Space).
     let space = Locked(SpaceState())
+    /// What watchers are told (ChangeFeed); a leaf lock.
+    public let feed = ChangeFeed()
 
     public struct Options: Sendable {
         /// Commit a file held open and dirty after this long without writes (DESIGN: ~10 s).

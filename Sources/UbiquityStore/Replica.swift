@@ -83,6 +83,14 @@ final class Replica {
     /// Paths whose conflict count is due at the end of `deferringConflicts` (nil: none
     /// deferred, each change updates its paths at once).
     private var deferredConflicts: [String]?
+    /// Paths that gained a conflict version since `takeNewConflicts` (for watchers).
+    private var newConflicts: [String] = []
+
+    /// The paths that gained a conflict version since the last call.
+    func takeNewConflicts() -> [String] {
+        defer { newConflicts = [] }
+        return newConflicts
+    }
 
     init(db: SQLiteDatabase) { self.db = db }
 
@@ -384,6 +392,7 @@ final class Replica {
             let count = try state(at: path).conflicts.count
             let old = try conflictCount(at: path)
             if count == old { continue }
+            if count > old && newConflicts.count < 10_000 { newConflicts.append(path) }
             delta += count - old
             if count == 0 {
                 try db.query("DELETE FROM view_conflicts WHERE path = ?", [.text(path)])

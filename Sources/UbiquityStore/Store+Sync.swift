@@ -11,7 +11,9 @@ public struct TreeChanges: Sendable {
     public var unlinked: [InodeNumber] = []
     /// Keys of the key-value store another device changed (for watchers).
     public var keyValues: [KVChange] = []
-    public var isEmpty: Bool { inodes.isEmpty && entries.isEmpty && unlinked.isEmpty && keyValues.isEmpty }
+    /// Paths that gained a conflict version (for watchers).
+    public var conflicts: [String] = []
+    public var isEmpty: Bool { inodes.isEmpty && entries.isEmpty && unlinked.isEmpty && keyValues.isEmpty && conflicts.isEmpty }
     public init() {}
 }
 

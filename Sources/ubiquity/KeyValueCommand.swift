@@ -29,8 +29,9 @@ struct KeyValueCommand: ParsableCommand {
           ubiquity kv get missing --type integer     # prints 0: a missing integer is 0
           ubiquity kv list --json
           ubiquity kv rm selectedColorIndex
+          ubiquity kv watch                          # other devices' changes as they arrive
         """,
-        subcommands: [KVGet.self, KVSet.self, KVRemove.self, KVList.self])
+        subcommands: [KVGet.self, KVSet.self, KVRemove.self, KVList.self, KVWatch.self])
 }
 
 /// Where a mount's key-value store is, and the failures every subcommand reports alike.
@@ -47,6 +48,10 @@ struct KVMount: ParsableArguments {
     static let otherFailure: Int32 = 3
 
     func directory(_ command: String) throws -> String {
+        try mountpoint(command) + "/.kv"
+    }
+
+    func mountpoint(_ command: String) throws -> String {
         let mounts = ubiquityMounts()
         if mount == nil && mounts.count > 1 {
             throw Self.failure(command, "\(mounts.count) ubiquity mounts; name one, e.g. `ubiquity \(command) --mount \(mounts[0].mountpoint)`. "
@@ -54,7 +59,7 @@ struct KVMount: ParsableArguments {
         }
         do {
             let (entry, _) = try selectMount(mount, command: command)
-            return entry.mountpoint + "/.kv"
+            return entry.mountpoint
         } catch {
             throw ExitCode(Self.otherFailure)
         }
@@ -267,5 +272,69 @@ struct KVList: ParsableCommand {
                 print("\(key)\t\(item.type.name)\t\(text)")
             }
         }
+    }
+}
+
+struct KVWatch: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "watch",
+        abstract: "Print other devices' changes to the store as they arrive (until interrupted).",
+        discussion: """
+        One line per change another device made: KEY: OLD -> NEW (DEVICE). Changes made \
+        on this device are not announced (as with iCloud's key-value store). With --json, \
+        a first line {"event":"watching"} once the watch is live, then one object per \
+        change: {"event":"changed","key":...,"type":...,"old":...,"new":..., \
+        "deleted":false,"device":...,"name":...,"time":...}; "old" is left out for a new \
+        key and "new" for a deleted one. \
+        A line {"event":"overflow"} means changes came faster than they were read and \
+        some were skipped: read the store again with `ubiquity kv list`.
+        """)
+
+    @OptionGroup var mount: KVMount
+
+    func run() throws {
+        let mp = try mount.mountpoint("kv watch")
+        let client: ControlClient
+        do { client = try ControlClient(mountpoint: mp, request: "watch-kv") } catch {
+            throw KVMount.failure("kv watch", "\(error)", code: KVMount.otherFailure)
+        }
+        defer { client.close() }
+        try client.lines { line in
+            if line.contains("\"event\":\"watching\"") {
+                // Scripts learn that the watch is live (changes from now on are reported).
+                if mount.json { emitLine(line) } else { FileHandleError.note("watching \(mp)/.kv for other devices' changes (^C ends)") }
+                return true
+            }
+            if mount.json { emitLine(line); return true }
+            emitLine(Self.describe(line))
+            return true
+        }
+    }
+
+    /// "KEY: OLD -> NEW (DEVICE NAME)" from an event line.
+    static func describe(_ line: String) -> String {
+        guard case .dictionary(let pairs)? = try? PropertyList.parseJSON(Array(line.utf8)) else { return line }
+        let f = Dictionary(pairs, uniquingKeysWith: { a, _ in a })
+        if case .string("overflow")? = f["event"] { return "(some changes were skipped: run `ubiquity kv list`)" }
+        guard case .string(let key)? = f["key"] else { return line }
+        let text = { (v: PropertyList?) -> String in
+            switch v {
+            case .string(let s)?: return s
+            case let other?: return other.json
+            case nil: return "(none)"
+            }
+        }
+        var device = ""
+        if case .string(let name)? = f["name"], !name.isEmpty { device = name } else if case .string(let id)? = f["device"] { device = id }
+        let new: String
+        if case .bool(true)? = f["deleted"] { new = "(deleted)" } else { new = text(f["new"]) }
+        return "\(key): \(text(f["old"])) -> \(new) (\(device))"
+    }
+}
+
+/// Notes for a person on standard error (not part of the output a script reads).
+enum FileHandleError {
+    static func note(_ text: String) {
+        try? writeAll(STDERR_FILENO, Array((text + "\n").utf8), path: "standard error")
     }
 }

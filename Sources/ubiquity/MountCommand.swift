@@ -121,11 +121,19 @@ struct MountCommand: ParsableCommand {
             fs.attach(sync: sync)
             fs.onTreeChange { session.invalidate($0) }
             try session.mount()
+            let control = ControlServer(fs: fs, storeDirectory: storeDir)
+            do {
+                try control.start()
+                fs.announce(controlSocket: control.path)
+            } catch {
+                log("ubiquity: no control socket (`ubiquity kv watch` and `ubiquity query` will not work): \(error)")
+            }
             log("ubiquity: mounted \(mp) (store \(storeDir), backing \(backingDir), device \(store.deviceName) \(store.deviceID))")
             ready.succeeded()
             sync.start()
             let status = session.run()
             sync.stop()
+            control.stop()
             log("ubiquity: unmounted \(mp) (loop status \(status)); pending saves committed")
         } catch {
             ready.failed("\(error)")

@@ -2,10 +2,12 @@ import ArgumentParser
 import Glibc
 import UbiquitySystem
 
-// The CLI talks to a running daemon only through its mount: extended attributes on the
-// mount point (`user.ubiquity.control` to command, `user.ubiquity.sync` to read status)
-// and on files, plus the hidden `.conflicts/` tree. No socket, no access to the store, so
-// whatever permission the mount grants is the only permission these commands need.
+// The CLI talks to a running daemon through its mount: extended attributes on the mount
+// point (`user.ubiquity.control` to command, `user.ubiquity.sync` to read status) and on
+// files, plus the hidden `.conflicts/` and `.kv/` trees. Only what a file cannot carry (a
+// streamed snapshot, events as they happen: `query`, `kv watch`) goes through the control
+// socket the mount root's `user.ubiquity.socket` names (ControlClient), which lives in the
+// store directory: its owner's alone.
 
 // MARK: - Extended attributes
 

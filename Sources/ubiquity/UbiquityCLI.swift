@@ -23,5 +23,5 @@ struct Ubiquity: ParsableCommand {
                       SyncCommand.self, PauseCommand.self, ResumeCommand.self,
                       ConflictsCommand.self, ResolveCommand.self,
                       VersionsCommand.self, RestoreCommand.self, PruneCommand.self, GcCommand.self,
-                      FsckCommand.self, TinyPixCommand.self, KeyValueCommand.self])
+                      FsckCommand.self, TinyPixCommand.self, KeyValueCommand.self, QueryCommand.self])
 }

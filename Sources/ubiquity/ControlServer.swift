@@ -1,0 +1,275 @@
+import Dispatch
+import Glibc
+import UbiquityFS
+import UbiquityStore
+import UbiquitySystem
+
+/// The daemon's control socket, `<store>/control.sock` (owner only), for what a mount's
+/// files cannot carry: a consistent listing of a big container streamed as it is read,
+/// and events as they happen. The mount root's `user.ubiquity.socket` names it.
+///
+/// One request line per connection, then JSON lines back (docs: README, "Live queries"):
+///   `watch-kv`                               remote key-value changes, as they arrive
+///   `query scope=S name=GLOB hidden=0|1 watch=0|1`   (values percent-encoded)
+/// Each connection has its own thread, which sleeps in poll(2) while nothing happens.
+final class ControlServer: @unchecked Sendable {
+    static let fileName = "control.sock"
+
+    let path: String
+    private let fs: FileSystem
+    private let storeDirectory: String
+    private var listenFD: Int32 = -1
+    private var acceptor: JoinableThread?
+    private let connections = DispatchGroup()
+    private let open = Locked<Set<Int32>>([])
+
+    init(fs: FileSystem, storeDirectory: String) {
+        self.fs = fs
+        self.storeDirectory = storeDirectory
+        path = storeDirectory + "/" + Self.fileName
+    }
+
+    func start() throws(SystemError) {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw .last("socket") }
+        unlink(path) // a socket a crashed daemon left
+        do throws(SystemError) {
+            try withSocketAddress(path) { (addr, len) throws(SystemError) in
+                guard bind(fd, addr, len) == 0 else { throw .last("bind \(path)") }
+            }
+            chmod(path, 0o600)
+            guard listen(fd, 16) == 0 else { throw .last("listen \(path)") }
+        } catch {
+            close(fd)
+            throw error
+        }
+        listenFD = fd
+        acceptor = JoinableThread { [self] in acceptLoop(fd) }
+    }
+
+    /// Ends the listener and every connection (unmount), and waits for their threads.
+    func stop() {
+        guard listenFD >= 0 else { return }
+        fs.feed.close()
+        shutdown(listenFD, Int32(SHUT_RDWR))
+        acceptor?.join()
+        close(listenFD)
+        listenFD = -1
+        open.withLock { for fd in $0 { shutdown(fd, Int32(SHUT_RDWR)) } }
+        connections.wait()
+        unlink(path)
+    }
+
+    private func acceptLoop(_ fd: Int32) {
+        while true {
+            let client = accept(fd, nil, nil)
+            if client < 0 {
+                if errno == EINTR || errno == ECONNABORTED { continue }
+                return // shut down
+            }
+            _ = fcntl(client, F_SETFD, FD_CLOEXEC)
+            open.withLock { _ = $0.insert(client) }
+            connections.enter()
+            DispatchQueue.global().async { [self] in
+                serve(client)
+                open.withLock { _ = $0.remove(client) }
+                close(client)
+                connections.leave()
+            }
+        }
+    }
+
+    // MARK: requests
+
+    private func serve(_ fd: Int32) {
+        guard let request = readLine(fd) else { return }
+        let words = request.split(separator: " ").map(String.init)
+        guard let verb = words.first else { return }
+        var options: [String: String] = [:]
+        for word in words.dropFirst() {
+            let parts = word.split(separator: "=", maxSplits: 1).map(String.init)
+            if parts.count == 2 { options[parts[0]] = percentDecoded(parts[1]) }
+        }
+        switch verb {
+        case "watch-kv": watchKeyValues(fd)
+        case "query": query(fd, options)
+        default: _ = send(fd, "{\"error\":\"unknown request \(PropertyList.string(verb).json.dropFirst().dropLast())\"}\n")
+        }
+    }
+
+    private func watchKeyValues(_ fd: Int32) {
+        guard let subscription = try? fs.feed.subscribe() else { return }
+        defer { subscription.cancel() }
+        guard send(fd, "{\"event\":\"watching\"}\n") else { return }
+        while true {
+            if subscription.wait(other: fd) == .other && peerClosed(fd) { return }
+            let (events, lost, closed) = subscription.take()
+            var out = lost ? "{\"event\":\"overflow\"}\n" : ""
+            for case .keyValue(let change) in events { out += Self.json(change) + "\n" }
+            if !out.isEmpty && !send(fd, out) { return }
+            if closed { return }
+        }
+    }
+
+    private func query(_ fd: Int32, _ options: [String: String]) {
+        var filter = QueryFilter()
+        if let scope = options["scope"] {
+            guard let s = QueryFilter.Scope(rawValue: scope) else {
+                _ = send(fd, "{\"error\":\"scope is documents, data or all\"}\n")
+                return
+            }
+            filter.scope = s
+        }
+        filter.name = options["name"]
+        filter.includeHidden = options["hidden"] == "1"
+        let watch = options["watch"] == "1"
+        // The snapshot and the subscription start at one instant, under the filesystem's
+        // lock: every change is either in the listing or an event after it.
+        let started: (Store, Subscription?)
+        do {
+            started = try fs.withStoreSnapshot { () throws(StoreError) -> (Store, Subscription?) in
+                let snapshot = try Store(directory: storeDirectory, readOnly: true, cachedInodes: 64)
+                try snapshot.beginSnapshot()
+                return (snapshot, watch ? try? fs.feed.subscribe() : nil)
+            }
+        } catch {
+            _ = send(fd, "{\"error\":\(PropertyList.string("\(error)").json)}\n")
+            return
+        }
+        let (snapshot, subscription) = started
+        defer { subscription?.cancel() }
+        var count = 0
+        var buffer = ""
+        var failed = false
+        do {
+            try snapshot.forEachQueryItem(filter) { (item) throws(StoreError) in
+                count += 1
+                buffer += Self.json(item, event: nil) + "\n"
+                if buffer.utf8.count > 64 << 10 {
+                    if !send(fd, buffer) { throw .io(errno: EPIPE, "the client went away") }
+                    buffer = ""
+                }
+            }
+        } catch {
+            failed = true
+        }
+        try? snapshot.endSnapshot()
+        if failed { return }
+        guard send(fd, buffer + "{\"event\":\"gathered\",\"count\":\(count)}\n"), let subscription else { return }
+        while true {
+            if subscription.wait(other: fd) == .other && peerClosed(fd) { return }
+            let (events, lost, closed) = subscription.take()
+            var out = lost ? "{\"event\":\"overflow\"}\n" : ""
+            for case .file(let event) in events where filter.matches(event.path) {
+                out += (event.item.map { Self.json($0, event: event.kind.rawValue) }
+                        ?? "{\"event\":\"\(event.kind.rawValue)\",\"path\":\(PropertyList.string(event.path).json)}") + "\n"
+            }
+            if !out.isEmpty && !send(fd, out) { return }
+            if closed { return }
+        }
+    }
+
+    // MARK: JSON
+
+    static func json(_ item: QueryItem, event: String?) -> String {
+        var fields: [String] = []
+        if let event { fields.append("\"event\":\"\(event)\"") }
+        fields += [
+            "\"path\":\(PropertyList.string(item.path).json)", "\"size\":\(item.size)",
+            "\"mtime\":\"\(ISODate.format(millis: item.mtime / 1_000_000))\"",
+            "\"created\":\"\(ISODate.format(millis: item.created / 1_000_000))\"", "\"state\":\"\(item.state.rawValue)\"",
+        ]
+        return "{" + fields.joined(separator: ",") + "}"
+    }
+
+    static func json(_ change: KVChange) -> String {
+        // A value that is not there (no old value, a deletion) is left out.
+        func value(_ name: String, _ e: KVEntry?) -> String {
+            guard let e, !e.isTombstone else { return "" }
+            return "\"\(name)\":" + (KeyValues.propertyList(e.value, as: e.type) ?? .data(e.value)).json + ","
+        }
+        let writer = change.new.stamp
+        return "{\"event\":\"changed\",\"key\":\(PropertyList.string(change.key).json),\"type\":\"\(change.new.type.name)\","
+            + value("old", change.old) + value("new", change.new) + "\"deleted\":\(change.new.isTombstone),"
+            + "\"device\":\(PropertyList.string(writer.device).json),\"name\":\(PropertyList.string(writer.deviceName).json),"
+            + "\"time\":\"\(ISODate.format(millis: writer.time / 1_000_000))\"}"
+    }
+
+    // MARK: socket I/O
+
+    /// One line of at most 4 KiB (a request), nil if the client sent none.
+    private func readLine(_ fd: Int32) -> String? {
+        var bytes: [UInt8] = []
+        var one: UInt8 = 0
+        while bytes.count < 4096 {
+            let n = recv(fd, &one, 1, 0)
+            if n < 0 && errno == EINTR { continue }
+            guard n == 1 else { return nil }
+            if one == UInt8(ascii: "\n") { return String(decoding: bytes, as: UTF8.self) }
+            bytes.append(one)
+        }
+        return nil
+    }
+
+    /// Whether a readable socket is at its end (the watcher went away).
+    private func peerClosed(_ fd: Int32) -> Bool {
+        var byte: UInt8 = 0
+        let n = recv(fd, &byte, 1, Int32(MSG_DONTWAIT))
+        return n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)
+    }
+
+    /// Sends all of `text`; false when the client went away (no SIGPIPE).
+    private func send(_ fd: Int32, _ text: String) -> Bool {
+        var bytes = Array(text.utf8)
+        var sent = 0
+        while sent < bytes.count {
+            let n = bytes.withUnsafeMutableBytes { Glibc.send(fd, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL)) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { return false }
+            sent += n
+        }
+        return true
+    }
+
+    private func percentDecoded(_ text: String) -> String {
+        var out: [UInt8] = []
+        let b = Array(text.utf8)
+        var i = 0
+        while i < b.count {
+            if b[i] == UInt8(ascii: "%"), i + 2 < b.count, let hi = Hex.value(b[i + 1]), let lo = Hex.value(b[i + 2]) {
+                out.append(hi << 4 | lo)
+                i += 3
+            } else {
+                out.append(b[i])
+                i += 1
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+}
+
+/// Calls `body` with a sockaddr_un for `path`. A path too long for sun_path (108 bytes)
+/// is reached through its directory's descriptor (/proc/self/fd/N/name).
+func withSocketAddress<T>(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) throws(SystemError) -> T) throws(SystemError) -> T {
+    var target = path
+    var dirFD: Int32 = -1
+    defer { if dirFD >= 0 { close(dirFD) } }
+    if path.utf8.count >= 108, let slash = path.lastIndex(of: "/") {
+        dirFD = open(String(path[..<slash]), O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard dirFD >= 0 else { throw .last("open \(path[..<slash])") }
+        target = "/proc/self/fd/\(dirFD)/" + path[path.index(after: slash)...]
+    }
+    var addr = sockaddr_un()
+    addr.sun_family = sa_family_t(AF_UNIX)
+    let bytes = Array(target.utf8)
+    guard bytes.count < MemoryLayout.size(ofValue: addr.sun_path) else { throw SystemError(ENAMETOOLONG, "socket path \(path)") }
+    withUnsafeMutableBytes(of: &addr.sun_path) { raw in
+        for (i, b) in bytes.enumerated() { raw[i] = b }
+        raw[bytes.count] = 0
+    }
+    return try withUnsafePointer(to: &addr) { (p) throws(SystemError) -> T in
+        try p.withMemoryRebound(to: sockaddr.self, capacity: 1) { (sa) throws(SystemError) -> T in
+            try body(sa, socklen_t(MemoryLayout<sockaddr_un>.size))
+        }
+    }
+}
