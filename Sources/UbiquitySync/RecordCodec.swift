@@ -218,7 +218,7 @@ public enum RecordCodec {
     /// A line's checksum: the first `hexDigits` hex digits of the body's SHA-256.
     static func checksum(_ body: [UInt8], hexDigits: Int) -> String { String(sha256Hex(body).prefix(hexDigits)) }
 
-    static func percent(_ text: String) -> String {
+    public static func percent(_ text: String) -> String {
         let hexDigits = Array("0123456789ABCDEF".utf8)
         var out: [UInt8] = []
         for b in text.utf8 {
@@ -234,7 +234,7 @@ public enum RecordCodec {
     }
 
     /// Percent-decoding; nil when an escape is broken or the result is not valid UTF-8.
-    static func unpercent(_ text: String) -> String? {
+    public static func unpercent(_ text: String) -> String? {
         var out: [UInt8] = []
         let utf8 = Array(text.utf8)
         var i = 0

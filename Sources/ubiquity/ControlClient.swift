@@ -56,16 +56,3 @@ struct ControlClient {
 func emitLine(_ text: String) {
     try? writeAll(STDOUT_FILENO, Array((text + "\n").utf8), path: "standard output")
 }
-
-/// Percent-encodes a request value (anything but unreserved characters).
-func requestValue(_ text: String) -> String {
-    var out = ""
-    for b in text.utf8 {
-        if (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A) || b == 0x2E || b == 0x5F || b == 0x2D {
-            out.unicodeScalars.append(Unicode.Scalar(b))
-        } else {
-            out += "%" + Hex.encode([b])
-        }
-    }
-    return out
-}

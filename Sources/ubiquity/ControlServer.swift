@@ -2,6 +2,7 @@ import Dispatch
 import Glibc
 import UbiquityFS
 import UbiquityStore
+import UbiquitySync
 import UbiquitySystem
 
 /// The daemon's control socket, `<store>/control.sock` (owner only), for what a mount's
@@ -88,7 +89,7 @@ final class ControlServer: @unchecked Sendable {
         var options: [String: String] = [:]
         for word in words.dropFirst() {
             let parts = word.split(separator: "=", maxSplits: 1).map(String.init)
-            if parts.count == 2 { options[parts[0]] = percentDecoded(parts[1]) }
+            if parts.count == 2 { options[parts[0]] = RecordCodec.unpercent(parts[1]) ?? parts[1] }
         }
         switch verb {
         case "watch-kv": watchKeyValues(fd)
@@ -229,22 +230,6 @@ final class ControlServer: @unchecked Sendable {
             sent += n
         }
         return true
-    }
-
-    private func percentDecoded(_ text: String) -> String {
-        var out: [UInt8] = []
-        let b = Array(text.utf8)
-        var i = 0
-        while i < b.count {
-            if b[i] == UInt8(ascii: "%"), i + 2 < b.count, let hi = Hex.value(b[i + 1]), let lo = Hex.value(b[i + 2]) {
-                out.append(hi << 4 | lo)
-                i += 3
-            } else {
-                out.append(b[i])
-                i += 1
-            }
-        }
-        return String(decoding: out, as: UTF8.self)
     }
 }
 

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Glibc
 import UbiquityStore
+import UbiquitySync
 import UbiquitySystem
 
 /// `ubiquity query`: the container's live query (iCloud's NSMetadataQuery), answered by
@@ -56,7 +57,7 @@ struct QueryCommand: ParsableCommand {
     func run() throws {
         let (entry, _) = try selectMount(mount, command: "query")
         var request = "query scope=\(scope) hidden=\(all ? 1 : 0) watch=\(watch ? 1 : 0)"
-        if let name { request += " name=" + requestValue(name) }
+        if let name { request += " name=" + RecordCodec.percent(name) }
         let client = try ControlClient(mountpoint: entry.mountpoint, request: request)
         defer { client.close() }
         var failure: String?
