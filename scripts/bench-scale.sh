@@ -4,7 +4,8 @@
 # fifth with 5 more versions, `hot.txt` with 100,000 versions, `thousand.txt` with 1,000),
 # lets a first mount upload it to a backing directory, then measures through real mounts:
 #   mount time; daemon RSS after mounting and after `ls -R`; daemon CPU of an idle sync
-#   cycle; daemon CPU per one-file save (a small file, and hot.txt); open+read latency of
+#   cycle; `ubiquity query` of every file, the daemon's RSS after it, and the idle CPU
+#   with a `query --watch` and a `kv watch` connected; daemon CPU per one-file save (a small file, and hot.txt); open+read latency of
 #   random files while one file is saved per second (p50/p99/max); `ubiquity status`;
 #   `find` and `du` of the mount (cold kernel caches, when root), and `find` of the same
 #   tree (plain files on /dev/shm) through libfuse's passthrough_ll and its high-level
@@ -167,6 +168,20 @@ PY
   ls -R "$mnt" >/dev/null
   result[$n,rssls]=$(rss_mib "$pid")
 
+  # A live query: the whole listing (one snapshot, streamed), the daemon's memory after
+  # it, and the daemon's idle CPU while a query --watch and a kv watch are connected.
+  result[$n,query]=$(median3 "$bin" query --mount "$mnt" --json)
+  result[$n,rssquery]=$(rss_mib "$pid")
+  "$bin" query --mount "$mnt" --watch --json >"$work/watch.out" 2>&1 &
+  w1=$!
+  "$bin" kv watch --mount "$mnt" >/dev/null 2>&1 &
+  w2=$!
+  wait_for 600 grep -q '"event":"gathered"' "$work/watch.out"
+  sleep 2
+  c0=$(cpu_ticks "$pid"); sleep 20; c1=$(cpu_ticks "$pid")
+  result[$n,watchidle]=$(awk -v a="$c0" -v b="$c1" -v t="$tick" 'BEGIN { printf "%.1f", (b - a) * 1000 / t / 20 }')
+  kill "$w1" "$w2"; wait "$w1" "$w2" 2>/dev/null || true
+
   # The same tree as plain files, through passthrough_ll (its source is on /dev/shm, so
   # the reference pays for FUSE, not for a disk).
   plain=$(mktemp -d /dev/shm/ubiquity-bench-plain.XXXXXX)
@@ -205,6 +220,8 @@ PY
 done
 
 rows=(mount "mount (s)" rss "RSS after mount (MiB)" rssls "RSS after ls -R (MiB)" idle "idle sync cycle CPU (ms)"
+      query "ubiquity query of every file (s)" rssquery "RSS after the query (MiB)"
+      watchidle "idle sync cycle CPU with two watchers connected (ms)"
       save "CPU per one-file save (ms)" hotsave "CPU per save of the 100,000-version file (ms)"
       p50 "read p50 while saving (ms)" p99 "read p99 while saving (ms)" max "read max while saving (ms)"
       status "ubiquity status (s)" versions "ls -la of 1,000 versions (s)" find "find of the mount (s)"
