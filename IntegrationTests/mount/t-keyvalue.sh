@@ -53,7 +53,14 @@ long=$(printf 'k%.0s' $(seq 65))
 assert_errno ENAMETOOLONG "open('$A/.kv/$long', 'w').close()" "a key of 65 bytes"
 assert_eq 2 "$(kv_status set "$long" x --mount "$A")" "exit status of kv set with a long key"
 assert_errno EFBIG "fd = os.open('$A/.kv/big', os.O_WRONLY | os.O_CREAT); os.write(fd, b'x' * 1000); os.write(fd, b'y')" \
-  "a write past 1000 bytes (the 1000 before it are set at the close)"
+  "a write past 1000 bytes"
+assert_errno EFBIG "fd = os.open('$A/.kv/big', os.O_WRONLY | os.O_CREAT); os.write(fd, b'x' * 999)
+try: os.write(fd, b'yy')
+except OSError: pass
+os.close(fd)" "the close after a write past the limit (nothing of it is set)"
+assert_missing "$A/.kv/big"
+head -c 1000 /dev/zero | tr '\0' x >"$A/.kv/big"
+assert_eq 1000 "$(stat -c %s "$A/.kv/big")" "a value of exactly the limit"
 for i in $(seq 16); do printf 'v%s' "$i" >"$A/.kv/k$i"; done
 assert_eq 20 "$(ls "$A/.kv" | wc -l)" "keys after filling the store to its limit of 20"
 assert_errno EDQUOT "f = open('$A/.kv/one-more', 'w'); f.write('x'); f.close()" "a 21st key (refused at its close)"

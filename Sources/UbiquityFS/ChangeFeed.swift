@@ -20,18 +20,43 @@ public struct FileEvent: Sendable, Equatable {
     public var item: QueryItem?
 }
 
-/// The daemon's change feed: events in order, kept in a ring of the latest
-/// `FeedState.capacity`, for subscribers that each read from their own position. A
-/// subscriber waits on its pipe, which gets a byte when events arrive, so a watcher costs
-/// nothing while nothing changes; nothing is recorded while nobody subscribes.
+/// The daemon's change feed: events in order, kept until every subscriber has read them,
+/// but never more than `FeedState.capacity` events or `FeedState.byteLimit` bytes (a
+/// subscriber that fell further behind is told it lost some). A subscriber waits on its
+/// pipe, which gets a byte when events arrive, so a watcher costs nothing while nothing
+/// changes; nothing is recorded while nobody subscribes.
 public final class ChangeFeed: Sendable {
     struct FeedState {
         static let capacity = 10_000
-        var events: [FeedEvent] = []
-        /// The sequence number of `events[0]`.
+        static let byteLimit = 64 << 20
+        /// Kept events are `events[head...]`; `head` moves on as they go, and the array is
+        /// compacted when half of it is gone (no shifting of the whole ring per event).
+        var events: [(event: FeedEvent, bytes: Int)] = []
+        var head = 0
+        var bytes = 0
+        /// The sequence number of `events[head]`.
         var first: UInt64 = 1
-        var subscribers: [ObjectIdentifier: Int32] = [:]
+        var subscribers: [ObjectIdentifier: (fd: Int32, position: UInt64)] = [:]
         var closed = false
+
+        var end: UInt64 { first + UInt64(events.count - head) }
+
+        mutating func dropFirst(_ n: Int) {
+            for i in head..<head + n { bytes -= events[i].bytes }
+            head += n
+            first += UInt64(n)
+            if head > events.count / 2 {
+                events.removeFirst(head)
+                head = 0
+            }
+        }
+
+        /// Drops what every subscriber has read, then the oldest beyond the limits.
+        mutating func trim() {
+            let read = subscribers.values.map(\.position).min() ?? end
+            if read > first { dropFirst(Int(min(read, end) - first)) }
+            while events.count - head > Self.capacity || (bytes > Self.byteLimit && events.count - head > 1) { dropFirst(1) }
+        }
     }
 
     private let state = Locked(FeedState())
@@ -45,14 +70,22 @@ public final class ChangeFeed: Sendable {
         guard !events.isEmpty else { return }
         state.withLock { s in
             guard !s.subscribers.isEmpty else { return }
-            s.events += events
-            if s.events.count > FeedState.capacity {
-                let drop = s.events.count - FeedState.capacity
-                s.events.removeFirst(drop)
-                s.first += UInt64(drop)
+            for event in events {
+                let size = Self.size(of: event)
+                s.events.append((event, size))
+                s.bytes += size
             }
+            s.trim()
             var one: UInt8 = 1
-            for fd in s.subscribers.values { _ = write(fd, &one, 1) } // non-blocking: a full pipe is woken already
+            for subscriber in s.subscribers.values { _ = write(subscriber.fd, &one, 1) } // non-blocking: a full pipe is woken already
+        }
+    }
+
+    /// Roughly what an event holds in memory (a key's values can be large).
+    private static func size(of event: FeedEvent) -> Int {
+        switch event {
+        case .keyValue(let c): 256 + c.key.utf8.count + (c.old?.value.count ?? 0) + c.new.value.count
+        case .file(let e): 256 + e.path.utf8.count
         }
     }
 
@@ -66,8 +99,8 @@ public final class ChangeFeed: Sendable {
         }
         let subscription = Subscription(feed: self, readFD: fds[0], writeFD: fds[1])
         state.withLock { s in
-            subscription.position = s.first + UInt64(s.events.count)
-            s.subscribers[ObjectIdentifier(subscription)] = fds[1]
+            let end = s.end
+            s.subscribers[ObjectIdentifier(subscription)] = (fds[1], end)
             if s.closed { var one: UInt8 = 1; _ = write(fds[1], &one, 1) }
         }
         return subscription
@@ -75,12 +108,14 @@ public final class ChangeFeed: Sendable {
 
     fileprivate func take(_ subscription: Subscription) -> (events: [FeedEvent], lost: Bool, closed: Bool) {
         state.withLock { s in
-            let end = s.first + UInt64(s.events.count)
-            let lost = subscription.position < s.first
-            let from = max(subscription.position, s.first)
-            subscription.position = end
-            let events = Array(s.events[Int(from - s.first)..<s.events.count])
-            // Events every subscriber has read go.
+            let id = ObjectIdentifier(subscription)
+            guard let position = s.subscribers[id]?.position else { return ([], false, s.closed) }
+            let lost = position < s.first
+            let from = max(position, s.first)
+            let events = s.events[(s.head + Int(from - s.first))...].map(\.event)
+            let end = s.end
+            s.subscribers[id]?.position = end
+            s.trim()
             return (events, lost, s.closed)
         }
     }
@@ -88,10 +123,7 @@ public final class ChangeFeed: Sendable {
     fileprivate func unsubscribe(_ subscription: Subscription) {
         state.withLock { s in
             s.subscribers[ObjectIdentifier(subscription)] = nil
-            if s.subscribers.isEmpty {
-                s.first += UInt64(s.events.count)
-                s.events = []
-            }
+            s.trim()
         }
     }
 
@@ -100,7 +132,7 @@ public final class ChangeFeed: Sendable {
         state.withLock { s in
             s.closed = true
             var one: UInt8 = 1
-            for fd in s.subscribers.values { _ = write(fd, &one, 1) }
+            for subscriber in s.subscribers.values { _ = write(subscriber.fd, &one, 1) }
         }
     }
 }
@@ -111,9 +143,6 @@ public final class Subscription: @unchecked Sendable {
     private let feed: ChangeFeed
     let readFD: Int32
     private let writeFD: Int32
-    /// Guarded by the feed's lock.
-    fileprivate var position: UInt64 = 0
-
     fileprivate init(feed: ChangeFeed, readFD: Int32, writeFD: Int32) {
         self.feed = feed
         self.readFD = readFD
@@ -182,11 +211,18 @@ extension FileSystem {
 }
 
 extension FileSystem.Meta {
+    /// The path of the entry `name` in directory `parent` (a hard link's other names
+    /// have their own paths).
+    func childPath(_ parent: UInt64, _ name: String) -> String? {
+        guard let dir = store.path(of: parent) else { return nil }
+        return dir.isEmpty ? name : dir + "/" + name
+    }
+
     /// The paths of the regular files at `parent`/`name`: itself, or those below it when
     /// it is a directory (at most 10,000: a watcher of a bigger move sees its first ones).
     func filePaths(_ parent: UInt64, _ name: String) -> Set<String> {
         guard !VirtualViews.isVirtual(parent), let id = store.child(parent, name), let inode = store.inode(id),
-              let path = store.path(of: id) else { return [] }
+              let path = childPath(parent, name) else { return [] }
         if inode.kind == .file { return [path] }
         guard inode.kind == .directory else { return [] }
         var result: Set<String> = []

@@ -65,7 +65,7 @@ extension FileSystem {
         try meta.withLock { (m) throws(Errno) in
             let (id, inode) = try m.existing(parent: parent, name: name)
             guard inode.kind != .directory else { throw .isDirectory }
-            let path = feed.isWatched ? m.store.path(of: id) : nil
+            let path = feed.isWatched ? m.childPath(parent, name) : nil
             try m.removeName(parent: parent, name: name, id: id)
             if let path, inode.kind == .file { publishFileEvents(m, [(.removed, path)]) }
         }
@@ -84,21 +84,6 @@ extension FileSystem {
     /// existing file continues the *target's* history with the source's content, which is
     /// how editors' "write temp, rename over" saves stay one history.
     public func rename(parent: UInt64, name: String, newParent: UInt64, newName: String, flags: UInt32) throws(Errno) {
-        guard feed.isWatched else { return try renameEntry(parent: parent, name: name, newParent: newParent, newName: newName, flags: flags) }
-        // For watchers: the files at both names before and after (a directory's files).
-        let files = { [self] () -> Set<String> in
-            meta.withLock { m in m.filePaths(parent, name).union(m.filePaths(newParent, newName)) }
-        }
-        let before = files()
-        try renameEntry(parent: parent, name: name, newParent: newParent, newName: newName, flags: flags)
-        let after = files()
-        meta.withLock { m in
-            publishFileEvents(m, before.subtracting(after).sorted().map { (.removed, $0) }
-                                + after.sorted().map { (before.contains($0) ? .changed : .added, $0) })
-        }
-    }
-
-    private func renameEntry(parent: UInt64, name: String, newParent: UInt64, newName: String, flags: UInt32) throws(Errno) {
         guard flags & ~(RenameFlags.noReplace | RenameFlags.exchange) == 0,
               flags != RenameFlags.noReplace | RenameFlags.exchange else { throw .invalid }
         // Keys are not files: mv falls back to copy and remove.
@@ -114,92 +99,107 @@ extension FileSystem {
         if let (id, open) = pending { try commit(id, open) }
 
         try meta.withLock { (m) throws(Errno) in
-            if VirtualViews.isVirtual(parent) || VirtualViews.isVirtual(newParent) {
-                throw .readOnly
+            // For watchers, in the same hold of the lock as the rename (a query that
+            // subscribes meanwhile sees it in its snapshot or as events): the files at both
+            // names before and after (a directory's files).
+            let watched = feed.isWatched
+            let before = watched ? m.filePaths(parent, name).union(m.filePaths(newParent, newName)) : []
+            try renameLocked(&m, parent: parent, name: name, newParent: newParent, newName: newName, flags: flags)
+            if watched {
+                let after = m.filePaths(parent, name).union(m.filePaths(newParent, newName))
+                publishFileEvents(m, before.subtracting(after).sorted().map { (.removed, $0) }
+                                    + after.sorted().map { (before.contains($0) ? .changed : .added, $0) })
             }
-            if newParent == Store.rootInode && VirtualViews.rootNames.contains(newName) { throw .readOnly }
-            let (sourceID, source) = try m.existing(parent: parent, name: name)
-            guard let newDir = m.store.inode(newParent) else { throw .notFound }
-            guard newDir.kind == .directory else { throw .notDirectory }
-            try checkName(newName)
-            if source.kind == .directory && m.isAncestor(sourceID, of: newParent) { throw .invalid }
-            let targetID = m.store.child(newParent, newName)
-            if targetID == sourceID { return }
-
-            if flags & RenameFlags.exchange != 0 {
-                guard let targetID else { throw .notFound }
-                if let target = m.store.inode(targetID), target.kind == .directory, m.isAncestor(targetID, of: parent) { throw .invalid }
-                try storeCall { () throws(StoreError) in try m.store.exchangeEntries(parent, name, newParent, newName) }
-                try m.pathsChanged(sourceID)
-                try m.pathsChanged(targetID)
-                return
-            }
-            var continued: (fileID: String, head: Int64?)?
-            if let targetID, let target = m.store.inode(targetID) {
-                if flags & RenameFlags.noReplace != 0 { throw .exists }
-                if source.kind == .directory {
-                    guard target.kind == .directory else { throw .notDirectory }
-                    guard m.store.isEmptyDirectory(targetID) else { throw .notEmpty }
-                } else if target.kind == .directory {
-                    throw .isDirectory
-                }
-                let targetPath = m.store.path(of: targetID) ?? ""
-                // Only a target whose last name goes hands its history on: a hard-linked
-                // target lives on under its other names and keeps its history (seed 105).
-                if source.kind == .file, target.kind == .file, target.nlink == 1, let fileID = target.fileID,
-                   !LocalOnly.contains(targetPath) {
-                    continued = (fileID, target.head)
-                }
-            }
-            // Saving a picture through a temp file (sed -i, vim): the temp's content is the
-            // grid, so encode it now; a save of an invalid grid over a picture is refused
-            // before anything changes, as a refused write is.
-            var content = try storeCall { () throws(StoreError) -> ChunkList in
-                try source.head.map { (row) throws(StoreError) in try m.store.chunkList(row: row) } ?? ChunkList()
-            }
-            var encoded = false
-            if source.kind == .file, TinyPixView.applies(to: newName), !TinyPixView.applies(to: name) {
-                do throws(StoreError) {
-                    content = try TinyPixView.stored(from: content, chunks: m.store.chunks, path: newName)
-                    encoded = true
-                } catch {
-                    if continued != nil { throw storeErrorLogged(error) }
-                }
-            }
-            if let targetID {
-                try m.removeName(parent: newParent, name: newName, id: targetID, historyContinues: continued != nil)
-            }
-            try storeCall { () throws(StoreError) in try m.store.moveEntry(from: parent, name, to: newParent, newName) }
-            if encoded && continued == nil {
-                let path = m.store.path(of: sourceID) ?? newName
-                let finalContent = content
-                _ = try storeCall { () throws(StoreError) in
-                    try m.store.commit(sourceID, content: finalContent, path: path, local: LocalOnly.contains(path))
-                }
-            }
-            if let continued {
-                // The source's content becomes the next version of the target's history.
-                let content = content
-                try storeCall { () throws(StoreError) in
-                    // A temp file saved once (sed -i, an editor's atomic save) has no history
-                    // worth showing of its own: its one version becomes the target's newest.
-                    // A source with a longer history keeps it, shown at its old path.
-                    // Only a history this device made: another device's file keeps its own
-                    // (simulation seed 20 lost a synced file's only version from .versions/).
-                    if let old = source.fileID {
-                        let versions = try m.store.versions(of: old)
-                        if versions.count <= 1 && versions.allSatisfy({ $0.deviceID == m.store.deviceID }) {
-                            if try !m.store.withdrawUnsentHistory(old) { try m.store.dropHistory(old) }
-                        } else {
-                            try m.store.retireHistory(old)
-                        }
-                    }
-                    try m.store.adoptHistory(sourceID, fileID: continued.fileID, head: continued.head)
-                    try m.store.commit(sourceID, content: content, path: m.store.path(of: sourceID) ?? newName, local: false)
-                }
-            }
-            try m.pathsChanged(sourceID)
         }
+    }
+
+    private func renameLocked(_ m: inout Meta, parent: UInt64, name: String, newParent: UInt64, newName: String,
+                              flags: UInt32) throws(Errno) {
+        if VirtualViews.isVirtual(parent) || VirtualViews.isVirtual(newParent) {
+            throw .readOnly
+        }
+        if newParent == Store.rootInode && VirtualViews.rootNames.contains(newName) { throw .readOnly }
+        let (sourceID, source) = try m.existing(parent: parent, name: name)
+        guard let newDir = m.store.inode(newParent) else { throw .notFound }
+        guard newDir.kind == .directory else { throw .notDirectory }
+        try checkName(newName)
+        if source.kind == .directory && m.isAncestor(sourceID, of: newParent) { throw .invalid }
+        let targetID = m.store.child(newParent, newName)
+        if targetID == sourceID { return }
+
+        if flags & RenameFlags.exchange != 0 {
+            guard let targetID else { throw .notFound }
+            if let target = m.store.inode(targetID), target.kind == .directory, m.isAncestor(targetID, of: parent) { throw .invalid }
+            try storeCall { () throws(StoreError) in try m.store.exchangeEntries(parent, name, newParent, newName) }
+            try m.pathsChanged(sourceID)
+            try m.pathsChanged(targetID)
+            return
+        }
+        var continued: (fileID: String, head: Int64?)?
+        if let targetID, let target = m.store.inode(targetID) {
+            if flags & RenameFlags.noReplace != 0 { throw .exists }
+            if source.kind == .directory {
+                guard target.kind == .directory else { throw .notDirectory }
+                guard m.store.isEmptyDirectory(targetID) else { throw .notEmpty }
+            } else if target.kind == .directory {
+                throw .isDirectory
+            }
+            let targetPath = m.store.path(of: targetID) ?? ""
+            // Only a target whose last name goes hands its history on: a hard-linked
+            // target lives on under its other names and keeps its history (seed 105).
+            if source.kind == .file, target.kind == .file, target.nlink == 1, let fileID = target.fileID,
+               !LocalOnly.contains(targetPath) {
+                continued = (fileID, target.head)
+            }
+        }
+        // Saving a picture through a temp file (sed -i, vim): the temp's content is the
+        // grid, so encode it now; a save of an invalid grid over a picture is refused
+        // before anything changes, as a refused write is.
+        var content = try storeCall { () throws(StoreError) -> ChunkList in
+            try source.head.map { (row) throws(StoreError) in try m.store.chunkList(row: row) } ?? ChunkList()
+        }
+        var encoded = false
+        if source.kind == .file, TinyPixView.applies(to: newName), !TinyPixView.applies(to: name) {
+            do throws(StoreError) {
+                content = try TinyPixView.stored(from: content, chunks: m.store.chunks, path: newName)
+                encoded = true
+            } catch {
+                if continued != nil { throw storeErrorLogged(error) }
+            }
+        }
+        if let targetID {
+            try m.removeName(parent: newParent, name: newName, id: targetID, historyContinues: continued != nil)
+        }
+        try storeCall { () throws(StoreError) in try m.store.moveEntry(from: parent, name, to: newParent, newName) }
+        if encoded && continued == nil {
+            let path = m.store.path(of: sourceID) ?? newName
+            let finalContent = content
+            _ = try storeCall { () throws(StoreError) in
+                try m.store.commit(sourceID, content: finalContent, path: path, local: LocalOnly.contains(path))
+            }
+        }
+        if let continued {
+            // The source's content becomes the next version of the target's history.
+            let content = content
+            try storeCall { () throws(StoreError) in
+                // A temp file saved once (sed -i, an editor's atomic save) has no history
+                // worth showing of its own: its one version becomes the target's newest.
+                // A source with a longer history keeps it, shown at its old path.
+                // Only a history this device made: another device's file keeps its own
+                // (simulation seed 20 lost a synced file's only version from .versions/).
+                if let old = source.fileID {
+                    let versions = try m.store.versions(of: old)
+                    if versions.count <= 1 && versions.allSatisfy({ $0.deviceID == m.store.deviceID }) {
+                        if try !m.store.withdrawUnsentHistory(old) { try m.store.dropHistory(old) }
+                    } else {
+                        try m.store.retireHistory(old)
+                    }
+                }
+                try m.store.adoptHistory(sourceID, fileID: continued.fileID, head: continued.head)
+                try m.store.commit(sourceID, content: content, path: m.store.path(of: sourceID) ?? newName, local: false)
+            }
+        }
+        try m.pathsChanged(sourceID)
     }
 
     // MARK: readdir
@@ -272,6 +272,16 @@ extension FileSystem.Meta {
     /// The entries of directory `ino` (control entries at the root), with attributes.
     mutating func listing(_ ino: UInt64, showVersions: Bool) throws(Errno) -> [DirectoryEntry] {
         if ino == KeyValueDoor.root {
+            // Open key files and open listings of .kv keep their keys' numbers.
+            var pinned: Set<UInt64> = []
+            for handle in handles.values {
+                switch handle {
+                case .directory(KeyValueDoor.root, let entries?): pinned.formUnion(entries.map(\.attributes.ino))
+                case .keyValue(let open): if let n = kv.existingNumber(open.key) { pinned.insert(n) }
+                default: break
+                }
+            }
+            kv.pruneUnreferenced { pinned }
             return try storeCall { () throws(StoreError) in try store.kvEntries() }.map { entry in
                 DirectoryEntry(name: entry.key, attributes: kvAttributes(kv.number(entry.key), entry: entry))
             }

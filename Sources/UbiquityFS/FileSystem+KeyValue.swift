@@ -31,9 +31,18 @@ struct KeyValueDoor {
 
     func key(_ ino: UInt64) -> String? { files.key(ino) }
 
+    /// The key's number if it has one (without giving it one).
+    func existingNumber(_ key: String) -> UInt64? { files.existingNumber(key) }
+
     mutating func referenced(_ ino: UInt64) { files.referenced(ino) }
 
     mutating func forget(_ ino: UInt64, count: UInt64) { files.forget(ino, count: count) }
+
+    /// Drops key numbers the kernel holds no reference to, once there are many (a listing
+    /// numbers every key; keys come and go).
+    mutating func pruneUnreferenced(pinned: () -> Set<UInt64>) {
+        files.pruneUnreferenced(limit: 4096, pinned: pinned)
+    }
 }
 
 /// An open key file: the bytes it will set at close, and the type the value will take
@@ -48,6 +57,9 @@ final class KeyValueOpen: @unchecked Sendable {
     /// A write() since the last apply: close() applies then (a flush of a descriptor that
     /// only truncated, as a shell's `>` dup'ed one, must not set an empty value).
     var wrote = false
+    /// A write went past the value limit: what the handle holds is not the value its
+    /// writer meant, so it is never applied (close() says EFBIG) unless truncated again.
+    var tooBig = false
 
     init(key: String, writable: Bool, buffer: [UInt8], type: KVType?) {
         self.key = key
@@ -122,7 +134,10 @@ extension FileSystem {
         guard open.writable else { throw .badHandle }
         guard offset >= 0 else { throw .invalid }
         let (end, overflow) = offset.addingReportingOverflow(Int64(data.count))
-        guard !overflow, end <= Int64(kvLimits.maxValueBytes) else { throw .fileTooBig }
+        guard !overflow, end <= Int64(kvLimits.maxValueBytes) else {
+            meta.withLock { _ in open.tooBig = true }
+            throw .fileTooBig
+        }
         meta.withLock { _ in
             let start = Int(offset)
             if open.buffer.count < start + data.count { open.buffer += [UInt8](repeating: 0, count: start + data.count - open.buffer.count) }
@@ -149,13 +164,15 @@ extension FileSystem {
             guard open.dirty else { return }
             open.dirty = false
             open.wrote = false
+            if open.tooBig { throw .fileTooBig } // the old value stays
             let current = try storeCall { () throws(StoreError) in try m.store.kvEntry(open.key) }.flatMap { $0.isTombstone ? nil : $0 }
             let type = open.type ?? KeyValues.defaultType(current: current?.type)
             let limits = kvLimits
+            // A set value survives a crash once close() returns; one that fails is not set.
             let entry = try storeCall { () throws(StoreError) -> KVEntry in
-                let entry = try m.store.kvSet(open.key, type: type, content: open.buffer, limits: limits)
-                try m.store.commitBatch() // a set value survives a crash once close() returns
-                return entry
+                try m.store.kvCommitted { () throws(StoreError) -> KVEntry in
+                    try m.store.kvSet(open.key, type: type, content: open.buffer, limits: limits)
+                }
             }
             open.buffer = entry.value
         }
@@ -178,6 +195,7 @@ extension FileSystem {
                 for o in open {
                     o.buffer = Array(o.buffer.prefix(Int(size))) + [UInt8](repeating: 0, count: max(0, Int(size) - o.buffer.count))
                     o.dirty = true
+                    if size == 0 { o.tooBig = false } // a writer starting over
                 }
             }
             return
@@ -187,8 +205,9 @@ extension FileSystem {
             guard let current = try storeCall({ () throws(StoreError) in try m.store.kvEntry(key) }), !current.isTombstone else { throw .notFound }
             let value = Array(current.value.prefix(Int(size))) + [UInt8](repeating: 0, count: max(0, Int(size) - current.value.count))
             try storeCall { () throws(StoreError) in
-                try m.store.kvSet(key, type: current.type, content: value, limits: kvLimits)
-                try m.store.commitBatch()
+                try m.store.kvCommitted { () throws(StoreError) in
+                    _ = try m.store.kvSet(key, type: current.type, content: value, limits: kvLimits)
+                }
             }
         }
         requestSyncSoon()
@@ -198,9 +217,7 @@ extension FileSystem {
         guard parent == KeyValueDoor.root else { throw .readOnly }
         try meta.withLock { (m) throws(Errno) in
             let removed = try storeCall { () throws(StoreError) -> Bool in
-                let removed = try m.store.kvRemove(name)
-                if removed { try m.store.commitBatch() }
-                return removed
+                try m.store.kvCommitted { () throws(StoreError) -> Bool in try m.store.kvRemove(name) }
             }
             if !removed { throw .notFound }
         }
@@ -256,18 +273,20 @@ extension FileSystem {
         }
         let applied = try meta.withLock { (m) throws(Errno) -> Bool in
             guard let key = m.kv.key(ino) else { throw ino == KeyValueDoor.root ? .notSupported : .notFound }
+            // The handles with content to apply take the type (the CLI's open, fsetxattr,
+            // write, close); a handle that changed nothing is left alone.
             var pending = false
-            for case .keyValue(let o) in m.handles.values where o.key == key && o.writable {
+            for case .keyValue(let o) in m.handles.values where o.key == key && o.writable && o.dirty {
                 o.type = type
-                o.dirty = true
                 pending = true
             }
             if pending { return false }
             guard let current = try storeCall({ () throws(StoreError) in try m.store.kvEntry(key) }), !current.isTombstone else { throw .notFound }
             if current.type == type { return false }
             try storeCall { () throws(StoreError) in
-                try m.store.kvSet(key, type: type, content: current.value, limits: kvLimits)
-                try m.store.commitBatch()
+                try m.store.kvCommitted { () throws(StoreError) in
+                    _ = try m.store.kvSet(key, type: type, content: current.value, limits: kvLimits)
+                }
             }
             return true
         }

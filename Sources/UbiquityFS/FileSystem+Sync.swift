@@ -77,8 +77,9 @@ extension FileSystem: StoreAccess {
     /// `rm .conflicts/<path>/<name>`: discards that conflict version.
     func discardConflict(parent: UInt64, name: String) throws(Errno) {
         try meta.withLock { (m) throws(Errno) in
-            guard let (_, version) = try m.views.conflictVersion(parent: parent, name: name, store: m.store) else { throw .readOnly }
+            guard let (path, version) = try m.views.conflictVersion(parent: parent, name: name, store: m.store) else { throw .readOnly }
             try storeCall { () throws(StoreError) in try m.store.discardConflict(version.id) }
+            publishFileEvents(m, [(.changed, path)]) // its state, once no conflict is left
         }
     }
 
@@ -96,6 +97,7 @@ extension FileSystem: StoreAccess {
             var changes = TreeChanges()
             changes.inodes.insert(ino)
             try storeCall { () throws(StoreError) in try m.treeChanged(changes) }
+            publishFileEvents(m, [(.changed, path)])
             return changes
         }
         if let notify = hooks.withLock({ $0.treeChanged }) { notify(changes) }

@@ -30,6 +30,8 @@ struct NodeNumbering<Key: Hashable> {
 
     func key(_ ino: UInt64) -> Key? { keys[ino] }
 
+    func existingNumber(_ key: Key) -> UInt64? { numbers[key] }
+
     var count: Int { keys.count }
 
     /// The kernel took a reference to `ino`.

@@ -150,6 +150,13 @@ final class SQLiteDatabase {
         try execute("COMMIT")
     }
 
+    /// Ends the batch without its changes (also after a COMMIT that failed and left the
+    /// transaction open; without a transaction it does nothing).
+    func rollbackBatch() {
+        batchOpen = false
+        try? execute("ROLLBACK")
+    }
+
     private var errorMessage: String { String(cString: sqlite3_errmsg(db)) }
 
     private func prepared(_ sql: String) throws(StoreError) -> OpaquePointer? {

@@ -20,6 +20,9 @@ extension Store {
     /// may bring some of them back (README, "Key-value store").
     public static let kvTombstoneLimit = 4096
 
+    /// How far ahead of this device's clock another device's stamp may be (30 days).
+    static let kvMaxClockLead: Int64 = 30 * 86_400 * 1_000_000_000
+
     /// The longest key another device's entry may have (a name in `.kv/`); this device's
     /// own writes keep to `KVLimits.maxKeyBytes`.
     static let kvRemoteKeyLimit = 255
@@ -106,6 +109,12 @@ extension Store {
                     continue
                 }
                 if entry.isTombstone && !entry.value.isEmpty { rejected.append("\(String(reflecting: entry.key)): a tombstone with a value"); continue }
+                // A stamp from a clock far ahead would win over every write for as long,
+                // and could run the hybrid clock to its end: refused (logged).
+                if entry.stamp.time > clock().addingClamped(Self.kvMaxClockLead) {
+                    rejected.append("\(String(reflecting: entry.key)): its stamp is more than 30 days ahead of this device's clock")
+                    continue
+                }
                 latest = max(latest, entry.stamp.time)
                 let old = try kvEntry(entry.key)
                 if let old, old.stamp >= entry.stamp { continue }
@@ -127,24 +136,41 @@ extension Store {
         try db.rows("SELECT \(Self.kvColumns) FROM kv WHERE device = ? ORDER BY key", [.text(deviceID)], Self.kvEntry).compactMap { $0 }
     }
 
-    /// Whether this device's entries changed since `kvPublished()`.
+    /// Whether this device's entries changed since they were last published.
     public var kvNeedsPublishing: Bool {
-        get throws(StoreError) { try setting("kv_dirty") == "1" }
+        get throws(StoreError) { try kvUnpublished() != nil }
     }
 
-    /// The published entries are the current ones.
-    public func kvPublished() throws(StoreError) {
-        try db.query("DELETE FROM settings WHERE key = 'kv_dirty'")
+    /// The mark of this device's unpublished changes (a counter each own write moves on),
+    /// nil when its published file is current.
+    public func kvUnpublished() throws(StoreError) -> String? { try setting("kv_dirty") }
+
+    /// The entries read when the mark was `generation` are published: the mark goes,
+    /// unless a write moved it on meanwhile.
+    public func kvPublished(_ generation: String) throws(StoreError) {
+        try db.query("DELETE FROM settings WHERE key = 'kv_dirty' AND value = ?", [.text(generation)])
     }
 
-    /// A publication failed: publish again at the next cycle.
-    public func kvMarkUnpublished() throws(StoreError) { try setSetting("kv_dirty", "1") }
+    /// Runs a key-value change as its own commit: the batch is committed first, and if the
+    /// change's commit fails it is rolled back, so a write close() reports as failed is
+    /// never applied later by the group commit.
+    public func kvCommitted<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        try commitBatch() // other changes: never rolled back below
+        do {
+            let result = try body()
+            try commitBatch()
+            return result
+        } catch {
+            abandonBatch()
+            throw error
+        }
+    }
 
     private func kvWrite(_ e: KVEntry) throws(StoreError) {
         try db.query("REPLACE INTO kv(\(Self.kvColumns)) VALUES(?,?,?,?,?,?,?)",
                      [.text(e.key), .int(Int64(e.type.rawValue)), .blob(e.value), .int(e.stamp.time), .text(e.stamp.device),
                       .int(e.isTombstone ? 1 : 0), .text(e.stamp.deviceName)])
-        if e.stamp.device == deviceID { try setSetting("kv_dirty", "1") }
+        if e.stamp.device == deviceID { try setSetting("kv_dirty", String((Int64(try kvUnpublished() ?? "") ?? 0) &+ 1)) }
     }
 
     private func kvTrimTombstones() throws(StoreError) {
@@ -161,7 +187,8 @@ extension Store {
     /// The stamp of a new write: now, or just after the latest stamp seen (hybrid clock).
     private func nextKVStamp() throws(StoreError) -> KVStamp {
         let last = try kvClock()
-        let time = max(clock(), last == .max ? last : last + 1)
+        guard last < .max else { throw .keyValue(.badValue(.string, "the key-value clock is at its end")) }
+        let time = max(clock(), last + 1)
         try setKVClock(time)
         return KVStamp(time: time, device: deviceID, deviceName: deviceName)
     }

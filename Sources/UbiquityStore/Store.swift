@@ -203,6 +203,14 @@ public final class Store: @unchecked Sendable {
         try db.commitBatch()
     }
 
+    /// Rolls back the open batch (a key-value change whose commit failed: the batch holds
+    /// nothing else, `kvCommitted` committed it first).
+    func abandonBatch() {
+        db.rollbackBatch()
+        cache.removeAll()
+        inodeTotal = nil
+    }
+
     /// Staging holds only uncommitted bytes of open files; after a restart nothing is open.
     private func clearStaging() {
         for name in (try? directoryEntries(stagingDirectory)) ?? [] { unlink(stagingDirectory + "/" + name) }

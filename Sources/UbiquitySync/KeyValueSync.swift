@@ -94,76 +94,82 @@ struct FileSignature: Equatable {
 
 extension SyncEngine {
     /// Takes in the key-value files of other devices that changed since last read. One
-    /// stat per device when nothing changed.
+    /// stat per device when nothing changed. A device's file that cannot be read is
+    /// logged and skipped (the others, and this device's own publishing, go on).
     func pullKeyValues(devices: [String]) throws(StoreError) {
         for device in devices {
-            let path = "\(backing.directory)/devices/\(device)/\(KeyValueCodec.fileName)"
-            guard let signature = FileSignature(path: path) else { continue }
-            if kvSeen.withLock({ $0[device] }) == signature { continue }
-            guard signature.size <= KeyValueCodec.maxFileSize else {
-                logOnce("ubiquity: sync: \(path) is \(signature.size) bytes, more than a key-value file can be: not read")
-                continue
+            do { try pullKeyValues(of: device) } catch {
+                logOnce("ubiquity: sync: the key-value file of device \(device): \(error)")
             }
-            let bytes: [UInt8]
-            do { bytes = try readFile(path, limit: KeyValueCodec.maxFileSize) ?? [] } catch {
-                throw .io(errno: error.code, error.context)
-            }
-            let (entries, rejected) = KeyValueCodec.decode(bytes, device: device)
-            for why in rejected.prefix(5) { logOnce("ubiquity: sync: \(path): \(why)") }
-            var refused: [String] = []
-            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-                let merged = try store.kvMerge(entries)
-                refused = merged.rejected
-                var changes = TreeChanges()
-                changes.keyValues = merged.changes
-                return changes
-            }
-            for why in refused.prefix(5) { logOnce("ubiquity: sync: \(path): \(why)") }
-            kvSeen.withLock { $0[device] = signature }
         }
+    }
+
+    private func pullKeyValues(of device: String) throws(StoreError) {
+        let path = "\(backing.directory)/devices/\(device)/\(KeyValueCodec.fileName)"
+        guard let signature = FileSignature(path: path) else { return }
+        if kvSeen.withLock({ $0[device] }) == signature { return }
+        guard signature.size <= KeyValueCodec.maxFileSize else {
+            logOnce("ubiquity: sync: \(path) is \(signature.size) bytes, more than a key-value file can be: not read")
+            return
+        }
+        let bytes: [UInt8]
+        do { bytes = try readFile(path, limit: KeyValueCodec.maxFileSize) ?? [] } catch {
+            throw .io(errno: error.code, error.context)
+        }
+        let (entries, rejected) = KeyValueCodec.decode(bytes, device: device)
+        for why in rejected.prefix(5) { logOnce("ubiquity: sync: \(path): \(why)") }
+        var refused: [String] = []
+        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            let merged = try store.kvMerge(entries)
+            refused = merged.rejected
+            var changes = TreeChanges()
+            changes.keyValues = merged.changes
+            return changes
+        }
+        for why in refused.prefix(5) { logOnce("ubiquity: sync: \(path): \(why)") }
+        kvSeen.withLock { $0[device] = signature }
     }
 
     /// Publishes this device's entries when they changed: after the durability barrier (a
     /// power loss must not take back a value other devices have taken).
     func pushKeyValues() throws(StoreError) {
         var entries: [KVEntry]?
+        var generation = ""
         try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-            if try store.kvNeedsPublishing {
+            if let changed = try store.kvUnpublished() {
                 entries = try store.kvOwnEntries()
-                try store.kvPublished()
+                generation = changed
             }
             return TreeChanges()
         }
         guard let entries else { return }
-        do {
-            try makeDurable()
-            let dir = "\(backing.directory)/devices/\(backing.deviceID)"
-            try backing.io { () throws(SystemError) in
-                try makeDirectories(dir)
-                // One temp name, reused: a crash leaves one file the next write replaces.
-                let temp = dir + "/.tmp-" + KeyValueCodec.fileName
-                let fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-                guard fd >= 0 else { throw .last("create \(temp)") }
-                var closed = false
-                do throws(SystemError) {
-                    try writeAll(fd, KeyValueCodec.encode(entries), path: temp)
-                    guard fsync(fd) == 0 else { throw .last("fsync \(temp)") }
-                    closed = true
-                    guard close(fd) == 0 else { throw .last("close \(temp)") }
-                } catch {
-                    if !closed { close(fd) }
-                    throw error
-                }
-                guard rename(temp, dir + "/" + KeyValueCodec.fileName) == 0 else { throw .last("rename \(temp)") }
-                try fsyncPath(dir, directory: true)
+        try makeDurable()
+        let dir = "\(backing.directory)/devices/\(backing.deviceID)"
+        try backing.io { () throws(SystemError) in
+            try makeDirectories(dir)
+            // One temp name, reused: a crash leaves one file the next write replaces.
+            let temp = dir + "/.tmp-" + KeyValueCodec.fileName
+            let fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+            guard fd >= 0 else { throw .last("create \(temp)") }
+            var closed = false
+            do throws(SystemError) {
+                try writeAll(fd, KeyValueCodec.encode(entries), path: temp)
+                guard fsync(fd) == 0 else { throw .last("fsync \(temp)") }
+                closed = true
+                guard close(fd) == 0 else { throw .last("close \(temp)") }
+            } catch {
+                if !closed { close(fd) }
+                throw error
             }
-        } catch {
-            // Published at the next cycle that reaches the backing directory.
-            try? access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-                try store.kvMarkUnpublished()
-                return TreeChanges()
-            }
-            throw error
+            guard rename(temp, dir + "/" + KeyValueCodec.fileName) == 0 else { throw .last("rename \(temp)") }
+            try fsyncPath(dir, directory: true)
+        }
+        // Published: unless a write came meanwhile (the next cycle publishes it). A
+        // failure above leaves the mark, so the next cycle that reaches the directory
+        // (or the next mount, after a crash) publishes again.
+        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try store.kvPublished(generation)
+            return TreeChanges()
         }
     }
 }

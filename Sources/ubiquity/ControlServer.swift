@@ -23,6 +23,12 @@ final class ControlServer: @unchecked Sendable {
     private var acceptor: JoinableThread?
     private let connections = DispatchGroup()
     private let open = Locked<Set<Int32>>([])
+    private let stopping = Locked(false)
+    /// Connections served at once; more are closed at once (each holds a thread).
+    static let maxConnections = 64
+    /// Seconds a client may take to send its request, and to take a piece of the answer:
+    /// one that stops reading must not hold a snapshot (and the WAL behind it) for good.
+    static let requestTimeout = 10, sendTimeout = 30
 
     init(fs: FileSystem, storeDirectory: String) {
         self.fs = fs
@@ -51,6 +57,7 @@ final class ControlServer: @unchecked Sendable {
     /// Ends the listener and every connection (unmount), and waits for their threads.
     func stop() {
         guard listenFD >= 0 else { return }
+        stopping.withLock { $0 = true }
         fs.feed.close()
         shutdown(listenFD, Int32(SHUT_RDWR))
         acceptor?.join()
@@ -65,11 +72,24 @@ final class ControlServer: @unchecked Sendable {
         while true {
             let client = accept(fd, nil, nil)
             if client < 0 {
-                if errno == EINTR || errno == ECONNABORTED { continue }
-                return // shut down
+                if stopping.withLock({ $0 }) { return }
+                // Out of descriptors or memory for a moment: wait, and go on serving.
+                if errno != EINTR && errno != ECONNABORTED { usleep(100_000) }
+                continue
             }
             _ = fcntl(client, F_SETFD, FD_CLOEXEC)
-            open.withLock { _ = $0.insert(client) }
+            Self.setTimeout(client, SO_RCVTIMEO, seconds: Self.requestTimeout)
+            Self.setTimeout(client, SO_SNDTIMEO, seconds: Self.sendTimeout)
+            let admitted = open.withLock { set -> Bool in
+                guard set.count < Self.maxConnections else { return false }
+                set.insert(client)
+                return true
+            }
+            guard admitted else {
+                _ = send(client, "{\"error\":\"too many connections\"}\n")
+                close(client)
+                continue
+            }
             connections.enter()
             DispatchQueue.global().async { [self] in
                 serve(client)
@@ -128,8 +148,10 @@ final class ControlServer: @unchecked Sendable {
         // lock: every change is either in the listing or an event after it.
         let started: (Store, Subscription?)
         do {
+            // Opened before the lock (it makes directories and connections); under it only
+            // the commit, the read transaction's start and the subscription.
+            let snapshot = try Store(directory: storeDirectory, readOnly: true, cachedInodes: 64)
             started = try fs.withStoreSnapshot { () throws(StoreError) -> (Store, Subscription?) in
-                let snapshot = try Store(directory: storeDirectory, readOnly: true, cachedInodes: 64)
                 try snapshot.beginSnapshot()
                 return (snapshot, watch ? try? fs.feed.subscribe() : nil)
             }
@@ -197,6 +219,11 @@ final class ControlServer: @unchecked Sendable {
     }
 
     // MARK: socket I/O
+
+    private static func setTimeout(_ fd: Int32, _ option: Int32, seconds: Int) {
+        var tv = timeval(tv_sec: seconds, tv_usec: 0)
+        _ = setsockopt(fd, SOL_SOCKET, option, &tv, socklen_t(MemoryLayout<timeval>.size))
+    }
 
     /// One line of at most 4 KiB (a request), nil if the client sent none.
     private func readLine(_ fd: Int32) -> String? {

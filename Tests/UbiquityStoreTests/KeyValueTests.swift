@@ -175,11 +175,23 @@ import UbiquitySystem
         #expect(try store.kvEntry("color")?.value == Array("2\n".utf8))
         #expect(try store.kvNeedsPublishing)
         #expect(try store.kvOwnEntries().map(\.key) == ["color"])
-        try store.kvPublished()
+        // A publication covers the writes read for it, not one made meanwhile.
+        let mark = try #require(try store.kvUnpublished())
+        try store.kvSet("other", type: .string, content: [], limits: KVLimits())
+        try store.kvPublished(mark)
+        #expect(try store.kvNeedsPublishing)
+        try store.kvPublished(try #require(try store.kvUnpublished()))
         #expect(try !store.kvNeedsPublishing)
         // Another device's win takes the key out of this device's own entries.
         _ = try store.kvMerge([KVEntry(key: "color", type: .integer, value: Array("1\n".utf8),
-                                       stamp: KVStamp(time: .max - 1, device: "ffffffffffffffff"), isTombstone: false)])
-        #expect(try store.kvOwnEntries().isEmpty)
+                                       stamp: KVStamp(time: nowNanos() + 1_000_000_000_000, device: "ffffffffffffffff"),
+                                       isTombstone: false)])
+        #expect(try store.kvOwnEntries().map(\.key) == ["other"])
+        // A stamp more than 30 days ahead (a broken clock) is refused: it would win forever.
+        let far = try store.kvMerge([KVEntry(key: "color", type: .integer, value: Array("9\n".utf8),
+                                             stamp: KVStamp(time: nowNanos() + 31 * 86_400 * 1_000_000_000, device: "eeeeeeeeeeeeeeee"),
+                                             isTombstone: false)])
+        #expect(far.changes.isEmpty && far.rejected.count == 1)
+        #expect(try store.kvEntry("color")?.value == Array("1\n".utf8))
     }
 }
