@@ -39,13 +39,13 @@ import time
 
 # Small alphabet so that names collide often: spaces, UTF-8 (precomposed é, CJK) and one
 # local-only component (`.nosync`: never versioned, but it must behave like any other name
-# through POSIX). No `.tinypix` (deliberately shown differently), never `.versions` or
+# through POSIX). No `.tinypix` (deliberately shown differently), never `.versions`, `.kv` or
 # `.conflicts`. Only valid UTF-8: Ubiquity may refuse other names with EILSEQ by design.
 NAMES = ["a", "b", "c d", "\u00e9", "\u65e5\u672c", "f.txt", "q.nosync"]
 MAX_DEPTH = 3
 XATTR_NAMES = ["user.a", "user.b", "user.long.attribute_name", "user.\u00e9"]
 STATUS_XATTR_PREFIX = "user.ubiquity."   # Ubiquity's read-only status attributes (by design)
-HIDDEN_ROOT = {".versions", ".conflicts"}  # Ubiquity's control directories at the mount root
+HIDDEN_ROOT = {".versions", ".conflicts", ".kv"}  # Ubiquity's control directories at the mount root
 MODES = [0o644, 0o600, 0o755, 0o700, 0o444, 0o000, 0o666, 0o777, 0o640, 0o4755, 0o2755, 0o1777]
 DIR_MODES = [0o755, 0o700, 0o777, 0o555, 0o1777, 0o2755]
 

@@ -180,7 +180,7 @@ XATTR_SIZES = [0, 1, 255, 3000, 4096, 65535, 65536, 65537, 1 << 20]
 PATH_MAX = 4096
 DEEP_COMPONENT_LENGTHS = [1, 100, 200, 254, 255]
 STATUS_XATTR_PREFIX = "user.ubiquity."
-HIDDEN_ROOT = {".versions", ".conflicts"}
+HIDDEN_ROOT = {".versions", ".conflicts", ".kv"}
 TYPE_NAMES = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink", stat.S_IFIFO: "fifo",
               stat.S_IFSOCK: "socket", stat.S_IFCHR: "chr", stat.S_IFBLK: "blk"}
 OPEN_FLAGS = [("O_RDWR", os.O_RDWR), ("O_RDONLY", os.O_RDONLY), ("O_WRONLY", os.O_WRONLY),
