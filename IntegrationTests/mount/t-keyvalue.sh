@@ -69,6 +69,21 @@ assert_contains "$msg" "20 of 20 keys" "kv set's message names the limit and the
 assert_eq 2 "$(kv_status set one-more x --mount "$A")" "exit status of kv set into a full store"
 for i in $(seq 16); do rm "$A/.kv/k$i"; done
 
+step "hostile calls on key files get an errno and the daemon stays up"
+ubq kv set n 5 --type integer --mount "$A"
+assert_errno EFBIG "os.truncate('$A/.kv/n', 1 << 50)" "truncate -s 1P of a key file"
+assert_errno EFBIG "fd = os.open('$A/.kv/n', os.O_WRONLY); os.pwrite(fd, b'x', (1 << 62) - 1)" "a write at 2^62"
+assert_errno EINVAL "os.setxattr('$A/.kv/n', 'user.ubiquity.kv.type', b'nonsense')" "an unknown type"
+assert_errno "ENOTSUP|EOPNOTSUPP" "os.setxattr('$A/.kv/n', 'user.other', b'x')" "another xattr on a key file"
+assert_errno EXDEV "os.rename('$A/.kv/n', '$A/.kv/m')" "rename of a key (mv copies and removes)"
+assert_errno EROFS "os.mkdir('$A/.kv/dir')" "a directory in .kv"
+assert_errno EROFS "os.symlink('x', '$A/.kv/link')" "a symlink in .kv"
+assert_errno "EEXIST|EROFS" "os.mkdir('$A/.kv')" "a directory named .kv at the root"
+assert_contains "$(xattr "$A/.kv" user.ubiquity.kv.limits)" "keys=20" "the limits on .kv"
+assert_eq 5 "$(cat "$A/.kv/n")" "the value after all that"
+assert_daemon_alive alpha
+ubq kv rm n --mount "$A"
+
 step "a key set on alpha reaches beta; a delete on beta reaches alpha"
 wait_eq 2 "selectedColorIndex on beta" kv_get "$B" selectedColorIndex
 ubq kv rm when --mount "$B"
