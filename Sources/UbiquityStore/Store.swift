@@ -115,9 +115,12 @@ public final class Store: @unchecked Sendable {
         // 32 MiB of pages (the default is 2 MiB): the tree's B-tree pages of a big container
         // stay in memory instead of being read again for every lookup.
         try db.execute("PRAGMA cache_size=-32768")
-        // Statement journals (a savepoint's undo inside the open batch) and sorts stay in
-        // memory: as files under /var/tmp they cost about 50 writes per saved file.
-        try db.execute("PRAGMA temp_store=MEMORY")
+        // Temporary data (statement journals, sorts) as SQLite keeps it by default: in
+        // memory up to 64 KiB, then in a file. `temp_store=MEMORY` (session 7, to save the
+        // spilled journals' writes) kept every savepoint journal in memory, and a second
+        // device catching up on 100,000 records (slices of 2,000 in one transaction) took
+        // 225-305 s instead of 43 s; a 256 KiB spill threshold was as slow. Measured with
+        // `scripts/bench-scale.sh` and by hand (README, "Scale").
         if !readOnly { try Schema.migrate(db) }
         let get = { (key: String) throws(StoreError) -> String? in
             try db.rows("SELECT value FROM settings WHERE key = ?", [.text(key)]) { $0.text(0) }.first
