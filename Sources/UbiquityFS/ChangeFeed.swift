@@ -160,7 +160,7 @@ public final class Subscription: @unchecked Sendable {
         var fds = [pollfd(fd: readFD, events: Int16(POLLIN), revents: 0), pollfd(fd: other, events: Int16(POLLIN), revents: 0)]
         while true {
             let n = poll(&fds, 2, -1)
-            if n < 0 && errno == EINTR { continue }
+            if n < 0 { if errno == EINTR { continue } else { return .closed } }
             if fds[1].revents != 0 { return .other }
             var drain = [UInt8](repeating: 0, count: 64)
             while read(readFD, &drain, drain.count) > 0 {}
@@ -180,7 +180,8 @@ extension FileSystem {
     func publishFileEvents(_ m: Meta, _ changes: [(FileEvent.Kind, String)]) {
         guard feed.isWatched else { return }
         var events: [FeedEvent] = []
-        for (kind, path) in changes where !LocalOnly.contains(path) || kind == .removed {
+        // Local-only files too: the snapshot lists them (state local-only).
+        for (kind, path) in changes {
             let item = kind == .removed ? nil : (try? m.store.queryItem(at: path)) ?? nil
             if kind != .removed && item == nil { continue } // not a regular file (any more)
             events.append(.file(FileEvent(kind: kind, path: path, item: item)))

@@ -268,7 +268,7 @@ extension FileSystem {
     /// close; otherwise the stored value is converted now (EINVAL if it does not parse).
     func kvSetxattr(_ ino: UInt64, name: String, value: [UInt8]) throws(Errno) {
         guard name == KeyValueDoor.typeAttribute else { throw .notSupported }
-        guard let text = String(validating: value, as: UTF8.self), let type = KVType(name: text.trimmingCharacters()) else {
+        guard let text = String(validating: value, as: UTF8.self), let type = KVType(name: text.trimmingWhitespace) else {
             throw .invalid
         }
         let applied = try meta.withLock { (m) throws(Errno) -> Bool in
@@ -329,13 +329,5 @@ extension FileSystem.Meta {
                            uid: uid, gid: gid)
         a.mode = UInt32(S_IFREG) | 0o644
         return a
-    }
-}
-
-private extension String {
-    func trimmingCharacters() -> String {
-        var s = Substring(self)
-        while let c = s.last, c == "\n" || c == " " || c == "\t" { s = s.dropLast() }
-        return String(s)
     }
 }

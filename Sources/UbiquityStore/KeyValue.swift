@@ -52,14 +52,10 @@ public struct KVLimits: Equatable, Sendable {
         }
     }
 
-    /// Limits from a configuration text: `NAME = N` lines, `#` comments.
+    /// Limits from a configuration text (`configurationSettings`): `keys = 2048` lines.
     public init(configuration: String) throws(StoreError) {
-        for raw in configuration.split(separator: "\n") {
-            let line = raw.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? ""
-            if line.trimmingASCIISpace.isEmpty { continue }
-            let parts = line.split(separator: "=", maxSplits: 1).map { String($0).trimmingASCIISpace }
-            guard parts.count == 2 else { throw .invalidConfiguration("\(line.trimmingASCIISpace): expected NAME = NUMBER") }
-            try set(parts[0], parts[1])
+        for setting in try configurationSettings(configuration) {
+            do { try set(setting.key, setting.value) } catch { throw .invalidConfiguration("line \(setting.line): \(error)") }
         }
     }
 }
@@ -206,14 +202,4 @@ public enum KeyValues {
 
     /// The type a value written without one gets: the key's current type, else string.
     public static func defaultType(current: KVType?) -> KVType { current ?? .string }
-}
-
-extension String {
-    /// Without leading and trailing spaces, tabs and line ends.
-    var trimmingASCIISpace: String {
-        let u = Array(utf8)
-        let space: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D }
-        guard let first = u.firstIndex(where: { !space($0) }), let last = u.lastIndex(where: { !space($0) }) else { return "" }
-        return String(decoding: u[first...last], as: UTF8.self)
-    }
 }

@@ -130,14 +130,7 @@ extension RetentionPolicy {
     /// line, so a typo never silently keeps (or drops) history.
     public init(configuration text: String) throws(StoreError) {
         self.init()
-        for (number, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-            let line = raw.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? ""
-            let trimmed = line.trimmingCharacters(in: " \t\r")
-            if trimmed.isEmpty { continue }
-            let parts = trimmed.split(separator: "=", maxSplits: 1).map { String($0).trimmingCharacters(in: " \t") }
-            guard parts.count == 2 else { throw .invalidConfiguration("line \(number + 1): expected `key = value`, found `\(trimmed)`") }
-            try set(parts[0], parts[1], line: number + 1)
-        }
+        for setting in try configurationSettings(text) { try set(setting.key, setting.value, line: setting.line) }
     }
 
     /// Applies one setting (a configuration line or a mount option).
@@ -181,12 +174,3 @@ extension RetentionPolicy {
     }
 }
 
-private extension String {
-    func trimmingCharacters(in set: String) -> String {
-        let drop = Set(set)
-        var s = Substring(self)
-        while let c = s.first, drop.contains(c) { s = s.dropFirst() }
-        while let c = s.last, drop.contains(c) { s = s.dropLast() }
-        return String(s)
-    }
-}

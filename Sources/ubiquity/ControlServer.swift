@@ -123,7 +123,11 @@ final class ControlServer: @unchecked Sendable {
         defer { subscription.cancel() }
         guard send(fd, "{\"event\":\"watching\"}\n") else { return }
         while true {
-            if subscription.wait(other: fd) == .other && peerClosed(fd) { return }
+            switch subscription.wait(other: fd) {
+            case .closed: return
+            case .other: if peerClosed(fd) { return }
+            case .events: break
+            }
             let (events, lost, closed) = subscription.take()
             var out = lost ? "{\"event\":\"overflow\"}\n" : ""
             for case .keyValue(let change) in events { out += Self.json(change) + "\n" }
@@ -180,7 +184,11 @@ final class ControlServer: @unchecked Sendable {
         if failed { return }
         guard send(fd, buffer + "{\"event\":\"gathered\",\"count\":\(count)}\n"), let subscription else { return }
         while true {
-            if subscription.wait(other: fd) == .other && peerClosed(fd) { return }
+            switch subscription.wait(other: fd) {
+            case .closed: return
+            case .other: if peerClosed(fd) { return }
+            case .events: break
+            }
             let (events, lost, closed) = subscription.take()
             var out = lost ? "{\"event\":\"overflow\"}\n" : ""
             for case .file(let event) in events where filter.matches(event.path) {

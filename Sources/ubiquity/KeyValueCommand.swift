@@ -302,7 +302,7 @@ struct KVWatch: ParsableCommand {
         try client.lines { line in
             if line.contains("\"event\":\"watching\"") {
                 // Scripts learn that the watch is live (changes from now on are reported).
-                if mount.json { emitLine(line) } else { FileHandleError.note("watching \(mp)/.kv for other devices' changes (^C ends)") }
+                if mount.json { emitLine(line) } else { printNote("watching \(mp)/.kv for other devices' changes (^C ends)") }
                 return true
             }
             if mount.json { emitLine(line); return true }
@@ -332,9 +332,7 @@ struct KVWatch: ParsableCommand {
     }
 }
 
-/// Notes for a person on standard error (not part of the output a script reads).
-enum FileHandleError {
-    static func note(_ text: String) {
-        try? writeAll(STDERR_FILENO, Array((text + "\n").utf8), path: "standard error")
-    }
+/// A note for a person on standard error (not part of the output a script reads).
+func printNote(_ text: String) {
+    try? writeAll(STDERR_FILENO, Array((text + "\n").utf8), path: "standard error")
 }
