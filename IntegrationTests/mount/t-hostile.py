@@ -234,12 +234,18 @@ INTENDED = {
         "mount must then return exactly that value. Resync: the mount's attribute is set "
         "back to the reference's value (or removed).",
     "fallocate-modes":
-        "Ubiquity has nothing to preallocate: punching, zeroing, collapsing, inserting and "
-        "unsharing ranges give EOPNOTSUPP (README), whatever ext4 does with them; the "
-        "reference is then not called, so both sides stay the same. Not covered: mode 0 and "
-        "KEEP_SIZE alone (README: succeeds and changes nothing), which must answer as ext4 "
-        "does, and the kernel's own argument checks (negative offset, length <= 0, bad mode "
-        "combinations, EBADF, EISDIR), which come before the filesystem's on both sides.",
+        "Collapsing, inserting and unsharing ranges give EOPNOTSUPP on the mount (README), "
+        "whatever ext4 does with them; the reference is then not called, so both sides stay "
+        "the same. Not covered: mode 0, KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE and ZERO_RANGE (with "
+        "or without KEEP_SIZE), which must answer and leave the file as ext4 does, and the "
+        "kernel's own argument checks (negative offset, length <= 0, bad mode combinations, "
+        "EBADF, EISDIR), which come before the filesystem's on both sides.",
+    "fallocate-space":
+        "An allocating fallocate (mode 0, KEEP_SIZE, ZERO_RANGE) checks the space its range "
+        "needs (README). A range past the reference's maximum gets EFBIG there; up to the "
+        "mount's maximum the mount answers ENOSPC when the range is larger than the free "
+        "space of the mount's filesystem (statvfs, less min-free and the reserve). Accepted "
+        "only then: ENOSPC for a length that does not fit; a length that fits must succeed.",
     "seek-data-hole":
         "SEEK_DATA/SEEK_HOLE report holes at each filesystem's own granularity (ext4: 4 KiB "
         "blocks, and unwritten extents count as holes; a FUSE filesystem without an lseek "
@@ -1069,15 +1075,28 @@ class Hostile:
         self.sig = ("fallocate", FALLOC_MODES[mode], cls(off), cls(length))
 
         def skip_ref(om):
-            return "fallocate-modes" if mode not in (0, FALLOC_FL_KEEP_SIZE) and om.value == EOPNOTSUPP else None
+            unsupported = mode & ~FALLOC_FL_KEEP_SIZE in (FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE, FALLOC_FL_UNSHARE_RANGE)
+            return "fallocate-modes" if unsupported and om.value == EOPNOTSUPP else None
+
+        def explain(om, orf):
+            if mode in ALLOCATING_MODES and om.value == "ENOSPC" and orf.value == "EFBIG" and self.exceeds_free_space(length):
+                return "fallocate-space"
+            return self.explain_size(end, om, orf)
         om, orf = self.both("fallocate(%s, %s, %s, %s)" % (h.name, FALLOC_MODES[mode], num(off), num(length)),
                             lambda s: fallocate(h.fds[s.key], mode, off, length),
-                            explain=lambda om, orf: self.explain_size(end, om, orf), sig=self.sig, skip_ref=skip_ref)
+                            explain=explain, sig=self.sig, skip_ref=skip_ref)
         if orf is not None and om != orf:
             self.resync_fd(h)
         if orf is not None:
             self.note_size_accepts(end, om, orf)
         self.post_fd(h)
+
+    def exceeds_free_space(self, length):
+        """Whether `length` bytes are more than the mount's filesystem has free beyond
+        min-free (2 %) and the 16 MiB reserve: fallocate's ENOSPC is right then."""
+        st = os.statvfs(self.mnt)
+        free = st.f_bavail * st.f_frsize
+        return length > free - st.f_blocks * st.f_frsize // 50 - 16 * MiB
 
     def op_posix_fallocate(self):
         h = self.pick_handle()

@@ -14,5 +14,7 @@ int ubq_open_tmpfile(const char *dir, int flags, mode_t mode) {
 const int ubq_seek_data = SEEK_DATA;
 const int ubq_seek_hole = SEEK_HOLE;
 const int ubq_falloc_keep_size = FALLOC_FL_KEEP_SIZE;
+const int ubq_falloc_punch_hole = FALLOC_FL_PUNCH_HOLE;
+const int ubq_falloc_zero_range = FALLOC_FL_ZERO_RANGE;
 
 pid_t ubq_gettid(void) { return gettid(); }

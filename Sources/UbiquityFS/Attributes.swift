@@ -37,7 +37,8 @@ public struct Attributes: Sendable, Equatable {
         uid = inode.uid
         gid = inode.gid
         self.size = size ?? inode.size
-        self.allocated = min(max(allocated ?? inode.allocated, 0), self.size)
+        // Not capped by the size: KEEP_SIZE reserves past the end count, as on ext4.
+        self.allocated = min(max(allocated ?? inode.allocated, 0), maxFileSize)
         rdev = inode.rdev
         atime = inode.atime
         mtime = inode.mtime

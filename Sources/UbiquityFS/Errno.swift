@@ -24,6 +24,7 @@ public struct Errno: Error, Equatable, CustomStringConvertible {
     public static let illegalSequence = Errno(EILSEQ)
     public static let busy = Errno(EBUSY)
     public static let fileTooBig = Errno(EFBIG)
+    public static let noSpace = Errno(ENOSPC)
     public static let noSuchAddress = Errno(ENXIO)
 
     public var description: String { errnoText(code) }

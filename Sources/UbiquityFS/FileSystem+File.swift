@@ -169,19 +169,60 @@ extension FileSystem {
         return data.count
     }
 
-    /// fallocate(2). Mode 0 extends the size (with a hole: the store has no preallocation
-    /// to offer, and space is taken when bytes are written); KEEP_SIZE alone changes
-    /// nothing. Punching, zeroing, collapsing and inserting ranges are not supported
-    /// (EOPNOTSUPP, as on filesystems without them; callers fall back to writing).
+    /// fallocate(2), as Linux means it (issue 22):
+    /// - mode 0 and KEEP_SIZE reserve the range: the space a write of its holes needs is
+    ///   checked now (ENOSPC when the store's filesystem or its size-limit cannot take it),
+    ///   and the holes count in st_blocks. Mode 0 extends the size. The store keeps no
+    ///   blocks aside (content is chunked when written), so the check is made at the call,
+    ///   as a quota is, not a promise against other writers filling the disk later.
+    /// - PUNCH_HOLE (always with KEEP_SIZE) makes the range a hole: zeros, no blocks.
+    /// - ZERO_RANGE makes it zeros that stay reserved; without KEEP_SIZE it may extend.
+    /// - COLLAPSE_RANGE, INSERT_RANGE, UNSHARE_RANGE, WRITE_ZEROES and anything unknown:
+    ///   EOPNOTSUPP (callers fall back to writing).
+    /// ctime changes, and mtime whenever the content or the size does (as ext4).
     public func fallocate(_ handle: UInt64, mode: Int32, offset: Int64, length: Int64) throws(Errno) {
-        guard mode == 0 || mode == Linux.fallocKeepSize else { throw .notSupported }
-        guard let (_, open) = try fileHandle(handle, forWriting: true) else { throw .badHandle }
+        let keepSize = mode & Linux.fallocKeepSize != 0
+        let kind = mode & ~Linux.fallocKeepSize
+        guard kind == 0 || kind == Linux.fallocPunchHole || kind == Linux.fallocZeroRange else { throw .notSupported }
+        if kind == Linux.fallocPunchHole && !keepSize { throw .notSupported } // as the kernel requires
+        guard let (ino, open) = try fileHandle(handle, forWriting: true) else { throw .badHandle }
         guard offset >= 0, length > 0 else { throw .invalid }
         guard offset <= maxFileSize - length else { throw .fileTooBig }
-        if mode == 0 && offset + length > open.content.size {
-            try storeCall { () throws(StoreError) in try open.content.truncate(offset + length) }
-            meta.withLock { m in open.pendingMTime = m.store.clock() } // as ext4 does for mode 0
+        let range = offset..<offset + length
+        let sizeBefore = open.content.size
+        if kind != Linux.fallocPunchHole {
+            try checkSpace(for: open.content.unreservedHoleBytes(in: range))
         }
+        try storeCall { () throws(StoreError) in
+            if kind == 0 {
+                try open.content.reserve(range, keepSize: keepSize)
+            } else {
+                try open.content.zero(range, keepSize: keepSize, keepAllocated: kind == Linux.fallocZeroRange)
+            }
+        }
+        let contentChanged = kind != 0 || open.content.size != sizeBefore
+        try withMeta { (m) throws(StoreError) in
+            let now = m.store.clock()
+            if contentChanged { open.pendingMTime = now }
+            guard var inode = m.store.inode(ino) else { return }
+            inode.ctime = now
+            try m.store.update(inode)
+        }
+        try recordReserve(ino, open)
+    }
+
+    /// ENOSPC unless the store can take `bytes` more: what the store's filesystem has
+    /// free beyond min-free (and beyond the reserve file, when it is released), and what
+    /// its size-limit leaves.
+    func checkSpace(for bytes: Int64) throws(Errno) {
+        guard bytes > 0 else { return }
+        let directory = meta.withLock { $0.store.directory }
+        if let (free, total) = Self.freeSpace(of: directory) {
+            var available = free - options.retention.minFree.bytes(ofFilesystem: total)
+            if access(directory + "/reserve", F_OK) != 0 { available -= Self.reserveBytes }
+            if bytes > available { throw .noSpace }
+        }
+        if let limit = options.retention.sizeLimit, bytes > limit - storeBytes() { throw .noSpace }
     }
 
     /// lseek(2) with SEEK_DATA or SEEK_HOLE (the kernel handles the other whences):
@@ -227,7 +268,7 @@ extension FileSystem {
     /// Commits the open file's changes as a new version. A file unlinked meanwhile has
     /// no name to keep history under: its changes are dropped, as POSIX drops its data.
     func commit(_ ino: InodeNumber, _ open: OpenFile) throws(Errno) {
-        _ = try storeCall { () throws(StoreError) in
+        let committed = try storeCall { () throws(StoreError) in
             try open.content.commit { (list) throws(StoreError) -> ChunkList in
                 try meta.withLock { (m) throws(StoreError) -> ChunkList in
                     guard var inode = m.store.inode(ino), inode.nlink > 0, let path = m.store.path(of: ino) else { return list }
@@ -247,6 +288,18 @@ extension FileSystem {
                     return open.isTinyPix ? try TinyPixView.view(of: stored, chunks: chunks) : list
                 }
             }
+        }
+        if committed && open.content.reservation.ever { try recordReserve(ino, open) }
+    }
+
+    /// The inode's st_blocks bytes: its committed chunks and fallocate's reserved holes
+    /// (the reserve is not content, so it outlives commits and reaches the inode directly).
+    private func recordReserve(_ ino: InodeNumber, _ open: OpenFile) throws(Errno) {
+        try withMeta { (m) throws(StoreError) in
+            guard var inode = m.store.inode(ino), !open.isTinyPix else { return }
+            inode.allocated = open.content.committedStoredBytes.addingClamped(open.content.reservedHoleBytes)
+            try m.store.update(inode)
+            try m.store.setReservedRanges(ino, open.content.reservation.ranges)
         }
     }
 

@@ -260,8 +260,10 @@ extension FileSystem {
         }
     }
 
+    /// Only the type is listed (it is the one a copy can set back); the key's device and
+    /// time and the door's limits and usage are status, readable by name (issue 22).
     func kvListxattr(_ ino: UInt64) throws(Errno) -> [String] {
-        ino == KeyValueDoor.root ? [KeyValueDoor.limitsAttribute, KeyValueDoor.usageAttribute] : [KeyValueDoor.typeAttribute, KeyValueDoor.deviceAttribute, KeyValueDoor.timeAttribute]
+        ino == KeyValueDoor.root ? [] : [KeyValueDoor.typeAttribute]
     }
 
     /// Setting the type: while the key is open for writing, the type its value takes at

@@ -4,8 +4,22 @@ import UbiquityStore
 /// Extended attributes. `user.*` are the user's, stored with the file; `user.ubiquity.*`
 /// are read-only status computed on demand (listed in the README). Other namespaces
 /// are not supported.
+///
+/// listxattr returns only what setxattr takes back: the user's own attributes. Status
+/// attributes are readable by name only (as CephFS's virtual `ceph.*`), so `cp -a`,
+/// `rsync -aX` and `tar --xattrs` neither copy stale status out nor fail copying it back
+/// in (issue 22).
 extension FileSystem {
     static let statusPrefix = "user.ubiquity."
+
+    /// Every status attribute a file, the mount root or a key file may answer, in the
+    /// order `ubiquity status PATH` shows them: the CLI asks each by name, since none is
+    /// listed. A node answers ENODATA for the ones that do not apply to it.
+    public static let statusAttributeNames: [String] = [
+        "version", "versions", "device", "uploaded", "dirty", "local", "conflicts", "tinypix", "raw",
+    ].map { statusPrefix + $0 } + [syncStatusAttribute, pruneAttribute, gcAttribute, socketAttribute]
+        + [KeyValueDoor.typeAttribute, KeyValueDoor.deviceAttribute, KeyValueDoor.timeAttribute,
+           KeyValueDoor.limitsAttribute, KeyValueDoor.usageAttribute]
 
     /// A namespace prefix with nothing after it ("user.") is no name: EINVAL, as the
     /// kernel's own xattr handlers answer on ext4 (found by t-hostile.py).
@@ -36,12 +50,10 @@ extension FileSystem {
 
     public func listxattr(_ ino: UInt64) throws(Errno) -> [String] {
         if KeyValueDoor.owns(ino) { return try kvListxattr(ino) }
-        let root = ino != Store.rootInode ? [] : (hasSync ? [Self.syncStatusAttribute] : []) + Self.maintenanceAttributes
         return try meta.withLock { (m) throws(Errno) -> [String] in
             if VirtualViews.isVirtual(ino) { return [] }
             guard m.store.inode(ino) != nil else { throw .notFound }
-            let user = try storeCall { () throws(StoreError) in try m.store.xattrNames(ino) }
-            return user + (try m.status(ino).keys.sorted().map { Self.statusPrefix + $0 }) + root
+            return try storeCall { () throws(StoreError) in try m.store.xattrNames(ino) }
         }
     }
 
@@ -62,9 +74,7 @@ extension FileSystem {
                 if flags & 1 != 0 && exists { throw .io(errno: EEXIST, "setxattr") }
                 if flags & 2 != 0 && !exists { throw .io(errno: ENODATA, "setxattr") }
                 try m.store.setXattr(ino, name, value)
-                var inode = m.store.inode(ino)!
-                inode.ctime = m.store.clock()
-                try m.store.update(inode)
+                try m.touchCtime(ino)
             }
         }
     }
@@ -75,13 +85,22 @@ extension FileSystem {
             if VirtualViews.isVirtual(ino) { throw .readOnly }
             if name.hasPrefix(Self.statusPrefix) { throw .notPermitted }
             guard name.hasPrefix("user.") else { throw .noData }
-            let removed = try storeCall { () throws(StoreError) in try m.store.removeXattr(ino, name) }
-            if !removed { throw .noData }
+            try storeCall { () throws(StoreError) in
+                guard try m.store.removeXattr(ino, name) else { throw .io(errno: ENODATA, "removexattr") }
+                try m.touchCtime(ino)
+            }
         }
     }
 }
 
 extension FileSystem.Meta {
+    /// A change of a node's metadata (an attribute set or removed): ctime is now.
+    func touchCtime(_ ino: InodeNumber) throws(StoreError) {
+        guard var inode = store.inode(ino) else { return }
+        inode.ctime = store.clock()
+        try store.update(inode)
+    }
+
     /// Status attributes of a node (names without the `user.ubiquity.` prefix).
     func status(_ ino: InodeNumber) throws(Errno) -> [String: String] {
         guard let inode = store.inode(ino), inode.kind == .file else { return [:] }

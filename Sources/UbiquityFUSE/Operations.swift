@@ -16,6 +16,13 @@ func makeOperations() -> fuse_lowlevel_ops {
         guard let conn else { return }
         // Let the kernel send O_TRUNC with open (one request instead of setattr + open).
         if conn.pointee.capable & UInt32(FUSE_CAP_ATOMIC_O_TRUNC) != 0 { conn.pointee.want |= UInt32(FUSE_CAP_ATOMIC_O_TRUNC) }
+        // No asynchronous direct I/O: an AIO O_DIRECT write that the kernel completes
+        // asynchronously skips the page-cache invalidation that follows a direct write
+        // (generic_file_direct_write invalidates only when the write returns done), so
+        // pages a concurrent buffered reader brought in during the write stay cached with
+        // the bytes it replaced (issue 22, IntegrationTests/mount/direct-io-check.c).
+        // Done synchronously, the kernel drops those pages before the write completes.
+        conn.pointee.want &= ~UInt32(FUSE_CAP_ASYNC_DIO)
         // Read ahead up to 1 MiB per request once the mount's read_ahead_kb allows it
         // (FUSESession.raiseReadahead); the kernel keeps whichever is smaller.
         conn.pointee.max_readahead = UInt32(FUSESession.readaheadKiB << 10)

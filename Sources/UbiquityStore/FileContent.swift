@@ -21,7 +21,8 @@ public final class FileContent: @unchecked Sendable {
         var size: Int64
         /// The bytes written since the last commit, and where they sit in the staging file.
         var dirty = StagedExtents()
-        /// Bytes of `base` held in chunks (not holes), for st_blocks.
+        /// Bytes of `base` held in chunks (not holes), for st_blocks: those still shown
+        /// after a truncation or a punch (`visibleBaseBytes`).
         var baseStored: Int64
         /// Set by any write or truncate since the last commit.
         var changed = false
@@ -38,6 +39,17 @@ public final class FileContent: @unchecked Sendable {
         var refusedChange: Nanos?
         /// Where the last read ended (to recognise sequential reading).
         var lastReadEnd: Int64 = -1
+        /// Ranges punched or zeroed since the last commit: they read as zeros over `base`,
+        /// and writes after the punch lie over them in `dirty` (which the punch cleared).
+        var zeroed = ByteRanges()
+        /// Ranges fallocate reserved (kept in the store's `reserves`); their holes count
+        /// in st_blocks as ext4's unwritten extents do.
+        var reserved = ByteRanges()
+        /// The holes of `reserved`, as of the last change that is not a plain write (a
+        /// write into a reserved hole is counted twice until the next commit).
+        var reserveHoles: Int64 = 0
+        /// Whether `reserved` was ever non-empty (the store must then hear of changes).
+        var hasReserve = false
     }
 
     private let state: Locked<State>
@@ -51,14 +63,30 @@ public final class FileContent: @unchecked Sendable {
         var hasWrites = false
         var refused = false
         var lastChange: Nanos = 0
-        /// Bytes that are not holes (about: written ranges may overlap base chunks).
+        /// Bytes that are not holes (about: written ranges may overlap base chunks),
+        /// plus the reserved holes.
         var allocated: Int64 = 0
+        var reserveHoles: Int64 = 0
+        /// Bytes in chunks of the committed content (what the inode's st_blocks counts
+        /// besides the reserve).
+        var committedStored: Int64 = 0
+        var reserved: [Range<Int64>] = []
+        var hasReserve = false
     }
-    public init(base: ChunkList, chunks: ChunkStore, stagingDirectory: String) {
-        state = Locked(State(base: base, baseLimit: base.totalSize, size: base.totalSize, baseStored: base.storedBytes,
-                             staging: StagingBuffer(directory: stagingDirectory)))
-        summary = Locked(Summary(size: base.totalSize, allocated: base.storedBytes))
+    /// `reserved`: the ranges fallocate reserved earlier (the store keeps them).
+    public init(base: ChunkList, chunks: ChunkStore, stagingDirectory: String, reserved: [Range<Int64>] = []) {
+        var initial = State(base: base, baseLimit: base.totalSize, size: base.totalSize, baseStored: base.storedBytes,
+                            staging: StagingBuffer(directory: stagingDirectory))
+        state = Locked(initial)
+        summary = Locked(Summary(size: base.totalSize, allocated: base.storedBytes, committedStored: base.storedBytes))
         self.chunks = chunks
+        if !reserved.isEmpty {
+            for r in reserved { initial.reserved.insert(r) }
+            initial.hasReserve = true
+            initial.reserveHoles = reserveHoles(initial)
+            state.withLock { $0 = initial }
+            publish(initial)
+        }
     }
 
     public var size: Int64 { summary.withLock { $0.size } }
@@ -73,15 +101,22 @@ public final class FileContent: @unchecked Sendable {
     public var isRefused: Bool { summary.withLock { $0.refused } }
     /// When the content last changed (for the idle autosave).
     public var lastChange: Nanos { summary.withLock { $0.lastChange } }
-    /// Bytes not in holes (st_blocks).
+    /// Bytes not in holes, plus reserved holes (st_blocks).
     public var allocatedBytes: Int64 { summary.withLock { $0.allocated } }
+    /// Holes fallocate reserved (they count in st_blocks beyond the chunks).
+    public var reservedHoleBytes: Int64 { summary.withLock { $0.reserveHoles } }
+    public var committedStoredBytes: Int64 { summary.withLock { $0.committedStored } }
+    /// The reserved ranges, and whether there ever were any in this content's life.
+    public var reservation: (ranges: [Range<Int64>], ever: Bool) { summary.withLock { ($0.reserved, $0.hasReserve) } }
 
     /// Called under the content lock after every change of `s`.
     private func publish(_ s: State) {
         summary.withLock {
             $0 = Summary(size: s.size, changed: s.changed, hasWrites: !s.dirty.isEmpty || s.stream != nil,
                          refused: s.changed && s.refusedChange == s.lastChange, lastChange: s.lastChange,
-                         allocated: s.stream.map(\.size) ?? min(s.size, s.baseStored + s.dirty.stagedBytes))
+                         allocated: (s.stream.map(\.size) ?? min(s.size, s.baseStored + s.dirty.stagedBytes)).addingClamped(s.reserveHoles),
+                         reserveHoles: s.reserveHoles, committedStored: (s.committedBase ?? s.base).storedBytes,
+                         reserved: s.reserved.ranges, hasReserve: s.hasReserve)
         }
     }
 
@@ -160,6 +195,11 @@ public final class FileContent: @unchecked Sendable {
             if newSize < s.size {
                 if s.dirty.clip(to: newSize) { s.staging.removeAll() }
                 s.baseLimit = min(s.baseLimit, newSize)
+                s.zeroed.clip(to: newSize)
+                // Shrinking frees the blocks past the new end, reserved ones too (ext4).
+                s.reserved.clip(to: newSize)
+                s.baseStored = Self.visibleBaseBytes(s)
+                s.reserveHoles = reserveHoles(s)
             }
             s.size = newSize
             s.changed = true
@@ -175,28 +215,114 @@ public final class FileContent: @unchecked Sendable {
         state.withLock { s -> Int64? in
             guard offset >= 0, offset < s.size else { return nil }
             if s.stream != nil { return data ? offset : s.size } // all written, no holes
-            let baseEnd = min(s.baseLimit, s.base.totalSize)
-            // The data region containing p (a staged range or a base chunk), if any.
-            func dataRegion(at p: Int64) -> Range<Int64>? {
-                if let r = s.dirty.extent(containing: p) { return r }
-                guard p < baseEnd else { return nil }
-                let i = s.base.index(containing: p)
-                return s.base.isHole(i) ? nil : s.base.offsets[i]..<min(s.base.offsets[i + 1], baseEnd)
-            }
-            if data {
-                if dataRegion(at: offset) != nil { return offset }
-                var next = s.dirty.nextStart(atOrAfter: offset)
-                if offset < baseEnd {
-                    var i = s.base.index(containing: offset) + 1
-                    while i < s.base.count && s.base.offsets[i] < baseEnd && s.base.isHole(i) { i += 1 }
-                    if i < s.base.count && s.base.offsets[i] < baseEnd { next = min(next ?? .max, s.base.offsets[i]) }
-                }
-                guard let next, next < s.size else { return nil }
-                return next
-            }
             var p = offset
-            while p < s.size, let region = dataRegion(at: p) { p = region.upperBound }
-            return min(p, s.size)
+            while p < s.size {
+                let run = Self.run(s, at: p)
+                if run.data == data { return p }
+                p = run.end
+            }
+            return data ? nil : s.size
+        }
+    }
+
+    /// The run of data or zeros that starts at `p` (< size) through the overlay: staged
+    /// writes over punched ranges over base chunks over zeros. `end` is where the next
+    /// piece begins (the run may continue there); it is always past `p`.
+    private static func run(_ s: State, at p: Int64) -> (data: Bool, end: Int64) {
+        if let staged = s.dirty.extent(containing: p) { return (true, staged.upperBound) }
+        let nextStaged = s.dirty.nextStart(atOrAfter: p) ?? s.size
+        if let punched = s.zeroed.range(containing: p) { return (false, min(punched.upperBound, nextStaged, s.size)) }
+        let nextPunched = s.zeroed.nextStart(atOrAfter: p) ?? s.size
+        let baseEnd = min(s.baseLimit, s.base.totalSize)
+        guard p < baseEnd else { return (false, min(nextStaged, s.size)) }
+        let i = s.base.index(containing: p)
+        return (!s.base.isHole(i), min(s.base.offsets[i + 1], baseEnd, nextStaged, nextPunched, s.size))
+    }
+
+    /// Bytes of `r` that read as zeros without data behind them (holes, and past the end).
+    private static func holeBytes(_ s: State, in r: Range<Int64>) -> Int64 {
+        var total = max(0, r.upperBound - max(r.lowerBound, s.size))
+        guard s.stream == nil else { return total }
+        var p = r.lowerBound
+        let end = min(r.upperBound, s.size)
+        while p < end {
+            let run = Self.run(s, at: p)
+            let stop = min(run.end, end)
+            if !run.data { total += stop - p }
+            p = stop
+        }
+        return total
+    }
+
+    /// Bytes of base chunks below the truncation limit and outside punched ranges (after
+    /// a truncation or a punch; linear in the base's pieces, which those calls already are).
+    private static func visibleBaseBytes(_ s: State) -> Int64 {
+        let baseEnd = min(s.baseLimit, s.base.totalSize)
+        var total: Int64 = 0
+        for i in 0..<s.base.count {
+            guard s.base.offsets[i] < baseEnd else { break } // sorted: a truncation to 0 looks at none
+            if s.base.isHole(i) { continue }
+            let piece = s.base.offsets[i]..<min(s.base.offsets[i + 1], baseEnd)
+            total += piece.upperBound - piece.lowerBound
+            for punched in s.zeroed.ranges where punched.overlaps(piece) {
+                total -= min(punched.upperBound, piece.upperBound) - max(punched.lowerBound, piece.lowerBound)
+            }
+        }
+        return total
+    }
+
+    private func reserveHoles(_ s: State) -> Int64 {
+        s.reserved.ranges.reduce(0) { $0.addingClamped(Self.holeBytes(s, in: $1)) }
+    }
+
+    /// Bytes a reservation of `r` would add: its holes not reserved already (fallocate's
+    /// space check).
+    public func unreservedHoleBytes(in r: Range<Int64>) -> Int64 {
+        state.withLock { s in s.reserved.gaps(in: r).reduce(0) { $0.addingClamped(Self.holeBytes(s, in: $1)) } }
+    }
+
+    /// fallocate(2) modes 0 and KEEP_SIZE: reserves `r` (its holes count in st_blocks),
+    /// and without `keepSize` extends the file to its end. The caller checks the range.
+    public func reserve(_ r: Range<Int64>, keepSize: Bool) throws(StoreError) {
+        try state.withLock { (s) throws(StoreError) in
+            try settle(&s)
+            if !keepSize && r.upperBound > s.size {
+                s.size = r.upperBound
+                s.changed = true
+                s.lastChange = nowNanos()
+            }
+            s.reserved.insert(r)
+            s.hasReserve = true
+            s.reserveHoles = reserveHoles(s)
+            publish(s)
+        }
+    }
+
+    /// fallocate(2) PUNCH_HOLE and ZERO_RANGE: the bytes of `r` inside the file become
+    /// zeros (a hole at the next commit). Punched ranges are freed; zeroed ones stay
+    /// reserved (ext4's unwritten extents), and ZERO_RANGE without `keepSize` may extend
+    /// the file. The caller checks the range.
+    public func zero(_ r: Range<Int64>, keepSize: Bool, keepAllocated: Bool) throws(StoreError) {
+        try state.withLock { (s) throws(StoreError) in
+            try settle(&s)
+            let inside = r.lowerBound..<max(r.lowerBound, min(r.upperBound, s.size))
+            if !inside.isEmpty {
+                s.dirty.remove(inside)
+                if s.dirty.isEmpty { s.staging.removeAll() }
+                s.zeroed.insert(inside)
+                s.baseStored = Self.visibleBaseBytes(s)
+            }
+            if !keepSize && r.upperBound > s.size { s.size = r.upperBound }
+            if keepAllocated {
+                s.reserved.insert(r)
+                s.hasReserve = true
+            } else {
+                s.reserved.remove(r)
+            }
+            s.reserveHoles = reserveHoles(s)
+            s.changed = true
+            s.lastChange = nowNanos()
+            publish(s)
         }
     }
 
@@ -227,10 +353,12 @@ public final class FileContent: @unchecked Sendable {
             s.baseLimit = list.totalSize
             s.baseStored = list.storedBytes
             s.dirty.removeAll()
+            s.zeroed = ByteRanges()
             s.stream = nil
             s.committedBase = nil
             s.changed = false
             s.staging.removeAll()
+            s.reserveHoles = reserveHoles(s)
             publish(s)
             return true
         }
@@ -240,8 +368,12 @@ public final class FileContent: @unchecked Sendable {
     public func discardChanges() {
         state.withLock { s in
             let base = s.committedBase ?? s.base
+            let (reserved, hasReserve) = (s.reserved, s.hasReserve)
             s = State(base: base, baseLimit: base.totalSize, size: base.totalSize, baseStored: base.storedBytes,
                       staging: s.staging, lastChange: s.lastChange)
+            s.reserved = reserved
+            s.hasReserve = hasReserve
+            s.reserveHoles = reserveHoles(s)
             s.staging.removeAll()
             publish(s)
         }
@@ -251,7 +383,7 @@ public final class FileContent: @unchecked Sendable {
     /// its start, none of its committed bytes left, past the staging memory (smaller files
     /// stay in memory until their commit anyway): the bytes staged so far move into it.
     private func startStream(_ s: inout State, at offset: Int64) throws(StoreError) {
-        guard offset == s.size, s.baseLimit == 0, s.size >= Int64(StagingBuffer.memoryLimit),
+        guard offset == s.size, s.baseLimit == 0, s.zeroed.isEmpty, s.size >= Int64(StagingBuffer.memoryLimit),
               s.dirty.extents.count == 1, s.dirty.extents[0].range == 0..<s.size, s.dirty.extents[0].staged == 0 else { return }
         var bytes = [UInt8](repeating: 0, count: Int(s.size))
         let staging = s.staging
@@ -303,20 +435,24 @@ public final class FileContent: @unchecked Sendable {
             let i = pos < baseEnd ? s.base.index(containing: pos) : -1
             if i >= 0 && s.base.offsets[i] == pos {
                 let range = s.base.range(i)
-                if range.upperBound <= baseEnd && range.upperBound <= s.size && !s.dirty.overlaps(range) {
+                if range.upperBound <= baseEnd && range.upperBound <= s.size && !s.dirty.overlaps(range) && !s.zeroed.overlaps(range) {
                     list.append(pieceOf: s.base, at: i)
                     pos = range.upperBound
                     continue
                 }
             }
-            if s.dirty.extent(containing: pos) == nil && (i < 0 || s.base.isHole(i)) {
-                let zerosEnd = i < 0 ? s.size : min(s.base.offsets[i + 1], baseEnd)
+            let staged = s.dirty.extent(containing: pos)
+            let punched = s.zeroed.range(containing: pos)
+            if staged == nil && (i < 0 || s.base.isHole(i) || punched != nil) {
+                let zerosEnd = punched?.upperBound ?? (i < 0 ? s.size : min(s.base.offsets[i + 1], baseEnd))
                 let end = min(zerosEnd, s.dirty.nextStart(atOrAfter: pos) ?? s.size, s.size)
                 list.appendHole(end - pos)
                 pos = end
                 continue
             }
-            let want = Int(min(Int64(chunker.maxSize), s.size - pos))
+            // Data stops where a punched range begins (or, inside one, where the write over it ends).
+            let dataEnd = punched != nil ? staged!.upperBound : (s.zeroed.nextStart(atOrAfter: pos) ?? s.size)
+            let want = Int(min(Int64(chunker.maxSize), s.size - pos, dataEnd - pos))
             if pos < windowStart || pos + Int64(want) > windowStart + Int64(window.count) {
                 // Read ahead in 1 MiB blocks so a long rewrite is read once, not per chunk.
                 window = try readMerged(&s, offset: pos, count: max(want, 1 << 20))
@@ -359,6 +495,10 @@ public final class FileContent: @unchecked Sendable {
                 }
                 i += 1
             }
+        }
+        for punched in s.zeroed.ranges where punched.overlaps(offset..<end) {
+            let lower = Int(max(punched.lowerBound, offset) - offset), upper = Int(min(punched.upperBound, end) - offset)
+            out.replaceSubrange(lower..<upper, with: repeatElement(0, count: upper - lower))
         }
         for piece in s.dirty.pieces(in: offset..<end) {
             let count = Int(piece.range.upperBound - piece.range.lowerBound)

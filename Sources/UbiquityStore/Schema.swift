@@ -1,7 +1,7 @@
 /// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
 /// by a newer program is refused rather than misread.
 enum Schema {
-    static let formatVersion = 8
+    static let formatVersion = 9
 
     static let statements = [
         """
@@ -76,6 +76,8 @@ enum Schema {
         "CREATE INDEX IF NOT EXISTS inodes_unlinked ON inodes(id) WHERE nlink = 0",
         "CREATE INDEX IF NOT EXISTS inodes_head ON inodes(head) WHERE head IS NOT NULL",
         PendingSet<Int>.schema,
+        // Format 9: the ranges fallocate reserved in a file ("a-b,c-d"; Store+Reserve).
+        "CREATE TABLE IF NOT EXISTS reserves(inode INTEGER PRIMARY KEY, ranges TEXT NOT NULL)",
     ] + Replica.schema // format 4: the synced view (Replica)
         + Store.kvSchema // format 8: the key-value store
 

@@ -90,6 +90,26 @@ struct StagedExtents: Sendable, Equatable {
         return extents.isEmpty
     }
 
+    /// Forgets what is staged inside `r` (a punched hole): the pieces outside it keep
+    /// their places in the staging file.
+    mutating func remove(_ r: Range<Int64>) {
+        let first = firstIndex { $0.range.upperBound > r.lowerBound }
+        var end = first
+        var kept: [Extent] = []
+        while end < extents.count && extents[end].range.lowerBound < r.upperBound {
+            let e = extents[end]
+            if e.range.lowerBound < r.lowerBound { kept.append(Extent(range: e.range.lowerBound..<r.lowerBound, staged: e.staged)) }
+            if e.range.upperBound > r.upperBound {
+                kept.append(Extent(range: r.upperBound..<e.range.upperBound, staged: e.staged + (r.upperBound - e.range.lowerBound)))
+            }
+            stagedBytes -= e.range.upperBound - e.range.lowerBound
+            end += 1
+        }
+        extents.replaceSubrange(first..<end, with: kept)
+        stagedBytes += kept.reduce(0) { $0 + ($1.range.upperBound - $1.range.lowerBound) }
+        if extents.isEmpty { stagingEnd = 0 }
+    }
+
     mutating func removeAll() {
         extents.removeAll()
         stagingEnd = 0

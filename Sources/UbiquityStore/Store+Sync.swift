@@ -497,6 +497,7 @@ extension Store {
         continuedParents[id] = nil
         try update(inode)
         try db.query("DELETE FROM xattrs WHERE inode = ?", [.int(Int64(id))])
+        try dropReservedRanges(id) // another device's content replaced what they reserved
         for entry in XattrCodec.decode(row.xattrs) { try setXattr(id, "user." + entry.name, entry.value) }
         try setHistory(record.node, path: record.path, live: true)
     }

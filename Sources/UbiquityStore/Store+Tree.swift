@@ -19,6 +19,7 @@ extension Store {
         for id in try db.rows("SELECT id FROM inodes WHERE nlink = 0 AND id != 1", [], { $0.int(0) }) {
             try db.query("DELETE FROM inodes WHERE id = ?", [.int(id)])
             try db.query("DELETE FROM xattrs WHERE inode = ?", [.int(id)])
+            try db.query("DELETE FROM reserves WHERE inode = ?", [.int(id)])
         }
     }
 
@@ -42,7 +43,7 @@ extension Store {
         inode.atime = r.int(6); inode.mtime = r.int(7); inode.ctime = r.int(8)
         inode.head = r.isNull(12) ? nil : r.int(12)
         // Stores before format 3 have no allocation: the size (no holes) is right for them.
-        inode.allocated = r.isNull(13) ? inode.size : min(checkedSize(r.int(13)), inode.size)
+        inode.allocated = r.isNull(13) ? inode.size : checkedSize(r.int(13))
         inode.nlink = UInt32(clamping: max(r.int(14), 0))
         let link = r.isNull(15) ? nil : EntryRef(parent: InodeNumber(bitPattern: r.int(15)), name: r.text(16))
         return .success(TreeNode(inode: inode, link: link))
@@ -311,6 +312,7 @@ extension Store {
         try treeTransaction { () throws(StoreError) in
             try db.query("DELETE FROM inodes WHERE id = ?", [.int(Int64(bitPattern: id))])
             try db.query("DELETE FROM xattrs WHERE inode = ?", [.int(Int64(bitPattern: id))])
+            try dropReservedRanges(id)
         }
         cache.remove(id)
         inodeTotal = inodeTotal.map { $0 - 1 }

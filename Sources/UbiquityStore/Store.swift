@@ -224,8 +224,10 @@ public final class Store: @unchecked Sendable {
     /// The content of a file as of its current version, ready for reads and writes.
     /// - Parameter view: turns the stored chunks into what readers see (TinyPix grids).
     public func openContent(_ id: InodeNumber, view: (ChunkList) throws(StoreError) -> ChunkList = { $0 }) throws(StoreError) -> FileContent {
-        let stored = try node(id)?.inode.head.map { (row) throws(StoreError) in try chunkList(row: row) } ?? ChunkList()
-        return FileContent(base: try view(stored), chunks: chunks, stagingDirectory: stagingDirectory)
+        let inode = try node(id)?.inode
+        let stored = try inode?.head.map { (row) throws(StoreError) in try chunkList(row: row) } ?? ChunkList()
+        return FileContent(base: try view(stored), chunks: chunks, stagingDirectory: stagingDirectory,
+                           reserved: inode == nil ? [] : try reservedRanges(id))
     }
 
     /// Durability barrier, part 1: the chunks written so far reach the disk. Thread-safe:

@@ -8,4 +8,6 @@ public enum Linux {
     public static let seekHole = ubq_seek_hole
     /// fallocate(2) mode bits.
     public static let fallocKeepSize = ubq_falloc_keep_size
+    public static let fallocPunchHole = ubq_falloc_punch_hole
+    public static let fallocZeroRange = ubq_falloc_zero_range
 }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Glibc
+import UbiquityFS
 import UbiquitySystem
 import UbiquityStore
 
@@ -24,11 +25,12 @@ struct StatusCommand: ParsableCommand {
         if let path {
             let abs = Paths.absolute(path)
             guard Paths.mount(containing: abs) != nil else { throw CLIError("\(abs) is not inside a ubiquity mount") }
-            let names = try UbiquitySystem.listXattrs(abs).filter { $0.hasPrefix("user.ubiquity.") }
+            guard access(abs, F_OK) == 0 else { throw CLIError("\(abs): \(String(cString: strerror(errno)))") }
             print(abs)
-            for name in names where name != "user.ubiquity.control" {
+            // Status attributes are not listed (so backups do not copy them): ask each by name.
+            for name in FileSystem.statusAttributeNames {
+                guard let value = try? getXattr(abs, name) else { continue }
                 let key = name.dropFirst("user.ubiquity.".count)
-                let value = (try? getXattr(abs, name)) ?? "?"
                 if value.contains("\n") {
                     // Multi-line values (the sync status on a mount point): one line each.
                     print("  \(key):")

@@ -24,5 +24,7 @@ pid_t ubq_gettid(void);
 
 /// fallocate(2) mode bits.
 extern const int ubq_falloc_keep_size;
+extern const int ubq_falloc_punch_hole;
+extern const int ubq_falloc_zero_range;
 
 #endif

@@ -1,0 +1,44 @@
+import UbiquitySystem
+
+/// The ranges fallocate reserved in a file (store format 9, table `reserves`): local
+/// allocation state, never synced or versioned, like ext4's unwritten extents. They count
+/// in st_blocks while they are holes; a file's row goes with the inode, and with content
+/// another device replaced.
+extension Store {
+    /// The file's reserved ranges. A row that does not parse (it never should: this
+    /// program writes them) is logged and read as none, not trusted.
+    public func reservedRanges(_ id: InodeNumber) throws(StoreError) -> [Range<Int64>] {
+        guard let text = try db.rows("SELECT ranges FROM reserves WHERE inode = ?", [.int(Int64(bitPattern: id))], { $0.text(0) }).first
+        else { return [] }
+        guard let ranges = Self.decodeRanges(text) else {
+            log("ubiquity: inode \(id): unreadable reserved ranges '\(text.prefix(80))' ignored")
+            return []
+        }
+        return ranges
+    }
+
+    public func setReservedRanges(_ id: InodeNumber, _ ranges: [Range<Int64>]) throws(StoreError) {
+        if ranges.isEmpty {
+            try dropReservedRanges(id)
+        } else {
+            try db.query("REPLACE INTO reserves(inode, ranges) VALUES(?, ?)",
+                         [.int(Int64(bitPattern: id)), .text(ranges.map { "\($0.lowerBound)-\($0.upperBound)" }.joined(separator: ","))])
+        }
+    }
+
+    func dropReservedRanges(_ id: InodeNumber) throws(StoreError) {
+        try db.query("DELETE FROM reserves WHERE inode = ?", [.int(Int64(bitPattern: id))])
+    }
+
+    /// "a-b,c-d": sorted, disjoint, non-empty ranges within 0...maxFileSize; nil otherwise.
+    static func decodeRanges(_ text: String) -> [Range<Int64>]? {
+        var out: [Range<Int64>] = []
+        for item in text.split(separator: ",", omittingEmptySubsequences: false) {
+            let parts = item.split(separator: "-", omittingEmptySubsequences: false)
+            guard parts.count == 2, let lower = Int64(parts[0]), let upper = Int64(parts[1]),
+                  lower >= 0, lower < upper, upper <= maxFileSize, lower >= (out.last?.upperBound ?? 0) else { return nil }
+            out.append(lower..<upper)
+        }
+        return out.isEmpty ? nil : out
+    }
+}
