@@ -1,10 +1,12 @@
 // swift-tools-version: 6.2
 // Ubiquity: a versioned, synced FUSE filesystem. Layers (each knows only those below it):
 //   CFuse, CSQLite   system libraries (pkg-config fuse3 / sqlite3)
-//   CSystem          Linux calls Swift's Glibc module hides (_GNU_SOURCE): a few C lines
+//   CUbiquity          Linux calls Swift's Glibc module hides (_GNU_SOURCE): a few C lines
 //   UbiquitySystem   POSIX helpers every layer shares: EINTR loops, atomic writes, the mount table
 //   TinyPix          pure codec: 8 bytes <-> ASCII grid
 //   UbiquityStore    chunks, metadata database, versions, the synced view; no FUSE, no kernel inodes
+//   UbiquityBacking  the storage seam: a backing store protocol and its implementations
+//                    (directory, S3, memory with faults), one conformance suite for all
 //   UbiquitySync     replicates a store through a backing directory (docs/FORMAT.md)
 //   UbiquityFS       POSIX semantics over the store; speaks Errno
 //   UbiquityFUSE     the only importer of CFuse: ops table, replies, session
@@ -24,19 +26,32 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
+        // S3 (UbiquityBacking): a well-kept HTTP client (connection reuse, timeouts, TLS
+        // with the system's CAs) rather than hand-written HTTP; NIO for its types.
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
     ],
     targets: [
         .systemLibrary(name: "CFuse", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
-        .target(name: "CSystem"),
-        .target(name: "UbiquitySystem", dependencies: ["CSystem"], swiftSettings: strict),
+        .target(name: "CUbiquity"),
+        .target(name: "UbiquitySystem", dependencies: ["CUbiquity"], swiftSettings: strict),
         .target(name: "TinyPix", swiftSettings: strict),
         .target(name: "UbiquityStore", dependencies: [
             "CSQLite", "UbiquitySystem",
             .product(name: "Crypto", package: "swift-crypto"),
         ], swiftSettings: strict),
+        .target(name: "UbiquityBacking", dependencies: [
+            "UbiquitySystem",
+            .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "AsyncHTTPClient", package: "async-http-client"),
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOHTTP1", package: "swift-nio"),
+            .product(name: "NIOSSL", package: "swift-nio-ssl"),
+        ], swiftSettings: strict),
         .target(name: "UbiquitySync", dependencies: [
-            "UbiquityStore", "UbiquitySystem",
+            "UbiquityBacking", "UbiquityStore", "UbiquitySystem",
             .product(name: "Crypto", package: "swift-crypto"),
         ], swiftSettings: strict),
         .target(name: "UbiquityFS", dependencies: ["UbiquityStore", "UbiquitySystem", "TinyPix"], swiftSettings: strict),
@@ -53,6 +68,7 @@ let package = Package(
         .testTarget(name: "TinyPixTests", dependencies: ["TinyPix", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "UbiquityStoreTests", dependencies: ["UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "UbiquityFSTests", dependencies: ["UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
-        .testTarget(name: "UbiquitySyncTests", dependencies: ["UbiquitySync", "UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
+        .testTarget(name: "UbiquityBackingTests", dependencies: ["UbiquityBacking", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
+        .testTarget(name: "UbiquitySyncTests", dependencies: ["UbiquitySync", "UbiquityBacking", "UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
     ]
 )

@@ -14,7 +14,9 @@ TEST_PACKAGES=(sqlite3 fio attr git python3 systemd dbus-user-session util-linux
 install_missing() {
   local need=() pkg
   for pkg in "$@"; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+    # The status, not dpkg's exit code: a package removed but not purged is "deinstall ok
+    # config-files", and `dpkg -s` still exits 0 for it.
+    [[ $(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null) == "install ok installed" ]] || need+=("$pkg")
   done
   [ ${#need[@]} -gt 0 ] || return 0
   command -v apt-get >/dev/null || { echo "missing packages: ${need[*]} (install them; this script knows only apt-get)" >&2; return 1; }

@@ -88,7 +88,7 @@ install_all() {
 		say "no systemd user manager reachable: skipped 'systemctl --user daemon-reload'"
 		[ -z "$enable" ] || die "cannot enable ubiquity@$enable without a user manager"
 		say "once you are logged in to a systemd session, run: systemctl --user daemon-reload"
-		say "and to mount container 'default' at ~/Cloud/default now and at every login:"
+		say "and to mount container 'default' at ~/Cloud now and at every login:"
 		say "  systemctl --user enable --now ubiquity@default"
 		return
 	fi
@@ -99,10 +99,10 @@ install_all() {
 	[ -z "$running" ] || say "running now (restart to use a new binary): ${running//$'\n'/ }"
 	if [ -n "$enable" ]; then
 		systemctl --user enable --now "ubiquity@$enable.service"
-		say "enabled and started ubiquity@$enable: mounted at ~/Cloud/$enable unless ~/.config/ubiquity/$enable.env sets UBIQUITY_MOUNTPOINT"
+		say "enabled and started ubiquity@$enable: mounted at $( [ "$enable" = default ] && echo "~/Cloud" || echo "~/Cloud-$enable") unless ~/.config/ubiquity/$enable.env sets UBIQUITY_MOUNTPOINT"
 		say "its log: journalctl --user -u ubiquity@$enable"
 	else
-		say "to mount container 'default' at ~/Cloud/default now and at every login, run:"
+		say "to mount container 'default' at ~/Cloud now and at every login, run:"
 		say "  systemctl --user enable --now ubiquity@default"
 	fi
 }

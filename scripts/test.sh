@@ -16,6 +16,14 @@ swift build "${strict[@]}"
 export UBIQUITY="${UBIQUITY:-$(swift build --show-bin-path)/ubiquity}"
 
 scripts/sweep-test-mounts.sh
+# A real S3 server on loopback (radosgw, scripts/s3-server.sh) for the S3 tests, stopped at
+# the end whatever happens. UBIQUITY_S3_BUCKET already set: use that bucket instead (AWS,
+# MinIO, R2: README, "Running the S3 tests elsewhere").
+if [[ -z ${UBIQUITY_S3_BUCKET:-} ]]; then
+  s3dir=$(mktemp -d /tmp/ubiquity-s3.XXXXXX)
+  trap 'scripts/s3-server.sh stop "$s3dir"' EXIT
+  eval "$(S3_PORT=${S3_PORT:-7480} scripts/s3-server.sh start "$s3dir")"
+fi
 swift test "${strict[@]}"
 IntegrationTests/mount/run.sh
 IntegrationTests/systemd/run.sh

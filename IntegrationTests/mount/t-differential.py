@@ -4,8 +4,9 @@
 
 The same seeded random sequence of filesystem operations is applied to a fresh Ubiquity
 mount and to a reference directory (ext4/xfs). After every operation the results (return
-value or errno) must agree; at checkpoints, across unmount/mount and at the end the full
-trees must agree. Details, options and the triage workflow: IntegrationTests/mount/differential-README.md.
+value or errno) must agree, and so must whether it changed the ctime of each object it
+names; at checkpoints, across unmount/mount and at the end the full trees must agree.
+Details, options and the triage workflow: IntegrationTests/mount/differential-README.md.
 
     UBIQUITY=/path/to/ubiquity IntegrationTests/mount/t-differential.py [--seed N] [--ops K] [-v]
 
@@ -445,6 +446,10 @@ class Executor:
         self.current = None
         self.last_progress = time.monotonic()
         self.executed = []         # actions run so far (for --save-actions and minimizing)
+        self.relax = relax
+        self.first_call = None     # (description, reference outcome) of the running action's first call
+        self.ctime_diffs = {}      # --relax ctime: class -> [count, first example]
+        self.compare_ctime = True  # False when the reference's ctime is coarse-grained
 
     def p(self, side, rel):
         return os.path.join(self.roots[side], rel) if rel else self.roots[side]
@@ -465,6 +470,8 @@ class Executor:
         om = call(lambda: fn("m"))
         orf = call(lambda: fn("r"))
         self.last_progress = time.monotonic()
+        if self.first_call is None:
+            self.first_call = (desc, orf)
         same = (compare or (lambda a, b: a == b))(om, orf)
         self.log("%s -> %r%s" % (desc, orf, "" if same else "   MOUNT: %r" % (om,)))
         if not same:
@@ -491,6 +498,234 @@ class Executor:
     def post_check_fd(self, h):
         self.both("fstat(%s)" % h.name, lambda s: self.snap.norm_stat(os.fstat(h.fds[s])))
 
+    # ---- ctime: did the operation change it? -------------------------------------------
+    #
+    # ctime values cannot be compared (the two sides' clocks differ by microseconds), but
+    # whether an operation changed an object's ctime can: POSIX and Linux say which calls
+    # mark it for update (a change of the inode's data, metadata, xattrs or link count). So
+    # around every action each object it names is stat'ed before and after, on both sides,
+    # and "changed" must agree. The reference is reliable: ext4 has multigrain timestamps
+    # (Linux >= 6.13), so after the "before" stat the next change gets a fine-grained ctime
+    # even within the same jiffy (checked at the start: reference_has_fine_ctime). On the
+    # mount the kernel caches attributes but invalidates them after the requests it sends:
+    # what stat shows there is what users see.
+    #
+    # A probe is (role, label, how, what): how is "l" (lstat of a path), "s" (stat of a
+    # path: its final symlink followed, e.g. the directory an entry lives in) or "f"
+    # (fstat of a handle). Objects are matched by inode number, per side, so an object is
+    # followed when the operation moves it (a renamed entry: "before" at the source, "after"
+    # at the destination) and skipped when a name now holds another object (created,
+    # replaced) or when it is no longer reachable.
+
+    NAME_REMOVING = {"unlink", "rmdir", "rename", "close"}
+
+    def ctime_probes(self, a, h):
+        op = a["op"]
+        probes = []
+
+        def path(role, rel, follow):
+            rel = rel.rstrip("/")
+            probes.append((role, repr(rel or "."), "l", rel))
+            if follow:  # the object an operation that follows symlinks reaches
+                probes.append((role + " (symlink followed)", repr(rel or "."), "s", rel))
+
+        def parent(rel):
+            rel = rel.rstrip("/")
+            if rel:
+                probes.append(("parent directory", "%r (of %r)" % (os.path.dirname(rel) or ".", rel), "s", os.path.dirname(rel)))
+
+        def fd(hid, role="file of the descriptor"):
+            probes.append((role, "fd%d" % hid, "f", hid))
+
+        if op in ("checkpoint", "remount"):
+            return []
+        if op == "open":
+            path("target", a["path"], True)
+            if a["flags"] & os.O_CREAT:
+                parent(a["path"])
+            fd(a["new"])
+        elif op == "close":
+            fd(h.hid)
+            path("target (its path at open)", h.path, True)
+        elif op == "dup":
+            fd(h.hid)
+            fd(a["new"])
+        elif h is not None:    # every other descriptor operation
+            fd(h.hid)
+        elif op in ("unlink", "rmdir", "mkdir", "mknod", "symlink"):
+            path("target", a["path"], False)
+            parent(a["path"])
+        elif op == "rename":
+            path("source (renamed)", a["src"], False)
+            path("destination (replaced or exchanged)", a["dst"], False)
+            parent(a["src"])
+            parent(a["dst"])
+        elif op == "link":
+            path("source (linked)", a["src"], a["follow"])
+            path("destination", a["dst"], False)
+            parent(a["dst"])
+        elif op == "readlink":
+            path("target", a["path"], False)
+        else:    # truncate, stat, listdir, chmod, chown, utime, xattr: the path, either way
+            path("target", a["path"], True)
+        return probes
+
+    def probe(self, side, how, what):
+        try:
+            if how == "f":
+                hh = self.handles.get(what)
+                return os.fstat(hh.fds[side]) if hh is not None else None
+            return os.stat(self.p(side, what)) if how == "s" else os.lstat(self.p(side, what))
+        except OSError:
+            return None
+
+    def witnesses(self, probes, results):
+        """Where to find, after the operation, an object that may lose the name it was
+        probed by (unlink, rmdir, rename over it, close of its last descriptor): the open
+        descriptors on it, and another hard link (from the reference tree; the mount must
+        have the same names)."""
+        out = []
+        probed_fds = {p[3] for p in probes if p[2] == "f"}
+        for (role, label, how, what), st in zip(probes, results):
+            if st is None or how == "f":
+                continue
+            for hh in self.handles.values():
+                if hh.hid not in probed_fds:
+                    fs = self.probe("r", "f", hh.hid)
+                    if fs is not None and (fs.st_dev, fs.st_ino) == (st.st_dev, st.st_ino):
+                        out.append(("open descriptor on " + role, "fd%d" % hh.hid, "f", hh.hid))
+                        probed_fds.add(hh.hid)
+            if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                for rel in self.ref_names(st):
+                    if rel != what:
+                        out.append(("another hard link of " + role, repr(rel), "l", rel))
+                        break
+        return out
+
+    def ref_names(self, st):
+        """The reference tree's names of the inode of `st` (symlinks not followed)."""
+        names, stack = [], [""]
+        while stack:
+            d = stack.pop()
+            try:
+                with os.scandir(self.p("r", d)) as it:
+                    listed = list(it)
+            except OSError:
+                continue
+            for e in listed:
+                rel = os.path.join(d, e.name) if d else e.name
+                try:
+                    est = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if (est.st_dev, est.st_ino) == (st.st_dev, st.st_ino):
+                    names.append(rel)
+                if stat.S_ISDIR(est.st_mode):
+                    stack.append(rel)
+        return sorted(names)
+
+    def ctime_before(self, a, h):
+        probes = self.ctime_probes(a, h) if self.compare_ctime else []
+        before = {"r": [self.probe("r", how, what) for _, _, how, what in probes]}
+        if a["op"] in self.NAME_REMOVING:
+            extra = self.witnesses(probes, before["r"])
+            probes += extra
+            before["r"] += [self.probe("r", how, what) for _, _, how, what in extra]
+        before["m"] = [self.probe("m", how, what) for _, _, how, what in probes]
+        before["same xattr value"] = bool(probes) and self.sets_same_xattr_value(a, h)
+        return probes, before
+
+    def sets_same_xattr_value(self, a, h):
+        """True for a setxattr that stores the value the attribute already has (on the
+        reference). ext4 then changes nothing, ctime included (commit 3fd164629d25, Linux
+        4.6: "ext4: shortcut setting of xattr to the same value"); xfs and tmpfs update
+        ctime all the same. Either is Linux behaviour, so a ctime that changed on the mount
+        only is not a difference there."""
+        if a["op"] not in ("xattr", "fxattr") or a["sub"] != "set":
+            return False
+        try:
+            if h is not None:
+                old = os.getxattr(h.fds["r"], a["name"])
+            else:
+                old = os.getxattr(self.p("r", a["path"]), a["name"], follow_symlinks=a["follow"])
+        except OSError:
+            return False
+        return old == bytes.fromhex(a["value"])
+
+    def ctime_after(self, a, h, probes, before):
+        if not probes:
+            return
+        after = {s: [self.probe(s, how, what) for _, _, how, what in probes] for s in ("r", "m")}
+
+        def find(side, st):
+            """The object's "after" stat and the label it was found by."""
+            for x, p in zip(after[side], probes):
+                if x is not None and (x.st_dev, x.st_ino) == (st.st_dev, st.st_ino):
+                    return x, p[1]
+            return None, None
+        seen = set()
+        lines, classes = [], []
+        for i, (role, label, _, _) in enumerate(probes):
+            rb, mb = before["r"][i], before["m"][i]
+            if rb is None or mb is None or (rb.st_dev, rb.st_ino) in seen:
+                continue
+            seen.add((rb.st_dev, rb.st_ino))
+            (ra, seen_as), (ma, _) = find("r", rb), find("m", mb)
+            if ra is None or ma is None:
+                continue
+            r_changed, m_changed = ra.st_ctime_ns != rb.st_ctime_ns, ma.st_ctime_ns != mb.st_ctime_ns
+            if r_changed == m_changed or (m_changed and before["same xattr value"]):
+                continue
+            kind = TYPE_NAMES.get(stat.S_IFMT(rb.st_mode), "other")
+            how = "changed on the reference (ext4) but not on the mount" if r_changed else \
+                "changed on the mount but not on the reference (ext4)"
+            shown = label if seen_as == label else "%s (afterwards %s)" % (label, seen_as)
+            lines.append("  %s, %s %s: ctime %s" % (shown, role, kind, how))
+            classes.append((self.ctime_op_class(a, h, probes, before), "%s %s" % (role, kind), how))
+        if not lines:
+            return
+        desc = self.first_call[0] if self.first_call else a["op"]
+        self.log("ctime differs after %s: %s" % (desc, "; ".join(l.strip() for l in lines)))
+        if "ctime" not in self.relax:
+            self.fail("ctime differs after %s" % desc, lines)
+        for c in classes:
+            entry = self.ctime_diffs.setdefault(c, [0, "step %d: %s" % (self.step, desc)])
+            entry[0] += 1
+
+    def ctime_op_class(self, a, h, probes, before):
+        """A short class of the action for --relax ctime's summary: the operation, what
+        distinguishes the cases the ctime rules treat differently, and its result."""
+        op, q = a["op"], []
+        rb = before["r"][0] if probes else None   # the first probe: the target, source or descriptor
+        if op in ("truncate", "chmod", "chown") and before["r"][1] is not None:
+            rb = before["r"][1]                   # these follow a final symlink
+        if op == "open":
+            q += [n for f, n in OPEN_FLAG_NAMES[:3] if a["flags"] & f]
+            q.append("existing" if rb is not None else "new")
+        elif op in ("truncate", "ftruncate"):
+            q.append("same size" if rb is not None and not stat.S_ISDIR(rb.st_mode) and rb.st_size == a["size"] else "new size")
+        elif op in ("chmod", "fchmod"):
+            q.append("same mode" if rb is not None and stat.S_IMODE(rb.st_mode) == a["mode"] else "new mode")
+        elif op == "chown":
+            q.append("same owner" if rb is not None and a["uid"] in (-1, rb.st_uid) and a["gid"] in (-1, rb.st_gid) else "new owner")
+        elif op in ("utime", "futimens"):
+            q.append("now" if a.get("times") is None else "explicit times")
+        elif op in ("xattr", "fxattr"):
+            q.append(a["sub"])
+            if a.get("flags"):
+                q.append({os.XATTR_CREATE: "XATTR_CREATE", os.XATTR_REPLACE: "XATTR_REPLACE"}[a["flags"]])
+        elif op == "rename":
+            q.append(RENAME_FLAG_NAMES[a["flags"]])
+            q.append(TYPE_NAMES.get(stat.S_IFMT(rb.st_mode), "other") if rb is not None else "missing source")
+            q.append("over an existing name" if before["r"][1] is not None else "to a new name")
+        elif op in ("unlink", "rmdir"):
+            q.append("one of %d links" % rb.st_nlink if rb is not None and rb.st_nlink > 1 and op == "unlink" else "")
+        elif op == "link":
+            q.append("follow" if a["follow"] else "nofollow")
+        result = self.first_call[1] if self.first_call else None
+        q.append("-> " + ("ok" if result is None or result.ok else result.value))
+        return " ".join([op] + [x for x in q if x])
+
     # ---- the actions -------------------------------------------------------------------
 
     def run(self, a):
@@ -503,7 +738,10 @@ class Executor:
             if h is None:
                 return False
         self.executed.append(a)
+        probes, before = self.ctime_before(a, h)
+        self.first_call = None
         getattr(self, "do_" + op)(a, h)
+        self.ctime_after(a, h, probes, before)
         return True
 
     def do_open(self, a, _):
@@ -1125,6 +1363,7 @@ class Run:
         self.mount.mount()
         self.ex = Executor(self.mount, self.ref, reference_supports_xattrs(self.ref), set(self.args.relax),
                            self.args.history, self.args.verbose, self.args.max_fds)
+        self.ex.compare_ctime = reference_has_fine_ctime(self.ref)
 
     def cleanup(self, keep=False):
         # A signal arriving now is delivered once the cleanup is done.
@@ -1153,6 +1392,24 @@ class Run:
         if not problems and not keep:
             shutil.rmtree(self.base, ignore_errors=True)
         return problems
+
+
+def reference_has_fine_ctime(ref):
+    """Whether a ctime change right after a stat is always visible on the reference: with
+    multigrain timestamps (ext4 and xfs since Linux 6.13) it is; with coarse ones a change
+    within the same jiffy is not, and the ctime comparison would be flaky."""
+    probe = os.path.join(os.path.dirname(ref), "ctime-probe")   # beside the tree, on its filesystem
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_WRONLY, 0o644))
+        for _ in range(20):
+            before = os.lstat(probe).st_ctime_ns
+            os.chmod(probe, 0o644)
+            if os.lstat(probe).st_ctime_ns == before:
+                print("note: the reference's ctime is coarse-grained (no multigrain timestamps): ctime not compared")
+                return False
+        return True
+    finally:
+        os.unlink(probe)
 
 
 def reference_supports_xattrs(ref):
@@ -1294,9 +1551,10 @@ def main():
     ap.add_argument("--minimize", metavar="REGEX", nargs="?", const=".",
                     help="on failure, shrink the failing action list to a minimal one whose failure matches REGEX "
                          "(default: any failure) and print it")
-    ap.add_argument("--relax", action="append", default=[], choices=["mtime"],
-                    help="triage only, never in CI: stop comparing mtimes, to look for further differences "
-                         "while a known mtime bug is unfixed")
+    ap.add_argument("--relax", action="append", default=[], choices=["mtime", "ctime"],
+                    help="triage only, never in CI: mtime: stop comparing mtimes, to look for further differences "
+                         "while a known mtime bug is unfixed; ctime: a ctime difference does not stop the run, "
+                         "all of them are listed by class at the end (the run still fails)")
     ap.add_argument("--keep", action="store_true", help="keep the temp directory (the mount is removed anyway)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every operation")
     args = ap.parse_args()
@@ -1434,6 +1692,15 @@ def main():
                 print("minimal replay fails: %s" % str(e).splitlines()[0])
             finally:
                 r2.cleanup()
+    if run.ex is not None and run.ex.ctime_diffs:
+        # --relax ctime: every class of ctime difference, with its first occurrence.
+        print("\nctime differences (--relax ctime), by class: count, operation, object, which side changed, first occurrence:")
+        for (opc, obj, how), (n, first) in sorted(run.ex.ctime_diffs.items()):
+            print("  %4d  %s | %s | %s | %s" % (n, opc, obj, how, first))
+        if rc == 0:
+            print("FAIL (seed %d): %d ctime differences in %d classes; replay: %s"
+                  % (args.seed, sum(n for n, _ in run.ex.ctime_diffs.values()), len(run.ex.ctime_diffs), replay))
+            rc = 1
     if rc == 0:
         if counts:
             print("op mix: " + ", ".join("%s %d" % kv for kv in sorted(counts.items())))

@@ -225,7 +225,8 @@ INTENDED = {
         "nothing to copy (FUSE's kernel side answers it with its own limit, 2**63-1, without "
         "asking the daemon). Anything else (EIO, ENOSPC, a "
         "crash, memory or time in proportion to the size) is a failure. Resync: the mount's "
-        "file is truncated back to the reference's size, its offset set to the reference's.",
+        "file is truncated back to the reference's size, its offset set to the reference's; a "
+        "punch or zero range the mount did is done on the reference's bytes too.",
     "xattr-space":
         "ext4 without the ea_inode feature keeps all xattrs of an inode in the inode and one "
         "4 KiB block (probed at start): a value over ~4 KiB, or several that together fill "
@@ -1086,10 +1087,29 @@ class Hostile:
                             lambda s: fallocate(h.fds[s.key], mode, off, length),
                             explain=explain, sig=self.sig, skip_ref=skip_ref)
         if orf is not None and om != orf:
+            if om.ok and mode & ~FALLOC_FL_KEEP_SIZE in (FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE):
+                self.mirror_zeroing(h, off, length)
             self.resync_fd(h)
         if orf is not None:
             self.note_size_accepts(end, om, orf)
         self.post_fd(h)
+
+    def mirror_zeroing(self, h, off, length):
+        """A punch or zero range the mount accepted past the reference's maximum (rule
+        "max-file-size") zeroed the mount's bytes from `off`: zero the same bytes of the
+        reference's file (those it has), so both hold the same content again."""
+        size = os.fstat(h.fds["r"]).st_size
+        if off >= size:
+            return
+        cut = min(length, size - off)
+        rfd = h.fds["r"]
+        def punch():
+            fd = os.open("/proc/self/fd/%d" % rfd, os.O_WRONLY)
+            try:
+                fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, cut)
+            finally:
+                os.close(fd)
+        self.setup_call("fallocate(<reference %s reopened>, PUNCH_HOLE|KEEP_SIZE, %s, %s)" % (h.name, num(off), num(cut)), punch)
 
     def exceeds_free_space(self, length):
         """Whether `length` bytes are more than the mount's filesystem has free beyond

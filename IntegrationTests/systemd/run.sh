@@ -19,7 +19,7 @@ T0=$EPOCHREALTIME
 LOG=$SD_TMP/step.log
 TUSER=${SD_TEST_USER:-ubqtest}
 H=$SD_TMP/home                       # the test user's home, kept across "logins"
-M=$H/Cloud/default                   # where ubiquity@default mounts
+M=$H/Cloud                           # where ubiquity@default mounts (and `ubiquity mount` without a path)
 U=ubiquity@default.service
 
 summary() {
@@ -258,7 +258,7 @@ s_typo() {
 s_live_mount() {
 	# Someone's live mount where ubiquity@manual would mount (here a transient unit, so
 	# that teardown covers it): the unit must not detach it, the daemon must refuse.
-	local P=$H/Cloud/manual
+	local P=$H/Cloud-manual
 	sd_run systemd-run --user --unit=manual-mount -p Type=notify \
 		"$H/.local/bin/ubiquity" mount "$P" --container other --foreground || return 1
 	expect "the manual mount live" mounted "$P" || return 1

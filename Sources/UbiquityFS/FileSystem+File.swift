@@ -276,7 +276,7 @@ extension FileSystem {
                     if open.isTinyPix { stored = try TinyPixView.stored(from: list, chunks: chunks, path: path) }
                     if let t = open.pendingMTime {
                         inode.mtime = t
-                        inode.ctime = t
+                        inode.ctime = max(inode.ctime, t) // a chmod after the write keeps its later ctime
                         open.pendingMTime = nil
                         try m.store.update(inode)
                     }

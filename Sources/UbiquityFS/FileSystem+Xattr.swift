@@ -69,10 +69,10 @@ extension FileSystem {
             guard name.hasPrefix("user."), name.count > 5 else { throw .notSupported }
             guard NameCodec.byteCount(name) <= 255 else { throw .range }
             guard value.count <= 65536 else { throw Errno(E2BIG) }
+            let exists = try storeCall { () throws(StoreError) in try m.store.xattr(ino, name) != nil }
+            if flags & 1 != 0 && exists { throw .exists }  // XATTR_CREATE
+            if flags & 2 != 0 && !exists { throw .noData } // XATTR_REPLACE
             try storeCall { () throws(StoreError) in
-                let exists = try m.store.xattr(ino, name) != nil
-                if flags & 1 != 0 && exists { throw .io(errno: EEXIST, "setxattr") }
-                if flags & 2 != 0 && !exists { throw .io(errno: ENODATA, "setxattr") }
                 try m.store.setXattr(ino, name, value)
                 try m.touchCtime(ino)
             }
@@ -85,10 +85,13 @@ extension FileSystem {
             if VirtualViews.isVirtual(ino) { throw .readOnly }
             if name.hasPrefix(Self.statusPrefix) { throw .notPermitted }
             guard name.hasPrefix("user.") else { throw .noData }
-            try storeCall { () throws(StoreError) in
-                guard try m.store.removeXattr(ino, name) else { throw .io(errno: ENODATA, "removexattr") }
+            // ENODATA is an answer, not a fault: thrown outside storeCall, which logs faults.
+            let removed = try storeCall { () throws(StoreError) -> Bool in
+                guard try m.store.removeXattr(ino, name) else { return false }
                 try m.touchCtime(ino)
+                return true
             }
+            if !removed { throw .noData }
         }
     }
 }

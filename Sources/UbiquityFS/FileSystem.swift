@@ -204,7 +204,9 @@ extension FileSystem.Meta {
     func attributes(_ inode: Inode, primaryName: String?) -> Attributes {
         if let open = openFiles[inode.id] {
             var a = Attributes(inode, size: open.content.size, allocated: open.content.allocatedBytes)
-            if let t = open.pendingMTime { a.mtime = t; a.ctime = t }
+            // A write since the last save stamps mtime and ctime; a later change of status
+            // (chmod, xattr, link) keeps its own, later ctime.
+            if let t = open.pendingMTime { a.mtime = t; a.ctime = max(inode.ctime, t) }
             return a
         }
         if inode.kind == .file, let name = primaryName, TinyPixView.applies(to: name) {

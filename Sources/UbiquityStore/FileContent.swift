@@ -450,9 +450,17 @@ public final class FileContent: @unchecked Sendable {
                 pos = end
                 continue
             }
-            // Data stops where a punched range begins (or, inside one, where the write over it ends).
-            let dataEnd = punched != nil ? staged!.upperBound : (s.zeroed.nextStart(atOrAfter: pos) ?? s.size)
-            let want = Int(min(Int64(chunker.maxSize), s.size - pos, dataEnd - pos))
+            // A chunk holds data only: it ends where the data does (a hole nobody wrote, a
+            // punched range), so zeros after a write stay a hole and cost nothing (a cut
+            // that ran on into them stored a 256 KiB chunk for a 4 KiB write: t-limits).
+            let limit = min(s.size, pos + Int64(chunker.maxSize))
+            var dataEnd = pos
+            while dataEnd < limit {
+                let run = Self.run(s, at: dataEnd)
+                guard run.data else { break }
+                dataEnd = run.end
+            }
+            let want = Int(min(limit, dataEnd) - pos)
             if pos < windowStart || pos + Int64(want) > windowStart + Int64(window.count) {
                 // Read ahead in 1 MiB blocks so a long rewrite is read once, not per chunk.
                 window = try readMerged(&s, offset: pos, count: max(want, 1 << 20))

@@ -335,7 +335,7 @@ public enum ISODate {
         let m = min(max(millis, range.lowerBound), range.upperBound)
         let (secs, ms) = floorDivide(m, 1000)
         let (days, daySecs) = floorDivide(secs, 86_400)
-        let (y, mo, d) = civil(fromDays: days)
+        let (y, mo, d) = CivilDate.civil(fromDays: days)
         func pad(_ v: Int64, _ width: Int) -> String {
             let s = String(v)
             return String(repeating: "0", count: max(0, width - s.count)) + s
@@ -386,7 +386,7 @@ public enum ISODate {
             return nil
         }
         guard i == b.count else { return nil }
-        let secs = days(fromCivil: y, mo, d) * 86_400 + h * 3600 + mi * 60 + s - offset
+        let secs = CivilDate.days(fromCivil: y, mo, d) * 86_400 + h * 3600 + mi * 60 + s - offset
         let millis = secs * 1000 + ms
         return range.contains(millis) ? millis : nil
     }
@@ -404,25 +404,4 @@ public enum ISODate {
         }
     }
 
-    // Howard Hinnant's days-from-civil algorithms (proleptic Gregorian calendar).
-    private static func days(fromCivil y0: Int64, _ m: Int64, _ d: Int64) -> Int64 {
-        let y = m <= 2 ? y0 - 1 : y0
-        let era = (y >= 0 ? y : y - 399) / 400
-        let yoe = y - era * 400
-        let doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1
-        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
-        return era * 146_097 + doe - 719_468
-    }
-
-    private static func civil(fromDays z0: Int64) -> (Int64, Int64, Int64) {
-        let z = z0 + 719_468
-        let era = (z >= 0 ? z : z - 146_096) / 146_097
-        let doe = z - era * 146_097
-        let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
-        let mp = (5 * doy + 2) / 153
-        let d = doy - (153 * mp + 2) / 5 + 1
-        let m = mp < 10 ? mp + 3 : mp - 9
-        return (yoe + era * 400 + (m <= 2 ? 1 : 0), m, d)
-    }
 }

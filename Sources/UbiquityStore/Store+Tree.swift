@@ -281,6 +281,7 @@ extension Store {
         try noteVacated(b)
         let refA = EntryRef(parent: parentA, name: nameA), refB = EntryRef(parent: parentB, name: nameB)
         let delta = (nodeB.inode.kind == .directory ? 1 : 0) - (nodeA.inode.kind == .directory ? 1 : 0)
+        let now = clock()
         try treeTransaction { () throws(StoreError) in
             try db.query("UPDATE entries SET inode = ? WHERE parent = ? AND name = ?",
                          [.int(Int64(bitPattern: b)), .int(Int64(bitPattern: parentA)), .text(nameA)])
@@ -288,8 +289,9 @@ extension Store {
                          [.int(Int64(bitPattern: a)), .int(Int64(bitPattern: parentB)), .text(nameB)])
             try touchDirectory(parentA, subdirectories: delta)
             try touchDirectory(parentB, subdirectories: -delta)
-            try modify(a) { if $0.link == refA { $0.link = refB } }
-            try modify(b) { if $0.link == refB { $0.link = refA } }
+            // Both swapped nodes changed status, as a renamed one does (ext4 stamps both).
+            try modify(a) { $0.inode.ctime = now; if $0.link == refA { $0.link = refB } }
+            try modify(b) { $0.inode.ctime = now; if $0.link == refB { $0.link = refA } }
         }
         try markSubtreeChanged(a)
         try markSubtreeChanged(b)

@@ -1,4 +1,4 @@
-import CSystem
+import CUbiquity
 import Glibc
 
 // File and directory helpers with the EINTR and short-read/short-write loops every caller
@@ -68,26 +68,40 @@ public func readFile(_ path: String, limit: Int) throws(SystemError) -> [UInt8]?
 
 /// Temp name in the same directory, write, fsync, rename: a reader sees the whole file or
 /// none. `tempPrefix` names the temp file so readers and cleanups can recognise it.
-public func writeFileAtomically(_ path: String, _ bytes: [UInt8], tempPrefix: String, mode: mode_t = 0o644) throws(SystemError) {
+/// `noReplace`: publish with link(2) instead of rename, so an existing file stays and the
+/// call fails with EEXIST (an atomic create-if-absent). `durable`: fsync the directory
+/// too, so the name survives a power loss when this returns (restic's save does the same).
+public func writeFileAtomically(_ path: String, _ bytes: [UInt8], tempPrefix: String, mode: mode_t = 0o644,
+                                noReplace: Bool = false, durable: Bool = false) throws(SystemError) {
     let slash = path.lastIndex(of: "/")!
+    let directory = slash == path.startIndex ? "/" : String(path[..<slash])
     let tempPath = "\(path[..<slash])/\(tempPrefix)\(randomHex(bytes: 6))"
     let fd = open(tempPath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode)
     if fd < 0 { throw .last("create \(tempPath)") }
+    var isOpen = true
     do throws(SystemError) {
         try writeAll(fd, bytes, path: tempPath)
         guard fsync(fd) == 0 else { throw .last("fsync \(tempPath)") }
-        // close can report a late write error (NFS, quota): never publish such a file.
+        // close can report a late write error (NFS, quota): never publish such a file. The
+        // descriptor is gone whatever close returns, so it is never closed twice.
+        isOpen = false
         guard close(fd) == 0 else { throw .last("close \(tempPath)") }
     } catch {
-        close(fd)
+        if isOpen { close(fd) }
         unlink(tempPath)
         throw error
     }
-    guard rename(tempPath, path) == 0 else {
+    if noReplace {
+        let linked = link(tempPath, path) == 0
+        let error = SystemError.last("link \(tempPath) to \(path)")
+        unlink(tempPath)
+        guard linked else { throw error }
+    } else if rename(tempPath, path) != 0 {
         let error = SystemError.last("rename \(tempPath)")
         unlink(tempPath)
         throw error
     }
+    if durable { try fsyncPath(directory, directory: true) }
 }
 
 /// fsync of a file or directory by path.

@@ -1,4 +1,4 @@
-import CSystem
+import CUbiquity
 import Glibc
 
 /// A pthread running `body` once; `join()` waits for it. (Foundation's Thread is not

@@ -1,7 +1,7 @@
-import CSystem
+import CUbiquity
 
 /// Linux constants that Swift's Glibc module does not export (they need _GNU_SOURCE),
-/// with their values from the C headers (CSystem).
+/// with their values from the C headers (CUbiquity).
 public enum Linux {
     /// lseek(2) whence: the next data, the next hole.
     public static let seekData = ubq_seek_data

@@ -1,4 +1,4 @@
-import CSystem
+import CUbiquity
 import Glibc
 
 // Extended attributes by path (<sys/xattr.h> is not in Swift's Glibc module). The CLI

@@ -19,8 +19,9 @@ struct MountCommand: ParsableCommand {
         Under systemd (Type=notify) it reports READY=1 once the mount is live.
         """)
 
-    @Argument(help: "An empty directory to mount on (created if missing).")
-    var mountpoint: String
+    @Argument(help: ArgumentHelp("An empty directory to mount on (created, with its parents, if missing).",
+                                 discussion: "Default: $UBIQUITY_MOUNTPOINT if set, else ~/Cloud for container 'default' and ~/Cloud-NAME for container NAME (the same place the systemd unit ubiquity@NAME uses)."))
+    var mountpoint: String?
 
     @Option(help: "Container name: selects the default store and backing directories.")
     var container = "default"
@@ -61,17 +62,21 @@ struct MountCommand: ParsableCommand {
     func validate() throws {
         if let device, device.isEmpty || device.contains("/") { throw ValidationError("--device must be a non-empty name without '/'") }
         if !(poll >= 0.05 && poll <= 3600) { throw ValidationError("--poll must be between 0.05 and 3600 seconds") }
+        if let backing, backing.contains("://") {
+            // Not a directory path (it would make a directory named "s3:"): say what works.
+            throw ValidationError("--backing \(backing): only a directory works as a backing store in this version; syncing through S3 is being built (README, \"Backing stores\")")
+        }
     }
 
     func run() throws {
-        let mp = Paths.absolute(mountpoint)
+        let mp = Paths.absolute(mountpoint ?? Paths.defaultMountpoint(container: container))
         let data = Paths.dataDirectory(container: container)
         let storeDir = store.map(Paths.absolute) ?? data + "/store"
         let backingDir = backing.map(Paths.absolute) ?? data + "/backing"
         var st = stat()
         clearDeadMount(mp)
         if stat(mp, &st) != 0 {
-            if mkdir(mp, 0o755) != 0 { throw CLIError("cannot create mount point \(mp): \(errnoText(errno))") }
+            try makeDirectoriesForCLI(mp)
         } else if st.st_mode & S_IFMT != S_IFDIR {
             throw CLIError("mount point \(mp) is not a directory")
         }
@@ -160,10 +165,14 @@ func makeDirectoriesForCLI(_ path: String) throws {
 /// ENOTCONN; fusermount3's auto_unmount does not clean it for non-root users on libfuse
 /// < 3.15 (libfuse issue #586). Such a mount is dead for sure, so clear it; live mounts and
 /// other filesystems are never touched.
+///
+/// Dead is asked with statfs, which always reaches the daemon: stat of the root may be
+/// answered from the kernel's attribute cache (5 minutes) long after the daemon died
+/// (found by the systemd test once the unit stopped clearing dead mounts itself).
 func clearDeadMount(_ mp: String) {
     guard mountEntries().last(where: { $0.mountpoint == mp })?.fstype == "fuse.ubiquity" else { return }
-    var st = stat()
-    guard stat(mp, &st) != 0 && errno == ENOTCONN else { return }
+    var fs = statvfs()
+    guard statvfs(mp, &fs) != 0 && errno == ENOTCONN else { return }
     if runProcess(["fusermount3", "-u", "-z", mp]) == 0 {
         log("ubiquity: cleared the dead mount a crashed daemon left at \(mp)")
     }

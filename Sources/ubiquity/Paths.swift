@@ -6,6 +6,15 @@ import UbiquitySystem
 enum Paths {
     static var home: String { env("HOME") ?? "/" }
 
+    /// One default place per container, for `ubiquity mount` without a mount point and
+    /// for the systemd unit alike: $UBIQUITY_MOUNTPOINT (the unit's per-container setting),
+    /// else ~/Cloud for `default` and ~/Cloud-NAME for any other (never inside ~/Cloud, which
+    /// would put one container's mount inside another's).
+    static func defaultMountpoint(container: String) -> String {
+        if let set = env("UBIQUITY_MOUNTPOINT"), !set.isEmpty { return set }
+        return container == "default" ? home + "/Cloud" : home + "/Cloud-" + container
+    }
+
     static func dataDirectory(container: String) -> String {
         let base = env("XDG_DATA_HOME").flatMap { $0.hasPrefix("/") ? $0 : nil } ?? home + "/.local/share"
         return base + "/ubiquity/" + container

@@ -3,7 +3,7 @@
 #include <linux/falloc.h>
 #include <stdio.h>
 #include <unistd.h>
-#include "CSystem.h"
+#include "CUbiquity.h"
 
 int ubq_syncfs(int fd) { return syncfs(fd); }
 

@@ -1,0 +1,163 @@
+import Glibc
+import UbiquitySystem
+
+/// A backing store in a directory every device can open: a local folder, NFS/SMB, sshfs,
+/// a USB disk. Key `a/b/c` is the file `<root>/a/b/c`. Objects are written to a temp name
+/// (`.tmp-…`, never listed) and fsynced, then renamed into place (`link` when the key must
+/// be absent) and the directory fsynced: atomic and durable, as the protocol asks.
+public struct DirectoryStore: BackingStore {
+    public let root: String
+    /// The largest object `get` reads whole (a range may be read from any object): a
+    /// larger file in a shared directory is damage, not something to load.
+    public let maxObjectSize: Int64
+    static let tempPrefix = ".tmp-"
+
+    public init(root: String, maxObjectSize: Int64 = 1 << 30) {
+        self.root = root.count > 1 && root.hasSuffix("/") ? String(root.dropLast()) : root
+        self.maxObjectSize = maxObjectSize
+    }
+
+    public var location: String { root }
+
+    func path(_ key: BackingKey) -> String { root + "/" + key.path }
+
+    public func put(_ key: BackingKey, _ bytes: [UInt8], ifAbsent: Bool) throws(BackingError) {
+        let path = path(key)
+        let name = key.path.split(separator: "/").last!
+        guard !name.hasPrefix(Self.tempPrefix) else { throw .permanent("\(path): keys may not start with \(Self.tempPrefix)") }
+        try checkRoot()
+        let directory = String(path[..<path.lastIndex(of: "/")!])
+        do {
+            try makeDirectories(directory)
+            try writeFileAtomically(path, bytes, tempPrefix: Self.tempPrefix, noReplace: ifAbsent, durable: true)
+        } catch {
+            throw error.code == EEXIST && ifAbsent ? .exists(key.path) : Self.classify(error)
+        }
+    }
+
+    public func get(_ key: BackingKey, range: Range<Int64>?) throws(BackingError) -> [UInt8] {
+        let path = path(key)
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        if fd < 0 { throw try missing(key, errno: errno, "open \(path)") }
+        defer { close(fd) }
+        var st = Glibc.stat()
+        guard fstat(fd, &st) == 0 else { throw Self.classify(.last("stat \(path)")) }
+        guard st.st_mode & S_IFMT == S_IFREG else { throw .notFound(key.path) }
+        let size = Int64(st.st_size)
+        let want = range.map { max(0, min($0.lowerBound, size))..<max(0, min($0.upperBound, size)) } ?? 0..<size
+        guard want.upperBound - want.lowerBound <= maxObjectSize else {
+            throw .garbage("\(path) is \(size) bytes, more than the \(maxObjectSize) an object may have")
+        }
+        do {
+            return try readBytes(fd, count: Int(want.upperBound - want.lowerBound), at: want.lowerBound, path: path)
+        } catch {
+            throw Self.classify(error)
+        }
+    }
+
+    public func stat(_ key: BackingKey) throws(BackingError) -> ObjectInfo? {
+        var st = Glibc.stat()
+        let path = path(key)
+        guard statPath(path, &st) == 0 else {
+            let code = errno
+            if code == ENOENT || code == ENOTDIR {
+                try checkRoot()
+                return nil
+            }
+            throw Self.classify(SystemError(code, "stat \(path)"))
+        }
+        guard st.st_mode & S_IFMT == S_IFREG else { return nil }
+        return ObjectInfo(key: key, size: Int64(st.st_size))
+    }
+
+    public func delete(_ key: BackingKey) throws(BackingError) {
+        let path = path(key)
+        if unlink(path) != 0 {
+            let code = errno
+            if code == ENOENT || code == ENOTDIR { return try checkRoot() }
+            throw Self.classify(SystemError(code, "delete \(path)"))
+        }
+    }
+
+    /// A depth-first walk in key order: siblings sort by name, a directory's name counting
+    /// as `name/` (so `a-b` comes before `a/x`, as bytes compare), and subtrees entirely
+    /// before `after` or outside `prefix` are not entered. A page costs the directories on
+    /// its way, not the whole tree.
+    public func list(prefix: String, after: BackingKey?, limit: Int) throws(BackingError) -> ObjectListing {
+        try checkRoot()
+        var found: [ObjectInfo] = []
+        let want = max(1, limit)
+        try walk(directory: "", prefix: prefix, after: after?.path, into: &found, want: want + 1)
+        let more = found.count > want
+        return ObjectListing(objects: Array(found.prefix(want)), more: more)
+    }
+
+    private func walk(directory: String, prefix: String, after: String?, into found: inout [ObjectInfo], want: Int) throws(BackingError) {
+        let full = directory.isEmpty ? root : root + "/" + directory.dropLast()
+        let names: [String]
+        do { names = try directoryEntries(full) } catch {
+            if error.code == ENOENT || error.code == ENOTDIR { return }
+            throw Self.classify(error)
+        }
+        var entries: [(sortKey: String, name: String, isDirectory: Bool)] = []
+        for name in names where !name.hasPrefix(Self.tempPrefix) {
+            var st = Glibc.stat()
+            guard lstat(full + "/" + name, &st) == 0 else { continue } // gone meanwhile
+            let kind = st.st_mode & S_IFMT
+            if kind == S_IFDIR { entries.append((name + "/", name, true)) } else if kind == S_IFREG { entries.append((name, name, false)) }
+        }
+        entries.sort { $0.sortKey.utf8.lexicographicallyPrecedes($1.sortKey.utf8) }
+        for entry in entries {
+            if found.count >= want { return }
+            let key = directory + entry.sortKey
+            if entry.isDirectory {
+                // Enter only where keys can match the prefix and some may come after `after`.
+                guard key.hasPrefix(prefix) || prefix.hasPrefix(key) else { continue }
+                // Every key below starts with `key`: all of them sort before `after` when `key`
+                // does and `after` is not below it.
+                if let after, !after.hasPrefix(key), key.utf8.lexicographicallyPrecedes(after.utf8) { continue }
+                try walk(directory: key, prefix: prefix, after: after, into: &found, want: want)
+            } else {
+                guard key.hasPrefix(prefix) else { continue }
+                if let after, !after.utf8.lexicographicallyPrecedes(key.utf8) { continue }
+                guard let bk = BackingKey(key) else { continue }
+                var st = Glibc.stat()
+                guard statPath(root + "/" + key, &st) == 0 else { continue }
+                found.append(ObjectInfo(key: bk, size: Int64(st.st_size)))
+            }
+        }
+    }
+
+    /// The root itself missing is the store being offline (an unmounted disk or share),
+    /// not an object missing.
+    private func checkRoot() throws(BackingError) {
+        var st = Glibc.stat()
+        guard statPath(root, &st) == 0, st.st_mode & S_IFMT == S_IFDIR else {
+            throw .transient("the backing directory \(root) is not there (an unmounted disk or network share?)")
+        }
+    }
+
+    private func missing(_ key: BackingKey, errno code: Int32, _ context: String) throws(BackingError) -> BackingError {
+        if code == ENOENT || code == ENOTDIR {
+            try checkRoot()
+            return .notFound(key.path)
+        }
+        return Self.classify(SystemError(code, context))
+    }
+
+    /// errno to the protocol's kinds: what a person must fix is permanent; what may pass
+    /// (a network filesystem's hiccup, a full disk someone cleans) is transient.
+    static func classify(_ error: SystemError) -> BackingError {
+        switch error.code {
+        case EACCES, EPERM, EROFS, ENOTDIR, EISDIR, ENAMETOOLONG, EINVAL, ELOOP:
+            return .permanent("\(error)")
+        case ENOENT:
+            return .notFound("\(error)")
+        default: // EIO, ESTALE, ENOTCONN, ETIMEDOUT, ENOSPC, EDQUOT, EAGAIN, ...
+            return .transient("\(error)")
+        }
+    }
+}
+
+/// stat(2) by path (inside `DirectoryStore`, `stat` names the protocol's method).
+private func statPath(_ path: String, _ st: inout stat) -> Int32 { stat(path, &st) }
