@@ -255,9 +255,12 @@ require_fuse() {
 is_mounted() { findmnt -rn -M "$1" >/dev/null 2>&1; }
 
 # is_dead_mount PATH: PATH is a mount whose daemon is gone (the kernel answers ENOTCONN).
-# `ubiquity mount` clears such a mount itself, so remounting over it is allowed.
+# `ubiquity mount` clears such a mount itself, so remounting over it is allowed. Asked with
+# statfs (`stat -f`), which always reaches the daemon: a plain stat of the root may be
+# answered from the kernel's attribute cache (5 minutes) after the daemon died, which made
+# crash_daemon call a dead mount live when auto_unmount was slow (t-backing-gc, under load).
 is_dead_mount() {
-  is_mounted "$1" && [[ $(timeout 5 stat -c %i "$1" 2>&1) == *"not connected"* ]]
+  is_mounted "$1" && [[ $(timeout 5 stat -f -c %i "$1" 2>&1) == *"not connected"* ]]
 }
 
 # _process_alive PID: running, not a zombie (a dead process waits for its reaper, which in

@@ -7,6 +7,10 @@
 
 int ubq_syncfs(int fd) { return syncfs(fd); }
 
+int ubq_rename_noreplace(const char *from, const char *to) {
+    return renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE);
+}
+
 int ubq_open_tmpfile(const char *dir, int flags, mode_t mode) {
     return open(dir, flags | O_TMPFILE, mode);
 }

@@ -77,8 +77,14 @@ public struct BackingKey: Hashable, Comparable, Sendable, CustomStringConvertibl
         self = key
     }
 
-    /// Byte order, as S3 lists keys.
+    /// Byte order, as S3 lists keys; equality and hashing by bytes too (Swift's `==` on
+    /// strings is canonical equivalence: NFC and NFD `é` would be one key, on S3 two).
     public static func < (a: BackingKey, b: BackingKey) -> Bool { a.path.utf8.lexicographicallyPrecedes(b.path.utf8) }
+    public static func == (a: BackingKey, b: BackingKey) -> Bool { a.path.utf8.elementsEqual(b.path.utf8) }
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(path.utf8.count)
+        for byte in path.utf8 { hasher.combine(byte) }
+    }
     public var description: String { path }
 }
 

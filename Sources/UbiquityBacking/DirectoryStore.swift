@@ -12,8 +12,17 @@ public struct DirectoryStore: BackingStore {
     public let maxObjectSize: Int64
     static let tempPrefix = ".tmp-"
 
+    /// `root` relative to the working directory is made absolute here (the helpers below
+    /// build absolute paths).
     public init(root: String, maxObjectSize: Int64 = 1 << 30) {
-        self.root = root.count > 1 && root.hasSuffix("/") ? String(root.dropLast()) : root
+        var absolute = root
+        if !root.hasPrefix("/") {
+            var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+            if getcwd(&buffer, buffer.count) != nil {
+                absolute = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) + "/" + root
+            }
+        }
+        self.root = absolute.count > 1 && absolute.hasSuffix("/") ? String(absolute.dropLast()) : absolute
         self.maxObjectSize = maxObjectSize
     }
 
@@ -86,7 +95,7 @@ public struct DirectoryStore: BackingStore {
     public func list(prefix: String, after: BackingKey?, limit: Int) throws(BackingError) -> ObjectListing {
         try checkRoot()
         var found: [ObjectInfo] = []
-        let want = max(1, limit)
+        let want = max(1, min(limit, 1 << 20))
         try walk(directory: "", prefix: prefix, after: after?.path, into: &found, want: want + 1)
         let more = found.count > want
         return ObjectListing(objects: Array(found.prefix(want)), more: more)

@@ -32,6 +32,9 @@ public enum Pack {
 
     public static func newName() -> String { randomHex(bytes: 16) }
 
+    /// A pack name as the layout makes them: 32 lowercase hex digits.
+    public static func isName(_ name: String) -> Bool { Hex.isLowercase(name, count: 32) }
+
     /// Where a chunk is: a byte range of a pack.
     public struct ChunkLocation: Equatable, Sendable {
         public let id: ChunkID
@@ -81,7 +84,13 @@ public enum Pack {
         public func upload(to store: any BackingStore) throws(BackingError) -> [ChunkLocation] {
             let name = Pack.newName()
             let (bytes, locations) = sealed(name: name)
-            try store.put(Pack.key(name), bytes, ifAbsent: true)
+            do {
+                try store.put(Pack.key(name), bytes, ifAbsent: true)
+            } catch .exists(_) {
+                // A retried put whose first attempt landed (a reply lost to a timeout): the
+                // name is 128 random bits, so an object of this size there is ours.
+                guard try store.stat(Pack.key(name))?.size == Int64(bytes.count) else { throw .exists(Pack.key(name).path) }
+            }
             return locations
         }
     }
@@ -89,8 +98,10 @@ public enum Pack {
     /// One chunk, by a ranged GET, verified: bytes that do not hash to the id (a damaged
     /// or hostile pack) are `.garbage`, never returned.
     public static func fetch(_ location: ChunkLocation, from store: any BackingStore) throws(BackingError) -> [UInt8] {
-        guard location.offset >= Int64(headerSize), location.length >= 0, location.length <= 4 << 20 else {
-            throw .garbage("a chunk location out of bounds: \(location.pack) at \(location.offset)+\(location.length)")
+        // Locations come from other devices' records: checked before any arithmetic or key.
+        guard isName(location.pack), location.offset >= Int64(headerSize), location.offset <= 5 << 40,
+              location.length >= 0, location.length <= 4 << 20 else {
+            throw .garbage("a chunk location out of bounds: \(location.pack.prefix(40)) at \(location.offset)+\(location.length)")
         }
         let bytes = try store.get(key(location.pack), range: location.offset..<location.offset + Int64(location.length))
         guard bytes.count == location.length, ChunkID(hashing: bytes) == location.id else {
@@ -102,6 +113,7 @@ public enum Pack {
     /// A pack's index, from its size and one ranged GET of its tail; every number checked
     /// against the size before use.
     public static func index(_ name: String, in store: any BackingStore) throws(BackingError) -> [ChunkLocation] {
+        guard isName(name) else { throw .garbage("not a pack name: \(name.prefix(40))") }
         guard let info = try store.stat(key(name)) else { throw .notFound(key(name).path) }
         let size = info.size
         guard size >= Int64(headerSize + trailerSize) else { throw .garbage("pack \(name): \(size) bytes is too short") }

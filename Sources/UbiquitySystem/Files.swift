@@ -68,9 +68,13 @@ public func readFile(_ path: String, limit: Int) throws(SystemError) -> [UInt8]?
 
 /// Temp name in the same directory, write, fsync, rename: a reader sees the whole file or
 /// none. `tempPrefix` names the temp file so readers and cleanups can recognise it.
-/// `noReplace`: publish with link(2) instead of rename, so an existing file stays and the
-/// call fails with EEXIST (an atomic create-if-absent). `durable`: fsync the directory
-/// too, so the name survives a power loss when this returns (restic's save does the same).
+/// `noReplace`: an existing file stays and the call fails with EEXIST (an atomic
+/// create-if-absent): renameat2(RENAME_NOREPLACE) where the filesystem has it (vfat and
+/// exfat USB disks have no link), else link(2) (NFS); an EEXIST from link whose temp file
+/// gained the link anyway is a retransmitted request that had succeeded (the NFS idiom).
+/// `durable`: fsync the directory too, so the name survives a power loss when this
+/// returns (restic's save does the same, and as restic ignores the filesystems that
+/// refuse a directory fsync: EINVAL, ENOTSUP, ENOSYS; the file itself was fsynced).
 public func writeFileAtomically(_ path: String, _ bytes: [UInt8], tempPrefix: String, mode: mode_t = 0o644,
                                 noReplace: Bool = false, durable: Bool = false) throws(SystemError) {
     let slash = path.lastIndex(of: "/")!
@@ -92,16 +96,27 @@ public func writeFileAtomically(_ path: String, _ bytes: [UInt8], tempPrefix: St
         throw error
     }
     if noReplace {
-        let linked = link(tempPath, path) == 0
-        let error = SystemError.last("link \(tempPath) to \(path)")
-        unlink(tempPath)
-        guard linked else { throw error }
+        if ubq_rename_noreplace(tempPath, path) != 0 {
+            let renameError = SystemError.last("rename \(tempPath) to \(path)")
+            guard renameError.code == EINVAL || renameError.code == ENOSYS else { unlink(tempPath); throw renameError }
+            var linked = link(tempPath, path) == 0
+            let error = SystemError.last("link \(tempPath) to \(path)")
+            var st = stat()
+            if !linked && error.code == EEXIST && stat(tempPath, &st) == 0 && st.st_nlink == 2 { linked = true }
+            unlink(tempPath)
+            guard linked else { throw error }
+        }
     } else if rename(tempPath, path) != 0 {
         let error = SystemError.last("rename \(tempPath)")
         unlink(tempPath)
         throw error
     }
-    if durable { try fsyncPath(directory, directory: true) }
+    if durable {
+        do { try fsyncPath(directory, directory: true) } catch {
+            guard error.code != EINVAL && error.code != ENOTSUP && error.code != ENOSYS else { return }
+            throw error
+        }
+    }
 }
 
 /// fsync of a file or directory by path.

@@ -70,6 +70,7 @@ struct MountCommand: ParsableCommand {
 
     func run() throws {
         let mp = Paths.absolute(mountpoint ?? Paths.defaultMountpoint(container: container))
+        if mountpoint == nil && Paths.env("UBIQUITY_MOUNTPOINT")?.isEmpty != false { try checkDefaultPlace(mp) }
         let data = Paths.dataDirectory(container: container)
         let storeDir = store.map(Paths.absolute) ?? data + "/store"
         let backingDir = backing.map(Paths.absolute) ?? data + "/backing"
@@ -158,6 +159,20 @@ func makeDirectoriesForCLI(_ path: String) throws {
         if mkdir(prefix, 0o755) != 0 && errno != EEXIST {
             throw CLIError("cannot create \(prefix): \(errnoText(errno))")
         }
+    }
+}
+
+/// The default place (~/Cloud, ~/Cloud-NAME) was not named by the user: mounting there
+/// must not hide their files or another mount (an older layout mounted containers at
+/// ~/Cloud/NAME). A dead ubiquity mount there is cleared first, as always.
+func checkDefaultPlace(_ mp: String) throws {
+    clearDeadMount(mp)
+    if let below = mountEntries().first(where: { $0.mountpoint.hasPrefix(mp + "/") }) {
+        throw CLIError("\(below.mountpoint) is mounted inside \(mp), the default place of this container: unmount it first, or name a mount point (`ubiquity mount DIR`)")
+    }
+    if isMountpoint(mp) { return } // already mounted: the caller says so
+    if let names = try? directoryEntries(mp), !names.isEmpty {
+        throw CLIError("\(mp), the default place of this container, is not empty (\(names.sorted().prefix(3).joined(separator: ", "))\(names.count > 3 ? ", ..." : "")): move those away, or name a mount point (`ubiquity mount DIR`)")
     }
 }
 

@@ -21,10 +21,9 @@ import TestSupport
             for (i, b) in d.enumerated() { bytes[at + i] = b; data[at + i] = true }
         }
         mutating func truncate(_ n: Int) {
-            if n < size {
-                for i in n..<size { bytes[i] = 0; data[i] = false }
-                for i in n..<reserved.count { reserved[i] = false }
-            }
+            if n < size { for i in n..<size { bytes[i] = 0; data[i] = false } }
+            // Truncating to the size or below frees reserves past the new end (ext4).
+            if n <= size { for i in n..<reserved.count { reserved[i] = false } }
             grow(n)
             size = n
         }
@@ -47,6 +46,7 @@ import TestSupport
         var model = Model()
         var content = FileContent(base: ChunkList(), chunks: chunks, stagingDirectory: dir.path)
         var committed = ChunkList()
+        var wroteSinceCommit = false
         func range() -> Range<Int> {
             let at = gen.int(0..<(1 << 17)), length = gen.int(1..<(1 << 15))
             return at..<at + length
@@ -58,6 +58,7 @@ import TestSupport
                 let at = gen.int(0..<(1 << 17)), d = gen.bytes(gen.int(1..<8000))
                 try d.withUnsafeBytes { try content.write(offset: Int64(at), $0) }
                 model.write(at, d)
+                wroteSinceCommit = true
             case 3:
                 let r = range(), keepSize = gen.int(0..<2) == 0
                 try content.reserve(Int64(r.lowerBound)..<Int64(r.upperBound), keepSize: keepSize)
@@ -76,12 +77,16 @@ import TestSupport
                 try content.truncate(Int64(n))
                 model.truncate(n)
             case 7:
-                if try content.commit(chunker: chunker, record: { committed = $0; return $0 }) {
+                if try content.commit(chunker: chunker, record: { committed = $0; return $0 }) || !content.isChanged {
+                    wroteSinceCommit = false
+                }
+                if committed.count > 0 && !content.isChanged {
                     // Punched and never-written bytes are holes; a cut that begins in data
                     // may take zeros after it along (as for any sparse file).
                     #expect(committed.storedBytes >= Int64(model.dataBytes), "\(context): stored bytes")
                     #expect(committed.totalSize == Int64(model.size), "\(context): committed size")
                     #expect(content.reservedHoleBytes <= Int64(model.reservedHoles), "\(context): reserved holes")
+                    #expect(content.reservedHoleBytes >= 0, "\(context): reserved holes never negative")
                     #expect(content.reservedHoleBytes + committed.storedBytes >= Int64(model.reservedHoles + model.dataBytes) - Int64(4096 * committed.count),
                             "\(context): reserved holes and data")
                 }
@@ -102,6 +107,12 @@ import TestSupport
                 #expect(try content.read(offset: Int64(at), count: count) == want, "\(context): read(\(at), \(count))")
             }
             #expect(content.size == Int64(model.size), "\(context): size")
+            // The kept count of reserved holes (updated by each call, not recounted) agrees
+            // with a recount, until a write lands in a reserved hole (counted twice then,
+            // until the next commit: documented).
+            if !wroteSinceCommit {
+                #expect(content.reservedHoleBytes == content.recountedReserveHoles, "\(context): incremental reserved holes")
+            }
         }
     }
 

@@ -11,6 +11,10 @@
 /// syncfs(2): flush the whole filesystem holding fd.
 int ubq_syncfs(int fd);
 
+/// renameat2(RENAME_NOREPLACE): publish `from` as `to` unless `to` exists (EEXIST);
+/// EINVAL where the filesystem cannot (NFS, some FUSE filesystems).
+int ubq_rename_noreplace(const char *from, const char *to);
+
 /// open(2) with O_TMPFILE: an unnamed file in directory `dir`.
 int ubq_open_tmpfile(const char *dir, int flags, mode_t mode);
 

@@ -46,6 +46,8 @@ public struct S3Settings: Sendable, CustomStringConvertible {
         guard (3...63).contains(bucket.count), bucket.allSatisfy({ $0.isASCII && ($0.isLowercase || $0.isNumber || $0 == "." || $0 == "-") })
         else { return nil }
         let prefix = rest.dropFirst(bucket.count).split(separator: "/").joined(separator: "/")
+        // The prefix is part of every key: it must be one itself (no `.` or `..`).
+        guard prefix.isEmpty || BackingKey(prefix) != nil else { return nil }
         return (String(bucket), prefix)
     }
 
@@ -80,7 +82,8 @@ public struct S3Settings: Sendable, CustomStringConvertible {
                                   credentials: .init(accessKey: accessKey, secretKey: secretKey, sessionToken: token?.isEmpty == false ? token : nil))
         if let url = environment["AWS_ENDPOINT_URL_S3"] ?? environment["AWS_ENDPOINT_URL"] ?? configSection["endpoint_url"] {
             guard let endpoint = parseEndpoint(url) else {
-                throw ConfigError(description: "the endpoint '\(url)' is not an http(s)://HOST[:PORT] URL")
+                // Never echo what may hold a secret (https://KEY:SECRET@host): only the scheme.
+                throw ConfigError(description: "the endpoint (AWS_ENDPOINT_URL or endpoint_url, starting '\(url.prefix { $0 != ":" })') is not an http(s)://HOST[:PORT] URL without a user or password")
             }
             settings.endpoint = endpoint
             settings.pathStyle = true

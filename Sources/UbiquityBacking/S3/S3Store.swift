@@ -89,7 +89,14 @@ public final class S3Store: BackingStore {
             }
             return answer.body
         case 206:
-            guard answer.body.count <= wanted else { throw .garbage("GET \(key): \(answer.body.count) bytes for a range of \(wanted)") }
+            // The bytes must be the ones asked for: Content-Range "bytes <first>-<last>/<size>".
+            guard let range, let text = answer.headers.first(name: "content-range"), text.hasPrefix("bytes "),
+                  case let parts = text.dropFirst(6).split(separator: "/"), parts.count == 2,
+                  case let bounds = parts[0].split(separator: "-"), bounds.count == 2,
+                  let first = Int64(bounds[0]), let last = Int64(bounds[1]), first == range.lowerBound, last >= first,
+                  last - first + 1 == Int64(answer.body.count), answer.body.count <= wanted else {
+                throw .garbage("GET \(key): a partial answer that is not the range asked for")
+            }
             return answer.body
         case 416: return [] // the range starts at or past the end
         default: throw classify(answer, "GET", key)
@@ -124,7 +131,10 @@ public final class S3Store: BackingStore {
             if let after, key <= after { throw .garbage("LIST \(prefix): \(key) is not after \(after)") }
             objects.append(ObjectInfo(key: key, size: size))
         }
-        return ObjectListing(objects: objects, more: listing.truncated && !listing.objects.isEmpty)
+        // A truncated page must give a key to go on from: one whose keys were all skipped
+        // would end the listing early without a word.
+        if listing.truncated && objects.isEmpty { throw .garbage("LIST \(prefix): a truncated page with no key of ours to go on from") }
+        return ObjectListing(objects: objects, more: listing.truncated)
     }
 
     public func delete(_ key: BackingKey) throws(BackingError) {
@@ -157,8 +167,12 @@ public final class S3Store: BackingStore {
     private func send(_ method: String, key: BackingKey?, query: [(String, String)] = [], headers: [(String, String)],
                       body: [UInt8], maxBody: Int) throws(BackingError) -> Answer {
         var answer = try sendOnce(method, key: key, query: query, headers: headers, body: body, maxBody: maxBody)
-        if answer.status == 403, answer.errorCode == "RequestTimeTooSkewed" || answer.errorCode == "RequestExpired",
-           let date = answer.headers.first(name: "date"), let server = UTCTime(httpDate: date) {
+        // A HEAD answer has no body to name the error: a 403 with the server's clock more
+        // than 5 minutes from ours is taken as the skew error it most likely is.
+        let skewed = answer.errorCode == "RequestTimeTooSkewed" || answer.errorCode == "RequestExpired"
+            || (method == "HEAD" && answer.body.isEmpty && answer.headers.first(name: "date").flatMap(UTCTime.init(httpDate:))
+                .map { abs($0.seconds - Int64(time(nil)) - skew.withLock { $0 }) > 300 } == true)
+        if answer.status == 403, skewed, let date = answer.headers.first(name: "date"), let server = UTCTime(httpDate: date) {
             skew.withLock { $0 = server.seconds - Int64(time(nil)) }
             answer = try sendOnce(method, key: key, query: query, headers: headers, body: body, maxBody: maxBody)
         }

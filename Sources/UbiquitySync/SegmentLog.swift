@@ -1,0 +1,151 @@
+import UbiquityBacking
+import UbiquitySystem
+
+/// The log of backing format 5 (docs/FORMAT.md, "Backing format 5"): every device's
+/// journal segments under one prefix, named `log/<t>-<device>-<seq>`, so one LIST after a
+/// cursor finds what every peer wrote since (a quiet container: one request per poll),
+/// however many devices there are.
+///
+/// `<t>` is a hybrid clock (ms): the author's clock, but never less than the newest `<t>`
+/// the author has listed (`time(now:cursor:)`), so a device whose clock lags still names
+/// its segments after what its peers last saw. The reader lists from its cursor less a
+/// skew window, and keeps per device the highest `<seq>` it took, so a segment is taken
+/// once, in its device's order; a segment that still lands behind the window (a device
+/// that wrote without polling first, with a clock far behind) shows as a gap in its
+/// device's `<seq>` once a later one comes, and that device is then looked up in a full
+/// listing of the log (rare; the collector keeps the log short).
+public enum SegmentLog {
+    static let prefix = "log/"
+
+    public struct SegmentName: Hashable, Comparable, Sendable {
+        /// Author's clock, ms since the epoch (13 digits: until the year 2286).
+        public let time: Int64
+        /// 16 lowercase hex digits.
+        public let device: String
+        /// 1, 2, ... per device.
+        public let seq: UInt64
+
+        public init(time: Int64, device: String, seq: UInt64) {
+            self.time = time
+            self.device = device
+            self.seq = seq
+        }
+
+        public var key: BackingKey {
+            BackingKey(checked: SegmentLog.prefix + Self.timeText(time) + "-" + device + "-" + Self.seqText(seq))
+        }
+
+        static func timeText(_ t: Int64) -> String {
+            let digits = String(max(0, min(t, 9_999_999_999_999)))
+            return String(repeating: "0", count: 13 - digits.count) + digits
+        }
+
+        static func seqText(_ s: UInt64) -> String {
+            let hex = String(s, radix: 16)
+            return String(repeating: "0", count: 16 - hex.count) + hex
+        }
+
+        /// Parses a key of the log; nil for anything else (a stray object is skipped).
+        public init?(key: BackingKey) {
+            guard key.path.hasPrefix(SegmentLog.prefix) else { return nil }
+            let parts = key.path.dropFirst(SegmentLog.prefix.count).split(separator: "-", omittingEmptySubsequences: false)
+            guard parts.count == 3, parts[0].count == 13, parts[0].allSatisfy({ $0.isASCII && $0.isNumber }),
+                  let time = Int64(parts[0]), Hex.isLowercase(String(parts[1]), count: 16),
+                  Hex.isLowercase(String(parts[2]), count: 16), let seq = UInt64(parts[2], radix: 16), seq >= 1 else { return nil }
+            self.init(time: time, device: String(parts[1]), seq: seq)
+        }
+
+        public static func < (a: SegmentName, b: SegmentName) -> Bool { a.key < b.key }
+    }
+
+    /// What a reader has taken: the last key its listing reached, and per device the
+    /// highest segment applied. Stored as text in the store (opaque to everything else).
+    public struct Cursor: Equatable, Sendable {
+        public var listedUpTo: Int64 = 0
+        public var applied: [String: UInt64] = [:]
+
+        public init() {}
+
+        /// `t=<ms>;<device>=<seq hex>,...` (devices sorted).
+        public var text: String {
+            "t=\(listedUpTo);" + applied.keys.sorted().map { "\($0)=\(String(applied[$0]!, radix: 16))" }.joined(separator: ",")
+        }
+
+        /// Parses `text`; nil when it does not parse (the caller starts over from the
+        /// checkpoints, never guesses).
+        public init?(text: String) {
+            guard text.hasPrefix("t="), let semi = text.firstIndex(of: ";"),
+                  let t = Int64(text[text.index(text.startIndex, offsetBy: 2)..<semi]), t >= 0 else { return nil }
+            listedUpTo = t
+            let rest = text[text.index(after: semi)...]
+            if rest.isEmpty { return }
+            for item in rest.split(separator: ",", omittingEmptySubsequences: false) {
+                let pair = item.split(separator: "=", omittingEmptySubsequences: false)
+                guard pair.count == 2, Hex.isLowercase(String(pair[0]), count: 16), applied[String(pair[0])] == nil,
+                      let seq = UInt64(pair[1], radix: 16) else { return nil }
+                applied[String(pair[0])] = seq
+            }
+        }
+    }
+
+    /// The `<t>` of a segment written now: the author's clock, or the newest `<t>` it has
+    /// listed when that is later (its clock lags a peer's).
+    public static func time(now: Int64, cursor: Cursor) -> Int64 { max(now, cursor.listedUpTo) }
+
+    /// How far back of its cursor a reader lists again: authors' clocks may lag this much
+    /// behind the newest key seen without a segment being missed by the one listing.
+    public static let skewWindowMs: Int64 = 10 * 60 * 1000
+
+    /// New segments since `cursor`, in the order to apply them (each device's by `seq`,
+    /// devices one after another), and the cursor once they are applied. Costs one LIST (a page per
+    /// 1,000 keys in the window), plus one LIST of a device's own segments where its
+    /// sequence shows a gap. `exclude`: this device (it does not read its own log).
+    public static func poll(_ store: any BackingStore, after cursor: Cursor, exclude: String? = nil) throws(BackingError) -> (segments: [SegmentName], cursor: Cursor) {
+        let from = max(0, cursor.listedUpTo - skewWindowMs)
+        let start = BackingKey(checked: prefix + SegmentName.timeText(from))
+        var found: [SegmentName] = []
+        var highest = cursor.listedUpTo
+        var after: BackingKey? = start
+        while true {
+            let page = try store.list(prefix: prefix, after: after, limit: 1000)
+            for info in page.objects {
+                guard let name = SegmentName(key: info.key) else { continue } // strays are not ours
+                highest = max(highest, name.time)
+                if name.device == exclude { continue }
+                if name.seq > cursor.applied[name.device, default: 0] { found.append(name) }
+            }
+            guard page.more, let last = page.objects.last else { break }
+            after = last.key
+        }
+        // Per device in seq order; a gap means a segment outside the window (its author's
+        // clock lags): fetch that device's names whole and take what is missing.
+        var byDevice: [String: [SegmentName]] = [:]
+        for name in found { byDevice[name.device, default: []].append(name) }
+        var result: [SegmentName] = []
+        var next = cursor
+        for device in byDevice.keys.sorted() {
+            var names = byDevice[device]!.sorted { $0.seq < $1.seq }
+            let have = cursor.applied[device, default: 0]
+            let contiguous = names.enumerated().allSatisfy { $0.element.seq == have + UInt64($0.offset) + 1 }
+            if !contiguous {
+                names = try segments(of: device, in: store).filter { $0.seq > have }.sorted { $0.seq < $1.seq }
+                // Take only the contiguous run; a later segment waits for the missing one.
+                var run: [SegmentName] = []
+                for n in names where n.seq == have + UInt64(run.count) + 1 { run.append(n) }
+                names = run
+            }
+            // Segments of one seq seen twice (never written so, but not trusted) count once.
+            var seen = Set<UInt64>()
+            names = names.filter { seen.insert($0.seq).inserted }
+            result += names
+            if let last = names.last { next.applied[device] = last.seq }
+        }
+        next.listedUpTo = highest
+        return (result, next)
+    }
+
+    /// Every segment of one device (a full listing of the log, filtered: only on a gap).
+    static func segments(of device: String, in store: any BackingStore) throws(BackingError) -> [SegmentName] {
+        try store.listAll(prefix: prefix).compactMap { SegmentName(key: $0.key) }.filter { $0.device == device }
+    }
+}
