@@ -86,3 +86,60 @@ import UbiquitySystem
 func writeText(_ path: String, _ text: String) throws {
     try writeFileAtomically(path, Array(text.utf8), tempPrefix: ".tmp-")
 }
+
+/// S3 through a proxy that breaks connections (resets, 503 SlowDown, stalls, garbage):
+/// with retries every call ends in the right answer or a retryable error within its
+/// deadline; nothing traps, hangs or returns wrong bytes.
+@Suite struct S3FaultTests {
+    @Test(arguments: [81, UInt64.random(in: 100...UInt64.max)])
+    func faultsAreRetriedOrReported(seed: UInt64) throws {
+        guard var settings = try S3Tests.settings(prefix: "faults-\(seed)") else { return }
+        print("S3FaultTests seed \(seed)")
+        let seedBits = seed
+        // One connection in three breaks; stalls only now and then (each costs a timeout).
+        let proxy = try FaultProxy(targetPort: settings.endpoint.port) { n in
+            var g = SplitMix64(seed: seedBits &+ UInt64(n))
+            switch g.int(0..<30) {
+            case 0..<4: return .reset
+            case 4..<8: return .slowDown
+            case 8: return .stall
+            case 9: return .garbage
+            default: return .pass
+            }
+        }
+        defer { proxy.stop() }
+        settings.endpoint = .init(secure: false, host: "127.0.0.1", port: proxy.port)
+        let s3 = try S3Store(settings: settings, maxConnections: 4, readTimeout: 2)
+        let store = RetryingStore(s3, attempts: 8, firstDelay: 0.01, maxDelay: 0.1)
+        var gen = SplitMix64(seed: seed)
+        var written: [BackingKey: [UInt8]] = [:]
+        for i in 0..<30 {
+            let key = BackingKey(checked: "k/\(i)")
+            let bytes = gen.bytes(gen.int(0..<70_000))
+            do {
+                try store.put(key, bytes)
+                written[key] = bytes
+            } catch {
+                #expect(error.isRetryable, "seed \(seed): put \(i): \(error)")
+            }
+        }
+        #expect(written.count >= 25, "seed \(seed): most puts get through eight attempts (\(written.count) of 30)")
+        for (key, bytes) in written {
+            do {
+                let got = try store.get(key)
+                #expect(got == bytes, "seed \(seed): \(key) came back different")
+            } catch {
+                #expect(error.isRetryable, "seed \(seed): get \(key): \(error)")
+            }
+        }
+        do {
+            let listed = try store.listAll(prefix: "k/").map(\.key)
+            #expect(Set(written.keys).isSubset(of: Set(listed)), "seed \(seed): listing")
+        } catch {
+            #expect(error.isRetryable, "seed \(seed): list: \(error)")
+        }
+        for key in written.keys { try? store.delete(key) }
+        print("S3FaultTests seed \(seed): \(written.count) of 30 puts landed over \(proxy.connections) connections, \(s3.stats.requests) requests")
+        #expect(proxy.connections > 60, "one connection per request, faults among them")
+    }
+}

@@ -35,7 +35,9 @@ public final class S3Store: BackingStore {
 
     public var stats: Stats { counters.withLock { $0 } }
 
-    public init(settings: S3Settings, maxConnections: Int = 8, maxObjectSize: Int = 1 << 30) throws(BackingError) {
+    /// `readTimeout`: seconds a connection may stay silent before the request fails (a
+    /// stalled server must not stall the sync engine for long; it retries).
+    public init(settings: S3Settings, maxConnections: Int = 8, maxObjectSize: Int = 1 << 30, readTimeout: Int64 = 30) throws(BackingError) {
         self.settings = settings
         self.maxObjectSize = maxObjectSize
         signer = SigV4(credentials: settings.credentials, region: settings.region)
@@ -46,7 +48,7 @@ public final class S3Store: BackingStore {
         }
         var configuration = HTTPClient.Configuration(
             tlsConfiguration: tls, redirectConfiguration: .disallow,
-            timeout: .init(connect: .seconds(10), read: .seconds(30)),
+            timeout: .init(connect: .seconds(10), read: .seconds(max(1, readTimeout))),
             connectionPool: .init(idleTimeout: .seconds(60)))
         configuration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = max(1, maxConnections)
         configuration.httpVersion = .http1Only
