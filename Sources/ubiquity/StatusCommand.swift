@@ -11,8 +11,10 @@ struct StatusCommand: ParsableCommand {
         discussion: """
         Without PATH: each mounted container, its store and daemon, and the daemon's \
         sync state (syncing, paused or offline; pending uploads; last sync; conflicts; \
-        last error). With a PATH inside a mount: its user.ubiquity.* attributes \
-        (version, versions, conflicts, uploaded, ...).
+        last error). With a PATH inside a mount: its user.ubiquity.* status attributes \
+        (version, versions, conflicts, uploaded, ...). Those are readable by name only \
+        (`getfattr -n user.ubiquity.version FILE`): listxattr and `getfattr -d` show only \
+        your own attributes, so backups (rsync -aX, cp -a, tar --xattrs) do not copy them.
 
           ubiquity status
           ubiquity status ~/Cloud/notes.txt

@@ -1,3 +1,4 @@
+import Glibc
 import Testing
 import TestSupport
 import UbiquitySystem
@@ -109,13 +110,15 @@ func writeText(_ path: String, _ text: String) throws {
         }
         defer { proxy.stop() }
         settings.endpoint = .init(secure: false, host: "127.0.0.1", port: proxy.port)
-        let s3 = try S3Store(settings: settings, maxConnections: 4, readTimeout: 2)
+        let s3 = try S3Store(settings: settings, maxConnections: 4, maxObjectSize: 1 << 20, readTimeout: 2, minimumDeadline: 10)
         let store = RetryingStore(s3, attempts: 8, firstDelay: 0.01, maxDelay: 0.1)
         var gen = SplitMix64(seed: seed)
         var written: [BackingKey: [UInt8]] = [:]
         for i in 0..<30 {
             let key = BackingKey(checked: "k/\(i)")
             let bytes = gen.bytes(gen.int(0..<70_000))
+            let started = monotonicSeconds()
+            defer { if monotonicSeconds() - started > 5 { print("S3FaultTests seed \(seed): put \(i) took \(Int(monotonicSeconds() - started)) s") } }
             do {
                 try store.put(key, bytes)
                 written[key] = bytes
@@ -125,6 +128,8 @@ func writeText(_ path: String, _ text: String) throws {
         }
         #expect(written.count >= 25, "seed \(seed): most puts get through eight attempts (\(written.count) of 30)")
         for (key, bytes) in written {
+            let started = monotonicSeconds()
+            defer { if monotonicSeconds() - started > 5 { print("S3FaultTests seed \(seed): get \(key) took \(Int(monotonicSeconds() - started)) s") } }
             do {
                 let got = try store.get(key)
                 #expect(got == bytes, "seed \(seed): \(key) came back different")
@@ -142,4 +147,10 @@ func writeText(_ path: String, _ text: String) throws {
         print("S3FaultTests seed \(seed): \(written.count) of 30 puts landed over \(proxy.connections) connections, \(s3.stats.requests) requests")
         #expect(proxy.connections > 60, "one connection per request, faults among them")
     }
+}
+
+func monotonicSeconds() -> Double {
+    var t = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &t)
+    return Double(t.tv_sec) + Double(t.tv_nsec) / 1e9
 }

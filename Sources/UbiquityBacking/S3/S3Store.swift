@@ -18,6 +18,7 @@ import Synchronization
 public final class S3Store: BackingStore {
     public let settings: S3Settings
     public let maxObjectSize: Int
+    let minimumDeadline: Int64
     private let client: HTTPClient
     private let signer: SigV4
     /// Seconds to add to the local clock: set from the server's `Date` when it answers
@@ -35,11 +36,15 @@ public final class S3Store: BackingStore {
 
     public var stats: Stats { counters.withLock { $0 } }
 
-    /// `readTimeout`: seconds a connection may stay silent before the request fails (a
-    /// stalled server must not stall the sync engine for long; it retries).
-    public init(settings: S3Settings, maxConnections: Int = 8, maxObjectSize: Int = 1 << 30, readTimeout: Int64 = 30) throws(BackingError) {
+    /// `readTimeout`: seconds a connection may stay silent, or refuse the body, before the
+    /// request fails (a stalled server must not stall the sync engine for long; it retries).
+    /// `minimumDeadline`: seconds any one request may take at most, plus a second per MiB
+    /// it may carry.
+    public init(settings: S3Settings, maxConnections: Int = 8, maxObjectSize: Int = 1 << 30, readTimeout: Int64 = 30,
+                minimumDeadline: Int64 = 60) throws(BackingError) {
         self.settings = settings
         self.maxObjectSize = maxObjectSize
+        self.minimumDeadline = max(1, minimumDeadline)
         signer = SigV4(credentials: settings.credentials, region: settings.region)
         var tls = TLSConfiguration.makeClientConfiguration()
         if let bundle = settings.caBundle {
@@ -48,7 +53,10 @@ public final class S3Store: BackingStore {
         }
         var configuration = HTTPClient.Configuration(
             tlsConfiguration: tls, redirectConfiguration: .disallow,
-            timeout: .init(connect: .seconds(10), read: .seconds(max(1, readTimeout))),
+            // A server that stops reading a body stalls a PUT as surely as one that never
+            // answers: both sides are bounded (found when a stalled PUT waited out its whole
+            // deadline in CI, where the socket buffers did not hold the body).
+            timeout: .init(connect: .seconds(10), read: .seconds(max(1, readTimeout)), write: .seconds(max(1, readTimeout))),
             connectionPool: .init(idleTimeout: .seconds(60)))
         configuration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = max(1, maxConnections)
         configuration.httpVersion = .http1Only
@@ -203,8 +211,8 @@ public final class S3Store: BackingStore {
             throw .permanent("\(what): cannot build the request: \(error)")
         }
         counters.withLock { $0.requests += 1; $0.bytesUp += Int64(body.count) }
-        // Long enough for the body at a slow 1 MiB/s, never less than a minute.
-        let seconds = 60 + Int64(max(body.count, method == "GET" ? min(maxBody, 1 << 30) : 0) >> 20)
+        // Long enough for the body at a slow 1 MiB/s, never less than the minimum (a minute).
+        let seconds = minimumDeadline + Int64(max(body.count, method == "GET" ? min(maxBody, 1 << 30) : 0) >> 20)
         do {
             let response = try client.execute(request: request, delegate: ResponseAccumulator(request: request, maxBodySize: max(1, maxBody)),
                                                deadline: .now() + .seconds(seconds)).futureResult.wait()
