@@ -1,4 +1,5 @@
 import AsyncHTTPClient
+import Dispatch
 import Glibc
 import NIOCore
 import NIOHTTP1
@@ -214,8 +215,9 @@ public final class S3Store: BackingStore {
         // Long enough for the body at a slow 1 MiB/s, never less than the minimum (a minute).
         let seconds = minimumDeadline + Int64(max(body.count, method == "GET" ? min(maxBody, 1 << 30) : 0) >> 20)
         do {
-            let response = try client.execute(request: request, delegate: ResponseAccumulator(request: request, maxBodySize: max(1, maxBody)),
-                                               deadline: .now() + .seconds(seconds)).futureResult.wait()
+            let task = client.execute(request: request, delegate: ResponseAccumulator(request: request, maxBodySize: max(1, maxBody)),
+                                      deadline: .now() + .seconds(seconds))
+            let response = try Self.wait(for: task, seconds: seconds + 5, what: what)
             let bytes = response.body.map { Array($0.readableBytesView) } ?? []
             counters.withLock { $0.bytesDown += Int64(bytes.count) }
             if method != "HEAD", let text = response.headers.first(name: "content-length"), let length = Int(text), length != bytes.count {
@@ -230,6 +232,23 @@ public final class S3Store: BackingStore {
             note(classified)
             throw classified
         }
+    }
+
+    /// Waits for a request at most `seconds`, then cancels it: every call ends, whatever
+    /// the HTTP client's own timers do (in CI runs a request waited minutes past its read
+    /// timeout and deadline behind a proxy that stalled or sent garbage).
+    private static func wait(for task: HTTPClient.Task<HTTPClient.Response>, seconds: Int64, what: String) throws -> HTTPClient.Response {
+        let done = DispatchSemaphore(value: 0)
+        let result = Mutex<Result<HTTPClient.Response, any Error>?>(nil)
+        task.futureResult.whenComplete { outcome in
+            result.withLock { $0 = outcome }
+            done.signal()
+        }
+        if done.wait(timeout: .now() + .seconds(Int(seconds))) == .timedOut {
+            task.cancel()
+            throw BackingError.transient("s3: \(what): no answer within \(seconds) s")
+        }
+        return try result.withLock { $0! }.get()
     }
 
     private func note(_ error: BackingError) { counters.withLock { $0.lastError = "s3: \(error)" } }
