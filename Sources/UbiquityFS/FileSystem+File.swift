@@ -201,14 +201,11 @@ extension FileSystem {
             }
         }
         let contentChanged = kind != 0 || open.content.size != sizeBefore
-        try withMeta { (m) throws(StoreError) in
-            let now = m.store.clock()
-            if contentChanged { open.pendingMTime = now }
-            guard var inode = m.store.inode(ino) else { return }
-            inode.ctime = now
-            try m.store.update(inode)
+        try recordReserve(ino, open) { (m, inode) in
+            // ctime always, mtime when the content or the size changed (at the next save).
+            inode.ctime = m.store.clock()
+            if contentChanged { open.pendingMTime = inode.ctime }
         }
-        try recordReserve(ino, open)
     }
 
     /// ENOSPC unless the store can take `bytes` more: what the store's filesystem has
@@ -294,12 +291,17 @@ extension FileSystem {
 
     /// The inode's st_blocks bytes: its committed chunks and fallocate's reserved holes
     /// (the reserve is not content, so it outlives commits and reaches the inode directly).
-    private func recordReserve(_ ino: InodeNumber, _ open: OpenFile) throws(Errno) {
+    /// `also` changes the inode in the same hold of the lock and the same update (fallocate's
+    /// ctime), so one call costs one inode write.
+    private func recordReserve(_ ino: InodeNumber, _ open: OpenFile, also: (Meta, inout Inode) -> Void = { _, _ in }) throws(Errno) {
         try withMeta { (m) throws(StoreError) in
-            guard var inode = m.store.inode(ino), !open.isTinyPix else { return }
-            inode.allocated = open.content.committedStoredBytes.addingClamped(open.content.reservedHoleBytes)
+            guard var inode = m.store.inode(ino) else { return }
+            also(m, &inode)
+            if !open.isTinyPix {
+                inode.allocated = open.content.committedStoredBytes.addingClamped(open.content.reservedHoleBytes)
+                try m.store.setReservedRanges(ino, open.content.reservation.ranges)
+            }
             try m.store.update(inode)
-            try m.store.setReservedRanges(ino, open.content.reservation.ranges)
         }
     }
 

@@ -170,7 +170,6 @@ struct MaintenanceReports {
 extension FileSystem {
     public static let pruneAttribute = "user.ubiquity.prune"
     public static let gcAttribute = "user.ubiquity.gc"
-    static let maintenanceAttributes = [pruneAttribute, gcAttribute]
 
     /// Reads of the maintenance reports, answered without the metadata lock.
     func maintenanceReport(_ ino: UInt64, name: String) -> [UInt8]? {
