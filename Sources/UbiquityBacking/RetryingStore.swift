@@ -25,7 +25,7 @@ public struct RetryingStore: BackingStore {
 
     public var location: String { base.location }
 
-    func retrying<T>(_ body: () throws(BackingError) -> T) throws(BackingError) -> T {
+    public func retrying<T>(_ body: () throws(BackingError) -> T) throws(BackingError) -> T {
         var attempt = 0
         while true {
             do { return try body() } catch {

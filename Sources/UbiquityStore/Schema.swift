@@ -1,7 +1,7 @@
 /// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
 /// by a newer program is refused rather than misread.
 enum Schema {
-    static let formatVersion = 9
+    static let formatVersion = 10
 
     static let statements = [
         """
@@ -78,6 +78,9 @@ enum Schema {
         PendingSet<Int>.schema,
         // Format 9: the ranges fallocate reserved in a file ("a-b,c-d"; Store+Reserve).
         "CREATE TABLE IF NOT EXISTS reserves(inode INTEGER PRIMARY KEY, ranges TEXT NOT NULL)",
+        // Format 10 (backing format 5): where each chunk is in the backing store's packs,
+        // learned from uploads and from other devices' records (Store+Places).
+        "CREATE TABLE IF NOT EXISTS chunk_places(id BLOB PRIMARY KEY, pack TEXT NOT NULL, offset INTEGER NOT NULL) WITHOUT ROWID",
     ] + Replica.schema // format 4: the synced view (Replica)
         + Store.kvSchema // format 8: the key-value store
 
@@ -112,6 +115,7 @@ extension Schema {
             let hadInodes = try exists("inodes"), hadVersions = try exists("versions")
             let hadHistories = try exists("histories"), hadDirectories = try exists("history_dirs")
             let hadView = try exists("view_current"), hadPending = try exists("pending")
+            let hadPlaces = try exists("chunk_places")
             var hadLinks = false
             // A table must have its new columns before an index on one of them is made.
             for table in ["versions", "inodes", "sync_peers"] where try exists(table) {
@@ -127,6 +131,13 @@ extension Schema {
             if hadVersions && !hadView { try Replica.build(db) }
             // Before format 4 the change set was in memory only: one look at the whole tree.
             if hadInodes && !hadPending { try db.execute("REPLACE INTO settings(key, value) VALUES('full_scan', '1')") }
+            // Before format 10 the positions were byte offsets into format-4 journals: a
+            // format-5 reader starts each peer again from its checkpoint (the records held
+            // here are skipped), and pruned records wait to be met there.
+            if hadVersions && !hadPlaces {
+                try db.execute("DELETE FROM sync_peers")
+                try db.execute("UPDATE pruned_records SET seen = 0")
+            }
         }
     }
 }

@@ -19,6 +19,13 @@ extension Store {
         }.first ?? JournalPosition(generation: 0, offset: 0)
     }
 
+    /// Every device's position (the sync engine loads its cursor from them).
+    public func peerPositions() throws(StoreError) -> [(device: String, position: JournalPosition)] {
+        try db.rows("SELECT device, generation, offset FROM sync_peers", []) {
+            ($0.text(0), JournalPosition(generation: $0.int(1), offset: $0.int(2)))
+        }
+    }
+
     public func setPeerPosition(_ device: String, _ position: JournalPosition) throws(StoreError) {
         try db.query("REPLACE INTO sync_peers(device, offset, generation) VALUES(?, ?, ?)",
                      [.text(device), .int(position.offset), .int(position.generation)])
@@ -76,7 +83,7 @@ extension Store {
     static let journalRecordsKey = "journal_records"
     static let journalDroppedKey = "journal_dropped"
 
-    func addToSetting(_ key: String, _ delta: Int64) throws(StoreError) {
+    public func addToSetting(_ key: String, _ delta: Int64) throws(StoreError) {
         let value = (try setting(key).flatMap { Int64($0) } ?? 0).addingClamped(delta)
         try setSetting(key, String(value))
     }

@@ -23,6 +23,10 @@ public struct SyncRecord: Sendable, Equatable {
     /// (backing format 3); filled by the sender, checked against their ids by the codec.
     /// Never stored in the versions table (the chunks are).
     public var inline: [ChunkID: [UInt8]] = [:]
+    /// Where its chunks that are not inline are in the backing store's packs (backing
+    /// format 5): filled by the sender from the store's `chunk_places`, read from the
+    /// record by a receiver, which learns them. Never stored in the versions table.
+    public var places: [ChunkID: ChunkPlace] = [:]
     /// Its dot and the dots it descends from (backing format 4; empty in older records).
     public var lineage = Lineage()
 
@@ -36,6 +40,17 @@ public struct SyncRecord: Sendable, Equatable {
     }
 
     public var size: Int64 { kind == .symlink ? Int64(target.map(NameCodec.byteCount) ?? 0) : chunks.totalSize }
+}
+
+/// A chunk's bytes in the backing store: pack `pack` (32 hex digits), from byte `offset`
+/// (its length is the chunk's size).
+public struct ChunkPlace: Sendable, Equatable, Hashable {
+    public let pack: String
+    public let offset: Int64
+    public init(pack: String, offset: Int64) {
+        self.pack = pack
+        self.offset = offset
+    }
 }
 
 public struct XattrEntry: Sendable, Equatable {

@@ -1,255 +1,252 @@
 import Glibc
+import UbiquityBacking
 import UbiquityStore
 import UbiquitySystem
 
-/// The backing directory on disk (docs/FORMAT.md): objects by hash, one journal per
-/// device. Only plain file operations, so any shared directory works. Every failure is a
-/// `StoreError.io` naming the file; the engine treats it as "offline" and retries.
+/// The backing store's layout, backing format 5 (docs/FORMAT.md): FORMAT, packs of chunks,
+/// the log of journal segments, each device's checkpoints and key-value files, and the
+/// collector's fossil markers. Every byte goes through `BackingStore` (a directory or an
+/// S3 bucket hold the same keys); every failure becomes `StoreError.io` naming the key,
+/// which the engine treats as "offline" and retries.
 struct Backing {
-    /// Format 2 adds holes to file records (`hole:<length>` chunk items, docs/FORMAT.md);
-    /// format 3 carries chunks of up to 1 KiB inside their records (`inline`); format 4
-    /// collects the directory: devices rewrite their journals (generations) and unused
-    /// objects go through fossils. A device upgrades an older directory when it first
-    /// opens it, so devices still on an older format stop with "upgrade ubiquity" instead
-    /// of waiting forever for objects that are never written, skipping records they
-    /// cannot read, or reading a journal that is no longer written.
-    static let formatVersion = 4
+    /// Format 2 adds holes to file records; 3 carries small chunks inside their records;
+    /// 4 collects the directory (journal generations, fossils by rename); 5 stores
+    /// everything as objects written once, whole (packs, log segments, checkpoints,
+    /// fossil markers), so that an S3 bucket can hold it. A device upgrades an older
+    /// store when it first opens it (after writing a checkpoint of its records), so
+    /// devices still on an older format stop with "upgrade ubiquity".
+    static let formatVersion = 5
     static var formatLine: String { "ubiquity-backing \(formatVersion)\n" }
+    static let formatKey = BackingKey(checked: "FORMAT")
 
-    let directory: String
+    let store: any BackingStore
     let deviceID: String
 
-    /// Checks the directory is there and in a format this program understands; writes
-    /// FORMAT into an empty one.
-    func open() throws(StoreError) {
-        var st = stat()
-        guard stat(directory, &st) == 0, st.st_mode & S_IFMT == S_IFDIR else {
-            throw .io(errno: ENOENT, "the backing directory \(directory) is not there (unmounted disk or network share?)")
+    var location: String { store.location }
+
+    /// Reads FORMAT: nil for an empty store (FORMAT is then written), else its version,
+    /// which must not be newer than this program's.
+    func open() throws(StoreError) -> Int? {
+        guard let text = try object(Self.formatKey) else {
+            try call("put FORMAT") { () throws(BackingError) in
+                do throws(BackingError) { try store.put(Self.formatKey, Array(Self.formatLine.utf8), ifAbsent: true) } catch {
+                    if case .exists = error { return } // another device wrote it first
+                    throw error
+                }
+            }
+            return nil
         }
-        if let text = try readFile(directory + "/FORMAT") {
-            let line = String(decoding: text, as: UTF8.self)
-            guard line.hasPrefix("ubiquity-backing "),
-                  let version = Int(line.dropFirst("ubiquity-backing ".count).prefix { $0.isNumber }) else {
-                throw .unsupportedFormat("\(directory)/FORMAT does not name a ubiquity backing format")
-            }
-            if version > Self.formatVersion {
-                throw .unsupportedFormat("the backing directory \(directory) has format \(version); this ubiquity understands up to \(Self.formatVersion): upgrade ubiquity")
-            }
-            if version < Self.formatVersion {
-                try writeAtomically(directory + "/FORMAT", Array(Self.formatLine.utf8))
-                log("ubiquity: sync: upgraded the backing directory \(directory) from format \(version) to \(Self.formatVersion); devices running an older ubiquity must upgrade to sync")
-            }
-        } else {
-            try writeAtomically(directory + "/FORMAT", Array(Self.formatLine.utf8))
+        let line = String(decoding: text, as: UTF8.self)
+        guard line.hasPrefix("ubiquity-backing "),
+              let version = Int(line.dropFirst("ubiquity-backing ".count).prefix { $0.isNumber }) else {
+            throw .unsupportedFormat("\(location)/FORMAT does not name a ubiquity backing format")
         }
-        for sub in ["objects", "devices", "devices/\(deviceID)"] { try makeDir(directory + "/" + sub) }
+        if version > Self.formatVersion {
+            throw .unsupportedFormat("the backing store \(location) has format \(version); this ubiquity understands up to \(Self.formatVersion): upgrade ubiquity")
+        }
+        if version < 4 {
+            throw .unsupportedFormat("the backing store \(location) has format \(version): open it with ubiquity of backing format 4 first, which upgrades it")
+        }
+        return version
     }
 
-    // MARK: objects
-
-    func objectPath(_ id: ChunkID) -> String {
-        let hex = id.hex
-        return "\(directory)/objects/\(hex.prefix(2))/\(hex)"
+    /// Marks the store as format 5 (after this device's records are in a checkpoint).
+    func writeFormat() throws(StoreError) {
+        try call("put FORMAT") { () throws(BackingError) in try store.put(Self.formatKey, Array(Self.formatLine.utf8)) }
     }
 
-    func hasObject(_ id: ChunkID) -> Bool { access(objectPath(id), F_OK) == 0 }
+    // MARK: the log
 
-    func putObject(_ id: ChunkID, _ bytes: [UInt8]) throws(StoreError) {
-        let hex = id.hex
-        try makeDir("\(directory)/objects/\(hex.prefix(2))")
-        try writeAtomically(objectPath(id), bytes)
+    /// The largest segment or checkpoint part read: a writer keeps them under
+    /// `partSize`, and one record (a file of about 200 GiB names 50,000 chunks) fits.
+    static let maxObjectRead: Int64 = 256 << 20
+    /// Where a writer ends a segment or a checkpoint part.
+    static let partSize = 4 << 20
+
+    func putSegment(_ name: SegmentLog.SegmentName, _ bytes: [UInt8]) throws(StoreError) {
+        try call("put \(name.key)") { () throws(BackingError) in try store.put(name.key, bytes, ifAbsent: true) }
     }
 
-    /// The object's bytes if present (or a fossil: see BackingCollector) and matching its
-    /// hash; nil if missing.
-    func object(_ id: ChunkID) throws(StoreError) -> [UInt8]? {
-        var found = try readFile(objectPath(id))
-        if found == nil, let fossil = try fossil(of: id) { found = try readFile(fossil) }
-        guard let bytes = found else { return nil }
-        guard ChunkID(hashing: bytes) == id else { throw .corruptChunk(id) }
+    /// A segment's bytes; nil when it is gone (collected since it was listed).
+    func segment(_ name: SegmentLog.SegmentName) throws(StoreError) -> [UInt8]? {
+        try object(name.key)
+    }
+
+    func object(_ key: BackingKey) throws(StoreError) -> [UInt8]? {
+        let bytes: [UInt8]
+        do { bytes = try store.get(key, range: 0..<Self.maxObjectRead + 1) } catch {
+            if case .notFound = error { return nil }
+            throw Self.storeError(error, "get \(key)")
+        }
+        guard Int64(bytes.count) <= Self.maxObjectRead else {
+            throw .io(errno: EFBIG, "\(location)/\(key): more than \(Self.maxObjectRead) bytes: not read")
+        }
         return bytes
     }
 
-    static let fossilMark = ".fossil-"
+    // MARK: devices/: checkpoints and key-value files
 
-    /// The path of a fossil of the object, if there is one (its directory is listed: only
-    /// for objects found missing, which is rare).
-    func fossil(of id: ChunkID) throws(StoreError) -> String? {
-        let hex = id.hex
-        let dir = "\(directory)/objects/\(hex.prefix(2))"
-        let prefix = hex + Self.fossilMark
-        let names: [String]
-        do { names = try directoryEntries(dir) } catch { return nil }
-        return names.first { $0.hasPrefix(prefix) }.map { dir + "/" + $0 }
+    /// `devices/<device>/checkpoint-<seq>/<part>` (8 digits) and `.../end`, written last.
+    static func checkpointKey(_ device: String, seq: UInt64, part: String) -> BackingKey {
+        BackingKey(checked: "devices/\(device)/checkpoint-\(SegmentLog.SegmentName.seqText(seq))/\(part)")
     }
 
-    // MARK: journals
+    static func partName(_ n: Int) -> String {
+        let digits = String(n)
+        return String(repeating: "0", count: max(0, 8 - digits.count)) + digits
+    }
 
-    /// Other devices' ids (directories under devices/ with a valid name); the names of
-    /// anything else there, to log.
-    func peers() throws(StoreError) -> (devices: [String], ignored: [String]) {
-        var devices: [String] = [], ignored: [String] = []
-        for name in try list(directory + "/devices") where name != deviceID {
-            if Hex.isLowercase(name, count: 16) { devices.append(name) } else { ignored.append(name) }
+    static func keyValueKey(_ device: String, generation: UInt64) -> BackingKey {
+        BackingKey(checked: "devices/\(device)/keyvalue-\(SegmentLog.SegmentName.seqText(generation))")
+    }
+
+    /// What `devices/` holds: per device its complete checkpoints (seq → parts) and its
+    /// key-value generations, and the keys left by format 4 (journals) there.
+    struct Devices {
+        var checkpoints: [String: [UInt64: Int]] = [:]
+        var keyValues: [String: [UInt64]] = [:]
+        var legacyJournals: [BackingKey] = []
+        var ignored: [String] = []
+        /// Keys of checkpoints without their `end` (being written, or left by a crash).
+        var partial: [String: [UInt64: [BackingKey]]] = [:]
+
+        var devices: Set<String> { Set(checkpoints.keys).union(keyValues.keys) }
+
+        func newestCheckpoint(of device: String) -> (seq: UInt64, parts: Int)? {
+            checkpoints[device]?.max { $0.key < $1.key }.map { ($0.key, $0.value) }
         }
-        return (devices.sorted(), ignored.sorted())
     }
 
-    /// How much of a journal one read loads, and the longest line a reader accepts (a
-    /// file's record lists its chunks: 256 MiB of line is a file of about 200 GiB).
-    static let journalWindow = 4 << 20
-    static let maxLine = 256 << 20
-
-    /// Generation 0 is `journal`, generation n `journal.<n>` (format 4).
-    static func journalName(_ generation: Int64) -> String { generation == 0 ? "journal" : "journal.\(generation)" }
-
-    static func generation(ofJournal name: String) -> Int64? {
-        if name == "journal" { return 0 }
-        guard name.hasPrefix("journal."), case let digits = name.dropFirst("journal.".count),
-              !digits.isEmpty, digits.count <= 18, digits.first != "0", digits.allSatisfy({ $0.isASCII && $0.isNumber }) else { return nil }
-        return Int64(digits)
-    }
-
-    func journalPath(of device: String, generation: Int64) -> String {
-        "\(directory)/devices/\(device)/\(Self.journalName(generation))"
-    }
-
-    /// The generations of `device`'s journal present, lowest first: the last is current
-    /// (older ones are left only by a device that stopped while rewriting its journal).
-    func generations(of device: String) throws(StoreError) -> [Int64] {
-        let names: [String]
-        do { names = try directoryEntries("\(directory)/devices/\(device)") } catch {
-            if error.code == ENOENT { return [] }
-            throw .io(errno: error.code, error.context)
-        }
-        return names.compactMap(Self.generation(ofJournal:)).sorted()
-    }
-
-    /// Up to `limit` bytes of a journal from `offset` (nil: no such journal).
-    func journal(of device: String, generation: Int64, from offset: Int64, limit: Int) throws(StoreError) -> [UInt8]? {
-        let path = journalPath(of: device, generation: generation)
-        let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
-        if fd < 0 {
-            if errno == ENOENT { return nil }
-            throw .io(errno: errno, "open \(path)")
-        }
-        defer { close(fd) }
-        var st = stat()
-        guard fstat(fd, &st) == 0 else { throw .io(errno: errno, "stat \(path)") }
-        let size = Int64(st.st_size)
-        if size <= offset { return [] }
-        let count = Int(min(size - offset, Int64(limit)))
-        return try io { () throws(SystemError) in try readBytes(fd, count: count, at: offset, path: path) }
-    }
-
-    /// Complete lines of a journal from `offset`, read in one window: memory stays bounded
-    /// however large a (possibly hostile) journal grows. A window without a newline is
-    /// widened up to `maxLine`; a longer "line" is returned as `skipped` bytes, which never
-    /// parse. `end`: the offset after the last line (or the skipped bytes); `atEnd`: the
-    /// journal holds nothing after it but an incomplete line.
-    struct Lines {
-        var lines: [(start: Int64, bytes: ArraySlice<UInt8>)] = []
-        var end: Int64
-        var atEnd: Bool
-        var skipped = 0
-    }
-
-    func lines(of device: String, generation: Int64, from offset: Int64) throws(StoreError) -> Lines? {
-        var window = Self.journalWindow
-        while true {
-            guard let bytes = try journal(of: device, generation: generation, from: offset, limit: window) else { return nil }
-            let full = bytes.count == window
-            var result = Lines(end: offset, atEnd: !full)
-            var start = 0
-            while let newline = bytes[start...].firstIndex(of: UInt8(ascii: "\n")) {
-                result.lines.append((offset + Int64(start), bytes[start..<newline]))
-                start = newline + 1
+    /// One listing of `devices/` (a page per 1,000 keys: a few per device).
+    func devices() throws(StoreError) -> Devices {
+        let all = try call("list devices/") { () throws(BackingError) in try store.listAll(prefix: "devices/") }
+        var result = Devices()
+        var parts: [String: [UInt64: (count: Int, end: Int?, keys: [BackingKey])]] = [:]
+        for info in all {
+            let components = info.key.path.split(separator: "/")
+            guard components.count >= 3, Hex.isLowercase(String(components[1]), count: 16) else {
+                if components.count >= 2 { result.ignored.append(String(components[1])) }
+                continue
             }
-            if start == 0 && full {
-                if window < Self.maxLine { window = min(window * 4, Self.maxLine); continue }
-                result.skipped = bytes.count
-                start = bytes.count
+            let device = String(components[1])
+            let name = components[2]
+            if components.count == 3 {
+                if name.hasPrefix("keyvalue-"), let gen = UInt64(name.dropFirst("keyvalue-".count), radix: 16) {
+                    result.keyValues[device, default: []].append(gen)
+                } else if name == "journal" || name.hasPrefix("journal.") {
+                    result.legacyJournals.append(info.key)
+                }
+            } else if components.count == 4, name.hasPrefix("checkpoint-"),
+                      name.utf8.count == "checkpoint-".utf8.count + 16,
+                      let seq = UInt64(name.dropFirst("checkpoint-".count), radix: 16) {
+                var entry = parts[device, default: [:]][seq] ?? (0, nil, [])
+                entry.keys.append(info.key)
+                if components[3] == "end" {
+                    entry.end = Int(info.size)
+                } else if components[3].utf8.count == 8, components[3].allSatisfy({ $0.isASCII && $0.isNumber }) {
+                    entry.count += 1
+                }
+                parts[device, default: [:]][seq] = entry
             }
-            result.end = offset + Int64(start)
-            return result
         }
-    }
-
-    /// Appends lines to this device's journal and makes them durable. A journal left
-    /// ending mid-line by a crash gets its `\n` first, so the fragment stays one
-    /// malformed line that readers skip.
-    func append(_ lines: [String]) throws(StoreError) {
-        let path = journalPath(of: deviceID, generation: try generations(of: deviceID).last ?? 0)
-        let fd = Glibc.open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o644)
-        if fd < 0 { throw .io(errno: errno, "open \(path)") }
-        defer { close(fd) }
-        var st = stat()
-        guard fstat(fd, &st) == 0 else { throw .io(errno: errno, "stat \(path)") }
-        var bytes: [UInt8] = []
-        if st.st_size > 0 {
-            var last: UInt8 = 0
-            if pread(fd, &last, 1, off_t(st.st_size - 1)) == 1, last != UInt8(ascii: "\n") { bytes.append(UInt8(ascii: "\n")) }
-        }
-        for line in lines { bytes += Array(line.utf8) }
-        try io { () throws(SystemError) in try writeAll(fd, bytes, path: path) }
-        guard fsync(fd) == 0 else { throw .io(errno: errno, "fsync \(path)") }
-    }
-
-    /// Rewrites this device's journal as generation `generation` (a checkpoint): `write`
-    /// is given a function that adds lines; the new journal is made durable under a temp
-    /// name and renamed into place, then older generations are deleted. Returns its size.
-    func rewriteJournal(generation: Int64, _ write: (_ add: ([String]) throws(StoreError) -> Void) throws(StoreError) -> Void) throws(StoreError) -> Int64 {
-        let dir = "\(directory)/devices/\(deviceID)"
-        let temp = "\(dir)/.tmp-\(Self.journalName(generation))"
-        let fd = Glibc.open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        if fd < 0 { throw .io(errno: errno, "open \(temp)") }
-        var size: Int64 = 0
-        do throws(StoreError) {
-            defer { close(fd) }
-            try write { (lines) throws(StoreError) in
-                var bytes: [UInt8] = []
-                for line in lines { bytes += Array(line.utf8) }
-                try io { () throws(SystemError) in try writeAll(fd, bytes, path: temp) }
-                size += Int64(bytes.count)
+        for (device, seqs) in parts {
+            for (seq, entry) in seqs {
+                if entry.end != nil {
+                    result.checkpoints[device, default: [:]][seq] = entry.count
+                } else {
+                    result.partial[device, default: [:]][seq] = entry.keys
+                }
             }
-            guard fsync(fd) == 0 else { throw .io(errno: errno, "fsync \(temp)") }
-        } catch {
-            unlink(temp)
-            throw error
         }
-        let path = journalPath(of: deviceID, generation: generation)
-        guard rename(temp, path) == 0 else { let e = errno; unlink(temp); throw .io(errno: e, "rename \(temp)") }
-        try io { () throws(SystemError) in try fsyncPath(dir, directory: true) }
-        for old in try generations(of: deviceID) where old < generation {
-            let oldPath = journalPath(of: deviceID, generation: old)
-            if unlink(oldPath) != 0 && errno != ENOENT { throw .io(errno: errno, "unlink \(oldPath)") }
+        result.ignored = Array(Set(result.ignored)).sorted()
+        return result
+    }
+
+    /// Lines of a checkpoint part (nil: gone, rewritten meanwhile).
+    func checkpointPart(_ device: String, seq: UInt64, part: Int) throws(StoreError) -> [UInt8]? {
+        try object(Self.checkpointKey(device, seq: seq, part: Self.partName(part)))
+    }
+
+    /// The checkpoint's `end`: its part count, which must match the listing.
+    func checkpointEnd(_ device: String, seq: UInt64) throws(StoreError) -> (parts: Int, records: Int64)? {
+        guard let bytes = try object(Self.checkpointKey(device, seq: seq, part: "end")) else { return nil }
+        let text = String(decoding: bytes.prefix(200), as: UTF8.self)
+        var fields: [String: Int64] = [:]
+        for item in text.split(whereSeparator: { $0 == " " || $0 == "\n" }) {
+            let pair = item.split(separator: "=")
+            if pair.count == 2, let v = Int64(pair[1]), v >= 0 { fields[String(pair[0])] = v }
         }
-        return size
+        guard let parts = fields["parts"], parts <= 1 << 20, let records = fields["records"] else { return nil }
+        return (Int(parts), records)
     }
 
-    // MARK: files
-
-    /// The largest file this reads whole from the shared directory (FORMAT, objects): a
-    /// chunk is at most 4 MiB, so anything larger is damage and is not loaded.
-    static let maxFileSize = 8 << 20
-
-    func readFile(_ path: String) throws(StoreError) -> [UInt8]? {
-        try io { () throws(SystemError) in try UbiquitySystem.readFile(path, limit: Self.maxFileSize) }
+    /// Writes a checkpoint part by part (`write` calls `add` with lines); `end` last.
+    /// Returns (records, bytes). A part is at most about `partSize`.
+    func writeCheckpoint(seq: UInt64, _ write: (_ add: ([String]) throws(StoreError) -> Void) throws(StoreError) -> Void) throws(StoreError) -> (Int64, Int64) {
+        var buffer: [UInt8] = []
+        var part = 0, records: Int64 = 0, bytes: Int64 = 0
+        func flush() throws(StoreError) {
+            let key = Self.checkpointKey(deviceID, seq: seq, part: Self.partName(part))
+            let data = buffer
+            try call("put \(key)") { () throws(BackingError) in try store.put(key, data) }
+            bytes += Int64(buffer.count)
+            part += 1
+            buffer = []
+        }
+        try write { (lines) throws(StoreError) in
+            for line in lines {
+                buffer += Array(line.utf8)
+                records += 1
+                if buffer.count >= Self.partSize { try flush() }
+            }
+        }
+        if !buffer.isEmpty || part == 0 { try flush() }
+        let end = Array("parts=\(part) records=\(records)\n".utf8)
+        let key = Self.checkpointKey(deviceID, seq: seq, part: "end")
+        try call("put \(key)") { () throws(BackingError) in try store.put(key, end) }
+        return (records, bytes)
     }
 
-    private func writeAtomically(_ path: String, _ bytes: [UInt8]) throws(StoreError) {
-        try io { () throws(SystemError) in try writeFileAtomically(path, bytes, tempPrefix: ".tmp-\(deviceID)-") }
+    /// Deletes a checkpoint: its `end` first (readers then see it as incomplete), then the parts.
+    func deleteCheckpoint(_ device: String, seq: UInt64, parts: Int) throws(StoreError) {
+        try delete(Self.checkpointKey(device, seq: seq, part: "end"))
+        for part in 0..<parts { try delete(Self.checkpointKey(device, seq: seq, part: Self.partName(part))) }
     }
 
-    private func makeDir(_ path: String) throws(StoreError) {
-        try io { () throws(SystemError) in try makeDirectory(path) }
+    func delete(_ key: BackingKey) throws(StoreError) {
+        try call("delete \(key)") { () throws(BackingError) in try store.delete(key) }
     }
 
-    func list(_ path: String) throws(StoreError) -> [String] {
-        try io { () throws(SystemError) in try directoryEntries(path) }
+    // MARK: fossils
+
+    /// `fossils/<pack>`: a collector found the pack named by no record at the time in its
+    /// content (seconds since the epoch).
+    static func fossilKey(_ pack: String) -> BackingKey { BackingKey(checked: "fossils/\(pack)") }
+
+    /// The fossil markers present (pack → the stamp, read only by the collector: nil here).
+    func fossils() throws(StoreError) -> [String: ObjectInfo] {
+        let all = try call("list fossils/") { () throws(BackingError) in try store.listAll(prefix: "fossils/") }
+        var result: [String: ObjectInfo] = [:]
+        for info in all {
+            let name = String(info.key.path.dropFirst("fossils/".count))
+            if Pack.isName(name) { result[name] = info }
+        }
+        return result
     }
 
-    func io<T>(_ body: () throws(SystemError) -> T) throws(StoreError) -> T {
-        do { return try body() } catch { throw .io(errno: error.code, error.context) }
+    // MARK: errors
+
+    /// Runs a store call, its error as the StoreError the engine reports.
+    func call<T>(_ what: String, _ body: () throws(BackingError) -> T) throws(StoreError) -> T {
+        do { return try body() } catch { throw Self.storeError(error, what) }
+    }
+
+    static func storeError(_ error: BackingError, _ what: String) -> StoreError {
+        switch error {
+        case .notFound: return .io(errno: ENOENT, "\(what): \(error)")
+        case .exists: return .io(errno: EEXIST, "\(what): \(error)")
+        case .permanent: return .io(errno: EACCES, "\(what): \(error)")
+        case .transient, .garbage: return .io(errno: EIO, "\(what): \(error)")
+        }
     }
 }

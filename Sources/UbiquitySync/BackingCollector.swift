@@ -1,166 +1,179 @@
 import Glibc
+import UbiquityBacking
 import UbiquityStore
 import UbiquitySystem
 
-/// Collects the backing directory's objects (backing format 4, docs/FORMAT.md "Collecting
-/// the backing directory"), with no server and no lock any device must wait for: after
-/// Duplicacy's two-step "fossil collection", an object no journal names is first renamed
-/// to a fossil, and only deleted when it has been a fossil for `fossilAge` and still no
-/// journal names it. Whoever needs it meanwhile finds it again: readers read fossils,
-/// writers upload it again (they look for the exact name), and the next run renames back
-/// every fossil a journal names.
+/// Collects the backing store (backing format 5, docs/FORMAT.md "Collecting"), with no
+/// server and no lock any device must wait for. After Duplicacy's two-step "fossil
+/// collection": a pack no record names gets a marker `fossils/<pack>`, and is deleted
+/// only when the marker is `fossilAge` old and still no record names it; a pack named
+/// again meanwhile loses its marker. Writers never name a pack with a marker (they upload
+/// the chunks again: `SyncEngine.placeChunks`), and check at most `objectCheckValidity`
+/// before they write the segment, so a pack is never deleted under a new record.
+///
+/// Each device deletes only what it wrote (its segments that its newest checkpoint
+/// covers, its older checkpoints, its format-4 journal), except packs and markers, which
+/// any collector may delete once their week has passed.
 struct BackingCollector {
     let backing: Backing
-    /// Seconds an object must exist before it may become a fossil: a device writes its
-    /// objects before the records that name them, and may be in between.
+    /// Seconds a segment stays after a checkpoint covers it: peers that were behind read
+    /// it rather than the whole checkpoint.
     var objectGrace: Int64 = 86_400
-    /// Seconds a fossil waits before it is deleted: far longer than any device takes
-    /// from checking that an object is there to appending the record that names it (the
-    /// engine checks again if that took over an hour: `SyncEngine.Options.objectCheckValidity`).
+    /// Seconds a fossil waits before its pack is deleted.
     var fossilAge: Int64 = 7 * 86_400
 
     struct Report: Sendable {
-        var journals = 0
+        var checkpointsRead = 0
+        var segmentsRead = 0
         var records = 0
+        var packs = 0
         var referenced = 0
-        var objects = 0
         var fossilized = 0
         var restored = 0
         var deleted = 0
         var bytesDeleted: Int64 = 0
         var fossils = 0
-        var tempsDeleted = 0
+        var segmentsDeleted = 0
+        var checkpointsDeleted = 0
+        var legacyDeleted = 0
 
         var summary: String {
-            if journals == 0 && objects == 0 { return "no objects to collect (small files travel in their records)" }
-            return "read \(records) records in \(journals) journals (\(referenced) objects named); checked \(objects) objects: "
-                + "\(fossilized) became fossils, \(restored) fossils named again were restored, "
+            if packs == 0 && segmentsDeleted == 0 && legacyDeleted == 0 {
+                return "no packs to collect (small files travel in their records)"
+            }
+            var text = "read \(records) records in \(checkpointsRead) checkpoints and \(segmentsRead) segments (\(referenced) packs named); "
+                + "checked \(packs) packs: \(fossilized) became fossils, \(restored) fossils named again were restored, "
                 + "\(deleted) fossils deleted (\(byteText(bytesDeleted)) freed), \(fossils) fossils wait"
-                + (tempsDeleted > 0 ? "; \(tempsDeleted) unfinished uploads removed" : "")
+            if segmentsDeleted > 0 || checkpointsDeleted > 0 {
+                text += "; deleted \(segmentsDeleted) segments and \(checkpointsDeleted) checkpoints this device's checkpoint covers"
+            }
+            if legacyDeleted > 0 { text += "; deleted \(legacyDeleted) format-4 files" }
+            return text
         }
     }
 
     /// One run. `now` in seconds since the epoch. Throws without deleting anything if a
-    /// journal cannot be read (its references would be missing).
+    /// checkpoint or segment cannot be read (its references would be missing).
     func run(now: Int64, progress: ((String, Int, Int) -> Void)? = nil) throws(StoreError) -> Report {
-        let lockPath = backing.directory + "/gc.lock"
-        let lock = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
-        if lock < 0 { throw .io(errno: errno, "open \(lockPath)") }
-        defer { close(lock) }
-        // Two runs at once would only repeat each other's renames; the lock saves the work.
-        // A shared directory without flock (some network filesystems) runs unlocked.
-        if flock(lock, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK {
-            throw .io(errno: EBUSY, "another gc of \(backing.directory) is running (gc.lock)")
-        }
         var report = Report()
-        let prefixes = try backing.list(backing.directory + "/objects")
-            .filter { $0.utf8.count == 2 && Hex.isLowercase($0, count: 2) }.sorted()
-        // A container of small files has no objects (their chunks travel in the records):
-        // then there is nothing to collect and the journals need not be read.
-        guard prefixes.contains(where: { !((try? directoryEntries(backing.directory + "/objects/" + $0))?.isEmpty ?? true) }) else {
-            return report
-        }
-        let referenced = try references(&report, progress: progress)
-        report.referenced = referenced.count
-        for (i, prefix) in prefixes.enumerated() {
-            try collect(backing.directory + "/objects/" + prefix, referenced: referenced, now: now, into: &report)
-            progress?("collecting objects", i + 1, prefixes.count)
-        }
-        return report
-    }
-
-    /// Every object some journal line names (chunks not carried inline). Reads every
-    /// generation present; one that vanishes while read was rewritten by its device, whose
-    /// directory is then listed again.
-    private func references(_ report: inout Report, progress: ((String, Int, Int) -> Void)?) throws(StoreError) -> Set<ChunkID> {
-        var referenced: Set<ChunkID> = []
-        let devices = try backing.list(backing.directory + "/devices").filter { Hex.isLowercase($0, count: 16) }.sorted()
-        for (i, device) in devices.enumerated() {
-            var done: Set<Int64> = []
-            listing: while true {
-                let generations = try backing.generations(of: device).filter { !done.contains($0) }
-                if generations.isEmpty { break listing }
-                for generation in generations {
-                    var offset: Int64 = 0
-                    while true {
-                        guard let batch = try backing.lines(of: device, generation: generation, from: offset) else {
-                            done.insert(generation)
-                            continue listing
-                        }
-                        for line in batch.lines {
-                            guard case .success(let record) = RecordCodec.decode(line.bytes, journalDevice: device) else { continue }
-                            report.records += 1
-                            for (id, _) in record.chunks.chunks where record.inline[id] == nil { referenced.insert(id) }
-                        }
-                        offset = batch.end
-                        if batch.atEnd { break }
-                    }
-                    done.insert(generation)
-                    report.journals += 1
-                }
+        let devices = try backing.devices()
+        let log = try backing.call("list log/") { () throws(BackingError) in try backing.store.listAll(prefix: "log/") }
+            .compactMap { SegmentLog.SegmentName(key: $0.key) }
+        let packs = try backing.call("list packs/") { () throws(BackingError) in try backing.store.listAll(prefix: "packs/") }
+            .compactMap { info -> (String, Int64)? in
+                let name = String(info.key.path.split(separator: "/").last ?? "")
+                return Pack.isName(name) && info.key == Pack.key(name) ? (name, info.size) : nil
             }
-            progress?("reading journals", i + 1, devices.count)
+        report.packs = packs.count
+        let byDevice = Dictionary(grouping: log) { $0.device }
+        var referenced: Set<String> = []
+        if !packs.isEmpty {
+            let all = devices.devices.union(byDevice.keys).sorted()
+            for (i, device) in all.enumerated() {
+                try references(of: device, devices: devices, segments: byDevice[device] ?? [], into: &referenced, report: &report)
+                progress?("reading checkpoints and segments", i + 1, all.count)
+            }
         }
-        return referenced
-    }
-
-    private func collect(_ dir: String, referenced: Set<ChunkID>, now: Int64, into report: inout Report) throws(StoreError) {
-        let names: [String]
-        do { names = try directoryEntries(dir) } catch { return } // not a directory: ignored
-        let present = Set(names)
-        for name in names {
-            let path = dir + "/" + name
-            if let id = ChunkID(hex: name) {
-                report.objects += 1
-                guard !referenced.contains(id), let age = age(path, now: now), age >= objectGrace else { continue }
-                try move(path, to: path + Backing.fossilMark + String(now))
-                report.fossilized += 1
-                report.fossils += 1
-            } else if let range = name.firstRange(of: Backing.fossilMark), let id = ChunkID(hex: String(name[..<range.lowerBound])),
-                      let stamp = Int64(name[range.upperBound...]) {
-                let original = dir + "/" + String(name[..<range.lowerBound])
-                if referenced.contains(id) {
-                    if present.contains(String(name[..<range.lowerBound])) {
-                        try remove(path) // uploaded again meanwhile
-                    } else {
-                        try move(path, to: original)
-                    }
+        report.referenced = referenced.count
+        try collectOwn(devices: devices, segments: byDevice[backing.deviceID] ?? [], now: now, report: &report)
+        let fossils = try backing.fossils()
+        for (i, (pack, size)) in packs.enumerated() {
+            let marker = fossils[pack]
+            if referenced.contains(pack) {
+                if marker != nil {
+                    try backing.delete(Backing.fossilKey(pack))
                     report.restored += 1
-                } else if now.subtractingClamped(max(stamp, changed(path) ?? stamp)) >= fossilAge {
-                    // Aged by the later of the stamp (the renaming device's clock) and the
-                    // rename's ctime (the shared filesystem's): one clock far behind does
-                    // not shorten the week.
-                    var st = stat()
-                    let size = stat(path, &st) == 0 ? Int64(st.st_size) : 0
-                    try remove(path)
+                }
+            } else if marker != nil {
+                let stamp = try backing.object(Backing.fossilKey(pack)).flatMap { Int64(String(decoding: $0.prefix(20), as: UTF8.self).trimmingWhitespace) }
+                if let stamp, now.subtractingClamped(stamp) >= fossilAge {
+                    try backing.delete(Pack.key(pack))
+                    try backing.delete(Backing.fossilKey(pack))
                     report.deleted += 1
                     report.bytesDeleted = report.bytesDeleted.addingClamped(size)
+                } else if stamp == nil {
+                    // Unreadable: written again, so the week counts from now.
+                    try put(Backing.fossilKey(pack), "\(now)\n")
+                    report.fossils += 1
                 } else {
                     report.fossils += 1
                 }
-            } else if name.hasPrefix(".tmp-"), let age = age(path, now: now), age >= objectGrace {
-                try remove(path) // an upload that never finished
-                report.tempsDeleted += 1
+            } else {
+                try put(Backing.fossilKey(pack), "\(now)\n")
+                report.fossilized += 1
+                report.fossils += 1
             }
+            if i % 100 == 99 { progress?("collecting packs", i + 1, packs.count) }
+        }
+        let present = Set(packs.map(\.0))
+        for pack in fossils.keys where !present.contains(pack) { try backing.delete(Backing.fossilKey(pack)) }
+        return report
+    }
+
+    /// The packs `device`'s records name: its newest checkpoint and its segments after it.
+    private func references(of device: String, devices: Backing.Devices, segments: [SegmentLog.SegmentName],
+                            into referenced: inout Set<String>, report: inout Report) throws(StoreError) {
+        let checkpoint = devices.newestCheckpoint(of: device)
+        func take(_ bytes: [UInt8]) {
+            for line in bytes.split(separator: UInt8(ascii: "\n")) {
+                guard case .success(let record) = RecordCodec.decode(line, journalDevice: device) else { continue }
+                report.records += 1
+                for place in record.places.values { referenced.insert(place.pack) }
+            }
+        }
+        if let checkpoint {
+            for part in 0..<checkpoint.parts {
+                guard let bytes = try backing.checkpointPart(device, seq: checkpoint.seq, part: part) else {
+                    throw .io(errno: EAGAIN, "the checkpoint of device \(device) changed while it was read: run gc again")
+                }
+                take(bytes)
+            }
+            report.checkpointsRead += 1
+        }
+        for name in segments where name.seq > (checkpoint?.seq ?? 0) {
+            guard let bytes = try backing.segment(name) else {
+                throw .io(errno: EAGAIN, "segment \(name.key) went while it was read: run gc again")
+            }
+            take(bytes)
+            report.segmentsRead += 1
         }
     }
 
-    private func age(_ path: String, now: Int64) -> Int64? {
-        var st = stat()
-        guard stat(path, &st) == 0 else { return nil }
-        return now.subtractingClamped(Int64(st.st_mtim.tv_sec))
+    /// This device's own leftovers: segments its newest checkpoint covers (after the
+    /// grace), older checkpoints, unfinished ones, and its format-4 journal.
+    private func collectOwn(devices: Backing.Devices, segments: [SegmentLog.SegmentName], now: Int64, report: inout Report) throws(StoreError) {
+        let me = backing.deviceID
+        guard let newest = devices.newestCheckpoint(of: me) else { return }
+        let nowMs = now.multipliedClamped(by: 1000)
+        for name in segments where name.seq <= newest.seq && nowMs.subtractingClamped(name.time) >= objectGrace.multipliedClamped(by: 1000) {
+            try backing.delete(name.key)
+            report.segmentsDeleted += 1
+        }
+        for (seq, parts) in devices.checkpoints[me] ?? [:] where seq < newest.seq {
+            try backing.deleteCheckpoint(me, seq: seq, parts: parts)
+            report.checkpointsDeleted += 1
+        }
+        for (seq, keys) in devices.partial[me] ?? [:] where seq < newest.seq {
+            for key in keys { try backing.delete(key) }
+        }
+        let legacy = devices.legacyJournals.filter { $0.path.hasPrefix("devices/\(me)/") }
+        for key in legacy { try backing.delete(key) }
+        report.legacyDeleted += legacy.count
+        // Format 4's objects go once no device's format-4 journal is left.
+        if devices.legacyJournals.count == legacy.count {
+            let objects = try backing.call("list objects/") { () throws(BackingError) in try backing.store.listAll(prefix: "objects/") }
+            for info in objects { try backing.delete(info.key) }
+            report.legacyDeleted += objects.count
+        }
     }
 
-    private func changed(_ path: String) -> Int64? {
-        var st = stat()
-        return stat(path, &st) == 0 ? Int64(st.st_ctim.tv_sec) : nil
+    private func put(_ key: BackingKey, _ text: String) throws(StoreError) {
+        try backing.call("put \(key)") { () throws(BackingError) in try backing.store.put(key, Array(text.utf8)) }
     }
+}
 
-    private func move(_ from: String, to: String) throws(StoreError) {
-        if rename(from, to) != 0 && errno != ENOENT { throw .io(errno: errno, "rename \(from)") }
-    }
-
-    private func remove(_ path: String) throws(StoreError) {
-        if unlink(path) != 0 && errno != ENOENT { throw .io(errno: errno, "unlink \(path)") }
+extension String {
+    var trimmingWhitespace: String {
+        String(drop { $0 == " " || $0 == "\n" }.reversed().drop { $0 == " " || $0 == "\n" }.reversed())
     }
 }

@@ -1,17 +1,17 @@
 import Glibc
+import UbiquityBacking
 import UbiquityStore
 import UbiquitySystem
 
-/// The key-value store in the backing directory (docs/FORMAT.md, "Key-value store"): each
-/// device keeps one file, `devices/<id>/keyvalue`, with the entries it wrote that still
-/// win (tombstones too), replaced whole (temp name, fsync, rename) when they change. A
+/// The key-value store in the backing store (docs/FORMAT.md, "Key-value store"): each
+/// device keeps one file, `devices/<id>/keyvalue-<generation>`, with the entries it wrote
+/// that still win (tombstones too), written whole as a new generation when they change. A
 /// reader merges every other device's file into its store by the entries' stamps, so all
 /// devices that read the same files agree, in any order, however often they read them.
 /// The file is bounded by the store's limits (a value of 1 MiB at most, 1 MiB in all),
 /// so a whole-file exchange costs what the store holds, never what the tree holds.
 enum KeyValueCodec {
     static let header = "ubiquity-keyvalue 1\n"
-    static let fileName = "keyvalue"
     /// The largest file read: 1 MiB of values doubled by hex, 4,096 tombstones and the
     /// lines' keys, with room for a device whose limits are larger.
     static let maxFileSize = 16 << 20
@@ -77,47 +77,32 @@ enum KeyValueCodec {
     }
 }
 
-/// What was last read of a device's file: read again when any of these change.
-struct FileSignature: Equatable {
-    let size: Int64
-    let mtime: Int64
-    let inode: UInt64
-
-    init?(path: String) {
-        var st = stat()
-        guard stat(path, &st) == 0 else { return nil }
-        size = Int64(st.st_size)
-        mtime = Int64(st.st_mtim.tv_sec) &* 1_000_000_000 &+ Int64(st.st_mtim.tv_nsec)
-        inode = UInt64(st.st_ino)
-    }
-}
-
 extension SyncEngine {
-    /// Takes in the key-value files of other devices that changed since last read. One
-    /// stat per device when nothing changed. A device's file that cannot be read is
-    /// logged and skipped (the others, and this device's own publishing, go on).
-    func pullKeyValues(devices: [String]) throws(StoreError) {
-        for device in devices {
-            do { try pullKeyValues(of: device) } catch {
+    static let keyValueGenerationKey = "kv_generation"
+
+    /// Takes in the key-value files of other devices that changed since last read (the
+    /// listing of `devices/` names each device's newest generation). A device's file that
+    /// cannot be read is logged and skipped (the others, and this device's own
+    /// publishing, go on).
+    func pullKeyValues(_ listing: Backing.Devices) throws(StoreError) {
+        for (device, generations) in listing.keyValues.sorted(by: { $0.key < $1.key }) where device != backing.deviceID {
+            guard let newest = generations.max(), memory.keyValueSeen[device] != newest else { continue }
+            do { try pullKeyValues(of: device, generation: newest) } catch {
                 logOnce("ubiquity: sync: the key-value file of device \(device): \(error)")
             }
         }
     }
 
-    private func pullKeyValues(of device: String) throws(StoreError) {
-        let path = "\(backing.directory)/devices/\(device)/\(KeyValueCodec.fileName)"
-        guard let signature = FileSignature(path: path) else { return }
-        if kvSeen.withLock({ $0[device] }) == signature { return }
-        guard signature.size <= KeyValueCodec.maxFileSize else {
-            logOnce("ubiquity: sync: \(path) is \(signature.size) bytes, more than a key-value file can be: not read")
+    private func pullKeyValues(of device: String, generation: UInt64) throws(StoreError) {
+        let key = Backing.keyValueKey(device, generation: generation)
+        guard let bytes = try backing.object(key) else { return } // replaced meanwhile
+        guard bytes.count <= KeyValueCodec.maxFileSize else {
+            logOnce("ubiquity: sync: \(key) is \(bytes.count) bytes, more than a key-value file can be: not read")
+            memory.keyValueSeen[device] = generation
             return
         }
-        let bytes: [UInt8]
-        do { bytes = try readFile(path, limit: KeyValueCodec.maxFileSize) ?? [] } catch {
-            throw .io(errno: error.code, error.context)
-        }
         let (entries, rejected) = KeyValueCodec.decode(bytes, device: device)
-        for why in rejected.prefix(5) { logOnce("ubiquity: sync: \(path): \(why)") }
+        for why in rejected.prefix(5) { logOnce("ubiquity: sync: \(key): \(why)") }
         var refused: [String] = []
         try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
             let merged = try store.kvMerge(entries)
@@ -126,50 +111,44 @@ extension SyncEngine {
             changes.keyValues = merged.changes
             return changes
         }
-        for why in refused.prefix(5) { logOnce("ubiquity: sync: \(path): \(why)") }
-        kvSeen.withLock { $0[device] = signature }
+        for why in refused.prefix(5) { logOnce("ubiquity: sync: \(key): \(why)") }
+        memory.keyValueSeen[device] = generation
     }
 
-    /// Publishes this device's entries when they changed: after the durability barrier (a
-    /// power loss must not take back a value other devices have taken).
-    func pushKeyValues() throws(StoreError) {
+    /// Publishes this device's entries when they changed, as a new generation of its
+    /// file (then the older one is deleted): after the durability barrier (a power loss
+    /// must not take back a value other devices have taken). Returns whether it did.
+    func pushKeyValues() throws(StoreError) -> Bool {
         var entries: [KVEntry]?
-        var generation = ""
+        var marker = ""
+        var previous: UInt64 = 0
         try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
             if let changed = try store.kvUnpublished() {
                 entries = try store.kvOwnEntries()
-                generation = changed
+                marker = changed
+                previous = try store.setting(Self.keyValueGenerationKey).flatMap { UInt64($0) } ?? 0
             }
             return TreeChanges()
         }
-        guard let entries else { return }
+        guard let entries else { return false }
         try makeDurable()
-        let dir = "\(backing.directory)/devices/\(backing.deviceID)"
-        try backing.io { () throws(SystemError) in
-            try makeDirectories(dir)
-            // One temp name, reused: a crash leaves one file the next write replaces.
-            let temp = dir + "/.tmp-" + KeyValueCodec.fileName
-            let fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-            guard fd >= 0 else { throw .last("create \(temp)") }
-            var closed = false
-            do throws(SystemError) {
-                try writeAll(fd, KeyValueCodec.encode(entries), path: temp)
-                guard fsync(fd) == 0 else { throw .last("fsync \(temp)") }
-                closed = true
-                guard close(fd) == 0 else { throw .last("close \(temp)") }
-            } catch {
-                if !closed { close(fd) }
-                throw error
-            }
-            guard rename(temp, dir + "/" + KeyValueCodec.fileName) == 0 else { throw .last("rename \(temp)") }
-            try fsyncPath(dir, directory: true)
-        }
+        let generation = previous + 1
+        let key = Backing.keyValueKey(backing.deviceID, generation: generation)
+        let bytes = KeyValueCodec.encode(entries)
+        try backing.call("put \(key)") { () throws(BackingError) in try backing.store.put(key, bytes) }
         // Published: unless a write came meanwhile (the next cycle publishes it). A
-        // failure above leaves the mark, so the next cycle that reaches the directory
-        // (or the next mount, after a crash) publishes again.
+        // failure above leaves the mark, so the next cycle that reaches the store (or the
+        // next mount, after a crash) publishes again.
         try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-            try store.kvPublished(generation)
+            try store.setSetting(Self.keyValueGenerationKey, String(generation))
+            try store.kvPublished(marker)
             return TreeChanges()
         }
+        if previous > 0 {
+            do { try backing.delete(Backing.keyValueKey(backing.deviceID, generation: previous)) } catch {
+                logOnce("ubiquity: sync: could not delete the previous key-value file: \(error) (the next gc deletes it)")
+            }
+        }
+        return true
     }
 }

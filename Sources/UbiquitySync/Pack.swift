@@ -44,7 +44,7 @@ public enum Pack {
     }
 
     /// Collects chunks for one pack (not thread-safe: one writer per pack).
-    public struct Writer {
+    public struct Writer: Sendable {
         private(set) var bytes: [UInt8] = Pack.magic
         private(set) var entries: [(id: ChunkID, length: Int)] = []
         private var seen: Set<ChunkID> = []

@@ -28,7 +28,7 @@ public enum RecordCodec {
         fields.append(("path", percent(r.path)))
         if r.kind == .file {
             if r.isMeta { fields.append(("meta", "1")) }
-            fields += [("size", String(r.chunks.totalSize)), ("chunks", chunkItems(r.chunks, inline: r.inline))]
+            fields += [("size", String(r.chunks.totalSize)), ("chunks", chunkItems(r.chunks, inline: r.inline, places: r.places))]
         }
         if r.kind == .symlink { fields.append(("target", percent(r.target ?? ""))) }
         if !r.xattrs.isEmpty {
@@ -125,6 +125,20 @@ public enum RecordCodec {
                     record.inline[id] = bytes
                     continue
                 }
+                // Backing format 5: `@<pack>:<offset>` after a chunk says where it is.
+                var item = item
+                if let at = item.firstIndex(of: "@") {
+                    let place = item[item.index(after: at)...].split(separator: ":", omittingEmptySubsequences: false)
+                    guard place.count == 2, Hex.isLowercase(String(place[0]), count: 32), place[1].utf8.count <= 16,
+                          let offset = Int64(place[1]), offset >= 8, offset <= 1 << 42 else {
+                        throw Rejection("bad chunk place \(item.prefix(80))")
+                    }
+                    item = item[..<at]
+                    guard let chunk = ChunkID(hex: String(item.split(separator: ":").first ?? "")), record.places[chunk] == nil else {
+                        throw Rejection("bad chunk \(item.prefix(80))")
+                    }
+                    record.places[chunk] = ChunkPlace(pack: String(place[0]), offset: offset)
+                }
                 let parts = item.split(separator: ":")
                 guard parts.count == 2, let size = Int64(parts[1]), size > 0,
                       size <= maxFileSize - record.chunks.totalSize else { throw Rejection("bad chunk \(item.prefix(80))") }
@@ -192,13 +206,16 @@ public enum RecordCodec {
     }
 
     /// `<sha256>:<size>` per chunk, `hole:<length>` per hole (backing format 2), and
-    /// `=<hex bytes>` for the first occurrence of a chunk in `inline` (format 4).
-    static func chunkItems(_ list: ChunkList, inline: [ChunkID: [UInt8]] = [:]) -> String {
+    /// `=<hex bytes>` for the first occurrence of a chunk in `inline` (format 4), and
+    /// `@<pack>:<offset>` after the first occurrence of a chunk in `places` (format 5).
+    static func chunkItems(_ list: ChunkList, inline: [ChunkID: [UInt8]] = [:], places: [ChunkID: ChunkPlace] = [:]) -> String {
         var written: Set<ChunkID> = []
         return (0..<list.count).map { i in
             if list.isHole(i) { return "hole:\(list.size(i))" }
             let id = list.ids[i]
-            if let bytes = inline[id], written.insert(id).inserted { return "=" + Hex.encode(bytes) }
+            let first = written.insert(id).inserted
+            if let bytes = inline[id], first { return "=" + Hex.encode(bytes) }
+            if first, let place = places[id] { return "\(id.hex):\(list.size(i))@\(place.pack):\(place.offset)" }
             return "\(id.hex):\(list.size(i))"
         }.joined(separator: ",")
     }

@@ -1,11 +1,13 @@
+import UbiquityBacking
 import UbiquityStore
 import UbiquitySystem
 
 /// `ubiquity fsck --repair`: fetches the chunks fsck found missing or damaged from the
-/// backing directory, where every uploaded chunk is an object named by its hash. Each
-/// object is verified (hash and the size its versions record) before it replaces the
-/// damaged copy; chunks are immutable, so this is safe while the store is mounted (a
-/// reader of the chunk at that moment gets EIO, as it did before the repair).
+/// backing store: from the pack the store knows holds each (`chunk_places`), or, for a
+/// chunk that went out in backing format 4 and is still there, from `objects/`. Each is
+/// verified (hash and the size its versions record) before it replaces the damaged copy;
+/// chunks are immutable, so this is safe while the store is mounted (a reader of the chunk
+/// at that moment gets EIO, as it did before the repair).
 public enum Repair {
     public struct Report: Sendable {
         public var repaired: [ChunkID] = []
@@ -14,28 +16,31 @@ public enum Repair {
     }
 
     /// Repairs `damaged` (chunk → size, from `Fsck.Report.damaged`) into `chunks`.
-    public static func run(damaged: [ChunkID: Int64], chunks: ChunkStore, backingDirectory: String,
-                           progress: ((Int, Int) -> Void)? = nil) throws(StoreError) -> Report {
+    public static func run(damaged: [ChunkID: Int64], chunks: ChunkStore, backing: any BackingStore,
+                           places: [ChunkID: ChunkPlace], progress: ((Int, Int) -> Void)? = nil) throws(StoreError) -> Report {
         var report = Report()
-        let backing = Backing(directory: backingDirectory, deviceID: "")
         for (i, (id, size)) in damaged.sorted(by: { $0.key.hex < $1.key.hex }).enumerated() {
             defer { progress?(i + 1, damaged.count) }
-            let bytes: [UInt8]
-            do throws(StoreError) {
-                guard let found = try backing.object(id) else {
-                    report.unrepaired.append((id, "not in the backing directory"))
-                    continue
-                }
-                bytes = found
-            } catch .corruptChunk {
-                report.unrepaired.append((id, "the backing directory's copy is damaged too"))
-                continue
-            } catch {
-                report.unrepaired.append((id, "\(error)"))
+            guard size >= 0, size <= Int64(ChunkStore.maxChunkSize) else {
+                report.unrepaired.append((id, "its versions record \(size) bytes"))
                 continue
             }
-            guard Int64(bytes.count) == size else {
-                report.unrepaired.append((id, "the backing directory's copy has \(bytes.count) bytes, not \(size)"))
+            var why = "no pack is known to hold it and it is not in objects/ (format 4)"
+            var bytes: [UInt8]?
+            if let place = places[id] {
+                let failures = PackFetch(store: backing, width: 1).fetch([PackFetch.Want(id: id, size: Int(size), place: place)]) { _, got in
+                    bytes = got
+                }
+                if let failure = failures[id] { why = failure }
+            }
+            if bytes == nil {
+                let hex = id.hex
+                if let got = try? backing.get(BackingKey(checked: "objects/\(hex.prefix(2))/\(hex)"), range: 0..<Int64(size) + 1) {
+                    if ChunkID(hashing: got) == id && Int64(got.count) == size { bytes = got } else { why = "the backing store's copy is damaged too" }
+                }
+            }
+            guard let bytes else {
+                report.unrepaired.append((id, why))
                 continue
             }
             chunks.discard(id)

@@ -101,6 +101,20 @@ public enum SegmentLog {
     /// 1,000 keys in the window), plus one LIST of a device's own segments where its
     /// sequence shows a gap. `exclude`: this device (it does not read its own log).
     public static func poll(_ store: any BackingStore, after cursor: Cursor, exclude: String? = nil) throws(BackingError) -> (segments: [SegmentName], cursor: Cursor) {
+        let result = try look(store, after: cursor, exclude: exclude)
+        return (result.segments, result.cursor)
+    }
+
+    /// What one look at the log found: `poll`'s answer, and the devices whose next
+    /// segment is missing although later ones are there (collected after a checkpoint,
+    /// which the reader then reads instead).
+    public struct Look: Sendable {
+        public var segments: [SegmentName]
+        public var cursor: Cursor
+        public var blocked: Set<String>
+    }
+
+    public static func look(_ store: any BackingStore, after cursor: Cursor, exclude: String? = nil) throws(BackingError) -> Look {
         let from = max(0, cursor.listedUpTo - skewWindowMs)
         let start = BackingKey(checked: prefix + SegmentName.timeText(from))
         var found: [SegmentName] = []
@@ -122,6 +136,7 @@ public enum SegmentLog {
         var byDevice: [String: [SegmentName]] = [:]
         for name in found { byDevice[name.device, default: []].append(name) }
         var result: [SegmentName] = []
+        var blocked: Set<String> = []
         var next = cursor
         for device in byDevice.keys.sorted() {
             var names = byDevice[device]!.sorted { $0.seq < $1.seq }
@@ -132,6 +147,7 @@ public enum SegmentLog {
                 // Take only the contiguous run; a later segment waits for the missing one.
                 var run: [SegmentName] = []
                 for n in names where n.seq == have + UInt64(run.count) + 1 { run.append(n) }
+                if run.isEmpty && !names.isEmpty { blocked.insert(device) }
                 names = run
             }
             // Segments of one seq seen twice (never written so, but not trusted) count once.
@@ -141,7 +157,7 @@ public enum SegmentLog {
             if let last = names.last { next.applied[device] = last.seq }
         }
         next.listedUpTo = highest
-        return (result, next)
+        return Look(segments: result, cursor: next, blocked: blocked)
     }
 
     /// Every segment of one device (a full listing of the log, filtered: only on a gap).

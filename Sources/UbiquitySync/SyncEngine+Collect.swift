@@ -1,72 +1,86 @@
 import Glibc
+import UbiquityBacking
 import UbiquityStore
 import UbiquitySystem
 
-/// Keeping the backing directory within the retention policy (backing format 4): this
-/// device rewrites its own journal without the records it pruned (a checkpoint), and the
-/// collector turns objects no journal names into fossils and deletes old fossils.
+/// Keeping the backing store within the retention policy (backing format 5): this device
+/// writes a checkpoint of its live records (so its segments and the records it pruned can
+/// go), and the collector turns packs no record names into fossils and deletes old ones.
 extension SyncEngine {
     public struct Checkpoint: Sendable {
-        public var generation: Int64
+        public var seq: UInt64
         public var records: Int64
         public var bytes: Int64
     }
 
-    /// Rewrites this device's journal as a new generation holding its records the store
-    /// still has (in the order they were made, small chunks inline), if a quarter of the
-    /// journal's records are pruned (or `force`). Runs as a sync cycle would (nothing is
-    /// appended meanwhile); other devices read the new generation from its start.
+    /// Writes a checkpoint of this device's records if a quarter of those in the last one
+    /// are pruned, or its segments since add up to a quarter of its size (so the log
+    /// stays short and a joining device reads little more than the checkpoints), or
+    /// `force`. Runs as a sync cycle would (nothing is pushed meanwhile).
     @discardableResult
     public func checkpointJournal(force: Bool = false) throws(StoreError) -> Checkpoint? {
         try cycleLock.withLock { (_: inout ()) throws(StoreError) -> Checkpoint? in
-            var due = force
-            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-                if !due { due = try store.journalCheckpointDue() }
-                return TreeChanges()
+            let due = try withStoreValue { (store) throws(StoreError) -> Bool in
+                if force { return true }
+                if try store.journalCheckpointDue() { return true }
+                let log = try store.setting(Self.logBytesKey).flatMap { Int64($0) } ?? 0
+                let last = try store.setting(Self.checkpointBytesKey).flatMap { Int64($0) } ?? 0
+                return log > 0 && log.multipliedClamped(by: 4) >= max(last, 1 << 20)
             }
             guard due else { return nil }
-            try backing.open()
-            let generation = (try backing.generations(of: backing.deviceID).last ?? 0) + 1
-            var records: Int64 = 0
-            var after: Int64 = 0
-            let bytes = try backing.rewriteJournal(generation: generation) { (add) throws(StoreError) in
-                while true {
-                    var page: [(row: Int64, record: SyncRecord)] = []
-                    try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-                        // Small pages: saves wait for the filesystem's lock meanwhile.
-                        page = try store.uploadedRecords(after: after, limit: 200)
-                        return TreeChanges()
-                    }
-                    guard let last = page.last else { return }
-                    // Small chunks inline; an object gone from the backing directory (a
-                    // fossil deleted too early, a damaged copy removed) is uploaded again.
-                    var batch = page.map(\.record)
-                    try uploadObjects(&batch, tolerant: true)
-                    try add(batch.map(RecordCodec.encode))
-                    records += Int64(page.count)
-                    after = last.row
-                }
-            }
-            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-                try store.journalRewritten(records: records)
-                return TreeChanges()
-            }
-            log("ubiquity: sync: rewrote this device's journal as \(Backing.journalName(generation)): \(records) records, \(byteText(bytes))")
-            return Checkpoint(generation: generation, records: records, bytes: bytes)
+            try openBacking()
+            return try writeCheckpoint()
         }
     }
 
-    /// The backing directory's gc: a checkpoint of this device's journal if one is due,
-    /// then the object collector. `now`: seconds since the epoch. Returns the report line.
+    /// Writes the checkpoint (callers hold `cycleLock`): every record of this device in
+    /// the store that went out, in the order they were made, covering its segments up to
+    /// the last. Older checkpoints are deleted by the collector.
+    @discardableResult
+    func writeCheckpoint() throws(StoreError) -> Checkpoint {
+        let devices = try backing.devices()
+        var seq = try withStoreValue { (store) throws(StoreError) in try store.setting(Self.seqKey).flatMap { UInt64($0) } ?? 0 }
+        if let newest = devices.newestCheckpoint(of: backing.deviceID), newest.seq >= seq {
+            // A checkpoint of this seq is there (readers may have read it): a new seq, by
+            // an empty segment, so no key is ever written twice.
+            try writeSegment([], ids: [])
+            seq += 1
+        }
+        var after: Int64 = 0
+        let (records, bytes) = try backing.writeCheckpoint(seq: seq) { (add) throws(StoreError) in
+            while true {
+                // Small pages: saves wait for the filesystem's lock meanwhile.
+                let page = try withStoreValue { (store) throws(StoreError) in try store.uploadedRecords(after: after, limit: 200) }
+                guard let last = page.last else { return }
+                // Small chunks inline; a chunk whose pack is gone or a fossil (or never had
+                // one: records from format 4) goes into a new pack.
+                var batch = page.map(\.record)
+                try placeChunks(&batch, tolerant: true)
+                try add(batch.map(RecordCodec.encode))
+                after = last.row
+            }
+        }
+        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try store.journalRewritten(records: records)
+            try store.setSetting(Self.logBytesKey, "0")
+            try store.setSetting(Self.checkpointBytesKey, String(bytes))
+            return TreeChanges()
+        }
+        log("ubiquity: sync: wrote checkpoint \(seq) of this device: \(records) records, \(byteText(bytes))")
+        return Checkpoint(seq: seq, records: records, bytes: bytes)
+    }
+
+    /// The backing store's gc: a checkpoint of this device's records if one is due, then
+    /// the collector. `now`: seconds since the epoch. Returns the report line.
     public func collectBacking(now: Int64 = Int64(time(nil)), progress: ((String, Int, Int) -> Void)? = nil) throws(StoreError) -> String {
-        if state.withLock({ $0.paused }) { return "backing directory: not collected (syncing is paused)" }
-        try backing.open()
+        if state.withLock({ $0.paused }) { return "backing store: not collected (syncing is paused)" }
+        try cycleLock.withLock { (_: inout ()) throws(StoreError) in try openBacking() }
         let checkpoint = try checkpointJournal()
         let collector = BackingCollector(backing: backing, objectGrace: options.objectGrace, fossilAge: options.fossilAge)
         let report = try collector.run(now: now, progress: progress)
-        var text = "backing directory: "
+        var text = "backing store: "
         if let checkpoint {
-            text += "rewrote this device's journal (\(checkpoint.records) records, \(byteText(checkpoint.bytes))); "
+            text += "wrote a checkpoint of this device's records (\(checkpoint.records) records, \(byteText(checkpoint.bytes))); "
         }
         return text + report.summary
     }

@@ -28,7 +28,7 @@ struct FsckCommand: ParsableCommand {
     @Flag(help: "Fetch missing or damaged chunks from the backing directory.")
     var repair = false
 
-    @Option(help: "Backing directory for --repair. Default: the one the store last synced with.")
+    @Option(help: "Backing store for --repair (a directory or s3://BUCKET[/PREFIX]). Default: the one the store last synced with.")
     var backing: String?
 
     func run() throws {
@@ -39,7 +39,7 @@ struct FsckCommand: ParsableCommand {
         if repair && !report.damaged.isEmpty {
             let backingDir: String
             if let backing {
-                backingDir = Paths.absolute(backing)
+                backingDir = BackingChoice.isURL(backing) ? backing : Paths.absolute(backing)
             } else if let last = try? s.setting("backing") {
                 backingDir = last
             } else {
@@ -51,7 +51,9 @@ struct FsckCommand: ParsableCommand {
                 let chunks = try ChunkStore(directory: dir + "/chunks")
                 var progress: ((Int, Int) -> Void)?
                 if isatty(STDERR_FILENO) != 0 { progress = Self.repairProgress }
-                result = try Repair.run(damaged: report.damaged, chunks: chunks, backingDirectory: backingDir, progress: progress)
+                let places = try s.chunkPlaces(report.damaged.keys)
+                let store = try BackingChoice.open(backingDir, check: false)
+                result = try Repair.run(damaged: report.damaged, chunks: chunks, backing: store, places: places, progress: progress)
             } catch { throw CLIError("\(error)") }
             print("repaired \(result.repaired.count) chunk(s)")
             for (id, why) in result.unrepaired { print("NOT REPAIRED: chunk \(id): \(why)") }

@@ -29,7 +29,9 @@ struct MountCommand: ParsableCommand {
     @Option(help: "Store directory (chunks and metadata). Default: $XDG_DATA_HOME/ubiquity/<container>/store")
     var store: String?
 
-    @Option(help: "Backing directory shared with other devices. Default: $XDG_DATA_HOME/ubiquity/<container>/backing")
+    @Option(help: ArgumentHelp("Where devices meet: a directory every device can open, or s3://BUCKET[/PREFIX].",
+                               discussion: "Default: $UBIQUITY_BACKING if set, else $XDG_DATA_HOME/ubiquity/<container>/backing. For S3, credentials, region and endpoint come from the AWS variables and files (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE with ~/.aws/credentials and ~/.aws/config, AWS_REGION, AWS_ENDPOINT_URL, AWS_CA_BUNDLE), never from the command line.",
+                               valueName: "DIR|s3://BUCKET[/PREFIX]"))
     var backing: String?
 
     @Option(help: "This device's name, shown in version names. Default: the stored name, else the hostname.")
@@ -62,9 +64,9 @@ struct MountCommand: ParsableCommand {
     func validate() throws {
         if let device, device.isEmpty || device.contains("/") { throw ValidationError("--device must be a non-empty name without '/'") }
         if !(poll >= 0.05 && poll <= 3600) { throw ValidationError("--poll must be between 0.05 and 3600 seconds") }
-        if let backing, backing.contains("://") {
-            // Not a directory path (it would make a directory named "s3:"): say what works.
-            throw ValidationError("--backing \(backing): only a directory works as a backing store in this version; syncing through S3 is being built (README, \"Backing stores\")")
+        if let backing, BackingChoice.isURL(backing), !backing.hasPrefix("s3://") {
+            // Not a directory path (it would make a directory named "x:"): say what works.
+            throw ValidationError("--backing \(backing): give a directory or s3://BUCKET[/PREFIX]")
         }
     }
 
@@ -73,7 +75,8 @@ struct MountCommand: ParsableCommand {
         if mountpoint == nil && Paths.env("UBIQUITY_MOUNTPOINT")?.isEmpty != false { try checkDefaultPlace(mp) }
         let data = Paths.dataDirectory(container: container)
         let storeDir = store.map(Paths.absolute) ?? data + "/store"
-        let backingDir = backing.map(Paths.absolute) ?? data + "/backing"
+        let named = backing ?? Paths.env("UBIQUITY_BACKING")
+        let backingDir = named.map { BackingChoice.isURL($0) ? $0 : Paths.absolute($0) } ?? data + "/backing"
         var st = stat()
         clearDeadMount(mp)
         if stat(mp, &st) != 0 {
@@ -93,7 +96,8 @@ struct MountCommand: ParsableCommand {
         let ready = Readiness(pipeFD: readyFD)
         do {
             let store = try Store(directory: storeDir, deviceName: device)
-            try makeDirectoriesForCLI(backingDir)
+            if !BackingChoice.isURL(backingDir) { try makeDirectoriesForCLI(backingDir) }
+            let backingStore = try BackingChoice.open(backingDir, check: true)
             // `ubiquity fsck --repair` fetches damaged chunks from here by default.
             try store.setSetting("backing", backingDir)
             var fsOptions = FileSystem.Options()
@@ -123,7 +127,7 @@ struct MountCommand: ParsableCommand {
                 syncOptions.fossilAge = seconds
                 log("ubiquity: UBQ_TEST_FOSSIL_AGE: fossils are deleted after \(seconds) s (a test setting)")
             }
-            let sync = SyncEngine(access: fs, store: store, backingDirectory: backingDir, options: syncOptions)
+            let sync = SyncEngine(access: fs, store: store, backing: backingStore, options: syncOptions)
             fs.attach(sync: sync)
             fs.onTreeChange { session.invalidate($0) }
             try session.mount()

@@ -1,0 +1,286 @@
+import Glibc
+import UbiquityBacking
+import UbiquityStore
+import UbiquitySystem
+
+/// Taking in other devices' records (backing format 5): one LIST of the log finds every
+/// peer's new segments; a peer this device is behind of further than its segments go
+/// (they were collected, or it never read that peer) is read from its newest checkpoint.
+/// Records a slice per hold of the filesystem's lock, each slice's chunks first fetched
+/// with ranged GETs of their packs (adjacent chunks of one pack in one GET) and verified.
+extension SyncEngine {
+    func pull() throws(StoreError) {
+        var cursor = try loadCursor()
+        var look = try lookAtLog(cursor)
+        if !look.segments.isEmpty || !look.blocked.isEmpty {
+            memory.scanDevices = true
+            noteActivity()
+        }
+        if memory.scanDevices {
+            let devices = try backing.devices()
+            for name in devices.ignored {
+                logOnce("ubiquity: sync: ignoring devices/\(RecordCodec.printable(name)) in the backing store (not a device id)")
+            }
+            var readAny = false
+            for device in devices.checkpoints.keys.sorted() where device != backing.deviceID {
+                guard let newest = devices.newestCheckpoint(of: device) else { continue }
+                let applied = cursor.applied[device, default: 0]
+                let generation = try generation(of: device)
+                guard newest.seq > applied || (newest.seq == 0 && generation == 0) else { continue }
+                if try readCheckpoint(of: device, seq: newest.seq, parts: newest.parts, cursor: &cursor) { readAny = true }
+            }
+            try pullKeyValues(devices)
+            memory.scanDevices = false
+            if readAny { look = try lookAtLog(cursor) }
+        }
+        for device in look.blocked.sorted() {
+            logOnce("ubiquity: sync: device \(device): segment \(cursor.applied[device, default: 0] + 1) is missing from the log and no checkpoint covers it; its later records wait")
+        }
+        var stopped: Set<String> = []
+        for name in look.segments where !stopped.contains(name.device) {
+            guard name.seq == cursor.applied[name.device, default: 0] + 1 else { continue }
+            guard let bytes = try backing.segment(name) else {
+                // Collected since it was listed: its checkpoint has it (next cycle).
+                memory.scanDevices = true
+                stopped.insert(name.device)
+                continue
+            }
+            let generation = try generation(of: name.device)
+            let complete = try apply(lines(bytes), of: name.device, generation: generation, source: name.key.path)
+            guard complete else {
+                stopped.insert(name.device)
+                continue
+            }
+            cursor.applied[name.device] = name.seq
+            try savePosition(name.device, cursor: cursor)
+        }
+        cursor.listedUpTo = max(cursor.listedUpTo, look.cursor.listedUpTo)
+        let listed = cursor.listedUpTo
+        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try store.setSetting(Self.listedKey, String(listed))
+            return TreeChanges()
+        }
+        memory.cursor = cursor
+    }
+
+    static let listedKey = "log_listed"
+
+    private func lookAtLog(_ cursor: SegmentLog.Cursor) throws(StoreError) -> SegmentLog.Look {
+        try backing.call("list log/") { () throws(BackingError) in
+            try SegmentLog.look(backing.store, after: cursor, exclude: backing.deviceID)
+        }
+    }
+
+    /// The cursor: in memory, loaded from the store (setting `log_listed` and the
+    /// segment seq applied per device in `sync_peers`) the first time.
+    private func loadCursor() throws(StoreError) -> SegmentLog.Cursor {
+        if let cursor = memory.cursor { return cursor }
+        var cursor = SegmentLog.Cursor()
+        var generations: [String: Int64] = [:]
+        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            cursor.listedUpTo = max(0, try store.setting(Self.listedKey).flatMap { Int64($0) } ?? 0)
+            for (device, position) in try store.peerPositions() {
+                if position.offset > 0 { cursor.applied[device] = UInt64(position.offset) }
+                generations[device] = position.generation
+            }
+            return TreeChanges()
+        }
+        memory.cursor = cursor
+        memory.generations = generations
+        return cursor
+    }
+
+    /// The generation (checkpoint seq + 1) `device`'s records are read in: pruned records
+    /// met there are marked with it (Store+Journal).
+    private func generation(of device: String) throws(StoreError) -> Int64 {
+        memory.generations[device] ?? 0
+    }
+
+    private func savePosition(_ device: String, cursor: SegmentLog.Cursor) throws(StoreError) {
+        let position = Store.JournalPosition(generation: memory.generations[device] ?? 0,
+                                             offset: Int64(clamping: cursor.applied[device, default: 0]))
+        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try store.setPeerPosition(device, position)
+            return TreeChanges()
+        }
+    }
+
+    /// Reads `device`'s checkpoint `seq` whole; true when it was (false: rewritten
+    /// meanwhile, or a record waits: the next cycle tries again).
+    private func readCheckpoint(of device: String, seq: UInt64, parts: Int, cursor: inout SegmentLog.Cursor) throws(StoreError) -> Bool {
+        guard let end = try backing.checkpointEnd(device, seq: seq), end.parts == parts else { return false }
+        let generation = Int64(clamping: seq) + 1
+        // Stored at once: a prune while the checkpoint is read must remember what it drops
+        // as met in it (`seen`), or reaching its end would forget it.
+        memory.generations[device] = generation
+        try savePosition(device, cursor: cursor)
+        for part in 0..<parts {
+            guard let bytes = try backing.checkpointPart(device, seq: seq, part: part) else { return false }
+            let source = "devices/\(device)/checkpoint-\(seq) part \(part)"
+            guard try apply(lines(bytes), of: device, generation: generation, source: source) else { return false }
+        }
+        let forgotten = try withStoreValue { (store) throws(StoreError) in try store.forgetPrunedRecords(of: device, before: generation) }
+        if forgotten > 0 {
+            log("ubiquity: sync: device \(device) wrote a checkpoint without \(forgotten) record(s) this device pruned: forgotten")
+        }
+        cursor.applied[device] = max(cursor.applied[device, default: 0], seq)
+        try savePosition(device, cursor: cursor)
+        log("ubiquity: sync: read the checkpoint of device \(device) (\(end.records) records)")
+        return true
+    }
+
+    /// The complete lines of an object (a last line without its newline is damage).
+    func lines(_ bytes: [UInt8]) -> [ArraySlice<UInt8>] {
+        var result = bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false)
+        if result.last?.isEmpty == true { result.removeLast() } else if !result.isEmpty { result.removeLast() }
+        return result
+    }
+
+    /// Takes in the records of `lines` this store does not hold, in order, a slice per
+    /// hold of the filesystem's lock. Returns false when one waits (a chunk could not be
+    /// fetched): those before it are in, it and those after are read again next cycle.
+    func apply(_ lines: [ArraySlice<UInt8>], of device: String, generation: Int64, source: String) throws(StoreError) -> Bool {
+        var records: [SyncRecord] = []
+        for (n, line) in lines.enumerated() {
+            switch RecordCodec.decode(line, journalDevice: device) {
+            case .failure(let why): logOnce("ubiquity: sync: skipping line \(n + 1) of \(source): \(why)")
+            case .success(let record): records.append(record)
+            }
+        }
+        if records.isEmpty { return true }
+        let ids = records.map(\.id)
+        let held = try withStoreValue { (store) throws(StoreError) in try store.knownRecords(ids, device: device, generation: generation) }
+        let fresh = records.filter { !held.contains($0.id) }
+        var places: [ChunkID: ChunkPlace] = [:]
+        for record in records { places.merge(record.places) { a, _ in a } }
+        let (ready, complete) = try fetchChunks(of: fresh, source: source)
+        var start = 0
+        repeat {
+            let slice = Array(ready[start..<min(ready.count, start + options.pullSlice)])
+            let learn = start == 0 ? places : [:]
+            try access.withStore { (store, busy) throws(StoreError) -> TreeChanges in
+                try store.setChunkPlaces(learn)
+                if !slice.isEmpty { try store.addRemote(slice) }
+                return try store.reconcile(busy: busy)
+            }
+            start += slice.count
+            if start < ready.count { usleep(200) }
+        } while start < ready.count
+        return complete
+    }
+
+    /// Copies the chunks of `records` that are not local into the chunk store, each
+    /// verified; returns the records ready to apply, in order, up to the first that waits
+    /// (malformed ones are logged and skipped), and whether none waits.
+    private func fetchChunks(of records: [SyncRecord], source: String) throws(StoreError) -> ([SyncRecord], Bool) {
+        var wanted: [ChunkID: Int] = [:]
+        for record in records {
+            for (id, size) in record.chunks.chunks where record.inline[id] == nil && !chunks.contains(id) { wanted[id] = Int(size) }
+        }
+        let unplaced = wanted.keys.filter { id in !records.contains { $0.places[id] != nil } }
+        let known = unplaced.isEmpty ? [:] : try withStoreValue { (store) throws(StoreError) in try store.chunkPlaces(unplaced) }
+        var located: [PackFetch.Want] = []
+        for (id, size) in wanted {
+            guard let place = records.lazy.compactMap({ $0.places[id] }).first ?? known[id] else { continue }
+            located.append(PackFetch.Want(id: id, size: size, place: place))
+        }
+        let failures = PackFetch(store: backing.store, width: options.parallelRequests).fetch(located) { id, bytes throws(StoreError) in
+            try chunks.put(id, bytes)
+        }
+        var ready: [SyncRecord] = []
+        records: for record in records {
+            for (id, size) in record.chunks.chunks {
+                if let bytes = record.inline[id] {
+                    // Carried in the record, checked against its id by the codec.
+                    do { try chunks.put(id, bytes) } catch {
+                        logOnce("ubiquity: sync: record \(record.id) of \(source) waits: chunk \(id.hex): \(error)")
+                        return (ready, false)
+                    }
+                    continue
+                }
+                if let stored = chunks.size(of: id) {
+                    if stored != Int(size) {
+                        logOnce("ubiquity: sync: skipping record \(record.id) of \(source): chunk \(id.hex) is \(stored) bytes, not \(size)")
+                        continue records
+                    }
+                    continue
+                }
+                let why = failures[id] ?? "no pack holds chunk \(id.hex) (its record names no place)"
+                logOnce("ubiquity: sync: record \(record.id) of \(source) waits: \(why)")
+                return (ready, false)
+            }
+            ready.append(record)
+        }
+        return (ready, true)
+    }
+}
+
+/// Fetches chunks from packs: those of one pack sorted by offset, neighbours (at most
+/// `gap` apart, `span` bytes in all) in one ranged GET, GETs `width` at once; every
+/// chunk verified against its id before `keep` gets it.
+struct PackFetch {
+    struct Want: Sendable {
+        let id: ChunkID
+        let size: Int
+        let place: ChunkPlace
+    }
+
+    let store: any BackingStore
+    let width: Int
+    var gap: Int64 = 256 << 10
+    var span: Int64 = 16 << 20
+
+    /// Returns why each chunk that was not kept was not.
+    func fetch(_ wants: [Want], keep: (ChunkID, [UInt8]) throws(StoreError) -> Void) -> [ChunkID: String] {
+        var failures: [ChunkID: String] = [:]
+        var runs: [[Want]] = []
+        let byPack = Dictionary(grouping: wants) { $0.place.pack }
+        for pack in byPack.keys.sorted() {
+            guard Pack.isName(pack) else {
+                for w in byPack[pack]! { failures[w.id] = "a bad pack name in its place" }
+                continue
+            }
+            var run: [Want] = []
+            for want in byPack[pack]!.sorted(by: { $0.place.offset < $1.place.offset }) {
+                if let first = run.first, let last = run.last,
+                   want.place.offset - (last.place.offset + Int64(last.size)) > gap
+                    || want.place.offset + Int64(want.size) - first.place.offset > span {
+                    runs.append(run)
+                    run = []
+                }
+                run.append(want)
+            }
+            if !run.isEmpty { runs.append(run) }
+        }
+        let store = self.store
+        let results = parallelMap(runs, width: width) { run -> Result<[UInt8], BackingError> in
+            let start = run.first!.place.offset
+            let end = run.map { $0.place.offset + Int64($0.size) }.max()!
+            // Places come from other devices' records: bounded before any request.
+            guard start >= 8, end > start, end - start <= 64 << 20 else { return .failure(.garbage("a chunk place out of bounds")) }
+            return Result { () throws(BackingError) -> [UInt8] in try store.get(Pack.key(run.first!.place.pack), range: start..<end) }
+        }
+        for (run, result) in zip(runs, results) {
+            let start = run.first!.place.offset
+            switch result {
+            case .failure(let error):
+                for w in run { failures[w.id] = "pack \(w.place.pack): \(error)" }
+            case .success(let bytes):
+                for w in run {
+                    let from = Int(w.place.offset - start)
+                    guard from >= 0, from + w.size <= bytes.count else {
+                        failures[w.id] = "pack \(w.place.pack) came short at \(w.place.offset)"
+                        continue
+                    }
+                    let chunk = Array(bytes[from..<from + w.size])
+                    guard ChunkID(hashing: chunk) == w.id else {
+                        failures[w.id] = "pack \(w.place.pack): the bytes at \(w.place.offset) are not chunk \(w.id.hex)"
+                        continue
+                    }
+                    do { try keep(w.id, chunk) } catch { failures[w.id] = "\(error)" }
+                }
+            }
+        }
+        return failures
+    }
+}

@@ -1,0 +1,228 @@
+import Glibc
+import UbiquityBacking
+import UbiquityStore
+import UbiquitySystem
+
+/// Sending this device's records (backing format 5): a batch's small chunks ride inside
+/// their records, the others go into packs (a few PUTs of up to 8 MiB, several at once)
+/// unless a pack known to hold them is still there, and then the records go out as one
+/// segment of the log (one PUT). So 10,000 new small files cost about ten PUTs.
+extension SyncEngine {
+    static let seqKey = "log_seq"
+    static let reservedKey = "log_reserved"
+    static let startedKey = "log_started"
+    static let logBytesKey = "log_bytes"
+    static let checkpointBytesKey = "checkpoint_bytes"
+
+    /// Once a session, before the first push: a segment reserved before a crash is looked
+    /// for (if it landed, its records are out); a store whose records went out in format
+    /// 4 (or that never wrote a checkpoint) writes one of them, so devices that join
+    /// later find them.
+    func startLog() throws(StoreError) {
+        guard !memory.logReady else { return }
+        let (reserved, started, anyUploaded) = try withStoreValue { (store) throws(StoreError) in
+            (try store.setting(Self.reservedKey) ?? "", try store.setting(Self.startedKey) == "1",
+             !(try store.uploadedRecords(after: 0, limit: 1)).isEmpty)
+        }
+        if let name = Self.reservedName(reserved, device: backing.deviceID) {
+            if let bytes = try backing.segment(name) {
+                let ids = lines(bytes).compactMap { try? RecordCodec.decode($0, journalDevice: backing.deviceID).get().id }
+                try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                    try store.markUploaded(ids)
+                    try store.setSetting(Self.seqKey, String(name.seq))
+                    try store.addToSetting(Self.logBytesKey, Int64(bytes.count))
+                    return TreeChanges()
+                }
+                log("ubiquity: sync: segment \(name.seq) went out before the last stop: its \(ids.count) records are uploaded")
+            }
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                try store.setSetting(Self.reservedKey, "")
+                return TreeChanges()
+            }
+        }
+        if !started {
+            if anyUploaded { try writeCheckpoint() }
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                try store.setSetting(Self.startedKey, "1")
+                return TreeChanges()
+            }
+        }
+        memory.logReady = true
+    }
+
+    static func reservedName(_ text: String, device: String) -> SegmentLog.SegmentName? {
+        let parts = text.split(separator: "-")
+        guard parts.count == 2, let t = Int64(parts[0]), let seq = UInt64(parts[1]), seq >= 1 else { return nil }
+        return SegmentLog.SegmentName(time: t, device: device, seq: seq)
+    }
+
+    func push() throws(StoreError) {
+        var wrote = false
+        while true {
+            var batch = try withStoreValue { (store) throws(StoreError) in try store.pendingUploads(limit: options.uploadBatch) }
+            if batch.isEmpty { break }
+            try makeDurable()
+            // A pack found present and no fossil may become one later (BackingCollector),
+            // to be deleted a week after: a batch whose checks took longer than
+            // `objectCheckValidity` (the device slept meanwhile) checks once more.
+            let checked = bootSeconds()
+            try placeChunks(&batch)
+            if bootSeconds().subtractingClamped(checked) > options.objectCheckValidity {
+                memory.verifiedPacks = [:]
+                try placeChunks(&batch)
+            }
+            // A segment stays under `partSize` bytes (one record always goes).
+            var lines: [String] = []
+            var bytes = 0
+            for record in batch {
+                let line = RecordCodec.encode(record)
+                if !lines.isEmpty && bytes + line.utf8.count > Backing.partSize { break }
+                lines.append(line)
+                bytes += line.utf8.count
+            }
+            try writeSegment(lines, ids: batch.prefix(lines.count).map(\.id))
+            wrote = true
+            if lines.count == batch.count && batch.count < options.uploadBatch { break }
+        }
+        // The key-value store: this device's file when it changed, and an empty segment
+        // when nothing else went out, so peers (who list devices/ only on activity) look.
+        if try pushKeyValues() && !wrote { try writeSegment([], ids: []) }
+    }
+
+    /// Writes the next segment of this device's log. Its name is reserved in the store
+    /// first: after a crash the next session finds out whether it landed (`startLog`), so
+    /// a seq is never skipped (readers would wait for it) nor written twice.
+    func writeSegment(_ lines: [String], ids: [String]) throws(StoreError) {
+        let cursor = memory.cursor ?? SegmentLog.Cursor()
+        let now = Int64(time(nil)).multipliedClamped(by: 1000)
+        var name = SegmentLog.SegmentName(time: 0, device: backing.deviceID, seq: 1)
+        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            let seq = (try store.setting(Self.seqKey).flatMap { UInt64($0) } ?? 0) + 1
+            name = SegmentLog.SegmentName(time: SegmentLog.time(now: now, cursor: cursor), device: backing.deviceID, seq: seq)
+            try store.setSetting(Self.reservedKey, "\(name.time)-\(seq)")
+            return TreeChanges()
+        }
+        var bytes: [UInt8] = []
+        for line in lines { bytes += Array(line.utf8) }
+        try backing.putSegment(name, bytes)
+        let size = bytes.count
+        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try store.markUploaded(ids)
+            try store.setSetting(Self.seqKey, String(name.seq))
+            try store.setSetting(Self.reservedKey, "")
+            try store.addToSetting(Self.logBytesKey, Int64(size))
+            return TreeChanges()
+        }
+        noteActivity()
+    }
+
+    /// Gives every chunk of the batch's records a way to travel: small ones their bytes
+    /// inline, others a place in a pack (known and still there, or a new pack uploaded
+    /// now). `tolerant` (a checkpoint, which rewrites records already out): a chunk this
+    /// store cannot read (damaged here, for `fsck --repair`) is logged and named by its
+    /// hash alone, as it was.
+    func placeChunks(_ batch: inout [SyncRecord], tolerant: Bool = false) throws(StoreError) {
+        var large: [ChunkID: Int] = [:]
+        for i in batch.indices {
+            for (id, size) in batch[i].chunks.chunks where batch[i].inline[id] == nil {
+                if size <= RecordCodec.maxInline {
+                    do { batch[i].inline[id] = try chunks.read(id) } catch {
+                        guard tolerant else { throw error }
+                        logOnce("ubiquity: sync: writing a checkpoint: chunk \(id.hex) of \(batch[i].path) cannot be read here (\(error)); its record names it by hash")
+                    }
+                } else {
+                    large[id] = Int(size)
+                }
+            }
+        }
+        var places = large.isEmpty ? [:] : try withStoreValue { (store) throws(StoreError) in try store.chunkPlaces(large.keys) }
+        let gone = try unusablePacks(Set(places.values.map(\.pack)))
+        if !gone.isEmpty {
+            places = places.filter { !gone.contains($0.value.pack) }
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                for pack in gone { try store.forgetPlaces(inPack: pack) }
+                return TreeChanges()
+            }
+        }
+        let missing = large.keys.filter { places[$0] == nil }.sorted { $0.hex < $1.hex }
+        if !missing.isEmpty {
+            let uploaded = try uploadPacks(missing, tolerant: tolerant)
+            places.merge(uploaded) { _, new in new }
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                try store.setChunkPlaces(uploaded)
+                return TreeChanges()
+            }
+        }
+        for i in batch.indices {
+            for (id, _) in batch[i].chunks.chunks where batch[i].inline[id] == nil {
+                if let place = places[id] { batch[i].places[id] = place }
+            }
+        }
+    }
+
+    /// Of packs this device would name, those it must not: a fossil (the collector may
+    /// delete it a week later) or gone. Each is checked at most once per
+    /// `objectCheckValidity`: one LIST of `fossils/` and a HEAD per pack.
+    private func unusablePacks(_ packs: Set<String>) throws(StoreError) -> Set<String> {
+        let now = bootSeconds()
+        let stale = packs.filter { memory.verifiedPacks[$0].map { now.subtractingClamped($0) > options.objectCheckValidity } ?? true }
+        if stale.isEmpty { return [] }
+        let fossils = try backing.fossils()
+        var bad = Set(stale.filter { fossils[$0] != nil })
+        let store = backing.store
+        let candidates = stale.filter { !bad.contains($0) && Pack.isName($0) }.sorted()
+        bad.formUnion(stale.filter { !Pack.isName($0) })
+        let found = parallelMap(candidates, width: options.parallelRequests) { pack -> Result<Bool, BackingError> in
+            Result { () throws(BackingError) -> Bool in try store.stat(Pack.key(pack)) != nil }
+        }
+        for (pack, result) in zip(candidates, found) {
+            switch result {
+            case .success(true): memory.verifiedPacks[pack] = now
+            case .success(false): bad.insert(pack)
+            case .failure(let error): throw Backing.storeError(error, "stat \(Pack.key(pack))")
+            }
+        }
+        return bad
+    }
+
+    /// Uploads the chunks into new packs, `parallelRequests` packs at once; returns their
+    /// places.
+    private func uploadPacks(_ ids: [ChunkID], tolerant: Bool) throws(StoreError) -> [ChunkID: ChunkPlace] {
+        var places: [ChunkID: ChunkPlace] = [:]
+        var sealed: [Pack.Writer] = []
+        var writer = Pack.Writer()
+        func flush() throws(StoreError) {
+            let store = backing.store
+            let results = parallelMap(sealed, width: options.parallelRequests) { w -> Result<[Pack.ChunkLocation], BackingError> in
+                Result { () throws(BackingError) -> [Pack.ChunkLocation] in try w.upload(to: store) }
+            }
+            let now = bootSeconds()
+            for result in results {
+                switch result {
+                case .success(let locations):
+                    for l in locations { places[l.id] = ChunkPlace(pack: l.pack, offset: l.offset) }
+                    if let pack = locations.first?.pack { memory.verifiedPacks[pack] = now }
+                case .failure(let error): throw Backing.storeError(error, "put a pack")
+                }
+            }
+            sealed = []
+        }
+        for id in ids {
+            let bytes: [UInt8]
+            do { bytes = try chunks.read(id) } catch {
+                guard tolerant else { throw error }
+                logOnce("ubiquity: sync: writing a checkpoint: chunk \(id.hex) cannot be read here (\(error)); its record names it by hash")
+                continue
+            }
+            writer.add(id, bytes)
+            if writer.isFull {
+                sealed.append(writer)
+                writer = Pack.Writer()
+                if sealed.count >= options.parallelRequests { try flush() }
+            }
+        }
+        if !writer.isEmpty { sealed.append(writer) }
+        try flush()
+        return places
+    }
+}
