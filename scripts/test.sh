@@ -23,6 +23,8 @@ if [[ -z ${UBIQUITY_S3_BUCKET:-} ]]; then
   s3dir=$(mktemp -d /tmp/ubiquity-s3.XXXXXX)
   trap 'scripts/s3-server.sh stop "$s3dir"' EXIT
   eval "$(S3_PORT=${S3_PORT:-7480} scripts/s3-server.sh start "$s3dir")"
+  # t-s3-faults.sh stops and starts this server's gateway.
+  export UBQ_S3_SERVER_DIR=$s3dir
 fi
 swift test "${strict[@]}"
 IntegrationTests/mount/run.sh

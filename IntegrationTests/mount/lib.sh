@@ -305,6 +305,15 @@ _ubq_state() {
   fi
 }
 
+# s3_backing NAME: sets UBQ_BACKING to a fresh prefix of the loopback S3 server's bucket
+# (scripts/test.sh starts it and exports AWS_* and UBIQUITY_S3_BUCKET), so the next
+# mount_fresh and its devices sync through S3. Fails when no server is configured.
+s3_backing() {
+  [[ -n ${UBIQUITY_S3_BUCKET:-} && -n ${AWS_ENDPOINT_URL:-} ]] ||
+    fail "no S3 server: UBIQUITY_S3_BUCKET/AWS_ENDPOINT_URL unset (scripts/test.sh starts one; or eval \"\$(scripts/s3-server.sh start /tmp/s3)\")"
+  UBQ_BACKING="s3://$UBIQUITY_S3_BUCKET/ubq-test-$$-$1-$RANDOM"
+}
+
 # mount_fresh NAME [MOUNT-ARG...]: new ROOT=/tmp/ubiquity-test-$$-NAME/ with mnt store
 # backing data, mounted as device $DEVICE (set DEVICE=... before it to name it). Sets
 # ROOT MNT STORE BACKING DATA and DAEMON_PID. Extra arguments go to `ubiquity mount`
@@ -318,7 +327,7 @@ mount_fresh() {
   [[ ! -e $ROOT ]] || fail "$ROOT already exists"
   mkdir -p "$ROOT"/{mnt,store,backing,data}
   _ubq_state "root $ROOT"
-  MNT="$ROOT/mnt" STORE="$ROOT/store" BACKING="$ROOT/backing" DATA="$ROOT/data"
+  MNT="$ROOT/mnt" STORE="$ROOT/store" BACKING="${UBQ_BACKING:-$ROOT/backing}" DATA="$ROOT/data"
   MOUNT_ARGS=("$@")
   _ubq_mount
 }
@@ -716,37 +725,116 @@ pct_encode() {
   python3 -c 'import os, sys, urllib.parse; print(urllib.parse.quote(os.fsencode(sys.argv[1]), safe="/"))' "$1"
 }
 
-# journal_line KEY=VALUE...: one journal record line "U1 <sha256> KEY=VALUE ..." with
-# its correct checksum and the final \n. Values are written as given (encode them with
-# pct_encode where needed).
-journal_line() {
+# record_line KEY=VALUE...: one record line "U2 <checksum> KEY=VALUE ..." (docs/FORMAT.md,
+# "Journal": the first 32 hex digits of the body's sha256) with its final \n. Values are
+# written as given (encode them with pct_encode where needed).
+record_line() {
   local body="$*" sum
   sum=$(printf '%s' "$body" | sha256sum | cut -d' ' -f1)
-  printf 'U1 %s %s\n' "$sum" "$body"
+  printf 'U2 %s %s\n' "${sum:0:32}" "$body"
 }
 
-# backing_put_object BACKING FILE: store FILE as an object (temp name, then rename, as a
-# device would); prints "<sha256>:<size>" as a record's chunks list names it.
-backing_put_object() {
-  local sha size dir
-  sha=$(sha256sum <"$2" | cut -d' ' -f1)
-  size=$(stat -c %s -- "$2")
-  dir="$1/objects/${sha:0:2}"
-  mkdir -p "$dir"
-  cp -- "$2" "$dir/.tmp-test-$$"
-  mv -f -- "$dir/.tmp-test-$$" "$dir/$sha"
-  echo "$sha:$size"
+# now_ms: the clock in milliseconds, as segment names (log/<t>-...) carry it.
+now_ms() { echo $((${EPOCHREALTIME/[.,]/} / 1000)); }
+
+# backing_put_segment BACKING DEVICE SEQ [T]: stdin as the segment log/<T>-<DEVICE>-<SEQ>
+# (backing format 5; SEQ decimal, written as 16 hex digits; T in ms, default now, 13
+# digits), written whole under a temp name and renamed, as a device would (a segment is
+# never appended to). Prints the key.
+backing_put_segment() {
+  local t=${4:-$(now_ms)} key
+  key=$(printf 'log/%013d-%s-%016x' "$t" "$2" "$3")
+  mkdir -p "$1/log"
+  cat >"$1/log/.tmp-test-$$"
+  mv -f -- "$1/log/.tmp-test-$$" "$1/$key"
+  echo "$key"
 }
 
-# backing_device_id NAME: the device id (journal directory) whose records carry
-# name=NAME in the scenario's BACKING (nothing if none yet).
+# backing_put_pack BACKING FILE... : a pack (docs/FORMAT.md, "Backing format 5":
+# "UBQPACK1", the chunks, the index, count, "UBQPIDX1") holding each FILE as one chunk,
+# written under a temp name and renamed to packs/<xx>/<32 random hex>. Prints, per
+# FILE, the chunks item a record names it by: "<sha256>:<size>@<pack>:<offset>".
+# PACK_NAME=<32 hex> names the pack instead (e.g. one a record already names).
+backing_put_pack() {
+  python3 - "$@" <<'PY'
+import hashlib, os, sys
+backing, files = sys.argv[1], sys.argv[2:]
+name = os.environ.get("PACK_NAME") or os.urandom(16).hex()
+data, index, items = bytearray(b"UBQPACK1"), bytearray(), []
+for f in files:
+    chunk = open(f, "rb").read()
+    sha = hashlib.sha256(chunk)
+    items.append(f"{sha.hexdigest()}:{len(chunk)}@{name}:{len(data)}")
+    data += chunk
+    index += sha.digest() + len(chunk).to_bytes(4, "little")
+data += index + len(files).to_bytes(4, "little") + b"UBQPIDX1"
+d = f"{backing}/packs/{name[:2]}"
+os.makedirs(d, exist_ok=True)
+with open(f"{d}/.tmp-test-{os.getpid()}", "wb") as out:
+    out.write(data)
+os.rename(f"{d}/.tmp-test-{os.getpid()}", f"{d}/{name}")
+print("\n".join(items))
+PY
+}
+
+# backing_packs BACKING: the packs in BACKING, one name a line, sorted.
+backing_packs() {
+  find "$1/packs" -mindepth 2 -maxdepth 2 -type f -regextype posix-extended \
+    -regex '.*/packs/[0-9a-f]{2}/[0-9a-f]{32}' -printf '%f\n' 2>/dev/null | LC_ALL=C sort
+}
+
+# backing_packs_holding BACKING SHA256: the packs whose index lists chunk SHA256 with
+# bytes there that hash to it, one name a line (read from each pack's index, as gc or
+# fsck would).
+backing_packs_holding() {
+  python3 - "$1" "$2" <<'PY'
+import hashlib, os, sys
+backing, want = sys.argv[1], sys.argv[2]
+for xx in sorted(os.listdir(f"{backing}/packs")) if os.path.isdir(f"{backing}/packs") else []:
+    for name in sorted(os.listdir(f"{backing}/packs/{xx}")):
+        if len(name) != 32 or name.startswith(".tmp-"):
+            continue
+        data = open(f"{backing}/packs/{xx}/{name}", "rb").read()
+        if not (data.startswith(b"UBQPACK1") and data.endswith(b"UBQPIDX1")):
+            continue
+        count = int.from_bytes(data[-12:-8], "little")
+        index = data[-12 - 36 * count:-12]
+        off = 8
+        for i in range(count):
+            sha, n = index[36 * i:36 * i + 32].hex(), int.from_bytes(index[36 * i + 32:36 * i + 36], "little")
+            if sha == want and hashlib.sha256(data[off:off + n]).hexdigest() == want:
+                print(name)
+                break
+            off += n
+PY
+}
+
+# backing_segments BACKING [DEVICE]: the segment names in BACKING/log (of DEVICE only if
+# given), in key order.
+backing_segments() {
+  local dev='[0-9a-f]{16}'
+  [[ -z ${2:-} ]] || dev=$2
+  find "$1/log" -maxdepth 1 -type f -regextype posix-extended \
+    -regex ".*/log/[0-9]{13}-$dev-[0-9a-f]{16}" -printf '%f\n' 2>/dev/null | LC_ALL=C sort
+}
+
+# backing_device_id NAME: the device id whose records carry name=NAME in the scenario's
+# BACKING: the <device> of a segment log/<t>-<device>-<seq> or a checkpoint
+# devices/<device>/checkpoint-*/ holding such a line (nothing if none yet).
 backing_device_id() {
-  local j enc
+  local f enc dev
   enc=$(pct_encode "$1")
-  for j in "$BACKING"/devices/*/journal "$BACKING"/devices/*/journal.*; do
-    [[ -f $j ]] || continue
-    if grep -qE -- " name=${enc//./\\.}( |\$)" "$j"; then
-      basename "$(dirname "$j")"
+  for f in "$BACKING"/log/* "$BACKING"/devices/*/checkpoint-*/[0-9]*; do
+    [[ -f $f ]] || continue
+    if grep -qE -- " name=${enc//./\\.}( |\$)" "$f"; then
+      if [[ $f == */log/* ]]; then
+        dev=${f##*/log/}
+        dev=${dev#*-}
+        echo "${dev%-*}"
+      else
+        dev=${f#"$BACKING"/devices/}
+        echo "${dev%%/*}"
+      fi
       return 0
     fi
   done
@@ -756,6 +844,13 @@ backing_device_id() {
 # cleanup unmounts anything, to print what helps understand the failure.
 _UBQ_FAIL_HOOKS=()
 on_failure() { _UBQ_FAIL_HOOKS+=("$*"); }
+# on_exit CMD...: run CMD at the end whatever happens, before the mounts go (e.g. to
+# restart a server the scenario stopped). after_unmount CMD...: the same, once every
+# mount is gone (e.g. to end a helper process the daemons were talking to).
+_UBQ_EXIT_HOOKS=()
+_UBQ_LATE_HOOKS=()
+on_exit() { _UBQ_EXIT_HOOKS+=("$*"); }
+after_unmount() { _UBQ_LATE_HOOKS+=("$*"); }
 
 _ubq_run_failure_hooks() {
   local h hp n
@@ -776,21 +871,25 @@ _ubq_run_failure_hooks() {
   done
 }
 
-# dump_sync_state: what every mounted device shows (names, no .versions) and the tail of
-# every journal in BACKING, one short line per record. Sync scenarios register it with
-# on_failure.
+# dump_sync_state: what every mounted device shows (names, no .versions), and the last
+# segments in BACKING/log (each device's records), one short line per record, and the
+# checkpoints and fossil markers there. Sync scenarios register it with on_failure.
 dump_sync_state() {
-  local m j
+  local m j b=${BACKING:-/nonexistent}
   while read -r m; do
     [[ -n $m ]] || continue
     echo "--- tree of $m (.conflicts included):"
     (cd "$m" && find . -path ./.versions -prune -o -print | LC_ALL=C sort | head -n 80)
   done < <(device_mounts)
-  for j in "${BACKING:-/nonexistent}"/devices/*/journal "${BACKING:-/nonexistent}"/devices/*/journal.*; do
-    [[ -f $j ]] || continue
-    echo "--- $j: $(wc -l <"$j") lines; the last 20, shortened:"
-    tail -n 20 "$j" | cut -c1-1000 | sed -E 's/^U1 [0-9a-f]{64} //; s/^U2 [0-9a-f]{32} //; s/ (committed|chunks|xattrs|device)=[^ ]*//g; s/([0-9a-f]{8})[0-9a-f]{24}/\1/g' | cut -c1-240
+  [[ -d $b/log ]] || return 0
+  echo "--- $b/log: $(backing_segments "$b" | wc -l) segments; the last 12, records shortened:"
+  for j in $(backing_segments "$b" | tail -n 12); do
+    echo "  $j: $(wc -l <"$b/log/$j") lines"
+    tail -n 8 "$b/log/$j" | cut -c1-1000 | sed -E 's/^U1 [0-9a-f]{64} //; s/^U2 [0-9a-f]{32} //; s/ (committed|chunks|xattrs|device)=[^ ]*//g; s/([0-9a-f]{8})[0-9a-f]{24}/\1/g; s/^/    /' | cut -c1-240
   done
+  echo "--- checkpoints, packs, fossil markers:"
+  (cd "$b" && find devices -path '*/checkpoint-*' -type f 2>/dev/null | LC_ALL=C sort | head -n 20)
+  echo "  $(backing_packs "$b" | wc -l) packs; fossils/: $(ls "$b/fossils" 2>/dev/null | wc -l) markers"
 }
 
 # ---------------------------------------------------------------------------------
@@ -804,6 +903,7 @@ _ubq_cleanup() {
   trap - EXIT INT TERM
   cd / || true
   if ((rc != 0 && rc != SKIP_CODE)); then _ubq_run_failure_hooks; fi
+  for i in ${_UBQ_EXIT_HOOKS[@]+"${!_UBQ_EXIT_HOOKS[@]}"}; do eval "${_UBQ_EXIT_HOOKS[i]}" || true; done
   # Newest mount first: a later mount may live inside an earlier one's tree.
   for ((i = ${#_UBQ_MOUNTS[@]} - 1; i >= 0; i--)); do
     m=${_UBQ_MOUNTS[i]}
@@ -837,6 +937,7 @@ _ubq_cleanup() {
       fi
     fi
   done
+  for i in ${_UBQ_LATE_HOOKS[@]+"${!_UBQ_LATE_HOOKS[@]}"}; do eval "${_UBQ_LATE_HOOKS[i]}" || true; done
   # Plain mounts a scenario made (a small tmpfs for a store), after the daemons using them.
   for ((i = ${#_UBQ_PLAIN_MOUNTS[@]} - 1; i >= 0; i--)); do
     is_mounted "${_UBQ_PLAIN_MOUNTS[i]}" && umount -l "${_UBQ_PLAIN_MOUNTS[i]}"

@@ -1,32 +1,82 @@
 #!/usr/bin/env bash
-# The backing directory's gc through real mounts (backing format 4, docs/FORMAT.md
-# "Collecting the backing directory"): after alpha prunes, `ubiquity gc` rewrites its
-# journal without the pruned records (journal.1, smaller); objects no journal names
-# become fossils once older than a day (aged here with touch) and are deleted a week
-# later (2 s here: UBQ_TEST_FOSSIL_AGE, as a fossil's age counts from its rename); beta, which kept the old
-# history, shows no conflict and reads on; a device that joins afterwards gets the
-# current tree; a version beta made offline meanwhile, whose content is that of an
-# object that was deleted, reaches everyone (beta uploads the object again). SIGKILL of
-# alpha's daemon during the backing gc, 5 times: the mounts stay whole.
+# The backing store's gc through real mounts (backing format 5, docs/FORMAT.md
+# "Collecting (format 5)"): after alpha prunes, `ubiquity gc` writes a checkpoint of its
+# live records (devices/<id>/checkpoint-<seq>/, `end` last) and the collector writes a
+# fossil marker fossils/<pack> (the time) for each pack no record of any device's newest
+# checkpoint or later segments names; a gc before the marker's age deletes nothing; the
+# age later (7 days; 8 s here: UBQ_TEST_FOSSIL_AGE) the packs and their markers go. beta,
+# which kept the old history, shows no conflict and reads on; a device that joins gets the
+# current tree from the checkpoint; a version beta made offline meanwhile, whose content
+# was in a deleted pack, reaches everyone (beta uploads the chunk again, in a new pack).
+# alpha's own segments its checkpoint covers stay while younger than a day, and go once
+# older (aged here by giving them an older <t>, as format 4's test aged objects with
+# touch); one after the checkpoint stays; a device joining then reads checkpoint and that
+# segment. SIGKILL of alpha's daemon during the backing gc, 5 times: the mounts stay
+# whole, and every pack a live record names is still there.
 # ubq-timeout: 240
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 DEVICE=alpha
-# A fossil's age counts from its rename (ctime), which cannot be set back: alpha's daemon
-# deletes fossils after 2 s instead of 7 days (a test setting), the rest is as shipped.
-export UBQ_TEST_FOSSIL_AGE=2
+# alpha's collector deletes a pack 8 s after its fossil marker instead of 7 days (a test
+# setting; the marker holds its time, the rest is as shipped).
+fossil_age=8
+export UBQ_TEST_FOSSIL_AGE=$fossil_age
 mount_fresh backinggc --poll 0.2
 unset UBQ_TEST_FOSSIL_AGE
 A=$MNT
 mount_device beta --poll 0.2
 B=$(mnt_of beta)
 on_failure dump_sync_state
-id_alpha() { backing_device_id alpha; }
-objects() { find "$BACKING/objects" -type f -name '[0-9a-f]*' ! -name '*.fossil-*' | wc -l; }
-fossils() { find "$BACKING/objects" -type f -name '*.fossil-*' | wc -l; }
+packs() { backing_packs "$BACKING"; }
+markers() { find "$BACKING/fossils" -type f -printf '%f\n' 2>/dev/null | LC_ALL=C sort; }
+count() { if [[ -z $1 ]]; then echo 0; else wc -l <<<"$1"; fi; }
+sha_of() { sha256sum <"$1" | cut -d' ' -f1; }
 
-step "alpha saves big.bin 5 times (one object each), beta receives every version"
+# live_packs_present: every chunk place in every device's newest complete checkpoint and
+# in its segments after it (the references, docs/FORMAT.md) points into a pack that is
+# there and holds the chunk's bytes: gc never deletes a pack a live record names.
+live_packs_present() {
+  python3 - "$BACKING" <<'PY'
+import hashlib, os, re, sys
+b = sys.argv[1]
+lines, bad, n = {}, [], 0
+for name in os.listdir(f"{b}/log"):
+    m = re.fullmatch(r"[0-9]{13}-([0-9a-f]{16})-([0-9a-f]{16})", name)
+    if m:
+        lines.setdefault(m.group(1), []).append((int(m.group(2), 16), f"{b}/log/{name}"))
+newest = {}
+for dev in os.listdir(f"{b}/devices"):
+    for c in os.listdir(f"{b}/devices/{dev}"):
+        if c.startswith("checkpoint-") and os.path.exists(f"{b}/devices/{dev}/{c}/end"):
+            newest[dev] = max(newest.get(dev, 0), int(c[11:], 16))
+files = []
+for dev in set(lines) | set(newest):
+    seq = newest.get(dev, 0)
+    if dev in newest:
+        d = f"{b}/devices/{dev}/checkpoint-{seq:016x}"
+        files += [f"{d}/{p}" for p in sorted(os.listdir(d)) if p != "end"]
+    files += [f for s, f in lines.get(dev, []) if s > seq]
+for f in files:
+    for sha, size, pack, off in re.findall(rb"([0-9a-f]{64}):([0-9]+)@([0-9a-f]{32}):([0-9]+)", open(f, "rb").read()):
+        n += 1
+        p = f"{b}/packs/{pack[:2].decode()}/{pack.decode()}"
+        try:
+            with open(p, "rb") as fh:
+                fh.seek(int(off))
+                ok = hashlib.sha256(fh.read(int(size))).hexdigest().encode() == sha
+        except OSError:
+            ok = False
+        if not ok:
+            bad.append(f"{f}: pack {pack.decode()} at {off.decode()}")
+print(f"{n} places checked")
+for x in bad[:10]:
+    print("MISSING", x)
+sys.exit(1 if bad else 0)
+PY
+}
+
+step "alpha saves big.bin 5 times (one chunk, so one pack each), beta receives every version"
 for i in $(seq 5); do
   head -c 16000 /dev/urandom >"$DATA/v$i" # one chunk (under the chunker's 16 KiB minimum)
   cp "$DATA/v$i" "$A/big.bin"
@@ -35,31 +85,47 @@ done
 "$UBIQUITY" sync "$B" >/dev/null
 assert_same_file "$DATA/v5" "$B/big.bin" "big.bin on beta"
 assert_eq 5 "$(version_count_at "$B" big.bin)" "versions of big.bin on beta"
-dev=$(id_alpha)
-[[ -n $dev ]] || fail "no journal of alpha"
-journal0=$(stat -c %s "$BACKING/devices/$dev/journal")
-objects_before=$(objects)
+dev=$(backing_device_id alpha)
+[[ -n $dev ]] || fail "no segment of alpha in $BACKING/log"
+for i in $(seq 5); do
+  pack_v[i]=$(backing_packs_holding "$BACKING" "$(sha_of "$DATA/v$i")")
+  [[ ${pack_v[i]} =~ ^[0-9a-f]{32}$ ]] || fail "the pack holding version $i of big.bin: [${pack_v[i]}]"
+done
+assert_eq 5 "$(count "$(packs)")" "packs in the backing store (one per sync of big.bin)"
+segments0=$(backing_segments "$BACKING" "$dev")
+last=$(tail -n1 <<<"$segments0")
+seq=${last##*-}
+log "    alpha ($dev): $(count "$segments0") segments, the last $last"
 
-step "alpha prunes; gc rewrites its journal without the pruned records"
+step "alpha prunes; gc writes a checkpoint of its one live record and makes the 4 pruned packs fossils"
 sleep 1.1
 out=$("$UBIQUITY" prune --keep-within 1s "$A")
 assert_contains "$out" "pruned 4 version(s)" "prune on alpha"
+t0=$(date +%s)
 out=$("$UBIQUITY" gc --grace 0s "$A")
-assert_contains "$out" "backing directory: rewrote this device's journal (1 records" "gc report: the checkpoint"
-assert_contains "$out" "0 became fossils" "gc report: objects younger than a day stay"
-assert_eq "journal.1" "$(ls "$BACKING/devices/$dev")" "alpha's journal generations"
-journal1=$(stat -c %s "$BACKING/devices/$dev/journal.1")
-((journal1 < journal0)) || fail "journal.1 ($journal1 bytes) is not smaller than journal ($journal0 bytes)"
+t1=$(date +%s)
+log "    $(grep '^backing' <<<"$out")"
+assert_contains "$out" "wrote a checkpoint of this device's records (1 records" "gc report: the checkpoint"
+assert_contains "$out" "(1 packs named)" "gc report: references (big.bin's current version)"
+assert_contains "$out" "checked 5 packs: 4 became fossils" "gc report: fossils"
+cp_dir="$BACKING/devices/$dev/checkpoint-$seq"
+assert_eq "$(printf '00000000\nend')" "$(ls "$cp_dir")" "files of alpha's checkpoint $seq (covering its segments up to the last)"
+assert_eq "parts=1 records=1" "$(cat "$cp_dir/end")" "alpha's checkpoint's end"
+assert_contains "$(cat "$cp_dir/00000000")" "@${pack_v[5]}:" "the checkpoint's record of big.bin naming the pack of version 5"
+assert_eq "$(printf '%s\n' "${pack_v[@]:1:4}" | LC_ALL=C sort)" "$(markers)" "fossil markers (the packs of versions 1-4)"
+for p in $(markers); do
+  stamp=$(cat "$BACKING/fossils/$p")
+  ((stamp >= t0 - 1 && stamp <= t1)) || fail "fossils/$p holds [$stamp], not the time of the gc ($t0..$t1)"
+done
+assert_eq 5 "$(count "$(packs)")" "packs (a fossil's pack stays for its wait)"
+assert_eq "$segments0" "$(backing_segments "$BACKING" "$dev")" \
+  "alpha's segments (covered by its checkpoint, but younger than a day: kept)"
 
-step "objects no journal names become fossils once a day old"
-find "$BACKING/objects" -type f -exec touch -d '2 days ago' {} +
+step "a gc within the fossils' wait deletes nothing"
 out=$("$UBIQUITY" gc --grace 0s "$A")
-# The object of big.bin's current version stays.
-assert_contains "$out" "(1 objects named)" "gc report: references"
-named=1 gone=$((objects_before - 1))
-assert_contains "$out" "$gone became fossils" "gc report: fossils"
-assert_eq "$gone" "$(fossils)" "fossils in the backing directory"
-assert_eq "$named" "$(objects)" "objects left"
+assert_contains "$out" "0 fossils deleted" "gc report right after the fossils were made"
+assert_contains "$out" "4 fossils wait" "gc report: the fossils waiting"
+assert_eq 5 "$(count "$(packs)")" "packs after a gc within the fossils' wait"
 
 step "beta, which kept the whole history, reads on with no conflict; a new device gets the tree"
 echo "from beta" >"$B/note.txt"
@@ -72,29 +138,60 @@ G=$(mnt_of gamma)
 "$UBIQUITY" sync "$G" >/dev/null
 assert_same_file "$DATA/v5" "$G/big.bin" "big.bin on gamma"
 assert_file_content "$G/note.txt" "from beta" "note.txt on gamma"
-assert_eq 1 "$(version_count_at "$G" big.bin)" "versions of big.bin on gamma (alpha pruned the rest)"
+assert_eq 1 "$(version_count_at "$G" big.bin)" "versions of big.bin on gamma (read from alpha's checkpoint: the rest is pruned)"
 assert_eq 0 "$(xattr "$G/big.bin" user.ubiquity.conflicts)" "conflicts of big.bin on gamma"
 
 step "beta, offline, saves the content of a pruned version"
 "$UBIQUITY" pause "$B" >/dev/null
 cp "$DATA/v2" "$B/offline.bin"
 
-step "a fossil's wait later (7 days; 2 s here) the fossils go"
-sleep 2.1
+step "the fossils' wait later (7 days; $fossil_age s here) their packs go, then the markers"
+stamp=$(cat "$BACKING/fossils/${pack_v[1]}")
+while (($(date +%s) < stamp + fossil_age)); do sleep 0.2; done
 out=$("$UBIQUITY" gc --grace 0s "$A")
-assert_contains "$out" "$gone fossils deleted" "gc report: deleted"
-assert_eq 0 "$(fossils)" "fossils left"
-sha2=$(sha256sum <"$DATA/v2" | cut -d' ' -f1)
-assert_missing "$BACKING/objects/${sha2:0:2}/$sha2" "the object of a pruned version, a week after it became a fossil"
+assert_contains "$out" "4 fossils deleted" "gc report: deleted"
+assert_eq "" "$(markers)" "fossil markers left"
+assert_eq "${pack_v[5]}" "$(packs)" "packs left (that of big.bin's current version)"
+assert_eq "" "$(backing_packs_holding "$BACKING" "$(sha_of "$DATA/v2")")" "packs holding a pruned version's chunk"
+out=$(live_packs_present) || fail "a pack a live record names is gone: $out"
 
-step "beta comes back: its version (and the object again) reaches alpha and gamma"
+step "beta comes back: its version (its chunk in a new pack) reaches alpha and gamma"
 "$UBIQUITY" resume "$B" >/dev/null
 "$UBIQUITY" sync "$B" >/dev/null
-assert_exists "$BACKING/objects/${sha2:0:2}/$sha2" "the object beta uploaded again"
+again=$(backing_packs_holding "$BACKING" "$(sha_of "$DATA/v2")")
+[[ $again =~ ^[0-9a-f]{32}$ && $again != "${pack_v[2]}" ]] ||
+  fail "the pack beta uploaded v2's chunk in again: got [$again] (the deleted one was ${pack_v[2]})"
 "$UBIQUITY" sync "$A" >/dev/null
 "$UBIQUITY" sync "$G" >/dev/null
 assert_same_file "$DATA/v2" "$A/offline.bin" "offline.bin on alpha"
 assert_same_file "$DATA/v2" "$G/offline.bin" "offline.bin on gamma"
+
+step "alpha's segments its checkpoint covers go once a day old; a later one stays"
+echo after >"$A/after.txt"
+"$UBIQUITY" sync "$A" >/dev/null
+segments1=$(backing_segments "$BACKING" "$dev")
+((${#segments1} > ${#segments0})) || fail "no new segment of alpha after after.txt: [$segments1]"
+# A day is the grace (no test setting): give every segment of alpha a <t> two days back,
+# which is what its name would say had it been written then.
+old_t=$(printf '%013d' $(($(now_ms) - 2 * 86400 * 1000)))
+for s in $segments1; do mv -- "$BACKING/log/$s" "$BACKING/log/$old_t-${s#*-}"; done
+out=$("$UBIQUITY" gc --grace 0s "$A")
+n0=$(count "$segments0")
+assert_contains "$out" "deleted $n0 segments and 0 checkpoints this device's checkpoint covers" "gc report: alpha's covered segments"
+left=$(backing_segments "$BACKING" "$dev")
+assert_eq 1 "$(count "$left")" "alpha's segments left"
+((16#${left##*-} > 16#$seq)) || fail "alpha's segment left [$left] is not one after its checkpoint $seq"
+assert_exists "$cp_dir/end" "alpha's checkpoint (the newest: never deleted)"
+out=$(live_packs_present) || fail "a pack a live record names is gone: $out"
+
+step "a device that joins now reads alpha's checkpoint, then the segment after it"
+mount_device delta --poll 0.2
+D=$(mnt_of delta)
+"$UBIQUITY" sync "$D" >/dev/null
+assert_same_tree "$A" "$D" "delta after its first sync"
+assert_eq 1 "$(version_count_at "$D" big.bin)" "versions of big.bin on delta"
+assert_file_content "$D/after.txt" after "after.txt on delta (in alpha's segment after the checkpoint)"
+unmount_device delta
 
 step "SIGKILL of alpha's daemon during the backing gc, 5 times"
 for round in $(seq 5); do
@@ -103,7 +200,6 @@ for round in $(seq 5); do
   "$UBIQUITY" sync "$A" >/dev/null
   sleep 1.1
   "$UBIQUITY" prune --keep-within 1s "$A" >/dev/null
-  find "$BACKING/objects" -type f -exec touch -d '2 days ago' {} +
   "$UBIQUITY" gc --grace 0s "$A" >/dev/null 2>&1 &
   cli=$!
   sleep "0.$((RANDOM % 4))"
@@ -117,6 +213,9 @@ for round in $(seq 5); do
   assert_eq "$sum_k" "$(sha256sum <"$B/k.bin")" "k.bin on beta after SIGKILL (round $round)"
   assert_eq 0 "$(xattr "$B/k.bin" user.ubiquity.conflicts)" "conflicts of k.bin on beta (round $round)"
 done
+out=$(live_packs_present) || fail "after the SIGKILL rounds, a pack a live record names is gone: $out"
+complete=$(find "$BACKING/devices/$dev" -path '*/checkpoint-*/end' | wc -l)
+assert_eq 1 "$complete" "alpha's complete checkpoints (the collector deletes the older ones)"
 unmount_device gamma
 unmount_device beta
 unmount_it

@@ -154,14 +154,34 @@ while read -r c; do
   assert_not_contains "$out" "$(basename "$c")" "fsck report (intact chunk $(basename "$c") named)"
 done < <(cat "$WORK/flip.bin.chunks" "$WORK/trunc.bin.chunks" "$WORK/gone.bin.chunks")
 
-step "fsck --repair (live) fetches damaged chunks from the backing directory, names what it cannot"
+step "fsck --repair (live) fetches damaged chunks from the backing directory's packs, names what it cannot"
 hex=$(basename "$gone_chunk")
-rm -f "$BACKING/objects/${hex:0:2}/$hex" # this one the backing directory lost too
+# This one the backing directory lost too: its bytes in the pack that holds it are damaged
+# (the pack also holds the other files' chunks, which must still be repaired from it).
+pack=$(backing_packs_holding "$BACKING" "$hex")
+[[ $pack =~ ^[0-9a-f]{32}$ ]] || fail "the packs holding chunk $hex: expected one, got [$pack]"
+python3 - "$BACKING/packs/${pack:0:2}/$pack" "$hex" <<'EOF'
+import sys
+p, want = sys.argv[1], sys.argv[2]
+data = bytearray(open(p, "rb").read())
+count = int.from_bytes(data[-12:-8], "little")
+index, off = data[len(data) - 12 - 36 * count:-12], 8
+for i in range(count):
+    sha, n = index[36 * i:36 * i + 32].hex(), int.from_bytes(index[36 * i + 32:36 * i + 36], "little")
+    if sha == want:
+        for j in (off, off + n // 2, off + n - 1):
+            data[j] ^= 0xFF
+        open(p, "wb").write(data)
+        sys.exit(0)
+    off += n
+sys.exit(f"chunk {want} is not in the index of {p}")
+EOF
+[[ -z $(backing_packs_holding "$BACKING" "$hex") ]] || fail "chunk $hex still reads right from pack $pack after damaging it"
 rc=0
 out=$("$UBIQUITY" fsck --repair --store "$STORE" 2>&1) || rc=$?
 assert_eq 1 "$rc" "exit status of fsck --repair when a chunk could not be repaired"
 assert_contains "$out" "repaired 2 chunk(s)" "fsck --repair report"
-assert_contains "$out" "NOT REPAIRED: chunk $hex: not in the backing directory" "fsck --repair names what it could not repair"
+assert_contains "$out" "NOT REPAIRED: chunk $hex: pack $pack: the bytes at" "fsck --repair names what it could not repair (and why)"
 assert_same_file "$WORK/flip.bin" "$MNT/flip.bin" "flip.bin after the repair"
 assert_same_file "$WORK/trunc.bin" "$MNT/trunc.bin" "trunc.bin after the repair"
 check_damaged gone.bin "$gone_off" "$gone_len"

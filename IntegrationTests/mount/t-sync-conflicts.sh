@@ -137,7 +137,7 @@ step "equal mtimes: the greater device id wins, on both devices"
 id_alpha=$(backing_device_id alpha)
 id_beta=$(backing_device_id beta)
 [[ $id_alpha =~ ^[0-9a-f]{16}$ && $id_beta =~ ^[0-9a-f]{16}$ ]] ||
-  fail "device ids found in $BACKING/devices/*/journal: alpha [$id_alpha], beta [$id_beta]"
+  fail "device ids found in the segments of $BACKING/log: alpha [$id_alpha], beta [$id_beta]"
 if [[ $(printf '%s\n' "$id_alpha" "$id_beta" | LC_ALL=C sort | tail -n1) == "$id_beta" ]]; then
   winner=beta loser=alpha
 else

@@ -7,7 +7,8 @@
 # home. pause/resume stop and restart syncing; user.ubiquity.uploaded is 1 once pushed;
 # `ubiquity sync` pushes and pulls at once (checked on a third device that does not
 # poll); a device that was unmounted catches up when mounted again; the backing
-# directory follows docs/FORMAT.md (every journal line checks, every chunk is there).
+# directory follows docs/FORMAT.md, backing format 5 (every segment's lines check, each
+# device's segments are contiguous, every chunk's place in a pack holds its bytes).
 # A check right after `ubiquity sync` returns does not wait: by then the daemon has
 # applied what it pulled and invalidated the kernel's caches of it (DESIGN 1.3).
 # ubq-timeout: 180
@@ -83,7 +84,7 @@ assert_eq end "$(tail -c 3 "$B/d1/sparse.img")" "the last bytes of the sparse fi
 assert_eq 0 "$(head -c 4096 "$B/d1/sparse.img" | tr -d '\0' | wc -c)" "the first 4 KiB of the sparse file on beta are zeros"
 assert_eq 1 "$(stat -c %b "$B/d1/sparse.img")" "512-byte blocks of the sparse file on beta"
 wait_content "$B/d1/$odd_name" not-utf8 "a file whose name is not UTF-8, on beta"
-assert_contains "$(cat "$BACKING"/devices/*/journal)" "chunks=hole:1125899906842624," "a hole record in the journal"
+assert_contains "$(cat "$BACKING"/log/*)" "chunks=hole:1125899906842624," "a hole record in a segment of the log"
 # The tree comparisons below read whole files: the petabyte goes (its deletion syncs too).
 rm "$A/d1/sparse.img"
 wait_missing "$B/d1/sparse.img" "d1/sparse.img on beta after alpha deleted it"
@@ -165,8 +166,8 @@ sync_dev "$A" "$B"
 wait_content "$B/marker.txt" marker "marker.txt on beta (saved after the local-only files)"
 assert_missing "$B/top/x.swp" "a local-only *.swp file on beta"
 assert_missing "$B/priv.nosync" "a *.nosync directory on beta"
-assert_eq "" "$(grep -rlF -e priv.nosync -e x.swp "$BACKING/devices" || true)" \
-  "journals naming a local-only path"
+assert_eq "" "$(grep -rlF -e priv.nosync -e x.swp "$BACKING/log" "$BACKING/devices" || true)" \
+  "segments or checkpoints naming a local-only path"
 rm -r "$A/top/x.swp" "$A/priv.nosync"
 
 step "a paused device neither sends nor receives; after resume it catches up"
@@ -221,32 +222,26 @@ assert_same_tree "$A" "$C" "alpha vs gamma after sync_all"
 for n in alpha beta gamma; do assert_daemon_alive "$n"; done
 
 step "the backing directory follows docs/FORMAT.md"
-assert_eq "ubiquity-backing 4" "$(cat "$BACKING/FORMAT")" "content of BACKING/FORMAT"
+assert_eq "ubiquity-backing 5" "$(cat "$BACKING/FORMAT")" "content of BACKING/FORMAT"
 format_report=$(python3 - "$BACKING" <<'PY'
 import hashlib, os, re, sys, urllib.parse
 b = sys.argv[1]
-errors, records, chunks, inlined = [], 0, set(), 0
-# Format 4: every record this program writes carries its dot (its context is left out
-# when it is the device's own previous dot); kind (file), tomb (0), meta (0) and device
-# (the journal's) are left out at their defaults.
+errors, records, chunks, inlined, placed = [], 0, {}, 0, 0
+# Format 4 lines: every record this program writes carries its dot (its context is left
+# out when it is the device's own previous dot); kind (file), tomb (0), meta (0) and
+# device (the segment's) are left out at their defaults.
 required = {b"id", b"parents", b"name", b"committed", b"mtime", b"mode", b"path", b"dot"}
 # FORMAT.md also lists meta (file) and xattrs (file, dir); the writer leaves them out
 # when 0 / empty and the reader does not require them, so they are not checked here.
 per_kind = {b"file": {b"node", b"size", b"chunks"}, b"dir": set(), b"link": {b"target"}}
-devices = sorted(os.listdir(f"{b}/devices"))
-for dev in devices:
-    if not re.fullmatch(r"[0-9a-f]{16}", dev):
-        errors.append(f"devices/{dev}: not a 16-hex-digit device id")
-        continue
-    # The current generation: the highest journal.<n>, or journal (generation 0).
-    gens = [0 if n == "journal" else int(n[8:]) for n in os.listdir(f"{b}/devices/{dev}")
-            if n == "journal" or re.fullmatch(r"journal\.[1-9][0-9]*", n)]
-    name = "journal" if max(gens) == 0 else f"journal.{max(gens)}"
-    data = open(f"{b}/devices/{dev}/{name}", "rb").read()
+
+def check_lines(data, dev, what):
+    """The record lines of a segment or checkpoint part of device dev."""
+    global records, inlined, placed
     if data and not data.endswith(b"\n"):
-        errors.append(f"{dev}: journal does not end with a newline")
+        errors.append(f"{what}: does not end with a newline")
     for n, line in enumerate(data.split(b"\n")[:-1], 1):
-        where = f"devices/{dev}/journal line {n}"
+        where = f"{what} line {n}"
         m = re.fullmatch(rb"U2 ([0-9a-f]{32}) (.+)", line)
         if not m:
             errors.append(f"{where}: not 'U2 <128 bits of sha256> ...': {line[:80]!r}")
@@ -270,56 +265,136 @@ for dev in devices:
                 not re.fullmatch(rb"([0-9a-f]{16}:[1-9][0-9]*(:[1-9][0-9]*-[1-9][0-9]*)*(,|$))*", kv.get(b"context", b""))):
             errors.append(f"{where}: dot {kv.get(b'dot')!r} / context {kv.get(b'context')!r}")
         if kv.get(b"device", dev.encode()) != dev.encode():
-            errors.append(f"{where}: device {kv.get(b'device')!r} is not the journal's {dev}")
+            errors.append(f"{where}: device {kv.get(b'device')!r} is not the author's {dev}")
         path = urllib.parse.unquote_to_bytes(kv.get(b"path", b""))
         if not path or path.startswith(b"/") or b".." in path.split(b"/") or b".nosync" in path:
             errors.append(f"{where}: path {path!r}")
         if kind == b"file" and kv.get(b"tomb", b"0") == b"0":
-            total = 0
-            # Format 3: chunks of up to 1 KiB travel in the record, "<index>:<hex>".
-            inline = {}
-            for item in filter(None, kv.get(b"inline", b"").split(b",")):
-                i, _, data = item.partition(b":")
-                inline[int(i)] = bytes.fromhex(data.decode())
+            total, seen = 0, set()
             for i, c in enumerate(filter(None, urllib.parse.unquote_to_bytes(kv.get(b"chunks", b"")).split(b","))):
-                if c.startswith(b"="):  # format 4: a small chunk as its bytes
+                if c.startswith(b"="):  # a small chunk as its bytes (format 4)
                     data = bytes.fromhex(c[1:].decode())
                     if not 0 < len(data) <= 1024:
                         errors.append(f"{where}: inline chunk {i} of {len(data)} bytes")
                     total += len(data)
                     inlined += 1
+                    seen.add(hashlib.sha256(data).hexdigest().encode())
                     continue
+                c, at, place = c.partition(b"@")
                 sha, _, size = c.partition(b":")
                 total += int(size)
-                if sha == b"hole":  # a run of zeros (format 2): no object
+                if sha == b"hole":  # a run of zeros (format 2): no chunk
                     continue
-                if i in inline:
-                    if hashlib.sha256(inline[i]).hexdigest().encode() != sha or len(inline[i]) != int(size):
-                        errors.append(f"{where}: inline chunk {i} has the wrong bytes or size")
-                    inlined += 1
-                elif int(size) <= 1024:
+                if int(size) <= 1024 and sha not in seen:
                     errors.append(f"{where}: chunk {i} of {int(size)} bytes is not inline")
-                else:
-                    chunks.add((sha.decode(), int(size), where))
+                if at:
+                    # Format 5: <sha256>:<size>@<pack>:<offset>, on the chunk's first occurrence.
+                    pm = re.fullmatch(rb"([0-9a-f]{32}):([0-9]+)", place)
+                    if not pm or sha in seen or not 8 <= int(pm.group(2)) <= 1 << 42:
+                        errors.append(f"{where}: chunk {i}: place {place[:60]!r} (bad, or not the first occurrence)")
+                    else:
+                        chunks.setdefault((sha.decode(), int(size), pm.group(1).decode(), int(pm.group(2))), where)
+                        placed += 1
+                elif sha not in seen:
+                    errors.append(f"{where}: chunk {i} ({sha[:16].decode()}..., {int(size)} bytes) has no place at its first occurrence")
+                seen.add(sha)
             if total != int(kv.get(b"size", b"-1")):
                 errors.append(f"{where}: size {kv.get(b'size')!r} is not the sum of the chunk sizes {total}")
-for sha, size, where in sorted(chunks):
-    p = f"{b}/objects/{sha[:2]}/{sha}"
-    try:
-        data = open(p, "rb").read()
-    except OSError as e:
-        errors.append(f"{where}: object {sha} missing ({e.strerror})")
+
+# Nothing of format 4: no objects/, no journals, no gc.lock.
+for stale in ("objects", "gc.lock"):
+    if os.path.exists(f"{b}/{stale}"):
+        errors.append(f"{stale}: written by a format-5 device")
+# The log: log/<13-digit ms>-<device>-<seq>, seqs of each device 1, 2, ... with no hole from
+# the first one present (collected segments go from the start only).
+seqs = {}
+for name in sorted(os.listdir(f"{b}/log")):
+    m = re.fullmatch(r"([0-9]{13})-([0-9a-f]{16})-([0-9a-f]{16})", name)
+    if not m:
+        errors.append(f"log/{name}: not a segment name")
         continue
-    if hashlib.sha256(data).hexdigest() != sha or len(data) != size:
-        errors.append(f"{where}: object {sha} has the wrong bytes or size")
-print(f"{len(devices)} devices, {records} records, {len(chunks)} chunks, {inlined} inline chunks")
+    dev, seq = m.group(2), int(m.group(3), 16)
+    if seq in seqs.setdefault(dev, {}):
+        errors.append(f"log/{name}: seq {seq} of {dev} twice")
+    seqs[dev][seq] = name
+    check_lines(open(f"{b}/log/{name}", "rb").read(), dev, f"log/{name}")
+for dev, s in sorted(seqs.items()):
+    have = sorted(s)
+    if have != list(range(have[0], have[0] + len(have))):
+        errors.append(f"segments of {dev}: seqs {have} are not contiguous")
+    if have[0] != 1 and not os.path.isdir(f"{b}/devices/{dev}"):
+        errors.append(f"segments of {dev}: start at {have[0]} with no checkpoint")
+# Checkpoints (the upgrade or a gc writes them): complete ones (with end) check like segments.
+devices = sorted(os.listdir(f"{b}/devices")) if os.path.isdir(f"{b}/devices") else []
+checkpoints = 0
+for dev in devices:
+    if not re.fullmatch(r"[0-9a-f]{16}", dev):
+        errors.append(f"devices/{dev}: not a 16-hex-digit device id")
+        continue
+    for name in sorted(os.listdir(f"{b}/devices/{dev}")):
+        if name.startswith("journal"):
+            errors.append(f"devices/{dev}/{name}: a format-4 journal written by a format-5 device")
+        elif re.fullmatch(r"checkpoint-[0-9a-f]{16}", name):
+            parts = sorted(os.listdir(f"{b}/devices/{dev}/{name}"))
+            if "end" not in parts:
+                continue
+            checkpoints += 1
+            parts.remove("end")
+            end = open(f"{b}/devices/{dev}/{name}/end").read()
+            if not re.fullmatch(rf"parts={len(parts)} records=[0-9]+\n", end) or parts != [f"{i:08d}" for i in range(len(parts))]:
+                errors.append(f"devices/{dev}/{name}: end {end!r} does not match parts {parts}")
+            for part in parts:
+                check_lines(open(f"{b}/devices/{dev}/{name}/{part}", "rb").read(), dev, f"devices/{dev}/{name}/{part}")
+        elif not re.fullmatch(r"keyvalue-[0-9a-f]{16}", name):
+            errors.append(f"devices/{dev}/{name}: unknown")
+# Packs: "UBQPACK1", chunks, an index of (id, 4-byte LE length), count, "UBQPIDX1"; every
+# chunk a record places there is in the index at that offset and hashes to its id.
+packs = {}
+for xx in sorted(os.listdir(f"{b}/packs")) if os.path.isdir(f"{b}/packs") else []:
+    for name in sorted(os.listdir(f"{b}/packs/{xx}")):
+        where = f"packs/{xx}/{name}"
+        if not re.fullmatch(r"[0-9a-f]{32}", name) or name[:2] != xx:
+            errors.append(f"{where}: not a pack name")
+            continue
+        data = open(f"{b}/{where}", "rb").read()
+        count = int.from_bytes(data[-12:-8], "little")
+        index = data[len(data) - 12 - 36 * count:-12]
+        if not data.startswith(b"UBQPACK1") or not data.endswith(b"UBQPIDX1") or len(data) < 20 + 36 * count:
+            errors.append(f"{where}: not a pack (header, trailer or count)")
+            continue
+        entries, off = {}, 8
+        for i in range(count):
+            sha, n = index[36 * i:36 * i + 32].hex(), int.from_bytes(index[36 * i + 32:36 * i + 36], "little")
+            if hashlib.sha256(data[off:off + n]).hexdigest() != sha:
+                errors.append(f"{where}: chunk {i} of its index does not hash to its id")
+            entries[off] = (sha, n)
+            off += n
+        if off != len(data) - 12 - 36 * count:
+            errors.append(f"{where}: the index covers {off} bytes of {len(data) - 12 - 36 * count}")
+        packs[name] = (data, entries)
+for (sha, size, pack, off), where in sorted(chunks.items()):
+    if pack not in packs:
+        errors.append(f"{where}: chunk {sha[:16]}... is in pack {pack}, which is not there")
+        continue
+    data, entries = packs[pack]
+    if off + size > len(data) or hashlib.sha256(data[off:off + size]).hexdigest() != sha:
+        errors.append(f"{where}: the bytes at {off}+{size} of pack {pack} are not chunk {sha[:16]}...")
+    if entries.get(off) != (sha, size):
+        errors.append(f"{where}: pack {pack}'s index has no chunk {sha[:16]}... at {off}")
+print(f"{len(seqs)} devices, {sum(map(len, seqs.values()))} segments, {checkpoints} checkpoints, {records} records, "
+      f"{len(packs)} packs, {placed} chunk places ({len(chunks)} distinct), {inlined} inline chunks")
 for e in errors[:30]:
     print("ERROR", e)
 PY
 )
 log "    $(head -n1 <<<"$format_report")"
 assert_not_contains "$format_report" ERROR "checks of the backing directory against docs/FORMAT.md"
-assert_contains "$format_report" "3 devices," "device journals in the backing directory"
+assert_contains "$format_report" "3 devices," "devices writing segments in the backing directory"
+# The 3 MiB file's chunks and its edit travelled in packs (a report of 0 would mean the
+# check found nothing to check).
+[[ $format_report =~ ,\ ([0-9]+)\ packs,\ ([0-9]+)\ chunk\ places ]] || fail "no pack count in [$format_report]"
+((BASH_REMATCH[1] >= 1 && BASH_REMATCH[2] >= 4)) ||
+  fail "packs and chunk places checked: expected at least 1 pack and 4 places (big.bin), got [$format_report]"
 
 unmount_device gamma
 unmount_device beta

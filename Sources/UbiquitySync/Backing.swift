@@ -121,7 +121,7 @@ struct Backing {
     func devices() throws(StoreError) -> Devices {
         let all = try call("list devices/") { () throws(BackingError) in try store.listAll(prefix: "devices/") }
         var result = Devices()
-        var parts: [String: [UInt64: (count: Int, end: Int?, keys: [BackingKey])]] = [:]
+        var parts: [String: [UInt64: (count: Int, end: Int?, keys: [BackingKey], tooBig: Bool)]] = [:]
         for info in all {
             let components = info.key.path.split(separator: "/")
             guard components.count >= 3, Hex.isLowercase(String(components[1]), count: 16) else {
@@ -139,8 +139,10 @@ struct Backing {
             } else if components.count == 4, name.hasPrefix("checkpoint-"),
                       name.utf8.count == "checkpoint-".utf8.count + 16,
                       let seq = UInt64(name.dropFirst("checkpoint-".count), radix: 16) {
-                var entry = parts[device, default: [:]][seq] ?? (0, nil, [])
+                var entry = parts[device, default: [:]][seq] ?? (0, nil, [], false)
                 entry.keys.append(info.key)
+                // No writer makes a part that large: the checkpoint is damage, never read.
+                if info.size > Self.maxObjectRead { entry.tooBig = true }
                 if components[3] == "end" {
                     entry.end = Int(info.size)
                 } else if components[3].utf8.count == 8, components[3].allSatisfy({ $0.isASCII && $0.isNumber }) {
@@ -151,7 +153,9 @@ struct Backing {
         }
         for (device, seqs) in parts {
             for (seq, entry) in seqs {
-                if entry.end != nil {
+                if entry.tooBig {
+                    result.ignored.append("\(device)/checkpoint-\(SegmentLog.SegmentName.seqText(seq)) (a part of more than \(Self.maxObjectRead) bytes)")
+                } else if entry.end != nil {
                     result.checkpoints[device, default: [:]][seq] = entry.count
                 } else {
                     result.partial[device, default: [:]][seq] = entry.keys

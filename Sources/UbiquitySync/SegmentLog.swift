@@ -1,3 +1,4 @@
+import Glibc
 import UbiquityBacking
 import UbiquitySystem
 
@@ -112,19 +113,29 @@ public enum SegmentLog {
         public var segments: [SegmentName]
         public var cursor: Cursor
         public var blocked: Set<String>
+        /// The listed size of each segment returned (a reader skips one no writer could
+        /// have made without reading it).
+        public var sizes: [SegmentName: Int64] = [:]
     }
 
-    public static func look(_ store: any BackingStore, after cursor: Cursor, exclude: String? = nil) throws(BackingError) -> Look {
-        let from = max(0, cursor.listedUpTo - skewWindowMs)
+    /// `now`: the reader's clock (ms). A `<t>` further ahead of it than the skew window
+    /// (a broken clock, a hostile name) does not move the cursor there: every later
+    /// segment would be named after it and the listing window would skip the log.
+    public static func look(_ store: any BackingStore, after cursor: Cursor, exclude: String? = nil,
+                            now: Int64 = Int64(Glibc.time(nil)) &* 1000) throws(BackingError) -> Look {
+        let ceiling = now.addingClamped(skewWindowMs)
+        let from = max(0, min(cursor.listedUpTo, ceiling) - skewWindowMs)
         let start = BackingKey(checked: prefix + SegmentName.timeText(from))
         var found: [SegmentName] = []
-        var highest = cursor.listedUpTo
+        var sizes: [SegmentName: Int64] = [:]
+        var highest = min(cursor.listedUpTo, ceiling)
         var after: BackingKey? = start
         while true {
             let page = try store.list(prefix: prefix, after: after, limit: 1000)
             for info in page.objects {
                 guard let name = SegmentName(key: info.key) else { continue } // strays are not ours
-                highest = max(highest, name.time)
+                sizes[name] = info.size
+                highest = max(highest, min(name.time, ceiling))
                 if name.device == exclude { continue }
                 if name.seq > cursor.applied[name.device, default: 0] { found.append(name) }
             }
@@ -143,7 +154,9 @@ public enum SegmentLog {
             let have = cursor.applied[device, default: 0]
             let contiguous = names.enumerated().allSatisfy { $0.element.seq == have + UInt64($0.offset) + 1 }
             if !contiguous {
-                names = try segments(of: device, in: store).filter { $0.seq > have }.sorted { $0.seq < $1.seq }
+                let all = try store.listAll(prefix: prefix).compactMap { info in SegmentName(key: info.key).map { ($0, info.size) } }
+                for (name, size) in all where name.device == device { sizes[name] = size }
+                names = all.map(\.0).filter { $0.device == device && $0.seq > have }.sorted { $0.seq < $1.seq }
                 // Take only the contiguous run; a later segment waits for the missing one.
                 var run: [SegmentName] = []
                 for n in names where n.seq == have + UInt64(run.count) + 1 { run.append(n) }
@@ -157,7 +170,7 @@ public enum SegmentLog {
             if let last = names.last { next.applied[device] = last.seq }
         }
         next.listedUpTo = highest
-        return Look(segments: result, cursor: next, blocked: blocked)
+        return Look(segments: result, cursor: next, blocked: blocked, sizes: sizes)
     }
 
     /// Every segment of one device (a full listing of the log, filtered: only on a gap).

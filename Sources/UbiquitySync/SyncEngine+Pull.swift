@@ -10,9 +10,21 @@ import UbiquitySystem
 /// with ranged GETs of their packs (adjacent chunks of one pack in one GET) and verified.
 extension SyncEngine {
     func pull() throws(StoreError) {
+        // A peer's segments stay a day after its checkpoint covers them (its collector's
+        // grace): a device that last looked longer ago than half that (asleep, paused)
+        // may find none of the segments it missed, only the checkpoint that has them.
+        let now = bootSeconds()
+        if let last = memory.lastPull, now.subtractingClamped(last) > Self.rescanAfter { memory.scanDevices = true }
+        memory.lastPull = now
+        if state.withLock({ s in defer { s.retryNow = false }; return s.retryNow }) { memory.waiting = [:] }
         var cursor = try loadCursor()
         var look = try lookAtLog(cursor)
-        if !look.segments.isEmpty || !look.blocked.isEmpty {
+        // A segment whose record waits (its pack is missing or damaged) is tried again
+        // after a wait that doubles up to an hour, and does not count as activity: it
+        // must not cost a GET of the segment and its pack at every poll.
+        let clock = bootSecondsDouble()
+        let due = look.segments.filter { name in memory.waiting[name.device].map { $0.seq != name.seq || clock >= $0.next } ?? true }
+        if !due.isEmpty || !look.blocked.isEmpty {
             memory.scanDevices = true
             noteActivity()
         }
@@ -39,6 +51,18 @@ extension SyncEngine {
         var stopped: Set<String> = []
         for name in look.segments where !stopped.contains(name.device) {
             guard name.seq == cursor.applied[name.device, default: 0] + 1 else { continue }
+            if let waiting = memory.waiting[name.device], waiting.seq == name.seq, bootSecondsDouble() < waiting.next {
+                stopped.insert(name.device)
+                continue
+            }
+            if let size = look.sizes[name], size > Backing.maxObjectRead {
+                // No writer makes one (they end a segment at 4 MiB): damage or hostile,
+                // skipped unread, as an over-long journal line was in format 4.
+                logOnce("ubiquity: sync: skipping \(name.key): \(size) bytes, more than a segment can be")
+                cursor.applied[name.device] = name.seq
+                try savePosition(name.device, cursor: cursor)
+                continue
+            }
             guard let bytes = try backing.segment(name) else {
                 // Collected since it was listed: its checkpoint has it (next cycle).
                 memory.scanDevices = true
@@ -48,9 +72,12 @@ extension SyncEngine {
             let generation = try generation(of: name.device)
             let complete = try apply(lines(bytes), of: name.device, generation: generation, source: name.key.path)
             guard complete else {
+                let delay = min(3_600, max(5, (memory.waiting[name.device].map { $0.seq == name.seq ? $0.delay * 2 : 5 }) ?? 5))
+                memory.waiting[name.device] = (name.seq, bootSecondsDouble() + delay, delay)
                 stopped.insert(name.device)
                 continue
             }
+            memory.waiting[name.device] = nil
             cursor.applied[name.device] = name.seq
             try savePosition(name.device, cursor: cursor)
         }
@@ -64,6 +91,8 @@ extension SyncEngine {
     }
 
     static let listedKey = "log_listed"
+    /// Seconds without a look at the log after which `devices/` is listed again.
+    static let rescanAfter: Int64 = 12 * 3_600
 
     private func lookAtLog(_ cursor: SegmentLog.Cursor) throws(StoreError) -> SegmentLog.Look {
         try backing.call("list log/") { () throws(BackingError) in

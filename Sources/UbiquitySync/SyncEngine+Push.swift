@@ -14,31 +14,14 @@ extension SyncEngine {
     static let logBytesKey = "log_bytes"
     static let checkpointBytesKey = "checkpoint_bytes"
 
-    /// Once a session, before the first push: a segment reserved before a crash is looked
-    /// for (if it landed, its records are out); a store whose records went out in format
-    /// 4 (or that never wrote a checkpoint) writes one of them, so devices that join
-    /// later find them.
+    /// Once a session, before the first push: a segment reserved before a crash is
+    /// settled (`settleReservation`); a store whose records went out in format 4 (or that
+    /// never wrote a checkpoint) writes one of them, so devices that join later find them.
     func startLog() throws(StoreError) {
         guard !memory.logReady else { return }
-        let (reserved, started, anyUploaded) = try withStoreValue { (store) throws(StoreError) in
-            (try store.setting(Self.reservedKey) ?? "", try store.setting(Self.startedKey) == "1",
-             !(try store.uploadedRecords(after: 0, limit: 1)).isEmpty)
-        }
-        if let name = Self.reservedName(reserved, device: backing.deviceID) {
-            if let bytes = try backing.segment(name) {
-                let ids = lines(bytes).compactMap { try? RecordCodec.decode($0, journalDevice: backing.deviceID).get().id }
-                try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-                    try store.markUploaded(ids)
-                    try store.setSetting(Self.seqKey, String(name.seq))
-                    try store.addToSetting(Self.logBytesKey, Int64(bytes.count))
-                    return TreeChanges()
-                }
-                log("ubiquity: sync: segment \(name.seq) went out before the last stop: its \(ids.count) records are uploaded")
-            }
-            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-                try store.setSetting(Self.reservedKey, "")
-                return TreeChanges()
-            }
+        _ = try settleReservation()
+        let (started, anyUploaded) = try withStoreValue { (store) throws(StoreError) in
+            (try store.setting(Self.startedKey) == "1", !(try store.uploadedRecords(after: 0, limit: 1)).isEmpty)
         }
         if !started {
             if anyUploaded { try writeCheckpoint() }
@@ -50,13 +33,74 @@ extension SyncEngine {
         memory.logReady = true
     }
 
+    /// A segment whose PUT failed, timed out or was cut by a crash may still have landed
+    /// (the server had the whole body). Its name stays reserved until this settles it:
+    /// if it is there, its records are out (marked uploaded, the seq taken); if not, the
+    /// next segment is written under the same name, so a seq never has two segments
+    /// (`If-None-Match: *` lets only one of two racing PUTs of it land). Returns the name
+    /// to reuse, if any.
+    func settleReservation() throws(StoreError) -> SegmentLog.SegmentName? {
+        let reserved = try withStoreValue { (store) throws(StoreError) in try store.setting(Self.reservedKey) ?? "" }
+        guard let name = Self.reservedName(reserved, device: backing.deviceID) else { return nil }
+        guard let bytes = try backing.segment(name) else {
+            // Not there. A PUT of it that is still on its way could land later, but none
+            // outlives its deadline (S3Store bounds every call to about a minute): after
+            // two minutes the seq gets a fresh <t>, so readers whose listing window has
+            // moved on past the old one still find it.
+            let now = Int64(time(nil)).multipliedClamped(by: 1000)
+            guard now.subtractingClamped(name.time) > 120_000 else { return name }
+            let fresh = SegmentLog.SegmentName(time: SegmentLog.time(now: now, cursor: memory.cursor ?? SegmentLog.Cursor()),
+                                               device: backing.deviceID, seq: name.seq)
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                try store.setSetting(Self.reservedKey, "\(fresh.time)-\(fresh.seq)")
+                return TreeChanges()
+            }
+            return fresh
+        }
+        let ids = lines(bytes).compactMap { try? RecordCodec.decode($0, journalDevice: backing.deviceID).get().id }
+        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try store.markUploaded(ids)
+            try store.setSetting(Self.seqKey, String(name.seq))
+            try store.setSetting(Self.reservedKey, "")
+            try store.addToSetting(Self.logBytesKey, Int64(bytes.count))
+            return TreeChanges()
+        }
+        log("ubiquity: sync: segment \(name.seq) of this device, whose upload was not confirmed, is there: its \(ids.count) records are out")
+        return nil
+    }
+
     static func reservedName(_ text: String, device: String) -> SegmentLog.SegmentName? {
         let parts = text.split(separator: "-")
         guard parts.count == 2, let t = Int64(parts[0]), let seq = UInt64(parts[1]), seq >= 1 else { return nil }
         return SegmentLog.SegmentName(time: t, device: device, seq: seq)
     }
 
-    func push() throws(StoreError) {
+    /// Whether this cycle pushes: a few records (interactive saves) go at once; a burst
+    /// (a `tar -x`, a copy of a tree) waits while it grows, up to `maxPushDelay`, so it
+    /// goes out as a few full segments instead of one small segment per cycle.
+    private func pushDue(force: Bool) throws(StoreError) -> Bool {
+        let pending = try withStoreValue { (store) throws(StoreError) in store.pendingUploadCount }
+        let now = bootSecondsDouble()
+        defer { memory.lastPending = pending }
+        if pending == 0 {
+            memory.pendingSince = nil
+            return try withStoreValue { (store) throws(StoreError) in try store.kvUnpublished() != nil }
+        }
+        let since = memory.pendingSince ?? now
+        memory.pendingSince = since
+        let growing = pending > memory.lastPending
+        return force || pending < Self.burstRecords || pending >= options.uploadBatch || !growing
+            || now - since >= options.maxPushDelay
+    }
+
+    static let burstRecords = 64
+
+    func push(force: Bool = false) throws(StoreError) {
+        guard try pushDue(force: force) else { return }
+        memory.pendingSince = nil
+        // A segment whose PUT landed though it seemed to fail: its records are out (marked
+        // here), so the batch below does not send them again in a new segment.
+        _ = try settleReservation()
         var wrote = false
         while true {
             var batch = try withStoreValue { (store) throws(StoreError) in try store.pendingUploads(limit: options.uploadBatch) }
@@ -93,17 +137,24 @@ extension SyncEngine {
     /// first: after a crash the next session finds out whether it landed (`startLog`), so
     /// a seq is never skipped (readers would wait for it) nor written twice.
     func writeSegment(_ lines: [String], ids: [String]) throws(StoreError) {
-        let cursor = memory.cursor ?? SegmentLog.Cursor()
-        let now = Int64(time(nil)).multipliedClamped(by: 1000)
-        var name = SegmentLog.SegmentName(time: 0, device: backing.deviceID, seq: 1)
-        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-            let seq = (try store.setting(Self.seqKey).flatMap { UInt64($0) } ?? 0) + 1
-            name = SegmentLog.SegmentName(time: SegmentLog.time(now: now, cursor: cursor), device: backing.deviceID, seq: seq)
-            try store.setSetting(Self.reservedKey, "\(name.time)-\(seq)")
-            return TreeChanges()
+        // A reservation left by a failed PUT is settled first: its name is reused, or it
+        // landed and a new seq follows.
+        var name = try settleReservation()
+        if name == nil {
+            let cursor = memory.cursor ?? SegmentLog.Cursor()
+            let now = Int64(time(nil)).multipliedClamped(by: 1000)
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                let seq = (try store.setting(Self.seqKey).flatMap { UInt64($0) } ?? 0) + 1
+                let reserved = SegmentLog.SegmentName(time: SegmentLog.time(now: now, cursor: cursor), device: backing.deviceID, seq: seq)
+                try store.setSetting(Self.reservedKey, "\(reserved.time)-\(seq)")
+                name = reserved
+                return TreeChanges()
+            }
         }
+        guard let name else { throw .io(errno: EIO, "no segment name reserved") }
         var bytes: [UInt8] = []
         for line in lines { bytes += Array(line.utf8) }
+        // On failure the reservation stays: the next push settles it.
         try backing.putSegment(name, bytes)
         let size = bytes.count
         try access.withStore { (store, _) throws(StoreError) -> TreeChanges in

@@ -24,6 +24,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         /// costs 3600 / idlePollSeconds LISTs).
         public var idlePollSeconds: Double = 40
         public var activeWindow: Double = 300
+        /// Seconds a growing burst of local changes may wait to go out in full segments.
+        public var maxPushDelay: Double = 2
         /// Records per segment (fewer if they pass `Backing.partSize` bytes).
         public var uploadBatch = 1000
         /// Other devices' records taken in per hold of the filesystem's lock: a device
@@ -63,6 +65,10 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         var idleWait: Double = 0
         /// Set by requestSync / syncNow: the next cycle looks at the log whatever the wait.
         var pollNow = true
+        /// Set by requestSync: the next cycle pushes everything pending, burst or not.
+        var pushNow = false
+        /// Set by requestSync / syncNow / resume: records that wait are tried again now.
+        var retryNow = false
     }
 
     let access: StoreAccess
@@ -83,14 +89,23 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         var cursor: SegmentLog.Cursor?
         /// Per device, the generation (checkpoint seq + 1) its records are read in.
         var generations: [String: Int64] = [:]
-        /// `devices/` must be listed again (first cycle, activity, a gap).
+        /// `devices/` must be listed again (first cycle, activity, a gap, back from
+        /// offline, a long time since the last look at the log).
         var scanDevices = true
+        /// Boot second of the last look at the log.
+        var lastPull: Int64?
         /// The key-value generation of each device as last read.
         var keyValueSeen: [String: UInt64] = [:]
         /// Packs found present and not fossils, with the boot second of the check.
         var verifiedPacks: [String: Int64] = [:]
         /// This device's segments and their recovery after a crash (SyncEngine+Push).
         var logReady = false
+        /// Per device, the segment whose record waits, when to try it again and the wait.
+        var waiting: [String: (seq: UInt64, next: Double, delay: Double)] = [:]
+        /// Pending records at the last cycle, and since when some have been waiting
+        /// (boot seconds): a burst is pushed in full segments (SyncEngine+Push).
+        var lastPending = 0
+        var pendingSince: Double?
         /// The backing store's FORMAT was checked this session (and what it was).
         var opened = false
         var openedFormat: Int?
@@ -134,7 +149,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         state.withLock { $0.stopped = true }
         wake.signal()
         finished.wait()
-        runCycle(pushPull: !state.withLock { $0.paused })
+        // Offline (a server that fails or stalls): the records wait in the store for the
+        // next mount rather than holding the unmount through every retry.
+        runCycle(pushPull: !state.withLock { $0.paused || $0.offline })
     }
 
     public func syncNow() throws(StoreError) {
@@ -142,8 +159,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             log("ubiquity: sync requested while paused: run `ubiquity resume` first")
             throw .io(errno: EAGAIN, "syncing is paused")
         }
-        state.withLock { $0.pollNow = true }
-        try cycleLock.withLock { (_: inout ()) throws(StoreError) in try cycle(pushPull: true) }
+        state.withLock { $0.pollNow = true; $0.retryNow = true }
+        try cycleLock.withLock { (_: inout ()) throws(StoreError) in try cycle(pushPull: true, force: true) }
     }
 
     public func requestSync() throws(StoreError) {
@@ -157,7 +174,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             log("ubiquity: sync requested while paused: run `ubiquity resume` first")
             throw .io(errno: EAGAIN, "syncing is paused")
         }
-        state.withLock { $0.requests += 1; $0.pollNow = true }
+        state.withLock { $0.requests += 1; $0.pollNow = true; $0.pushNow = true; $0.retryNow = true }
         wake.signal()
     }
 
@@ -167,7 +184,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     }
 
     public func resume() {
-        state.withLock { $0.paused = false; $0.pollNow = true }
+        state.withLock { $0.paused = false; $0.pollNow = true; $0.retryNow = true }
         log("ubiquity: sync resumed")
         wake.signal()
     }
@@ -190,7 +207,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             """
         if let metered = (backing.store as? MeteredStore) ?? ((backing.store as? RetryingStore)?.base as? MeteredStore) {
             let m = metered.meter
-            text += "backing-requests=\(m.requests)\nbacking-bytes-up=\(m.bytesUp)\nbacking-bytes-down=\(m.bytesDown)\n"
+            text += "backing-requests=\(m.requests)\nbacking-puts=\(m.puts)\nbacking-gets=\(m.gets)\nbacking-lists=\(m.lists)\n"
+            text += "backing-heads=\(m.stats)\nbacking-deletes=\(m.deletes)\nbacking-bytes-up=\(m.bytesUp)\nbacking-bytes-down=\(m.bytesDown)\n"
             text += "backing-last-error=\(m.lastError ?? "")\n"
         }
         return text
@@ -198,7 +216,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
 
     private func runCycle(pushPull: Bool) {
         cycleLock.withLock { _ in
-            do { try cycle(pushPull: pushPull) } catch { logOnce("ubiquity: sync: \(error)") }
+            let force = state.withLock { s in defer { s.pushNow = false }; return s.pushNow }
+            do { try cycle(pushPull: pushPull, force: force) } catch { logOnce("ubiquity: sync: \(error)") }
         }
     }
 
@@ -248,7 +267,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     // MARK: one cycle
 
     /// Callers hold `cycleLock`.
-    func cycle(pushPull: Bool) throws(StoreError) {
+    func cycle(pushPull: Bool, force: Bool = false) throws(StoreError) {
         var problem: StoreError?
         var conflicts = 0
         // Local changes first, a slice per hold of the filesystem's lock (a burst of saves
@@ -271,7 +290,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             do {
                 try openBacking()
                 if pollDue() { try pull() }
-                try push()
+                try push(force: force || state.withLock { $0.stopped })
             } catch { problem = error }
         }
         var pending = 0
@@ -299,6 +318,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             // Offline: look again at the next cycle once it is back.
             state.withLock { $0.pollNow = true }
             memory.opened = false
+            // Peers may collect segments meanwhile (covered by a checkpoint, a day old):
+            // back online, look for their checkpoints as a mount that starts does.
+            memory.scanDevices = true
             logOnce("ubiquity: sync: working offline: \(failed)")
             throw failed
         }

@@ -1,6 +1,7 @@
 import Glibc
 import Testing
 import TestSupport
+import UbiquityBacking
 import UbiquitySystem
 @testable import UbiquityFS
 @testable import UbiquityStore
@@ -96,10 +97,30 @@ final class SimDevice {
     var paused = false
     let me = Caller(uid: getuid(), gid: getgid())
 
-    init(name: String, root: String, backing: String, clock: @escaping @Sendable () -> Nanos) throws {
-        self.name = name
-        link = root + "/\(name)-backing"
+    /// A device syncing through the backing directory `backing`, by way of a symlink.
+    convenience init(name: String, root: String, backing: String, clock: @escaping @Sendable () -> Nanos,
+                     options: SyncEngine.Options? = nil) throws {
+        let link = root + "/\(name)-backing"
         symlink(backing, link)
+        try self.init(name: name, root: root, link: link, backing: DirectoryStore(root: link), clock: clock, options: options)
+    }
+
+    /// The simulation's options, but every cycle looks at the log (no backing off while
+    /// idle): tests whose devices take turns faster than the idle poll interval.
+    static var alwaysPolling: SyncEngine.Options {
+        var o = SyncEngine.Options()
+        o.pullSlice = 3
+        o.activeWindow = .greatestFiniteMagnitude
+        return o
+    }
+
+    /// A device syncing through any backing store (memory, counted, failing on purpose).
+    /// `link` is the symlink the simulation breaks, empty when there is none; `options`
+    /// default to the simulation's (a small pull slice).
+    init(name: String, root: String, link: String = "", backing: any BackingStore, clock: @escaping @Sendable () -> Nanos,
+         options: SyncEngine.Options? = nil) throws {
+        self.name = name
+        self.link = link
         // A cache of a few inodes: every path of the simulation also reads the tree back
         // from SQLite.
         store = try Store(directory: root + "/\(name)-store", deviceName: name, cachedInodes: 8)
@@ -107,9 +128,12 @@ final class SimDevice {
         fs = FileSystem(store: store)
         // Other devices' records arrive a few at a time (slices, as a device catching up
         // takes them).
-        var options = SyncEngine.Options()
-        options.pullSlice = 3
-        engine = SyncEngine(access: fs, store: store, backingDirectory: link, options: options)
+        let options = options ?? {
+            var o = SyncEngine.Options()
+            o.pullSlice = 3
+            return o
+        }()
+        engine = SyncEngine(access: fs, store: store, backing: backing, options: options)
     }
 
     func cycle() { try? engine.cycle(pushPull: !paused) }

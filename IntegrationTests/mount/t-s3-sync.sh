@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Three devices (alpha, beta, gamma) syncing through the loopback S3 server
+# (`--backing s3://BUCKET/PREFIX`, credentials and endpoint from AWS_* in the
+# environment; scripts/test.sh starts the server): files of every size, edits, renames,
+# deletes, a directory tree; a conflict made on two devices, seen and resolved the same
+# on all three; the key-value store; gc across devices (`ubiquity gc`, fossil markers);
+# `ubiquity status` shows the backing URL and request counts and never a secret; no
+# secret in the daemon's command line or log; a device that joins a container of 10,000
+# files sees all of them, with a handful of requests. Fails (does not skip) without a
+# server.
+# ubq-timeout: 300
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+s3_backing sync
+DEVICE=alpha
+mount_fresh s3sync --poll 0.2
+A=$MNT
+mount_device beta --poll 0.2
+B=$(mnt_of beta)
+mount_device gamma --poll 0.2
+C=$(mnt_of gamma)
+on_failure dump_sync_state
+
+# backing_count MNT KIND: a count from the device's status (requests, puts, gets, lists).
+backing_count() { xattr "$1" user.ubiquity.sync | sed -n "s/^backing-$2=//p"; }
+
+# kv_value MNT KEY: the key's value on that device ("" if none).
+kv_value() { "$UBIQUITY" kv get "$2" --mount "$1" 2>/dev/null || true; }
+
+step "a file written on alpha appears on beta and gamma, with no command"
+echo hello >"$A/hello.txt"
+wait_content "$B/hello.txt" hello "hello.txt on beta"
+wait_content "$C/hello.txt" hello "hello.txt on gamma"
+assert_eq alpha "$(xattr "$C/hello.txt" user.ubiquity.device)" "user.ubiquity.device of hello.txt on gamma"
+
+step "sizes from empty to several chunks in packs, verified byte for byte on every device"
+mkdir -p "$A/sizes"
+: >"$A/sizes/empty"
+head -c 1000 /dev/urandom >"$A/sizes/inline-1000"
+head -c 5000 /dev/urandom >"$A/sizes/small-5000"
+head -c 3000000 /dev/urandom >"$A/sizes/big-3M"
+head -c 20000000 /dev/urandom >"$A/sizes/big-20M"
+for f in empty inline-1000 small-5000 big-3M big-20M; do
+  wait_for "sizes/$f on beta" cmp -s "$A/sizes/$f" "$B/sizes/$f"
+  wait_for "sizes/$f on gamma" cmp -s "$A/sizes/$f" "$C/sizes/$f"
+done
+
+step "edits, renames of files and directories, deletes, from any device"
+echo "beta edit" >"$B/hello.txt"
+mkdir -p "$C/tree/a/b"
+echo deep >"$C/tree/a/b/deep.txt"
+wait_content "$A/tree/a/b/deep.txt" deep "deep.txt from gamma on alpha"
+mv "$A/tree/a" "$A/tree/moved"
+mv "$B/sizes/small-5000" "$B/sizes/renamed-5000"
+rm "$C/sizes/inline-1000"
+for m in "$A" "$B" "$C"; do
+  wait_content "$m/hello.txt" "beta edit" "hello.txt on $m"
+  wait_content "$m/tree/moved/b/deep.txt" deep "tree/moved/b/deep.txt on $m"
+  wait_missing "$m/tree/a" "tree/a on $m"
+  wait_missing "$m/sizes/inline-1000" "sizes/inline-1000 on $m"
+  wait_for "sizes/renamed-5000 on $m" cmp -s "$A/sizes/renamed-5000" "$m/sizes/renamed-5000"
+done
+wait_same_tree "$A" "$B" "trees of alpha and beta"
+wait_same_tree "$A" "$C" "trees of alpha and gamma"
+
+step "a conflict: alpha and beta edit one file while beta is paused; all three agree"
+echo base >"$A/doc.txt"
+wait_content "$B/doc.txt" base "doc.txt on beta"
+wait_content "$C/doc.txt" base "doc.txt on gamma"
+pause_dev "$B"
+echo "alpha's words" >"$A/doc.txt"
+sync_dev "$A"
+sleep 1.1
+echo "beta's words" >"$B/doc.txt"
+resume_dev "$B"
+sync_all
+sync_all
+for m in "$A" "$B" "$C"; do
+  wait_content "$m/doc.txt" "beta's words" "doc.txt on $m (the later mtime wins)"
+  wait_eq 1 "conflicts of doc.txt on $m" conflict_count "$m" doc.txt
+done
+assert_eq "$(conflict_names "$A" doc.txt)" "$(conflict_names "$C" doc.txt)" "conflict names, alpha vs gamma"
+rm "$C/.conflicts/doc.txt/$(conflict_names "$C" doc.txt)"
+for m in "$A" "$B" "$C"; do wait_eq 0 "conflicts of doc.txt on $m after gamma resolved" conflict_count "$m" doc.txt; done
+
+step "the key-value store through S3"
+ubq kv set colour blue --mount "$A" >/dev/null
+wait_eq blue "kv colour on gamma" kv_value "$C" colour
+ubq kv set colour green --mount "$C" >/dev/null
+wait_eq green "kv colour on alpha" kv_value "$A" colour
+wait_eq green "kv colour on beta" kv_value "$B" colour
+
+step "status: the backing URL, requests and bytes, no secret"
+status=$(ubq status "$A")
+assert_contains "$status" "backing=$BACKING" "ubiquity status"
+assert_contains "$status" "backing-requests=" "ubiquity status"
+assert_not_contains "$status" "$AWS_SECRET_ACCESS_KEY" "ubiquity status"
+assert_not_contains "$(tr '\0' ' ' </proc/"$DAEMON_PID"/cmdline)" "$AWS_SECRET_ACCESS_KEY" "the daemon's command line"
+assert_not_contains "$(cat "$STORE/daemon.log")" "$AWS_SECRET_ACCESS_KEY" "the daemon log"
+
+step "gc across devices (checkpoints, the collector through S3): nothing live is lost"
+rm "$A/sizes/big-20M"
+sync_all
+for m in "$A" "$B"; do
+  gc_out=$(ubq gc "$m" --grace 1s)
+  assert_contains "$gc_out" "backing store: " "ubiquity gc on $m"
+done
+for m in "$A" "$B" "$C"; do
+  wait_for "big-3M still whole on $m" cmp -s "$A/sizes/big-3M" "$m/sizes/big-3M"
+done
+
+step "a fourth device joins a container of 10,000 small files: all there, few requests"
+sync_dev "$A"
+puts_before=$(backing_count "$A" puts)
+mkdir "$A/many"
+python3 - "$A/many" <<'EOF'
+import os, sys
+d = sys.argv[1]
+for i in range(10000):
+    sub = os.path.join(d, "d%02d" % (i % 50))
+    os.makedirs(sub, exist_ok=True)
+    with open(os.path.join(sub, "f%05d" % i), "w") as f:
+        f.write("file %d\n" % i)
+EOF
+sync_dev "$A"
+puts=$(($(backing_count "$A" puts) - puts_before))
+log "alpha uploaded 10,000 new files of 10 bytes with $puts PUTs"
+((puts <= 50)) || fail "alpha made $puts PUTs for 10,000 small files (at most 50 expected: a segment holds 1,000 records)"
+start=$EPOCHREALTIME
+mount_device delta --poll 0.2
+D=$(mnt_of delta)
+sync_dev "$D"
+wait_eq 10000 "files under many/ on delta" bash -c "find '$D/many' -type f | wc -l"
+assert_eq "file 9999" "$(cat "$D/many/d49/f09999")" "many/d49/f09999 on delta"
+requests=$(backing_count "$D" requests)
+log "delta joined (all 10,000 files listed) in $(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s with $requests requests"
+((requests < 200)) || fail "delta made $requests requests to join 10,000 files (expected a few dozen)"
+for d in alpha beta gamma delta; do assert_daemon_alive "$d"; done
+pass

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The S3 backing against the tools people use on the same server, in one run (release
+# build, median of BENCH_RUNS, default 3): the loopback radosgw of scripts/s3-server.sh,
+# or the bucket named by UBIQUITY_S3_BUCKET (with AWS_* set).
+#
+#   scripts/bench-s3.sh                    # every row
+#   BENCH_ROWS="big small" scripts/bench-s3.sh
+#
+# Rows (README, "Benchmarks: S3"):
+#   big       a 1 GiB file: `cp` into a fresh mount + `ubiquity sync` (returns once it is
+#             uploaded), against `rclone copy` (Debian) and `aws s3 cp` (PyPI) of it
+#   small     10,000 files of 1 KiB: the same against `rclone copy` of the tree; and
+#             the PUT requests the mount made
+#   idle      requests of an idle mount over IDLE_SECONDS (default 600) after its
+#             active window (300 s), as requests per hour
+#   propagate one save on alpha until beta shows it, PROPAGATE_SAVES times (default 40):
+#             p50 and p99 (both mounts poll at the default 1 s)
+#   join      a device joining JOIN_FILES (default 100,000) small files: time until all
+#             are listed, and its requests
+set -euo pipefail
+export LC_ALL=C
+cd "$(dirname "$0")/.."
+RUNS=${BENCH_RUNS:-3}
+ROWS=${BENCH_ROWS:-big small idle propagate join}
+. scripts/deps.sh
+install_missing "${BUILD_PACKAGES[@]}" rclone python3 curl >&2
+command -v aws >/dev/null || pip3 install --quiet awscli >&2 || echo "bench-s3: no aws CLI (pip3 install awscli): its column stays empty" >&2
+swift build -c release >/dev/null
+BIN=$(swift build -c release --show-bin-path)/ubiquity
+
+W=$(mktemp -d /var/tmp/ubiquity-bench-s3.XXXXXX)
+s3dir=""
+mounts=()
+cleanup() {
+  set +e
+  for m in "${mounts[@]}"; do mountpoint -q "$m" && { "$BIN" unmount "$m" >/dev/null 2>&1 || fusermount3 -u -z "$m"; }; done
+  [[ -n $s3dir ]] && scripts/s3-server.sh stop "$s3dir"
+  rm -rf "$W"
+}
+trap cleanup EXIT INT TERM
+if [[ -z ${UBIQUITY_S3_BUCKET:-} ]]; then
+  s3dir=$W/s3
+  eval "$(S3_PORT=${S3_PORT:-7480} scripts/s3-server.sh start "$s3dir")"
+fi
+bucket=$UBIQUITY_S3_BUCKET
+export RCLONE_CONFIG_BENCH_TYPE=s3 RCLONE_CONFIG_BENCH_PROVIDER=Other RCLONE_CONFIG_BENCH_ENV_AUTH=true
+export RCLONE_CONFIG_BENCH_ENDPOINT=${AWS_ENDPOINT_URL:-} RCLONE_CONFIG_BENCH_REGION=${AWS_REGION:-us-east-1}
+export RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE=true
+
+now() { printf '%s' "${EPOCHREALTIME/,/.}"; }
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "-"; else print a[int((NR + 1) / 2)] }'; }
+run_id=$RANDOM
+
+# mount_fresh NAME: a new store on a new prefix; prints the mount point.
+mount_fresh() {
+  local m=$W/$1/mnt
+  mkdir -p "$m" "$W/$1/store"
+  "$BIN" mount "$m" --store "$W/$1/store" --backing "s3://$bucket/bench-$run_id-${2:-$1}" --device "$1" >/dev/null
+  mounts+=("$m")
+  echo "$m"
+}
+unmount() { "$BIN" unmount "$1" >/dev/null; }
+count() { getfattr --absolute-names --only-values -n user.ubiquity.sync "$1" | sed -n "s/^backing-$2=//p"; }
+
+echo "bench-s3: release build, $RUNS runs, server ${AWS_ENDPOINT_URL:-AWS}"
+
+if [[ " $ROWS " == *" big "* ]]; then
+  head -c $((1 << 30)) /dev/urandom >"$W/big.bin"
+  u=() r=() a=()
+  for i in $(seq "$RUNS"); do
+    m=$(mount_fresh "big$i")
+    t0=$(now); cp "$W/big.bin" "$m/"; "$BIN" sync "$m" >/dev/null; t1=$(now)
+    u+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
+    unmount "$m"; rm -rf "$W/big$i"
+    t0=$(now); rclone copy "$W/big.bin" "bench:$bucket/rclone-$run_id-$i/"; t1=$(now)
+    r+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
+    if command -v aws >/dev/null; then
+      t0=$(now); aws s3 cp --quiet "$W/big.bin" "s3://$bucket/aws-$run_id-$i/big.bin"; t1=$(now)
+      a+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
+    fi
+  done
+  mu=$(printf '%s\n' "${u[@]}" | median) mr=$(printf '%s\n' "${r[@]}" | median) ma=$(printf '%s\n' "${a[@]:-}" | median)
+  best=$mr; [[ $ma != - ]] && best=$(awk -v x="$mr" -v y="$ma" 'BEGIN { print (y < x) ? y : x }')
+  printf 'big: 1 GiB until uploaded: ubiquity %.1f s, rclone copy %.1f s, aws s3 cp %s s: %.2fx the faster tool\n' \
+    "$mu" "$mr" "$ma" "$(awk -v u="$mu" -v b="$best" 'BEGIN { print b / u }')"
+  rm -f "$W/big.bin"
+fi
+
+if [[ " $ROWS " == *" small "* ]]; then
+  python3 - "$W/small" <<'EOF'
+import os, sys
+root = sys.argv[1]
+for i in range(10000):
+    d = os.path.join(root, "d%02d" % (i % 100))
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "f%05d" % i), "wb") as f:
+        f.write(os.urandom(1024))
+EOF
+  u=() r=() p=()
+  for i in $(seq "$RUNS"); do
+    m=$(mount_fresh "small$i")
+    before=$(count "$m" puts)
+    t0=$(now); cp -r "$W/small" "$m/"; "$BIN" sync "$m" >/dev/null; t1=$(now)
+    u+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
+    p+=($(($(count "$m" puts) - before)))
+    unmount "$m"; rm -rf "$W/small$i"
+    t0=$(now); rclone copy --transfers 16 "$W/small" "bench:$bucket/rclone-small-$run_id-$i/"; t1=$(now)
+    r+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
+  done
+  mu=$(printf '%s\n' "${u[@]}" | median) mr=$(printf '%s\n' "${r[@]}" | median) mp=$(printf '%s\n' "${p[@]}" | median)
+  printf 'small: 10,000 files of 1 KiB until uploaded: ubiquity %.1f s (%s PUTs), rclone copy %.1f s: %.1fx\n' \
+    "$mu" "$mp" "$mr" "$(awk -v u="$mu" -v r="$mr" 'BEGIN { print r / u }')"
+fi
+
+if [[ " $ROWS " == *" idle "* ]]; then
+  secs=${IDLE_SECONDS:-600}
+  m=$(mount_fresh idle)
+  echo x >"$m/x"; "$BIN" sync "$m" >/dev/null
+  sleep 305 # the active window after the last change (SyncEngine.Options.activeWindow)
+  before=$(count "$m" requests)
+  sleep "$secs"
+  n=$(($(count "$m" requests) - before))
+  printf 'idle: %d requests in %d s after the active window: %.0f per hour\n' "$n" "$secs" "$(awk -v n="$n" -v s="$secs" 'BEGIN { print n * 3600 / s }')"
+  unmount "$m"
+fi
+
+if [[ " $ROWS " == *" propagate "* ]]; then
+  a=$(mount_fresh alpha prop) b=$(mount_fresh beta prop)
+  echo warm >"$a/warm"; for _ in $(seq 100); do [[ -e $b/warm ]] && break; sleep 0.1; done
+  lat=()
+  for i in $(seq "${PROPAGATE_SAVES:-40}"); do
+    sleep 0.$((RANDOM % 10))
+    t0=$(now); echo "$i" >"$a/p$i"
+    until [[ -e $b/p$i ]]; do sleep 0.01; done
+    lat+=("$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')")
+  done
+  printf '%s\n' "${lat[@]}" | sort -g | awk '{ a[NR] = $1 } END { printf "propagate: one save to an active peer: p50 %.2f s, p99 %.2f s (%d saves)\n", a[int((NR + 1) / 2)], a[int(NR * 0.99 + 0.99)], NR }'
+  unmount "$a"; unmount "$b"
+fi
+
+if [[ " $ROWS " == *" join "* ]]; then
+  n=${JOIN_FILES:-100000}
+  m=$(mount_fresh joinsrc join)
+  python3 - "$m/tree" "$n" <<'EOF'
+import os, sys
+root, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    d = os.path.join(root, "d%03d" % (i % 500))
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "f%06d" % i), "w") as f:
+        f.write("file %d\n" % i)
+EOF
+  "$BIN" sync "$m" >/dev/null
+  t0=$(now)
+  j=$(mount_fresh joiner join)
+  "$BIN" sync "$j" >/dev/null
+  until [[ $(find "$j/tree" -type f 2>/dev/null | wc -l) -ge $n ]]; do sleep 0.5; done
+  t1=$(now)
+  printf 'join: a device joining %d files: %.1f s until all are listed, %s requests (%s GETs, %s LISTs)\n' \
+    "$n" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" "$(count "$j" requests)" "$(count "$j" gets)" "$(count "$j" lists)"
+  unmount "$j"; unmount "$m"
+fi
