@@ -10,7 +10,8 @@
 //   UbiquitySync     replicates a store through a backing directory (docs/FORMAT.md)
 //   UbiquityFS       POSIX semantics over the store; speaks Errno
 //   UbiquityFUSE     the only importer of CFuse: ops table, replies, session
-//   ubiquity         the command line
+//   UbiquityDaemon   a mount daemon's assembly (Daemon.serve) and its control socket
+//   ubiquity         the command line: parses arguments, calls the layers above
 import PackageDescription
 
 // Our own code builds without a single warning (scripts/test.sh also checks that every
@@ -56,8 +57,11 @@ let package = Package(
         ], swiftSettings: strict),
         .target(name: "UbiquityFS", dependencies: ["UbiquityStore", "UbiquitySystem", "TinyPix"], swiftSettings: strict),
         .target(name: "UbiquityFUSE", dependencies: ["UbiquityFS", "UbiquityStore", "UbiquitySystem", "CFuse"], swiftSettings: strict),
+        .target(name: "UbiquityDaemon", dependencies: [
+            "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityBacking", "UbiquityStore", "UbiquitySystem",
+        ], swiftSettings: strict),
         .executableTarget(name: "ubiquity", dependencies: [
-            "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityStore", "UbiquitySystem", "TinyPix",
+            "UbiquityDaemon", "UbiquityFS", "UbiquitySync", "UbiquityStore", "UbiquitySystem", "TinyPix",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: strict),
         // Builds large containers through the store API for scripts/bench-scale.sh.
@@ -69,6 +73,7 @@ let package = Package(
         .testTarget(name: "UbiquityStoreTests", dependencies: ["UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "UbiquityFSTests", dependencies: ["UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "UbiquityBackingTests", dependencies: ["UbiquityBacking", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
+        .testTarget(name: "UbiquityDaemonTests", dependencies: ["UbiquityDaemon", "UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "UbiquitySyncTests", dependencies: ["UbiquitySync", "UbiquityBacking", "UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
     ]
 )

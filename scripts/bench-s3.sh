@@ -43,10 +43,13 @@ if [[ -z ${UBIQUITY_S3_BUCKET:-} ]]; then
   eval "$(S3_PORT=${S3_PORT:-7480} scripts/s3-server.sh start "$s3dir")"
 fi
 bucket=$UBIQUITY_S3_BUCKET
-export RCLONE_CONFIG_BENCH_TYPE=s3 RCLONE_CONFIG_BENCH_PROVIDER=Other RCLONE_CONFIG_BENCH_ENV_AUTH=true
+export RCLONE_CONFIG_BENCH_TYPE=s3 RCLONE_CONFIG_BENCH_PROVIDER=Other
+export RCLONE_CONFIG_BENCH_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-} RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-}
 export RCLONE_CONFIG_BENCH_ENDPOINT=${AWS_ENDPOINT_URL:-} RCLONE_CONFIG_BENCH_REGION=${AWS_REGION:-us-east-1}
 export RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE=true
 
+# rclone 1.60 fails on any AWS_CA_BUNDLE ("unsupported transport"): it gets none.
+rclone_() { env -u AWS_CA_BUNDLE rclone --config /dev/null "$@"; }
 now() { printf '%s' "${EPOCHREALTIME/,/.}"; }
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "-"; else print a[int((NR + 1) / 2)] }'; }
 run_id=$RANDOM
@@ -72,12 +75,14 @@ if [[ " $ROWS " == *" big "* ]]; then
     t0=$(now); cp "$W/big.bin" "$m/"; "$BIN" sync "$m" >/dev/null; t1=$(now)
     u+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
     unmount "$m"; rm -rf "$W/big$i"
-    t0=$(now); rclone copy "$W/big.bin" "bench:$bucket/rclone-$run_id-$i/"; t1=$(now)
+    t0=$(now); rclone_ copy "$W/big.bin" "bench:$bucket/rclone-$run_id-$i/"; t1=$(now)
     r+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
     if command -v aws >/dev/null; then
       t0=$(now); aws s3 cp --quiet "$W/big.bin" "s3://$bucket/aws-$run_id-$i/big.bin"; t1=$(now)
       a+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
     fi
+    # The loopback server keeps everything in memory: each run's copies go.
+    for p in "bench-$run_id-big$i" "rclone-$run_id-$i" "aws-$run_id-$i"; do rclone_ purge "bench:$bucket/$p" 2>/dev/null || true; done
   done
   mu=$(printf '%s\n' "${u[@]}" | median) mr=$(printf '%s\n' "${r[@]}" | median) ma=$(printf '%s\n' "${a[@]:-}" | median)
   best=$mr; [[ $ma != - ]] && best=$(awk -v x="$mr" -v y="$ma" 'BEGIN { print (y < x) ? y : x }')
@@ -104,7 +109,7 @@ EOF
     u+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
     p+=($(($(count "$m" puts) - before)))
     unmount "$m"; rm -rf "$W/small$i"
-    t0=$(now); rclone copy --transfers 16 "$W/small" "bench:$bucket/rclone-small-$run_id-$i/"; t1=$(now)
+    t0=$(now); rclone_ copy --transfers 16 "$W/small" "bench:$bucket/rclone-small-$run_id-$i/"; t1=$(now)
     r+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
   done
   mu=$(printf '%s\n' "${u[@]}" | median) mr=$(printf '%s\n' "${r[@]}" | median) mp=$(printf '%s\n' "${p[@]}" | median)

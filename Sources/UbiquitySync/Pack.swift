@@ -49,7 +49,10 @@ public enum Pack {
         private(set) var entries: [(id: ChunkID, length: Int)] = []
         private var seen: Set<ChunkID> = []
 
-        public init() {}
+        public init() {
+            // One allocation for a full pack (and its index): no regrowth copies.
+            bytes.reserveCapacity(Pack.targetSize + 4 << 20 + 64 << 10)
+        }
 
         public var isEmpty: Bool { entries.isEmpty }
         /// Whether the pack should be sealed before another chunk goes in.
@@ -64,8 +67,11 @@ public enum Pack {
         }
 
         /// The pack's bytes, and where each chunk is in it under `name`.
-        public func sealed(name: String) -> (bytes: [UInt8], locations: [ChunkLocation]) {
+        /// Consumes the writer: the index is appended to its bytes in place (no copy of
+        /// the pack).
+        public consuming func sealed(name: String) -> (bytes: [UInt8], locations: [ChunkLocation]) {
             var out = bytes
+            bytes = []
             var locations: [ChunkLocation] = []
             var offset = Int64(Pack.headerSize)
             for e in entries {
@@ -81,7 +87,7 @@ public enum Pack {
 
         /// Seals and uploads under a fresh random name (`ifAbsent`: a name that exists,
         /// which 128 random bits make a programming error, is never overwritten).
-        public func upload(to store: any BackingStore) throws(BackingError) -> [ChunkLocation] {
+        public consuming func upload(to store: any BackingStore) throws(BackingError) -> [ChunkLocation] {
             let name = Pack.newName()
             let (bytes, locations) = sealed(name: name)
             do {

@@ -1,3 +1,4 @@
+import Dispatch
 import Glibc
 import UbiquityBacking
 import UbiquityStore
@@ -81,19 +82,22 @@ extension SyncEngine {
     private func pushDue(force: Bool) throws(StoreError) -> Bool {
         let pending = try withStoreValue { (store) throws(StoreError) in store.pendingUploadCount }
         let now = bootSecondsDouble()
-        defer { memory.lastPending = pending }
+        let (before, then) = (memory.lastPending, memory.lastPendingTime)
+        memory.lastPending = pending
+        memory.lastPendingTime = now
         if pending == 0 {
             memory.pendingSince = nil
             return try withStoreValue { (store) throws(StoreError) in try store.kvUnpublished() != nil }
         }
         let since = memory.pendingSince ?? now
         memory.pendingSince = since
-        let growing = pending > memory.lastPending
-        return force || pending < Self.burstRecords || pending >= options.uploadBatch || !growing
-            || now - since >= options.maxPushDelay
+        // Records made per second since the last cycle, whatever the poll interval: a
+        // burst makes hundreds, a person's saves a few.
+        let rate = Double(pending - before) / max(0.001, now - then)
+        return force || rate < Self.burstRate || pending >= options.uploadBatch || now - since >= options.maxPushDelay
     }
 
-    static let burstRecords = 64
+    static let burstRate = 100.0
 
     func push(force: Bool = false) throws(StoreError) {
         guard try pushDue(force: force) else { return }
@@ -236,44 +240,55 @@ extension SyncEngine {
         return bad
     }
 
-    /// Uploads the chunks into new packs, `parallelRequests` packs at once; returns their
-    /// places.
+    /// Uploads the chunks into new packs, up to `parallelRequests` PUTs in flight while the
+    /// next pack is filled (reading and verifying chunks overlaps the uploads); returns
+    /// their places.
     private func uploadPacks(_ ids: [ChunkID], tolerant: Bool) throws(StoreError) -> [ChunkID: ChunkPlace] {
-        var places: [ChunkID: ChunkPlace] = [:]
-        var sealed: [Pack.Writer] = []
-        var writer = Pack.Writer()
-        func flush() throws(StoreError) {
-            let store = backing.store
-            let results = parallelMap(sealed, width: options.parallelRequests) { w -> Result<[Pack.ChunkLocation], BackingError> in
-                Result { () throws(BackingError) -> [Pack.ChunkLocation] in try w.upload(to: store) }
+        let store = backing.store
+        let results = Locked<[Result<[Pack.ChunkLocation], BackingError>]>([])
+        let slots = DispatchSemaphore(value: max(1, options.parallelRequests))
+        let group = DispatchGroup()
+        func launch(_ writer: consuming Pack.Writer) {
+            slots.wait()
+            group.enter()
+            let sealed = writer
+            DispatchQueue.global().async {
+                let result = Result { () throws(BackingError) -> [Pack.ChunkLocation] in try sealed.upload(to: store) }
+                results.withLock { $0.append(result) }
+                slots.signal()
+                group.leave()
             }
-            let now = bootSeconds()
-            for result in results {
-                switch result {
-                case .success(let locations):
-                    for l in locations { places[l.id] = ChunkPlace(pack: l.pack, offset: l.offset) }
-                    if let pack = locations.first?.pack { memory.verifiedPacks[pack] = now }
-                case .failure(let error): throw Backing.storeError(error, "put a pack")
-                }
-            }
-            sealed = []
         }
+        var writer = Pack.Writer()
+        var failure: StoreError?
         for id in ids {
+            // A failed PUT ends the batch: the next cycle tries again.
+            if results.withLock({ $0.contains { if case .failure = $0 { true } else { false } } }) { break }
             let bytes: [UInt8]
             do { bytes = try chunks.read(id) } catch {
-                guard tolerant else { throw error }
+                guard tolerant else { failure = error; break }
                 logOnce("ubiquity: sync: writing a checkpoint: chunk \(id.hex) cannot be read here (\(error)); its record names it by hash")
                 continue
             }
             writer.add(id, bytes)
             if writer.isFull {
-                sealed.append(writer)
+                launch(writer)
                 writer = Pack.Writer()
-                if sealed.count >= options.parallelRequests { try flush() }
             }
         }
-        if !writer.isEmpty { sealed.append(writer) }
-        try flush()
+        if failure == nil && !writer.isEmpty { launch(writer) }
+        group.wait()
+        if let failure { throw failure }
+        var places: [ChunkID: ChunkPlace] = [:]
+        let now = bootSeconds()
+        for result in results.withLock({ $0 }) {
+            switch result {
+            case .success(let locations):
+                for l in locations { places[l.id] = ChunkPlace(pack: l.pack, offset: l.offset) }
+                if let pack = locations.first?.pack { memory.verifiedPacks[pack] = now }
+            case .failure(let error): throw Backing.storeError(error, "put a pack")
+            }
+        }
         return places
     }
 }

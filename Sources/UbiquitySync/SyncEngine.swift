@@ -33,7 +33,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         /// serves requests between them.
         public var pullSlice = 2000
         /// Packs uploaded (or ranges fetched) at once.
-        public var parallelRequests = 4
+        public var parallelRequests = 8
         /// Seconds a check that a pack is in the backing store and not a fossil stays
         /// good for: a push whose batch took longer (a laptop suspended in the middle)
         /// checks again before it writes its segment (BackingCollector).
@@ -105,6 +105,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         /// Pending records at the last cycle, and since when some have been waiting
         /// (boot seconds): a burst is pushed in full segments (SyncEngine+Push).
         var lastPending = 0
+        var lastPendingTime: Double = 0
         var pendingSince: Double?
         /// The backing store's FORMAT was checked this session (and what it was).
         var opened = false

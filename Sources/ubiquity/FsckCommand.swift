@@ -1,22 +1,24 @@
 import ArgumentParser
 import Glibc
+import UbiquityDaemon
 import UbiquityStore
 import UbiquitySync
 
 struct FsckCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "fsck",
-        abstract: "Verify every chunk's hash and every version's chunk references; repair from the backing directory.",
+        abstract: "Verify every chunk's hash and every version's chunk references; repair from the backing store.",
         discussion: """
         Safe while mounted. Without --repair it changes nothing: exit status 1 and a \
         report when anything is damaged. With --repair, chunks that versions need and \
-        that are missing or damaged are fetched from the backing directory (each verified \
+        that are missing or damaged are fetched from the backing store's packs (each verified \
         by its hash and size before use) and the store is checked again; what could not \
         be repaired is listed, and the exit status is 1 unless everything is whole.
 
           ubiquity fsck
           ubiquity fsck --repair
           ubiquity fsck --repair --store DIR --backing DIR
+          ubiquity fsck --repair --store DIR --backing s3://BUCKET/PREFIX
         """)
 
     @Option(help: "Store directory. Default: that of --container.")
@@ -25,7 +27,7 @@ struct FsckCommand: ParsableCommand {
     @Option(help: "Container name (selects the default store).")
     var container = "default"
 
-    @Flag(help: "Fetch missing or damaged chunks from the backing directory.")
+    @Flag(help: "Fetch missing or damaged chunks from the backing store.")
     var repair = false
 
     @Option(help: "Backing store for --repair (a directory or s3://BUCKET[/PREFIX]). Default: the one the store last synced with.")
@@ -43,7 +45,7 @@ struct FsckCommand: ParsableCommand {
             } else if let last = try? s.setting("backing") {
                 backingDir = last
             } else {
-                throw CLIError("\(dir) does not know its backing directory (it never mounted with this version): pass --backing DIR")
+                throw CLIError("\(dir) does not know its backing store (it never mounted with this version): pass --backing DIR or s3://BUCKET/PREFIX")
             }
             print("repairing \(report.damaged.count) chunk(s) from \(backingDir)")
             let result: Repair.Report
@@ -69,7 +71,7 @@ struct FsckCommand: ParsableCommand {
             print("OK: no damage found")
         } else {
             print("\(report.problems.count) problem(s). Damaged chunks are never served (reads fail with EIO); versions that need them cannot be read."
-                  + (repair ? "" : " `ubiquity fsck --repair` fetches them from the backing directory if it has them."))
+                  + (repair ? "" : " `ubiquity fsck --repair` fetches them from the backing store if it has them."))
             throw ExitCode.failure
         }
     }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Glibc
+import UbiquityDaemon
 import UbiquityStore
 import UbiquitySystem
 
@@ -294,8 +295,8 @@ struct KVWatch: ParsableCommand {
 
     func run() throws {
         let mp = try mount.mountpoint("kv watch")
-        let client: ControlClient
-        do { client = try ControlClient(mountpoint: mp, request: "watch-kv") } catch {
+        let client: ControlConnection
+        do { client = try connectToDaemon(mountpoint: mp, request: .watchKeyValues) } catch {
             throw KVMount.failure("kv watch", "\(error)", code: KVMount.otherFailure)
         }
         defer { client.close() }
@@ -313,22 +314,21 @@ struct KVWatch: ParsableCommand {
 
     /// "KEY: OLD -> NEW (DEVICE NAME)" from an event line.
     static func describe(_ line: String) -> String {
-        guard case .dictionary(let pairs)? = try? PropertyList.parseJSON(Array(line.utf8)) else { return line }
-        let f = Dictionary(pairs, uniquingKeysWith: { a, _ in a })
-        if case .string("overflow")? = f["event"] { return "(some changes were skipped: run `ubiquity kv list`)" }
-        guard case .string(let key)? = f["key"] else { return line }
-        let text = { (v: PropertyList?) -> String in
-            switch v {
-            case .string(let s)?: return s
-            case let other?: return other.json
-            case nil: return "(none)"
+        guard let reply = try? JSONLine.decode(ControlReply.self, from: line.utf8) else { return line }
+        switch reply {
+        case .overflow: return "(some changes were skipped: run `ubiquity kv list`)"
+        case .keyValueChanged(let change):
+            func text(_ value: AnyPropertyList?) -> String {
+                switch value?.value {
+                case .string(let s)?: s
+                case let other?: other.json
+                case nil: "(none)"
+                }
             }
+            let device = change.name.isEmpty ? change.device : change.name
+            return "\(change.key): \(text(change.old)) -> \(change.deleted ? "(deleted)" : text(change.new)) (\(device))"
+        default: return line
         }
-        var device = ""
-        if case .string(let name)? = f["name"], !name.isEmpty { device = name } else if case .string(let id)? = f["device"] { device = id }
-        let new: String
-        if case .bool(true)? = f["deleted"] { new = "(deleted)" } else { new = text(f["new"]) }
-        return "\(key): \(text(f["old"])) -> \(new) (\(device))"
     }
 }
 

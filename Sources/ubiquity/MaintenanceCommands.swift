@@ -1,5 +1,6 @@
 import ArgumentParser
 import Glibc
+import UbiquityDaemon
 import UbiquityFS
 import UbiquityStore
 import UbiquitySystem
@@ -87,9 +88,10 @@ struct GcCommand: ParsableCommand {
         it and nothing wrote or reused it during the grace period (default 1h, at least 1s), so a save \
         that reuses an old chunk never loses it. The daemon runs gc after its daily prune.
 
-        On a mount that syncs, gc then collects the backing directory: this device's \
-        journal is rewritten without its pruned records once a quarter of them are, \
-        objects no journal names become fossils after a day and are deleted a week later \
+        On a mount that syncs, gc then collects the backing store (directory or S3): this \
+        device writes a checkpoint of its live records once a quarter of the last one are \
+        pruned (or its log grew by a quarter), its segments a checkpoint covers go after a \
+        day, and packs no record names get a fossil marker and are deleted a week later \
         (docs/FORMAT.md). With --store only the store is collected.
 
           ubiquity gc                    # the only mounted container

@@ -1,10 +1,7 @@
 import ArgumentParser
 import Glibc
+import UbiquityDaemon
 import UbiquitySystem
-import UbiquityFS
-import UbiquityFUSE
-import UbiquityStore
-import UbiquitySync
 
 struct MountCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -93,76 +90,17 @@ struct MountCommand: ParsableCommand {
     }
 
     private func serve(mountpoint mp: String, storeDir: String, backingDir: String) throws {
-        let ready = Readiness(pipeFD: readyFD)
-        do {
-            let store = try Store(directory: storeDir, deviceName: device)
-            if !BackingChoice.isURL(backingDir) { try makeDirectoriesForCLI(backingDir) }
-            let backingStore = try BackingChoice.open(backingDir, check: true)
-            // `ubiquity fsck --repair` fetches damaged chunks from here by default.
-            try store.setSetting("backing", backingDir)
-            var fsOptions = FileSystem.Options()
-            fsOptions.showVersions = showVersions
-            fsOptions.retention = try Paths.retentionPolicy(container: container, settings: retention)
-            fsOptions.kvLimits = try Paths.keyValueLimits(container: container, settings: kvLimits)
-            if let every = maintenanceEvery {
-                guard let interval = RetentionPolicy.duration(every) else { throw CLIError("--maintenance-every \(every): not a duration") }
-                fsOptions.maintenanceInterval = interval
-            }
-            let fs = FileSystem(store: store, options: fsOptions)
-            fs.relieveSpacePressure()
-            var sessionOptions = FUSESession.Options()
-            sessionOptions.fsname = storeDir.contains(",") ? "ubiquity" : storeDir
-            sessionOptions.mountOptions = (options ?? "").split(separator: ",").map(String.init)
-            // auto_unmount: if this process dies, fusermount3 removes the mount (no ENOTCONN corpse).
-            if !sessionOptions.mountOptions.contains("noauto_unmount") {
-                sessionOptions.mountOptions.append("auto_unmount")
-            }
-            sessionOptions.mountOptions.removeAll { $0 == "noauto_unmount" }
-            let session = FUSESession(fs: fs, mountpoint: mp, options: sessionOptions)
-            var syncOptions = SyncEngine.Options()
-            syncOptions.pollSeconds = poll
-            // For tests only (t-backing-gc.sh): a fossil's wait in seconds instead of 7 days;
-            // its age counts from the rename's ctime, which a test cannot set back.
-            if let text = getenv("UBQ_TEST_FOSSIL_AGE").map({ String(cString: $0) }), let seconds = Int64(text), seconds >= 0 {
-                syncOptions.fossilAge = seconds
-                log("ubiquity: UBQ_TEST_FOSSIL_AGE: fossils are deleted after \(seconds) s (a test setting)")
-            }
-            let sync = SyncEngine(access: fs, store: store, backing: backingStore, options: syncOptions)
-            fs.attach(sync: sync)
-            fs.onTreeChange { session.invalidate($0) }
-            try session.mount()
-            let control = ControlServer(fs: fs, storeDirectory: storeDir)
-            do {
-                try control.start()
-                fs.announce(controlSocket: control.path)
-            } catch {
-                log("ubiquity: no control socket (`ubiquity kv watch` and `ubiquity query` will not work): \(error)")
-            }
-            log("ubiquity: mounted \(mp) (store \(storeDir), backing \(backingDir), device \(store.deviceName) \(store.deviceID))")
-            ready.succeeded()
-            sync.start()
-            let status = session.run()
-            sync.stop()
-            control.stop()
-            log("ubiquity: unmounted \(mp) (loop status \(status)); pending saves committed")
-        } catch {
-            ready.failed("\(error)")
-            throw CLIError("\(error)")
-        }
-    }
-}
-
-/// Where a background daemon logs: inside its store, so every store has its own log and
-/// `ubiquity status` finds it from the mount's source (the store directory).
-func daemonLogPath(store: String) -> String { store + "/daemon.log" }
-
-func makeDirectoriesForCLI(_ path: String) throws {
-    var prefix = ""
-    for c in path.split(separator: "/") {
-        prefix += "/" + c
-        if mkdir(prefix, 0o755) != 0 && errno != EEXIST {
-            throw CLIError("cannot create \(prefix): \(errnoText(errno))")
-        }
+        var configuration = DaemonConfiguration(mountpoint: mp, storeDirectory: storeDir, backing: backingDir)
+        configuration.container = container
+        configuration.deviceName = device
+        configuration.retentionSettings = retention
+        configuration.keyValueLimitSettings = kvLimits
+        configuration.maintenanceEvery = maintenanceEvery
+        configuration.pollSeconds = poll
+        configuration.showVersions = showVersions
+        configuration.mountOptions = (options ?? "").split(separator: ",").map(String.init)
+        configuration.readyFD = readyFD
+        try Daemon.serve(configuration)
     }
 }
 

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Glibc
+import UbiquityDaemon
 import UbiquitySystem
 
 // The CLI talks to a running daemon through its mount: extended attributes on the mount

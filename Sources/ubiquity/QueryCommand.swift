@@ -1,7 +1,7 @@
 import ArgumentParser
 import Glibc
+import UbiquityDaemon
 import UbiquityStore
-import UbiquitySync
 import UbiquitySystem
 
 /// `ubiquity query`: the container's live query (iCloud's NSMetadataQuery), answered by
@@ -56,9 +56,8 @@ struct QueryCommand: ParsableCommand {
 
     func run() throws {
         let (entry, _) = try selectMount(mount, command: "query")
-        var request = "query scope=\(scope) hidden=\(all ? 1 : 0) watch=\(watch ? 1 : 0)"
-        if let name { request += " name=" + RecordCodec.percent(name) }
-        let client = try ControlClient(mountpoint: entry.mountpoint, request: request)
+        let request = ControlRequest.query(ControlQuery(scope: scope, name: name, hidden: all, watch: watch))
+        let client = try connectToDaemon(mountpoint: entry.mountpoint, request: request)
         defer { client.close() }
         var failure: String?
         try client.lines { line in
@@ -72,21 +71,14 @@ struct QueryCommand: ParsableCommand {
 
     /// A line for a person: "STATE  SIZE  MODIFIED  PATH", "-- gathered N", "added PATH".
     static func describe(_ line: String, watching: Bool) -> String {
-        guard case .dictionary(let pairs)? = try? PropertyList.parseJSON(Array(line.utf8)) else { return line }
-        let f = Dictionary(pairs, uniquingKeysWith: { a, _ in a })
-        func text(_ key: String) -> String {
-            switch f[key] {
-            case .string(let s)?: return s
-            case .integer(let i)?: return String(i)
-            default: return ""
-            }
+        guard let reply = try? JSONLine.decode(ControlReply.self, from: line.utf8) else { return line }
+        func row(_ f: ControlFile) -> String { "\(f.state)\t\(f.size)\t\(ISODate.format(millis: f.mtimeMillis))\t\(f.path)" }
+        switch reply {
+        case .gathered(let count): return "-- gathered \(count)" + (watching ? " (watching for changes; ^C ends)" : "")
+        case .overflow: return "-- some changes were skipped (too many at once): run the query again"
+        case .file(let file): return row(file)
+        case .fileEvent(let kind, let path, let file): return "\(kind.rawValue)\t" + (file.map(row) ?? "\t\t\t\(path)")
+        case .error, .watching, .keyValueChanged: return line
         }
-        switch text("event") {
-        case "gathered": return "-- gathered \(text("count"))" + (watching ? " (watching for changes; ^C ends)" : "")
-        case "overflow": return "-- some changes were skipped (too many at once): run the query again"
-        case "": break
-        case let event: return "\(event)\t\(text("state"))\t\(text("size"))\t\(text("mtime"))\t\(text("path"))"
-        }
-        return "\(text("state"))\t\(text("size"))\t\(text("mtime"))\t\(text("path"))"
     }
 }

@@ -1,8 +1,9 @@
 import ArgumentParser
 import Glibc
+import UbiquityDaemon
 import UbiquityFS
-import UbiquitySystem
 import UbiquityStore
+import UbiquitySystem
 
 struct StatusCommand: ParsableCommand {
     static let configuration = CommandConfiguration(

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Glibc
+import UbiquityDaemon
 import UbiquitySystem
 
 struct SyncCommand: ParsableCommand {
@@ -13,7 +14,8 @@ struct SyncCommand: ParsableCommand {
         The daemon also syncs on its own; use this before shutting a laptop, or to see \
         another device's changes at once.
 
-        If the backing directory cannot be reached (an unmounted disk or network share), \
+        If the backing store cannot be reached (an unmounted disk or network share, a \
+        bucket that fails or does not answer), \
         it fails with exit status 1 and the daemon's log says why; pending versions stay \
         queued.
 

@@ -1,5 +1,6 @@
 import ArgumentParser
 import TinyPix
+import UbiquityDaemon
 
 #if canImport(Glibc)
 import Glibc

@@ -14,7 +14,7 @@ struct Ubiquity: ParsableCommand {
           ls ~/Cloud/.versions/notes.txt/
           ubiquity unmount ~/Cloud
 
-        Devices that share a backing directory sync on their own; `ubiquity sync` waits \
+        Devices that share a backing store (a directory or an S3 bucket) sync on their own; `ubiquity sync` waits \
         for a full cycle, `ubiquity pause`/`resume` switch it off and on, and files edited \
         on two devices at once show up in `ubiquity conflicts` until `ubiquity resolve` \
         settles them.

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Glibc
+import UbiquityDaemon
 import UbiquitySystem
 
 struct UnmountCommand: ParsableCommand {

@@ -3,32 +3,32 @@ import UbiquityStore
 import UbiquitySystem
 
 /// Where things live by default (XDG base directories), per container name.
-enum Paths {
-    static var home: String { env("HOME") ?? "/" }
+public enum Paths {
+    public static var home: String { env("HOME") ?? "/" }
 
     /// One default place per container, for `ubiquity mount` without a mount point and
     /// for the systemd unit alike: $UBIQUITY_MOUNTPOINT (the unit's per-container setting),
     /// else ~/Cloud for `default` and ~/Cloud-NAME for any other (never inside ~/Cloud, which
     /// would put one container's mount inside another's).
-    static func defaultMountpoint(container: String) -> String {
+    public static func defaultMountpoint(container: String) -> String {
         if let set = env("UBIQUITY_MOUNTPOINT"), !set.isEmpty { return set }
         return container == "default" ? home + "/Cloud" : home + "/Cloud-" + container
     }
 
-    static func dataDirectory(container: String) -> String {
+    public static func dataDirectory(container: String) -> String {
         let base = env("XDG_DATA_HOME").flatMap { $0.hasPrefix("/") ? $0 : nil } ?? home + "/.local/share"
         return base + "/ubiquity/" + container
     }
 
     /// The retention file of a container: `$XDG_CONFIG_HOME/ubiquity/<container>.retention`.
-    static func retentionFile(container: String) -> String {
+    public static func retentionFile(container: String) -> String {
         let base = env("XDG_CONFIG_HOME").flatMap { $0.hasPrefix("/") ? $0 : nil } ?? home + "/.config"
         return base + "/ubiquity/" + container + ".retention"
     }
 
     /// The container's retention policy: its file if there is one, else the default;
     /// `settings` (`key=value`, from mount options) replace what the file says.
-    static func retentionPolicy(container: String, settings: [String] = []) throws -> RetentionPolicy {
+    public static func retentionPolicy(container: String, settings: [String] = []) throws -> RetentionPolicy {
         let file = retentionFile(container: container)
         var policy = RetentionPolicy.standard
         do {
@@ -50,7 +50,7 @@ enum Paths {
 
     /// The key-value limits of a container: `$XDG_CONFIG_HOME/ubiquity/<container>.kv-limits`
     /// (`keys = 2048` lines) if there is one, then `settings` (`NAME=N`, from mount options).
-    static func keyValueLimits(container: String, settings: [String] = []) throws -> KVLimits {
+    public static func keyValueLimits(container: String, settings: [String] = []) throws -> KVLimits {
         let base = env("XDG_CONFIG_HOME").flatMap { $0.hasPrefix("/") ? $0 : nil } ?? home + "/.config"
         let file = base + "/ubiquity/" + container + ".kv-limits"
         do {
@@ -67,14 +67,14 @@ enum Paths {
         }
     }
 
-    static func env(_ name: String) -> String? {
+    public static func env(_ name: String) -> String? {
         guard let v = getenv(name) else { return nil }
         let s = String(cString: v)
         return s.isEmpty ? nil : s
     }
 
     /// An absolute, normalized path (the file need not exist; its parent should).
-    static func absolute(_ path: String) -> String {
+    public static func absolute(_ path: String) -> String {
         var p = path
         if p == "~" { p = home } else if p.hasPrefix("~/") { p = home + p.dropFirst(1) }
         if !p.hasPrefix("/") {
@@ -96,7 +96,7 @@ enum Paths {
     }
 
     /// The ubiquity mount containing `path`, and the path relative to its root.
-    static func mount(containing path: String) -> (entry: MountEntry, relative: String)? {
+    public static func mount(containing path: String) -> (entry: MountEntry, relative: String)? {
         let abs = absolute(path)
         let candidates = mountEntries().filter { $0.fstype == "fuse.ubiquity" }
         let best = candidates.filter { abs == $0.mountpoint || abs.hasPrefix($0.mountpoint == "/" ? "/" : $0.mountpoint + "/") }
@@ -108,7 +108,7 @@ enum Paths {
 }
 
 /// Errors printed as "ubiquity: message" with exit status 1.
-struct CLIError: Error, CustomStringConvertible {
-    let description: String
-    init(_ message: String) { description = message }
+public struct CLIError: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ message: String) { description = message }
 }

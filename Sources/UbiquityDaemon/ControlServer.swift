@@ -2,21 +2,20 @@ import Dispatch
 import Glibc
 import UbiquityFS
 import UbiquityStore
-import UbiquitySync
 import UbiquitySystem
 
 /// The daemon's control socket, `<store>/control.sock` (owner only), for what a mount's
 /// files cannot carry: a consistent listing of a big container streamed as it is read,
 /// and events as they happen. The mount root's `user.ubiquity.socket` names it.
 ///
-/// One request line per connection, then JSON lines back (docs: README, "Live queries"):
-///   `watch-kv`                               remote key-value changes, as they arrive
-///   `query scope=S name=GLOB hidden=0|1 watch=0|1`   (values percent-encoded)
-/// Each connection has its own thread, which sleeps in poll(2) while nothing happens.
-final class ControlServer: @unchecked Sendable {
-    static let fileName = "control.sock"
+/// One request line per connection (ControlRequest), then JSON lines back (ControlReply;
+/// docs: README, "Live queries"). A request the server cannot read is answered with one
+/// `{"error":...}` line. Each connection has its own thread, which sleeps in poll(2) while
+/// nothing happens.
+public final class ControlServer: @unchecked Sendable {
+    public static let fileName = "control.sock"
 
-    let path: String
+    public let path: String
     private let fs: FileSystem
     private let storeDirectory: String
     private var listenFD: Int32 = -1
@@ -30,13 +29,15 @@ final class ControlServer: @unchecked Sendable {
     /// one that stops reading must not hold a snapshot (and the WAL behind it) for good.
     static let requestTimeout = 10, sendTimeout = 30
 
-    init(fs: FileSystem, storeDirectory: String) {
+    /// A server for `fs`, whose store is in `storeDirectory`; its socket is
+    /// `<socketDirectory>/control.sock` (default: the store directory).
+    public init(fs: FileSystem, storeDirectory: String, socketDirectory: String? = nil) {
         self.fs = fs
         self.storeDirectory = storeDirectory
-        path = storeDirectory + "/" + Self.fileName
+        path = (socketDirectory ?? storeDirectory) + "/" + Self.fileName
     }
 
-    func start() throws(SystemError) {
+    public func start() throws(SystemError) {
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw .last("socket") }
         unlink(path) // a socket a crashed daemon left
@@ -55,7 +56,7 @@ final class ControlServer: @unchecked Sendable {
     }
 
     /// Ends the listener and every connection (unmount), and waits for their threads.
-    func stop() {
+    public func stop() {
         guard listenFD >= 0 else { return }
         stopping.withLock { $0 = true }
         fs.feed.close()
@@ -86,7 +87,7 @@ final class ControlServer: @unchecked Sendable {
                 return true
             }
             guard admitted else {
-                _ = send(client, "{\"error\":\"too many connections\"}\n")
+                _ = send(client, .error("too many connections"))
                 close(client)
                 continue
             }
@@ -103,25 +104,26 @@ final class ControlServer: @unchecked Sendable {
     // MARK: requests
 
     private func serve(_ fd: Int32) {
-        guard let request = readLine(fd) else { return }
-        let words = request.split(separator: " ").map(String.init)
-        guard let verb = words.first else { return }
-        var options: [String: String] = [:]
-        for word in words.dropFirst() {
-            let parts = word.split(separator: "=", maxSplits: 1).map(String.init)
-            if parts.count == 2 { options[parts[0]] = RecordCodec.unpercent(parts[1]) ?? parts[1] }
+        let request: ControlRequest
+        switch readLine(fd) {
+        case .none: return // the client sent nothing, or went away
+        case .tooLong: _ = send(fd, .error("request longer than \(ControlRequest.maxLineBytes) bytes")); return
+        case .line(let line):
+            do { request = try ControlRequest(line: line) } catch {
+                _ = send(fd, .error(error.description))
+                return
+            }
         }
-        switch verb {
-        case "watch-kv": watchKeyValues(fd)
-        case "query": query(fd, options)
-        default: _ = send(fd, "{\"error\":\"unknown request \(PropertyList.string(verb).json.dropFirst().dropLast())\"}\n")
+        switch request {
+        case .watchKeyValues: watchKeyValues(fd)
+        case .query(let q): query(fd, q)
         }
     }
 
     private func watchKeyValues(_ fd: Int32) {
         guard let subscription = try? fs.feed.subscribe() else { return }
         defer { subscription.cancel() }
-        guard send(fd, "{\"event\":\"watching\"}\n") else { return }
+        guard send(fd, .watching) else { return }
         while true {
             switch subscription.wait(other: fd) {
             case .closed: return
@@ -129,25 +131,22 @@ final class ControlServer: @unchecked Sendable {
             case .events: break
             }
             let (events, lost, closed) = subscription.take()
-            var out = lost ? "{\"event\":\"overflow\"}\n" : ""
-            for case .keyValue(let change) in events { out += Self.json(change) + "\n" }
+            var out = lost ? Self.line(.overflow) : ""
+            for case .keyValue(let change) in events { out += Self.line(.keyValueChanged(ControlKeyChange(change))) }
             if !out.isEmpty && !send(fd, out) { return }
             if closed { return }
         }
     }
 
-    private func query(_ fd: Int32, _ options: [String: String]) {
+    private func query(_ fd: Int32, _ request: ControlQuery) {
         var filter = QueryFilter()
-        if let scope = options["scope"] {
-            guard let s = QueryFilter.Scope(rawValue: scope) else {
-                _ = send(fd, "{\"error\":\"scope is documents, data or all\"}\n")
-                return
-            }
-            filter.scope = s
+        guard let scope = QueryFilter.Scope(rawValue: request.scope) else {
+            _ = send(fd, .error("scope is documents, data or all"))
+            return
         }
-        filter.name = options["name"]
-        filter.includeHidden = options["hidden"] == "1"
-        let watch = options["watch"] == "1"
+        filter.scope = scope
+        filter.name = request.name
+        filter.includeHidden = request.hidden
         // The snapshot and the subscription start at one instant, under the filesystem's
         // lock: every change is either in the listing or an event after it.
         let started: (Store, Subscription?)
@@ -157,10 +156,10 @@ final class ControlServer: @unchecked Sendable {
             let snapshot = try Store(directory: storeDirectory, readOnly: true, cachedInodes: 64)
             started = try fs.withStoreSnapshot { () throws(StoreError) -> (Store, Subscription?) in
                 try snapshot.beginSnapshot()
-                return (snapshot, watch ? try? fs.feed.subscribe() : nil)
+                return (snapshot, request.watch ? try? fs.feed.subscribe() : nil)
             }
         } catch {
-            _ = send(fd, "{\"error\":\(PropertyList.string("\(error)").json)}\n")
+            _ = send(fd, .error("\(error)"))
             return
         }
         let (snapshot, subscription) = started
@@ -171,7 +170,7 @@ final class ControlServer: @unchecked Sendable {
         do {
             try snapshot.forEachQueryItem(filter) { (item) throws(StoreError) in
                 count += 1
-                buffer += Self.json(item, event: nil) + "\n"
+                buffer += Self.line(.file(ControlFile(item)))
                 if buffer.utf8.count > 64 << 10 {
                     if !send(fd, buffer) { throw .io(errno: EPIPE, "the client went away") }
                     buffer = ""
@@ -182,7 +181,7 @@ final class ControlServer: @unchecked Sendable {
         }
         try? snapshot.endSnapshot()
         if failed { return }
-        guard send(fd, buffer + "{\"event\":\"gathered\",\"count\":\(count)}\n"), let subscription else { return }
+        guard send(fd, buffer + Self.line(.gathered(count: count))), let subscription else { return }
         while true {
             switch subscription.wait(other: fd) {
             case .closed: return
@@ -190,40 +189,22 @@ final class ControlServer: @unchecked Sendable {
             case .events: break
             }
             let (events, lost, closed) = subscription.take()
-            var out = lost ? "{\"event\":\"overflow\"}\n" : ""
+            var out = lost ? Self.line(.overflow) : ""
             for case .file(let event) in events where filter.matches(event.path) {
-                out += (event.item.map { Self.json($0, event: event.kind.rawValue) }
-                        ?? "{\"event\":\"\(event.kind.rawValue)\",\"path\":\(PropertyList.string(event.path).json)}") + "\n"
+                let kind = ControlFileEvent(rawValue: event.kind.rawValue) ?? .changed
+                out += Self.line(.fileEvent(kind, path: event.path, file: event.item.map(ControlFile.init)))
             }
             if !out.isEmpty && !send(fd, out) { return }
             if closed { return }
         }
     }
 
-    // MARK: JSON
-
-    static func json(_ item: QueryItem, event: String?) -> String {
-        var fields: [String] = []
-        if let event { fields.append("\"event\":\"\(event)\"") }
-        fields += [
-            "\"path\":\(PropertyList.string(item.path).json)", "\"size\":\(item.size)",
-            "\"mtime\":\"\(ISODate.format(millis: item.mtime / 1_000_000))\"",
-            "\"created\":\"\(ISODate.format(millis: item.created / 1_000_000))\"", "\"state\":\"\(item.state.rawValue)\"",
-        ]
-        return "{" + fields.joined(separator: ",") + "}"
-    }
-
-    static func json(_ change: KVChange) -> String {
-        // A value that is not there (no old value, a deletion) is left out.
-        func value(_ name: String, _ e: KVEntry?) -> String {
-            guard let e, !e.isTombstone else { return "" }
-            return "\"\(name)\":" + (KeyValues.propertyList(e.value, as: e.type) ?? .data(e.value)).json + ","
+    /// `reply` as one line with its newline. Nothing the server sends fails to encode; were
+    /// it to, the client gets an error line instead of nothing.
+    static func line(_ reply: ControlReply) -> String {
+        do { return try JSONLine.encode(reply) + "\n" } catch {
+            return PropertyList.dictionary([("error", .string("cannot encode a reply: \(error)"))]).json + "\n"
         }
-        let writer = change.new.stamp
-        return "{\"event\":\"changed\",\"key\":\(PropertyList.string(change.key).json),\"type\":\"\(change.new.type.name)\","
-            + value("old", change.old) + value("new", change.new) + "\"deleted\":\(change.new.isTombstone),"
-            + "\"device\":\(PropertyList.string(writer.device).json),\"name\":\(PropertyList.string(writer.deviceName).json),"
-            + "\"time\":\"\(ISODate.format(millis: writer.time / 1_000_000))\"}"
     }
 
     // MARK: socket I/O
@@ -233,18 +214,21 @@ final class ControlServer: @unchecked Sendable {
         _ = setsockopt(fd, SOL_SOCKET, option, &tv, socklen_t(MemoryLayout<timeval>.size))
     }
 
-    /// One line of at most 4 KiB (a request), nil if the client sent none.
-    private func readLine(_ fd: Int32) -> String? {
+    enum Request: Equatable { case line(String), tooLong }
+
+    /// One line of at most ControlRequest.maxLineBytes (a request); nil if the client sent
+    /// none (it went away, or stayed silent past requestTimeout).
+    private func readLine(_ fd: Int32) -> Request? {
         var bytes: [UInt8] = []
         var one: UInt8 = 0
-        while bytes.count < 4096 {
+        while bytes.count < ControlRequest.maxLineBytes {
             let n = recv(fd, &one, 1, 0)
             if n < 0 && errno == EINTR { continue }
             guard n == 1 else { return nil }
-            if one == UInt8(ascii: "\n") { return String(decoding: bytes, as: UTF8.self) }
+            if one == UInt8(ascii: "\n") { return .line(String(decoding: bytes, as: UTF8.self)) }
             bytes.append(one)
         }
-        return nil
+        return .tooLong
     }
 
     /// Whether a readable socket is at its end (the watcher went away).
@@ -253,6 +237,8 @@ final class ControlServer: @unchecked Sendable {
         let n = recv(fd, &byte, 1, Int32(MSG_DONTWAIT))
         return n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)
     }
+
+    private func send(_ fd: Int32, _ reply: ControlReply) -> Bool { send(fd, Self.line(reply)) }
 
     /// Sends all of `text`; false when the client went away (no SIGPIPE).
     private func send(_ fd: Int32, _ text: String) -> Bool {
@@ -270,7 +256,7 @@ final class ControlServer: @unchecked Sendable {
 
 /// Calls `body` with a sockaddr_un for `path`. A path too long for sun_path (108 bytes)
 /// is reached through its directory's descriptor (/proc/self/fd/N/name).
-func withSocketAddress<T>(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) throws(SystemError) -> T) throws(SystemError) -> T {
+public func withSocketAddress<T>(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) throws(SystemError) -> T) throws(SystemError) -> T {
     var target = path
     var dirFD: Int32 = -1
     defer { if dirFD >= 0 { close(dirFD) } }

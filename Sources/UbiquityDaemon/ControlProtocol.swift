@@ -1,0 +1,311 @@
+import UbiquityFS
+import UbiquityStore
+import UbiquitySync
+
+// The control socket's protocol (ControlServer, ControlConnection): one request line per
+// connection, then reply lines until the server or the client closes it. Every line is
+// one JSON object (JSONLine); field order is part of the format (scripts match
+// `{"event":"gathered","count":3}` as text), so each type spells its own `encode(to:)`.
+
+/// What a client asks for: `{"request":"watch-kv"}` or
+/// `{"request":"query","scope":"all","hidden":false,"watch":true,"name":"*.txt"}`.
+public enum ControlRequest: Codable, Equatable, Sendable {
+    /// Remote key-value changes as they arrive.
+    case watchKeyValues
+    /// A consistent listing, then (with `watch`) file events.
+    case query(ControlQuery)
+
+    enum CodingKeys: String, CodingKey { case request }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        switch self {
+        case .watchKeyValues: try c.encode("watch-kv", forKey: .request)
+        case .query(let query):
+            try c.encode("query", forKey: .request)
+            try query.encode(to: encoder)
+        }
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        switch try c.decode(String.self, forKey: .request) {
+        case "watch-kv": self = .watchKeyValues
+        case "query": self = .query(try ControlQuery(from: decoder))
+        case let other:
+            throw DecodingError.dataCorruptedError(forKey: .request, in: c, debugDescription: "unknown request \(other)")
+        }
+    }
+
+    /// The longest request line the server reads (a name pattern is short).
+    public static let maxLineBytes = 4096
+
+    /// A request line: JSON, or the word form daemons before JSON requests spoke
+    /// (`query scope=S name=GLOB hidden=0|1 watch=0|1`, values percent-encoded), which a
+    /// client still sends to such a daemon.
+    public init(line: String) throws(ControlError) {
+        if line.hasPrefix("{") {
+            do { self = try JSONLine.decode(ControlRequest.self, from: line.utf8) } catch {
+                throw ControlError("bad request: \(Self.describe(error))")
+            }
+            return
+        }
+        let words = line.split(separator: " ").map(String.init)
+        guard let verb = words.first else { throw ControlError("empty request") }
+        var options: [String: String] = [:]
+        for word in words.dropFirst() {
+            let parts = word.split(separator: "=", maxSplits: 1).map(String.init)
+            if parts.count == 2 { options[parts[0]] = RecordCodec.unpercent(parts[1]) ?? parts[1] }
+        }
+        switch verb {
+        case "watch-kv": self = .watchKeyValues
+        case "query":
+            self = .query(ControlQuery(scope: options["scope"] ?? "all", name: options["name"],
+                                       hidden: options["hidden"] == "1", watch: options["watch"] == "1"))
+        default: throw ControlError("unknown request \(verb)")
+        }
+    }
+
+    /// The word form (for a daemon that predates JSON requests).
+    public var wordLine: String {
+        switch self {
+        case .watchKeyValues: return "watch-kv"
+        case .query(let q):
+            var line = "query scope=\(RecordCodec.percent(q.scope)) hidden=\(q.hidden ? 1 : 0) watch=\(q.watch ? 1 : 0)"
+            if let name = q.name { line += " name=" + RecordCodec.percent(name) }
+            return line
+        }
+    }
+
+    /// A decoding error in one line: what was wrong, and where.
+    static func describe(_ error: DecodingError) -> String {
+        func at(_ context: DecodingError.Context) -> String {
+            let path = context.codingPath.map(\.stringValue).joined(separator: ".")
+            return path.isEmpty ? context.debugDescription : "\(path): \(context.debugDescription)"
+        }
+        switch error {
+        case .typeMismatch(_, let c), .valueNotFound(_, let c), .dataCorrupted(let c): return at(c)
+        case .keyNotFound(let key, _): return "no \"\(key.stringValue)\""
+        @unknown default: return "\(error)"
+        }
+    }
+}
+
+/// A live query's parameters (`ubiquity query`).
+public struct ControlQuery: Codable, Equatable, Sendable {
+    /// `documents`, `data` or `all` (QueryFilter.Scope); the server refuses others.
+    public var scope: String
+    /// A shell pattern the file name must match.
+    public var name: String?
+    /// Include names starting with '.'.
+    public var hidden: Bool
+    /// After the listing, report changes until the client goes.
+    public var watch: Bool
+
+    public init(scope: String = "all", name: String? = nil, hidden: Bool = false, watch: Bool = false) {
+        self.scope = scope
+        self.name = name
+        self.hidden = hidden
+        self.watch = watch
+    }
+
+    enum CodingKeys: String, CodingKey { case scope, hidden, watch, name }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        scope = try c.decodeIfPresent(String.self, forKey: .scope) ?? "all"
+        name = try c.decodeIfPresent(String.self, forKey: .name)
+        hidden = try c.decodeIfPresent(Bool.self, forKey: .hidden) ?? false
+        watch = try c.decodeIfPresent(Bool.self, forKey: .watch) ?? false
+    }
+}
+
+/// A request the server refuses; the client gets `{"error":MESSAGE}`.
+public struct ControlError: Error, Equatable, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// One line the server sends.
+public enum ControlReply: Codable, Equatable, Sendable {
+    /// `{"error":"..."}`: the request failed; nothing follows.
+    case error(String)
+    /// `{"event":"watching"}`: a key-value watch is live.
+    case watching
+    /// `{"event":"overflow"}`: events came faster than the client read them; some were skipped.
+    case overflow
+    /// `{"event":"gathered","count":N}`: the end of a query's listing.
+    case gathered(count: Int)
+    /// `{"path":...,"size":...,"mtime":...,"created":...,"state":...}`: a file of a listing.
+    case file(ControlFile)
+    /// `{"event":"added",...}`: a file changed after the listing; `file` is nil for one
+    /// that went (`{"event":"removed","path":...}`).
+    case fileEvent(ControlFileEvent, path: String, file: ControlFile?)
+    /// `{"event":"changed","key":...}`: another device changed a key.
+    case keyValueChanged(ControlKeyChange)
+
+    enum CodingKeys: String, CodingKey { case error, event, count, path, key, state }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        switch self {
+        case .error(let message): try c.encode(message, forKey: .error)
+        case .watching: try c.encode("watching", forKey: .event)
+        case .overflow: try c.encode("overflow", forKey: .event)
+        case .gathered(let count):
+            try c.encode("gathered", forKey: .event)
+            try c.encode(count, forKey: .count)
+        case .file(let file): try file.encode(to: encoder)
+        case .fileEvent(let kind, let path, let file):
+            try c.encode(kind.rawValue, forKey: .event)
+            if let file { try file.encode(to: encoder) } else { try c.encode(path, forKey: .path) }
+        case .keyValueChanged(let change):
+            try c.encode("changed", forKey: .event)
+            try change.encode(to: encoder)
+        }
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        if let message = try c.decodeIfPresent(String.self, forKey: .error) { self = .error(message); return }
+        guard let event = try c.decodeIfPresent(String.self, forKey: .event) else {
+            self = .file(try ControlFile(from: decoder))
+            return
+        }
+        switch event {
+        case "watching": self = .watching
+        case "overflow": self = .overflow
+        case "gathered": self = .gathered(count: try c.decode(Int.self, forKey: .count))
+        case "changed" where c.contains(.key): self = .keyValueChanged(try ControlKeyChange(from: decoder))
+        default:
+            guard let kind = ControlFileEvent(rawValue: event) else {
+                throw DecodingError.dataCorruptedError(forKey: .event, in: c, debugDescription: "unknown event \(event)")
+            }
+            let path = try c.decode(String.self, forKey: .path)
+            let file = c.contains(.state) ? try ControlFile(from: decoder) : nil
+            self = .fileEvent(kind, path: path, file: file)
+        }
+    }
+}
+
+/// What happened to a file (FileEvent.Kind).
+public enum ControlFileEvent: String, Codable, Sendable {
+    case added, changed, removed, conflict
+}
+
+/// A file in a query's answer (QueryItem); times in milliseconds, sent as ISO 8601 text.
+public struct ControlFile: Codable, Equatable, Sendable {
+    public var path: String
+    public var size: Int64
+    public var mtimeMillis: Int64
+    public var createdMillis: Int64
+    /// QueryItem.SyncState: uploaded, pending, remote, conflict, local-only.
+    public var state: String
+
+    public init(path: String, size: Int64, mtimeMillis: Int64, createdMillis: Int64, state: String) {
+        self.path = path
+        self.size = size
+        self.mtimeMillis = mtimeMillis
+        self.createdMillis = createdMillis
+        self.state = state
+    }
+
+    public init(_ item: QueryItem) {
+        self.init(path: item.path, size: item.size, mtimeMillis: item.mtime / 1_000_000,
+                  createdMillis: item.created / 1_000_000, state: item.state.rawValue)
+    }
+
+    enum CodingKeys: String, CodingKey { case path, size, mtime, created, state }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(path, forKey: .path)
+        try c.encode(size, forKey: .size)
+        try c.encode(ISODate.format(millis: mtimeMillis), forKey: .mtime)
+        try c.encode(ISODate.format(millis: createdMillis), forKey: .created)
+        try c.encode(state, forKey: .state)
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        path = try c.decode(String.self, forKey: .path)
+        size = try c.decode(Int64.self, forKey: .size)
+        mtimeMillis = try c.decodeTime(.mtime)
+        createdMillis = try c.decodeTime(.created)
+        state = try c.decode(String.self, forKey: .state)
+    }
+}
+
+/// A key another device changed (KVChange). A value that is not there (no old value, a
+/// deletion) is left out.
+public struct ControlKeyChange: Codable, Equatable, Sendable {
+    public var key: String
+    /// KVType's name: string, integer, double, bool, data, date, array, dictionary.
+    public var type: String
+    public var old: AnyPropertyList?
+    public var new: AnyPropertyList?
+    public var deleted: Bool
+    public var device: String
+    public var name: String
+    public var timeMillis: Int64
+
+    public init(key: String, type: String, old: AnyPropertyList?, new: AnyPropertyList?, deleted: Bool,
+                device: String, name: String, timeMillis: Int64) {
+        self.key = key
+        self.type = type
+        self.old = old
+        self.new = new
+        self.deleted = deleted
+        self.device = device
+        self.name = name
+        self.timeMillis = timeMillis
+    }
+
+    public init(_ change: KVChange) {
+        func value(_ e: KVEntry?) -> AnyPropertyList? {
+            guard let e, !e.isTombstone else { return nil }
+            return AnyPropertyList(KeyValues.propertyList(e.value, as: e.type) ?? .data(e.value))
+        }
+        let writer = change.new.stamp
+        self.init(key: change.key, type: change.new.type.name, old: value(change.old), new: value(change.new),
+                  deleted: change.new.isTombstone, device: writer.device, name: writer.deviceName,
+                  timeMillis: writer.time / 1_000_000)
+    }
+
+    enum CodingKeys: String, CodingKey { case key, type, old, new, deleted, device, name, time }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(key, forKey: .key)
+        try c.encode(type, forKey: .type)
+        try c.encodeIfPresent(old, forKey: .old)
+        try c.encodeIfPresent(new, forKey: .new)
+        try c.encode(deleted, forKey: .deleted)
+        try c.encode(device, forKey: .device)
+        try c.encode(name, forKey: .name)
+        try c.encode(ISODate.format(millis: timeMillis), forKey: .time)
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        key = try c.decode(String.self, forKey: .key)
+        type = try c.decode(String.self, forKey: .type)
+        old = try c.decodeIfPresent(AnyPropertyList.self, forKey: .old)
+        new = try c.decodeIfPresent(AnyPropertyList.self, forKey: .new)
+        deleted = try c.decode(Bool.self, forKey: .deleted)
+        device = try c.decode(String.self, forKey: .device)
+        name = try c.decode(String.self, forKey: .name)
+        timeMillis = try c.decodeTime(.time)
+    }
+}
+
+extension KeyedDecodingContainer {
+    /// An ISO 8601 time (ISODate), as milliseconds since the epoch.
+    func decodeTime(_ key: Key) throws -> Int64 {
+        let text = try decode(String.self, forKey: key)
+        guard let millis = ISODate.parse(text) else {
+            throw DecodingError.dataCorruptedError(forKey: key, in: self, debugDescription: "not an ISO 8601 time: \(text)")
+        }
+        return millis
+    }
+}
