@@ -6,8 +6,8 @@
 # on all three; the key-value store; gc across devices (`ubiquity gc`, fossil markers);
 # `ubiquity status` shows the backing URL and request counts and never a secret; no
 # secret in the daemon's command line or log; a device that joins a container of 10,000
-# files sees all of them, with a handful of requests. Fails (does not skip) without a
-# server.
+# files sees all of them, with a handful of requests; `fsck --backing` finds the bucket
+# whole; a wrong secret fails the mount at once. Fails (does not skip) without a server.
 # ubq-timeout: 300
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -137,4 +137,19 @@ requests=$(backing_count "$D" requests)
 log "delta joined (all 10,000 files listed) in $(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s with $requests requests"
 ((requests < 200)) || fail "delta made $requests requests to join 10,000 files (expected a few dozen)"
 for d in alpha beta gamma delta; do assert_daemon_alive "$d"; done
+
+step "fsck --backing checks the bucket: packs, segments, checkpoints, every chunk place"
+check=$(ubq fsck --backing "$BACKING" --backing-only --full)
+assert_contains "$check" ": OK" "ubiquity fsck --backing $BACKING --backing-only --full"
+
+step "a wrong secret fails the mount at once, says what to fix, shows no secret, mounts nothing"
+mkdir -p "${TEST_PREFIX}wrong/mnt" "${TEST_PREFIX}wrong/store"
+rc=0
+out=$(AWS_SECRET_ACCESS_KEY=not-the-secret-$$ timeout 60 "$UBIQUITY" mount "${TEST_PREFIX}wrong/mnt" \
+  --store "${TEST_PREFIX}wrong/store" --backing "$BACKING" 2>&1) || rc=$?
+_ubq_record_from_status "${TEST_PREFIX}wrong/mnt"
+assert_ne 0 "$rc" "exit status of a mount with a wrong secret"
+assert_contains "$out" "SignatureDoesNotMatch" "the error of a mount with a wrong secret"
+assert_not_contains "$out" "not-the-secret-$$" "the error of a mount with a wrong secret"
+is_mounted "${TEST_PREFIX}wrong/mnt" && fail "a mount with a wrong secret is mounted"
 pass

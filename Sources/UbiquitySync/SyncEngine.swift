@@ -24,6 +24,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         /// costs 3600 / idlePollSeconds LISTs).
         public var idlePollSeconds: Double = 40
         public var activeWindow: Double = 300
+        /// Seconds between cycles while there is activity (never more than `pollSeconds`).
+        public var activePollSeconds: Double = 0.5
         /// Seconds a growing burst of local changes may wait to go out in full segments.
         public var maxPushDelay: Double = 2
         /// Records per segment (fewer if they pass `Backing.partSize` bytes).
@@ -137,7 +139,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
                 let covering = state.withLock { $0.requests }
                 runCycle(pushPull: !state.withLock { $0.paused })
                 state.withLock { $0.requestsDone = max($0.requestsDone, covering) }
-                _ = wake.wait(timeout: .now() + options.pollSeconds)
+                _ = wake.wait(timeout: .now() + nextWait())
             }
             finished.signal()
         }
@@ -240,6 +242,15 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             }
             return false
         }
+    }
+
+    /// Seconds until the next cycle: `activePollSeconds` (if shorter than the poll) while
+    /// this device or a peer was active within `activeWindow`, so a change reaches an
+    /// active peer in about a second; `pollSeconds` otherwise.
+    func nextWait() -> Double {
+        let now = bootSecondsDouble()
+        let active = state.withLock { now - $0.lastActivity < options.activeWindow }
+        return active ? min(options.pollSeconds, options.activePollSeconds) : options.pollSeconds
     }
 
     /// A change went out or came in: poll fast again.

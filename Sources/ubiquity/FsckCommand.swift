@@ -19,6 +19,14 @@ struct FsckCommand: ParsableCommand {
           ubiquity fsck --repair
           ubiquity fsck --repair --store DIR --backing DIR
           ubiquity fsck --repair --store DIR --backing s3://BUCKET/PREFIX
+
+        With --backing and without --repair, the backing store is checked as well (or \
+        alone, with --backing-only): every pack's index, every segment and every device's \
+        newest checkpoint parse; each device's segments follow on; every chunk place in a \
+        record names a chunk its pack's index holds there. --full also reads every chunk \
+        of every pack and checks its hash. Nothing is changed.
+
+          ubiquity fsck --backing s3://BUCKET/PREFIX --backing-only
         """)
 
     @Option(help: "Store directory. Default: that of --container.")
@@ -30,10 +38,45 @@ struct FsckCommand: ParsableCommand {
     @Flag(help: "Fetch missing or damaged chunks from the backing store.")
     var repair = false
 
-    @Option(help: "Backing store for --repair (a directory or s3://BUCKET[/PREFIX]). Default: the one the store last synced with.")
+    @Option(help: "Backing store for --repair (a directory or s3://BUCKET[/PREFIX]). Default: the one the store last synced with. Without --repair: check it too.")
     var backing: String?
 
+    @Flag(help: "Check only the backing store named by --backing (no local store needed).")
+    var backingOnly = false
+
+    @Flag(help: "With --backing: read and verify every chunk of every pack too.")
+    var full = false
+
+    func validate() throws {
+        if backingOnly && backing == nil { throw ValidationError("--backing-only needs --backing DIR or s3://BUCKET[/PREFIX]") }
+        if backingOnly && repair { throw ValidationError("--backing-only checks the backing store; --repair fixes a local store: pick one") }
+    }
+
+    /// Checks the backing store; returns its problem count (printed).
+    private func checkBacking(_ named: String) throws -> Int {
+        let location = BackingChoice.isURL(named) ? named : Paths.absolute(named)
+        let report: BackingCheck.Report
+        do {
+            let store = try BackingChoice.open(location, check: true)
+            var progress: ((String, Int, Int) -> Void)?
+            if isatty(STDERR_FILENO) != 0 {
+                progress = { what, done, total in
+                    let line = "\rchecking \(what): \(done)/\(total)" + (done == total ? "\n" : "")
+                    _ = line.withCString { write(STDERR_FILENO, $0, strlen($0)) }
+                }
+            }
+            report = try BackingCheck.run(store: store, full: full, progress: progress)
+        } catch let error as CLIError { throw error } catch { throw CLIError("\(location): \(error)") }
+        for problem in report.problems { print("BACKING: \(problem)") }
+        print("backing store \(location): \(report.summary): " + (report.problems.isEmpty ? "OK" : "\(report.problems.count) problem(s)"))
+        return report.problems.count
+    }
+
     func run() throws {
+        if backingOnly, let backing {
+            if try checkBacking(backing) > 0 { throw ExitCode.failure }
+            return
+        }
         let dir = store.map(Paths.absolute) ?? Paths.dataDirectory(container: container) + "/store"
         let s: Store
         do { s = try Store(directory: dir, readOnly: true) } catch { throw CLIError("\(error)") }
@@ -67,6 +110,8 @@ struct FsckCommand: ParsableCommand {
             report = try check(again, dir)
         }
         for problem in report.problems { print("DAMAGED: \(problem)") }
+        let backingProblems = (backing != nil && !repair) ? try checkBacking(backing!) : 0
+        if report.problems.isEmpty && backingProblems > 0 { throw ExitCode.failure }
         if report.problems.isEmpty {
             print("OK: no damage found")
         } else {
