@@ -117,7 +117,7 @@ rgw data = $dir/rgw
 rgw dns name = 127.0.0.1
 EOT
 ceph=(ceph -c "$conf")
-monmaptool --create --clobber --add a "127.0.0.1:$mon_port" --fsid "$fsid" "$dir/monmap" >/dev/null
+monmaptool --create --clobber --addv a "[v1:127.0.0.1:$mon_port]" --fsid "$fsid" "$dir/monmap" >/dev/null
 ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" >/dev/null 2>&1
 ceph-mon -c "$conf" -i a --pid-file "$dir/mon.pid" 2>>"$dir/log/start.err"
 osd_uuid=$(cat /proc/sys/kernel/random/uuid)

@@ -245,6 +245,34 @@ s_envfile() {
 	# left running: --uninstall must stop it
 }
 
+# An S3 container from the unit's configuration: UBIQUITY_BACKING and the AWS_* lines
+# in ~/.config/ubiquity/s3.env (the loopback server scripts/test.sh started). Mounted,
+# synced through the bucket, and the secret in no `systemctl show` and no log line.
+s_s3() {
+	[ -n "${UBIQUITY_S3_BUCKET:-}" ] && [ -n "${AWS_ENDPOINT_URL:-}" ] || {
+		echo "no S3 server (scripts/test.sh starts one)"
+		return 1
+	}
+	local W=$H/Cloud-s3
+	printf 'UBIQUITY_BACKING=s3://%s/systemd-%s\nAWS_ACCESS_KEY_ID=%s\nAWS_SECRET_ACCESS_KEY=%s\nAWS_ENDPOINT_URL=%s\nAWS_REGION=%s\n' \
+		"$UBIQUITY_S3_BUCKET" "$$" "$AWS_ACCESS_KEY_ID" "$AWS_SECRET_ACCESS_KEY" "$AWS_ENDPOINT_URL" "${AWS_REGION:-us-east-1}" |
+		sd_run tee "$H/.config/ubiquity/s3.env" >/dev/null || return 1
+	sd_run chmod 600 "$H/.config/ubiquity/s3.env" || return 1
+	sd_run systemctl --user start ubiquity@s3.service || return 1
+	expect "ubiquity@s3 mounted at ~/Cloud-s3" mounted "$W" || return 1
+	echo "through the bucket" | sd_run tee "$W/s3.txt" >/dev/null || return 1
+	expect "ubiquity sync pushes to the bucket" sd_run "$H/.local/bin/ubiquity" sync "$W" || return 1
+	local status
+	status=$(sd_run "$H/.local/bin/ubiquity" status "$W")
+	expect "status names the bucket" grep -q "backing=s3://$UBIQUITY_S3_BUCKET/systemd-$$" <<<"$status" || return 1
+	expect "status shows requests" grep -q "backing-puts=[1-9]" <<<"$status" || return 1
+	expect "no secret in status" not grep -qF "$AWS_SECRET_ACCESS_KEY" <<<"$status" || return 1
+	expect "no secret in systemctl show" not grep -qF "$AWS_SECRET_ACCESS_KEY" <<<"$(sd_run systemctl --user show ubiquity@s3.service)" || return 1
+	expect "no secret in the unit's log" not log_has ubiquity@s3.service "$AWS_SECRET_ACCESS_KEY" || return 1
+	sd_run systemctl --user stop ubiquity@s3.service || return 1
+	expect "unmounted" not mounted "$W"
+}
+
 s_typo() {
 	printf 'UBIQUITY_OPTIONS=--frobnicate\n' | sd_run tee "$H/.config/ubiquity/typo.env" >/dev/null || return 1
 	expect "start to fail" not sd_run systemctl --user start ubiquity@typo.service || return 1
@@ -309,6 +337,7 @@ step "next login (fresh manager): mounted again by itself, file intact" s_relogi
 step "SIGKILL of MainPID: restarted, old file readable, new write works" s_crash_main
 step "SIGKILL of the whole unit: dead mount cleared, restarted" s_crash_all
 step "~/.config/ubiquity/work.env sets mount point and options of ubiquity@work" s_envfile
+step "~/.config/ubiquity/s3.env: UBIQUITY_BACKING=s3://... and AWS_* mount ubiquity@s3 through the bucket, no secret shown" s_s3
 step "a typo in UBIQUITY_OPTIONS: start fails once, no restart loop" s_typo
 step "a live mount at the mount point is left alone: ubiquity@manual fails" s_live_mount
 step "final stop of $U: unmounted, Result=success" s_final_stop

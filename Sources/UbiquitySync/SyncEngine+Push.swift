@@ -92,12 +92,15 @@ extension SyncEngine {
         let since = memory.pendingSince ?? now
         memory.pendingSince = since
         // Records made per second since the last cycle, whatever the poll interval: a
-        // burst makes hundreds, a person's saves a few.
-        let rate = Double(pending - before) / max(0.001, now - then)
-        return force || rate < Self.burstRate || pending >= options.uploadBatch || now - since >= options.maxPushDelay
+        // burst makes hundreds, a person's saves a few (and a few records are never a
+        // burst, however close the cycles).
+        let growth = pending - before
+        let burst = growth >= Self.burstRecords && Double(growth) / max(0.001, now - then) >= Self.burstRate
+        return force || !burst || pending >= options.uploadBatch || now - since >= options.maxPushDelay
     }
 
     static let burstRate = 100.0
+    static let burstRecords = 20
 
     func push(force: Bool = false) throws(StoreError) {
         guard try pushDue(force: force) else { return }

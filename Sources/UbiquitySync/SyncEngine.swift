@@ -282,21 +282,10 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     func cycle(pushPull: Bool, force: Bool = false) throws(StoreError) {
         var problem: StoreError?
         var conflicts = 0
-        // Local changes first, a slice per hold of the filesystem's lock (a burst of saves
-        // must not stall every request for the whole batch); the last slice reconciles in
-        // the same hold, so the tree never shows a view that forgot a local change.
-        var localMore = true
-        while localMore {
-            try access.withStore { (store, busy) throws(StoreError) -> TreeChanges in
-                localMore = try store.recordLocalChangesSlice(busy: busy)
-                if localMore { return TreeChanges() }
-                let changes = try store.reconcile(busy: busy)
-                conflicts = try store.totalConflicts()
-                return changes
-            }
-            // Between slices, let a waiting request take the filesystem's lock (a pthread
-            // mutex is not fair: taking it again at once can keep a request out).
-            if localMore { usleep(200) }
+        try withLocalChangesRecorded { (store, busy) throws(StoreError) -> TreeChanges in
+            let changes = try store.reconcile(busy: busy)
+            conflicts = try store.totalConflicts()
+            return changes
         }
         if pushPull {
             do {
@@ -335,6 +324,23 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             memory.scanDevices = true
             logOnce("ubiquity: sync: working offline: \(failed)")
             throw failed
+        }
+    }
+
+    /// Runs `body` in a hold of the filesystem's lock in which every local change is
+    /// recorded first: local changes a slice per hold (a burst of saves must not stall
+    /// every request for the whole batch), and the last slice and `body` in one hold, so
+    /// that reconcile never meets a view that forgot a local change made before it.
+    func withLocalChangesRecorded(_ body: (Store, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError) {
+        var more = true
+        while more {
+            try access.withStore { (store, busy) throws(StoreError) -> TreeChanges in
+                more = try store.recordLocalChangesSlice(busy: busy)
+                return more ? TreeChanges() : try body(store, busy)
+            }
+            // Between slices, let a waiting request take the filesystem's lock (a pthread
+            // mutex is not fair: taking it again at once can keep a request out).
+            if more { usleep(200) }
         }
     }
 

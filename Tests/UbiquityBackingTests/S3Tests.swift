@@ -97,16 +97,16 @@ func writeText(_ path: String, _ text: String) throws {
         guard var settings = try S3Tests.settings(prefix: "faults-\(seed)") else { return }
         print("S3FaultTests seed \(seed)")
         let seedBits = seed
-        // One connection in three breaks, one in thirty stalls (the read timeout, 2 s, and
-        // the store's own bound on every call end it; a stall once outlived both in CI
-        // runs before the store bounded its calls itself).
+        // One connection in three breaks. Stalls are t-s3-faults.sh's (through a real
+        // mount): here, with every suite running at once in CI, one seed's stalled
+        // requests each waited out the store's own bound (deadline + 5 s) and the suite
+        // took 21 minutes; alone it takes 20 s. The bound holds: nothing hangs.
         let proxy = try FaultProxy(targetPort: settings.endpoint.port) { n in
             var g = SplitMix64(seed: seedBits &+ UInt64(n))
             switch g.int(0..<30) {
             case 0..<4: return .reset
             case 4..<9: return .slowDown
             case 9: return .garbage
-            case 10: return .stall
             default: return .pass
             }
         }
