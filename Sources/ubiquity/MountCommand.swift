@@ -10,7 +10,9 @@ struct MountCommand: ParsableCommand {
         discussion: """
         Without --foreground, returns once the mount is live and keeps serving it in the \
         background (log: <store>/daemon.log). Defaults need nothing else: the store and the \
-        backing directory live under $XDG_DATA_HOME/ubiquity/<container>/ (~/.local/share/...).
+        backing directory live under $XDG_DATA_HOME/ubiquity/<container>/ (~/.local/share/...). \
+        --backing s3://BUCKET/PREFIX syncs through S3 instead (credentials from the AWS \
+        variables and files).
 
         Stop it with `ubiquity unmount MOUNTPOINT`, which commits pending saves first. \
         Under systemd (Type=notify) it reports READY=1 once the mount is live.
@@ -43,7 +45,7 @@ struct MountCommand: ParsableCommand {
     @Option(help: .hidden)
     var maintenanceEvery: String?
 
-    @Option(help: "Seconds between looks at the backing directory for other devices' changes (and uploads of this one's).")
+    @Option(help: "Seconds between sync cycles (local changes out, other devices' changes in). While this device or a peer changed something in the last 5 minutes a cycle runs every 0.5 s at most; when all is quiet the look at the backing store backs off to 40 s.")
     var poll = 1.0
 
     @Flag(help: "List .versions in the mount's root directory. Without it .versions is hidden from listings (so find, du, rsync and backups see only the live tree) but works when named: ls MOUNTPOINT/.versions/FILE/")
