@@ -143,6 +143,13 @@ struct BackingCollector {
     /// grace), older checkpoints, unfinished ones, and its format-4 journal.
     private func collectOwn(devices: Backing.Devices, segments: [SegmentLog.SegmentName], now: Int64, report: inout Report) throws(StoreError) {
         let me = backing.deviceID
+        // Key-value files older than the newest (the writer deletes the previous one; one it
+        // could not, offline then, goes here).
+        if let newestKeyValue = devices.keyValues[me]?.max() {
+            for generation in devices.keyValues[me] ?? [] where generation < newestKeyValue {
+                try backing.delete(Backing.keyValueKey(me, generation: generation))
+            }
+        }
         guard let newest = devices.newestCheckpoint(of: me) else { return }
         let nowMs = now.multipliedClamped(by: 1000)
         for name in segments where name.seq <= newest.seq && nowMs.subtractingClamped(name.time) >= objectGrace.multipliedClamped(by: 1000) {

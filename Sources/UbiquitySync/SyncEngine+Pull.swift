@@ -81,12 +81,15 @@ extension SyncEngine {
             cursor.applied[name.device] = name.seq
             try savePosition(name.device, cursor: cursor)
         }
-        cursor.listedUpTo = max(cursor.listedUpTo, look.cursor.listedUpTo)
-        let listed = cursor.listedUpTo
-        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-            try store.setSetting(Self.listedKey, String(listed))
-            return TreeChanges()
+        let listed = max(cursor.listedUpTo, look.cursor.listedUpTo)
+        // Written only when it moved: a quiet poll writes nothing to the store.
+        if listed != cursor.listedUpTo {
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                try store.setSetting(Self.listedKey, String(listed))
+                return TreeChanges()
+            }
         }
+        cursor.listedUpTo = listed
         memory.cursor = cursor
     }
 
@@ -132,6 +135,9 @@ extension SyncEngine {
             try store.setPeerPosition(device, position)
             return TreeChanges()
         }
+        // The memory follows the store at once: a pull that fails after this (a GET that
+        // times out) does not take the same segments again next cycle.
+        memory.cursor?.applied[device] = cursor.applied[device]
     }
 
     /// Reads `device`'s checkpoint `seq` whole; true when it was (false: rewritten

@@ -66,3 +66,25 @@ import UbiquitySystem
         #expect(try BackingCheck.run(store: memory, full: true).problems.isEmpty)
     }
 }
+
+/// A key-value file the writer could not delete (its DELETE failed) goes at the next gc;
+/// the newest stays.
+@Suite struct KeyValueFileCollectionTests {
+    @Test func olderKeyValueFilesGoAtGc() throws {
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let memory = MemoryStore()
+        let a = try SimDevice(name: "a", root: temp.path, backing: memory, clock: nowNanos)
+        try a.kvSet("k", 1)
+        try a.engine.syncNow()
+        // The next publish's DELETE of generation 1 fails: both files are left.
+        memory.setFault { op, key in op == .delete && key?.path.contains("keyvalue-") == true ? .transient("injected") : nil }
+        try a.kvSet("k", 2)
+        try a.engine.syncNow()
+        memory.setFault(nil)
+        let files = { memory.snapshot.keys.filter { $0.path.contains("/keyvalue-") }.map(\.path).sorted() }
+        #expect(files().count == 2, "\(files())")
+        _ = try BackingCollector(backing: a.engine.backing).run(now: Int64(time(nil)))
+        #expect(files() == [Backing.keyValueKey(a.store.deviceID, generation: 2).path], "\(files())")
+    }
+}
