@@ -11,8 +11,12 @@
 # alpha's own segments its checkpoint covers stay while younger than a day, and go once
 # older (aged here by giving them an older <t>, as format 4's test aged objects with
 # touch); one after the checkpoint stays; a device joining then reads checkpoint and that
-# segment. SIGKILL of alpha's daemon during the backing gc, 5 times: the mounts stay
-# whole, and every pack a live record names is still there.
+# segment. Repacking: of 8 files in one pack 6 are deleted; alpha's gc finds the pack
+# less than half named and writes a checkpoint that puts the 2 named chunks in a new
+# pack; the next gc makes the old one a fossil, deleted after the wait; beta and a new
+# device read the 2 files. SIGKILL of alpha's daemon during the backing gc (each with a
+# sparse pack to repack), 5 times: the mounts stay whole, and every pack a live record
+# names is still there.
 # ubq-timeout: 240
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -193,10 +197,56 @@ assert_eq 1 "$(version_count_at "$D" big.bin)" "versions of big.bin on delta"
 assert_file_content "$D/after.txt" after "after.txt on delta (in alpha's segment after the checkpoint)"
 unmount_device delta
 
-step "SIGKILL of alpha's daemon during the backing gc, 5 times"
+step "repacking: a pack less than half named; alpha's gc puts the named chunks in a new pack, the old one goes a week later"
+"$UBIQUITY" pause "$A" >/dev/null # the 8 files go out in one push, so in one pack
+mkdir "$A/r"
+for i in $(seq 8); do head -c 16000 /dev/urandom >"$DATA/r$i"; cp "$DATA/r$i" "$A/r/r$i.bin"; done
+"$UBIQUITY" resume "$A" >/dev/null
+"$UBIQUITY" sync "$A" >/dev/null
+sparse=$(backing_packs_holding "$BACKING" "$(sha_of "$DATA/r1")")
+[[ $sparse =~ ^[0-9a-f]{32}$ && $sparse == "$(backing_packs_holding "$BACKING" "$(sha_of "$DATA/r8")")" ]] ||
+  fail "the 8 files of one sync are not in one pack: [$sparse]"
+rm "$A"/r/r{1..6}.bin
+"$UBIQUITY" sync "$A" >/dev/null
+sleep 1.1
+"$UBIQUITY" prune --keep-within 1s "$A" >/dev/null
+out=$("$UBIQUITY" gc --grace 0s "$A")
+log "    $(grep '^backing' <<<"$out")"
+assert_contains "$out" "1 packs are less than half named (1 of them by this device's records, whose checkpoint repacks them)" "gc report: the sparse pack"
+assert_contains "$out" "repacked: wrote a checkpoint" "gc report: the repacking checkpoint"
+moved=$(backing_packs_holding "$BACKING" "$(sha_of "$DATA/r7")" | grep -vx "$sparse" || true)
+[[ $moved =~ ^[0-9a-f]{32}$ ]] || fail "r7's chunk is not in one new pack: [$moved]"
+out=$("$UBIQUITY" gc --grace 0s "$A")
+assert_contains "$out" "1 became fossils" "gc report after the repacking: the sparse pack unnamed"
+assert_eq "$sparse" "$(markers)" "fossil markers (the sparse pack)"
+stamp=$(cat "$BACKING/fossils/$sparse")
+while (($(date +%s) < stamp + fossil_age)); do sleep 0.2; done
+out=$("$UBIQUITY" gc --grace 0s "$A")
+assert_contains "$out" "1 fossils deleted" "gc report: the sparse pack deleted"
+[[ ! -e "$BACKING/packs/${sparse:0:2}/$sparse" ]] || fail "the sparse pack $sparse is still there"
+out=$(live_packs_present) || fail "a pack a live record names is gone: $out"
+"$UBIQUITY" sync "$B" >/dev/null
+mount_device epsilon --poll 0.2
+E=$(mnt_of epsilon)
+"$UBIQUITY" sync "$E" >/dev/null
+for d in "$B" "$E"; do
+  assert_eq "r7.bin r8.bin" "$(ls "$d/r" | xargs)" "r/ on $d"
+  for i in 7 8; do assert_same_file "$DATA/r$i" "$d/r/r$i.bin" "r$i.bin on $d"; done
+done
+unmount_device epsilon
+
+step "SIGKILL of alpha's daemon during the backing gc (which repacks), 5 times"
 for round in $(seq 5); do
   for i in $(seq 3); do head -c 30000 /dev/urandom >"$A/k.bin"; done
   sum_k=$(sha256sum <"$A/k.bin")
+  # Four more files in the same pack, three deleted: the pack is sparse, so the gc
+  # killed below is writing a repacking checkpoint at some point.
+  "$UBIQUITY" pause "$A" >/dev/null
+  for j in 1 2 3 4; do head -c 16000 /dev/urandom >"$A/s$j.bin"; done
+  sum_s=$(sha256sum <"$A/s1.bin")
+  "$UBIQUITY" resume "$A" >/dev/null
+  "$UBIQUITY" sync "$A" >/dev/null
+  rm "$A"/s{2,3,4}.bin
   "$UBIQUITY" sync "$A" >/dev/null
   sleep 1.1
   "$UBIQUITY" prune --keep-within 1s "$A" >/dev/null
@@ -208,9 +258,11 @@ for round in $(seq 5); do
   _ubq_mount
   A=$MNT
   assert_eq "$sum_k" "$(sha256sum <"$A/k.bin")" "k.bin on alpha after SIGKILL (round $round)"
+  assert_eq "$sum_s" "$(sha256sum <"$A/s1.bin")" "s1.bin on alpha after SIGKILL (round $round)"
   "$UBIQUITY" gc --grace 0s "$A" >/dev/null
   "$UBIQUITY" sync "$B" >/dev/null
   assert_eq "$sum_k" "$(sha256sum <"$B/k.bin")" "k.bin on beta after SIGKILL (round $round)"
+  assert_eq "$sum_s" "$(sha256sum <"$B/s1.bin")" "s1.bin on beta after SIGKILL (round $round)"
   assert_eq 0 "$(xattr "$B/k.bin" user.ubiquity.conflicts)" "conflicts of k.bin on beta (round $round)"
 done
 out=$(live_packs_present) || fail "after the SIGKILL rounds, a pack a live record names is gone: $out"

@@ -14,6 +14,13 @@ import UbiquitySystem
 /// Each device deletes only what it wrote (its segments that its newest checkpoint
 /// covers, its older checkpoints, its format-4 journal), except packs and markers, which
 /// any collector may delete once their week has passed.
+///
+/// Repacking: a pack whose named chunks add up to less than half its bytes is *sparse*.
+/// The collector only finds them; each device whose records name one writes a checkpoint
+/// that puts those chunks into new packs (`SyncEngine.collectBacking`), from its own
+/// copies, so nothing is downloaded and no record is ever rewritten by another device.
+/// Once no device names the sparse pack, it is an ordinary unnamed pack: a fossil, deleted
+/// a week later. Nothing here deletes a named pack, so repacking needs no new rule.
 struct BackingCollector {
     let backing: Backing
     /// Seconds a segment stays after a checkpoint covers it: peers that were behind read
@@ -36,6 +43,10 @@ struct BackingCollector {
         var segmentsDeleted = 0
         var checkpointsDeleted = 0
         var legacyDeleted = 0
+        /// Named packs whose named chunks are less than half their bytes, and of those,
+        /// the ones this device's records name (its next checkpoint moves their chunks).
+        var sparse: Set<String> = []
+        var sparseHere: Set<String> = []
 
         var summary: String {
             if packs == 0 && segmentsDeleted == 0 && legacyDeleted == 0 {
@@ -48,6 +59,9 @@ struct BackingCollector {
                 text += "; deleted \(segmentsDeleted) segments and \(checkpointsDeleted) checkpoints this device's checkpoint covers"
             }
             if legacyDeleted > 0 { text += "; deleted \(legacyDeleted) format-4 files" }
+            if !sparse.isEmpty {
+                text += "; \(sparse.count) packs are less than half named (\(sparseHere.count) of them by this device's records, whose checkpoint repacks them)"
+            }
             return text
         }
     }
@@ -66,15 +80,24 @@ struct BackingCollector {
             }
         report.packs = packs.count
         let byDevice = Dictionary(grouping: log) { $0.device }
-        var referenced: Set<String> = []
+        var named = Named()
         if !packs.isEmpty {
             let all = devices.devices.union(byDevice.keys).sorted()
             for (i, device) in all.enumerated() {
-                try references(of: device, devices: devices, segments: byDevice[device] ?? [], into: &referenced, report: &report)
+                try references(of: device, devices: devices, segments: byDevice[device] ?? [], into: &named, report: &report)
                 progress?("reading checkpoints and segments", i + 1, all.count)
             }
         }
+        let referenced = Set(named.chunks.keys)
         report.referenced = referenced.count
+        for (pack, size) in packs {
+            guard let chunks = named.chunks[pack] else { continue }
+            let live = chunks.values.reduce(Int64(0)) { $0.addingClamped($1) }
+            if live.multipliedClamped(by: 2) < size {
+                report.sparse.insert(pack)
+                if named.byDevice[backing.deviceID]?.contains(pack) == true { report.sparseHere.insert(pack) }
+            }
+        }
         try collectOwn(devices: devices, segments: byDevice[backing.deviceID] ?? [], now: now, report: &report)
         let fossils = try backing.fossils()
         for (i, (pack, size)) in packs.enumerated() {
@@ -110,15 +133,26 @@ struct BackingCollector {
         return report
     }
 
+    /// What the records name: per pack, the chunks (offset → size), and per device, the
+    /// packs its records name.
+    private struct Named {
+        var chunks: [String: [Int64: Int64]] = [:]
+        var byDevice: [String: Set<String>] = [:]
+    }
+
     /// The packs `device`'s records name: its newest checkpoint and its segments after it.
     private func references(of device: String, devices: Backing.Devices, segments: [SegmentLog.SegmentName],
-                            into referenced: inout Set<String>, report: inout Report) throws(StoreError) {
+                            into named: inout Named, report: inout Report) throws(StoreError) {
         let checkpoint = devices.newestCheckpoint(of: device)
         func take(_ bytes: [UInt8]) {
             for line in bytes.split(separator: UInt8(ascii: "\n")) {
                 guard case .success(let record) = RecordCodec.decode(line, journalDevice: device) else { continue }
                 report.records += 1
-                for place in record.places.values { referenced.insert(place.pack) }
+                for (id, size) in record.chunks.chunks {
+                    guard let place = record.places[id] else { continue }
+                    named.chunks[place.pack, default: [:]][place.offset] = Int64(size)
+                    named.byDevice[device, default: []].insert(place.pack)
+                }
             }
         }
         if let checkpoint {

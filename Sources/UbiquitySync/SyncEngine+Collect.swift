@@ -82,6 +82,13 @@ extension SyncEngine {
         if let checkpoint {
             text += "wrote a checkpoint of this device's records (\(checkpoint.records) records, \(byteText(checkpoint.bytes))); "
         }
-        return text + report.summary
+        text += report.summary
+        // Repacking: this device's records stop naming sparse packs (their chunks go into
+        // new packs as the checkpoint is written); a later run finds them unnamed.
+        cycleLock.withLock { _ in memory.sparsePacks = report.sparse }
+        if !report.sparseHere.isEmpty, let repacked = try checkpointJournal(force: true) {
+            text += "; repacked: wrote a checkpoint of this device's records (\(repacked.records) records, \(byteText(repacked.bytes))) naming none of the \(report.sparseHere.count) sparse packs"
+        }
+        return text
     }
 }

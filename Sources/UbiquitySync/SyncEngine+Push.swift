@@ -193,10 +193,12 @@ extension SyncEngine {
                 }
             }
         }
-        var places = large.isEmpty ? [:] : try withStoreValue { (store) throws(StoreError) in try store.chunkPlaces(large.keys) }
-        let gone = try unusablePacks(Set(places.values.map(\.pack)))
+        let known = large.isEmpty ? [:] : try withStoreValue { (store) throws(StoreError) in try store.chunkPlaces(large.keys) }
+        let (gone, sparse) = try unusablePacks(Set(known.values.map(\.pack)))
+        var places = known.filter { !gone.contains($0.value.pack) && !sparse.contains($0.value.pack) }
+        // Places in packs that are gone or fossils are forgotten; those in sparse packs stay
+        // until a new place replaces them (below, or when the chunk is named next).
         if !gone.isEmpty {
-            places = places.filter { !gone.contains($0.value.pack) }
             try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
                 for pack in gone { try store.forgetPlaces(inPack: pack) }
                 return TreeChanges()
@@ -204,8 +206,13 @@ extension SyncEngine {
         }
         let missing = large.keys.filter { places[$0] == nil }.sorted { $0.hex < $1.hex }
         if !missing.isEmpty {
-            let uploaded = try uploadPacks(missing, tolerant: tolerant)
+            let uploaded = try uploadPacks(missing) { id in tolerant || known[id].map { sparse.contains($0.pack) } == true }
             places.merge(uploaded) { _, new in new }
+            // A chunk of a sparse pack that cannot be read here keeps its place: the pack
+            // stays named, rather than the record naming the chunk by hash alone.
+            for id in missing where places[id] == nil {
+                if let old = known[id], sparse.contains(old.pack) { places[id] = old }
+            }
             try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
                 try store.setChunkPlaces(uploaded)
                 return TreeChanges()
@@ -218,13 +225,13 @@ extension SyncEngine {
         }
     }
 
-    /// Of packs this device would name, those it must not: a fossil (the collector may
-    /// delete it a week later) or gone. Each is checked at most once per
-    /// `objectCheckValidity`: one LIST of `fossils/` and a HEAD per pack.
-    private func unusablePacks(_ packs: Set<String>) throws(StoreError) -> Set<String> {
+    /// Of packs this device would name, those it must not: sparse (being repacked), a
+    /// fossil (the collector may delete it a week later) or gone. Each is checked at most
+    /// once per `objectCheckValidity`: one LIST of `fossils/` and a HEAD per pack.
+    private func unusablePacks(_ packs: Set<String>) throws(StoreError) -> (gone: Set<String>, sparse: Set<String>) {
         let now = bootSeconds()
         let stale = packs.filter { memory.verifiedPacks[$0].map { now.subtractingClamped($0) > options.objectCheckValidity } ?? true }
-        if stale.isEmpty { return [] }
+        if stale.isEmpty { return ([], packs.intersection(memory.sparsePacks)) }
         let fossils = try backing.fossils()
         var bad = Set(stale.filter { fossils[$0] != nil })
         let store = backing.store
@@ -240,13 +247,15 @@ extension SyncEngine {
             case .failure(let error): throw Backing.storeError(error, "stat \(Pack.key(pack))")
             }
         }
-        return bad
+        return (bad, packs.intersection(memory.sparsePacks).subtracting(bad))
     }
 
     /// Uploads the chunks into new packs, up to `parallelRequests` PUTs in flight while the
     /// next pack is filled (reading and verifying chunks overlaps the uploads); returns
     /// their places.
-    private func uploadPacks(_ ids: [ChunkID], tolerant: Bool) throws(StoreError) -> [ChunkID: ChunkPlace] {
+    /// `tolerant(id)`: a chunk that cannot be read here is left out (logged) rather than
+    /// failing the upload.
+    private func uploadPacks(_ ids: [ChunkID], tolerant: (ChunkID) -> Bool) throws(StoreError) -> [ChunkID: ChunkPlace] {
         let store = backing.store
         let results = Locked<[Result<[Pack.ChunkLocation], BackingError>]>([])
         let slots = DispatchSemaphore(value: max(1, options.parallelRequests))
@@ -269,8 +278,8 @@ extension SyncEngine {
             if results.withLock({ $0.contains { if case .failure = $0 { true } else { false } } }) { break }
             let bytes: [UInt8]
             do { bytes = try chunks.read(id) } catch {
-                guard tolerant else { failure = error; break }
-                logOnce("ubiquity: sync: writing a checkpoint: chunk \(id.hex) cannot be read here (\(error)); its record names it by hash")
+                guard tolerant(id) else { failure = error; break }
+                logOnce("ubiquity: sync: chunk \(id.hex) cannot be read here (\(error)); its record names it where it was, or by hash")
                 continue
             }
             writer.add(id, bytes)

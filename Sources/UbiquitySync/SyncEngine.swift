@@ -100,6 +100,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         var keyValueSeen: [String: UInt64] = [:]
         /// Packs found present and not fossils, with the boot second of the check.
         var verifiedPacks: [String: Int64] = [:]
+        /// Packs this device's last gc found less than half named (BackingCollector):
+        /// never named again here; their chunks go into new packs.
+        var sparsePacks: Set<String> = []
         /// This device's segments and their recovery after a crash (SyncEngine+Push).
         var logReady = false
         /// Per device, the segment whose record waits, when to try it again and the wait.

@@ -204,6 +204,78 @@ import UbiquitySystem
         #expect(try Self.historyCount(e) == 3) // big(3) from the checkpoint, big(1), big(2)
     }
 
+    /// Repacking: a pack less than half named is sparse; each device whose records name
+    /// it writes a checkpoint that puts those chunks into a new pack (from its own copies),
+    /// then the pack is unnamed: a fossil, deleted a week later. A device that has not
+    /// collected yet keeps it named (nothing is deleted under it); a chunk that cannot be
+    /// read here keeps its place rather than losing it.
+    @Test func sparsePacksAreRepackedByTheDevicesThatNameThem() throws {
+        let world = World()
+        let a = try world.device("a"), b = try world.device("b")
+        let big = { (i: Int) in String(repeating: "part \(i) ", count: 500) } // > 1 KiB: packs
+        for i in 0..<8 { try a.save("f\(i).txt", big(i)) }
+        a.cycle()
+        #expect(world.packs.count == 1)
+        let sparse = try #require(world.packs.first)
+        b.cycle()
+        try b.save("copy.txt", big(7)) // b names a's chunk in a's pack (deduplicated)
+        b.cycle()
+        #expect(try Self.pack(of: big(7), on: b) == sparse && world.packs.count == 1)
+        let root = Store.rootInode
+        for i in 0..<6 { try a.fs.unlink(parent: root, name: "f\(i).txt") }
+        a.cycle()
+        b.cycle()
+        world.advance(days: 2)
+        #expect(try Self.pruneAll(a) == 6)
+
+        // a's gc: its checkpoint leaves the deleted files out; 2 of the 8 chunks are named
+        // (by a, and one by b): sparse. a's chunk of f6 is damaged here: it keeps its place.
+        let damaged = ChunkID(hashing: Array(big(6).utf8))
+        #expect(a.fs.chunks.sweep(damaged, unusedSince: .max) != nil)
+        let now = Int64(time(nil))
+        let text = try a.engine.collectBacking(now: now)
+        #expect(text.contains("1 packs are less than half named (1 of them by this device's records") && text.contains("repacked"), "\(text)")
+        #expect(a.engine.memory.sparsePacks == [sparse])
+        let moved = try #require(try Self.pack(of: big(7), on: a))
+        #expect(moved != sparse && world.packs == [sparse, moved])
+        #expect(try Self.pack(of: big(6), on: a) == sparse)
+
+        // Still named by a (the damaged chunk) and b: not a fossil, however long it waits.
+        let collector = BackingCollector(backing: a.engine.backing)
+        var report = try collector.run(now: now + 9 * Self.day)
+        #expect(report.fossilized == 0 && report.sparse == [sparse] && report.sparseHere == [sparse], "\(report.summary)")
+        // a's chunk is back (fsck --repair would bring it): its next gc moves it too.
+        try a.save("f6.txt", big(6))
+        a.cycle()
+        _ = try a.engine.collectBacking(now: now + 9 * Self.day)
+        #expect(try Self.pack(of: big(6), on: a) != sparse)
+
+        // b had not collected: its save of the same content still names the sparse pack...
+        try b.save("copy2.txt", big(7) + " ")
+        try b.save("copy3.txt", big(6))
+        b.cycle()
+        report = try collector.run(now: now + 10 * Self.day)
+        #expect(report.fossilized == 0 && report.sparse == [sparse] && report.sparseHere.isEmpty, "\(report.summary)")
+        // ...until its own gc: then no record names it, and it goes a week later.
+        let bText = try b.engine.collectBacking(now: now + 10 * Self.day)
+        #expect(bText.contains("repacked"), "\(bText)")
+        report = try collector.run(now: now + 11 * Self.day)
+        #expect(report.fossilized == 1 && report.sparse.isEmpty, "\(report.summary)")
+        #expect(world.fossils == [sparse])
+        report = try collector.run(now: now + 18 * Self.day)
+        #expect(report.deleted == 1, "\(report.summary)")
+        #expect(!world.packs.contains(sparse))
+
+        // Everyone still reads everything; a device that joins now too.
+        let expected = ["f6.txt": "file " + big(6), "f7.txt": "file " + big(7), "copy.txt": "file " + big(7),
+                        "copy2.txt": "file " + big(7) + " ", "copy3.txt": "file " + big(6)]
+        for d in [a, b] { d.cycle() }
+        for d in [a, b] { #expect(try d.tree() == expected) }
+        let c = try world.device("c")
+        c.cycle()
+        #expect(try c.tree() == expected)
+    }
+
     /// The collector reads every device's newest checkpoint and the segments after it
     /// before it decides anything: one it cannot read (a failing GET, a segment gone)
     /// stops it with nothing written or deleted.
