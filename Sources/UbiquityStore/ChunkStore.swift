@@ -37,6 +37,16 @@ public final class ChunkStore: Sendable {
     public var fileBytesPut: Int64 { filesPut.withLock { $0 } }
     /// Small chunks; their `used` times are the wall clock, as the files' mtimes are.
     private let small: SmallChunks
+    /// Told of each chunk file this device's writes made (`putWritten`): the sync engine
+    /// uploads them while the file is still being written.
+    public typealias WrittenObserver = @Sendable (ChunkID, UnsafeRawBufferPointer) -> Void
+    /// Boxed: a closure kept in a generic `Locked` was wrapped in a new reabstraction
+    /// thunk at every read (perf showed chains of them costing more than the copy).
+    private final class ObserverBox: Sendable {
+        let call: WrittenObserver
+        init(_ call: @escaping WrittenObserver) { self.call = call }
+    }
+    private let writtenObserver = Locked<ObserverBox?>(nil)
 
     public init(directory: String, readOnly: Bool = false) throws(StoreError) {
         self.directory = directory
@@ -169,14 +179,28 @@ public final class ChunkStore: Sendable {
 
     /// Stores `bytes` (whose hash is `id`) unless the chunk is already there.
     public func put(_ id: ChunkID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) {
+        _ = try store(id, bytes)
+    }
+
+    /// `put` for a chunk of this device's own writes (not one fetched from the backing
+    /// store): a new chunk file is also shown to the observer.
+    public func putWritten(_ id: ChunkID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) {
+        guard try store(id, bytes), let observer = writtenObserver.withLock({ $0 }) else { return }
+        observer.call(id, bytes)
+    }
+
+    public func observeWritten(_ observer: WrittenObserver?) { writtenObserver.withLock { $0 = observer.map(ObserverBox.init) } }
+
+    /// Stores the chunk; true if it is a new file.
+    private func store(_ id: ChunkID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) -> Bool {
         let final = path(of: id)
         if bytes.count <= SmallChunks.limit {
             // Kept as a file by an older store: claiming it is enough.
-            if claimFile(id) { return }
+            if claimFile(id) { return false }
             try small.put(id, bytes, now: nowNanos())
-            return
+            return false
         }
-        if claimFile(id) { return }
+        if claimFile(id) { return false }
         let temp = final + ".tmp.\(getpid()).\(UInt32.random(in: 0...UInt32.max))"
         let fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o444)
         if fd < 0 { throw .io(errno: errno, "create chunk \(temp)") }
@@ -204,6 +228,7 @@ public final class ChunkStore: Sendable {
         }
         unsynced.withLock { _ = $0.insert(id) }
         filesPut.withLock { $0 += Int64(bytes.count) }
+        return true
     }
 
     public func put(_ id: ChunkID, _ bytes: [UInt8]) throws(StoreError) {

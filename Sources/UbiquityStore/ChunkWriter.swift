@@ -66,7 +66,7 @@ final class ChunkWriter: @unchecked Sendable {
     private func put(_ bytes: [UInt8]) throws(StoreError) -> ChunkID {
         try withBytes(bytes) { (raw) throws(StoreError) -> ChunkID in
             let id = ChunkID(hashing: raw)
-            try store.put(id, raw)
+            try store.putWritten(id, raw)
             return id
         }
     }

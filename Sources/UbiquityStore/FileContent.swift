@@ -495,7 +495,7 @@ public final class FileContent: @unchecked Sendable {
                 let length = chunker.cut(piece)
                 let chunk = UnsafeRawBufferPointer(rebasing: piece[0..<length])
                 let id = ChunkID(hashing: chunk)
-                try chunks.put(id, chunk)
+                try chunks.putWritten(id, chunk)
                 list.append(id, size: length)
                 return length
             }

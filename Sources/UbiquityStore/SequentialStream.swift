@@ -61,7 +61,7 @@ struct SequentialStream {
                 let length = Self.chunker.cut(window)
                 let chunk = UnsafeRawBufferPointer(rebasing: window[0..<length])
                 let id = ChunkID(hashing: chunk)
-                try store.put(id, chunk)
+                try store.putWritten(id, chunk)
                 return (id, length)
             }
             list.append(id, size: length)

@@ -61,10 +61,17 @@ public enum Pack {
 
         /// Adds a chunk (once: a second add of the same id is ignored).
         public mutating func add(_ id: ChunkID, _ chunk: [UInt8]) {
+            chunk.withUnsafeBytes { add(id, $0) }
+        }
+
+        public mutating func add(_ id: ChunkID, _ chunk: UnsafeRawBufferPointer) {
             guard seen.insert(id).inserted else { return }
-            bytes += chunk
+            // Typed, so the append is one memcpy (a raw buffer is copied byte by byte).
+            chunk.withMemoryRebound(to: UInt8.self) { bytes.append(contentsOf: $0) }
             entries.append((id, chunk.count))
         }
+
+        public func contains(_ id: ChunkID) -> Bool { seen.contains(id) }
 
         /// The pack's bytes, and where each chunk is in it under `name`.
         /// Consumes the writer: the index is appended to its bytes in place (no copy of

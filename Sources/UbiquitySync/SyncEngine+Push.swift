@@ -193,6 +193,16 @@ extension SyncEngine {
                 }
             }
         }
+        if !large.isEmpty && !stager.isEmpty {
+            // Chunks uploaded while they were written: their places first.
+            let (staged, packs) = stager.flush(large.keys)
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                try store.setChunkPlaces(staged)
+                return TreeChanges()
+            }
+            let now = bootSeconds()
+            for pack in packs { memory.verifiedPacks[pack] = now }
+        }
         let known = large.isEmpty ? [:] : try withStoreValue { (store) throws(StoreError) in try store.chunkPlaces(large.keys) }
         let (gone, sparse) = try unusablePacks(Set(known.values.map(\.pack)))
         var places = known.filter { !gone.contains($0.value.pack) && !sparse.contains($0.value.pack) }

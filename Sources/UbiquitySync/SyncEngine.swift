@@ -82,6 +82,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     let cycleLock = Locked(())
     /// What the engine knows of the backing store between cycles; used under `cycleLock`.
     var memory = Memory()
+    /// Uploads the chunks this device writes while they are written (PackStager).
+    let stager: PackStager
     private let wake = DispatchSemaphore(value: 0)
     private let finished = DispatchSemaphore(value: 0)
     private var started = false
@@ -125,6 +127,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         self.backing = Backing(store: backing, deviceID: store.deviceID)
         deviceName = store.deviceName
         self.options = options
+        stager = PackStager(store: backing, limit: options.parallelRequests)
+        chunks.observeWritten { [stager] id, bytes in stager.add(id, bytes) }
     }
 
     /// Through a directory (tests, and `--backing DIR`).
@@ -158,6 +162,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         // Offline (a server that fails or stalls): the records wait in the store for the
         // next mount rather than holding the unmount through every retry.
         runCycle(pushPull: !state.withLock { $0.paused || $0.offline })
+        chunks.observeWritten(nil)
+        stager.setEnabled(false)
     }
 
     public func syncNow() throws(StoreError) {
@@ -186,6 +192,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
 
     public func pause() {
         state.withLock { $0.paused = true }
+        stager.setEnabled(false)
         log("ubiquity: sync paused")
     }
 
@@ -304,6 +311,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             return TreeChanges()
         }
         let failed = problem
+        // Chunks go up while written only while this device syncs.
+        stager.setEnabled(pushPull && failed == nil && !state.withLock { $0.paused || $0.stopped })
         state.withLock { s in
             s.pending = pending
             s.conflicts = conflicts

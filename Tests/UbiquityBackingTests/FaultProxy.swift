@@ -30,18 +30,35 @@ final class FaultProxy: @unchecked Sendable {
         _ = withUnsafeMutablePointer(to: &got) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }
         listener = fd
         port = Int(UInt16(bigEndian: got.sin_port))
-        _ = JoinableThread { [self] in acceptLoop() }
+        acceptThread.withLock { $0 = JoinableThread { [self] in acceptLoop() } }
     }
+
+    private let acceptThread = Mutex<JoinableThread?>(nil)
 
     enum ProxyError: Error { case setup(Int32) }
 
     var connections: Int { state.withLock { $0.count } }
 
+    /// Ends every connection and the listener. The sockets are shut down under the lock
+    /// under which they are closed (`untrack`), and the listener is closed only after the
+    /// accept loop ended: a shutdown or accept on a descriptor number that another proxy
+    /// (two seeds run at once) got meanwhile made that proxy's accept fail with EINVAL
+    /// forever, and its test hang (a CI run sat there for 15 minutes).
     func stop() {
-        let sockets = state.withLock { s -> [Int32] in s.stopped = true; return s.sockets }
+        state.withLock { s in
+            s.stopped = true
+            for fd in s.sockets { shutdown(fd, Int32(SHUT_RDWR)) }
+        }
         shutdown(listener, Int32(SHUT_RDWR))
+        acceptThread.withLock { $0 }?.join()
         close(listener)
-        for fd in sockets { shutdown(fd, Int32(SHUT_RDWR)) }
+    }
+
+    private func untrack(_ fd: Int32) {
+        state.withLock { s in
+            s.sockets.removeAll { $0 == fd }
+            close(fd)
+        }
     }
 
     static func loopback(port: Int) -> sockaddr_in {
@@ -63,7 +80,10 @@ final class FaultProxy: @unchecked Sendable {
     private func acceptLoop() {
         while true {
             let client = accept(listener, nil, nil)
-            if client < 0 { if state.withLock({ $0.stopped }) { return }; continue }
+            if client < 0 {
+                if state.withLock({ $0.stopped }) || errno == EINVAL || errno == EBADF { return }
+                continue
+            }
             guard track(client) else { close(client); return }
             let n = state.withLock { s -> Int in s.count += 1; return s.count }
             let fault = plan(n)
@@ -72,14 +92,14 @@ final class FaultProxy: @unchecked Sendable {
     }
 
     private func serve(_ client: Int32, _ fault: Fault) {
-        defer { close(client) }
+        defer { untrack(client) }
         switch fault {
         case .pass:
             let upstream = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
             var addr = Self.loopback(port: target)
             let ok = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(upstream, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
             guard ok == 0, track(upstream) else { close(upstream); return }
-            defer { close(upstream) }
+            defer { untrack(upstream) }
             // One request per connection (the request says `Connection: close`), so that
             // the client's connection reuse does not route everything past the faults.
             guard let (head, rest) = Self.requestHead(client) else { return }

@@ -20,6 +20,8 @@ final class RecordingStore: BackingStore {
         let op: MemoryStore.Operation
         let key: String
         let range: Range<Int64>?
+        /// Bytes sent (a put).
+        var bytes = 0
         var description: String { "\(op.rawValue) \(key)" + (range.map { " \($0.lowerBound)..<\($0.upperBound)" } ?? "") }
     }
 
@@ -38,10 +40,10 @@ final class RecordingStore: BackingStore {
         calls.filter { $0.op == op && $0.key.hasPrefix(prefix) }.count
     }
 
-    private func run<T>(_ op: MemoryStore.Operation, _ key: String, range: Range<Int64>? = nil,
+    private func run<T>(_ op: MemoryStore.Operation, _ key: String, range: Range<Int64>? = nil, bytes: Int = 0,
                         _ body: () throws(BackingError) -> T) throws(BackingError) -> T {
         let fault = state.withLock { s -> Fault? in
-            s.calls.append(Call(op: op, key: key, range: range))
+            s.calls.append(Call(op: op, key: key, range: range, bytes: bytes))
             return s.fault?(op, key)
         }
         if case .before(let error) = fault { throw error }
@@ -51,7 +53,7 @@ final class RecordingStore: BackingStore {
     }
 
     func put(_ key: BackingKey, _ bytes: [UInt8], ifAbsent: Bool) throws(BackingError) {
-        try run(.put, key.path) { () throws(BackingError) in try base.put(key, bytes, ifAbsent: ifAbsent) }
+        try run(.put, key.path, bytes: bytes.count) { () throws(BackingError) in try base.put(key, bytes, ifAbsent: ifAbsent) }
     }
     func get(_ key: BackingKey, range: Range<Int64>?) throws(BackingError) -> [UInt8] {
         try run(.get, key.path, range: range) { () throws(BackingError) in try base.get(key, range: range) }

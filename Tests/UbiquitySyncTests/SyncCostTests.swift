@@ -18,6 +18,19 @@ import UbiquitySystem
         try SimDevice(name: name, root: temp.path, backing: store, clock: nowNanos, options: options)
     }
 
+    /// A file's whole content, read through the filesystem.
+    static func content(of name: String, on d: SimDevice) throws -> [UInt8] {
+        let ino = try d.fs.lookup(parent: Store.rootInode, name: name).ino
+        let f = try d.fs.open(ino, flags: OpenFlags(O_RDONLY))
+        defer { try? d.fs.release(f) }
+        var out: [UInt8] = []
+        while true {
+            let piece = try d.fs.read(f, offset: Int64(out.count), count: 1 << 20)
+            if piece.isEmpty { return out }
+            out += piece
+        }
+    }
+
     /// 1 KiB of text that starts with `i` (each file its own content).
     static func kibibyte(_ i: Int) -> String {
         let head = "file \(i) "
@@ -47,6 +60,50 @@ import UbiquitySystem
         let tree = try b.tree()
         #expect(tree.count == 2020)
         #expect(tree["dir7/file777.txt"] == "file " + Self.kibibyte(777))
+    }
+
+    /// A big file's packs go up while it is written (PackStager): when the writer closes
+    /// it, the push has only the last part of a pack and the segment left, and no chunk
+    /// goes up twice. Paused, nothing goes up early.
+    @Test func aBigFileGoesUpWhileItIsWritten() throws {
+        print("SyncCostTests.aBigFileGoesUpWhileItIsWritten seed 23")
+        var rng = SplitMix64(seed: 23)
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let store = RecordingStore(MemoryStore())
+        let a = try Self.device("a", temp, store)
+        try a.engine.cycle(pushPull: true) // a cycle that reached the store: staging on
+        let content = Array(randomText(20 << 20, &rng).utf8)
+        let (attr, handle) = try a.fs.create(parent: Store.rootInode, name: "big.bin", mode: 0o644, flags: OpenFlags(O_WRONLY), caller: a.me)
+        for offset in stride(from: 0, to: content.count, by: 1 << 20) {
+            _ = try content[offset..<offset + (1 << 20)].withUnsafeBytes { try a.fs.write(handle, offset: Int64(offset), data: $0) }
+        }
+        // Still open, no push yet: the two full packs are up (or going up).
+        var waited = 0
+        while store.count(.put, "packs/") < 2 && waited < 500 { usleep(10_000); waited += 1 }
+        #expect(store.count(.put, "packs/") == 2 && store.count(.put, "log/") == 0, "\(store.calls)")
+        try a.fs.release(handle)
+        try a.engine.cycle(pushPull: true)
+        // The rest (under 8 MiB) in one more pack, then the segment: nothing twice.
+        #expect(store.count(.put, "packs/") == 3 && store.count(.put, "log/") == 1, "\(store.calls)")
+        let packed = store.calls.filter { $0.op == .put && $0.key.hasPrefix("packs/") }.map(\.bytes).reduce(0, +)
+        #expect(packed > content.count && packed < content.count + (64 << 10), "\(packed) bytes in packs for \(content.count)")
+        _ = attr
+
+        let b = try Self.device("b", temp, store)
+        try b.engine.cycle(pushPull: true)
+        #expect(try Self.content(of: "big.bin", on: b) == content)
+
+        // Paused: a file written meanwhile goes up only with the push after resuming.
+        a.engine.pause()
+        try a.engine.cycle(pushPull: false)
+        store.reset()
+        try a.save("paused.bin", randomText(20 << 20, &rng))
+        usleep(200_000)
+        #expect(store.count(.put, "packs/") == 0, "\(store.calls)")
+        a.engine.resume()
+        try a.engine.cycle(pushPull: true)
+        #expect(store.count(.put, "packs/") == 3 && store.count(.put, "log/") == 1, "\(store.calls)")
     }
 
     @Test func largeFilesGoUpInOnePackAndComeDownByPack() throws {
