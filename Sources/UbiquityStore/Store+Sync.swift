@@ -415,9 +415,9 @@ extension Store {
     // MARK: records -> tree
 
     /// Makes the tree show the synced view at every path queued since the last call.
-    /// A path whose local file is `busy` (or new, or not ours to remove) waits for a
-    /// later call. Removing a local entry here never records a tombstone: the view
-    /// already says it is gone.
+    /// A path whose local file is `busy` (or new, or not ours to remove), or that a local
+    /// change not recorded yet touched, waits for a later call. Removing a local entry
+    /// here never records a tombstone: the view already says it is gone.
     public func reconcile(busy: Set<InodeNumber>) throws(StoreError) -> TreeChanges {
         var changes = TreeChanges()
         guard !unreconciled.isEmpty, !readOnly else { return changes }
@@ -428,14 +428,23 @@ extension Store {
     private func reconcileQueued(busy: Set<InodeNumber>) throws(StoreError) -> TreeChanges {
         var changes = TreeChanges()
         var plans: [(String, Replica.Shown)] = []
-        for key in try unreconciled.removeAll() { plans.append((key.name, try replica.state(at: key.name).shown)) }
         var deferred: Set<NameKey> = []
+        for key in try unreconciled.removeAll() {
+            // Removed or moved away here since local changes were last recorded (a pull
+            // slice's reconcile runs without recording them first: SyncEngine+Pull): the
+            // view still shows what was there, and making it again would undo the rename.
+            // The next sync step records the change, then reconciles the path.
+            if isVacated(key.name) { deferred.insert(key); continue }
+            plans.append((key.name, try replica.state(at: key.name).shown))
+        }
         func depth(_ p: String) -> Int { p.utf8.reduce(0) { $0 + ($1 == UInt8(ascii: "/") ? 1 : 0) } }
 
         for (path, shown) in plans.sorted(by: { depth($0.0) > depth($1.0) }) {
             guard let (parent, name, id) = locate(path), let inode = try node(id)?.inode else { continue }
             if matches(inode, shown) { continue }
-            guard removable(inode, busy: busy) else { deferred.insert(NameKey(path)); continue }
+            guard removable(inode, busy: busy), try !isUnrecordedMove(inode, to: path) else {
+                deferred.insert(NameKey(path)); continue
+            }
             try removeEntry(parent: parent, name: name)
             try vacated.remove(NameKey(path))
             changes.entries.append(EntryName(parent: parent, name: name))
@@ -525,6 +534,17 @@ extension Store {
         case .symlink: return true
         default: return false
         }
+    }
+
+    /// Whether file `inode` came to `path` by a local rename not recorded yet (its head
+    /// record names another path; the next sync step records the move,
+    /// `recordFileMetadata`). Taken away for another device's node now, its own record
+    /// would be tombstoned as deleted; recorded first, it loses by the conflict rules.
+    private func isUnrecordedMove(_ inode: Inode, to path: String) throws(StoreError) -> Bool {
+        guard inode.kind == .file, let row = inode.head, let node = inode.fileID else { return false }
+        let recorded = try db.rows("SELECT path FROM versions WHERE row = ? AND local = 0 AND file_id = ?",
+                                   [.int(row), .text(node)]) { $0.text(0) }.first
+        return recorded.map { !$0.utf8.elementsEqual(path.utf8) } ?? false
     }
 
     /// (parent, name, inode) of the entry at `path`.

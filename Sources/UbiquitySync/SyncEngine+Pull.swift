@@ -196,8 +196,8 @@ extension SyncEngine {
             // Local changes are not recorded first here: the directories a reconcile made
             // for records whose own directory record comes in a later slice would be
             // recorded as new local directories (echo records). A local change made while
-            // this slice waited on the network can meet this reconcile unrecorded (see the
-            // README: a rename undone is a known issue being worked on).
+            // this slice waited on the network meets this reconcile unrecorded: reconcile
+            // leaves the paths it touched for the next cycle, which records it first.
             try access.withStore { (store, busy) throws(StoreError) -> TreeChanges in
                 try store.setChunkPlaces(learn)
                 if !slice.isEmpty { try store.addRemote(slice) }

@@ -1,0 +1,91 @@
+import Testing
+import TestSupport
+import UbiquityBacking
+import UbiquitySystem
+@testable import UbiquityFS
+@testable import UbiquityStore
+@testable import UbiquitySync
+
+/// Local changes made while a cycle's pull waits on the network for other devices'
+/// records. They are not recorded before that pull's reconcile (recording there would
+/// send back as this device's own the directories an earlier slice made), so the
+/// reconcile must leave alone the paths they touched until the next cycle records them.
+/// The change is made from the backing store's hook, between the GET of the peer's
+/// segment and the reconcile of what it held.
+@Suite struct PullRaceTests {
+    /// Two devices over one memory store; `a` renames `from` to `to` (at the root) during
+    /// the GET of the first peer segment of its next cycle.
+    static func devices(_ temp: TempDirectory) throws -> (SimDevice, SimDevice, RecordingStore) {
+        let store = RecordingStore(MemoryStore())
+        let a = try SimDevice(name: "a", root: temp.path, backing: store, clock: nowNanos, options: SimDevice.alwaysPolling)
+        let b = try SimDevice(name: "b", root: temp.path, backing: store, clock: nowNanos, options: SimDevice.alwaysPolling)
+        return (a, b, store)
+    }
+
+    static func cycleRenaming(_ a: SimDevice, _ from: String, to: String, store: RecordingStore) throws {
+        let fs = a.fs
+        let renamed = Locked(false)
+        store.setFault { op, key in
+            guard op == .get, key.hasPrefix("log/"), renamed.withLock({ done in defer { done = true }; return !done }) else { return nil }
+            try? fs.rename(parent: Store.rootInode, name: from, newParent: Store.rootInode, newName: to, flags: 0)
+            return nil
+        }
+        defer { store.setFault(nil) }
+        try a.engine.cycle(pushPull: true)
+        #expect(renamed.withLock { $0 }, "no peer segment was read")
+    }
+
+    static func settle(_ devices: [SimDevice]) throws {
+        for _ in 0..<3 { for d in devices { try d.engine.cycle(pushPull: true) } }
+    }
+
+    /// The known issue this fixed: `d`, renamed to `e` while `b`'s removal of `d/g.txt`
+    /// came in, was made again (empty) by that reconcile, and its record stayed.
+    @Test func aRenamedDirectoryDoesNotComeBack() throws {
+        let temp = TempDirectory(prefix: "ubiquity-race")
+        defer { temp.cleanup() }
+        let (a, b, store) = try Self.devices(temp)
+        try a.save("d/f.txt", "kept")
+        try a.save("d/g.txt", "removed on b")
+        try Self.settle([a, b])
+        let dir = try #require(try b.directory("d", create: false))
+        try b.fs.unlink(parent: dir, name: "g.txt")
+        try b.engine.cycle(pushPull: true)
+
+        try Self.cycleRenaming(a, "d", to: "e", store: store)
+        let during = try a.tree()
+        #expect(during["d"] == nil, "\(during)")
+        try Self.settle([a, b])
+        // A rename against a removal keeps the file (the removal's tombstone does not
+        // descend from the rename's record).
+        let expected = ["e": "dir 755", "e/f.txt": "file kept", "e/g.txt": "file removed on b"]
+        for d in [a, b] {
+            let tree = try d.tree()
+            #expect(tree == expected, "\(d.name): \(tree)")
+        }
+    }
+
+    /// `d/f.txt`, moved to `e/f.txt` while `b`'s new `e/f.txt` came in, was taken away for
+    /// it (then its record tombstoned): it must stay, a conflict version where it lost.
+    @Test func aFileMovedOntoAnIncomingPathIsKept() throws {
+        let temp = TempDirectory(prefix: "ubiquity-race")
+        defer { temp.cleanup() }
+        let (a, b, store) = try Self.devices(temp)
+        try a.save("d/f.txt", "from a")
+        try Self.settle([a, b])
+        try b.save("e/f.txt", "from b")
+        try b.engine.cycle(pushPull: true)
+
+        try Self.cycleRenaming(a, "d", to: "e", store: store)
+        try Self.settle([a, b])
+        let expected = ["e": "dir 755", "e/f.txt": "file from b"]
+        for d in [a, b] {
+            let tree = try d.tree()
+            #expect(tree == expected, "\(d.name): \(tree)")
+        }
+        for d in [a, b] {
+            let conflicts = try d.store.conflicts(at: "e/f.txt")
+            #expect(conflicts.count == 1 && conflicts.first?.deviceName == "a", "\(d.name): \(conflicts)")
+        }
+    }
+}
