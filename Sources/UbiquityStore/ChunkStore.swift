@@ -215,6 +215,10 @@ public final class ChunkStore: Sendable {
             }
             written += n
         }
+        // Start writing it to disk now (no wait): the durability barrier before records
+        // leave (`sync`) then finds little left to flush, instead of every chunk of a
+        // 1 GiB copy at once (0.9 s of a 1.9 s push, strace).
+        startWriteback(fd)
         // close can report a late write error (NFS, quota): never publish such a chunk.
         if close(fd) != 0 {
             let code = errno

@@ -20,7 +20,9 @@ final class PackStager: Sendable {
         var writer: Pack.Writer?
         var inFlight = 0
         var placed: [ChunkID: ChunkPlace] = [:]
-        var packs: [String] = []
+        /// Packs uploaded, with the boot second they were found there (a pack is named
+        /// without checking again only within `objectCheckValidity` of that).
+        var packs: [String: Int64] = [:]
         var enabled = false
         var failures = 0
     }
@@ -63,7 +65,7 @@ final class PackStager: Sendable {
 
     /// Places of the chunks staged so far (after their uploads finished), and the packs
     /// they are in; the pack being filled goes first if it holds one of `needed`.
-    func flush(_ needed: some Sequence<ChunkID>) -> (places: [ChunkID: ChunkPlace], packs: [String]) {
+    func flush(_ needed: some Sequence<ChunkID>) -> (places: [ChunkID: ChunkPlace], packs: [String: Int64]) {
         let partial = state.withLock { s -> Pack.Writer? in
             guard let writer = s.writer, needed.contains(where: { writer.contains($0) }) else { return nil }
             s.inFlight += 1
@@ -73,7 +75,7 @@ final class PackStager: Sendable {
         if let partial { launch(partial) }
         uploads.wait()
         return state.withLock { s in
-            defer { s.placed = [:]; s.packs = [] }
+            defer { s.placed = [:]; s.packs = [:] }
             return (s.placed, s.packs)
         }
     }
@@ -92,7 +94,7 @@ final class PackStager: Sendable {
                 switch result {
                 case .success(let locations):
                     for l in locations { s.placed[l.id] = ChunkPlace(pack: l.pack, offset: l.offset) }
-                    if let pack = locations.first?.pack { s.packs.append(pack) }
+                    if let pack = locations.first?.pack { s.packs[pack] = SyncEngine.bootSeconds() }
                 case .failure(let error):
                     s.failures += 1
                     if s.failures == 1 { log("ubiquity: sync: uploading a pack early failed (\(error)); the next push uploads its chunks") }

@@ -200,8 +200,9 @@ extension SyncEngine {
                 try store.setChunkPlaces(staged)
                 return TreeChanges()
             }
-            let now = bootSeconds()
-            for pack in packs { memory.verifiedPacks[pack] = now }
+            // Checked when uploaded: a pack staged long ago (a file open for days) is
+            // checked again before it is named (the collector may have made it a fossil).
+            memory.verifiedPacks.merge(packs) { _, uploaded in uploaded }
         }
         let known = large.isEmpty ? [:] : try withStoreValue { (store) throws(StoreError) in try store.chunkPlaces(large.keys) }
         let (gone, sparse) = try unusablePacks(Set(known.values.map(\.pack)))

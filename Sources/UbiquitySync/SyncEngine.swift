@@ -280,7 +280,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     }
 
     /// Seconds since boot, counting time suspended (CLOCK_BOOTTIME).
-    func bootSeconds() -> Int64 {
+    func bootSeconds() -> Int64 { Self.bootSeconds() }
+
+    static func bootSeconds() -> Int64 {
         var ts = timespec()
         clock_gettime(CLOCK_BOOTTIME, &ts)
         return Int64(ts.tv_sec)

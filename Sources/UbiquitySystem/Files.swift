@@ -127,6 +127,10 @@ public func fsyncPath(_ path: String, directory: Bool = false) throws(SystemErro
     guard fsync(fd) == 0 else { throw .last("fsync \(path)") }
 }
 
+/// Starts writing `fd`'s dirty pages to disk and returns (a later fsync or syncfs then
+/// has less to wait for). Best effort: a filesystem that cannot is no error.
+public func startWriteback(_ fd: Int32) { _ = ubq_start_writeback(fd) }
+
 /// syncfs(2): everything written to the filesystem holding `fd` reaches the disk.
 public func syncFilesystem(_ fd: Int32, path: String) throws(SystemError) {
     guard ubq_syncfs(fd) == 0 else { throw .last("syncfs \(path)") }

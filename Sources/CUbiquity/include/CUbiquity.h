@@ -11,6 +11,10 @@
 /// syncfs(2): flush the whole filesystem holding fd.
 int ubq_syncfs(int fd);
 
+/// sync_file_range(2) with SYNC_FILE_RANGE_WRITE over the whole file: start writing its
+/// dirty pages to disk, without waiting.
+int ubq_start_writeback(int fd);
+
 /// renameat2(RENAME_NOREPLACE): publish `from` as `to` unless `to` exists (EEXIST);
 /// EINVAL where the filesystem cannot (NFS, some FUSE filesystems).
 int ubq_rename_noreplace(const char *from, const char *to);
