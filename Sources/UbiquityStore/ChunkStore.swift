@@ -183,9 +183,10 @@ public final class ChunkStore: Sendable {
     }
 
     /// `put` for a chunk of this device's own writes (not one fetched from the backing
-    /// store): a new chunk file is also shown to the observer.
-    public func putWritten(_ id: ChunkID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) {
-        guard try store(id, bytes), let observer = writtenObserver.withLock({ $0 }) else { return }
+    /// store): with `announce` (a file that syncs: not local-only), a new chunk file is
+    /// also shown to the observer.
+    public func putWritten(_ id: ChunkID, _ bytes: UnsafeRawBufferPointer, announce: Bool) throws(StoreError) {
+        guard try store(id, bytes), announce, let observer = writtenObserver.withLock({ $0 }) else { return }
         observer.call(id, bytes)
     }
 

@@ -17,11 +17,16 @@ final class ChunkWriter: @unchecked Sendable {
     static let inFlight = 16
 
     private let store: ChunkStore
+    /// Whether new chunks are shown to the store's observer (`ChunkStore.putWritten`).
+    private let announce: Bool
     private let queue = DispatchQueue(label: "ubiquity.chunk-writer")
     private let room = DispatchSemaphore(value: ChunkWriter.inFlight)
     private let slots = Locked<[Slot]>([])
 
-    init(store: ChunkStore) { self.store = store }
+    init(store: ChunkStore, announce: Bool) {
+        self.store = store
+        self.announce = announce
+    }
 
     /// Queues a chunk (its bytes, copied by the caller).
     func submit(_ bytes: [UInt8]) {
@@ -66,7 +71,7 @@ final class ChunkWriter: @unchecked Sendable {
     private func put(_ bytes: [UInt8]) throws(StoreError) -> ChunkID {
         try withBytes(bytes) { (raw) throws(StoreError) -> ChunkID in
             let id = ChunkID(hashing: raw)
-            try store.putWritten(id, raw)
+            try store.putWritten(id, raw, announce: announce)
             return id
         }
     }

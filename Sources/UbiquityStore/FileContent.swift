@@ -73,8 +73,15 @@ public final class FileContent: @unchecked Sendable {
         var reserved: [Range<Int64>] = []
         var hasReserve = false
     }
+    /// Whether new chunks are shown to the chunk store's observer, which uploads them
+    /// while they are written (a file that syncs; never a local-only one).
+    let announce: Bool
+
     /// `reserved`: the ranges fallocate reserved earlier (the store keeps them).
-    public init(base: ChunkList, chunks: ChunkStore, stagingDirectory: String, reserved: [Range<Int64>] = []) {
+    /// `announce`: see above.
+    public init(base: ChunkList, chunks: ChunkStore, stagingDirectory: String, reserved: [Range<Int64>] = [],
+                announce: Bool = false) {
+        self.announce = announce
         var initial = State(base: base, baseLimit: base.totalSize, size: base.totalSize, baseStored: base.storedBytes,
                             staging: StagingBuffer(directory: stagingDirectory))
         state = Locked(initial)
@@ -415,7 +422,7 @@ public final class FileContent: @unchecked Sendable {
             do throws(SystemError) { try staging.read(into: raw, at: 0) } catch { failure = error }
         }
         if let failure { throw .io(errno: failure.code, failure.context) }
-        s.stream = SequentialStream(startingWith: bytes, store: chunks)
+        s.stream = SequentialStream(startingWith: bytes, store: chunks, announce: announce)
         s.dirty.removeAll()
         s.staging.removeAll()
     }
@@ -495,7 +502,7 @@ public final class FileContent: @unchecked Sendable {
                 let length = chunker.cut(piece)
                 let chunk = UnsafeRawBufferPointer(rebasing: piece[0..<length])
                 let id = ChunkID(hashing: chunk)
-                try chunks.putWritten(id, chunk)
+                try chunks.putWritten(id, chunk, announce: announce)
                 list.append(id, size: length)
                 return length
             }

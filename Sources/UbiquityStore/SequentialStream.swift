@@ -19,9 +19,13 @@ struct SequentialStream {
     private var tail: [UInt8]
     private var tailStart = 0
 
-    init(startingWith bytes: [UInt8], store: ChunkStore) {
+    /// Whether the chunks are shown to the store's observer (a file that syncs).
+    private let announce: Bool
+
+    init(startingWith bytes: [UInt8], store: ChunkStore, announce: Bool) {
         tail = bytes
-        writer = ChunkWriter(store: store)
+        self.announce = announce
+        writer = ChunkWriter(store: store, announce: announce)
     }
 
     var size: Int64 { cutBytes + Int64(tail.count - tailStart) }
@@ -61,7 +65,7 @@ struct SequentialStream {
                 let length = Self.chunker.cut(window)
                 let chunk = UnsafeRawBufferPointer(rebasing: window[0..<length])
                 let id = ChunkID(hashing: chunk)
-                try store.putWritten(id, chunk)
+                try store.putWritten(id, chunk, announce: announce)
                 return (id, length)
             }
             list.append(id, size: length)

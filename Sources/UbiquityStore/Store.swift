@@ -226,8 +226,10 @@ public final class Store: @unchecked Sendable {
     public func openContent(_ id: InodeNumber, view: (ChunkList) throws(StoreError) -> ChunkList = { $0 }) throws(StoreError) -> FileContent {
         let inode = try node(id)?.inode
         let stored = try inode?.head.map { (row) throws(StoreError) in try chunkList(row: row) } ?? ChunkList()
+        // A local-only file's bytes never leave the device, not even early.
+        let syncs = path(of: id).map { !LocalOnly.contains($0) } ?? false
         return FileContent(base: try view(stored), chunks: chunks, stagingDirectory: stagingDirectory,
-                           reserved: inode == nil ? [] : try reservedRanges(id))
+                           reserved: inode == nil ? [] : try reservedRanges(id), announce: syncs)
     }
 
     /// Durability barrier, part 1: the chunks written so far reach the disk. Thread-safe:

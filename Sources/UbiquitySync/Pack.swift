@@ -92,11 +92,30 @@ public enum Pack {
             return (out, locations)
         }
 
-        /// Seals and uploads under a fresh random name (`ifAbsent`: a name that exists,
-        /// which 128 random bits make a programming error, is never overwritten).
-        public consuming func upload(to store: any BackingStore) throws(BackingError) -> [ChunkLocation] {
+        /// Seals under a fresh random name. Seal where the writer is held alone (a writer
+        /// captured by a closure shares its buffer, and appending the index copied the
+        /// whole pack).
+        public consuming func seal() -> Sealed {
             let name = Pack.newName()
             let (bytes, locations) = sealed(name: name)
+            return Sealed(name: name, bytes: bytes, locations: locations)
+        }
+
+        /// Seals and uploads.
+        public consuming func upload(to store: any BackingStore) throws(BackingError) -> [ChunkLocation] {
+            try seal().upload(to: store)
+        }
+    }
+
+    /// A pack ready to go.
+    public struct Sealed: Sendable {
+        public let name: String
+        public let bytes: [UInt8]
+        public let locations: [ChunkLocation]
+
+        /// Uploads it (`ifAbsent`: a name that exists, which 128 random bits make a
+        /// programming error, is never overwritten).
+        public func upload(to store: any BackingStore) throws(BackingError) -> [ChunkLocation] {
             do {
                 try store.put(Pack.key(name), bytes, ifAbsent: true)
             } catch .exists(_) {

@@ -48,16 +48,23 @@ extension SyncEngine {
         }
         var after: Int64 = 0
         let (records, bytes) = try backing.writeCheckpoint(seq: seq) { (add) throws(StoreError) in
+            var batch: [SyncRecord] = []
             while true {
                 // Small pages: saves wait for the filesystem's lock meanwhile.
                 let page = try withStoreValue { (store) throws(StoreError) in try store.uploadedRecords(after: after, limit: 200) }
-                guard let last = page.last else { return }
-                // Small chunks inline; a chunk whose pack is gone or a fossil (or never had
-                // one: records from format 4) goes into a new pack.
-                var batch = page.map(\.record)
-                try placeChunks(&batch, tolerant: true)
-                try add(batch.map(RecordCodec.encode))
-                after = last.row
+                if let last = page.last {
+                    batch += page.map(\.record)
+                    after = last.row
+                }
+                // Small chunks inline; a chunk whose pack is gone, a fossil or sparse (or
+                // never had one: records from format 4) goes into a new pack. Batches of
+                // 2,000 records, so that repacking makes full packs, not one per page.
+                if batch.count >= 2_000 || (page.isEmpty && !batch.isEmpty) {
+                    try placeChunks(&batch, tolerant: true)
+                    try add(batch.map(RecordCodec.encode))
+                    batch = []
+                }
+                if page.isEmpty { return }
             }
         }
         try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
@@ -86,8 +93,18 @@ extension SyncEngine {
         // Repacking: this device's records stop naming sparse packs (their chunks go into
         // new packs as the checkpoint is written); a later run finds them unnamed.
         cycleLock.withLock { _ in memory.sparsePacks = report.sparse }
-        if !report.sparseHere.isEmpty, let repacked = try checkpointJournal(force: true) {
+        // Not again for packs a repacking checkpoint already left named here (a chunk this
+        // device cannot read keeps its place): a full checkpoint a day that changes nothing.
+        let tried = try withStoreValue { (store) throws(StoreError) in
+            Set((try store.setting(Self.repackTriedKey) ?? "").split(separator: ",").map(String.init))
+        }
+        if !report.sparseHere.isSubset(of: tried), let repacked = try checkpointJournal(force: true) {
             text += "; repacked: wrote a checkpoint of this device's records (\(repacked.records) records, \(byteText(repacked.bytes))) naming none of the \(report.sparseHere.count) sparse packs"
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                // Bounded: with more, the next gc tries again.
+                try store.setSetting(Self.repackTriedKey, report.sparseHere.count <= 1_000 ? report.sparseHere.sorted().joined(separator: ",") : "")
+                return TreeChanges()
+            }
         }
         return text
     }

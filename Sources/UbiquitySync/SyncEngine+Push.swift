@@ -14,6 +14,8 @@ extension SyncEngine {
     static let startedKey = "log_started"
     static let logBytesKey = "log_bytes"
     static let checkpointBytesKey = "checkpoint_bytes"
+    /// The sparse packs the last repacking checkpoint left named here (SyncEngine+Collect).
+    static let repackTriedKey = "repack_tried"
 
     /// Once a session, before the first push: a segment reserved before a crash is
     /// settled (`settleReservation`); a store whose records went out in format 4 (or that
@@ -193,8 +195,9 @@ extension SyncEngine {
                 }
             }
         }
-        if !large.isEmpty && !stager.isEmpty {
-            // Chunks uploaded while they were written: their places first.
+        if !stager.isEmpty {
+            // Chunks uploaded while they were written: their places first (every push
+            // takes them, so they never pile up in memory).
             let (staged, packs) = stager.flush(large.keys)
             try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
                 try store.setChunkPlaces(staged)
@@ -274,7 +277,7 @@ extension SyncEngine {
         func launch(_ writer: consuming Pack.Writer) {
             slots.wait()
             group.enter()
-            let sealed = writer
+            let sealed = writer.seal()
             DispatchQueue.global().async {
                 let result = Result { () throws(BackingError) -> [Pack.ChunkLocation] in try sealed.upload(to: store) }
                 results.withLock { $0.append(result) }

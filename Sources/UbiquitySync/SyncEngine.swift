@@ -164,6 +164,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         runCycle(pushPull: !state.withLock { $0.paused || $0.offline })
         chunks.observeWritten(nil)
         stager.setEnabled(false)
+        // Packs still going up: a moment for them (one cut off is an unnamed object).
+        stager.drain(timeout: 10)
     }
 
     public func syncNow() throws(StoreError) {
@@ -191,8 +193,10 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     }
 
     public func pause() {
-        state.withLock { $0.paused = true }
-        stager.setEnabled(false)
+        state.withLock { s in
+            s.paused = true
+            stager.setEnabled(false)
+        }
         log("ubiquity: sync paused")
     }
 
@@ -313,8 +317,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             return TreeChanges()
         }
         let failed = problem
-        // Chunks go up while written only while this device syncs.
-        stager.setEnabled(pushPull && failed == nil && !state.withLock { $0.paused || $0.stopped })
+        // Chunks go up while written only while this device syncs (decided under the
+        // state's lock, which `pause` holds to turn it off: no cycle turns it back on).
+        state.withLock { s in stager.setEnabled(pushPull && failed == nil && !s.paused && !s.stopped) }
         state.withLock { s in
             s.pending = pending
             s.conflicts = conflicts

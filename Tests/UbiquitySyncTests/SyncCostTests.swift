@@ -64,7 +64,7 @@ import UbiquitySystem
 
     /// A big file's packs go up while it is written (PackStager): when the writer closes
     /// it, the push has only the last part of a pack and the segment left, and no chunk
-    /// goes up twice. Paused, nothing goes up early.
+    /// goes up twice. Paused, nothing goes up early; a local-only file never.
     @Test func aBigFileGoesUpWhileItIsWritten() throws {
         print("SyncCostTests.aBigFileGoesUpWhileItIsWritten seed 23")
         var rng = SplitMix64(seed: 23)
@@ -93,6 +93,13 @@ import UbiquitySystem
         let b = try Self.device("b", temp, store)
         try b.engine.cycle(pushPull: true)
         #expect(try Self.content(of: "big.bin", on: b) == content)
+
+        // A local-only file's bytes never leave the device, not even early.
+        store.reset()
+        try a.save("scratch.nosync", randomText(20 << 20, &rng))
+        usleep(200_000)
+        try a.engine.cycle(pushPull: true)
+        #expect(store.count(.put, "packs/") == 0, "\(store.calls)")
 
         // Paused: a file written meanwhile goes up only with the push after resuming.
         a.engine.pause()
