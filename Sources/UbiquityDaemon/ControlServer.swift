@@ -124,6 +124,15 @@ public final class ControlServer: @unchecked Sendable {
         guard let subscription = try? fs.feed.subscribe() else { return }
         defer { subscription.cancel() }
         guard send(fd, .watching) else { return }
+        relay(subscription, to: fd) { event in
+            guard case .keyValue(let change) = event else { return nil }
+            return .keyValueChanged(ControlKeyChange(change))
+        }
+    }
+
+    /// Sends the subscription's events as `reply` renders them (nil: not for this client),
+    /// and `overflow` when some were lost, until the client or the feed goes away.
+    private func relay(_ subscription: Subscription, to fd: Int32, _ reply: (FeedEvent) -> ControlReply?) {
         while true {
             switch subscription.wait(other: fd) {
             case .closed: return
@@ -132,7 +141,7 @@ public final class ControlServer: @unchecked Sendable {
             }
             let (events, lost, closed) = subscription.take()
             var out = lost ? Self.line(.overflow) : ""
-            for case .keyValue(let change) in events { out += Self.line(.keyValueChanged(ControlKeyChange(change))) }
+            for event in events { if let r = reply(event) { out += Self.line(r) } }
             if !out.isEmpty && !send(fd, out) { return }
             if closed { return }
         }
@@ -182,20 +191,10 @@ public final class ControlServer: @unchecked Sendable {
         try? snapshot.endSnapshot()
         if failed { return }
         guard send(fd, buffer + Self.line(.gathered(count: count))), let subscription else { return }
-        while true {
-            switch subscription.wait(other: fd) {
-            case .closed: return
-            case .other: if peerClosed(fd) { return }
-            case .events: break
-            }
-            let (events, lost, closed) = subscription.take()
-            var out = lost ? Self.line(.overflow) : ""
-            for case .file(let event) in events where filter.matches(event.path) {
-                let kind = ControlFileEvent(rawValue: event.kind.rawValue) ?? .changed
-                out += Self.line(.fileEvent(kind, path: event.path, file: event.item.map(ControlFile.init)))
-            }
-            if !out.isEmpty && !send(fd, out) { return }
-            if closed { return }
+        relay(subscription, to: fd) { event in
+            guard case .file(let event) = event, filter.matches(event.path) else { return nil }
+            let kind = ControlFileEvent(rawValue: event.kind.rawValue) ?? .changed
+            return .fileEvent(kind, path: event.path, file: event.item.map(ControlFile.init))
         }
     }
 

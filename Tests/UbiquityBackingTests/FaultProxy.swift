@@ -81,7 +81,8 @@ final class FaultProxy: @unchecked Sendable {
         while true {
             let client = accept(listener, nil, nil)
             if client < 0 {
-                if state.withLock({ $0.stopped }) || errno == EINVAL || errno == EBADF { return }
+                let code = errno // before the lock, which may change it
+                if state.withLock({ $0.stopped }) || code == EINVAL || code == EBADF { return }
                 continue
             }
             guard track(client) else { close(client); return }
