@@ -110,7 +110,7 @@ for m in "$A" "$B" "$C"; do
   wait_for "big-3M still whole on $m" cmp -s "$A/sizes/big-3M" "$m/sizes/big-3M"
 done
 
-step "a fourth device joins a container of 10,000 small files: all there, few requests"
+step "a fourth device joins a container of 10,000 small files on demand: all there, few requests"
 sync_dev "$A"
 puts_before=$(backing_count "$A" puts)
 mkdir "$A/many"
@@ -128,7 +128,7 @@ puts=$(($(backing_count "$A" puts) - puts_before))
 log "alpha uploaded 10,000 new files of 10 bytes with $puts PUTs"
 ((puts <= 50)) || fail "alpha made $puts PUTs for 10,000 small files (at most 50 expected: a segment holds 1,000 records)"
 start=$EPOCHREALTIME
-mount_device delta --poll 0.2
+mount_device delta --poll 0.2 --download on-demand
 D=$(mnt_of delta)
 sync_dev "$D"
 wait_eq 10000 "files under many/ on delta" bash -c "find '$D/many' -type f | wc -l"
@@ -137,6 +137,29 @@ requests=$(backing_count "$D" requests)
 log "delta joined (all 10,000 files listed) in $(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s with $requests requests"
 ((requests < 200)) || fail "delta made $requests requests to join 10,000 files (expected a few dozen)"
 for d in alpha beta gamma delta; do assert_daemon_alive "$d"; done
+
+step "on demand through S3: sizes first, a ranged read fetches around its range, a whole read the rest"
+assert_eq 3000000 "$(stat -c %s "$D/sizes/big-3M")" "size of sizes/big-3M on delta"
+blocks=$(stat -c %b "$D/sizes/big-3M")
+((blocks <= 2)) || fail "st_blocks of sizes/big-3M on delta: $blocks (not downloaded: at most a tail of 1 KiB that came in its record)"
+assert_eq not-downloaded "$(xattr "$D/sizes/big-3M" user.ubiquity.downloaded)" "downloaded state of big-3M on delta"
+down0=$(backing_count "$D" bytes-down)
+python3 - "$D/sizes/big-3M" "$A/sizes/big-3M" <<'EOF2'
+import os, sys
+fd, ref = os.open(sys.argv[1], os.O_RDONLY), open(sys.argv[2], "rb")
+ref.seek(1 << 20)
+if os.pread(fd, 4096, 1 << 20) != ref.read(4096):
+    sys.exit("4 KiB at 1 MiB of big-3M read wrong on delta")
+EOF2
+down1=$(backing_count "$D" bytes-down)
+log "4 KiB of a 3 MB file through S3: $((down1 - down0)) bytes fetched"
+((down1 - down0 <= 1 << 20)) || fail "a 4 KiB read of big-3M fetched $((down1 - down0)) bytes"
+assert_eq partial "$(xattr "$D/sizes/big-3M" user.ubiquity.downloaded)" "downloaded state of big-3M after a ranged read"
+assert_same_file "$A/sizes/big-3M" "$D/sizes/big-3M" "sizes/big-3M read whole on delta"
+assert_eq current "$(xattr "$D/sizes/big-3M" user.ubiquity.downloaded)" "downloaded state of big-3M after the whole read"
+down2=$(backing_count "$D" bytes-down)
+log "the whole 3 MB file through S3: $((down2 - down0)) bytes fetched in all"
+((down2 - down0 <= 3100000)) || fail "reading big-3M on delta fetched $((down2 - down0)) bytes"
 
 step "fsck --backing checks the bucket: packs, segments, checkpoints, every chunk place"
 check=$(ubq fsck --backing "$BACKING" --backing-only --full)

@@ -10,9 +10,11 @@
 # range, a place on a hole, a place given twice), all with correct checksums, among
 # well-formed records (one with its chunk in a hand-made pack) that must be applied. A
 # segment's last line without its newline (cut short) is skipped, the rest applies; an
-# empty segment is nothing; a segment after a missing one waits for it; a record whose
-# pack is missing waits (and so does the rest of its device's log) until the pack arrives;
-# one whose bytes in the pack do not hash, or lie past the pack's end, is never applied.
+# empty segment is nothing; a segment after a missing one waits for it. Metadata comes
+# first (files on demand): a record whose pack is missing shows its file at once, whose
+# read fails with EIO (after --fetch-timeout) until the pack arrives and reads right
+# after; one whose bytes in the pack do not hash, or lie past the pack's end, shows a
+# file that never reads (EIO, never wrong bytes); neither holds the records after it.
 # Through all of it edits keep flowing both ways, nothing appears outside the mounts, no
 # junk is changed or removed, and both daemons live. Then the backing directory goes
 # missing while mounted: both devices keep working locally and catch up once it is back.
@@ -21,9 +23,9 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 DEVICE=alpha
-mount_fresh garbage --poll 0.2
+mount_fresh garbage --poll 0.2 --fetch-timeout 2
 A=$MNT
-mount_device beta --poll 0.2
+mount_device beta --poll 0.2 --fetch-timeout 2
 B=$(mnt_of beta)
 on_failure dump_sync_state
 # Every record that must be rejected names a path containing $esc, a string nothing else
@@ -254,7 +256,7 @@ for m in "$A" "$B"; do
   wait_content "$m/hand-six.txt" hand "the record of segment 6 once segment 5 came, on $m"
 done
 
-step "a record whose pack is missing waits, with the rest of its device's log, until the pack arrives"
+step "a record whose pack is missing shows its file, which reads once the pack arrives; the records after it apply"
 late_dev=5555555555555555
 text_file late.txt 3000
 late_pack=$(rand_hex 32)
@@ -265,29 +267,29 @@ late_sha=$(sha256sum <"$WORK/late.txt" | cut -d' ' -f1)
 } | segment $late_dev 1
 record $late_dev after-late-2.txt | segment $late_dev 2
 sync_all
-sleep 1 # a negative check: 5 poll periods
 for m in "$A" "$B"; do
-  assert_missing "$m/late-object.txt" "a record whose pack is not in the backing directory yet, on $m"
-  assert_missing "$m/after-late.txt" "the record after it in the same segment, on $m"
-  assert_missing "$m/after-late-2.txt" "the record in the device's next segment, on $m"
+  wait_content "$m/after-late.txt" hand "the record after it in the same segment, on $m"
+  wait_content "$m/after-late-2.txt" hand "the record in the device's next segment, on $m"
+  assert_eq 3000 "$(stat -c %s "$m/late-object.txt")" "size of late-object.txt before its pack came, on $m"
+  assert_contains "$(xattr "$m/late-object.txt" user.ubiquity.downloaded)" not-downloaded "downloaded state of late-object.txt, on $m"
+  assert_fails "a read of late-object.txt before its pack came, on $m" cat "$m/late-object.txt"
+  assert_contains "$LAST_ERR" "Input/output error" "the read of late-object.txt before its pack came, on $m"
 done
 got=$(PACK_NAME=$late_pack backing_put_pack "$BACKING" "$WORK/late.txt")
 assert_eq "$late_sha:3000@$late_pack:8" "$got" "the place of late.txt in the hand-made pack"
 add_junk "$(packed_key "$got")"
 for m in "$A" "$B"; do
   wait_for "late-object.txt once its pack arrived, on $m" cmp -- "$WORK/late.txt" "$m/late-object.txt"
-  wait_content "$m/after-late.txt" hand "after-late.txt once the record before it applied, on $m"
-  wait_content "$m/after-late-2.txt" hand "after-late-2.txt (the next segment) once the record before it applied, on $m"
 done
 
-step "a record whose bytes in the pack do not hash to its chunk, or lie past the pack's end, is not applied"
+step "a record whose bytes in the pack do not hash to its chunk, or lie past the pack's end, never reads"
 corrupt_dev=4444444444444444
 text_file right.txt 3000
 text_file wrong.txt 3000
 right_sha=$(sha256sum <"$WORK/right.txt" | cut -d' ' -f1)
 wrong=$(backing_put_pack "$BACKING" "$WORK/wrong.txt")
 add_junk "$(packed_key "$wrong")"
-record $corrupt_dev "corrupt-$esc.txt" "chunks=$right_sha:3000@${wrong#*@}" size=3000 | segment $corrupt_dev 1
+record $corrupt_dev "corrupt.txt" "chunks=$right_sha:3000@${wrong#*@}" size=3000 | segment $corrupt_dev 1
 short_dev=6666666666666666
 text_file short.txt 3000
 short_sha=$(sha256sum <"$WORK/short.txt" | cut -d' ' -f1)
@@ -295,9 +297,16 @@ short_sha=$(sha256sum <"$WORK/short.txt" | cut -d' ' -f1)
 shortp=$(backing_put_pack "$BACKING" "$WORK/packed.txt")
 add_junk "$(packed_key "$shortp")"
 shortp=${shortp#*@}
-record $short_dev "past-the-end-$esc.txt" "chunks=$short_sha:3000@${shortp%:*}:1000" size=3000 | segment $short_dev 1
+record $short_dev "past-the-end.txt" "chunks=$short_sha:3000@${shortp%:*}:1000" size=3000 | segment $short_dev 1
 sync_all
-check_flow "records that wait for a damaged or short pack"
+for m in "$A" "$B"; do
+  for f in corrupt.txt past-the-end.txt; do
+    wait_for "$f on $m" test -e "$m/$f"
+    assert_fails "a read of $f, on $m" cat "$m/$f"
+    assert_contains "$LAST_ERR" "Input/output error" "the read of $f, on $m"
+  done
+done
+check_flow "records naming a damaged or short pack"
 
 step "things under devices/ that are no device or no complete checkpoint, each on its own"
 # checkpoint DIR LINE...: a checkpoint's part 00000000 and its end (written last).
@@ -392,9 +401,9 @@ check_nothing_leaked() {
 }
 
 step "nothing rejected shows up, in the mounts or outside them"
-top=(after-huge-line.txt after-late-2.txt after-late.txt after-random.txt cp-record.txt dir f.txt flow.txt
+top=(after-huge-line.txt after-late-2.txt after-late.txt after-random.txt corrupt.txt cp-record.txt dir f.txt flow.txt
   "hand spaced é.txt" hand-after-empty.txt hand-after-fragment.txt hand-five.txt hand-future.txt hand-packed.txt
-  hand-six.txt hand-written.txt late-object.txt)
+  hand-six.txt hand-written.txt late-object.txt past-the-end.txt)
 check_nothing_leaked "${top[@]}"
 
 step "the backing directory goes missing: both devices keep working locally"

@@ -74,6 +74,9 @@ public struct DaemonConfiguration: Sendable {
     public var maintenanceEvery: String?
     public var pollSeconds = 1.0
     public var showVersions = false
+    /// `--download` and `--fetch-timeout` (nil: the container's configuration, else the default).
+    public var download: String?
+    public var fetchTimeout: Double?
     /// FUSE mount options (`-o`); auto_unmount is added unless `noauto_unmount` is given.
     public var mountOptions: [String] = []
     /// Where to report "OK" or "ERR message" once mounted or failed (`--ready-fd`).
@@ -123,6 +126,8 @@ extension Daemon {
             let session = FUSESession(fs: fs, mountpoint: mp, options: sessionOptions)
             var syncOptions = SyncEngine.Options()
             syncOptions.pollSeconds = c.pollSeconds
+            (syncOptions.download, syncOptions.fetchTimeout) = try Paths.downloadSettings(container: c.container, mode: c.download,
+                                                                                          fetchTimeout: c.fetchTimeout)
             // For tests only (t-backing-gc.sh): a fossil's wait in seconds instead of 7 days;
             // its age counts from the rename's ctime, which a test cannot set back.
             if let text = c.environment("UBQ_TEST_FOSSIL_AGE"), let seconds = Int64(text), seconds >= 0 {

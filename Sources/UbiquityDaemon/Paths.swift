@@ -1,5 +1,6 @@
 import Glibc
 import UbiquityStore
+import UbiquitySync
 import UbiquitySystem
 
 /// Where things live by default (XDG base directories), per container name.
@@ -21,9 +22,44 @@ public enum Paths {
     }
 
     /// The retention file of a container: `$XDG_CONFIG_HOME/ubiquity/<container>.retention`.
-    public static func retentionFile(container: String) -> String {
-        let base = env("XDG_CONFIG_HOME").flatMap { $0.hasPrefix("/") ? $0 : nil } ?? home + "/.config"
-        return base + "/ubiquity/" + container + ".retention"
+    public static func retentionFile(container: String) -> String { configDirectory + container + ".retention" }
+
+    /// `$XDG_CONFIG_HOME/ubiquity/` (`~/.config/ubiquity/`): the containers' configuration files.
+    static var configDirectory: String {
+        (env("XDG_CONFIG_HOME").flatMap { $0.hasPrefix("/") ? $0 : nil } ?? home + "/.config") + "/ubiquity/"
+    }
+
+    /// The container's configuration file: `$XDG_CONFIG_HOME/ubiquity/<container>.conf`
+    /// (`download = on-demand`, `fetch-timeout = 30`).
+    public static func configurationFile(container: String) -> String { configDirectory + container + ".conf" }
+
+    /// How contents come (files on demand): the container's configuration file, then the
+    /// mount's options (nil: not given).
+    public static func downloadSettings(container: String, mode: String?, fetchTimeout: Double?) throws -> (DownloadMode, Double) {
+        let file = configurationFile(container: container)
+        var result = (DownloadMode.all, 30.0)
+        func apply(_ key: String, _ value: String, _ source: String) throws {
+            switch key {
+            case "download":
+                guard let m = DownloadMode(rawValue: value) else { throw CLIError("\(source): download = \(value): expected all or on-demand") }
+                result.0 = m
+            case "fetch-timeout":
+                guard let t = Double(value), t >= 1, t <= 3600 else { throw CLIError("\(source): fetch-timeout = \(value): expected seconds from 1 to 3600") }
+                result.1 = t
+            default:
+                throw CLIError("\(source): unknown setting `\(key)` (known: download, fetch-timeout)")
+            }
+        }
+        do {
+            if let bytes = try readFile(file, limit: 1 << 20) {
+                for setting in try configurationSettings(String(decoding: bytes, as: UTF8.self)) {
+                    try apply(setting.key, setting.value, "\(file) line \(setting.line)")
+                }
+            }
+        } catch let error as CLIError { throw error } catch { throw CLIError("\(file): \(error)") }
+        if let mode { try apply("download", mode, "--download") }
+        if let fetchTimeout { try apply("fetch-timeout", String(fetchTimeout), "--fetch-timeout") }
+        return result
     }
 
     /// The container's retention policy: its file if there is one, else the default;
@@ -51,8 +87,7 @@ public enum Paths {
     /// The key-value limits of a container: `$XDG_CONFIG_HOME/ubiquity/<container>.kv-limits`
     /// (`keys = 2048` lines) if there is one, then `settings` (`NAME=N`, from mount options).
     public static func keyValueLimits(container: String, settings: [String] = []) throws -> KVLimits {
-        let base = env("XDG_CONFIG_HOME").flatMap { $0.hasPrefix("/") ? $0 : nil } ?? home + "/.config"
-        let file = base + "/ubiquity/" + container + ".kv-limits"
+        let file = configDirectory + container + ".kv-limits"
         do {
             var limits = KVLimits()
             if let bytes = try readFile(file, limit: 1 << 20) { limits = try KVLimits(configuration: String(decoding: bytes, as: UTF8.self)) }

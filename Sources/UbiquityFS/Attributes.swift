@@ -38,7 +38,9 @@ public struct Attributes: Sendable, Equatable {
         gid = inode.gid
         self.size = size ?? inode.size
         // Not capped by the size: KEEP_SIZE reserves past the end count, as on ext4.
-        self.allocated = min(max(allocated ?? inode.allocated, 0), maxFileSize)
+        // Bytes not on this device (files on demand) take no disk here: `du` shows what is
+        // local, `du --apparent-size` the size.
+        self.allocated = min(max(allocated ?? inode.allocated - inode.absent, 0), maxFileSize)
         rdev = inode.rdev
         atime = inode.atime
         mtime = inode.mtime

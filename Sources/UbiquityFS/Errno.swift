@@ -34,7 +34,7 @@ extension StoreError {
     /// The one place store errors become errno. Corruption is EIO: never wrong bytes.
     public var errno: Errno {
         switch self {
-        case .corruptChunk, .missingChunk: return .io
+        case .corruptChunk, .missingChunk, .notLocal: return .io
         case .io(let code, _): return Errno(code)
         case .database: return .io
         case .locked: return .busy

@@ -113,6 +113,10 @@ extension FileSystem {
         if open.content.isRefused { open.content.discardChanges() }
         defer {
             meta.withLock { m in
+                // Chunks a reader fetched: the file's count of bytes not here follows.
+                if let inode = m.store.inode(ino), inode.absent > 0 {
+                    do { try m.store.refreshAbsent(ino) } catch { log("ubiquity: \(error)") }
+                }
                 if open.handles == 0 && m.openFiles[ino] === open && !open.content.isChanged {
                     m.openFiles[ino] = nil
                     m.dropIfUnreferenced(ino)

@@ -16,7 +16,7 @@ extension FileSystem {
     /// order `ubiquity status PATH` shows them: the CLI asks each by name, since none is
     /// listed. A node answers ENODATA for the ones that do not apply to it.
     public static let statusAttributeNames: [String] = [
-        "version", "versions", "device", "uploaded", "dirty", "local", "conflicts", "tinypix", "raw",
+        "version", "versions", "device", "uploaded", "dirty", "local", "downloaded", "conflicts", "tinypix", "raw",
     ].map { statusPrefix + $0 } + [syncStatusAttribute, pruneAttribute, gcAttribute, socketAttribute]
         + [KeyValueDoor.typeAttribute, KeyValueDoor.deviceAttribute, KeyValueDoor.timeAttribute,
            KeyValueDoor.limitsAttribute, KeyValueDoor.usageAttribute]
@@ -113,6 +113,7 @@ extension FileSystem.Meta {
             "dirty": openFiles[ino]?.content.isChanged == true ? "1" : "0",
             "conflicts": String(try storeCall { () throws(StoreError) in try store.conflictCount(at: path) }),
         ]
+        result["downloaded"] = try downloadState(inode)
         if let name = store.name(of: ino), TinyPixView.applies(to: name) {
             try TinyPixView.addStatus(&result, inode: inode, store: store)
         }
@@ -127,5 +128,18 @@ extension FileSystem.Meta {
             }
         }
         return result
+    }
+
+    /// `current` (every byte of the current version is here), `partial` or
+    /// `not-downloaded` (Apple's Current / Downloaded / NotDownloaded); with the last
+    /// fetch's failure when one failed since.
+    func downloadState(_ inode: Inode) throws(Errno) -> String {
+        guard inode.absent > 0 else { return "current" }
+        // Chunks that came for other files sharing them count too: looked at again.
+        let (absent, packed) = try storeCall { () throws(StoreError) in try store.downloadCounts(inode.id) }
+        if absent == 0 { return "current" }
+        let state = absent >= packed ? "not-downloaded" : "partial"
+        guard let why = store.chunks.fetchStatistics.lastFailure else { return state }
+        return "\(state) (last fetch failed: \(why))"
     }
 }

@@ -59,8 +59,12 @@ public final class FileSystem: Sendable {
     public init(store: Store, options: Options = Options()) {
         store.startBatching()
         chunks = store.chunks
-        meta = Locked(Meta(store: store))
+        let meta = Locked(Meta(store: store))
+        self.meta = meta
         self.options = options
+        // Nothing network-bound under the filesystem's lock: a fetch asked for there is
+        // refused (and counted), never a stall of every other request.
+        chunks.refuseFetches { [weak meta] in meta?.isHeldByCurrentThread ?? false }
     }
 
     /// One slice of long work (prune, gc, space pressure) under the metadata lock, then a
@@ -203,7 +207,8 @@ extension FileSystem.Meta {
     /// Attributes when the inode's primary name is known (a listing read it already).
     func attributes(_ inode: Inode, primaryName: String?) -> Attributes {
         if let open = openFiles[inode.id] {
-            var a = Attributes(inode, size: open.content.size, allocated: open.content.allocatedBytes)
+            let absent = open.content.isChanged ? 0 : inode.absent
+            var a = Attributes(inode, size: open.content.size, allocated: open.content.allocatedBytes - absent)
             // A write since the last save stamps mtime and ctime; a later change of status
             // (chmod, xattr, link) keeps its own, later ctime.
             if let t = open.pendingMTime { a.mtime = t; a.ctime = max(inode.ctime, t) }

@@ -47,6 +47,8 @@ public final class ChunkStore: Sendable {
         init(_ call: @escaping WrittenObserver) { self.call = call }
     }
     private let writtenObserver = Locked<ObserverBox?>(nil)
+    /// Fetches of chunks that are not here (files on demand; ChunkFetcher).
+    private let fetcher = ChunkFetcher()
 
     public init(directory: String, readOnly: Bool = false) throws(StoreError) {
         self.directory = directory
@@ -266,23 +268,76 @@ public final class ChunkStore: Sendable {
         return out
     }
 
-    /// Reads and verifies `ids` into the cache in the background. The kernel reads ahead
+    /// Reads and verifies `wants` into the cache in the background. The kernel reads ahead
     /// only 128 KiB at a time, so a sequential reader otherwise waits for each chunk's
     /// disk read and hash in turn; this overlaps them with serving the current request.
-    public func prefetch(_ ids: [ChunkID]) {
-        let wanted = prefetching.withLock { busy -> [ChunkID] in
-            let fresh = ids.filter { !busy.contains($0) }
-            busy.formUnion(fresh)
+    /// Chunks that are not here are fetched (no wait), once they come to `fetchAtLeast`
+    /// bytes not already coming.
+    public func prefetch(_ wants: [ChunkWant], fetchAtLeast: Int = 0) {
+        let wanted = prefetching.withLock { busy -> [ChunkWant] in
+            let fresh = wants.filter { !busy.contains($0.id) }
+            busy.formUnion(fresh.map(\.id))
             return fresh
         }
-        let missing = wanted.filter { id in cache.withLock { $0.contains(id) } == false }
-        prefetching.withLock { busy in for id in wanted where !missing.contains(id) { busy.remove(id) } }
-        for id in missing {
+        let missing = wanted.filter { want in cache.withLock { $0.contains(want.id) } == false }
+        let cached = Set(wanted.map(\.id)).subtracting(missing.map(\.id))
+        prefetching.withLock { busy in busy.subtract(cached) }
+        var remote: [ChunkWant] = []
+        for want in missing {
+            guard isLocal(want.id) else {
+                remote.append(want)
+                prefetching.withLock { _ = $0.remove(want.id) }
+                continue
+            }
             DispatchQueue.global(qos: .utility).async { [self] in
-                _ = try? read(id)
-                prefetching.withLock { _ = $0.remove(id) }
+                _ = try? read(want.id)
+                prefetching.withLock { _ = $0.remove(want.id) }
             }
         }
+        if !remote.isEmpty && fetcher.hasSource { try? fetcher.fetch(remote, into: self, waiting: 0, atLeast: fetchAtLeast) }
+    }
+
+    // MARK: files on demand
+
+    /// Whether the chunk is here (not claimed, not verified).
+    public func isLocal(_ id: ChunkID) -> Bool { size(of: id) != nil }
+
+    /// The chunk's bytes, verified; fetched from the source when it is not here (waiting
+    /// up to the fetch timeout). Never call it under the filesystem's lock (refused).
+    public func read(_ id: ChunkID, size: Int) throws(StoreError) -> [UInt8] {
+        do { return try read(id) } catch {
+            guard case .missingChunk = error, fetcher.hasSource else { throw error }
+        }
+        try fetcher.fetch([ChunkWant(id: id, size: size)], into: self, waiting: 1)
+        return try read(id)
+    }
+
+    /// Makes the chunks local: those that are not are fetched, in one batch (neighbours in
+    /// a pack come in one request), and waited for. Without a source, a missing chunk is
+    /// `.missingChunk`. `ahead`: chunks a sequential reader wants next, fetched in the
+    /// same batch when one is fetched anyway (not waited for).
+    public func ensureLocal(_ wants: [ChunkWant], ahead: [ChunkWant] = []) throws(StoreError) {
+        let missing = wants.filter { want in !cache.withLock { $0.contains(want.id) } && !isLocal(want.id) }
+        guard let first = missing.first else { return }
+        guard fetcher.hasSource else { throw .missingChunk(first.id) }
+        let next = ahead.filter { want in !cache.withLock { $0.contains(want.id) } && !isLocal(want.id) }
+        try fetcher.fetch(missing + next, into: self, waiting: missing.count)
+    }
+
+    /// Fetches the chunks for background downloading: waits for them, as a reader does.
+    public func download(_ wants: [ChunkWant]) throws(StoreError) { try ensureLocal(wants) }
+
+    /// Where chunks that are not here come from (nil: nowhere; a missing chunk is an error).
+    public func setSource(_ source: (any ChunkSource)?) { fetcher.setSource(source) }
+    /// How long a reader waits for a fetch before it fails with EIO (default 30 s).
+    public func setFetchTimeout(seconds: Double) { fetcher.setTimeout(seconds: seconds) }
+    /// A fetch asked for while `held()` is true (the filesystem's lock is held by this
+    /// thread) is refused and counted: nothing network-bound runs under it.
+    public func refuseFetches(when held: (@Sendable () -> Bool)?) { fetcher.refuseFetches(when: held) }
+    /// Counts of fetches (tests, status).
+    public var fetchStatistics: (chunks: Int, bytes: Int64, failed: Int, refusedUnderLock: Int, readersWaiting: Int, lastFailure: String?) {
+        let s = fetcher.statistics
+        return (s.fetchedChunks, s.fetchedBytes, s.failedFetches, s.refusedUnderLock, s.waiting, s.lastFailure)
     }
 
     /// The largest chunk a store holds: the chunker cuts at most 256 KiB, other devices'

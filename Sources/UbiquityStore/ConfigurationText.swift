@@ -1,7 +1,7 @@
 /// The text form of the per-container configuration files (retention, key-value limits):
 /// `key = value` lines, `#` starts a comment, blank lines are skipped. Returns each
 /// setting with its line number; a line that is not `key = value` is an error naming it.
-func configurationSettings(_ text: String) throws(StoreError) -> [(line: Int, key: String, value: String)] {
+public func configurationSettings(_ text: String) throws(StoreError) -> [(line: Int, key: String, value: String)] {
     var settings: [(line: Int, key: String, value: String)] = []
     for (number, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
         let line = raw.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? ""

@@ -127,40 +127,51 @@ public final class FileContent: @unchecked Sendable {
         }
     }
 
+    /// How far ahead of a sequential reader chunks are read (or fetched).
+    static let readAhead: Int64 = 4 << 20
+
     /// Up to `count` bytes at `offset` (fewer at the end of the file). `count` is what
     /// one request carries; holes read as zeros without touching the chunk store.
+    /// Chunks that are not here are fetched before the content lock is taken again.
     public func read(offset: Int64, count: Int) throws(StoreError) -> [UInt8] {
         guard offset >= 0, count >= 0 else { throw .io(errno: EINVAL, "read at \(offset)") }
         try state.withLock { (s) throws(StoreError) in try settle(&s) }
         // Fetch and verify the base chunks outside the lock, so parallel reads (kernel
         // readahead) hash in parallel; the assembly under the lock then hits the cache.
-        let (needed, ahead) = state.withLock { s -> ([ChunkID], [ChunkID]) in
-            guard offset < s.size else { return ([], []) }
+        let (needed, ahead, toEnd) = state.withLock { s -> ([ChunkWant], [ChunkWant], Bool) in
+            guard offset < s.size else { return ([], [], false) }
             let end = offset + min(Int64(count), s.size - offset)
             let baseEnd = min(end, s.baseLimit, s.base.totalSize)
-            guard offset < baseEnd else { return ([], []) }
-            var ids: [ChunkID] = []
+            guard offset < baseEnd else { return ([], [], false) }
+            var wants: [ChunkWant] = []
             var i = s.base.index(containing: offset)
             while i < s.base.count && s.base.offsets[i] < baseEnd {
                 // A chunk a punch or later writes hide is not needed (nor its verification).
                 let part = max(s.base.offsets[i], offset)..<min(s.base.offsets[i + 1], baseEnd)
-                if !s.base.isHole(i) && !Self.hidden(s, part) { ids.append(s.base.ids[i]) }
+                if !s.base.isHole(i) && !Self.hidden(s, part) { wants.append(ChunkWant(id: s.base.ids[i], size: Int(s.base.size(i)))) }
                 i += 1
             }
-            // Sequential reading: fetch the next few chunks (about 1 MiB) ahead.
-            var ahead: [ChunkID] = []
+            // Sequential reading: the next chunks (4 MiB) ahead, read and verified, or
+            // fetched in pieces of at least 1 MiB when they are not here.
+            var ahead: [ChunkWant] = []
+            var toEnd = false
             if offset == s.lastReadEnd {
-                let limit = min(s.baseLimit, s.base.totalSize, end + (1 << 20))
-                while i < s.base.count && ahead.count < 16 && s.base.offsets[i] < limit {
-                    if !s.base.isHole(i) { ahead.append(s.base.ids[i]) }
+                let limit = min(s.baseLimit, s.base.totalSize, end + Self.readAhead)
+                while i < s.base.count && ahead.count < 64 && s.base.offsets[i] < limit {
+                    if !s.base.isHole(i) { ahead.append(ChunkWant(id: s.base.ids[i], size: Int(s.base.size(i)))) }
                     i += 1
                 }
+                toEnd = i >= s.base.count || s.base.offsets[i] >= min(s.baseLimit, s.base.totalSize)
             }
             s.lastReadEnd = end
-            return (ids, ahead)
+            return (wants, ahead, toEnd)
         }
-        if !ahead.isEmpty { chunks.prefetch(ahead) }
-        for id in needed { _ = try chunks.read(id) }
+        // Fetched together (one request per run of neighbours in a pack) when not here,
+        // with the chunks ahead; then those ahead are read (or fetched) in the background:
+        // the last piece of a file whatever its size.
+        try chunks.ensureLocal(needed, ahead: ahead)
+        if !ahead.isEmpty { chunks.prefetch(ahead, fetchAtLeast: toEnd ? 0 : 1 << 20) }
+        for want in needed { _ = try chunks.read(want.id, size: want.size) }
         return try state.withLock { (s) throws(StoreError) in try readMerged(&s, offset: offset, count: count) }
     }
 
@@ -525,7 +536,9 @@ public final class FileContent: @unchecked Sendable {
                 let want = max(chunkRange.lowerBound, offset)..<min(chunkRange.upperBound, baseEnd)
                 // Holes are zeros already; a chunk wholly rewritten need not be read (nor verified).
                 if !s.base.isHole(i) && !Self.hidden(s, want) {
-                    let bytes = try chunks.read(s.base.ids[i])
+                    // Fetched here when not local (a rewrite of a file not downloaded): under
+                    // this file's lock only, never the filesystem's.
+                    let bytes = try chunks.read(s.base.ids[i], size: Int(s.base.size(i)))
                     guard Int64(bytes.count) == s.base.size(i) else { throw .corruptChunk(s.base.ids[i]) }
                     let from = Int(want.lowerBound - chunkRange.lowerBound)
                     let to = Int(want.upperBound - chunkRange.lowerBound)

@@ -10,6 +10,9 @@ public enum Fsck {
         /// Chunks some version needs that are missing, damaged or of the wrong size, with
         /// the size the version records (what `fsck --repair` fetches).
         public var damaged: [ChunkID: Int64] = [:]
+        /// Chunks some version needs that are not here but in the backing store (files on
+        /// demand: fetched when read), with their sizes. Not damage; `--repair` leaves them.
+        public var notLocal: [ChunkID: Int64] = [:]
     }
 
     public static func run(store: Store, progress: ((Int, Int) -> Void)? = nil) throws(StoreError) -> Report {
@@ -32,6 +35,13 @@ public enum Fsck {
             report.chunksChecked += 1
             if i % 256 == 0 || i == ids.count - 1 { progress?(i + 1, ids.count) }
         }
+        var places: [ChunkID: Bool] = [:]
+        func placed(_ id: ChunkID) throws(StoreError) -> Bool {
+            if let known = places[id] { return known }
+            let known = try store.chunkPlaces([id])[id] != nil
+            places[id] = known
+            return known
+        }
         try store.allChunkLists { (row, versionID, list) throws(StoreError) in
             report.versionsChecked += 1
             guard let list else {
@@ -47,6 +57,8 @@ public enum Fsck {
                         report.problems.append("version \(versionID) expects chunk \(id) of \(size) bytes, found \(actual)")
                         report.damaged[id] = Int64(size)
                     }
+                } else if try placed(id) {
+                    report.notLocal[id] = Int64(size)
                 } else {
                     report.problems.append("version \(versionID) needs missing chunk \(id)")
                     report.damaged[id] = Int64(size)

@@ -31,8 +31,12 @@ public struct Inode: Sendable, Equatable {
     public var gid: UInt32
     /// Committed size for files; target length for symlinks.
     public var size: Int64
-    /// Bytes of the committed content held in chunks, not holes (st_blocks).
+    /// Bytes of the committed content held in chunks, not holes.
     public var allocated: Int64
+    /// Bytes of those chunks that are not on this device (files on demand: st_blocks
+    /// counts `allocated - absent`; 0 once downloaded). Refreshed when a file's chunks
+    /// arrive or go (`Store.refreshAbsent`).
+    public var absent: Int64 = 0
     public var atime: Nanos
     public var mtime: Nanos
     public var ctime: Nanos

@@ -1,7 +1,7 @@
 /// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
 /// by a newer program is refused rather than misread.
 enum Schema {
-    static let formatVersion = 10
+    static let formatVersion = 11
 
     static let statements = [
         """
@@ -13,7 +13,7 @@ enum Schema {
             uid INTEGER NOT NULL, gid INTEGER NOT NULL, size INTEGER NOT NULL,
             atime INTEGER NOT NULL, mtime INTEGER NOT NULL, ctime INTEGER NOT NULL,
             rdev INTEGER NOT NULL, target TEXT, file_id TEXT, head INTEGER, allocated INTEGER,
-            nlink INTEGER NOT NULL DEFAULT 0, parent INTEGER, name TEXT)
+            nlink INTEGER NOT NULL DEFAULT 0, parent INTEGER, name TEXT, absent INTEGER NOT NULL DEFAULT 0)
         """,
         // Directory entries: names are UTF-8 (the filesystem refuses others with EILSEQ).
         """
@@ -81,6 +81,8 @@ enum Schema {
         // Format 10 (backing format 5): where each chunk is in the backing store's packs,
         // learned from uploads and from other devices' records (Store+Places).
         "CREATE TABLE IF NOT EXISTS chunk_places(id BLOB PRIMARY KEY, pack TEXT NOT NULL, offset INTEGER NOT NULL) WITHOUT ROWID",
+        // Format 11: the files whose content is not all here (background downloading).
+        "CREATE INDEX IF NOT EXISTS inodes_absent ON inodes(id) WHERE absent > 0",
     ] + Replica.schema // format 4: the synced view (Replica)
         + Store.kvSchema // format 8: the key-value store
 
@@ -95,12 +97,15 @@ enum Schema {
     /// primary name (the entry its path goes through; NULL for the root and unlinked).
     /// Format 6 (journal generations), on sync_peers: `generation`; on versions: `lineage`,
     /// the record's dot and context (`Lineage.stored(device:)`; NULL for records made before).
+    /// Format 11 (files on demand), on inodes: `absent`, bytes of the current content that
+    /// are not on this device (0: everything is here, as in every store before).
     static let addedColumns = [
         ("versions", "kind", "INTEGER NOT NULL DEFAULT 1"), ("versions", "target", "TEXT"), ("versions", "xattrs", "BLOB"),
         ("versions", "meta", "INTEGER NOT NULL DEFAULT 0"), ("versions", "uploaded", "INTEGER NOT NULL DEFAULT 0"),
         ("inodes", "allocated", "INTEGER"),
         ("inodes", "nlink", "INTEGER NOT NULL DEFAULT 0"), ("inodes", "parent", "INTEGER"), ("inodes", "name", "TEXT"),
         ("sync_peers", "generation", "INTEGER NOT NULL DEFAULT 0"), ("versions", "lineage", "TEXT"),
+        ("inodes", "absent", "INTEGER NOT NULL DEFAULT 0"),
     ]
 }
 

@@ -37,7 +37,12 @@ extension Store {
         let content = try chunkList(row: head)
         guard content.storedBytes <= Self.durableFrameLimit else { return nil }
         var bytes: [ChunkID: [UInt8]] = [:]
-        for i in 0..<content.count where !content.isHole(i) { bytes[content.ids[i]] = try chunks.read(content.ids[i]) }
+        for i in 0..<content.count where !content.isHole(i) {
+            // A chunk of a file not downloaded stays where it is (no fetch under the
+            // filesystem's lock): the barrier makes such a save durable instead.
+            guard chunks.isLocal(content.ids[i]) else { return nil }
+            bytes[content.ids[i]] = try chunks.read(content.ids[i])
+        }
         // Its path now (a rename since the save is not in the version yet).
         try append(Intent(sequence: 0, version: version.id, path: path(of: id) ?? version.path, mode: inode.mode,
                           uid: inode.uid, gid: inode.gid, mtime: inode.mtime, content: content, chunkBytes: bytes))
@@ -94,7 +99,11 @@ extension Store {
             try chunks.put(id, bytes)
         }
         for i in 0..<intent.content.count where !intent.content.isHole(i) {
-            guard chunks.contains(intent.content.ids[i]) else {
+            // A chunk of a file not downloaded (its place in the backing store is known)
+            // is fetched when read, as it was before the save.
+            let id = intent.content.ids[i]
+            if chunks.contains(id) { continue }
+            guard try chunkPlaces([id])[id] != nil else {
                 log("ubiquity: \(intent.path): version saved at \(intent.mtime / 1_000_000_000) not recovered: chunk \(intent.content.ids[i]) is missing (it was never fsynced and the power went); rolled back to the version before it")
                 return false
             }

@@ -11,6 +11,9 @@ import UbiquitySystem
 /// that came from another device, or that was uploaded, is left for
 /// `ubiquity fsck --repair`, which fetches its chunks from the backing directory.
 ///
+/// A chunk that is not here but whose place in the backing store is known (a file not
+/// downloaded, files on demand) is remote, not damage.
+///
 /// The cost is proportional to what was written since the last barrier (at most a few
 /// seconds of writes, as the filesystem runs one every second), found by the partial
 /// index `versions_pending`.
@@ -67,6 +70,8 @@ extension Store {
                 let bytes = try chunks.read(list.ids[i])
                 if Int64(bytes.count) != list.size(i) { return "chunk \(list.ids[i]) has \(bytes.count) bytes, not \(list.size(i))" }
             } catch {
+                // Not here but in the backing store (files on demand): remote, not damage.
+                if case .missingChunk(let id) = error, (try? chunkPlaces([id]))?[id] != nil { continue }
                 return "\(error)"
             }
         }
@@ -93,6 +98,7 @@ extension Store {
                 inode.head = parent
                 inode.size = content.totalSize
                 inode.allocated = content.storedBytes
+                inode.absent = absentBytes(content)
                 if let previous { inode.mtime = previous.mtime }
                 try save(inode)
             }

@@ -500,6 +500,7 @@ extension Store {
         inode.head = record.row
         inode.size = content.totalSize
         inode.allocated = content.storedBytes
+        inode.absent = absentBytes(content)
         inode.mode = row.mode
         inode.mtime = row.mtime
         inode.ctime = clock()
@@ -611,6 +612,7 @@ extension Store {
             updated.head = row
             updated.size = record.chunks.totalSize
             updated.allocated = record.chunks.storedBytes
+            updated.absent = absentBytes(record.chunks)
             updated.mode = conflict.mode
             updated.mtime = now
             updated.ctime = now

@@ -38,6 +38,8 @@ extension Store {
             inode.head = row
             inode.size = content.totalSize
             inode.allocated = content.storedBytes
+            // Chunks of a file not downloaded that the save kept are still elsewhere.
+            inode.absent = inode.absent > 0 ? absentBytes(content) : 0
             try save(inode)
             if !local { try setHistory(fileID, path: path, live: true) }
             return row

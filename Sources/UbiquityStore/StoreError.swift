@@ -5,6 +5,8 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     case corruptChunk(ChunkID)
     /// A version names a chunk the store does not have.
     case missingChunk(ChunkID)
+    /// A chunk that is not here (files on demand) could not be fetched: why.
+    case notLocal(ChunkID, String)
     /// A system call failed; `errno` is the C error code.
     case io(errno: Int32, String)
     /// SQLite reported an error.
@@ -26,6 +28,7 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
         switch self {
         case .corruptChunk(let id): return "chunk \(id) is corrupt (its content does not match its hash)"
         case .missingChunk(let id): return "chunk \(id) is missing from the store"
+        case .notLocal(let id, let why): return "chunk \(id) is not on this device and could not be fetched: \(why)"
         case .io(let code, let what): return "\(what): \(errnoText(code))"
         case .database(let message): return "database error: \(message)"
         case .locked(let message): return message

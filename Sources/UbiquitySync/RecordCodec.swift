@@ -10,7 +10,7 @@ public enum RecordCodec {
     public static let maxParents = 64
     /// Chunks up to this size travel inside their record (`inline`, format 3), so the
     /// backing directory holds no object file per tiny chunk.
-    public static let maxInline = 1024
+    public static let maxInline = Store.inlineChunkLimit
 
     /// A format-4 line (`U2`): keys left out when they hold their default (`kind=file`,
     /// `tomb=0`, `meta=0`, `device` = the journal's, a context that is the device's own

@@ -6,8 +6,9 @@ import UbiquitySystem
 /// Taking in other devices' records (backing format 5): one LIST of the log finds every
 /// peer's new segments; a peer this device is behind of further than its segments go
 /// (they were collected, or it never read that peer) is read from its newest checkpoint.
-/// Records a slice per hold of the filesystem's lock, each slice's chunks first fetched
-/// with ranged GETs of their packs (adjacent chunks of one pack in one GET) and verified.
+/// Records a slice per hold of the filesystem's lock, metadata first: chunks come when
+/// read or from the background download, by ranged GETs of their packs (adjacent chunks
+/// of one pack in one GET), each verified.
 extension SyncEngine {
     func pull() throws(StoreError) {
         // A peer's segments stay a day after its checkpoint covers them (its collector's
@@ -188,7 +189,7 @@ extension SyncEngine {
         let fresh = records.filter { !held.contains($0.id) }
         var places: [ChunkID: ChunkPlace] = [:]
         for record in records { places.merge(record.places) { a, _ in a } }
-        let (ready, complete) = try fetchChunks(of: fresh, source: source)
+        let (ready, complete) = try readyRecords(fresh, source: source)
         var start = 0
         repeat {
             let slice = Array(ready[start..<min(ready.count, start + options.pullSlice)])
@@ -206,27 +207,22 @@ extension SyncEngine {
             start += slice.count
             if start < ready.count { usleep(200) }
         } while start < ready.count
+        if !ready.isEmpty { downloader.poke() }
         return complete
     }
 
-    /// Copies the chunks of `records` that are not local into the chunk store, each
-    /// verified; returns the records ready to apply, in order, up to the first that waits
-    /// (malformed ones are logged and skipped), and whether none waits.
-    private func fetchChunks(of records: [SyncRecord], source: String) throws(StoreError) -> ([SyncRecord], Bool) {
-        var wanted: [ChunkID: Int] = [:]
+    /// The records of `records` ready to apply, in order, up to the first that waits
+    /// (malformed ones are logged and skipped), and whether none waits. Metadata first
+    /// (files on demand): a record is ready once its small chunks (carried inline) are
+    /// stored and every other chunk is here or has a known place in a pack; contents come
+    /// when read, or from the background download (`Downloader`).
+    private func readyRecords(_ records: [SyncRecord], source: String) throws(StoreError) -> ([SyncRecord], Bool) {
+        var unplaced: Set<ChunkID> = []
         for record in records {
-            for (id, size) in record.chunks.chunks where record.inline[id] == nil && !chunks.contains(id) { wanted[id] = Int(size) }
+            for (id, _) in record.chunks.chunks where record.inline[id] == nil && record.places[id] == nil { unplaced.insert(id) }
         }
-        let unplaced = wanted.keys.filter { id in !records.contains { $0.places[id] != nil } }
-        let known = unplaced.isEmpty ? [:] : try withStoreValue { (store) throws(StoreError) in try store.chunkPlaces(unplaced) }
-        var located: [PackFetch.Want] = []
-        for (id, size) in wanted {
-            guard let place = records.lazy.compactMap({ $0.places[id] }).first ?? known[id] else { continue }
-            located.append(PackFetch.Want(id: id, size: size, place: place))
-        }
-        let failures = PackFetch(store: backing.store, width: options.parallelRequests).fetch(located) { id, bytes throws(StoreError) in
-            try chunks.put(id, bytes)
-        }
+        let notHere = unplaced.filter { !chunks.isLocal($0) }
+        let known = notHere.isEmpty ? [:] : try withStoreValue { (store) throws(StoreError) in try store.chunkPlaces(notHere) }
         var ready: [SyncRecord] = []
         records: for record in records {
             for (id, size) in record.chunks.chunks {
@@ -245,13 +241,51 @@ extension SyncEngine {
                     }
                     continue
                 }
-                let why = failures[id] ?? "no pack holds chunk \(id.hex) (its record names no place)"
-                logOnce("ubiquity: sync: record \(record.id) of \(source) waits: \(why)")
+                if let place = record.places[id] ?? known[id] {
+                    guard Pack.isName(place.pack) else {
+                        logOnce("ubiquity: sync: skipping record \(record.id) of \(source): chunk \(id.hex) has a bad pack name in its place")
+                        continue records
+                    }
+                    continue
+                }
+                logOnce("ubiquity: sync: record \(record.id) of \(source) waits: no pack holds chunk \(id.hex) (its record names no place)")
                 return (ready, false)
             }
             ready.append(record)
         }
         return (ready, true)
+    }
+}
+
+// MARK: files on demand
+
+extension SyncEngine: ChunkSource {
+    /// Chunks a reader or the downloader wants: their places looked up under the
+    /// filesystem's lock (briefly), then ranged GETs of their packs outside it.
+    public func fetch(_ wants: [ChunkWant], into chunks: ChunkStore) -> [ChunkID: String] {
+        let places: [ChunkID: ChunkPlace]
+        do {
+            places = try withStoreValue { (store) throws(StoreError) in try store.chunkPlaces(wants.map(\.id)) }
+        } catch {
+            return Dictionary(uniqueKeysWithValues: wants.map { ($0.id, "looking up its place: \(error)") })
+        }
+        var located: [PackFetch.Want] = []
+        var failures: [ChunkID: String] = [:]
+        for want in wants {
+            guard let place = places[want.id] else {
+                failures[want.id] = "no pack is known to hold it"
+                continue
+            }
+            located.append(PackFetch.Want(id: want.id, size: want.size, place: place))
+        }
+        let fetched = PackFetch(store: backing.store, width: options.parallelRequests).fetch(located) { id, bytes throws(StoreError) in
+            try chunks.put(id, bytes)
+        }
+        failures.merge(fetched) { a, _ in a }
+        for (id, why) in failures.sorted(by: { $0.key.hex < $1.key.hex }).prefix(3) {
+            logOnce("ubiquity: fetching chunk \(id.hex): \(why)")
+        }
+        return failures
     }
 }
 

@@ -210,17 +210,20 @@ extension SyncEngine {
         let known = large.isEmpty ? [:] : try withStoreValue { (store) throws(StoreError) in try store.chunkPlaces(large.keys) }
         let (gone, sparse) = try unusablePacks(Set(known.values.map(\.pack)))
         var places = known.filter { !gone.contains($0.value.pack) && !sparse.contains($0.value.pack) }
-        // Places in packs that are gone or fossils are forgotten; those in sparse packs stay
-        // until a new place replaces them (below, or when the chunk is named next).
-        if !gone.isEmpty {
-            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-                for pack in gone { try store.forgetPlaces(inPack: pack) }
-                return TreeChanges()
-            }
+        // In the order of the files that name them: a file's chunks lie together in a
+        // pack, so a reader fetches a file (or a range of it) in one ranged GET.
+        var missing: [ChunkID] = []
+        var queued: Set<ChunkID> = []
+        for record in batch {
+            for (id, _) in record.chunks.chunks where large[id] != nil && places[id] == nil && queued.insert(id).inserted { missing.append(id) }
         }
-        let missing = large.keys.filter { places[$0] == nil }.sorted { $0.hex < $1.hex }
         if !missing.isEmpty {
-            let uploaded = try uploadPacks(missing) { id in tolerant || known[id].map { sparse.contains($0.pack) } == true }
+            // A chunk that is not here (a file not downloaded) is fetched from where it was
+            // to go into the new pack; one that cannot be fetched any more (its pack is
+            // gone) is named where it was, or by hash, rather than holding every record.
+            let uploaded = try uploadPacks(missing, sizes: large) { id in
+                tolerant || known[id].map { sparse.contains($0.pack) } == true || !chunks.isLocal(id)
+            }
             places.merge(uploaded) { _, new in new }
             // A chunk of a sparse pack that cannot be read here keeps its place: the pack
             // stays named, rather than the record naming the chunk by hash alone.
@@ -229,6 +232,15 @@ extension SyncEngine {
             }
             try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
                 try store.setChunkPlaces(uploaded)
+                return TreeChanges()
+            }
+        }
+        // Places in packs that are gone or fossils are forgotten (after the upload, which
+        // fetched from a fossil the chunks that are not here); those in sparse packs stay
+        // until a new place replaces them (above, or when the chunk is named next).
+        if !gone.isEmpty {
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                for pack in gone { try store.forgetPlaces(inPack: pack) }
                 return TreeChanges()
             }
         }
@@ -269,7 +281,7 @@ extension SyncEngine {
     /// their places.
     /// `tolerant(id)`: a chunk that cannot be read here is left out (logged) rather than
     /// failing the upload.
-    private func uploadPacks(_ ids: [ChunkID], tolerant: (ChunkID) -> Bool) throws(StoreError) -> [ChunkID: ChunkPlace] {
+    private func uploadPacks(_ ids: [ChunkID], sizes: [ChunkID: Int], tolerant: (ChunkID) -> Bool) throws(StoreError) -> [ChunkID: ChunkPlace] {
         let store = backing.store
         let results = Locked<[Result<[Pack.ChunkLocation], BackingError>]>([])
         let slots = DispatchSemaphore(value: max(1, options.parallelRequests))
@@ -291,7 +303,9 @@ extension SyncEngine {
             // A failed PUT ends the batch: the next cycle tries again.
             if results.withLock({ $0.contains { if case .failure = $0 { true } else { false } } }) { break }
             let bytes: [UInt8]
-            do { bytes = try chunks.read(id) } catch {
+            do throws(StoreError) {
+                if let size = sizes[id] { bytes = try chunks.read(id, size: size) } else { bytes = try chunks.read(id) }
+            } catch {
                 guard tolerant(id) else { failure = error; break }
                 logOnce("ubiquity: sync: chunk \(id.hex) cannot be read here (\(error)); its record names it where it was, or by hash")
                 continue

@@ -1,4 +1,5 @@
 import Glibc
+import Synchronization
 
 /// State behind a pthread mutex. Used instead of `Synchronization.Mutex` because its
 /// `withLock` takes `inout sending`, which rejects closures that mix caller pointers with
@@ -7,6 +8,9 @@ public final class Locked<State>: @unchecked Sendable {
     // Heap-allocated: a pthread mutex must not move, and `&property` promises no stable address.
     private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
     private var state: State
+    /// The thread holding the lock (0: none), so code that must never run under it (a
+    /// fetch from the network) can check (`isHeldByCurrentThread`).
+    private let owner = Atomic<UInt>(0)
 
     public init(_ state: State) {
         self.state = state
@@ -20,7 +24,14 @@ public final class Locked<State>: @unchecked Sendable {
 
     public func withLock<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
         pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
+        owner.store(UInt(pthread_self()), ordering: .relaxed)
+        defer {
+            owner.store(0, ordering: .relaxed)
+            pthread_mutex_unlock(mutex)
+        }
         return try body(&state)
     }
+
+    /// Whether the calling thread holds the lock now.
+    public var isHeldByCurrentThread: Bool { owner.load(ordering: .relaxed) == UInt(pthread_self()) }
 }

@@ -131,6 +131,11 @@ struct FsckCommand: ParsableCommand {
         let report: Fsck.Report
         do { report = try Fsck.run(store: s, progress: progress) } catch { throw CLIError("\(error)") }
         print("checked \(report.chunksChecked) chunks and \(report.versionsChecked) versions in \(dir)")
+        if !report.notLocal.isEmpty {
+            // Files on demand: not damage, and --repair does not fetch them (a read does).
+            let bytes = report.notLocal.values.reduce(0, +)
+            print("not local: \(report.notLocal.count) chunk(s), \(bytes) bytes, are in the backing store only (fetched when read)")
+        }
         return report
     }
 }

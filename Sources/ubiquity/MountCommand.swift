@@ -1,6 +1,7 @@
 import ArgumentParser
 import Glibc
 import UbiquityDaemon
+import UbiquitySync
 import UbiquitySystem
 
 struct MountCommand: ParsableCommand {
@@ -48,6 +49,12 @@ struct MountCommand: ParsableCommand {
     @Option(help: "Seconds between sync cycles (local changes out, other devices' changes in). While this device or a peer changed something in the last 5 minutes a cycle runs every 0.5 s at most; when all is quiet the look at the backing store backs off to 40 s.")
     var poll = 1.0
 
+    @Option(help: ArgumentHelp("How file contents come to this device: `all` (the default) downloads every file in the background once its record is in, `on-demand` only what is read (or `ubiquity download`). Files show at once either way. Also `download = ...` in ~/.config/ubiquity/<container>.conf.", valueName: "all|on-demand"))
+    var download: String?
+
+    @Option(help: ArgumentHelp("Seconds a read of content that is not on this device waits for the backing store before it fails with EIO (default 30).", valueName: "SECONDS"))
+    var fetchTimeout: Double?
+
     @Flag(help: "List .versions in the mount's root directory. Without it .versions is hidden from listings (so find, du, rsync and backups see only the live tree) but works when named: ls MOUNTPOINT/.versions/FILE/")
     var showVersions = false
 
@@ -63,6 +70,8 @@ struct MountCommand: ParsableCommand {
     func validate() throws {
         if let device, device.isEmpty || device.contains("/") { throw ValidationError("--device must be a non-empty name without '/'") }
         if !(poll >= 0.05 && poll <= 3600) { throw ValidationError("--poll must be between 0.05 and 3600 seconds") }
+        if let download, DownloadMode(rawValue: download) == nil { throw ValidationError("--download must be all or on-demand") }
+        if let fetchTimeout, !(fetchTimeout >= 1 && fetchTimeout <= 3600) { throw ValidationError("--fetch-timeout must be between 1 and 3600 seconds") }
         if let backing, BackingChoice.isURL(backing), !backing.hasPrefix("s3://") {
             // Not a directory path (it would make a directory named "x:"): say what works.
             throw ValidationError("--backing \(backing): give a directory or s3://BUCKET[/PREFIX]")
@@ -100,6 +109,8 @@ struct MountCommand: ParsableCommand {
         configuration.maintenanceEvery = maintenanceEvery
         configuration.pollSeconds = poll
         configuration.showVersions = showVersions
+        configuration.download = download
+        configuration.fetchTimeout = fetchTimeout
         configuration.mountOptions = (options ?? "").split(separator: ",").map(String.init)
         configuration.readyFD = readyFD
         try Daemon.serve(configuration)

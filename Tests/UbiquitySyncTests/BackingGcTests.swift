@@ -230,10 +230,14 @@ import UbiquitySystem
 
         // a's gc: its checkpoint leaves the deleted files out; 2 of the 8 chunks are named
         // (by a, and one by b): sparse. a's chunk of f6 is damaged here: it keeps its place.
+        // (Not here and not fetchable either: with a source, a chunk that is not here is
+        // fetched from the sparse pack and moved like the others.)
         let damaged = ChunkID(hashing: Array(big(6).utf8))
         #expect(a.fs.chunks.sweep(damaged, unusedSince: .max) != nil)
+        a.fs.chunks.setSource(nil)
         let now = Int64(time(nil))
         let text = try a.engine.collectBacking(now: now)
+        a.fs.chunks.setSource(a.engine)
         #expect(text.contains("1 packs are less than half named (1 of them by this device's records") && text.contains("repacked"), "\(text)")
         #expect(a.engine.memory.sparsePacks == [sparse])
         let moved = try #require(try Self.pack(of: big(7), on: a))

@@ -237,9 +237,13 @@ func runSchedule(seed: UInt64, steps: Int) throws {
     var devices: [SimDevice] = []
     for i in 0..<3 {
         let skew = Nanos(rng.next() % 4_000_000_000) - 2_000_000_000
+        // dev1 takes contents on demand (files on demand): only what it reads comes.
+        var options = SyncEngine.Options()
+        options.pullSlice = 3
+        if i == 1 { options.download = .onDemand }
         devices.append(try SimDevice(name: "dev\(i)", root: root, backing: backing, clock: {
             ticks.withLock { t in t += 1_000_000; return t } + skew
-        }))
+        }, options: options))
     }
     let names = ["a.txt", "b.txt", "d/c.txt", "d/e/f.txt", "g.tinypix.txt"]
     var trace: [String] = []

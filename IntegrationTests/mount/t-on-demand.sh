@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Files on demand through a backing directory (issue 24). alpha writes 10,000 files of
+# 2 KiB (chunks in packs, not in records) and a few big ones; beta joins with
+# `--download on-demand`: every file is listed and stat'ed with its size before any
+# content comes (no pack read), `du` shows what is local and `du --apparent-size` the
+# sizes; reading one file fetches only its bytes (requests and bytes counted from
+# beta's status); a ranged read of a big file fetches around the range (partial);
+# user.ubiquity.downloaded says not-downloaded / partial / current; a .tinypix shows
+# its grid. The backing directory cut: a read fails with EIO after --fetch-timeout,
+# `ls` still answers, the status says why, and the same read works once it is back.
+# SIGKILL while a big file is being fetched: after the remount it reads right and fsck
+# finds no damage. gamma joins with the default (`--download all`): files show first,
+# then every byte arrives in the background.
+# ubq-timeout: 300
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+DEVICE=alpha
+mount_fresh ondemand --poll 0.2
+A=$MNT
+on_failure dump_sync_state
+
+status_count() { xattr "$1" user.ubiquity.sync | sed -n "s/^backing-$2=//p"; }
+
+step "alpha writes 10,000 files of 2 KiB, three big files and a picture"
+python3 - "$A" <<'EOF'
+import os, sys
+root = sys.argv[1]
+for d in range(100):
+    os.makedirs(f"{root}/many/d{d:02}", exist_ok=True)
+    for i in range(100):
+        n = d * 100 + i
+        with open(f"{root}/many/d{d:02}/f{n:05}.txt", "w") as f:
+            f.write((f"file {n:05} " * 200)[:2048])
+EOF
+head -c $((3 << 20)) /dev/urandom >"$ROOT/one.bin"
+head -c $((24 << 20)) /dev/urandom >"$ROOT/big.bin"
+head -c $((12 << 20)) /dev/urandom >"$ROOT/kill.bin"
+cp "$ROOT/one.bin" "$ROOT/big.bin" "$ROOT/kill.bin" "$A/"
+printf '#.#.#.#.\n.#.#.#.#\n#.#.#.#.\n.#.#.#.#\n#.#.#.#.\n.#.#.#.#\n#.#.#.#.\n.#.#.#.#\n' >"$A/pic.tinypix"
+ubq sync "$A" >/dev/null
+assert_eq 0 "$(sync_status "$A" pending)" "records alpha has not uploaded"
+
+step "beta joins on demand: all 10,000 files listed and stat'ed, no pack read"
+mount_device beta --poll 0.2 --download on-demand --fetch-timeout 3
+B=$(mnt_of beta)
+wait_eq -t 60 10000 "files under many/ on beta" bash -c "find '$B/many' -type f | wc -l"
+ubq sync "$B" >/dev/null
+apparent=$(du -s --apparent-size --block-size=1 "$B/many" | cut -f1)
+((apparent >= 10000 * 2048)) || fail "du --apparent-size of many/ on beta: $apparent bytes, expected at least 20,480,000"
+disk=$(du -s --block-size=1 "$B/many" | cut -f1)
+((disk < 1000000)) || fail "du of many/ on beta: $disk bytes on disk for content that is not here (expected almost nothing)"
+assert_eq $((24 << 20)) "$(stat -c %s "$B/big.bin")" "size of big.bin on beta"
+blocks=$(stat -c %b "$B/big.bin")
+((blocks <= 2)) || fail "st_blocks of big.bin on beta: $blocks (not downloaded: at most a tail of 1 KiB that came in its record)"
+assert_eq not-downloaded "$(xattr "$B/many/d42/f04242.txt" user.ubiquity.downloaded)" "downloaded state of f04242.txt"
+assert_eq 0 "$(xattr "$B" user.ubiquity.sync | grep -c '^backing-bytes-down=[1-9][0-9]\{7,\}')" "no bulk download on beta"
+gets0=$(status_count "$B" gets) down0=$(status_count "$B" bytes-down)
+
+step "reading one file fetches only its bytes"
+assert_eq "$(cat "$A/many/d42/f04242.txt")" "$(cat "$B/many/d42/f04242.txt")" "f04242.txt on beta"
+gets1=$(status_count "$B" gets) down1=$(status_count "$B" bytes-down)
+log "one 2 KiB file: $((gets1 - gets0)) GET(s), $((down1 - down0)) bytes"
+((gets1 - gets0 <= 2)) || fail "reading one 2 KiB file made $((gets1 - gets0)) GETs"
+((down1 - down0 <= 4096)) || fail "reading one 2 KiB file fetched $((down1 - down0)) bytes"
+assert_eq current "$(xattr "$B/many/d42/f04242.txt" user.ubiquity.downloaded)" "downloaded state of f04242.txt after the read"
+assert_same_file "$ROOT/one.bin" "$B/one.bin" "one.bin on beta"
+assert_eq current "$(xattr "$B/one.bin" user.ubiquity.downloaded)" "downloaded state of one.bin after the read"
+
+step "a ranged read of a big file fetches around the range, not the file"
+down1=$(status_count "$B" bytes-down)
+python3 - "$B/big.bin" "$ROOT/big.bin" <<'EOF'
+import os, sys
+fd, ref = os.open(sys.argv[1], os.O_RDONLY), open(sys.argv[2], "rb")
+off = 10 << 20
+ref.seek(off)
+if os.pread(fd, 4096, off) != ref.read(4096):
+    sys.exit("4 KiB at 10 MiB of big.bin read wrong")
+EOF
+down2=$(status_count "$B" bytes-down)
+log "4 KiB of a 24 MiB file: $((down2 - down1)) bytes fetched"
+((down2 - down1 <= 1 << 20)) || fail "a 4 KiB read of big.bin fetched $((down2 - down1)) bytes"
+assert_eq partial "$(xattr "$B/big.bin" user.ubiquity.downloaded)" "downloaded state of big.bin after a ranged read"
+
+step "a .tinypix not read before shows its grid"
+assert_eq "$(cat "$A/pic.tinypix")" "$(cat "$B/pic.tinypix")" "pic.tinypix on beta"
+
+step "the backing directory cut: EIO after the timeout, the mount answers, then it works again"
+mv "$BACKING" "$BACKING.away"
+python3 - "$B/many/d07/f00707.txt" <<'EOF'
+import errno, os, sys, time
+t = time.monotonic()
+try:
+    open(sys.argv[1], "rb").read()
+    sys.exit("a read of content that is not here, with the backing directory gone, succeeded")
+except OSError as e:
+    if e.errno != errno.EIO:
+        sys.exit(f"the read failed with {errno.errorcode[e.errno]}, not EIO")
+took = time.monotonic() - t
+if took > 8:
+    sys.exit(f"the read failed after {took:.1f} s (fetch timeout 3 s)")
+EOF
+bounded 2 "ls of a directory while the backing directory is gone" ls "$B/many/d07" >/dev/null
+state=$(xattr "$B/many/d07/f00707.txt" user.ubiquity.downloaded)
+assert_contains "$state" "not-downloaded (last fetch failed: " "downloaded state while the backing directory is gone"
+assert_daemon_alive beta
+mv "$BACKING.away" "$BACKING"
+assert_eq "$(cat "$A/many/d07/f00707.txt")" "$(cat "$B/many/d07/f00707.txt")" "f00707.txt on beta once the backing directory is back"
+
+step "SIGKILL while a big file is being fetched; after the remount it reads right"
+cat "$B/kill.bin" >/dev/null 2>&1 &
+reader=$!
+sleep 0.05
+kill -9 "$(pid_of beta)"
+wait "$reader" 2>/dev/null || true
+for i in $(seq 100); do _process_alive "$(pid_of beta)" || break; sleep 0.1; done
+! _process_alive "$(pid_of beta)" || fail "beta's daemon still alive 10 s after SIGKILL"
+mount_device beta
+assert_same_file "$ROOT/kill.bin" "$B/kill.bin" "kill.bin on beta after SIGKILL during its fetch"
+out=$("$UBIQUITY" fsck --store "$STORE_beta" 2>&1) || fail "fsck of beta's store after SIGKILL: $out"
+assert_contains "$out" "not local:" "fsck of beta's store (what was never fetched is not local, not damage)"
+
+step "gamma joins with the default (--download all): files first, then every byte"
+mount_device gamma --poll 0.2
+C=$(mnt_of gamma)
+wait_eq -t 60 10000 "files under many/ on gamma" bash -c "find '$C/many' -type f | wc -l"
+wait_eq -t 60 current "downloaded state of big.bin on gamma" xattr "$C/big.bin" user.ubiquity.downloaded
+wait_eq -t 60 current "downloaded state of the last small file on gamma" xattr "$C/many/d99/f09999.txt" user.ubiquity.downloaded
+gets=$(status_count "$C" gets)
+log "gamma downloaded everything with $gets GETs"
+assert_same_file "$ROOT/big.bin" "$C/big.bin" "big.bin on gamma"
+assert_eq "$(cat "$A/many/d00/f00001.txt")" "$(cat "$C/many/d00/f00001.txt")" "f00001.txt on gamma"
+
+pass

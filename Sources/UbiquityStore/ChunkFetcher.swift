@@ -1,0 +1,152 @@
+import Dispatch
+import Glibc
+import UbiquitySystem
+
+/// A chunk wanted from elsewhere, with the size its chunk list records.
+public struct ChunkWant: Sendable, Hashable {
+    public let id: ChunkID
+    public let size: Int
+    public init(id: ChunkID, size: Int) {
+        self.id = id
+        self.size = size
+    }
+}
+
+/// Where chunks that are not here come from (files on demand): the sync engine, by
+/// ranged GETs of the packs its records name. Called outside every lock of the
+/// filesystem and the store; it may take the filesystem's lock briefly to look up places.
+public protocol ChunkSource: AnyObject, Sendable {
+    /// Fetches `wants`, verifies each against its id and puts it into `chunks`; returns
+    /// why each chunk that was not put failed.
+    func fetch(_ wants: [ChunkWant], into chunks: ChunkStore) -> [ChunkID: String]
+}
+
+/// The chunk store's side of files on demand: fetches of chunks that are not here, one per
+/// chunk however many readers want it (they wait for the same flight), bounded in time
+/// for a reader (`timeout`: the fetch goes on, its chunk lands for the next read), and
+/// refused under the filesystem's lock (`lockHeld`): a request to a server that stalls
+/// must never stall every other operation.
+final class ChunkFetcher: Sendable {
+    final class Flight: @unchecked Sendable {
+        let done = DispatchGroup()
+        /// Set before `done` is left; read after it was.
+        var failure: String?
+    }
+
+    /// Weak: the source (the sync engine) holds the filesystem, which holds the store and
+    /// this chunk store; a strong reference would keep a closed store open (and locked).
+    private final class SourceBox: @unchecked Sendable {
+        weak var source: (any ChunkSource)?
+        init(_ source: any ChunkSource) { self.source = source }
+    }
+
+    private final class CheckBox: Sendable {
+        let held: @Sendable () -> Bool
+        init(_ held: @escaping @Sendable () -> Bool) { self.held = held }
+    }
+
+    struct State {
+        var flights: [ChunkID: Flight] = [:]
+        /// Readers waiting for a fetch now (background downloading yields to them).
+        var waiting = 0
+        var fetchedChunks = 0
+        var fetchedBytes: Int64 = 0
+        var failedFetches = 0
+        /// Fetches asked for under the filesystem's lock, refused (a bug if ever non-zero).
+        var refusedUnderLock = 0
+        var lastFailure: String?
+    }
+
+    private let state = Locked(State())
+    private let sourceBox = Locked<SourceBox?>(nil)
+    private let check = Locked<CheckBox?>(nil)
+    private let timeoutNanos = Locked<Int64>(30_000_000_000)
+    /// Source calls at once: readers of many files must not start a thread each.
+    private let slots = DispatchSemaphore(value: 16)
+
+    func setSource(_ source: (any ChunkSource)?) { sourceBox.withLock { $0 = source.map(SourceBox.init) } }
+    var hasSource: Bool { sourceBox.withLock { $0?.source != nil } }
+    func setTimeout(seconds: Double) {
+        let nanos = seconds.isFinite && seconds > 0 ? Int64(min(seconds, 86_400) * 1e9) : 30_000_000_000
+        timeoutNanos.withLock { $0 = nanos }
+    }
+    func refuseFetches(when held: (@Sendable () -> Bool)?) { check.withLock { $0 = held.map(CheckBox.init) } }
+
+    var statistics: State { state.withLock { $0 } }
+
+    /// Starts fetching the `wants` that no flight covers yet (all of them are not here),
+    /// in one call of the source; waits for the first `waiting` of them. Throws
+    /// `.notLocal` with the reason when one of those did not arrive (failed, or the
+    /// timeout passed). `atLeast`: when nothing is waited for, nothing starts unless the
+    /// chunks no flight covers come to that many bytes (read-ahead fetches in pieces worth
+    /// a request of their own).
+    func fetch(_ wants: [ChunkWant], into chunks: ChunkStore, waiting: Int, atLeast: Int = 0) throws(StoreError) {
+        let wait = waiting > 0
+        guard let first = wants.first else { return }
+        if let held = check.withLock({ $0 }), held.held() {
+            state.withLock { $0.refusedUnderLock += 1 }
+            log("ubiquity: refused to fetch chunk \(first.id.hex) under the filesystem's lock (a bug: please report it)")
+            throw .notLocal(first.id, "a fetch was asked for under the filesystem's lock")
+        }
+        guard let source = sourceBox.withLock({ $0?.source }) else { throw .missingChunk(first.id) }
+        var waitFor: [(ChunkID, Flight)] = []
+        var launch: [ChunkWant] = []
+        var launched: [Flight] = []
+        state.withLock { s in
+            if !wait {
+                var fresh = 0
+                for want in wants where s.flights[want.id] == nil { fresh += want.size }
+                if fresh < atLeast { return }
+            }
+            for want in wants {
+                if let flight = s.flights[want.id] {
+                    waitFor.append((want.id, flight))
+                    continue
+                }
+                let flight = Flight()
+                flight.done.enter()
+                s.flights[want.id] = flight
+                launch.append(want)
+                launched.append(flight)
+                waitFor.append((want.id, flight))
+            }
+        }
+        if !launch.isEmpty {
+            let slots = self.slots
+            let (launch, launched) = (launch, launched)
+            DispatchQueue.global().async { [self] in
+                slots.wait()
+                let failures = source.fetch(launch, into: chunks)
+                slots.signal()
+                state.withLock { s in
+                    for (want, flight) in zip(launch, launched) {
+                        s.flights[want.id] = nil
+                        if let why = failures[want.id] {
+                            flight.failure = why
+                            s.failedFetches += 1
+                            s.lastFailure = why
+                        } else {
+                            s.lastFailure = nil
+                            s.fetchedChunks += 1
+                            s.fetchedBytes += Int64(want.size)
+                        }
+                    }
+                }
+                for flight in launched { flight.done.leave() }
+            }
+        }
+        guard wait else { return }
+        state.withLock { $0.waiting += 1 }
+        defer { state.withLock { $0.waiting -= 1 } }
+        let deadline = DispatchTime.now() + .nanoseconds(Int(timeoutNanos.withLock { $0 }))
+        for (id, flight) in waitFor.prefix(waiting) {
+            guard flight.done.wait(timeout: deadline) == .success else {
+                let seconds = Double(timeoutNanos.withLock { $0 }) / 1e9
+                let why = "the backing store did not deliver it within \(seconds) s"
+                state.withLock { $0.lastFailure = why }
+                throw .notLocal(id, why)
+            }
+            if let why = flight.failure { throw .notLocal(id, why) }
+        }
+    }
+}

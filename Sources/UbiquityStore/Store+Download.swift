@@ -1,0 +1,88 @@
+/// Files on demand (store format 11): a file's current version may name chunks that are
+/// not on this device yet: their places in the backing store are known (`chunk_places`),
+/// and the chunk store fetches them when they are read. Each inode keeps how many bytes
+/// of its content are absent, so `stat` (st_blocks), `user.ubiquity.downloaded` and
+/// background downloading need no look at the chunks; the partial index `inodes_absent`
+/// is the queue of files not downloaded.
+///
+/// The count is exact when it is set (a record shown, a save, a refresh); chunks that
+/// arrive for one file also make other files that share them more complete, which their
+/// count shows at their next refresh (a read to the end, a download, a status query).
+extension Store {
+    /// Chunks up to this size travel inside their records (backing format 3), so every
+    /// device has them as soon as it has the record (`RecordCodec.maxInline`).
+    public static let inlineChunkLimit = 1024
+
+    /// How much of file `id`'s current content is here, looked at again: the bytes not
+    /// here, and the bytes in chunks that travel by themselves (over the inline limit).
+    /// `not-downloaded` is none of those here (a small tail that came in the record does
+    /// not make a file downloaded).
+    public func downloadCounts(_ id: InodeNumber) throws(StoreError) -> (absent: Int64, packed: Int64) {
+        let absent = try refreshAbsent(id)
+        guard absent > 0, let head = try node(id)?.inode.head else { return (absent, 0) }
+        let list = try chunkList(row: head)
+        var packed: Int64 = 0
+        for i in 0..<list.count where !list.isHole(i) && list.size(i) > Int64(Self.inlineChunkLimit) { packed += list.size(i) }
+        return (absent, packed)
+    }
+
+    /// Bytes of the list's pieces whose chunk is not here (each chunk looked at once).
+    func absentBytes(_ list: ChunkList) -> Int64 {
+        var local: [ChunkID: Bool] = [:]
+        var total: Int64 = 0
+        for i in 0..<list.count where !list.isHole(i) {
+            let id = list.ids[i]
+            let here = local[id] ?? chunks.isLocal(id)
+            local[id] = here
+            if !here { total += list.size(i) }
+        }
+        return total
+    }
+
+    /// Looks again at which chunks of file `id`'s current content are here; returns the
+    /// bytes that are not (written only when they changed).
+    @discardableResult
+    public func refreshAbsent(_ id: InodeNumber) throws(StoreError) -> Int64 {
+        guard var inode = try node(id)?.inode, inode.kind == .file, let head = inode.head else { return 0 }
+        let absent = min(absentBytes(try chunkList(row: head)), inode.allocated)
+        if absent != inode.absent {
+            inode.absent = absent
+            try update(inode)
+        }
+        return absent
+    }
+
+    /// Files whose content is not all here, in inode order after `after`, at most `limit`.
+    public func filesNotDownloaded(after: InodeNumber, limit: Int) throws(StoreError) -> [InodeNumber] {
+        try db.rows("SELECT id FROM inodes WHERE absent > 0 AND id > ? ORDER BY id LIMIT ?",
+                    [.int(Int64(bitPattern: after)), .int(Int64(limit))]) { InodeNumber(bitPattern: $0.int(0)) }
+    }
+
+    /// The chunks of unresolved conflict versions that are not here (each once): in `all`
+    /// mode they are downloaded too (taking one makes a record that names its chunks,
+    /// and what a conflict shows must not depend on a pack its author may collect). The
+    /// cost is in proportion to the unresolved conflicts.
+    public func missingConflictChunks() throws(StoreError) -> [ChunkWant] {
+        var seen: Set<ChunkID> = []
+        var wants: [ChunkWant] = []
+        for path in try replica.conflictedPaths() {
+            for record in try replica.state(at: path).conflicts where record.kind == .file && !record.isTombstone {
+                for (chunk, size) in try chunkList(row: record.row).chunks where seen.insert(chunk).inserted && !chunks.isLocal(chunk) {
+                    wants.append(ChunkWant(id: chunk, size: size))
+                }
+            }
+        }
+        return wants
+    }
+
+    /// The chunks of file `id`'s current content that are not here (each once).
+    public func missingChunks(of id: InodeNumber) throws(StoreError) -> [ChunkWant] {
+        guard let inode = try node(id)?.inode, inode.kind == .file, inode.absent > 0, let head = inode.head else { return [] }
+        var seen: Set<ChunkID> = []
+        var wants: [ChunkWant] = []
+        for (chunk, size) in try chunkList(row: head).chunks where seen.insert(chunk).inserted && !chunks.isLocal(chunk) {
+            wants.append(ChunkWant(id: chunk, size: size))
+        }
+        return wants
+    }
+}

@@ -1,0 +1,165 @@
+import Dispatch
+import Glibc
+import UbiquityStore
+import UbiquitySystem
+
+/// How contents reach this device (files on demand): `all` downloads every file's current
+/// content in the background once its record is in (files are usable before); `onDemand`
+/// fetches only what is read.
+public enum DownloadMode: String, Sendable, CaseIterable {
+    case all
+    case onDemand = "on-demand"
+}
+
+/// Background downloading (`--download all`): walks the files whose content is not all
+/// here (`Store.filesNotDownloaded`, an index, so the walk costs what is left to fetch),
+/// fetches their chunks a batch of files at a time (neighbours in a pack in one GET), and
+/// refreshes their counts. It yields to readers: while a reader waits for a fetch, no new
+/// batch starts. A batch that fails (offline) is tried again after a wait that doubles up
+/// to 5 minutes; the walk goes on past files that fail.
+final class Downloader: @unchecked Sendable {
+    private let access: StoreAccess
+    private let chunks: ChunkStore
+    private let wake = DispatchSemaphore(value: 0)
+    private let finished = DispatchSemaphore(value: 0)
+    private let state = Locked(State())
+
+    struct State {
+        var stopped = false
+        var enabled = false
+        var started = false
+        var failures = 0
+        var lastError = ""
+    }
+
+    /// Files per batch, and the most bytes one batch fetches.
+    static let batchFiles = 64
+    static let batchBytes = 16 << 20
+
+    init(access: StoreAccess, chunks: ChunkStore) {
+        self.access = access
+        self.chunks = chunks
+    }
+
+    /// Turns downloading on or off (pause, offline, the mode).
+    func setEnabled(_ on: Bool) {
+        let changed = state.withLock { s in defer { s.enabled = on }; return s.enabled != on }
+        if changed && on { wake.signal() }
+    }
+
+    /// Records came in: there may be something to download.
+    func poke() { wake.signal() }
+
+    func start() {
+        state.withLock { $0.started = true }
+        DispatchQueue(label: "ubiquity.download", qos: .utility).async { [self] in
+            var wait = 0.0
+            while !state.withLock({ $0.stopped }) {
+                if !state.withLock({ $0.enabled }) {
+                    _ = wake.wait(timeout: .now() + 60)
+                    continue
+                }
+                let outcome = runPass()
+                switch outcome {
+                case .done: wait = 0; _ = wake.wait(timeout: .now() + 300)
+                case .failed: wait = min(300, max(5, wait * 2)); _ = wake.wait(timeout: .now() + wait)
+                case .stopped: break
+                }
+            }
+            finished.signal()
+        }
+    }
+
+    func stop() {
+        let started = state.withLock { s in s.stopped = true; return s.started }
+        wake.signal()
+        if started { finished.wait() }
+    }
+
+    enum Outcome { case done, failed, stopped }
+
+    /// One walk over the files not downloaded, then the unresolved conflict versions (also
+    /// called by a cycle without a loop, so a store synced by hand in `all` mode ends with
+    /// its contents here).
+    func runPass() -> Outcome {
+        let files = walkFiles()
+        guard files != .stopped else { return .stopped }
+        var conflicts: [ChunkWant] = []
+        do {
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                conflicts = try store.missingConflictChunks()
+                return TreeChanges()
+            }
+            if !conflicts.isEmpty { try chunks.download(conflicts) }
+        } catch {
+            note("ubiquity: download: conflict versions: \(error)")
+            return .failed
+        }
+        return files
+    }
+
+    private func walkFiles() -> Outcome {
+        var after: InodeNumber = 0
+        var failed = false
+        while true {
+            if state.withLock({ $0.stopped || !$0.enabled }) { return .stopped }
+            // Reads first: a reader waiting for a fetch has the network to itself.
+            while chunks.fetchStatistics.readersWaiting > 0 && !state.withLock({ $0.stopped }) { usleep(20_000) }
+            var files: [InodeNumber] = []
+            var wants: [ChunkWant] = []
+            do {
+                try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                    var bytes = 0
+                    var seen: Set<ChunkID> = []
+                    for ino in try store.filesNotDownloaded(after: after, limit: Self.batchFiles) {
+                        files.append(ino)
+                        for want in try store.missingChunks(of: ino) where seen.insert(want.id).inserted {
+                            wants.append(want)
+                            bytes += want.size
+                        }
+                        if bytes >= Self.batchBytes { break }
+                    }
+                    return TreeChanges()
+                }
+            } catch {
+                note("ubiquity: download: \(error)")
+                return .failed
+            }
+            guard let last = files.last else { return failed ? .failed : .done }
+            var ok = true
+            // In pieces, so a reader waits behind at most one of them.
+            var start = 0
+            while start < wants.count && ok {
+                var end = start, bytes = 0
+                while end < wants.count && (end == start || bytes + wants[end].size <= Self.batchBytes) {
+                    bytes += wants[end].size
+                    end += 1
+                }
+                do { try chunks.download(Array(wants[start..<end])) } catch {
+                    note("ubiquity: download: \(error)")
+                    ok = false
+                }
+                start = end
+            }
+            if !ok { failed = true }
+            do {
+                try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                    for ino in files { try store.refreshAbsent(ino) }
+                    return TreeChanges()
+                }
+            } catch {
+                note("ubiquity: download: \(error)")
+                return .failed
+            }
+            after = last
+        }
+    }
+
+    private func note(_ message: String) {
+        let first = state.withLock { s in
+            defer { s.lastError = message; s.failures += 1 }
+            return s.lastError != message
+        }
+        if first { log(message) }
+    }
+}

@@ -1,0 +1,191 @@
+import Glibc
+import Testing
+import TestSupport
+import UbiquityBacking
+import UbiquitySystem
+@testable import UbiquityFS
+@testable import UbiquityStore
+@testable import UbiquitySync
+
+/// Files on demand (issue 24): a device takes in records before contents; a read fetches
+/// only the chunks it covers (counted in requests and bytes, never timed); `all` mode
+/// downloads the rest in the background; a backing store that is gone makes a read fail
+/// with EIO after the fetch timeout, and the same read works once it is back.
+@Suite struct OnDemandTests {
+    static func onDemand(timeout: Double = 30) -> SyncEngine.Options {
+        var o = SyncEngine.Options()
+        o.download = .onDemand
+        o.fetchTimeout = timeout
+        return o
+    }
+
+    /// Writes `bytes` as file `name` in the root.
+    static func write(_ name: String, _ bytes: [UInt8], on d: SimDevice) throws {
+        let (_, handle) = try d.fs.create(parent: Store.rootInode, name: name, mode: 0o644, flags: OpenFlags(O_WRONLY), caller: d.me)
+        for offset in stride(from: 0, to: bytes.count, by: 1 << 20) {
+            let end = min(bytes.count, offset + (1 << 20))
+            _ = try bytes[offset..<end].withUnsafeBytes { try d.fs.write(handle, offset: Int64(offset), data: $0) }
+        }
+        try d.fs.release(handle)
+    }
+
+    static func read(_ name: String, on d: SimDevice, offset: Int64 = 0, count: Int? = nil) throws -> [UInt8] {
+        let ino = try d.fs.lookup(parent: Store.rootInode, name: name).ino
+        let f = try d.fs.open(ino, flags: OpenFlags(O_RDONLY))
+        defer { try? d.fs.release(f) }
+        if let count { return try d.fs.read(f, offset: offset, count: count) }
+        var out: [UInt8] = []
+        while true {
+            let piece = try d.fs.read(f, offset: Int64(out.count), count: 128 << 10)
+            if piece.isEmpty { return out }
+            out += piece
+        }
+    }
+
+    static func downloaded(_ name: String, on d: SimDevice) throws -> String {
+        let ino = try d.fs.lookup(parent: Store.rootInode, name: name).ino
+        return String(decoding: try d.fs.getxattr(ino, name: "user.ubiquity.downloaded"), as: UTF8.self)
+    }
+
+    /// Bytes of the GETs of packs since the last reset.
+    static func packBytes(_ store: RecordingStore) -> Int64 {
+        store.calls.filter { $0.op == .get && $0.key.hasPrefix("packs/") }.reduce(0) { $0 + Int64($1.range?.count ?? 0) }
+    }
+
+    @Test func aDeviceJoiningOnDemandFetchesOnlyWhatIsRead() throws {
+        print("OnDemandTests.aDeviceJoiningOnDemandFetchesOnlyWhatIsRead seed 41")
+        var rng = SplitMix64(seed: 41)
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let store = RecordingStore(MemoryStore())
+        let a = try SyncCostTests.device("a", temp, store)
+        var files: [String: [UInt8]] = [:]
+        for i in 0..<30 { files["f\(i).bin"] = Array(randomText(300 << 10, &rng).utf8) }
+        files["big.bin"] = Array(randomText(4 << 20, &rng).utf8)
+        for (name, bytes) in files { try Self.write(name, bytes, on: a) }
+        try a.save("small.txt", "tiny")
+        try a.engine.cycle(pushPull: true)
+
+        let b = try SyncCostTests.device("b", temp, store, options: Self.onDemand())
+        store.reset()
+        try b.engine.cycle(pushPull: true)
+        // Metadata first: every file with its size, nothing of any pack.
+        #expect(store.count(.get, "packs/") == 0, "\(store.calls)")
+        for (name, bytes) in files {
+            let attributes = try b.fs.lookup(parent: Store.rootInode, name: name)
+            #expect(attributes.size == Int64(bytes.count))
+            // Nothing of it is here but perhaps a last chunk of at most 1 KiB (inline).
+            #expect(attributes.blocks <= 2, "\(name)")
+            #expect(try Self.downloaded(name, on: b) == "not-downloaded")
+        }
+        #expect(try Self.downloaded("small.txt", on: b) == "current") // its chunk came in its record
+
+        // One file read: only its chunks come (one pack, in one or two ranged GETs).
+        #expect(try Self.read("f7.bin", on: b) == files["f7.bin"])
+        #expect(store.count(.get, "packs/") <= 2)
+        #expect(Self.packBytes(store) <= Int64(files["f7.bin"]!.count) + (256 << 10), "\(store.calls)")
+        #expect(try Self.downloaded("f7.bin", on: b) == "current")
+        #expect(try b.fs.lookup(parent: Store.rootInode, name: "f7.bin").allocated == Int64(files["f7.bin"]!.count))
+        #expect(try Self.downloaded("f8.bin", on: b) == "not-downloaded")
+
+        // A ranged read of the big file fetches the chunks around the range, not the file.
+        store.reset()
+        let middle = Int64(2 << 20)
+        #expect(try Self.read("big.bin", on: b, offset: middle, count: 4096) == Array(files["big.bin"]![Int(middle)..<Int(middle) + 4096]))
+        #expect(Self.packBytes(store) <= 2 * Int64(Chunker.standard.maxSize), "\(store.calls)")
+        #expect(try Self.downloaded("big.bin", on: b) == "partial")
+        #expect(b.store.chunks.fetchStatistics.refusedUnderLock == 0)
+        // fsck: what is not here is not damage.
+        let report = try Fsck.run(store: b.store)
+        #expect(report.problems.isEmpty, "\(report.problems)")
+        #expect(!report.notLocal.isEmpty)
+    }
+
+    @Test func allModeDownloadsEverythingAfterTheRecords() throws {
+        print("OnDemandTests.allModeDownloadsEverythingAfterTheRecords seed 42")
+        var rng = SplitMix64(seed: 42)
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let store = RecordingStore(MemoryStore())
+        let a = try SyncCostTests.device("a", temp, store)
+        var files: [String: [UInt8]] = [:]
+        for i in 0..<20 { files["f\(i).bin"] = Array(randomText(200 << 10, &rng).utf8) }
+        for (name, bytes) in files { try Self.write(name, bytes, on: a) }
+        try a.engine.cycle(pushPull: true)
+
+        let b = try SyncCostTests.device("b", temp, store)
+        store.reset()
+        try b.engine.cycle(pushPull: true)
+        // Every file here (a cycle without a loop downloads before it returns), in few GETs.
+        #expect(store.count(.get, "packs/") <= 2)
+        for (name, bytes) in files {
+            #expect(try Self.downloaded(name, on: b) == "current")
+            #expect(try b.fs.lookup(parent: Store.rootInode, name: name).allocated == Int64(bytes.count))
+        }
+        store.reset()
+        for (name, bytes) in files { #expect(try Self.read(name, on: b) == bytes) }
+        #expect(store.count(.get) == 0, "read from local copies")
+    }
+
+    /// The backing store stalls: a read waits for the fetch timeout and fails with EIO,
+    /// and says why; the filesystem answers meanwhile; the same read works once it is back.
+    @Test func aReadFailsAfterTheTimeoutAndWorksWhenTheBackingReturns() throws {
+        print("OnDemandTests.aReadFailsAfterTheTimeoutAndWorksWhenTheBackingReturns seed 43")
+        var rng = SplitMix64(seed: 43)
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let store = RecordingStore(MemoryStore())
+        let a = try SyncCostTests.device("a", temp, store)
+        let bytes = Array(randomText(500 << 10, &rng).utf8)
+        try Self.write("doc.bin", bytes, on: a)
+        try a.engine.cycle(pushPull: true)
+        let b = try SyncCostTests.device("b", temp, store, options: Self.onDemand(timeout: 1))
+        try b.engine.cycle(pushPull: true)
+
+        store.setFault { op, key in
+            if op == .get && key.hasPrefix("packs/") { usleep(3_000_000) } // a server that stalls
+            return nil
+        }
+        let started = nowNanos()
+        #expect(throws: Errno.io) { _ = try Self.read("doc.bin", on: b) }
+        #expect(nowNanos() - started < 2_900_000_000, "failed at the timeout, not after the stall")
+        // The filesystem served meanwhile, and says why the file is not here.
+        #expect(try b.fs.lookup(parent: Store.rootInode, name: "doc.bin").size == Int64(bytes.count))
+        let state = try Self.downloaded("doc.bin", on: b)
+        #expect(state.hasPrefix("not-downloaded (last fetch failed: "), "\(state)")
+
+        store.setFault { op, key in op == .get && key.hasPrefix("packs/") ? .before(.transient("connection refused")) : nil }
+        usleep(3_200_000) // the stalled fetch ends
+        #expect(throws: Errno.io) { _ = try Self.read("doc.bin", on: b) }
+
+        store.setFault(nil)
+        #expect(try Self.read("doc.bin", on: b) == bytes)
+        #expect(try Self.downloaded("doc.bin", on: b) == "current")
+        #expect(b.store.chunks.fetchStatistics.refusedUnderLock == 0)
+    }
+
+    /// Nothing network-bound under the filesystem's lock: a fetch asked for there is
+    /// refused (the check the whole suite relies on can fail).
+    @Test func aFetchUnderTheFilesystemLockIsRefused() throws {
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let store = RecordingStore(MemoryStore())
+        let a = try SyncCostTests.device("a", temp, store)
+        var rng = SplitMix64(seed: 44)
+        print("OnDemandTests.aFetchUnderTheFilesystemLockIsRefused seed 44")
+        try Self.write("x.bin", Array(randomText(100 << 10, &rng).utf8), on: a)
+        try a.engine.cycle(pushPull: true)
+        let b = try SyncCostTests.device("b", temp, store, options: Self.onDemand())
+        try b.engine.cycle(pushPull: true)
+        let ino = try b.fs.lookup(parent: Store.rootInode, name: "x.bin").ino
+        let list = try b.fs.meta.withLock { m in try m.store.chunkList(row: m.store.inode(ino)!.head!) }
+        let first = list.chunks[0]
+        #expect(throws: StoreError.self) {
+            try b.fs.meta.withLock { _ in _ = try b.store.chunks.read(first.id, size: first.size) }
+        }
+        #expect(b.store.chunks.fetchStatistics.refusedUnderLock == 1)
+        #expect(store.count(.get, "packs/") == 0)
+        _ = try b.store.chunks.read(first.id, size: first.size) // outside it: fetched
+        #expect(store.count(.get, "packs/") == 1)
+    }
+}
