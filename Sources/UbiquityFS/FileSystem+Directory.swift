@@ -164,7 +164,9 @@ extension FileSystem {
                 content = try TinyPixView.stored(from: content, chunks: m.store.chunks, path: newName)
                 encoded = true
             } catch {
-                if continued != nil { throw storeErrorLogged(error) }
+                // Content that is not here (files on demand) cannot be read under the
+                // filesystem's lock: it is kept as it is, as any content that is no picture.
+                if case .missingChunk = error {} else if continued != nil { throw storeErrorLogged(error) }
             }
         }
         if let targetID {

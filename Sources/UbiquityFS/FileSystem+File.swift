@@ -12,6 +12,9 @@ final class OpenFile: @unchecked Sendable {
     /// mtime of the last write, applied to the inode at the next commit (saves a database
     /// write per write() call).
     var pendingMTime: Nanos?
+    /// The chunk store's count of fetched chunks when the file was opened: at the last
+    /// close, the file's count of bytes not here is looked at again only if it moved.
+    var fetchMark = 0
 
     init(content: FileContent, isTinyPix: Bool) {
         self.content = content
@@ -114,7 +117,7 @@ extension FileSystem {
         defer {
             meta.withLock { m in
                 // Chunks a reader fetched: the file's count of bytes not here follows.
-                if let inode = m.store.inode(ino), inode.absent > 0 {
+                if chunks.fetchStatistics.chunks != open.fetchMark, let inode = m.store.inode(ino), inode.absent > 0 {
                     do { try m.store.refreshAbsent(ino) } catch { log("ubiquity: \(error)") }
                 }
                 if open.handles == 0 && m.openFiles[ino] === open && !open.content.isChanged {
@@ -395,6 +398,7 @@ extension FileSystem.Meta {
                       : try store.openContent(ino)
         }
         let open = OpenFile(content: content, isTinyPix: isTinyPix)
+        open.fetchMark = chunks.fetchStatistics.chunks
         openFiles[ino] = open
         return open
     }

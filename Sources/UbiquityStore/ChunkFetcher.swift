@@ -16,9 +16,10 @@ public struct ChunkWant: Sendable, Hashable {
 /// ranged GETs of the packs its records name. Called outside every lock of the
 /// filesystem and the store; it may take the filesystem's lock briefly to look up places.
 public protocol ChunkSource: AnyObject, Sendable {
-    /// Fetches `wants`, verifies each against its id and puts it into `chunks`; returns
-    /// why each chunk that was not put failed.
-    func fetch(_ wants: [ChunkWant], into chunks: ChunkStore) -> [ChunkID: String]
+    /// Fetches `wants`, verifies each against its id and puts it into `chunks`, calling
+    /// `arrived` as each one is there (its readers go on at once, before the rest of the
+    /// batch); returns why each chunk that was not put failed.
+    func fetch(_ wants: [ChunkWant], into chunks: ChunkStore, arrived: @escaping @Sendable (ChunkID) -> Void) -> [ChunkID: String]
 }
 
 /// The chunk store's side of files on demand: fetches of chunks that are not here, one per
@@ -31,6 +32,8 @@ final class ChunkFetcher: Sendable {
         let done = DispatchGroup()
         /// Set before `done` is left; read after it was.
         var failure: String?
+        /// `done` was left (under the fetcher's state lock: exactly once).
+        var ended = false
     }
 
     /// Weak: the source (the sync engine) holds the filesystem, which holds the store and
@@ -113,40 +116,56 @@ final class ChunkFetcher: Sendable {
         }
         if !launch.isEmpty {
             let slots = self.slots
-            let (launch, launched) = (launch, launched)
-            DispatchQueue.global().async { [self] in
+            let flights = Dictionary(uniqueKeysWithValues: zip(launch.map(\.id), zip(launch, launched)))
+            let launch = launch
+            // A thread of its own: a stalled request must not hold the global queue's few
+            // threads (JoinableThread.detach).
+            JoinableThread.detach { [self] in
                 slots.wait()
-                let failures = source.fetch(launch, into: chunks)
-                slots.signal()
-                state.withLock { s in
-                    for (want, flight) in zip(launch, launched) {
-                        s.flights[want.id] = nil
-                        if let why = failures[want.id] {
-                            flight.failure = why
-                            s.failedFetches += 1
-                            s.lastFailure = why
-                        } else {
-                            s.lastFailure = nil
-                            s.fetchedChunks += 1
-                            s.fetchedBytes += Int64(want.size)
-                        }
-                    }
+                let failures = source.fetch(launch, into: chunks) { [self] id in
+                    if let (want, flight) = flights[id] { end(want, flight, failure: nil) }
                 }
-                for flight in launched { flight.done.leave() }
+                slots.signal()
+                for (id, (want, flight)) in flights {
+                    end(want, flight, failure: failures[id] ?? "the backing store's answer did not hold it")
+                }
             }
         }
         guard wait else { return }
+        waitFor = Array(waitFor.prefix(waiting))
         state.withLock { $0.waiting += 1 }
         defer { state.withLock { $0.waiting -= 1 } }
         let deadline = DispatchTime.now() + .nanoseconds(Int(timeoutNanos.withLock { $0 }))
-        for (id, flight) in waitFor.prefix(waiting) {
+        for (id, flight) in waitFor {
             guard flight.done.wait(timeout: deadline) == .success else {
+                // It may have come another way meanwhile (another reader's batch).
+                if chunks.isLocal(id) { continue }
                 let seconds = Double(timeoutNanos.withLock { $0 }) / 1e9
                 let why = "the backing store did not deliver it within \(seconds) s"
                 state.withLock { $0.lastFailure = why }
                 throw .notLocal(id, why)
             }
-            if let why = flight.failure { throw .notLocal(id, why) }
+            if let why = flight.failure, !chunks.isLocal(id) { throw .notLocal(id, why) }
         }
+    }
+
+    /// Ends a flight once: its chunk is here (`failure` nil) or did not come.
+    private func end(_ want: ChunkWant, _ flight: Flight, failure: String?) {
+        let first = state.withLock { s -> Bool in
+            guard !flight.ended else { return false }
+            flight.ended = true
+            s.flights[want.id] = nil
+            if let failure {
+                flight.failure = failure
+                s.failedFetches += 1
+                s.lastFailure = failure
+            } else {
+                s.lastFailure = nil
+                s.fetchedChunks += 1
+                s.fetchedBytes += Int64(want.size)
+            }
+            return true
+        }
+        if first { flight.done.leave() }
     }
 }

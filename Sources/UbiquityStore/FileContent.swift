@@ -76,12 +76,16 @@ public final class FileContent: @unchecked Sendable {
     /// Whether new chunks are shown to the chunk store's observer, which uploads them
     /// while they are written (a file that syncs; never a local-only one).
     let announce: Bool
+    /// Some base chunks may not be here (files on demand): changes fetch what their
+    /// commit reads first (`fetchBaseAround`).
+    let remoteBase: Bool
 
     /// `reserved`: the ranges fallocate reserved earlier (the store keeps them).
     /// `announce`: see above.
     public init(base: ChunkList, chunks: ChunkStore, stagingDirectory: String, reserved: [Range<Int64>] = [],
-                announce: Bool = false) {
+                announce: Bool = false, remoteBase: Bool = false) {
         self.announce = announce
+        self.remoteBase = remoteBase
         var initial = State(base: base, baseLimit: base.totalSize, size: base.totalSize, baseStored: base.storedBytes,
                             staging: StagingBuffer(directory: stagingDirectory))
         state = Locked(initial)
@@ -129,6 +133,29 @@ public final class FileContent: @unchecked Sendable {
 
     /// How far ahead of a sequential reader chunks are read (or fetched).
     static let readAhead: Int64 = 4 << 20
+
+    /// A file not all here (files on demand): before a change, the base chunks its commit
+    /// will read again (those the range touches, and the 1 MiB window the rechunking reads
+    /// past it) are fetched, outside the content lock; a change that could not be
+    /// committed fails now (EIO) rather than being acknowledged and lost at the commit.
+    /// A truncation (`window` 0, an empty range) reads back only the chunk it cuts in two.
+    private func fetchBaseAround(_ range: Range<Int64>, window: Int64 = (1 << 20) + Int64(Chunker.standard.maxSize)) throws(StoreError) {
+        guard remoteBase else { return }
+        let wants = state.withLock { s -> [ChunkWant] in
+            let baseEnd = min(s.baseLimit, s.base.totalSize)
+            guard range.lowerBound < baseEnd else { return [] }
+            var i = s.base.index(containing: range.lowerBound)
+            if range.isEmpty && s.base.offsets[i] == range.lowerBound { return [] } // cut at a chunk's edge
+            let end = min(baseEnd, range.upperBound.addingClamped(window))
+            var wants: [ChunkWant] = []
+            repeat {
+                if !s.base.isHole(i) { wants.append(ChunkWant(id: s.base.ids[i], size: Int(s.base.size(i)))) }
+                i += 1
+            } while i < s.base.count && s.base.offsets[i] < end
+            return wants
+        }
+        try chunks.ensureLocal(wants)
+    }
 
     /// Up to `count` bytes at `offset` (fewer at the end of the file). `count` is what
     /// one request carries; holes read as zeros without touching the chunk store.
@@ -179,6 +206,7 @@ public final class FileContent: @unchecked Sendable {
     public func write(offset: Int64, _ data: UnsafeRawBufferPointer) throws(StoreError) {
         guard offset >= 0, offset <= maxFileSize - Int64(data.count) else { throw .io(errno: EFBIG, "write at \(offset)") }
         guard data.count > 0 else { return }
+        try fetchBaseAround(offset..<offset + Int64(data.count))
         try state.withLock { (s) throws(StoreError) in
             let end = offset + Int64(data.count)
             if s.stream == nil { try startStream(&s, at: offset) }
@@ -210,6 +238,7 @@ public final class FileContent: @unchecked Sendable {
     /// Sets the size; the caller checks `0...maxFileSize`. Growing adds a hole.
     public func truncate(_ newSize: Int64) throws(StoreError) {
         guard newSize >= 0, newSize <= maxFileSize else { throw .io(errno: EFBIG, "truncate to \(newSize)") }
+        try fetchBaseAround(newSize..<newSize, window: 0)
         try state.withLock { (s) throws(StoreError) in
             if s.stream != nil && newSize != s.size { try settle(&s) }
             if newSize <= s.size {

@@ -229,7 +229,8 @@ public final class Store: @unchecked Sendable {
         // A local-only file's bytes never leave the device, not even early.
         let syncs = path(of: id).map { !LocalOnly.contains($0) } ?? false
         return FileContent(base: try view(stored), chunks: chunks, stagingDirectory: stagingDirectory,
-                           reserved: inode == nil ? [] : try reservedRanges(id), announce: syncs)
+                           reserved: inode == nil ? [] : try reservedRanges(id), announce: syncs,
+                           remoteBase: (inode?.absent ?? 0) > 0)
     }
 
     /// Durability barrier, part 1: the chunks written so far reach the disk. Thread-safe:

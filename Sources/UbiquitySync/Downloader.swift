@@ -59,10 +59,16 @@ final class Downloader: @unchecked Sendable {
                     _ = wake.wait(timeout: .now() + 60)
                     continue
                 }
-                let outcome = runPass()
-                switch outcome {
-                case .done: wait = 0; _ = wake.wait(timeout: .now() + 300)
-                case .failed: wait = min(300, max(5, wait * 2)); _ = wake.wait(timeout: .now() + wait)
+                switch runPass() {
+                case .done:
+                    wait = 0
+                    _ = wake.wait(timeout: .now() + 300)
+                case .failed:
+                    // The wait holds whatever pulls poke it with: files that cannot be
+                    // fetched must not cost a walk and their GETs at every cycle.
+                    wait = min(300, max(5, wait * 2))
+                    let until = DispatchTime.now() + wait
+                    while DispatchTime.now() < until && !state.withLock({ $0.stopped }) { _ = wake.wait(timeout: until) }
                 case .stopped: break
                 }
             }
@@ -70,10 +76,14 @@ final class Downloader: @unchecked Sendable {
         }
     }
 
+    /// Stops the loop; waits at most 10 s for a batch in flight (a stalled backing store
+    /// must not hold an unmount for the fetch timeout).
     func stop() {
         let started = state.withLock { s in s.stopped = true; return s.started }
         wake.signal()
-        if started { finished.wait() }
+        if started && finished.wait(timeout: .now() + 10) == .timedOut {
+            log("ubiquity: download: a batch still in flight at unmount was left to end by itself")
+        }
     }
 
     enum Outcome { case done, failed, stopped }

@@ -6,19 +6,21 @@ import UbiquitySystem
 /// few at once fill the link (as `aws s3 cp` and rclone do).
 func parallelMap<T: Sendable, R: Sendable>(_ items: [T], width: Int, _ body: @escaping @Sendable (T) -> R) -> [R] {
     if items.count <= 1 || width <= 1 { return items.map(body) }
-    let results = Locked<[R?]>(Array(repeating: nil, count: items.count))
-    let slots = DispatchSemaphore(value: width)
-    let group = DispatchGroup()
-    for (i, item) in items.enumerated() {
-        slots.wait()
-        group.enter()
-        DispatchQueue.global().async {
-            let r = body(item)
-            results.withLock { $0[i] = r }
-            slots.signal()
-            group.leave()
+    // Threads of their own (JoinableThread.detach says why not the global queue), each
+    // taking the next item until none is left.
+    let state = Locked<(next: Int, results: [R?])>((0, Array(repeating: nil, count: items.count)))
+    let workers = (0..<min(width, items.count)).map { _ in
+        JoinableThread {
+            while let i = state.withLock({ s -> Int? in
+                guard s.next < items.count else { return nil }
+                defer { s.next += 1 }
+                return s.next
+            }) {
+                let r = body(items[i])
+                state.withLock { $0.results[i] = r }
+            }
         }
     }
-    group.wait()
-    return results.withLock { $0.map { $0! } }
+    for worker in workers { worker.join() }
+    return state.withLock { $0.results.map { $0! } }
 }

@@ -28,9 +28,11 @@ public enum Repair {
             var why = "no pack is known to hold it and it is not in objects/ (format 4)"
             var bytes: [UInt8]?
             if let place = places[id] {
+                let fetched = Locked<[UInt8]?>(nil)
                 let failures = PackFetch(store: backing, width: 1).fetch([PackFetch.Want(id: id, size: Int(size), place: place)]) { _, got in
-                    bytes = got
+                    fetched.withLock { $0 = got }
                 }
+                bytes = fetched.withLock { $0 }
                 if let failure = failures[id] { why = failure }
             }
             if bytes == nil {

@@ -189,18 +189,24 @@ extension SyncEngine {
         let fresh = records.filter { !held.contains($0.id) }
         var places: [ChunkID: ChunkPlace] = [:]
         for record in records { places.merge(record.places) { a, _ in a } }
+        // Places first: a record may name a chunk by a place another record gave, and a
+        // fetch (now, or a reader's later) looks places up in the store.
+        if !places.isEmpty {
+            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                try store.setChunkPlaces(places)
+                return TreeChanges()
+            }
+        }
         let (ready, complete) = try readyRecords(fresh, source: source)
         var start = 0
         repeat {
             let slice = Array(ready[start..<min(ready.count, start + options.pullSlice)])
-            let learn = start == 0 ? places : [:]
             // Local changes are not recorded first here: the directories a reconcile made
             // for records whose own directory record comes in a later slice would be
             // recorded as new local directories (echo records). A local change made while
             // this slice waited on the network meets this reconcile unrecorded: reconcile
             // leaves the paths it touched for the next cycle, which records it first.
             try access.withStore { (store, busy) throws(StoreError) -> TreeChanges in
-                try store.setChunkPlaces(learn)
                 if !slice.isEmpty { try store.addRemote(slice) }
                 return try store.reconcile(busy: busy)
             }
@@ -222,7 +228,18 @@ extension SyncEngine {
             for (id, _) in record.chunks.chunks where record.inline[id] == nil && record.places[id] == nil { unplaced.insert(id) }
         }
         let notHere = unplaced.filter { !chunks.isLocal($0) }
+        // (Stored by `apply` just before: places other records of the batch gave, too.)
         let known = notHere.isEmpty ? [:] : try withStoreValue { (store) throws(StoreError) in try store.chunkPlaces(notHere) }
+        // Small chunks are always here (a TinyPix picture is rendered from them under the
+        // filesystem's lock, with no fetch): one that came with a place and not inline (our
+        // writers never do that) is fetched now, before its record applies.
+        var small: [ChunkWant] = []
+        for record in records {
+            for (id, size) in record.chunks.chunks where size <= RecordCodec.maxInline && record.inline[id] == nil && !chunks.isLocal(id) {
+                small.append(ChunkWant(id: id, size: size))
+            }
+        }
+        if !small.isEmpty { try? chunks.ensureLocal(small) }
         var ready: [SyncRecord] = []
         records: for record in records {
             for (id, size) in record.chunks.chunks {
@@ -240,6 +257,10 @@ extension SyncEngine {
                         continue records
                     }
                     continue
+                }
+                if size <= RecordCodec.maxInline {
+                    logOnce("ubiquity: sync: record \(record.id) of \(source) waits: its small chunk \(id.hex) could not be fetched")
+                    return (ready, false)
                 }
                 if let place = record.places[id] ?? known[id] {
                     guard Pack.isName(place.pack) else {
@@ -262,7 +283,7 @@ extension SyncEngine {
 extension SyncEngine: ChunkSource {
     /// Chunks a reader or the downloader wants: their places looked up under the
     /// filesystem's lock (briefly), then ranged GETs of their packs outside it.
-    public func fetch(_ wants: [ChunkWant], into chunks: ChunkStore) -> [ChunkID: String] {
+    public func fetch(_ wants: [ChunkWant], into chunks: ChunkStore, arrived: @escaping @Sendable (ChunkID) -> Void) -> [ChunkID: String] {
         let places: [ChunkID: ChunkPlace]
         do {
             places = try withStoreValue { (store) throws(StoreError) in try store.chunkPlaces(wants.map(\.id)) }
@@ -280,10 +301,12 @@ extension SyncEngine: ChunkSource {
         }
         let fetched = PackFetch(store: backing.store, width: options.parallelRequests).fetch(located) { id, bytes throws(StoreError) in
             try chunks.put(id, bytes)
+            arrived(id)
         }
         failures.merge(fetched) { a, _ in a }
-        for (id, why) in failures.sorted(by: { $0.key.hex < $1.key.hex }).prefix(3) {
-            logOnce("ubiquity: fetching chunk \(id.hex): \(why)")
+        if let (id, why) = failures.min(by: { $0.key.hex < $1.key.hex }) {
+            // Logged, not remembered (`logOnce` would keep every chunk id for good).
+            log("ubiquity: fetching \(failures.count) chunk(s) failed; chunk \(id.hex): \(why)")
         }
         return failures
     }
@@ -304,8 +327,10 @@ struct PackFetch {
     var gap: Int64 = 256 << 10
     var span: Int64 = 16 << 20
 
-    /// Returns why each chunk that was not kept was not.
-    func fetch(_ wants: [Want], keep: (ChunkID, [UInt8]) throws(StoreError) -> Void) -> [ChunkID: String] {
+    /// Returns why each chunk that was not kept was not. Each run's chunks are verified
+    /// and kept as its GET ends (concurrently with the other runs: `keep` is thread-safe),
+    /// so a reader waiting for one of them goes on before the whole batch is in.
+    func fetch(_ wants: [Want], keep: @escaping @Sendable (ChunkID, [UInt8]) throws(StoreError) -> Void) -> [ChunkID: String] {
         var failures: [ChunkID: String] = [:]
         var runs: [[Want]] = []
         let byPack = Dictionary(grouping: wants) { $0.place.pack }
@@ -327,34 +352,34 @@ struct PackFetch {
             if !run.isEmpty { runs.append(run) }
         }
         let store = self.store
-        let results = parallelMap(runs, width: width) { run -> Result<[UInt8], BackingError> in
+        let results = parallelMap(runs, width: width) { run -> [ChunkID: String] in
             let start = run.first!.place.offset
             let end = run.map { $0.place.offset + Int64($0.size) }.max()!
             // Places come from other devices' records: bounded before any request.
-            guard start >= 8, end > start, end - start <= 64 << 20 else { return .failure(.garbage("a chunk place out of bounds")) }
-            return Result { () throws(BackingError) -> [UInt8] in try store.get(Pack.key(run.first!.place.pack), range: start..<end) }
-        }
-        for (run, result) in zip(runs, results) {
-            let start = run.first!.place.offset
-            switch result {
-            case .failure(let error):
-                for w in run { failures[w.id] = "pack \(w.place.pack): \(error)" }
-            case .success(let bytes):
-                for w in run {
-                    let from = Int(w.place.offset - start)
-                    guard from >= 0, from + w.size <= bytes.count else {
-                        failures[w.id] = "pack \(w.place.pack) came short at \(w.place.offset)"
-                        continue
-                    }
-                    let chunk = Array(bytes[from..<from + w.size])
-                    guard ChunkID(hashing: chunk) == w.id else {
-                        failures[w.id] = "pack \(w.place.pack): the bytes at \(w.place.offset) are not chunk \(w.id.hex)"
-                        continue
-                    }
-                    do { try keep(w.id, chunk) } catch { failures[w.id] = "\(error)" }
-                }
+            guard start >= 8, end > start, end - start <= 64 << 20 else {
+                return Dictionary(run.map { ($0.id, "a chunk place out of bounds") }) { a, _ in a }
             }
+            let bytes: [UInt8]
+            do { bytes = try store.get(Pack.key(run.first!.place.pack), range: start..<end) } catch {
+                return Dictionary(run.map { ($0.id, "pack \($0.place.pack): \(error)") }) { a, _ in a }
+            }
+            var failed: [ChunkID: String] = [:]
+            for w in run {
+                let from = Int(w.place.offset - start)
+                guard from >= 0, from + w.size <= bytes.count else {
+                    failed[w.id] = "pack \(w.place.pack) came short at \(w.place.offset)"
+                    continue
+                }
+                let chunk = Array(bytes[from..<from + w.size])
+                guard ChunkID(hashing: chunk) == w.id else {
+                    failed[w.id] = "pack \(w.place.pack): the bytes at \(w.place.offset) are not chunk \(w.id.hex)"
+                    continue
+                }
+                do { try keep(w.id, chunk) } catch { failed[w.id] = "\(error)" }
+            }
+            return failed
         }
+        for failed in results { failures.merge(failed) { a, _ in a } }
         return failures
     }
 }

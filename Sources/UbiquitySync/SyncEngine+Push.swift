@@ -186,7 +186,8 @@ extension SyncEngine {
         for i in batch.indices {
             for (id, size) in batch[i].chunks.chunks where batch[i].inline[id] == nil {
                 if size <= RecordCodec.maxInline {
-                    do { batch[i].inline[id] = try chunks.read(id) } catch {
+                    // (Fetched if it is not here: the push runs outside every lock.)
+                    do { batch[i].inline[id] = try chunks.read(id, size: size) } catch {
                         guard tolerant else { throw error }
                         logOnce("ubiquity: sync: writing a checkpoint: chunk \(id.hex) of \(batch[i].path) cannot be read here (\(error)); its record names it by hash")
                     }
@@ -297,6 +298,10 @@ extension SyncEngine {
                 group.leave()
             }
         }
+        // Those that are not here (files on demand) are fetched in one batch, not one by
+        // one below (a chunk that cannot be fetched fails there as it did).
+        let remote = ids.filter { !chunks.isLocal($0) }.compactMap { id in sizes[id].map { ChunkWant(id: id, size: $0) } }
+        if !remote.isEmpty { try? chunks.ensureLocal(remote) }
         var writer = Pack.Writer()
         var failure: StoreError?
         for id in ids {

@@ -18,6 +18,15 @@ public final class JoinableThread: @unchecked Sendable {
     }
 
     public func join() { pthread_join(thread, nil) }
+
+    /// Runs `body` on a thread of its own that nobody joins. For work that blocks on the
+    /// network: libdispatch's global queues run about one thread per core on Linux and do
+    /// not add threads when those block, so requests stalled there starve every other
+    /// piece of work queued behind them.
+    public static func detach(_ body: @escaping @Sendable () -> Void) {
+        let thread = JoinableThread(body)
+        pthread_detach(thread.thread)
+    }
 }
 
 /// Lowers the calling thread's priority (nice 10): background work (gc, prune) then

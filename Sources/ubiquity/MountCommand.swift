@@ -49,7 +49,7 @@ struct MountCommand: ParsableCommand {
     @Option(help: "Seconds between sync cycles (local changes out, other devices' changes in). While this device or a peer changed something in the last 5 minutes a cycle runs every 0.5 s at most; when all is quiet the look at the backing store backs off to 40 s.")
     var poll = 1.0
 
-    @Option(help: ArgumentHelp("How file contents come to this device: `all` (the default) downloads every file in the background once its record is in, `on-demand` only what is read (or `ubiquity download`). Files show at once either way. Also `download = ...` in ~/.config/ubiquity/<container>.conf.", valueName: "all|on-demand"))
+    @Option(help: ArgumentHelp("How file contents come to this device: `all` (the default) downloads every file in the background once its record is in, `on-demand` only what is read. Files show at once either way. Also `download = ...` in ~/.config/ubiquity/<container>.conf.", valueName: "all|on-demand"))
     var download: String?
 
     @Option(help: ArgumentHelp("Seconds a read of content that is not on this device waits for the backing store before it fails with EIO (default 30).", valueName: "SECONDS"))

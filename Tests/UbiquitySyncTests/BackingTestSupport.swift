@@ -14,6 +14,9 @@ final class RecordingStore: BackingStore {
         case before(BackingError)
         /// The request has its effect, then fails (the answer is lost).
         case after(BackingError)
+        /// The request waits this many microseconds first (a server that stalls; the
+        /// wait is outside the recorder's lock, so other requests go on meanwhile).
+        case stall(UInt32)
     }
 
     struct Call: Sendable, CustomStringConvertible {
@@ -47,6 +50,7 @@ final class RecordingStore: BackingStore {
             return s.fault?(op, key)
         }
         if case .before(let error) = fault { throw error }
+        if case .stall(let micros) = fault { usleep(micros) }
         let result = try body()
         if case .after(let error) = fault { throw error }
         return result
