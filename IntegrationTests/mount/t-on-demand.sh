@@ -8,6 +8,10 @@
 # user.ubiquity.downloaded says not-downloaded / partial / current; a .tinypix shows
 # its grid. The backing directory cut: a read fails with EIO after --fetch-timeout,
 # `ls` still answers, the status says why, and the same read works once it is back.
+# `ubiquity download` makes a directory local; `ubiquity evict` drops a file's local
+# copies (also while a reader holds it open, which reads on right) and refuses a file
+# open for writing, one not uploaded and a pinned one; a pinned file's new version comes
+# by itself on demand; after unpin it can be evicted.
 # SIGKILL while a big file is being fetched: after the remount it reads right and fsck
 # finds no damage. gamma joins with the default (`--download all`): files show first,
 # then every byte arrives in the background.
@@ -107,6 +111,76 @@ assert_daemon_alive beta
 mv "$BACKING.away" "$BACKING"
 assert_eq "$(cat "$A/many/d07/f00707.txt")" "$(cat "$B/many/d07/f00707.txt")" "f00707.txt on beta once the backing directory is back"
 
+step "ubiquity download: a directory made local, the command returns when it is"
+out=$(ubq download "$B/many/d01")
+assert_contains "$out" "many/d01: 100 file(s)" "ubiquity download's summary"
+for f in "$B"/many/d01/*; do
+  [[ $(xattr "$f" user.ubiquity.downloaded) == current ]] || fail "$f is not current after ubiquity download"
+done
+
+step "ubiquity evict: local copies dropped, the file still listed and read again on demand"
+assert_eq current "$(xattr "$B/one.bin" user.ubiquity.downloaded)" "one.bin before evict"
+out=$(ubq evict "$B/one.bin")
+assert_contains "$out" "evicted $B/one.bin" "ubiquity evict's report"
+assert_eq not-downloaded "$(xattr "$B/one.bin" user.ubiquity.downloaded)" "one.bin after evict"
+blocks=$(stat -c %b "$B/one.bin")
+((blocks <= 2)) || fail "st_blocks of one.bin after evict: $blocks"
+assert_same_file "$ROOT/one.bin" "$B/one.bin" "one.bin read again after evict"
+
+step "evict while a reader holds the file open: the reader reads on, right"
+python3 - "$B/one.bin" "$ROOT/one.bin" "$UBIQUITY" <<'PYEOF'
+import os, subprocess, sys
+path, ref, ubq = sys.argv[1], open(sys.argv[2], "rb").read(), sys.argv[3]
+fd = os.open(path, os.O_RDONLY)
+head = os.read(fd, 1 << 20)
+out = subprocess.run([ubq, "evict", path], capture_output=True, text=True)
+if out.returncode != 0:
+    sys.exit(f"evict of a file open for reading failed: {out.stdout} {out.stderr}")
+rest = b""
+while True:
+    piece = os.read(fd, 1 << 20)
+    if not piece:
+        break
+    rest += piece
+if head + rest != ref:
+    sys.exit("the reader read wrong bytes across the eviction")
+PYEOF
+
+step "evict refuses a file open for writing, one not uploaded, and a pinned one, and says why"
+python3 - "$B/many/d01/f00100.txt" "$UBIQUITY" <<'PYEOF'
+import os, subprocess, sys
+path, ubq = sys.argv[1], sys.argv[2]
+fd = os.open(path, os.O_RDWR)
+os.pwrite(fd, b"X", 0)
+out = subprocess.run([ubq, "evict", path], capture_output=True, text=True)
+os.close(fd)
+if out.returncode == 0 or "open for writing" not in out.stderr:
+    sys.exit(f"evict of a file open for writing: exit {out.returncode}, [{out.stdout}] [{out.stderr}]")
+PYEOF
+pause_dev "$B"
+head -c 5000 /dev/urandom >"$B/fresh.bin"
+rc=0
+err=$("$UBIQUITY" evict "$B/fresh.bin" 2>&1 >/dev/null) || rc=$?
+assert_eq 1 "$rc" "exit status of evict of a file not uploaded"
+assert_contains "$err" "not uploaded yet" "evict of a file not uploaded"
+resume_dev "$B"
+ubq pin "$B/big.bin" >/dev/null
+assert_eq current "$(xattr "$B/big.bin" user.ubiquity.downloaded)" "big.bin after pin (downloaded)"
+rc=0
+err=$("$UBIQUITY" evict "$B/big.bin" 2>&1 >/dev/null) || rc=$?
+assert_eq 1 "$rc" "exit status of evict of a pinned file"
+assert_contains "$err" "pinned" "evict of a pinned file"
+
+step "a pinned file's new version comes by itself, even on demand; unpin, then evict works"
+head -c $((2 << 20)) /dev/urandom >"$ROOT/big2.bin"
+cp "$ROOT/big2.bin" "$A/big.bin"
+wait_eq -t 30 $((2 << 20)) "size of alpha's new big.bin on beta" stat -c %s "$B/big.bin"
+wait_eq -t 30 current "the new version of pinned big.bin downloaded on beta" xattr "$B/big.bin" user.ubiquity.downloaded
+assert_same_file "$ROOT/big2.bin" "$B/big.bin" "big.bin's new version on beta"
+ubq unpin "$B/big.bin" >/dev/null
+ubq evict "$B/big.bin" >/dev/null
+assert_eq not-downloaded "$(xattr "$B/big.bin" user.ubiquity.downloaded)" "big.bin after unpin and evict"
+
 step "SIGKILL while a big file is being fetched; after the remount it reads right"
 cat "$B/kill.bin" >/dev/null 2>&1 &
 reader=$!
@@ -128,7 +202,7 @@ wait_eq -t 60 current "downloaded state of big.bin on gamma" xattr "$C/big.bin" 
 wait_eq -t 60 current "downloaded state of the last small file on gamma" xattr "$C/many/d99/f09999.txt" user.ubiquity.downloaded
 gets=$(status_count "$C" gets)
 log "gamma downloaded everything with $gets GETs"
-assert_same_file "$ROOT/big.bin" "$C/big.bin" "big.bin on gamma"
+assert_same_file "$ROOT/big2.bin" "$C/big.bin" "big.bin (its second version) on gamma"
 assert_eq "$(cat "$A/many/d00/f00001.txt")" "$(cat "$C/many/d00/f00001.txt")" "f00001.txt on gamma"
 
 pass

@@ -14,8 +14,11 @@ public enum ControlRequest: Codable, Equatable, Sendable {
     case watchKeyValues
     /// A consistent listing, then (with `watch`) file events.
     case query(ControlQuery)
+    /// `{"request":"download","path":"docs"}` (or evict, pin, unpin): the files at or
+    /// below a path of the container, with progress and a result per file that did not go.
+    case files(ControlFilesAction, path: String)
 
-    enum CodingKeys: String, CodingKey { case request }
+    enum CodingKeys: String, CodingKey { case request, path }
 
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
@@ -24,6 +27,9 @@ public enum ControlRequest: Codable, Equatable, Sendable {
         case .query(let query):
             try c.encode("query", forKey: .request)
             try query.encode(to: encoder)
+        case .files(let action, let path):
+            try c.encode(action.rawValue, forKey: .request)
+            try c.encode(path, forKey: .path)
         }
     }
 
@@ -32,6 +38,8 @@ public enum ControlRequest: Codable, Equatable, Sendable {
         switch try c.decode(String.self, forKey: .request) {
         case "watch-kv": self = .watchKeyValues
         case "query": self = .query(try ControlQuery(from: decoder))
+        case let verb where ControlFilesAction(rawValue: verb) != nil:
+            self = .files(ControlFilesAction(rawValue: verb)!, path: try c.decode(String.self, forKey: .path))
         case let other:
             throw DecodingError.dataCorruptedError(forKey: .request, in: c, debugDescription: "unknown request \(other)")
         }
@@ -70,6 +78,7 @@ public enum ControlRequest: Codable, Equatable, Sendable {
     public var wordLine: String {
         switch self {
         case .watchKeyValues: return "watch-kv"
+        case .files(let action, let path): return "\(action.rawValue) path=\(RecordCodec.percent(path))"
         case .query(let q):
             var line = "query scope=\(RecordCodec.percent(q.scope)) hidden=\(q.hidden ? 1 : 0) watch=\(q.watch ? 1 : 0)"
             if let name = q.name { line += " name=" + RecordCodec.percent(name) }
@@ -143,8 +152,16 @@ public enum ControlReply: Codable, Equatable, Sendable {
     case fileEvent(ControlFileEvent, path: String, file: ControlFile?)
     /// `{"event":"changed","key":...}`: another device changed a key.
     case keyValueChanged(ControlKeyChange)
+    /// `{"event":"progress","files":3,"of":10,"bytes":..,"ofBytes":..}`: how far a files
+    /// request is (bytes fetched, or freed by an eviction; `ofBytes` 0 when not known).
+    case progress(files: Int, of: Int, bytes: Int64, ofBytes: Int64)
+    /// `{"event":"result","path":..,"result":"done"|"refused"|"failed","bytes":..,"detail":..}`:
+    /// one file of a files request (each one that did not go, and each eviction).
+    case result(path: String, result: String, bytes: Int64, detail: String)
+    /// `{"event":"finished","files":N,"bytes":B,"problems":K}`: the end of a files request.
+    case finished(files: Int, bytes: Int64, problems: Int)
 
-    enum CodingKeys: String, CodingKey { case error, event, count, path, key, state }
+    enum CodingKeys: String, CodingKey { case error, event, count, path, key, state, files, of, bytes, ofBytes, result, detail, problems }
 
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
@@ -162,6 +179,23 @@ public enum ControlReply: Codable, Equatable, Sendable {
         case .keyValueChanged(let change):
             try c.encode("changed", forKey: .event)
             try change.encode(to: encoder)
+        case .progress(let files, let of, let bytes, let ofBytes):
+            try c.encode("progress", forKey: .event)
+            try c.encode(files, forKey: .files)
+            try c.encode(of, forKey: .of)
+            try c.encode(bytes, forKey: .bytes)
+            try c.encode(ofBytes, forKey: .ofBytes)
+        case .result(let path, let result, let bytes, let detail):
+            try c.encode("result", forKey: .event)
+            try c.encode(path, forKey: .path)
+            try c.encode(result, forKey: .result)
+            try c.encode(bytes, forKey: .bytes)
+            try c.encode(detail, forKey: .detail)
+        case .finished(let files, let bytes, let problems):
+            try c.encode("finished", forKey: .event)
+            try c.encode(files, forKey: .files)
+            try c.encode(bytes, forKey: .bytes)
+            try c.encode(problems, forKey: .problems)
         }
     }
 
@@ -177,6 +211,15 @@ public enum ControlReply: Codable, Equatable, Sendable {
         case "overflow": self = .overflow
         case "gathered": self = .gathered(count: try c.decode(Int.self, forKey: .count))
         case "changed" where c.contains(.key): self = .keyValueChanged(try ControlKeyChange(from: decoder))
+        case "progress":
+            self = .progress(files: try c.decode(Int.self, forKey: .files), of: try c.decode(Int.self, forKey: .of),
+                             bytes: try c.decode(Int64.self, forKey: .bytes), ofBytes: try c.decode(Int64.self, forKey: .ofBytes))
+        case "result":
+            self = .result(path: try c.decode(String.self, forKey: .path), result: try c.decode(String.self, forKey: .result),
+                           bytes: try c.decode(Int64.self, forKey: .bytes), detail: try c.decode(String.self, forKey: .detail))
+        case "finished":
+            self = .finished(files: try c.decode(Int.self, forKey: .files), bytes: try c.decode(Int64.self, forKey: .bytes),
+                             problems: try c.decode(Int.self, forKey: .problems))
         default:
             guard let kind = ControlFileEvent(rawValue: event) else {
                 throw DecodingError.dataCorruptedError(forKey: .event, in: c, debugDescription: "unknown event \(event)")
@@ -186,6 +229,11 @@ public enum ControlReply: Codable, Equatable, Sendable {
             self = .fileEvent(kind, path: path, file: file)
         }
     }
+}
+
+/// What a files request does (`ubiquity download`, `evict`, `pin`, `unpin`).
+public enum ControlFilesAction: String, Codable, Sendable, CaseIterable {
+    case download, evict, pin, unpin
 }
 
 /// What happened to a file (FileEvent.Kind).

@@ -117,7 +117,58 @@ public final class ControlServer: @unchecked Sendable {
         switch request {
         case .watchKeyValues: watchKeyValues(fd)
         case .query(let q): query(fd, q)
+        case .files(let action, let path): files(fd, action, path)
         }
+    }
+
+    /// A files request: each file at or below `path` in turn, progress every 0.2 s at most,
+    /// a result line for each file that did not go (and each eviction), then `finished`.
+    /// A client that goes away ends it after the file in hand.
+    private func files(_ fd: Int32, _ action: ControlFilesAction, _ path: String) {
+        let targets: [(ino: InodeNumber, path: String, absent: Int64)]
+        do { targets = try fs.keepTargets(at: path) } catch {
+            _ = send(fd, .error("\(path.isEmpty ? "/" : path): \(error == .notFound ? "no such file or directory" : "\(error)")"))
+            return
+        }
+        let fetching = action == .download || action == .pin
+        let ofBytes = fetching ? targets.reduce(Int64(0)) { $0.addingClamped($1.absent) } : 0
+        var (done, bytes, problems) = (0, Int64(0), 0)
+        var lastProgress = Int64(0)
+        func progress(force: Bool) -> Bool {
+            let now = nowNanos()
+            guard force || now - lastProgress > 200_000_000 else { return true }
+            lastProgress = now
+            return send(fd, .progress(files: done, of: targets.count, bytes: bytes, ofBytes: ofBytes))
+        }
+        guard progress(force: true) else { return }
+        for target in targets {
+            var outcome = FileSystem.KeepOutcome.done(bytes: 0)
+            do {
+                switch action {
+                case .download: outcome = fs.download(target.ino) { bytes += $0; _ = progress(force: false) }
+                case .pin:
+                    try fs.setKeep(target.ino, .pinned)
+                    outcome = fs.download(target.ino) { bytes += $0; _ = progress(force: false) }
+                case .unpin: try fs.setKeep(target.ino, .automatic)
+                case .evict:
+                    outcome = fs.evict(target.ino)
+                    if case .done(let freed) = outcome { bytes += freed }
+                }
+            } catch {
+                outcome = .failed("\(error)")
+            }
+            done += 1
+            let line: ControlReply?
+            switch outcome {
+            case .refused(let why): problems += 1; line = .result(path: target.path, result: "refused", bytes: 0, detail: why)
+            case .failed(let why): problems += 1; line = .result(path: target.path, result: "failed", bytes: 0, detail: why)
+            case .done(let freed): line = action == .evict ? .result(path: target.path, result: "done", bytes: freed, detail: "") : nil
+            }
+            if let line, !send(fd, line) { return }
+            if !progress(force: false) || peerClosed(fd) { return }
+        }
+        _ = progress(force: true)
+        _ = send(fd, .finished(files: done, bytes: bytes, problems: problems))
     }
 
     private func watchKeyValues(_ fd: Int32) {

@@ -324,6 +324,24 @@ public final class ChunkStore: Sendable {
         try fetcher.fetch(missing + next, into: self, waiting: missing.count)
     }
 
+    /// Deletes the local files of chunks that are safe in the backing store (`ubiquity
+    /// evict`; the caller checked their packs). Small chunks (rows) stay: they cost little
+    /// and travel inside records. Returns the disk space freed. A commit that reuses one
+    /// of them meanwhile names it by its place: it is fetched when read.
+    public func evict(_ ids: [ChunkID]) -> Int64 {
+        var freed: Int64 = 0
+        for id in ids {
+            let p = path(of: id)
+            claims.withLock { _ in
+                var st = stat()
+                guard stat(p, &st) == 0, unlink(p) == 0 else { return }
+                freed += Int64(st.st_blocks) * 512
+            }
+            cache.withLock { $0.remove(id) }
+        }
+        return freed
+    }
+
     /// Fetches the chunks for background downloading: waits for them, as a reader does.
     public func download(_ wants: [ChunkWant]) throws(StoreError) { try ensureLocal(wants) }
 

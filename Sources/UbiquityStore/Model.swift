@@ -37,6 +37,8 @@ public struct Inode: Sendable, Equatable {
     /// counts `allocated - absent`; 0 once downloaded). Refreshed when a file's chunks
     /// arrive or go (`Store.refreshAbsent`).
     public var absent: Int64 = 0
+    /// What this device keeps of the file (files on demand; local, never synced).
+    public var keep = KeepPolicy.automatic
     public var atime: Nanos
     public var mtime: Nanos
     public var ctime: Nanos
@@ -55,6 +57,16 @@ public struct Inode: Sendable, Equatable {
         atime = time; mtime = time; ctime = time
         self.rdev = rdev; self.target = target; self.fileID = fileID
     }
+}
+
+/// What a device keeps of a file's content (`ubiquity pin`, `evict`).
+public enum KeepPolicy: Int64, Sendable {
+    /// As the mount's `--download` mode says (and the cache limit may evict it).
+    case automatic = 0
+    /// Always here: downloaded in either mode, never evicted by the cache limit.
+    case pinned = 1
+    /// Evicted by hand: not downloaded again in the background (a read still fetches).
+    case evicted = 2
 }
 
 /// One committed version (metadata only; the chunk list is loaded on demand).

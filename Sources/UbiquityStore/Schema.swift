@@ -13,7 +13,8 @@ enum Schema {
             uid INTEGER NOT NULL, gid INTEGER NOT NULL, size INTEGER NOT NULL,
             atime INTEGER NOT NULL, mtime INTEGER NOT NULL, ctime INTEGER NOT NULL,
             rdev INTEGER NOT NULL, target TEXT, file_id TEXT, head INTEGER, allocated INTEGER,
-            nlink INTEGER NOT NULL DEFAULT 0, parent INTEGER, name TEXT, absent INTEGER NOT NULL DEFAULT 0)
+            nlink INTEGER NOT NULL DEFAULT 0, parent INTEGER, name TEXT, absent INTEGER NOT NULL DEFAULT 0,
+            keep INTEGER NOT NULL DEFAULT 0)
         """,
         // Directory entries: names are UTF-8 (the filesystem refuses others with EILSEQ).
         """
@@ -98,14 +99,15 @@ enum Schema {
     /// Format 6 (journal generations), on sync_peers: `generation`; on versions: `lineage`,
     /// the record's dot and context (`Lineage.stored(device:)`; NULL for records made before).
     /// Format 11 (files on demand), on inodes: `absent`, bytes of the current content that
-    /// are not on this device (0: everything is here, as in every store before).
+    /// are not on this device (0: everything is here, as in every store before); `keep`,
+    /// the file's KeepPolicy (0 automatic, 1 pinned, 2 evicted).
     static let addedColumns = [
         ("versions", "kind", "INTEGER NOT NULL DEFAULT 1"), ("versions", "target", "TEXT"), ("versions", "xattrs", "BLOB"),
         ("versions", "meta", "INTEGER NOT NULL DEFAULT 0"), ("versions", "uploaded", "INTEGER NOT NULL DEFAULT 0"),
         ("inodes", "allocated", "INTEGER"),
         ("inodes", "nlink", "INTEGER NOT NULL DEFAULT 0"), ("inodes", "parent", "INTEGER"), ("inodes", "name", "TEXT"),
         ("sync_peers", "generation", "INTEGER NOT NULL DEFAULT 0"), ("versions", "lineage", "TEXT"),
-        ("inodes", "absent", "INTEGER NOT NULL DEFAULT 0"),
+        ("inodes", "absent", "INTEGER NOT NULL DEFAULT 0"), ("inodes", "keep", "INTEGER NOT NULL DEFAULT 0"),
     ]
 }
 

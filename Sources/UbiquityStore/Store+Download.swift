@@ -45,17 +45,29 @@ extension Store {
     public func refreshAbsent(_ id: InodeNumber) throws(StoreError) -> Int64 {
         guard var inode = try node(id)?.inode, inode.kind == .file, let head = inode.head else { return 0 }
         let absent = min(absentBytes(try chunkList(row: head)), inode.allocated)
-        if absent != inode.absent {
+        // A file evicted by hand that is all here again (it was read) is kept as usual.
+        let keep = absent == 0 && inode.keep == .evicted ? KeepPolicy.automatic : inode.keep
+        if absent != inode.absent || keep != inode.keep {
             inode.absent = absent
+            inode.keep = keep
             try update(inode)
         }
         return absent
     }
 
-    /// Files whose content is not all here, in inode order after `after`, at most `limit`.
-    public func filesNotDownloaded(after: InodeNumber, limit: Int) throws(StoreError) -> [InodeNumber] {
-        try db.rows("SELECT id FROM inodes WHERE absent > 0 AND id > ? ORDER BY id LIMIT ?",
+    /// Files whose content is not all here that background downloading fetches, in inode
+    /// order after `after`, at most `limit`: with `everything` (`--download all`) all but
+    /// those evicted by hand, else only the pinned ones.
+    public func filesNotDownloaded(after: InodeNumber, limit: Int, everything: Bool) throws(StoreError) -> [InodeNumber] {
+        try db.rows("SELECT id FROM inodes WHERE absent > 0 AND id > ? AND \(everything ? "keep != 2" : "keep = 1") ORDER BY id LIMIT ?",
                     [.int(Int64(bitPattern: after)), .int(Int64(limit))]) { InodeNumber(bitPattern: $0.int(0)) }
+    }
+
+    /// Sets what this device keeps of file `id` (local state: never synced).
+    public func setKeep(_ id: InodeNumber, _ keep: KeepPolicy) throws(StoreError) {
+        guard var inode = try node(id)?.inode, inode.kind == .file, inode.keep != keep else { return }
+        inode.keep = keep
+        try update(inode)
     }
 
     /// The chunks of unresolved conflict versions that are not here (each once): in `all`

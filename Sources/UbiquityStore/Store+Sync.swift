@@ -549,7 +549,7 @@ extension Store {
     }
 
     /// (parent, name, inode) of the entry at `path`.
-    func locate(_ path: String) -> (InodeNumber, String, InodeNumber)? {
+    public func locate(_ path: String) -> (InodeNumber, String, InodeNumber)? {
         guard let (parentPath, name) = splitPath(path), let parent = locateDirectory(parentPath),
               let id = child(parent, name) else { return nil }
         return (parent, name, id)
@@ -654,4 +654,7 @@ public protocol SyncControl: AnyObject, Sendable {
     /// pruning made that worth it and collects unused objects. `now` in seconds since the
     /// epoch. Returns a report line.
     func collectBacking(now: Int64, progress: ((String, Int, Int) -> Void)?) throws(StoreError) -> String
+    /// Of `packs`, those the backing store holds and does not mean to delete (no fossil
+    /// marker): what `ubiquity evict` may rely on. Requests, outside every lock.
+    func packsPresent(_ packs: Set<String>) throws(StoreError) -> Set<String>
 }

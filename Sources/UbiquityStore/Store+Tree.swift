@@ -4,7 +4,7 @@
 /// or its path costs a few indexed reads and nothing is loaded at open. Each mutation is
 /// one transaction, so a crash leaves the tree as it was before or after it.
 extension Store {
-    static let inodeColumns = "id, kind, mode, uid, gid, size, atime, mtime, ctime, rdev, target, file_id, head, allocated, nlink, parent, name, absent"
+    static let inodeColumns = "id, kind, mode, uid, gid, size, atime, mtime, ctime, rdev, target, file_id, head, allocated, nlink, parent, name, absent, keep"
 
     func loadTree() throws(StoreError) {
         if try db.rows("SELECT count(*) FROM inodes WHERE id = 1", [], { $0.int(0) }).first == 0 && !readOnly {
@@ -46,6 +46,7 @@ extension Store {
         inode.allocated = r.isNull(13) ? inode.size : checkedSize(r.int(13))
         inode.nlink = UInt32(clamping: max(r.int(14), 0))
         inode.absent = min(checkedSize(r.int(17)), inode.allocated)
+        inode.keep = KeepPolicy(rawValue: r.int(18)) ?? .automatic
         let link = r.isNull(15) ? nil : EntryRef(parent: InodeNumber(bitPattern: r.int(15)), name: r.text(16))
         return .success(TreeNode(inode: inode, link: link))
     }
@@ -112,7 +113,7 @@ extension Store {
     }
 
     static let qualifiedInodeColumns = inodeColumns.split(separator: ",").map { "i." + $0.filter { $0 != " " } }.joined(separator: ", ")
-    /// The inode's columns, then the entry's name (column 18: `entriesWithInodes`).
+    /// The inode's columns, then the entry's name (column 19: `entriesWithInodes`).
     static let listingColumns = inodeColumns.split(separator: ",").map { column -> String in
         let name = String(column.filter { $0 != " " })
         return name == "target" || name == "file_id" ? "NULL" : "i." + name
@@ -126,7 +127,7 @@ extension Store {
             return try db.rows("""
                 SELECT \(Self.listingColumns), e.name FROM entries e JOIN inodes i ON i.id = e.inode
                 WHERE e.parent = ? ORDER BY e.name
-                """, [.int(Int64(bitPattern: parent))]) { r in (r.text(18), Self.treeNode(r)) }
+                """, [.int(Int64(bitPattern: parent))]) { r in (r.text(19), Self.treeNode(r)) }
             .compactMap { (name, node) in
                 switch node {
                 case .success(let n): return (name: name, inode: n.inode, primaryName: n.link?.name)
@@ -356,9 +357,9 @@ extension Store {
             .int(Int64(bitPattern: inode.rdev)), inode.target.map { .text($0) } ?? .null,
             inode.fileID.map { .text($0) } ?? .null, inode.head.map { .int($0) } ?? .null, .int(inode.allocated),
             .int(Int64(inode.nlink)), node.link.map { .int(Int64(bitPattern: $0.parent)) } ?? .null,
-            node.link.map { .text($0.name) } ?? .null, .int(inode.absent),
+            node.link.map { .text($0.name) } ?? .null, .int(inode.absent), .int(inode.keep.rawValue),
         ]
-        try db.query("\(insert ? "INSERT" : "REPLACE") INTO inodes(\(Self.inodeColumns)) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", values)
+        try db.query("\(insert ? "INSERT" : "REPLACE") INTO inodes(\(Self.inodeColumns)) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", values)
     }
 
     /// Format 4 upgrade: every inode's link count and primary name, from its entries (the

@@ -11,8 +11,9 @@ public enum DownloadMode: String, Sendable, CaseIterable {
     case onDemand = "on-demand"
 }
 
-/// Background downloading (`--download all`): walks the files whose content is not all
-/// here (`Store.filesNotDownloaded`, an index, so the walk costs what is left to fetch),
+/// Background downloading: with `--download all` (`everything`) of every file but those
+/// evicted by hand, and of the unresolved conflict versions; on demand, of pinned files
+/// only. Walks the files whose content is not all here (`Store.filesNotDownloaded`, an index, so the walk costs what is left to fetch),
 /// fetches their chunks a batch of files at a time (neighbours in a pack in one GET), and
 /// refreshes their counts. It yields to readers: while a reader waits for a fetch, no new
 /// batch starts. A batch that fails (offline) is tried again after a wait that doubles up
@@ -20,6 +21,8 @@ public enum DownloadMode: String, Sendable, CaseIterable {
 final class Downloader: @unchecked Sendable {
     private let access: StoreAccess
     private let chunks: ChunkStore
+    /// `--download all`: everything; else only pinned files.
+    private let everything: Bool
     private let wake = DispatchSemaphore(value: 0)
     private let finished = DispatchSemaphore(value: 0)
     private let state = Locked(State())
@@ -36,9 +39,10 @@ final class Downloader: @unchecked Sendable {
     static let batchFiles = 64
     static let batchBytes = 16 << 20
 
-    init(access: StoreAccess, chunks: ChunkStore) {
+    init(access: StoreAccess, chunks: ChunkStore, everything: Bool) {
         self.access = access
         self.chunks = chunks
+        self.everything = everything
     }
 
     /// Turns downloading on or off (pause, offline, the mode).
@@ -93,7 +97,7 @@ final class Downloader: @unchecked Sendable {
     /// its contents here).
     func runPass() -> Outcome {
         let files = walkFiles()
-        guard files != .stopped else { return .stopped }
+        guard files != .stopped, everything else { return files }
         var conflicts: [ChunkWant] = []
         do {
             try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
@@ -121,7 +125,7 @@ final class Downloader: @unchecked Sendable {
                 try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
                     var bytes = 0
                     var seen: Set<ChunkID> = []
-                    for ino in try store.filesNotDownloaded(after: after, limit: Self.batchFiles) {
+                    for ino in try store.filesNotDownloaded(after: after, limit: Self.batchFiles, everything: everything) {
                         files.append(ino)
                         for want in try store.missingChunks(of: ino) where seen.insert(want.id).inserted {
                             wants.append(want)

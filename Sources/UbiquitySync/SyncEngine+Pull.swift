@@ -280,6 +280,29 @@ extension SyncEngine {
 
 // MARK: files on demand
 
+extension SyncEngine {
+    /// One LIST of `fossils/` and a HEAD per pack (SyncControl).
+    public func packsPresent(_ packs: Set<String>) throws(StoreError) -> Set<String> {
+        let candidates = packs.filter(Pack.isName)
+        if candidates.isEmpty { return [] }
+        let fossils = try backing.fossils()
+        let store = backing.store
+        let names = candidates.filter { fossils[$0] == nil }.sorted()
+        let found = parallelMap(names, width: options.parallelRequests) { pack -> Result<Bool, BackingError> in
+            Result { () throws(BackingError) -> Bool in try store.stat(Pack.key(pack)) != nil }
+        }
+        var present: Set<String> = []
+        for (pack, result) in zip(names, found) {
+            switch result {
+            case .success(true): present.insert(pack)
+            case .success(false): break
+            case .failure(let error): throw Backing.storeError(error, "stat \(Pack.key(pack))")
+            }
+        }
+        return present
+    }
+}
+
 extension SyncEngine: ChunkSource {
     /// Chunks a reader or the downloader wants: their places looked up under the
     /// filesystem's lock (briefly), then ranged GETs of their packs outside it.

@@ -88,7 +88,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     var memory = Memory()
     /// Uploads the chunks this device writes while they are written (PackStager).
     let stager: PackStager
-    /// Fetches the contents of files not downloaded (`--download all`).
+    /// Fetches the contents of files not downloaded (`--download all`; pinned files always).
     let downloader: Downloader
     private let wake = DispatchSemaphore(value: 0)
     private let finished = DispatchSemaphore(value: 0)
@@ -134,7 +134,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         deviceName = store.deviceName
         self.options = options
         stager = PackStager(store: backing, limit: options.parallelRequests)
-        downloader = Downloader(access: access, chunks: store.chunks)
+        downloader = Downloader(access: access, chunks: store.chunks, everything: options.download == .all)
         chunks.observeWritten { [stager] id, bytes in stager.add(id, bytes) }
         // Chunks that are not here come from this engine's backing store (files on demand).
         chunks.setSource(self)
@@ -324,7 +324,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
                     try pull()
                     // Without a loop (a store synced by hand, tests), the contents of what
                     // came in follow now, before the push can fail and end the cycle.
-                    if options.download == .all && !started {
+                    if !started {
                         downloader.setEnabled(true)
                         _ = downloader.runPass()
                     }
@@ -343,7 +343,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         // state's lock, which `pause` holds to turn it off: no cycle turns it back on).
         state.withLock { s in
             stager.setEnabled(pushPull && failed == nil && !s.paused && !s.stopped)
-            downloader.setEnabled(options.download == .all && pushPull && failed == nil && !s.paused && !s.stopped)
+            downloader.setEnabled(pushPull && failed == nil && !s.paused && !s.stopped)
         }
         state.withLock { s in
             s.pending = pending

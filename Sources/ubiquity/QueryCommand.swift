@@ -78,7 +78,7 @@ struct QueryCommand: ParsableCommand {
         case .overflow: return "-- some changes were skipped (too many at once): run the query again"
         case .file(let file): return row(file)
         case .fileEvent(let kind, let path, let file): return "\(kind.rawValue)\t" + (file.map(row) ?? "\t\t\t\(path)")
-        case .error, .watching, .keyValueChanged: return line
+        case .error, .watching, .keyValueChanged, .progress, .result, .finished: return line
         }
     }
 }

@@ -23,5 +23,6 @@ struct Ubiquity: ParsableCommand {
                       SyncCommand.self, PauseCommand.self, ResumeCommand.self,
                       ConflictsCommand.self, ResolveCommand.self,
                       VersionsCommand.self, RestoreCommand.self, PruneCommand.self, GcCommand.self,
-                      FsckCommand.self, TinyPixCommand.self, KeyValueCommand.self, QueryCommand.self])
+                      FsckCommand.self, TinyPixCommand.self, KeyValueCommand.self, QueryCommand.self,
+                      DownloadCommand.self, EvictCommand.self, PinCommand.self, UnpinCommand.self])
 }

@@ -280,3 +280,103 @@ import UbiquitySystem
         #expect(try OnDemandTests.read("pic.tinypix", on: b) == bytes)
     }
 }
+
+/// `ubiquity evict`, `download`, `pin` at the filesystem's level: what goes, what is
+/// refused and why, and eviction against commits that reuse the chunks it drops.
+@Suite struct EvictTests {
+    static func device(_ name: String, _ temp: TempDirectory, _ store: any BackingStore, onDemand: Bool = false) throws -> SimDevice {
+        let d = try SyncCostTests.device(name, temp, store, options: onDemand ? OnDemandTests.onDemand() : SyncEngine.Options())
+        d.fs.attach(sync: d.engine)
+        return d
+    }
+
+    static func ino(_ name: String, _ d: SimDevice) throws -> InodeNumber { try d.fs.lookup(parent: Store.rootInode, name: name).ino }
+
+    @Test func evictDropsLocalCopiesThatAReadFetchesAgain() throws {
+        print("EvictTests.evictDropsLocalCopiesThatAReadFetchesAgain seed 48")
+        var rng = SplitMix64(seed: 48)
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let store = RecordingStore(MemoryStore())
+        let a = try Self.device("a", temp, store)
+        let bytes = Array(randomText(700 << 10, &rng).utf8)
+        try OnDemandTests.write("doc.bin", bytes, on: a)
+        try a.engine.cycle(pushPull: true)
+        let b = try Self.device("b", temp, store) // --download all
+        try b.engine.cycle(pushPull: true)
+        #expect(try OnDemandTests.downloaded("doc.bin", on: b) == "current")
+        guard case .done(let freed) = b.fs.evict(try Self.ino("doc.bin", b)) else { Issue.record("evict refused"); return }
+        #expect(freed >= 600 << 10)
+        #expect(try OnDemandTests.downloaded("doc.bin", on: b) == "not-downloaded")
+        // Not downloaded again by the background download...
+        try b.engine.cycle(pushPull: true)
+        #expect(try OnDemandTests.downloaded("doc.bin", on: b) == "not-downloaded")
+        // ...but a read fetches it, and then it is kept as usual.
+        store.reset()
+        #expect(try OnDemandTests.read("doc.bin", on: b) == bytes)
+        #expect(store.count(.get, "packs/") >= 1)
+        #expect(try OnDemandTests.downloaded("doc.bin", on: b) == "current")
+        // Pinned: downloaded after an eviction? Evict is refused while pinned.
+        try b.fs.setKeep(try Self.ino("doc.bin", b), .pinned)
+        #expect(b.fs.evict(try Self.ino("doc.bin", b)) == .refused("pinned (`ubiquity unpin` it first)"))
+    }
+
+    @Test func evictRefusesWhatIsNotSafeElsewhere() throws {
+        print("EvictTests.evictRefusesWhatIsNotSafeElsewhere seed 49")
+        var rng = SplitMix64(seed: 49)
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let store = RecordingStore(MemoryStore())
+        let a = try Self.device("a", temp, store)
+        try OnDemandTests.write("up.bin", Array(randomText(100 << 10, &rng).utf8), on: a)
+        try a.engine.cycle(pushPull: true)
+        try OnDemandTests.write("new.bin", Array(randomText(100 << 10, &rng).utf8), on: a) // not uploaded
+        guard case .refused(let why) = a.fs.evict(try Self.ino("new.bin", a)) else { Issue.record("evict of a version not uploaded"); return }
+        #expect(why.contains("not uploaded yet"))
+        let h = try a.fs.open(try Self.ino("up.bin", a), flags: OpenFlags(O_RDWR))
+        _ = try Array("x".utf8).withUnsafeBytes { try a.fs.write(h, offset: 0, data: $0) }
+        guard case .refused(let busy) = a.fs.evict(try Self.ino("up.bin", a)) else { Issue.record("evict of a file open for writing"); return }
+        #expect(busy.contains("open for writing"))
+        try a.fs.release(h)
+        // A pack that the backing store lost: nothing is deleted here.
+        try a.engine.cycle(pushPull: true)
+        for key in store.keys("packs/") { try store.delete(BackingKey(checked: key)) }
+        guard case .refused(let gone) = a.fs.evict(try Self.ino("up.bin", a)) else { Issue.record("evict with its pack gone"); return }
+        #expect(gone.contains("is not in the backing store"))
+        #expect(try OnDemandTests.downloaded("up.bin", on: a) == "current")
+    }
+
+    /// Evictions while commits reuse the chunks they drop (the same content saved again,
+    /// as another file): every file reads right afterwards (a dropped chunk is fetched).
+    @Test(arguments: [50, 51]) func evictAgainstConcurrentCommits(seed: Int) throws {
+        print("EvictTests.evictAgainstConcurrentCommits seed \(seed)")
+        var rng = SplitMix64(seed: UInt64(seed))
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let store = RecordingStore(MemoryStore())
+        let a = try Self.device("a", temp, store)
+        var contents: [String: [UInt8]] = [:]
+        for i in 0..<6 { contents["f\(i).bin"] = Array(randomText(300 << 10, &rng).utf8) }
+        for (name, bytes) in contents { try OnDemandTests.write(name, bytes, on: a) }
+        try a.engine.cycle(pushPull: true)
+        let inos = try contents.keys.sorted().map { try Self.ino($0, a) }
+        let fs = a.fs
+        let evictor = JoinableThread {
+            for round in 0..<20 { for ino in inos { _ = fs.evict(ino) }; if round % 5 == 0 { usleep(1000) } }
+        }
+        // Copies of the same contents under new names, committed while evictions run.
+        for round in 0..<3 {
+            for (name, bytes) in contents.sorted(by: { $0.key < $1.key }) {
+                try OnDemandTests.write("copy\(round)-\(name)", bytes, on: a)
+            }
+        }
+        evictor.join()
+        try a.engine.cycle(pushPull: true)
+        for (name, bytes) in contents {
+            #expect(try OnDemandTests.read(name, on: a) == bytes, "\(name), seed \(seed)")
+            for round in 0..<3 { #expect(try OnDemandTests.read("copy\(round)-\(name)", on: a) == bytes, "copy\(round)-\(name), seed \(seed)") }
+        }
+        let report = try Fsck.run(store: a.store)
+        #expect(report.problems.isEmpty, "\(report.problems), seed \(seed)")
+    }
+}

@@ -1,0 +1,144 @@
+import Glibc
+import UbiquityStore
+import UbiquitySystem
+
+/// `ubiquity download`, `evict`, `pin` and `unpin` (files on demand), one file at a time:
+/// what the store says is read and written under the metadata lock, every request to the
+/// backing store (fetches, the check of the packs an eviction relies on) outside it.
+extension FileSystem {
+    /// What became of one file.
+    public enum KeepOutcome: Sendable, Equatable {
+        /// Done; `bytes` fetched (download) or freed (evict).
+        case done(bytes: Int64)
+        /// Not done, and why (a file open for writing, not uploaded yet, ...).
+        case refused(String)
+        /// Tried, and failed (the backing store could not be reached, ...).
+        case failed(String)
+    }
+
+    /// The regular files at `path` (a file, or a directory and everything below it), with
+    /// their paths and the bytes of each not here. Reads a directory per hold of the lock.
+    public func keepTargets(at path: String) throws(Errno) -> [(ino: InodeNumber, path: String, absent: Int64)] {
+        let clean = path.split(separator: "/").joined(separator: "/")
+        let start = try withMeta { (m) throws(StoreError) -> (InodeNumber, NodeKind)? in
+            guard let ino = clean.isEmpty ? Store.rootInode : m.store.locate(clean)?.2, let inode = m.store.inode(ino) else { return nil }
+            return (ino, inode.kind)
+        }
+        guard let (root, kind) = start else { throw .notFound }
+        if kind == .file {
+            let absent = try withMeta { (m) throws(StoreError) in m.store.inode(root)?.absent ?? 0 }
+            return [(root, clean, absent)]
+        }
+        guard kind == .directory else { return [] }
+        var result: [(ino: InodeNumber, path: String, absent: Int64)] = []
+        var pending: [(InodeNumber, String)] = [(root, clean)]
+        while let (dir, prefix) = pending.popLast() {
+            let entries = try withMetaSlice { (m) throws(StoreError) in m.store.entriesWithInodes(dir) }
+            for entry in entries {
+                // The hidden views and the key-value door are not files of the tree.
+                if dir == Store.rootInode && (VirtualViews.rootNames.contains(entry.name) || entry.name == KeyValueDoor.name) { continue }
+                let child = prefix.isEmpty ? entry.name : prefix + "/" + entry.name
+                switch entry.inode.kind {
+                case .file: result.append((entry.inode.id, child, entry.inode.absent))
+                case .directory: pending.append((entry.inode.id, child))
+                default: break
+                }
+            }
+        }
+        return result.sorted { $0.path < $1.path }
+    }
+
+    /// Makes file `ino`'s current content local; `progress` hears of the bytes as they
+    /// arrive (in pieces of at most 8 MiB).
+    public func download(_ ino: InodeNumber, progress: (Int64) -> Void = { _ in }) -> KeepOutcome {
+        do {
+            let wants = try withMeta { (m) throws(StoreError) in try m.store.missingChunks(of: ino) }
+            var fetched: Int64 = 0
+            var start = 0
+            while start < wants.count {
+                var end = start, bytes = 0
+                while end < wants.count && (end == start || bytes + wants[end].size <= 8 << 20) {
+                    bytes += wants[end].size
+                    end += 1
+                }
+                try storeCall { () throws(StoreError) in try chunks.download(Array(wants[start..<end])) }
+                fetched += Int64(bytes)
+                progress(Int64(bytes))
+                start = end
+            }
+            try withMeta { (m) throws(StoreError) in _ = try m.store.refreshAbsent(ino) }
+            if fetched > 0 { invalidateAttributes(ino) }
+            return .done(bytes: fetched)
+        } catch {
+            return .failed(chunks.fetchStatistics.lastFailure ?? "\(error)")
+        }
+    }
+
+    /// `ubiquity pin` / `unpin`: what this device keeps of the file (pinning does not
+    /// download by itself: the caller downloads, and the background download keeps it).
+    public func setKeep(_ ino: InodeNumber, _ keep: KeepPolicy) throws(Errno) {
+        try withMeta { (m) throws(StoreError) in try m.store.setKeep(ino, keep) }
+    }
+
+    /// `ubiquity evict`: drops the local copies of file `ino`'s content, which its packs
+    /// in the backing store hold (checked first: present, and no fossil marker). Refused
+    /// for a file open for writing or with unsaved changes, one whose current version is
+    /// not uploaded, a local-only file, and a pinned one. Small chunks (at most 1 KiB,
+    /// carried in records) stay. The file is then not downloaded again in the background
+    /// (a read still fetches it).
+    public func evict(_ ino: InodeNumber) -> KeepOutcome {
+        enum Plan { case evict([ChunkID: ChunkPlace]), refuse(String) }
+        let plan: Plan
+        do {
+            plan = try meta.withLock { (m) throws(StoreError) -> Plan in
+                guard let inode = m.store.inode(ino), inode.kind == .file else { return .refuse("not a regular file") }
+                if LocalOnly.contains(m.store.path(of: ino) ?? "") { return .refuse("a local-only file: it is never uploaded") }
+                if inode.keep == .pinned { return .refuse("pinned (`ubiquity unpin` it first)") }
+                if m.busyFiles().contains(ino) { return .refuse("open for writing, or it has unsaved changes") }
+                guard let head = inode.head else { return .evict([:]) }
+                guard try m.store.isUploaded(row: head) else { return .refuse("its current version is not uploaded yet (`ubiquity sync` uploads it)") }
+                let ids = Set(try m.store.chunkList(row: head).chunks.filter { $0.size > Store.inlineChunkLimit && chunks.isLocal($0.id) }.map(\.id))
+                let places = try m.store.chunkPlaces(ids)
+                if let unplaced = ids.first(where: { places[$0] == nil }) {
+                    return .refuse("chunk \(unplaced.hex) has no known place in the backing store")
+                }
+                return .evict(places)
+            }
+        } catch {
+            return .failed("\(error)")
+        }
+        let places: [ChunkID: ChunkPlace]
+        switch plan {
+        case .refuse(let why): return .refused(why)
+        case .evict(let p): places = p
+        }
+        guard let sync = hooks.withLock({ $0.sync }) else { return .refused("no backing store (sync is not running)") }
+        let packs = Set(places.values.map(\.pack))
+        do {
+            let present = try sync.packsPresent(packs)
+            if let missing = packs.subtracting(present).sorted().first {
+                return .refused("pack \(missing) is not in the backing store (or is being collected): its chunks stay here")
+            }
+        } catch {
+            return .failed("checking the backing store: \(error)")
+        }
+        let freed = chunks.evict(Array(places.keys))
+        do {
+            try withMeta { (m) throws(StoreError) in
+                try m.store.setKeep(ino, .evicted)
+                _ = try m.store.refreshAbsent(ino)
+            }
+        } catch {
+            return .failed("\(error)")
+        }
+        invalidateAttributes(ino)
+        return .done(bytes: freed)
+    }
+
+    /// Tells the kernel that the file's attributes changed (st_blocks), outside every lock.
+    private func invalidateAttributes(_ ino: InodeNumber) {
+        var changes = TreeChanges()
+        changes.inodes.insert(ino)
+        hooks.withLock { $0.treeChanged }?(changes)
+    }
+}
