@@ -12,8 +12,8 @@
 # copies (also while a reader holds it open, which reads on right) and refuses a file
 # open for writing, one not uploaded and a pinned one; a pinned file's new version comes
 # by itself on demand; after unpin it can be evicted.
-# SIGKILL while a big file is being fetched: after the remount it reads right and fsck
-# finds no damage. gamma joins with the default (`--download all`): files show first,
+# SIGKILL while a big file is being fetched, and during an eviction: after the remount
+# every file reads right and fsck finds no damage. gamma joins with the default (`--download all`): files show first,
 # then every byte arrives in the background.
 # ubq-timeout: 300
 set -euo pipefail
@@ -193,6 +193,22 @@ mount_device beta
 assert_same_file "$ROOT/kill.bin" "$B/kill.bin" "kill.bin on beta after SIGKILL during its fetch"
 out=$("$UBIQUITY" fsck --store "$STORE_beta" 2>&1) || fail "fsck of beta's store after SIGKILL: $out"
 assert_contains "$out" "not local:" "fsck of beta's store (what was never fetched is not local, not damage)"
+
+step "SIGKILL during an eviction: after the remount every file reads right, fsck finds no damage"
+ubq download "$B/many/d02" "$B/many/d03" "$B/many/d04" >/dev/null
+"$UBIQUITY" evict "$B/many" >/dev/null 2>&1 &
+evictor=$!
+sleep 0.2
+kill -9 "$(pid_of beta)"
+wait "$evictor" 2>/dev/null || true
+for i in $(seq 100); do _process_alive "$(pid_of beta)" || break; sleep 0.1; done
+mount_device beta
+for d in d01 d02 d03 d04; do
+  for f in "$A/many/$d"/*; do
+    cmp -s "$f" "$B/many/$d/${f##*/}" || fail "many/$d/${f##*/} on beta after SIGKILL during an eviction"
+  done
+done
+out=$("$UBIQUITY" fsck --store "$STORE_beta" 2>&1) || fail "fsck of beta's store after SIGKILL during an eviction: $out"
 
 step "gamma joins with the default (--download all): files first, then every byte"
 mount_device gamma --poll 0.2
