@@ -70,6 +70,8 @@ public enum ControlRequest: Codable, Equatable, Sendable {
         case "query":
             self = .query(ControlQuery(scope: options["scope"] ?? "all", name: options["name"],
                                        hidden: options["hidden"] == "1", watch: options["watch"] == "1"))
+        case let verb where ControlFilesAction(rawValue: verb) != nil:
+            self = .files(ControlFilesAction(rawValue: verb)!, path: options["path"] ?? "")
         default: throw ControlError("unknown request \(verb)")
         }
     }
@@ -249,21 +251,25 @@ public struct ControlFile: Codable, Equatable, Sendable {
     public var createdMillis: Int64
     /// QueryItem.SyncState: uploaded, pending, remote, conflict, local-only.
     public var state: String
+    /// DownloadState: current, partial, not-downloaded (a daemon before files on demand
+    /// sends none: current).
+    public var downloaded: String
 
-    public init(path: String, size: Int64, mtimeMillis: Int64, createdMillis: Int64, state: String) {
+    public init(path: String, size: Int64, mtimeMillis: Int64, createdMillis: Int64, state: String, downloaded: String = "current") {
         self.path = path
         self.size = size
         self.mtimeMillis = mtimeMillis
         self.createdMillis = createdMillis
         self.state = state
+        self.downloaded = downloaded
     }
 
     public init(_ item: QueryItem) {
         self.init(path: item.path, size: item.size, mtimeMillis: item.mtime / 1_000_000,
-                  createdMillis: item.created / 1_000_000, state: item.state.rawValue)
+                  createdMillis: item.created / 1_000_000, state: item.state.rawValue, downloaded: item.downloaded.rawValue)
     }
 
-    enum CodingKeys: String, CodingKey { case path, size, mtime, created, state }
+    enum CodingKeys: String, CodingKey { case path, size, mtime, created, state, downloaded }
 
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
@@ -272,6 +278,7 @@ public struct ControlFile: Codable, Equatable, Sendable {
         try c.encode(ISODate.format(millis: mtimeMillis), forKey: .mtime)
         try c.encode(ISODate.format(millis: createdMillis), forKey: .created)
         try c.encode(state, forKey: .state)
+        try c.encode(downloaded, forKey: .downloaded)
     }
 
     public init(from decoder: any Decoder) throws {
@@ -281,6 +288,7 @@ public struct ControlFile: Codable, Equatable, Sendable {
         mtimeMillis = try c.decodeTime(.mtime)
         createdMillis = try c.decodeTime(.created)
         state = try c.decode(String.self, forKey: .state)
+        downloaded = try c.decodeIfPresent(String.self, forKey: .downloaded) ?? "current"
     }
 }
 

@@ -136,9 +136,9 @@ extension FileSystem.Meta {
     func downloadState(_ inode: Inode) throws(Errno) -> String {
         guard inode.absent > 0 else { return "current" }
         // Chunks that came for other files sharing them count too: looked at again.
-        let (absent, packed) = try storeCall { () throws(StoreError) in try store.downloadCounts(inode.id) }
-        if absent == 0 { return "current" }
-        let state = absent >= packed ? "not-downloaded" : "partial"
+        let absent = try storeCall { () throws(StoreError) in try store.refreshAbsent(inode.id) }
+        let state = DownloadState(allocated: inode.allocated, absent: absent).rawValue
+        if absent == 0 { return state }
         guard let why = store.chunks.fetchStatistics.lastFailure else { return state }
         return "\(state) (last fetch failed: \(why))"
     }

@@ -123,12 +123,12 @@ final class ChunkFetcher: Sendable {
             JoinableThread.detach { [self] in
                 slots.wait()
                 let failures = source.fetch(launch, into: chunks) { [self] id in
-                    if let (want, flight) = flights[id] { end(want, flight, failure: nil) }
+                    if let (want, flight) = flights[id] { end([(want, flight, nil)]) }
                 }
                 slots.signal()
-                for (id, (want, flight)) in flights {
-                    end(want, flight, failure: failures[id] ?? "the backing store's answer did not hold it")
-                }
+                // All at once: a reader that saw one of them fail and asks again must not
+                // join a flight of this call that is still ending (it would fail too).
+                end(flights.map { id, f in (f.0, f.1, failures[id] ?? "the backing store's answer did not hold it") })
             }
         }
         guard wait else { return }
@@ -149,23 +149,27 @@ final class ChunkFetcher: Sendable {
         }
     }
 
-    /// Ends a flight once: its chunk is here (`failure` nil) or did not come.
-    private func end(_ want: ChunkWant, _ flight: Flight, failure: String?) {
-        let first = state.withLock { s -> Bool in
-            guard !flight.ended else { return false }
-            flight.ended = true
-            s.flights[want.id] = nil
-            if let failure {
-                flight.failure = failure
-                s.failedFetches += 1
-                s.lastFailure = failure
-            } else {
-                s.lastFailure = nil
-                s.fetchedChunks += 1
-                s.fetchedBytes += Int64(want.size)
+    /// Ends flights, each once, in one hold of the lock: its chunk is here (`failure`
+    /// nil) or did not come.
+    private func end(_ items: [(ChunkWant, Flight, String?)]) {
+        let ended = state.withLock { s -> [Flight] in
+            var ended: [Flight] = []
+            for (want, flight, failure) in items where !flight.ended {
+                flight.ended = true
+                s.flights[want.id] = nil
+                if let failure {
+                    flight.failure = failure
+                    s.failedFetches += 1
+                    s.lastFailure = failure
+                } else {
+                    s.lastFailure = nil
+                    s.fetchedChunks += 1
+                    s.fetchedBytes += Int64(want.size)
+                }
+                ended.append(flight)
             }
-            return true
+            return ended
         }
-        if first { flight.done.leave() }
+        for flight in ended { flight.done.leave() }
     }
 }

@@ -59,6 +59,21 @@ public struct Inode: Sendable, Equatable {
     }
 }
 
+/// How much of a file's current content is on this device (`user.ubiquity.downloaded`,
+/// `ubiquity query`; Apple's Current / Downloaded / NotDownloaded).
+public enum DownloadState: String, Sendable {
+    case current
+    case partial
+    case notDownloaded = "not-downloaded"
+
+    /// The one rule: `current` when nothing is absent; `not-downloaded` when at most the
+    /// small tail that came inside the record is here (a chunk of at most 1 KiB, the
+    /// inline limit: only a file's last chunk can be that small); else `partial`.
+    public init(allocated: Int64, absent: Int64) {
+        if absent <= 0 { self = .current } else if allocated - absent <= 1024 { self = .notDownloaded } else { self = .partial }
+    }
+}
+
 /// What a device keeps of a file's content (`ubiquity pin`, `evict`).
 public enum KeepPolicy: Int64, Sendable {
     /// As the mount's `--download` mode says (and the cache limit may evict it).

@@ -13,18 +13,6 @@ extension Store {
     /// device has them as soon as it has the record (`RecordCodec.maxInline`).
     public static let inlineChunkLimit = 1024
 
-    /// How much of file `id`'s current content is here, looked at again: the bytes not
-    /// here, and the bytes in chunks that travel by themselves (over the inline limit).
-    /// `not-downloaded` is none of those here (a small tail that came in the record does
-    /// not make a file downloaded).
-    public func downloadCounts(_ id: InodeNumber) throws(StoreError) -> (absent: Int64, packed: Int64) {
-        let absent = try refreshAbsent(id)
-        guard absent > 0, let head = try node(id)?.inode.head else { return (absent, 0) }
-        let list = try chunkList(row: head)
-        var packed: Int64 = 0
-        for i in 0..<list.count where !list.isHole(i) && list.size(i) > Int64(Self.inlineChunkLimit) { packed += list.size(i) }
-        return (absent, packed)
-    }
 
     /// Bytes of the list's pieces whose chunk is not here (each chunk looked at once).
     func absentBytes(_ list: ChunkList) -> Int64 {

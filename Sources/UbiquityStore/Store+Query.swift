@@ -21,6 +21,8 @@ public struct QueryItem: Sendable, Equatable {
     /// When its history began (its first version), else its inode's change time.
     public var created: Nanos
     public var state: SyncState
+    /// How much of it is on this device (files on demand).
+    public var downloaded = DownloadState.current
 }
 
 /// Which files a query covers: `Documents/` is the documents scope, the rest data (as in
@@ -95,7 +97,7 @@ extension Store {
             directories += 1
             var subdirectories: [(InodeNumber, String)] = []
             try db.query("""
-                SELECT e.name, i.id, i.kind, i.size, i.mtime, i.ctime, i.head, i.file_id FROM entries e
+                SELECT e.name, i.id, i.kind, i.size, i.mtime, i.ctime, i.head, i.file_id, i.allocated, i.absent FROM entries e
                 JOIN inodes i ON i.id = e.inode WHERE e.parent = ? ORDER BY e.name
                 """, [.int(Int64(bitPattern: dir))]) { (r) throws(StoreError) in
                 let path = prefix.isEmpty ? r.text(0) : prefix + "/" + r.text(0)
@@ -105,8 +107,10 @@ extension Store {
                 case .file:
                     guard filter.matches(path) else { return }
                     let head = r.isNull(6) ? nil : r.int(6)
-                    try body(try queryItem(path: path, size: r.int(3), mtime: r.int(4), ctime: r.int(5), head: head,
-                                           fileID: r.isNull(7) ? nil : r.text(7), conflicted: conflicted.contains(NameKey(path))))
+                    var item = try queryItem(path: path, size: r.int(3), mtime: r.int(4), ctime: r.int(5), head: head,
+                                             fileID: r.isNull(7) ? nil : r.text(7), conflicted: conflicted.contains(NameKey(path)))
+                    item.downloaded = DownloadState(allocated: r.isNull(8) ? r.int(3) : r.int(8), absent: r.int(9))
+                    try body(item)
                 default: break
                 }
             }
@@ -119,8 +123,10 @@ extension Store {
     /// The query item of the file at `path` now, nil if it is not a regular file.
     public func queryItem(at path: String) throws(StoreError) -> QueryItem? {
         guard let (_, _, id) = locate(path), let inode = inode(id), inode.kind == .file else { return nil }
-        return try queryItem(path: path, size: inode.size, mtime: inode.mtime, ctime: inode.ctime, head: inode.head,
-                             fileID: inode.fileID, conflicted: try replica.conflictCount(at: path) > 0)
+        var item = try queryItem(path: path, size: inode.size, mtime: inode.mtime, ctime: inode.ctime, head: inode.head,
+                                 fileID: inode.fileID, conflicted: try replica.conflictCount(at: path) > 0)
+        item.downloaded = DownloadState(allocated: inode.allocated, absent: inode.absent)
+        return item
     }
 
     private func queryItem(path: String, size: Int64, mtime: Nanos, ctime: Nanos, head: Int64?, fileID: String?,

@@ -13,9 +13,10 @@ struct QueryCommand: ParsableCommand {
         discussion: """
         The listing is one consistent snapshot, streamed as the daemon reads it (a \\
         100,000-file container is never copied into memory): one line per file, \\
-        STATE  SIZE  MODIFIED  PATH. States: uploaded, pending (saved here, not in the \\
-        backing directory yet), remote (the current version came from another device), \\
+        STATE  DOWNLOAD  SIZE  MODIFIED  PATH. States: uploaded, pending (saved here, not in \\
+        the backing directory yet), remote (the current version came from another device), \\
         conflict (see `ubiquity conflicts`), local-only (a name that never syncs). \\
+        DOWNLOAD: current, partial or not-downloaded (files on demand). \\
         Hidden files (a name starting with '.') only with --all.
 
         --watch then prints "-- gathered N" and one line per change as it happens, made \\
@@ -24,7 +25,7 @@ struct QueryCommand: ParsableCommand {
         changes made through it: not what sync brings in. This does.)
 
         --json: one object per line: {"path":...,"size":...,"mtime":...,"created":..., \\
-        "state":...}, then {"event":"gathered","count":N}, then events such as \\
+        "state":...,"downloaded":...}, then {"event":"gathered","count":N}, then events such as \\
         {"event":"added","path":...,...}; {"event":"overflow"} means events were skipped.
 
           ubiquity query                                 # every file
@@ -72,7 +73,7 @@ struct QueryCommand: ParsableCommand {
     /// A line for a person: "STATE  SIZE  MODIFIED  PATH", "-- gathered N", "added PATH".
     static func describe(_ line: String, watching: Bool) -> String {
         guard let reply = try? JSONLine.decode(ControlReply.self, from: line.utf8) else { return line }
-        func row(_ f: ControlFile) -> String { "\(f.state)\t\(f.size)\t\(ISODate.format(millis: f.mtimeMillis))\t\(f.path)" }
+        func row(_ f: ControlFile) -> String { "\(f.state)\t\(f.downloaded)\t\(f.size)\t\(ISODate.format(millis: f.mtimeMillis))\t\(f.path)" }
         switch reply {
         case .gathered(let count): return "-- gathered \(count)" + (watching ? " (watching for changes; ^C ends)" : "")
         case .overflow: return "-- some changes were skipped (too many at once): run the query again"

@@ -11,6 +11,10 @@ import UbiquityStore
         .query(ControlQuery()),
         .query(ControlQuery(scope: "documents", name: "*.tinypix", hidden: true, watch: true)),
         .query(ControlQuery(scope: "data", name: "naïve \"quoted\" name\n with = and %", hidden: false, watch: true)),
+        .files(.download, path: "Documents/sub dir"),
+        .files(.evict, path: ""),
+        .files(.pin, path: "naïve = %/x"),
+        .files(.unpin, path: "a"),
     ]
 
     static let file = ControlFile(path: "Documents/sub/p.dat", size: 4, mtimeMillis: 1_764_000_000_123,
@@ -34,6 +38,10 @@ import UbiquityStore
             key: "all", type: "dictionary", old: AnyPropertyList(.array([.double(1.5), .bool(true), .date(1000), .data([0, 255])])),
             new: AnyPropertyList(.dictionary([("a", .array([])), ("b", .dictionary([])), ("c", .string("\u{1}\t/"))])),
             deleted: false, device: "d3", name: "beta", timeMillis: 42)),
+        .progress(files: 3, of: 10, bytes: 1 << 20, ofBytes: 0),
+        .result(path: "a/b.txt", result: "refused", bytes: 0, detail: "open for writing, or it has unsaved changes"),
+        .finished(files: 10, bytes: 12_345, problems: 1),
+        .file(ControlFile(path: "x", size: 9, mtimeMillis: 0, createdMillis: 0, state: "remote", downloaded: "not-downloaded")),
     ]
 
     @Test(arguments: requests) func requestRoundTrip(_ request: ControlRequest) throws {
@@ -58,7 +66,12 @@ import UbiquityStore
         #expect(try JSONLine.encode(ControlReply.watching) == #"{"event":"watching"}"#)
         #expect(try JSONLine.encode(ControlReply.error("too many connections")) == #"{"error":"too many connections"}"#)
         #expect(try JSONLine.encode(ControlReply.file(Self.file))
-                == #"{"path":"Documents/sub/p.dat","size":4,"mtime":"2025-11-24T16:00:00.123Z","created":"2025-11-13T02:13:20.000Z","state":"remote"}"#)
+                == #"{"path":"Documents/sub/p.dat","size":4,"mtime":"2025-11-24T16:00:00.123Z","created":"2025-11-13T02:13:20.000Z","state":"remote","downloaded":"current"}"#)
+        // A line from a daemon before files on demand (no "downloaded") still reads.
+        #expect(try JSONLine.decode(ControlReply.self, from: #"{"path":"a","size":1,"mtime":"2025-11-24T16:00:00Z","created":"2025-11-24T16:00:00Z","state":"remote"}"#.utf8)
+                == .file(ControlFile(path: "a", size: 1, mtimeMillis: 1_764_000_000_000, createdMillis: 1_764_000_000_000, state: "remote")))
+        #expect(try JSONLine.encode(ControlReply.progress(files: 1, of: 2, bytes: 3, ofBytes: 4)) == #"{"event":"progress","files":1,"of":2,"bytes":3,"ofBytes":4}"#)
+        #expect(try JSONLine.encode(ControlRequest.files(.evict, path: "a b")) == #"{"request":"evict","path":"a b"}"#)
         #expect(try JSONLine.encode(ControlReply.fileEvent(.added, path: Self.file.path, file: Self.file))
                 .hasPrefix(#"{"event":"added","path":"Documents/sub/p.dat","size":4,"#))
         #expect(try JSONLine.encode(ControlReply.fileEvent(.removed, path: "Documents/a.txt", file: nil))
