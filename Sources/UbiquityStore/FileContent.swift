@@ -196,7 +196,9 @@ public final class FileContent: @unchecked Sendable {
         // Fetched together (one request per run of neighbours in a pack) when not here,
         // with the chunks ahead; then those ahead are read (or fetched) in the background:
         // the last piece of a file whatever its size.
-        try chunks.ensureLocal(needed, ahead: ahead)
+        // Only for a file not all here at open: every other read would pay a stat per
+        // chunk for nothing (a chunk missing anyway, evicted since, is fetched alone below).
+        if remoteBase { try chunks.ensureLocal(needed, ahead: ahead) }
         if !ahead.isEmpty { chunks.prefetch(ahead, fetchAtLeast: toEnd ? 0 : 1 << 20) }
         for want in needed { _ = try chunks.read(want.id, size: want.size) }
         return try state.withLock { (s) throws(StoreError) in try readMerged(&s, offset: offset, count: count) }
