@@ -14,8 +14,11 @@
 # by itself on demand; after unpin it can be evicted.
 # SIGKILL while a big file is being fetched, and during an eviction: after the remount
 # every file reads right and fsck finds no damage. gamma joins with the default (`--download all`): files show first,
-# then every byte arrives in the background.
-# ubq-timeout: 300
+# then every byte arrives in the background. delta joins with `--cache-size 6M`: the
+# background download stops at the limit, a pinned file twice its size stays while the
+# limit evicts the rest (a query watch hears "download" events, `ubiquity status` shows
+# the limit), and once unpinned it goes before a file read after it.
+# ubq-timeout: 420
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -220,5 +223,38 @@ gets=$(status_count "$C" gets)
 log "gamma downloaded everything with $gets GETs"
 assert_same_file "$ROOT/big2.bin" "$C/big.bin" "big.bin (its second version) on gamma"
 assert_eq "$(cat "$A/many/d00/f00001.txt")" "$(cat "$C/many/d00/f00001.txt")" "f00001.txt on gamma"
+
+step "a cache limit: delta downloads up to --cache-size, a pin survives cache pressure, reads evict the least recently used"
+mount_device delta --poll 0.2 --cache-size 6M
+D=$(mnt_of delta)
+here_bytes() { du -s --block-size=1 "$D" | cut -f1; }
+wait_eq -t 60 10000 "files under many/ on delta" bash -c "find '$D/many' -type f | wc -l"
+wait_for -t 60 "delta's background download reaching its cache limit" bash -c "(( \$(du -s --block-size=1 '$D' | cut -f1) >= 5800000 ))"
+sleep 3
+here=$(here_bytes)
+((here <= 7000000)) || fail "delta downloaded past its 6 MiB cache limit: $here bytes here"
+assert_contains "$(ubq status)" "cache-size 6.0 MiB" "ubiquity status shows the cache limit"
+watch_out="$ROOT/delta-watch.out"
+"$UBIQUITY" query --mount "$D" --watch --json >"$watch_out" 2>&1 &
+watcher=$!
+on_exit kill "$watcher"
+wait_for "delta's watch's gathered line" grep -qF '"event":"gathered"' "$watch_out"
+# kill.bin (12 MiB) pinned: twice the limit. The cache limit evicts everything else it
+# may (within one maintenance pass, 10 s), never the pinned file.
+ubq pin "$D/kill.bin" >/dev/null
+assert_eq current "$(xattr "$D/kill.bin" user.ubiquity.downloaded)" "pinned kill.bin on delta"
+wait_for -t 30 "delta's cache limit evicting all but the pinned file" bash -c "(( \$(du -s --block-size=1 '$D' | cut -f1) <= 13500000 ))"
+assert_eq current "$(xattr "$D/kill.bin" user.ubiquity.downloaded)" "pinned kill.bin on delta under cache pressure"
+assert_eq not-downloaded "$(xattr "$D/many/d00/f00001.txt" user.ubiquity.downloaded)" "a small file evicted by the cache limit"
+wait_for "a download event in delta's watch" grep -qF '"event":"download"' "$watch_out"
+assert_same_file "$ROOT/kill.bin" "$D/kill.bin" "pinned kill.bin on delta"
+# Unpinned, it is the least recently used: a read of one.bin (3 MiB) stays, kill.bin goes.
+ubq unpin "$D/kill.bin" >/dev/null
+assert_same_file "$ROOT/one.bin" "$D/one.bin" "one.bin read on delta"
+wait_for -t 30 "delta back under its cache limit once kill.bin is unpinned" bash -c "(( \$(du -s --block-size=1 '$D' | cut -f1) <= 6400000 ))"
+assert_eq not-downloaded "$(xattr "$D/kill.bin" user.ubiquity.downloaded)" "kill.bin on delta after unpin"
+assert_eq current "$(xattr "$D/one.bin" user.ubiquity.downloaded)" "one.bin (read last) on delta"
+assert_same_file "$ROOT/kill.bin" "$D/kill.bin" "kill.bin read again on delta"
+kill "$watcher" 2>/dev/null || true
 
 pass

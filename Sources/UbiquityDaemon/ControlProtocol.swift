@@ -240,7 +240,8 @@ public enum ControlFilesAction: String, Codable, Sendable, CaseIterable {
 
 /// What happened to a file (FileEvent.Kind).
 public enum ControlFileEvent: String, Codable, Sendable {
-    case added, changed, removed, conflict
+    /// `download`: only the file's download state changed (its content arrived or was evicted).
+    case added, changed, removed, conflict, download
 }
 
 /// A file in a query's answer (QueryItem); times in milliseconds, sent as ISO 8601 text.

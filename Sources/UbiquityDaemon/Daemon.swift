@@ -74,9 +74,11 @@ public struct DaemonConfiguration: Sendable {
     public var maintenanceEvery: String?
     public var pollSeconds = 1.0
     public var showVersions = false
-    /// `--download` and `--fetch-timeout` (nil: the container's configuration, else the default).
+    /// `--download`, `--fetch-timeout` and `--cache-size` (nil: the container's
+    /// configuration, else the default).
     public var download: String?
     public var fetchTimeout: Double?
+    public var cacheSize: String?
     /// FUSE mount options (`-o`); auto_unmount is added unless `noauto_unmount` is given.
     public var mountOptions: [String] = []
     /// Where to report "OK" or "ERR message" once mounted or failed (`--ready-fd`).
@@ -105,7 +107,12 @@ extension Daemon {
             let backingStore = try BackingChoice.open(backingDir, check: true)
             // `ubiquity fsck --repair` fetches damaged chunks from here by default.
             try store.setSetting("backing", backingDir)
+            let downloads = try Paths.downloadSettings(container: c.container, mode: c.download, fetchTimeout: c.fetchTimeout,
+                                                       cacheSize: c.cacheSize)
+            // `ubiquity status` shows it beside the contents here.
+            try store.setSetting("cache_size", downloads.cacheSize.map { String($0) } ?? "none")
             var fsOptions = FileSystem.Options()
+            fsOptions.cacheSize = downloads.cacheSize
             fsOptions.showVersions = c.showVersions
             fsOptions.retention = try Paths.retentionPolicy(container: c.container, settings: c.retentionSettings)
             fsOptions.kvLimits = try Paths.keyValueLimits(container: c.container, settings: c.keyValueLimitSettings)
@@ -126,8 +133,9 @@ extension Daemon {
             let session = FUSESession(fs: fs, mountpoint: mp, options: sessionOptions)
             var syncOptions = SyncEngine.Options()
             syncOptions.pollSeconds = c.pollSeconds
-            (syncOptions.download, syncOptions.fetchTimeout) = try Paths.downloadSettings(container: c.container, mode: c.download,
-                                                                                          fetchTimeout: c.fetchTimeout)
+            syncOptions.download = downloads.mode
+            syncOptions.fetchTimeout = downloads.fetchTimeout
+            syncOptions.cacheSize = downloads.cacheSize
             // For tests only (t-backing-gc.sh): a fossil's wait in seconds instead of 7 days;
             // its age counts from the rename's ctime, which a test cannot set back.
             if let text = c.environment("UBQ_TEST_FOSSIL_AGE"), let seconds = Int64(text), seconds >= 0 {

@@ -30,24 +30,38 @@ public enum Paths {
     }
 
     /// The container's configuration file: `$XDG_CONFIG_HOME/ubiquity/<container>.conf`
-    /// (`download = on-demand`, `fetch-timeout = 30`).
+    /// (`download = on-demand`, `fetch-timeout = 30`, `cache-size = 20G`).
     public static func configurationFile(container: String) -> String { configDirectory + container + ".conf" }
 
-    /// How contents come (files on demand): the container's configuration file, then the
-    /// mount's options (nil: not given).
-    public static func downloadSettings(container: String, mode: String?, fetchTimeout: Double?) throws -> (DownloadMode, Double) {
+    /// How contents come and how much of them stays (files on demand).
+    public struct DownloadSettings: Equatable {
+        public var mode = DownloadMode.all
+        public var fetchTimeout = 30.0
+        /// Bytes of current contents kept here at most (nil: no limit).
+        public var cacheSize: Int64?
+    }
+
+    /// The container's configuration file, then the mount's options (nil: not given).
+    public static func downloadSettings(container: String, mode: String?, fetchTimeout: Double?,
+                                        cacheSize: String? = nil) throws -> DownloadSettings {
         let file = configurationFile(container: container)
-        var result = (DownloadMode.all, 30.0)
+        var result = DownloadSettings()
         func apply(_ key: String, _ value: String, _ source: String) throws {
             switch key {
             case "download":
                 guard let m = DownloadMode(rawValue: value) else { throw CLIError("\(source): download = \(value): expected all or on-demand") }
-                result.0 = m
+                result.mode = m
             case "fetch-timeout":
                 guard let t = Double(value), t >= 1, t <= 3600 else { throw CLIError("\(source): fetch-timeout = \(value): expected seconds from 1 to 3600") }
-                result.1 = t
+                result.fetchTimeout = t
+            case "cache-size":
+                if value == "none" { result.cacheSize = nil; break }
+                guard let bytes = RetentionPolicy.size(value), bytes > 0 else {
+                    throw CLIError("\(source): cache-size = \(value): expected a size such as 500M, 20G or 1T, or none")
+                }
+                result.cacheSize = bytes
             default:
-                throw CLIError("\(source): unknown setting `\(key)` (known: download, fetch-timeout)")
+                throw CLIError("\(source): unknown setting `\(key)` (known: download, fetch-timeout, cache-size)")
             }
         }
         do {
@@ -59,6 +73,7 @@ public enum Paths {
         } catch let error as CLIError { throw error } catch { throw CLIError("\(file): \(error)") }
         if let mode { try apply("download", mode, "--download") }
         if let fetchTimeout { try apply("fetch-timeout", String(fetchTimeout), "--fetch-timeout") }
+        if let cacheSize { try apply("cache-size", cacheSize, "--cache-size") }
         return result
     }
 

@@ -13,7 +13,8 @@ public enum FeedEvent: Sendable {
 }
 
 public struct FileEvent: Sendable, Equatable {
-    public enum Kind: String, Sendable { case added, changed, removed, conflict }
+    /// `download`: only the file's download state changed (`QueryItem.downloaded`).
+    public enum Kind: String, Sendable { case added, changed, removed, conflict, download }
     public var kind: Kind
     public var path: String
     /// The file as it is now (nil for `removed`).
@@ -204,6 +205,9 @@ extension FileSystem {
         }
         for ino in changes.inodes where m.store.inode(ino)?.kind == .file {
             if let path = m.store.path(of: ino) { files.append((.changed, path)) }
+        }
+        for ino in changes.downloads where !changes.inodes.contains(ino) {
+            if let path = m.store.path(of: ino) { files.append((.download, path)) }
         }
         for path in changes.conflicts { files.append((.conflict, path)) }
         feed.publish(changes.keyValues.map { .keyValue($0) })

@@ -66,8 +66,7 @@ extension FileSystem {
                 progress(Int64(bytes))
                 start = end
             }
-            try withMeta { (m) throws(StoreError) in _ = try m.store.refreshAbsent(ino) }
-            if fetched > 0 { invalidateAttributes(ino) }
+            try refreshDownloadState(ino)
             return .done(bytes: fetched)
         } catch {
             return .failed(chunks.fetchStatistics.lastFailure ?? "\(error)")
@@ -85,8 +84,9 @@ extension FileSystem {
     /// for a file open for writing or with unsaved changes, one whose current version is
     /// not uploaded, a local-only file, and a pinned one. Small chunks (at most 1 KiB,
     /// carried in records) stay. The file is then not downloaded again in the background
-    /// (a read still fetches it).
-    public func evict(_ ino: InodeNumber) -> KeepOutcome {
+    /// (a read still fetches it). `closedOnly` (the cache limit) also passes over a file
+    /// that is open at all.
+    public func evict(_ ino: InodeNumber, closedOnly: Bool = false) -> KeepOutcome {
         enum Plan { case evict([ChunkID: ChunkPlace]), refuse(String) }
         let plan: Plan
         do {
@@ -95,6 +95,7 @@ extension FileSystem {
                 if LocalOnly.contains(m.store.path(of: ino) ?? "") { return .refuse("a local-only file: it is never uploaded") }
                 if inode.keep == .pinned { return .refuse("pinned (`ubiquity unpin` it first)") }
                 if m.busyFiles().contains(ino) { return .refuse("open for writing, or it has unsaved changes") }
+                if closedOnly && m.openFiles[ino] != nil { return .refuse("open") }
                 guard let head = inode.head else { return .evict([:]) }
                 guard try m.store.isUploaded(row: head) else { return .refuse("its current version is not uploaded yet (`ubiquity sync` uploads it)") }
                 let ids = Set(try m.store.chunkList(row: head).chunks.filter { $0.size > Store.inlineChunkLimit && chunks.isLocal($0.id) }.map(\.id))
@@ -124,21 +125,23 @@ extension FileSystem {
         }
         let freed = chunks.evict(Array(places.keys))
         do {
-            try withMeta { (m) throws(StoreError) in
-                try m.store.setKeep(ino, .evicted)
-                _ = try m.store.refreshAbsent(ino)
-            }
+            try withMeta { (m) throws(StoreError) in try m.store.setKeep(ino, .evicted) }
+            try refreshDownloadState(ino)
         } catch {
             return .failed("\(error)")
         }
-        invalidateAttributes(ino)
         return .done(bytes: freed)
     }
 
-    /// Tells the kernel that the file's attributes changed (st_blocks), outside every lock.
-    private func invalidateAttributes(_ ino: InodeNumber) {
+    /// Counts again what of file `ino` is here, after content arrived or went: watchers
+    /// hear when its download state changed, and the kernel forgets its attributes
+    /// (st_blocks; outside every lock).
+    func refreshDownloadState(_ ino: InodeNumber) throws(Errno) {
         var changes = TreeChanges()
-        changes.inodes.insert(ino)
+        changes.downloads.insert(ino)
+        try withMeta { (m) throws(StoreError) in
+            if try m.store.refreshAbsent(ino).stateChanged { publishSyncEvents(m, changes) }
+        }
         hooks.withLock { $0.treeChanged }?(changes)
     }
 }

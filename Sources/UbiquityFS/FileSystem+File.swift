@@ -86,6 +86,7 @@ extension FileSystem {
             open.handles += 1
             return (m.register(.file(ino: ino, open: open, writable: flags.writable)), open)
         }
+        uses.withLock { $0[ino] = nowNanos() }
         if flags.truncates && flags.writable {
             try storeCall { () throws(StoreError) in try open.content.truncate(0) }
             meta.withLock { m in open.pendingMTime = m.store.clock() }
@@ -115,15 +116,16 @@ extension FileSystem {
         // A refused TinyPix write is dropped at the last close: the old picture stays.
         if open.content.isRefused { open.content.discardChanges() }
         defer {
+            // Chunks a reader fetched: the file's count of bytes not here follows.
+            let fetched = chunks.fetchStatistics.chunks != open.fetchMark
             meta.withLock { m in
-                // Chunks a reader fetched: the file's count of bytes not here follows.
-                if chunks.fetchStatistics.chunks != open.fetchMark, let inode = m.store.inode(ino), inode.absent > 0 {
-                    do { try m.store.refreshAbsent(ino) } catch { log("ubiquity: \(error)") }
-                }
                 if open.handles == 0 && m.openFiles[ino] === open && !open.content.isChanged {
                     m.openFiles[ino] = nil
                     m.dropIfUnreferenced(ino)
                 }
+            }
+            if fetched && (try? withMeta { (m) throws(StoreError) in (m.store.inode(ino)?.absent ?? 0) > 0 }) == true {
+                try? refreshDownloadState(ino)
             }
         }
         try commit(ino, open)
@@ -328,6 +330,7 @@ extension FileSystem {
         for (ino, file) in open where file.content.isChanged {
             do { try commit(ino, file) } catch { log("ubiquity: committing inode \(ino) at unmount failed: \(error)") }
         }
+        writeUses()
         commitMetadata()
         // A clean stop leaves everything durable, so the next mount has nothing to check
         // (Store+Recovery).

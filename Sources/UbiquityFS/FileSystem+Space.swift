@@ -3,8 +3,9 @@ import UbiquityStore
 import UbiquitySystem
 
 /// Space pressure. When the store's filesystem has less free space than the policy's
-/// `min-free` (default 2 %), or the store has grown past its `size-limit`, history goes
-/// oldest-first (Time Machine does the same): a page of the oldest versions nothing
+/// `min-free` (default 2 %), or the store has grown past its `size-limit`, the local
+/// copies of files the backing store holds go first, least recently used first
+/// (FileSystem+Cache), then history goes oldest-first (Time Machine does the same): a page of the oldest versions nothing
 /// protects is pruned, then gc frees their chunks, until the pressure is gone or only
 /// current and conflict versions are left. Every dropped version is logged. So on a full
 /// disk, deleting files frees space: their history goes first.
@@ -71,12 +72,21 @@ extension FileSystem {
     /// Runs at mount (before the first request: the reserve is made then), from the
     /// maintenance loop (every 10 s): relieves pressure, and keeps the reserve.
     public func relieveSpacePressure(now: Nanos = nowNanos()) {
-        guard let pressure = spacePressure() else {
+        guard var pressure = spacePressure() else {
             collectWhatPressureDropped(now: now)
             keepReserve()
             return
         }
         releaseReserve(because: pressure.reason)
+        // Local copies of what the backing store holds go before any history. (The
+        // released reserve alone does not count as relief: it is for what must finish.)
+        let evicted = evictLeastRecentlyUsed(now: now) { spacePressure() == nil }
+        if evicted.files > 0 {
+            log("ubiquity: space pressure: \(pressure.reason): evicted the local copies of \(evicted.files) file(s) "
+                + "least recently used (\(byteText(evicted.bytes)); they are fetched again when read)")
+            guard let still = spacePressure() else { return }
+            pressure = still
+        }
         log("ubiquity: space pressure: \(pressure.reason): pruning history oldest-first")
         var dropped: [Store.PrunedVersion] = [], freed: Int64 = 0, after: Int64 = 0
         var needed = pressure.bytes
@@ -163,6 +173,8 @@ struct SpaceState {
     var putAtLastMeasure: Int64 = 0
     /// When to run the gc that frees what pruning under pressure dropped (nil: none due).
     var collectAfter: Nanos?
+    /// The contents here when a walk for files to evict last ended short, and when.
+    var evictionExhausted: (state: FileSystem.EvictionState, at: Nanos)?
 }
 
 private extension String {

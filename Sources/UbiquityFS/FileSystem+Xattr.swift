@@ -136,7 +136,7 @@ extension FileSystem.Meta {
     func downloadState(_ inode: Inode) throws(Errno) -> String {
         guard inode.absent > 0 else { return "current" }
         // Chunks that came for other files sharing them count too: looked at again.
-        let absent = try storeCall { () throws(StoreError) in try store.refreshAbsent(inode.id) }
+        let absent = try storeCall { () throws(StoreError) in try store.refreshAbsent(inode.id).absent }
         let state = DownloadState(allocated: inode.allocated, absent: absent).rawValue
         if absent == 0 { return state }
         guard let why = store.chunks.fetchStatistics.lastFailure else { return state }

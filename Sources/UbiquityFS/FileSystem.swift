@@ -23,6 +23,9 @@ public final class FileSystem: Sendable {
     let reports = Locked(MaintenanceReports())
     /// Space pressure's measures (FileSystem+Space).
     let space = Locked(SpaceState())
+    /// When files were opened, since the cache keeper last wrote them (`Store.noteUses`):
+    /// an open costs a dictionary entry, not a database write.
+    let uses = Locked<[InodeNumber: Nanos]>([:])
     /// What watchers are told (ChangeFeed); a leaf lock.
     public let feed = ChangeFeed()
 
@@ -37,6 +40,9 @@ public final class FileSystem: Sendable {
         public var maintenanceInterval: Nanos = RetentionPolicy.day
         /// The key-value store's limits (`.kv/`, `ubiquity kv`).
         public var kvLimits = KVLimits()
+        /// `--cache-size`: past this many bytes of current contents here, the least
+        /// recently used files that are safe in the backing store go (nil: no limit).
+        public var cacheSize: Int64?
         public init() {}
     }
 

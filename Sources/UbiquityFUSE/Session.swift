@@ -105,6 +105,7 @@ public final class FUSESession: @unchecked Sendable {
         let checkpoints = BackgroundLoop(intervalSeconds: 5) { [fs] in fs.checkpointInBackground() }
         let maintenance = BackgroundLoop(intervalSeconds: 10) { [fs] in
             fs.relieveSpacePressure()
+            fs.keepCacheLimit()
             fs.barrierIfNeeded()
             fs.maintainIfDue()
         }
@@ -132,6 +133,10 @@ public final class FUSESession: @unchecked Sendable {
         notifications.async { [self] in
             guard let session, serving.withLock({ $0 }) else { return }
             for ino in changes.inodes { _ = fuse_lowlevel_notify_inval_inode(session, fuse_ino_t(ino), 0, 0) }
+            // Content that arrived or went changes st_blocks only: the attributes (offset -1).
+            for ino in changes.downloads where !changes.inodes.contains(ino) {
+                _ = fuse_lowlevel_notify_inval_inode(session, fuse_ino_t(ino), -1, 0)
+            }
             for entry in changes.entries {
                 _ = withCName(entry.name) { fuse_lowlevel_notify_inval_entry(session, fuse_ino_t(entry.parent), $0, $1) }
             }

@@ -31,8 +31,8 @@ public final class ChunkStore: Sendable {
     private let barrier = Locked(())
     /// Orders "is it there? keep it" (`put`, `contains`) against gc's "unused? delete".
     private let claims = Locked(())
-    /// Bytes of chunk files this process wrote (space pressure estimates the store's size
-    /// from the last gc's measure plus these).
+    /// Bytes of chunk files this process wrote, less those it evicted (space pressure
+    /// estimates the store's size from the last gc's measure plus these).
     private let filesPut = Locked<Int64>(0)
     public var fileBytesPut: Int64 { filesPut.withLock { $0 } }
     /// Small chunks; their `used` times are the wall clock, as the files' mtimes are.
@@ -324,21 +324,28 @@ public final class ChunkStore: Sendable {
         try fetcher.fetch(missing + next, into: self, waiting: missing.count)
     }
 
-    /// Deletes the local files of chunks that are safe in the backing store (`ubiquity
-    /// evict`; the caller checked their packs). Small chunks (rows) stay: they cost little
-    /// and travel inside records. Returns the disk space freed. A commit that reuses one
-    /// of them meanwhile names it by its place: it is fetched when read.
+    /// Deletes the local copies of chunks that are safe in the backing store (`ubiquity
+    /// evict`, the cache limit; the caller checked their packs and passes only chunks
+    /// bigger than records carry): chunk files, and rows of `small.sqlite` (1-2 KiB: a
+    /// container of small files would otherwise hold its whole content here). Returns the
+    /// space freed (a row's, as SQLite counts it: its pages are reused, and given back
+    /// by gc). A commit that reuses one of them meanwhile names it by its place: it is
+    /// fetched when read.
     public func evict(_ ids: [ChunkID]) -> Int64 {
-        var freed: Int64 = 0
+        let rows = small.sweep(ids, unusedSince: .max)
+        var freed = rows.values.reduce(0, +), filesFreed: Int64 = 0
         for id in ids {
+            cache.withLock { $0.remove(id) }
+            if rows[id] != nil { continue }
             let p = path(of: id)
             claims.withLock { _ in
                 var st = stat()
                 guard stat(p, &st) == 0, unlink(p) == 0 else { return }
-                freed += Int64(st.st_blocks) * 512
+                filesFreed += Int64(st.st_blocks) * 512
             }
-            cache.withLock { $0.remove(id) }
         }
+        freed += filesFreed
+        filesPut.withLock { $0 -= filesFreed }
         return freed
     }
 

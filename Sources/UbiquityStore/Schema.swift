@@ -1,7 +1,7 @@
 /// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
 /// by a newer program is refused rather than misread.
 enum Schema {
-    static let formatVersion = 11
+    static let formatVersion = 12
 
     static let statements = [
         """
@@ -14,7 +14,7 @@ enum Schema {
             atime INTEGER NOT NULL, mtime INTEGER NOT NULL, ctime INTEGER NOT NULL,
             rdev INTEGER NOT NULL, target TEXT, file_id TEXT, head INTEGER, allocated INTEGER,
             nlink INTEGER NOT NULL DEFAULT 0, parent INTEGER, name TEXT, absent INTEGER NOT NULL DEFAULT 0,
-            keep INTEGER NOT NULL DEFAULT 0)
+            keep INTEGER NOT NULL DEFAULT 0, used INTEGER NOT NULL DEFAULT 0)
         """,
         // Directory entries: names are UTF-8 (the filesystem refuses others with EILSEQ).
         """
@@ -84,7 +84,11 @@ enum Schema {
         "CREATE TABLE IF NOT EXISTS chunk_places(id BLOB PRIMARY KEY, pack TEXT NOT NULL, offset INTEGER NOT NULL) WITHOUT ROWID",
         // Format 11: the files whose content is not all here (background downloading).
         "CREATE INDEX IF NOT EXISTS inodes_absent ON inodes(id) WHERE absent > 0",
-    ] + Replica.schema // format 4: the synced view (Replica)
+        // Format 12 (the cache limit): the files whose local copies may go, least recently
+        // used first (`Store+Cache`); the query that walks it repeats this WHERE.
+        "CREATE INDEX IF NOT EXISTS inodes_cached ON inodes(used, id) WHERE \(Store.evictableCondition)",
+    ] + Store.contentTotalsSchema
+        + Replica.schema // format 4: the synced view (Replica)
         + Store.kvSchema // format 8: the key-value store
 
     /// Columns added since format 1, added to an older store when it is opened.
@@ -101,6 +105,8 @@ enum Schema {
     /// Format 11 (files on demand), on inodes: `absent`, bytes of the current content that
     /// are not on this device (0: everything is here, as in every store before); `keep`,
     /// the file's KeepPolicy (0 automatic, 1 pinned, 2 evicted).
+    /// Format 12 (the cache limit), on inodes: `used`, when the file was last opened on
+    /// this device (nanoseconds; 0: never), written in batches (`Store.noteUses`).
     static let addedColumns = [
         ("versions", "kind", "INTEGER NOT NULL DEFAULT 1"), ("versions", "target", "TEXT"), ("versions", "xattrs", "BLOB"),
         ("versions", "meta", "INTEGER NOT NULL DEFAULT 0"), ("versions", "uploaded", "INTEGER NOT NULL DEFAULT 0"),
@@ -108,6 +114,7 @@ enum Schema {
         ("inodes", "nlink", "INTEGER NOT NULL DEFAULT 0"), ("inodes", "parent", "INTEGER"), ("inodes", "name", "TEXT"),
         ("sync_peers", "generation", "INTEGER NOT NULL DEFAULT 0"), ("versions", "lineage", "TEXT"),
         ("inodes", "absent", "INTEGER NOT NULL DEFAULT 0"), ("inodes", "keep", "INTEGER NOT NULL DEFAULT 0"),
+        ("inodes", "used", "INTEGER NOT NULL DEFAULT 0"),
     ]
 }
 
@@ -122,7 +129,7 @@ extension Schema {
             let hadInodes = try exists("inodes"), hadVersions = try exists("versions")
             let hadHistories = try exists("histories"), hadDirectories = try exists("history_dirs")
             let hadView = try exists("view_current"), hadPending = try exists("pending")
-            let hadPlaces = try exists("chunk_places")
+            let hadPlaces = try exists("chunk_places"), hadTotals = try exists("content_totals")
             var hadLinks = false
             // A table must have its new columns before an index on one of them is made.
             for table in ["versions", "inodes", "sync_peers"] where try exists(table) {
@@ -133,6 +140,8 @@ extension Schema {
                 }
             }
             for statement in statements { try db.execute(statement) }
+            // Format 12: the totals start from one sum over the files (the triggers keep them).
+            if !hadTotals { try Store.recountContentTotals(db) }
             if hadInodes && !hadLinks { try Store.computeLinks(db) }
             if hadHistories && !hadDirectories { try Store.buildHistoryDirectories(db) }
             if hadVersions && !hadView { try Replica.build(db) }

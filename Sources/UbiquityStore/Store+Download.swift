@@ -27,12 +27,14 @@ extension Store {
         return total
     }
 
-    /// Looks again at which chunks of file `id`'s current content are here; returns the
-    /// bytes that are not (written only when they changed).
+    /// Looks again at which chunks of file `id`'s current content are here (written only
+    /// when that changed): the bytes that are not, and whether the file's `DownloadState`
+    /// changed (watchers hear of it).
     @discardableResult
-    public func refreshAbsent(_ id: InodeNumber) throws(StoreError) -> Int64 {
-        guard var inode = try node(id)?.inode, inode.kind == .file, let head = inode.head else { return 0 }
+    public func refreshAbsent(_ id: InodeNumber) throws(StoreError) -> (absent: Int64, stateChanged: Bool) {
+        guard var inode = try node(id)?.inode, inode.kind == .file, let head = inode.head else { return (0, false) }
         let absent = min(absentBytes(try chunkList(row: head)), inode.allocated)
+        let before = DownloadState(allocated: inode.allocated, absent: inode.absent)
         // A file evicted by hand that is all here again (it was read) is kept as usual.
         let keep = absent == 0 && inode.keep == .evicted ? KeepPolicy.automatic : inode.keep
         if absent != inode.absent || keep != inode.keep {
@@ -40,7 +42,7 @@ extension Store {
             inode.keep = keep
             try update(inode)
         }
-        return absent
+        return (absent, DownloadState(allocated: inode.allocated, absent: absent) != before)
     }
 
     /// Files whose content is not all here that background downloading fetches, in inode

@@ -13,7 +13,12 @@ public struct TreeChanges: Sendable {
     public var keyValues: [KVChange] = []
     /// Paths that gained a conflict version (for watchers).
     public var conflicts: [String] = []
-    public var isEmpty: Bool { inodes.isEmpty && entries.isEmpty && unlinked.isEmpty && keyValues.isEmpty && conflicts.isEmpty }
+    /// Files whose download state changed (content arrived or was evicted): their
+    /// st_blocks and `user.ubiquity.downloaded`, for the kernel and watchers.
+    public var downloads: Set<InodeNumber> = []
+    public var isEmpty: Bool {
+        inodes.isEmpty && entries.isEmpty && unlinked.isEmpty && keyValues.isEmpty && conflicts.isEmpty && downloads.isEmpty
+    }
     public init() {}
 }
 

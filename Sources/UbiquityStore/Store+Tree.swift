@@ -359,8 +359,16 @@ extension Store {
             .int(Int64(inode.nlink)), node.link.map { .int(Int64(bitPattern: $0.parent)) } ?? .null,
             node.link.map { .text($0.name) } ?? .null, .int(inode.absent), .int(inode.keep.rawValue),
         ]
-        try db.query("\(insert ? "INSERT" : "REPLACE") INTO inodes(\(Self.inodeColumns)) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", values)
+        try db.query(insert ? Self.insertInode : Self.upsertInode, values)
     }
+
+    private static let insertInode = "INSERT INTO inodes(\(inodeColumns)) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    /// An update in place, not REPLACE: a REPLACE deletes the row first, which would reset
+    /// the columns it does not name (`used`) and skip the delete trigger of the content
+    /// totals (SQLite fires it for REPLACE only with recursive triggers on).
+    private static let upsertInode = insertInode + " ON CONFLICT(id) DO UPDATE SET "
+        + inodeColumns.split(separator: ", ").dropFirst()
+            .map { "\($0) = excluded.\($0)" }.joined(separator: ", ")
 
     /// Format 4 upgrade: every inode's link count and primary name, from its entries (the
     /// first by (parent, name), the order in which older stores loaded them).

@@ -23,6 +23,8 @@ final class Downloader: @unchecked Sendable {
     private let chunks: ChunkStore
     /// `--download all`: everything; else only pinned files.
     private let everything: Bool
+    /// `--cache-size`: with this many bytes of contents here, only pinned files come.
+    private let cacheLimit: Int64?
     private let wake = DispatchSemaphore(value: 0)
     private let finished = DispatchSemaphore(value: 0)
     private let state = Locked(State())
@@ -33,16 +35,19 @@ final class Downloader: @unchecked Sendable {
         var started = false
         var failures = 0
         var lastError = ""
+        /// The room under the cache limit when the last walk passed files over for it.
+        var roomWhenFull: Int64?
     }
 
     /// Files per batch, and the most bytes one batch fetches.
     static let batchFiles = 64
     static let batchBytes = 16 << 20
 
-    init(access: StoreAccess, chunks: ChunkStore, everything: Bool) {
+    init(access: StoreAccess, chunks: ChunkStore, everything: Bool, cacheLimit: Int64?) {
         self.access = access
         self.chunks = chunks
         self.everything = everything
+        self.cacheLimit = cacheLimit
     }
 
     /// Turns downloading on or off (pause, offline, the mode).
@@ -115,22 +120,37 @@ final class Downloader: @unchecked Sendable {
     private func walkFiles() -> Outcome {
         var after: InodeNumber = 0
         var failed = false
+        // With a cache limit, files that do not fit in the room left are passed over. A
+        // walk that passed some over is not made again (but for pinned files) until the
+        // room grows, so a full cache does not cost a walk of every file not here at
+        // every pull.
+        let lastRoom = state.withLock { $0.roomWhenFull }
+        var skipped = false, walkedAll = false, room = Int64.max
         while true {
             if state.withLock({ $0.stopped || !$0.enabled }) { return .stopped }
             // Reads first: a reader waiting for a fetch has the network to itself.
             while chunks.fetchStatistics.readersWaiting > 0 && !state.withLock({ $0.stopped }) { usleep(20_000) }
             var files: [InodeNumber] = []
             var wants: [ChunkWant] = []
+            var seenLast: InodeNumber?
             do {
                 try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-                    var bytes = 0
+                    var bytes: Int64 = 0
                     var seen: Set<ChunkID> = []
-                    for ino in try store.filesNotDownloaded(after: after, limit: Self.batchFiles, everything: everything) {
-                        files.append(ino)
-                        for want in try store.missingChunks(of: ino) where seen.insert(want.id).inserted {
-                            wants.append(want)
-                            bytes += want.size
+                    room = cacheLimit.map { $0 - (store.contentTotals()?.here ?? 0) } ?? Int64.max
+                    let takeAll = everything && lastRoom.map { room > $0 } != false
+                    if takeAll { walkedAll = true }
+                    for ino in try store.filesNotDownloaded(after: after, limit: Self.batchFiles, everything: takeAll) {
+                        seenLast = ino
+                        let missing = try store.missingChunks(of: ino).filter { !seen.contains($0.id) }
+                        let size = missing.reduce(Int64(0)) { $0 + Int64($1.size) }
+                        if takeAll && bytes + size > room && store.inode(ino)?.keep != .pinned {
+                            skipped = true
+                            continue
                         }
+                        files.append(ino)
+                        for want in missing where seen.insert(want.id).inserted { wants.append(want) }
+                        bytes += size
                         if bytes >= Self.batchBytes { break }
                     }
                     return TreeChanges()
@@ -139,34 +159,41 @@ final class Downloader: @unchecked Sendable {
                 note("ubiquity: download: \(error)")
                 return .failed
             }
-            guard let last = files.last else { return failed ? .failed : .done }
-            var ok = true
-            // In pieces, so a reader waits behind at most one of them.
-            var start = 0
-            while start < wants.count && ok {
-                var end = start, bytes = 0
-                while end < wants.count && (end == start || bytes + wants[end].size <= Self.batchBytes) {
-                    bytes += wants[end].size
-                    end += 1
-                }
-                do { try chunks.download(Array(wants[start..<end])) } catch {
-                    note("ubiquity: download: \(error)")
-                    ok = false
-                }
-                start = end
+            guard let last = seenLast else {
+                if walkedAll { state.withLock { $0.roomWhenFull = skipped ? room : nil } }
+                return failed ? .failed : .done
             }
-            if !ok { failed = true }
+            after = last
+            if fetch(wants) == false { failed = true }
             do {
                 try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-                    for ino in files { try store.refreshAbsent(ino) }
-                    return TreeChanges()
+                    var changes = TreeChanges()
+                    for ino in files where try store.refreshAbsent(ino).stateChanged { changes.downloads.insert(ino) }
+                    return changes
                 }
             } catch {
                 note("ubiquity: download: \(error)")
                 return .failed
             }
-            after = last
         }
+    }
+
+    /// Fetches in pieces, so a reader waits behind at most one of them; false if any failed.
+    private func fetch(_ wants: [ChunkWant]) -> Bool {
+        var start = 0
+        while start < wants.count {
+            var end = start, bytes = 0
+            while end < wants.count && (end == start || bytes + wants[end].size <= Self.batchBytes) {
+                bytes += wants[end].size
+                end += 1
+            }
+            do { try chunks.download(Array(wants[start..<end])) } catch {
+                note("ubiquity: download: \(error)")
+                return false
+            }
+            start = end
+        }
+        return true
     }
 
     private func note(_ message: String) {

@@ -47,6 +47,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         public var download = DownloadMode.all
         /// Seconds a reader waits for a chunk that is not here before it fails with EIO.
         public var fetchTimeout: Double = 30
+        /// `--cache-size` (the filesystem evicts past it): background downloading stops
+        /// there, but for pinned files.
+        public var cacheSize: Int64?
         public init() {}
     }
 
@@ -134,7 +137,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         deviceName = store.deviceName
         self.options = options
         stager = PackStager(store: backing, limit: options.parallelRequests)
-        downloader = Downloader(access: access, chunks: store.chunks, everything: options.download == .all)
+        downloader = Downloader(access: access, chunks: store.chunks, everything: options.download == .all, cacheLimit: options.cacheSize)
         chunks.observeWritten { [stager] id, bytes in stager.add(id, bytes) }
         // Chunks that are not here come from this engine's backing store (files on demand).
         chunks.setSource(self)

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Glibc
 import UbiquityDaemon
+import UbiquityStore
 import UbiquitySync
 import UbiquitySystem
 
@@ -55,6 +56,9 @@ struct MountCommand: ParsableCommand {
     @Option(help: ArgumentHelp("Seconds a read of content that is not on this device waits for the backing store before it fails with EIO (default 30).", valueName: "SECONDS"))
     var fetchTimeout: Double?
 
+    @Option(help: ArgumentHelp("The most bytes of file contents kept on this device (e.g. 500M, 20G, none). Past it, the least recently opened files that are uploaded, unpinned and closed give back their local copies (they stay listed and are fetched again when read); space pressure does the same before it prunes history. Pinned files always stay. Also `cache-size = ...` in ~/.config/ubiquity/<container>.conf.", valueName: "SIZE"))
+    var cacheSize: String?
+
     @Flag(help: "List .versions in the mount's root directory. Without it .versions is hidden from listings (so find, du, rsync and backups see only the live tree) but works when named: ls MOUNTPOINT/.versions/FILE/")
     var showVersions = false
 
@@ -72,6 +76,9 @@ struct MountCommand: ParsableCommand {
         if !(poll >= 0.05 && poll <= 3600) { throw ValidationError("--poll must be between 0.05 and 3600 seconds") }
         if let download, DownloadMode(rawValue: download) == nil { throw ValidationError("--download must be all or on-demand") }
         if let fetchTimeout, !(fetchTimeout >= 1 && fetchTimeout <= 3600) { throw ValidationError("--fetch-timeout must be between 1 and 3600 seconds") }
+        if let cacheSize, cacheSize != "none", (RetentionPolicy.size(cacheSize) ?? 0) <= 0 {
+            throw ValidationError("--cache-size must be a size such as 500M, 20G or 1T, or none")
+        }
         if let backing, BackingChoice.isURL(backing), !backing.hasPrefix("s3://") {
             // Not a directory path (it would make a directory named "x:"): say what works.
             throw ValidationError("--backing \(backing): give a directory or s3://BUCKET[/PREFIX]")
@@ -111,6 +118,7 @@ struct MountCommand: ParsableCommand {
         configuration.showVersions = showVersions
         configuration.download = download
         configuration.fetchTimeout = fetchTimeout
+        configuration.cacheSize = cacheSize
         configuration.mountOptions = (options ?? "").split(separator: ",").map(String.init)
         configuration.readyFD = readyFD
         try Daemon.serve(configuration)

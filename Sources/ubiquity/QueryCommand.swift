@@ -20,7 +20,8 @@ struct QueryCommand: ParsableCommand {
         Hidden files (a name starting with '.') only with --all.
 
         --watch then prints "-- gathered N" and one line per change as it happens, made \\
-        here or synced from another device: added, changed, removed, conflict. A watch \\
+        here or synced from another device: added, changed, removed, conflict, and \\
+        download (only the DOWNLOAD column changed: content arrived or was evicted). A watch \\
         costs the daemon nothing while nothing changes. (inotify on the mount sees only \\
         changes made through it: not what sync brings in. This does.)
 

@@ -53,6 +53,7 @@ struct StatusCommand: ParsableCommand {
                 print("  device: \(store.deviceName) (\(store.deviceID))")
                 print("  versions: \(store.versionCount)")
                 printSpace(store)
+                printContents(store)
             }
             if let pid = daemonPID(store: m.source) { print("  daemon pid: \(pid)") }
             let log = daemonLogPath(store: m.source)
@@ -60,6 +61,17 @@ struct StatusCommand: ParsableCommand {
             printSyncStatus(mountpoint: m.mountpoint)
         }
     }
+}
+
+/// The current contents here against the container's (files on demand), from the totals the
+/// store keeps (O(1)), and the cache limit the daemon runs with.
+func printContents(_ store: Store) {
+    guard let t = store.contentTotals() else { return }
+    let apparent = t.size != t.allocated ? " (apparent size \(byteText(t.size)))" : ""
+    let absent = t.absentFiles == 0 ? "all here" : "\(t.absentFiles) not all here"
+    var line = "  contents: \(byteText(t.here)) here of \(byteText(t.allocated))\(apparent); \(t.files) files, \(absent)"
+    if let limit = ((try? store.setting("cache_size")) ?? nil).flatMap({ Int64($0) }) { line += "; cache-size \(byteText(limit))" }
+    print(line)
 }
 
 /// The store's size now (its databases: O(1)), and what the last gc measured: the chunk

@@ -170,7 +170,9 @@ import UbiquitySystem
         #expect(fs.spacePressure() == nil, "\(fs.storeBytes()) > \(size - Int64(version * 21 / 2))")
         let a = try h.versionNames("a.bin"), b = try h.versionNames("b.bin")
         // Oldest first: a.bin's old versions went, b.bin's (saved after all of them) stay.
-        #expect(a.count == 1 && b.count == 4, "\(a.count) \(b.count)")
+        // (The metadata's write-ahead log grows while pruning, by about half a version's
+        // worth here: one of b.bin's may go too, but only after every old one of a.bin.)
+        #expect(a.count == 1 && b.count >= 3, "\(a.count) \(b.count)")
         #expect(try h.read("a.bin") == content("a", 11))
         #expect(try h.read("b.bin") == content("b", 3))
     }

@@ -47,6 +47,43 @@ import UbiquitySystem
     /// A format-2 store (before sparse files and indexed history views) opens: the new
     /// column and table are added, `history_dirs` is built from `histories`, and a newer
     /// store is refused by name rather than misread.
+    /// What format 12 added (a store of an older format has none of it).
+    static func dropFormat12(_ store: Store) throws {
+        for trigger in ["insert", "delete", "update"] { try store.db.execute("DROP TRIGGER content_totals_\(trigger)") }
+        try store.db.execute("DROP TABLE content_totals")
+        try store.db.execute("DROP INDEX inodes_cached")
+        try store.db.execute("ALTER TABLE inodes DROP COLUMN used")
+    }
+
+    /// Format 12 keeps content totals by triggers and when files were used: a format-11
+    /// store gets the totals from one count of its files, and the triggers from then on.
+    @Test func formatElevenStoreGetsContentTotals() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        do {
+            let store = try Store(directory: dir.path, deviceName: "old")
+            for (name, text) in [("a.txt", "hello"), ("b.txt", "a longer file")] {
+                let f = try store.create(parent: Store.rootInode, name: name, kind: .file, mode: 0o644, uid: 1, gid: 1)
+                var list = ChunkList()
+                let bytes = Array(text.utf8)
+                try store.chunks.put(ChunkID(hashing: bytes), bytes)
+                list.append(ChunkID(hashing: bytes), size: bytes.count)
+                try store.commit(f.id, content: list, path: name, local: false)
+            }
+            _ = try store.create(parent: Store.rootInode, name: "dir", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+            // Back to format 11, as the previous release wrote it.
+            try Self.dropFormat12(store)
+            try store.db.execute("UPDATE settings SET value = '11' WHERE key = 'format'")
+        }
+        let store = try Store(directory: dir.path)
+        #expect(store.contentTotals() == ContentTotals(files: 2, size: 18, allocated: 18, absent: 0, absentFiles: 0))
+        let c = try store.create(parent: Store.rootInode, name: "c.txt", kind: .file, mode: 0o644, uid: 1, gid: 1)
+        _ = try store.removeEntry(parent: Store.rootInode, name: "a.txt")
+        #expect(store.contentTotals() == ContentTotals(files: 2, size: 13, allocated: 13, absent: 0, absentFiles: 0))
+        #expect(store.inode(c.id)?.size == 0)
+        #expect(try store.evictionCandidates(after: (0, 0), limit: 10).isEmpty) // b.txt is small: it came inline
+    }
+
     @Test func formatTwoStoreIsUpgraded() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
@@ -60,6 +97,7 @@ import UbiquitySystem
             list.append(ChunkID(hashing: bytes), size: bytes.count)
             try store.commit(f.id, content: list, path: "docs/a.txt", local: false)
             // Back to format 2, as the previous release wrote it.
+            try Self.dropFormat12(store)
             try store.db.execute("DROP TABLE history_dirs")
             try store.db.execute("ALTER TABLE inodes DROP COLUMN allocated")
             try store.db.execute("UPDATE settings SET value = '2' WHERE key = 'format'")
@@ -118,6 +156,7 @@ import UbiquitySystem
             }
             try store.db.execute("DELETE FROM settings WHERE key = 'conflicts'")
             try store.db.execute("DROP TABLE pending")
+            try Self.dropFormat12(store)
             try store.db.execute("DROP INDEX inodes_unlinked")
             for column in ["nlink", "parent", "name"] { try store.db.execute("ALTER TABLE inodes DROP COLUMN \(column)") }
             try store.db.execute("UPDATE settings SET value = '3' WHERE key = 'format'")

@@ -99,10 +99,11 @@ final class SimDevice {
 
     /// A device syncing through the backing directory `backing`, by way of a symlink.
     convenience init(name: String, root: String, backing: String, clock: @escaping @Sendable () -> Nanos,
-                     options: SyncEngine.Options? = nil) throws {
+                     options: SyncEngine.Options? = nil, fsOptions: FileSystem.Options = FileSystem.Options()) throws {
         let link = root + "/\(name)-backing"
         symlink(backing, link)
-        try self.init(name: name, root: root, link: link, backing: DirectoryStore(root: link), clock: clock, options: options)
+        try self.init(name: name, root: root, link: link, backing: DirectoryStore(root: link), clock: clock, options: options,
+                      fsOptions: fsOptions)
     }
 
     /// The simulation's options, but every cycle looks at the log (no backing off while
@@ -118,14 +119,14 @@ final class SimDevice {
     /// `link` is the symlink the simulation breaks, empty when there is none; `options`
     /// default to the simulation's (a small pull slice).
     init(name: String, root: String, link: String = "", backing: any BackingStore, clock: @escaping @Sendable () -> Nanos,
-         options: SyncEngine.Options? = nil) throws {
+         options: SyncEngine.Options? = nil, fsOptions: FileSystem.Options = FileSystem.Options()) throws {
         self.name = name
         self.link = link
         // A cache of a few inodes: every path of the simulation also reads the tree back
         // from SQLite.
         store = try Store(directory: root + "/\(name)-store", deviceName: name, cachedInodes: 8)
         store.clock = clock
-        fs = FileSystem(store: store)
+        fs = FileSystem(store: store, options: fsOptions)
         // Other devices' records arrive a few at a time (slices, as a device catching up
         // takes them).
         let options = options ?? {
@@ -237,13 +238,17 @@ func runSchedule(seed: UInt64, steps: Int) throws {
     var devices: [SimDevice] = []
     for i in 0..<3 {
         let skew = Nanos(rng.next() % 4_000_000_000) - 2_000_000_000
-        // dev1 takes contents on demand (files on demand): only what it reads comes.
+        // dev1 takes contents on demand (files on demand): only what it reads comes; dev2
+        // downloads everything but keeps at most 3,000 bytes of contents (a cache limit).
         var options = SyncEngine.Options()
         options.pullSlice = 3
         if i == 1 { options.download = .onDemand }
+        var fsOptions = FileSystem.Options()
+        if i == 2 { fsOptions.cacheSize = 3_000; options.cacheSize = 3_000 }
         devices.append(try SimDevice(name: "dev\(i)", root: root, backing: backing, clock: {
             ticks.withLock { t in t += 1_000_000; return t } + skew
-        }, options: options))
+        }, options: options, fsOptions: fsOptions))
+        devices[i].fs.attach(sync: devices[i].engine) // evictions check the backing store through it
     }
     let names = ["a.txt", "b.txt", "d/c.txt", "d/e/f.txt", "g.tinypix.txt"]
     var trace: [String] = []
@@ -252,6 +257,8 @@ func runSchedule(seed: UInt64, steps: Int) throws {
     // Key-value operations draw from their own generator, so the schedules of the file
     // operations stay those of every seed before them (the regression seeds).
     var kvRng = SplitMix64(seed: seed ^ 0x6b76_6b76)
+    // Evictions by hand and the cache limit's passes, from a generator of their own too.
+    var evictRng = SplitMix64(seed: seed ^ 0x6576_6963)
     for step in 0..<steps {
         let d = devices[Int(rng.next() % UInt64(devices.count))]
         let roll = rng.next() % 100
@@ -260,8 +267,9 @@ func runSchedule(seed: UInt64, steps: Int) throws {
         trace.append("\(step) \(d.name) \(roll) \(path)")
         switch roll {
         case 0..<35:
-            // Every seventh save is large enough to travel as an object, not inline.
-            try d.save(path, String(repeating: "\(d.name) step \(step) ", count: step % 7 == 0 ? 120 : 1))
+            // Every seventh save is large enough to travel as an object, not inline, and
+            // to be a chunk file (more than 2 KiB), which eviction can drop.
+            try d.save(path, String(repeating: "\(d.name) step \(step) ", count: step % 7 == 0 ? 200 : 1))
         case 35..<45:
             if let parent = try d.directory(dir, create: false) { try? d.fs.unlink(parent: parent, name: name) }
         case 45..<55:
@@ -300,6 +308,18 @@ func runSchedule(seed: UInt64, steps: Int) throws {
             _ = try? BackingCollector(backing: d.engine.backing).run(now: Int64(time(nil)) + backingGcRuns * 8 * 86_400)
         default:
             d.cycle()
+        }
+        switch evictRng.next() % 100 {
+        case 0..<8:
+            let victim = names[Int(evictRng.next() % UInt64(names.count))]
+            let (vDir, vName) = splitPath(victim)!
+            if let parent = try d.directory(vDir, create: false), let ino = try? d.fs.lookup(parent: parent, name: vName).ino {
+                trace.append("  evict \(victim): \(d.fs.evict(ino))")
+            }
+        case 8..<20:
+            d.fs.keepCacheLimit()
+            trace.append("  cache limit: \(d.fs.contentTotals()?.here ?? -1) bytes here")
+        default: break
         }
         if kvRng.next() % 100 < 25 {
             let key = "k\(kvRng.next() % 4)"
@@ -365,6 +385,24 @@ func runSchedule(seed: UInt64, steps: Int) throws {
             Issue.record("conflict sets differ, \(context)\ndev0: \(firstConflicts)\n\(describe(devices[0]))\n\(d.name): \(conflicts)\n\(describe(d))")
         }
     }
+    // The content totals the triggers kept are what the files say, on every device; the
+    // device with a cache limit gets under it once all is uploaded, and still reads the
+    // same tree (what it evicted comes back when read).
+    for d in devices {
+        let (kept, counted) = try d.fs.meta.withLock { (m) throws(StoreError) in (m.store.contentTotals(), try m.store.countedContentTotals()) }
+        if kept != counted { Issue.record("\(d.name)'s content totals \(String(describing: kept)) are not the files' \(counted), \(context)") }
+    }
+    devices[2].fs.keepCacheLimit()
+    if let here = devices[2].fs.contentTotals()?.here, here > 3_000 {
+        let files = devices[2].fs.meta.withLock { m -> [String] in
+            (try? m.store.db.rows("SELECT id, size, allocated, absent, keep, used, head FROM inodes WHERE kind = 1", []) { r in
+                let chunks: [String] = ((try? m.store.chunkList(row: r.int(6))).map { $0.chunks.map { "\($0.id.hex.prefix(6)):\($0.size):\(m.store.chunks.isLocal($0.id))" } }) ?? []
+                return "\(m.store.path(of: InodeNumber(r.int(0))) ?? "?") \(r.int(0)) size \(r.int(1)) allocated \(r.int(2)) absent \(r.int(3)) keep \(r.int(4)) used \(r.int(5)) \(chunks)"
+            }) ?? []
+        }
+        Issue.record("dev2 keeps \(here) bytes of contents, more than its cache limit of 3,000, \(context)\n\(files.joined(separator: "\n"))\ntrace:\n\(trace.suffix(30).joined(separator: "\n"))")
+    }
+    if try devices[2].tree() != first { Issue.record("dev2's tree changed when the cache limit evicted, \(context)") }
     // Every version committed anywhere is a record everywhere, with a history to show it.
     var committed: Set<String> = []
     for d in devices {

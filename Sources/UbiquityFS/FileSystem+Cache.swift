@@ -1,0 +1,96 @@
+import UbiquityStore
+import UbiquitySystem
+
+/// The cache limit (`--cache-size`, files on demand): past it, the least recently used
+/// files whose current version is safe in the backing store give their local copies back
+/// (`evict`): unpinned, uploaded, closed and saved; small chunks that came inside records
+/// stay. They stay listed and are fetched again when read. What counts is the bytes of
+/// current contents here (`Store.contentTotals`, kept by the store's triggers: O(1)); the
+/// history's own chunks are the retention policy's business. Space pressure (min-free,
+/// size-limit) evicts the same way before it prunes any history.
+///
+/// When a file was opened is noted in memory (`uses`) and written in one transaction by
+/// the next pass, so an open costs no database write; the order is as of that write.
+extension FileSystem {
+    /// Files looked at per hold of the lock.
+    static let evictionPage = 64
+
+    /// The content totals (O(1)).
+    public func contentTotals() -> ContentTotals? { meta.withLock { $0.store.contentTotals() } }
+
+    /// Writes the opens noted since the last call.
+    func writeUses() {
+        let taken = uses.withLock { u -> [InodeNumber: Nanos] in defer { u = [:] }; return u }
+        guard !taken.isEmpty else { return }
+        do { try withMeta { (m) throws(StoreError) in try m.store.noteUses(taken) } } catch {
+            log("ubiquity: cache: noting when files were used: \(error)")
+        }
+    }
+
+    /// Runs from the maintenance loop (every 10 s): evicts until the contents here fit the
+    /// cache limit, or nothing more may go.
+    public func keepCacheLimit() {
+        writeUses()
+        guard let limit = options.cacheSize, let here = contentTotals()?.here, here > limit else { return }
+        let (files, freed) = evictLeastRecentlyUsed { (contentTotals()?.here ?? 0) <= limit }
+        let now = contentTotals()?.here ?? 0
+        log("ubiquity: cache: \(byteText(here)) of contents here, more than cache-size \(byteText(limit)): evicted \(files) file(s), "
+            + "freed \(byteText(freed)); \(byteText(now)) here now"
+            + (now > limit ? " (the rest is pinned, open, unsaved or not uploaded yet)" : ""))
+    }
+
+    /// Evicts files least recently used first until `enough()` (asked before each file) or
+    /// none is left that may go; returns how many went and the disk space freed. Each
+    /// candidate is looked at once per call (a refused one is passed over). A walk that
+    /// found too little is not made again while the contents here and the uploads
+    /// pending stay the same (for at most 5 minutes: files get closed meanwhile), so a
+    /// store that cannot shrink does not cost a walk of its files every 10 s.
+    func evictLeastRecentlyUsed(now: Nanos = nowNanos(), until enough: () -> Bool) -> (files: Int, bytes: Int64) {
+        guard hasSync else { return (0, 0) } // nowhere to fetch them back from
+        let state = { self.meta.withLock { m in EvictionState(here: m.store.contentTotals()?.here ?? 0, pending: m.store.pendingUploadCount) } }
+        if let last = space.withLock({ $0.evictionExhausted }), last.state == state(), now - last.at < 300 * 1_000_000_000 {
+            return (0, 0)
+        }
+        let result = walkLeastRecentlyUsed(until: enough)
+        if !enough() {
+            let last = state()
+            space.withLock { $0.evictionExhausted = (last, now) }
+        }
+        return result
+    }
+
+    struct EvictionState: Equatable {
+        var here: Int64
+        var pending: Int
+    }
+
+    private func walkLeastRecentlyUsed(until enough: () -> Bool) -> (files: Int, bytes: Int64) {
+        var cursor: (used: Nanos, ino: InodeNumber) = (Nanos.min, 0)
+        var files = 0, freed: Int64 = 0
+        while !enough() {
+            let page: [(used: Nanos, ino: InodeNumber)]
+            do {
+                page = try withMetaSlice { (m) throws(StoreError) in try m.store.evictionCandidates(after: cursor, limit: Self.evictionPage) }
+            } catch {
+                log("ubiquity: cache: \(error)")
+                break
+            }
+            guard let last = page.last else { break }
+            cursor = last
+            for candidate in page {
+                if enough() { break }
+                switch evict(candidate.ino, closedOnly: true) {
+                case .done(let bytes):
+                    files += 1
+                    freed += bytes
+                case .refused: continue
+                case .failed(let why):
+                    // The backing store cannot say the packs are there: nothing more goes now.
+                    log("ubiquity: cache: evicting stopped: \(why)")
+                    return (files, freed)
+                }
+            }
+        }
+        return (files, freed)
+    }
+}
