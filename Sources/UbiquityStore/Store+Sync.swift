@@ -70,7 +70,7 @@ extension Store {
     /// what it had taken) and the tree cache starts over.
     private func syncStep<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         do {
-            return try db.transaction { () throws(StoreError) -> T in try replica.deferringConflicts(body) }
+            return try standaloneStep { () throws(StoreError) -> T in try replica.deferringConflicts(body) }
         } catch {
             cache.removeAll()
             try? changed.reload(parse: { InodeNumber($0) })
@@ -361,7 +361,7 @@ extension Store {
     @discardableResult
     public func addRemote(_ records: [SyncRecord]) throws(StoreError) -> Int {
         var added = 0
-        try db.transaction { () throws(StoreError) in
+        try standaloneStep { () throws(StoreError) in
             try replica.deferringConflicts { () throws(StoreError) in
             for record in records where record.deviceID != deviceID {
                 if try replica.record(id: record.id) != nil { continue }

@@ -206,6 +206,18 @@ public final class Store: @unchecked Sendable {
         try db.commitBatch()
     }
 
+    /// A big step (records taken in, a sync step) as a transaction of its own after the
+    /// batch, its inner transactions without savepoints (`SQLiteDatabase.standalone`);
+    /// small chunks it put are committed before it.
+    func standaloneStep<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        try commitBatch()
+        return try db.standalone { () throws(StoreError) -> T in
+            let result = try body()
+            try chunks.commitSmallChunks()
+            return result
+        }
+    }
+
     /// Rolls back the open batch (a key-value change whose commit failed: the batch holds
     /// nothing else, `kvCommitted` committed it first).
     func abandonBatch() {

@@ -322,8 +322,9 @@ extension SyncEngine: ChunkSource {
             }
             located.append(PackFetch.Want(id: want.id, size: want.size, place: place))
         }
+        // PackFetch verified each chunk against its id before it keeps it.
         let fetched = PackFetch(store: backing.store, width: options.parallelRequests).fetch(located) { id, bytes throws(StoreError) in
-            try chunks.put(id, bytes)
+            try chunks.putVerified(id, bytes)
             arrived(id)
         }
         failures.merge(fetched) { a, _ in a }
