@@ -141,6 +141,8 @@ public final class ControlServer: @unchecked Sendable {
             return send(fd, .progress(files: done, of: targets.count, bytes: bytes, ofBytes: ofBytes))
         }
         guard progress(force: true) else { return }
+        // Chunks pinned and open files use, worked out once for the whole eviction.
+        let inUse = action == .evict ? try? fs.chunksInUse() : nil
         for target in targets {
             var outcome = FileSystem.KeepOutcome.done(bytes: 0)
             do {
@@ -151,7 +153,7 @@ public final class ControlServer: @unchecked Sendable {
                     outcome = fs.download(target.ino) { bytes += $0; _ = progress(force: false) }
                 case .unpin: try fs.setKeep(target.ino, .automatic)
                 case .evict:
-                    outcome = fs.evict(target.ino)
+                    outcome = fs.evict(target.ino, keeping: inUse)
                     if case .done(let freed) = outcome { bytes += freed }
                 }
             } catch {

@@ -51,12 +51,13 @@ extension FileSystem {
         if let last = space.withLock({ $0.evictionExhausted }), last.state == state(), now - last.at < 300 * 1_000_000_000 {
             return (0, 0)
         }
-        let result = walkLeastRecentlyUsed(until: enough)
-        if !enough() {
+        let walk = walkLeastRecentlyUsed(until: enough)
+        // Only a walk that looked at every candidate (not one the backing store cut short).
+        if walk.ranOut && !enough() {
             let last = state()
             space.withLock { $0.evictionExhausted = (last, now) }
         }
-        return result
+        return (walk.files, walk.bytes)
     }
 
     struct EvictionState: Equatable {
@@ -64,33 +65,36 @@ extension FileSystem {
         var pending: Int
     }
 
-    private func walkLeastRecentlyUsed(until enough: () -> Bool) -> (files: Int, bytes: Int64) {
+    /// `ranOut`: every candidate was looked at.
+    private func walkLeastRecentlyUsed(until enough: () -> Bool) -> (files: Int, bytes: Int64, ranOut: Bool) {
         var cursor: (used: Nanos, ino: InodeNumber) = (Nanos.min, 0)
         var files = 0, freed: Int64 = 0
+        // Chunks pinned and open files use stay, whichever file they are evicted for.
+        guard let inUse = try? chunksInUse() else { return (0, 0, false) }
         while !enough() {
             let page: [(used: Nanos, ino: InodeNumber)]
             do {
                 page = try withMetaSlice { (m) throws(StoreError) in try m.store.evictionCandidates(after: cursor, limit: Self.evictionPage) }
             } catch {
                 log("ubiquity: cache: \(error)")
-                break
+                return (files, freed, false)
             }
-            guard let last = page.last else { break }
+            guard let last = page.last else { return (files, freed, true) }
             cursor = last
             for candidate in page {
                 if enough() { break }
-                switch evict(candidate.ino, closedOnly: true) {
-                case .done(let bytes):
+                switch evict(candidate.ino, closedOnly: true, keeping: inUse) {
+                case .done(let bytes) where bytes > 0:
                     files += 1
                     freed += bytes
-                case .refused: continue
+                case .done, .refused: continue // nothing here that may go (a small tail, shared chunks)
                 case .failed(let why):
                     // The backing store cannot say the packs are there: nothing more goes now.
                     log("ubiquity: cache: evicting stopped: \(why)")
-                    return (files, freed)
+                    return (files, freed, false)
                 }
             }
         }
-        return (files, freed)
+        return (files, freed, false)
     }
 }

@@ -83,35 +83,32 @@ extension FileSystem {
     /// in the backing store hold (checked first: present, and no fossil marker). Refused
     /// for a file open for writing or with unsaved changes, one whose current version is
     /// not uploaded, a local-only file, and a pinned one. Small chunks (at most 1 KiB,
-    /// carried in records) stay. The file is then not downloaded again in the background
-    /// (a read still fetches it). `closedOnly` (the cache limit) also passes over a file
-    /// that is open at all.
-    public func evict(_ ino: InodeNumber, closedOnly: Bool = false) -> KeepOutcome {
-        enum Plan { case evict([ChunkID: ChunkPlace]), refuse(String) }
+    /// carried in records) stay, and so do chunks a pinned or open file also uses
+    /// (`keeping`: `chunksInUse()`, worked out once by a caller that evicts many). The
+    /// file is then not downloaded again in the background (a read still fetches it).
+    /// `closedOnly` (the cache limit) also passes over a file that is open at all.
+    public func evict(_ ino: InodeNumber, closedOnly: Bool = false, keeping: ChunksInUse? = nil) -> KeepOutcome {
+        enum Plan { case evict(head: Int64?, [ChunkID: ChunkPlace]), refuse(String) }
         let plan: Plan
         do {
             plan = try meta.withLock { (m) throws(StoreError) -> Plan in
-                guard let inode = m.store.inode(ino), inode.kind == .file else { return .refuse("not a regular file") }
-                if LocalOnly.contains(m.store.path(of: ino) ?? "") { return .refuse("a local-only file: it is never uploaded") }
-                if inode.keep == .pinned { return .refuse("pinned (`ubiquity unpin` it first)") }
-                if m.busyFiles().contains(ino) { return .refuse("open for writing, or it has unsaved changes") }
-                if closedOnly && m.openFiles[ino] != nil { return .refuse("open") }
-                guard let head = inode.head else { return .evict([:]) }
+                if let why = m.evictRefusal(ino, closedOnly: closedOnly) { return .refuse(why) }
+                guard let head = m.store.inode(ino)?.head else { return .evict(head: nil, [:]) }
                 guard try m.store.isUploaded(row: head) else { return .refuse("its current version is not uploaded yet (`ubiquity sync` uploads it)") }
                 let ids = Set(try m.store.chunkList(row: head).chunks.filter { $0.size > Store.inlineChunkLimit && chunks.isLocal($0.id) }.map(\.id))
                 let places = try m.store.chunkPlaces(ids)
                 if let unplaced = ids.first(where: { places[$0] == nil }) {
                     return .refuse("chunk \(unplaced.hex) has no known place in the backing store")
                 }
-                return .evict(places)
+                return .evict(head: head, places)
             }
         } catch {
             return .failed("\(error)")
         }
-        let places: [ChunkID: ChunkPlace]
+        let places: [ChunkID: ChunkPlace], head: Int64?
         switch plan {
         case .refuse(let why): return .refused(why)
-        case .evict(let p): places = p
+        case .evict(let h, let p): (head, places) = (h, p)
         }
         guard let sync = hooks.withLock({ $0.sync }) else { return .refused("no backing store (sync is not running)") }
         let packs = Set(places.values.map(\.pack))
@@ -123,14 +120,41 @@ extension FileSystem {
         } catch {
             return .failed("checking the backing store: \(error)")
         }
-        let freed = chunks.evict(Array(places.keys))
+        // Looked at again where the chunks go (local unlinks only): while the backing
+        // store answered, the file may have been pinned, opened, written or replaced.
+        let outcome: KeepOutcome
         do {
-            try withMeta { (m) throws(StoreError) in try m.store.setKeep(ino, .evicted) }
-            try refreshDownloadState(ino)
+            outcome = try meta.withLock { (m) throws(StoreError) -> KeepOutcome in
+                if let why = m.evictRefusal(ino, closedOnly: closedOnly) { return .refused(why) }
+                guard m.store.inode(ino)?.head == head else { return .refused("it changed while the backing store was asked") }
+                var inUse = keeping ?? ChunksInUse()
+                if keeping == nil { inUse = try m.chunksInUse() }
+                let freed = chunks.evict(places.keys.filter { !inUse.contains($0, besides: ino) })
+                try m.store.setKeep(ino, .evicted)
+                return .done(bytes: freed)
+            }
+            if case .done = outcome { try refreshDownloadState(ino) }
         } catch {
             return .failed("\(error)")
         }
-        return .done(bytes: freed)
+        return outcome
+    }
+
+    /// The chunks of pinned files and of open ones (worked out once by a caller that
+    /// evicts many files): an eviction leaves them, whatever other file it is for.
+    public func chunksInUse() throws(Errno) -> ChunksInUse {
+        try withMeta { (m) throws(StoreError) in try m.chunksInUse() }
+    }
+
+    /// What pinned and open files use, each open file's apart (a file evicted while it
+    /// is open for reading gives its own chunks back: the reader fetches what it needs).
+    public struct ChunksInUse: Sendable {
+        var pinned: Set<ChunkID> = []
+        var open: [InodeNumber: Set<ChunkID>] = [:]
+
+        func contains(_ id: ChunkID, besides ino: InodeNumber) -> Bool {
+            pinned.contains(id) || open.contains { $0.key != ino && $0.value.contains(id) }
+        }
     }
 
     /// Counts again what of file `ino` is here, after content arrived or went: watchers
@@ -143,5 +167,29 @@ extension FileSystem {
             if try m.store.refreshAbsent(ino).stateChanged { publishSyncEvents(m, changes) }
         }
         hooks.withLock { $0.treeChanged }?(changes)
+    }
+}
+
+extension FileSystem.Meta {
+    /// Why file `ino` may not be evicted now (nil: it may).
+    func evictRefusal(_ ino: InodeNumber, closedOnly: Bool) -> String? {
+        guard let inode = store.inode(ino), inode.kind == .file else { return "not a regular file" }
+        if LocalOnly.contains(store.path(of: ino) ?? "") { return "a local-only file: it is never uploaded" }
+        if inode.keep == .pinned { return "pinned (`ubiquity unpin` it first)" }
+        if busyFiles().contains(ino) { return "open for writing, or it has unsaved changes" }
+        if closedOnly && openFiles[ino] != nil { return "open" }
+        return nil
+    }
+
+    /// The chunks of the current contents of pinned files and of open files.
+    func chunksInUse() throws(StoreError) -> FileSystem.ChunksInUse {
+        var inUse = FileSystem.ChunksInUse()
+        for ino in try store.pinnedFiles() {
+            if let head = store.inode(ino)?.head { inUse.pinned.formUnion(try store.chunkList(row: head).ids) }
+        }
+        for ino in openFiles.keys {
+            if let head = store.inode(ino)?.head { inUse.open[ino] = Set(try store.chunkList(row: head).ids) }
+        }
+        return inUse
     }
 }

@@ -146,7 +146,6 @@ final class SQLiteDatabase {
         return after > 0 && after < before
     }
 
-    /// Commits the open batch, if any.
     /// Runs `body` as a transaction of its own (the batch must be committed: the caller
     /// does it), with every transaction inside it flattened into it. A savepoint makes
     /// SQLite journal each page it touches again, to a temporary file: a device taking in
@@ -170,6 +169,7 @@ final class SQLiteDatabase {
         }
     }
 
+    /// Commits the open batch, if any.
     func commitBatch() throws(StoreError) {
         guard batchOpen else { return }
         batchOpen = false

@@ -87,6 +87,8 @@ enum Schema {
         // Format 12 (the cache limit): the files whose local copies may go, least recently
         // used first (`Store+Cache`); the query that walks it repeats this WHERE.
         "CREATE INDEX IF NOT EXISTS inodes_cached ON inodes(used, id) WHERE \(Store.evictableCondition)",
+        // The pinned files, whose chunks an eviction of another file leaves.
+        "CREATE INDEX IF NOT EXISTS inodes_pinned ON inodes(id) WHERE keep = 1",
     ] + Store.contentTotalsSchema
         + Replica.schema // format 4: the synced view (Replica)
         + Store.kvSchema // format 8: the key-value store

@@ -83,6 +83,11 @@ extension Store {
         }
     }
 
+    /// The pinned files (an index: the cost is in proportion to them).
+    public func pinnedFiles() throws(StoreError) -> [InodeNumber] {
+        try db.rows("SELECT id FROM inodes INDEXED BY inodes_pinned WHERE keep = 1", []) { InodeNumber(bitPattern: $0.int(0)) }
+    }
+
     /// Files the cache limit may evict, least recently used first, after `after` (a
     /// cursor: `(used, inode)` of the last one seen), at most `limit`.
     public func evictionCandidates(after: (used: Nanos, ino: InodeNumber), limit: Int) throws(StoreError) -> [(used: Nanos, ino: InodeNumber)] {

@@ -35,8 +35,8 @@ final class Downloader: @unchecked Sendable {
         var started = false
         var failures = 0
         var lastError = ""
-        /// The room under the cache limit when the last walk passed files over for it.
-        var roomWhenFull: Int64?
+        /// The smallest file the last walk passed over for the cache limit (nil: none).
+        var smallestSkipped: Int64?
     }
 
     /// Files per batch, and the most bytes one batch fetches.
@@ -122,10 +122,10 @@ final class Downloader: @unchecked Sendable {
         var failed = false
         // With a cache limit, files that do not fit in the room left are passed over. A
         // walk that passed some over is not made again (but for pinned files) until the
-        // room grows, so a full cache does not cost a walk of every file not here at
-        // every pull.
-        let lastRoom = state.withLock { $0.roomWhenFull }
-        var skipped = false, walkedAll = false, room = Int64.max
+        // smallest of them fits, so a full cache does not cost a walk of every file not
+        // here at every pull (new files wait for that too).
+        let lastSmallest = state.withLock { $0.smallestSkipped }
+        var smallest: Int64?, walkedAll = false, room = Int64.max
         while true {
             if state.withLock({ $0.stopped || !$0.enabled }) { return .stopped }
             // Reads first: a reader waiting for a fetch has the network to itself.
@@ -138,14 +138,14 @@ final class Downloader: @unchecked Sendable {
                     var bytes: Int64 = 0
                     var seen: Set<ChunkID> = []
                     room = cacheLimit.map { $0 - (store.contentTotals()?.here ?? 0) } ?? Int64.max
-                    let takeAll = everything && lastRoom.map { room > $0 } != false
+                    let takeAll = everything && lastSmallest.map { room >= $0 } != false
                     if takeAll { walkedAll = true }
                     for ino in try store.filesNotDownloaded(after: after, limit: Self.batchFiles, everything: takeAll) {
                         seenLast = ino
                         let missing = try store.missingChunks(of: ino).filter { !seen.contains($0.id) }
                         let size = missing.reduce(Int64(0)) { $0 + Int64($1.size) }
                         if takeAll && bytes + size > room && store.inode(ino)?.keep != .pinned {
-                            skipped = true
+                            smallest = min(smallest ?? size, size)
                             continue
                         }
                         files.append(ino)
@@ -160,7 +160,7 @@ final class Downloader: @unchecked Sendable {
                 return .failed
             }
             guard let last = seenLast else {
-                if walkedAll { state.withLock { $0.roomWhenFull = skipped ? room : nil } }
+                if walkedAll { state.withLock { $0.smallestSkipped = smallest } }
                 return failed ? .failed : .done
             }
             after = last

@@ -349,6 +349,64 @@ import UbiquitySystem
         #expect(b.fs.evict(try Self.ino("doc.bin", b)) == .refused("pinned (`ubiquity unpin` it first)"))
     }
 
+    /// Regression (review of the cache limit): evicting a file deleted the chunks a pinned
+    /// copy of it, or an open one, shares; the pinned copy still said `current`.
+    @Test func evictLeavesChunksAPinnedOrOpenFileShares() throws {
+        print("EvictTests.evictLeavesChunksAPinnedOrOpenFileShares seed 49")
+        var rng = SplitMix64(seed: 49)
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let store = MemoryStore()
+        let a = try Self.device("a", temp, store)
+        let bytes = Array(randomText(600 << 10, &rng).utf8)
+        for name in ["one.bin", "pinned.bin", "open.bin"] { try OnDemandTests.write(name, bytes, on: a) }
+        try a.engine.cycle(pushPull: true)
+        let b = try Self.device("b", temp, store) // --download all: everything here
+        try b.engine.cycle(pushPull: true)
+        try b.fs.setKeep(try Self.ino("pinned.bin", b), .pinned)
+        let head = try #require(b.store.inode(try Self.ino("one.bin", b))?.head)
+        let ids = try b.fs.meta.withLock { (m) throws(StoreError) in try m.store.chunkList(row: head).ids }
+        guard case .done = b.fs.evict(try Self.ino("one.bin", b)) else { Issue.record("evict refused"); return }
+        #expect(ids.allSatisfy { b.store.chunks.isLocal($0) }, "a pinned file's chunks went with another file's eviction")
+        // Unpinned but open: the cache limit's eviction leaves what the open file uses too.
+        try b.fs.setKeep(try Self.ino("pinned.bin", b), .automatic)
+        let open = try b.fs.open(try Self.ino("open.bin", b), flags: OpenFlags(O_RDONLY))
+        guard case .done = b.fs.evict(try Self.ino("pinned.bin", b), closedOnly: true) else { Issue.record("evict refused"); return }
+        #expect(ids.allSatisfy { b.store.chunks.isLocal($0) }, "an open file's chunks went with another file's eviction")
+        try b.fs.release(open)
+        // Nothing uses them now: the next eviction frees them.
+        guard case .done(let freed) = b.fs.evict(try Self.ino("open.bin", b)) else { Issue.record("evict refused"); return }
+        #expect(freed >= 500 << 10)
+        #expect(!ids.contains { b.store.chunks.isLocal($0) })
+    }
+
+    /// Regression (review of the cache limit): a file pinned while an eviction waited for
+    /// the backing store lost its chunks anyway, and its pin became "evicted".
+    @Test func aFilePinnedWhileTheBackingStoreIsAskedIsNotEvicted() throws {
+        print("EvictTests.aFilePinnedWhileTheBackingStoreIsAskedIsNotEvicted seed 50")
+        var rng = SplitMix64(seed: 50)
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let store = RecordingStore(MemoryStore())
+        let a = try Self.device("a", temp, store)
+        try OnDemandTests.write("doc.bin", Array(randomText(300 << 10, &rng).utf8), on: a)
+        try a.engine.cycle(pushPull: true)
+        let b = try Self.device("b", temp, store)
+        try b.engine.cycle(pushPull: true)
+        let ino = try Self.ino("doc.bin", b)
+        store.setFault { op, key in op == .stat && key.hasPrefix("packs/") ? .stall(500_000) : nil }
+        let outcome = Locked<FileSystem.KeepOutcome?>(nil)
+        let fs = b.fs
+        let evictor = JoinableThread { outcome.withLock { $0 = fs.evict(ino) } }
+        usleep(150_000)
+        try b.fs.setKeep(ino, .pinned)
+        evictor.join()
+        store.setFault(nil)
+        #expect(outcome.withLock { $0 } == .refused("pinned (`ubiquity unpin` it first)"))
+        #expect(try OnDemandTests.downloaded("doc.bin", on: b) == "current")
+        #expect(b.store.inode(ino)?.keep == .pinned)
+    }
+
     @Test func evictRefusesWhatIsNotSafeElsewhere() throws {
         print("EvictTests.evictRefusesWhatIsNotSafeElsewhere seed 49")
         var rng = SplitMix64(seed: 49)
