@@ -18,12 +18,17 @@ extension FileSystem {
     /// The content totals (O(1)).
     public func contentTotals() -> ContentTotals? { meta.withLock { $0.store.contentTotals() } }
 
-    /// Writes the opens noted since the last call.
+    /// Writes the opens noted since the last call, 2,000 per hold of the lock (a `grep -r`
+    /// over a million files must not hold every other request behind one long write).
     func writeUses() {
         let taken = uses.withLock { u -> [InodeNumber: Nanos] in defer { u = [:] }; return u }
-        guard !taken.isEmpty else { return }
-        do { try withMeta { (m) throws(StoreError) in try m.store.noteUses(taken) } } catch {
-            log("ubiquity: cache: noting when files were used: \(error)")
+        let sorted = taken.sorted { $0.key < $1.key }
+        for start in stride(from: 0, to: sorted.count, by: 2_000) {
+            let slice = sorted[start..<min(start + 2_000, sorted.count)]
+            do { try withMetaSlice { (m) throws(StoreError) in try m.store.noteUses(slice) } } catch {
+                log("ubiquity: cache: noting when files were used: \(error)")
+                return
+            }
         }
     }
 

@@ -163,10 +163,14 @@ extension FileSystem {
     func refreshDownloadState(_ ino: InodeNumber) throws(Errno) {
         var changes = TreeChanges()
         changes.downloads.insert(ino)
-        try withMeta { (m) throws(StoreError) in
-            if try m.store.refreshAbsent(ino).stateChanged { publishSyncEvents(m, changes) }
+        let changed = try withMeta { (m) throws(StoreError) -> Bool in
+            let before = m.store.inode(ino)?.absent
+            let refreshed = try m.store.refreshAbsent(ino)
+            if refreshed.stateChanged { publishSyncEvents(m, changes) }
+            return refreshed.absent != before
         }
-        hooks.withLock { $0.treeChanged }?(changes)
+        // Nothing came or went (a download of a file all here): the kernel keeps its view.
+        if changed { hooks.withLock { $0.treeChanged }?(changes) }
     }
 }
 

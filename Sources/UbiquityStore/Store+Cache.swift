@@ -74,10 +74,10 @@ extension Store {
     }
 
     /// Writes when files were last opened (batched by the filesystem: an open costs no write).
-    public func noteUses(_ uses: [InodeNumber: Nanos]) throws(StoreError) {
+    public func noteUses(_ uses: some Collection<(key: InodeNumber, value: Nanos)>) throws(StoreError) {
         guard !uses.isEmpty else { return }
         try db.transaction { () throws(StoreError) in
-            for (ino, time) in uses.sorted(by: { $0.key < $1.key }) where ino <= InodeNumber(Int64.max) {
+            for (ino, time) in uses where ino <= InodeNumber(Int64.max) {
                 try db.query("UPDATE inodes SET used = max(used, ?) WHERE id = ?", [.int(time), .int(Int64(ino))])
             }
         }
