@@ -120,6 +120,7 @@ extension Daemon {
                 guard let interval = RetentionPolicy.duration(every) else { throw CLIError("--maintenance-every \(every): not a duration") }
                 fsOptions.maintenanceInterval = interval
             }
+            // From here on the store is used only through the filesystem's `SharedStore`.
             let fs = FileSystem(store: store, options: fsOptions)
             fs.relieveSpacePressure()
             var sessionOptions = FUSESession.Options()
@@ -142,7 +143,7 @@ extension Daemon {
                 syncOptions.fossilAge = seconds
                 log("ubiquity: UBQ_TEST_FOSSIL_AGE: fossils are deleted after \(seconds) s (a test setting)")
             }
-            let sync = SyncEngine(access: fs, store: store, backing: backingStore, options: syncOptions)
+            let sync = SyncEngine(store: fs.store, backing: backingStore, options: syncOptions)
             fs.attach(sync: sync)
             fs.onTreeChange { session.invalidate($0) }
             try session.mount()
@@ -153,7 +154,7 @@ extension Daemon {
             } catch {
                 log("ubiquity: no control socket (`ubiquity kv watch` and `ubiquity query` will not work): \(error)")
             }
-            log("ubiquity: mounted \(mp) (store \(storeDir), backing \(backingDir), device \(store.deviceName) \(store.deviceID))")
+            log("ubiquity: mounted \(mp) (store \(storeDir), backing \(backingDir), device \(fs.store.deviceName) \(fs.store.deviceID))")
             ready.succeeded()
             sync.start()
             let status = session.run()

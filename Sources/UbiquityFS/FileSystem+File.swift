@@ -61,7 +61,7 @@ extension FileSystem {
     /// Whether the kernel may keep a file's page cache across opens: not for TinyPix
     /// views, whose grid is normalized at each commit (what was written as `X` reads `#`).
     public func keepsCache(_ handle: UInt64) -> Bool {
-        meta.withLock { m in
+        state.withLock { m in
             switch m.handles[handle] {
             case .file(_, let open, _): return !open.isTinyPix
             case .keyValue: return false // another device may have set it since
@@ -89,7 +89,7 @@ extension FileSystem {
         uses.withLock { $0[ino] = nowNanos() }
         if flags.truncates && flags.writable {
             try storeCall { () throws(StoreError) in try open.content.truncate(0) }
-            meta.withLock { m in open.pendingMTime = m.store.clock() }
+            state.withLock { _ in open.pendingMTime = store.clock() }
         }
         return handle
     }
@@ -103,15 +103,16 @@ extension FileSystem {
     public func flush(_ handle: UInt64) throws(Errno) {
         if let kv = keyValueHandle(handle) { return try kvFlush(kv) }
         guard let (ino, open) = try fileHandle(handle), open.content.hasWrites,
-              meta.withLock({ _ in open.handles }) == 1 else { return }
+              state.withLock({ _ in open.handles }) == 1 else { return }
         try commit(ino, open)
     }
 
     public func release(_ handle: UInt64) throws(Errno) {
-        let removed = meta.withLock { m -> Handle? in m.handles.removeValue(forKey: handle) }
+        let removed = state.withLock { m -> Handle? in m.handles.removeValue(forKey: handle) }
         if case .keyValue(let kv) = removed { return kvRelease(kv) }
-        guard case .file(let ino, let open, _) = removed else { return }
-        let last = meta.withLock { _ -> Bool in open.handles -= 1; return open.handles == 0 }
+        guard case .file(let ino, let open, let writable) = removed else { return }
+        if writable { busy.writers(ino, -1) }
+        let last = state.withLock { _ -> Bool in open.handles -= 1; return open.handles == 0 }
         guard last else { return }
         // A refused TinyPix write is dropped at the last close: the old picture stays.
         if open.content.isRefused { open.content.discardChanges() }
@@ -120,7 +121,7 @@ extension FileSystem {
             let fetched = chunks.fetchStatistics.chunks != open.fetchMark
             meta.withLock { m in
                 if open.handles == 0 && m.openFiles[ino] === open && !open.content.isChanged {
-                    m.openFiles[ino] = nil
+                    m.closeFile(ino)
                     m.dropIfUnreferenced(ino)
                 }
             }
@@ -149,7 +150,7 @@ extension FileSystem {
 
     /// The durability barrier, without holding `meta` during the disk flush.
     public func fsyncDirectory() throws(Errno) {
-        let (store, mark) = try withMeta { (m) throws(StoreError) in (m.store, try m.store.durabilityMark()) }
+        let mark = try withMeta { (m) throws(StoreError) in try m.store.durabilityMark() }
         try storeCall { () throws(StoreError) in try store.syncFiles() }
         try withMeta { (m) throws(StoreError) in try m.store.markDurable(upTo: mark) }
     }
@@ -158,7 +159,7 @@ extension FileSystem {
 
     public func read(_ handle: UInt64, offset: Int64, count: Int) throws(Errno) -> [UInt8] {
         if let kv = keyValueHandle(handle) { return kvRead(kv, offset: offset, count: count) }
-        let content: FileContent = try meta.withLock { (m) throws(Errno) -> FileContent in
+        let content: FileContent = try state.withLock { (m) throws(Errno) -> FileContent in
             switch m.handles[handle] {
             case .file(_, let open, _): return open.content
             case .view(let content): return content
@@ -174,7 +175,7 @@ extension FileSystem {
         guard offset >= 0 else { throw .invalid }
         guard offset <= maxFileSize - Int64(data.count) else { throw .fileTooBig }
         try storeCall { () throws(StoreError) in try open.content.write(offset: offset, data) }
-        meta.withLock { m in open.pendingMTime = m.store.clock() }
+        state.withLock { _ in open.pendingMTime = store.clock() }
         return data.count
     }
 
@@ -222,7 +223,7 @@ extension FileSystem {
     /// its size-limit leaves.
     func checkSpace(for bytes: Int64) throws(Errno) {
         guard bytes > 0 else { return }
-        let directory = meta.withLock { $0.store.directory }
+        let directory = store.directory
         if let (free, total) = Self.freeSpace(of: directory) {
             var available = free - options.retention.minFree.bytes(ofFilesystem: total)
             if access(directory + "/reserve", F_OK) != 0 { available -= Self.reserveBytes }
@@ -234,7 +235,7 @@ extension FileSystem {
     /// lseek(2) with SEEK_DATA or SEEK_HOLE (the kernel handles the other whences):
     /// holes are the runs no write and no chunk covers. ENXIO at or past the end.
     public func seek(_ handle: UInt64, offset: Int64, data: Bool) throws(Errno) -> Int64 {
-        let content: FileContent = try meta.withLock { (m) throws(Errno) -> FileContent in
+        let content: FileContent = try state.withLock { (m) throws(Errno) -> FileContent in
             switch m.handles[handle] {
             case .file(_, let open, _): return open.content
             case .view(let content): return content
@@ -260,11 +261,11 @@ extension FileSystem {
         defer {
             meta.withLock { m in
                 open.handles -= 1
-                if open.handles == 0 && !open.content.isChanged && m.openFiles[ino] === open { m.openFiles[ino] = nil }
+                if open.handles == 0 && !open.content.isChanged && m.openFiles[ino] === open { m.closeFile(ino) }
             }
         }
         try storeCall { () throws(StoreError) in try open.content.truncate(size) }
-        meta.withLock { m in open.pendingMTime = m.store.clock() }
+        state.withLock { _ in open.pendingMTime = store.clock() }
         // truncate(1) on a closed file is a save of its own.
         if temporary { try commit(ino, open) }
     }
@@ -326,7 +327,7 @@ extension FileSystem {
         joinMaintenanceJobs()
         // A full disk must not keep the last commits and the unmount from finishing.
         if let pressure = spacePressure() { releaseReserve(because: pressure.reason) }
-        let open = meta.withLock { m in m.openFiles.map { ($0.key, $0.value) } }
+        let open = state.withLock { m in m.openFiles.map { ($0.key, $0.value) } }
         for (ino, file) in open where file.content.isChanged {
             do { try commit(ino, file) } catch { log("ubiquity: committing inode \(ino) at unmount failed: \(error)") }
         }
@@ -341,7 +342,6 @@ extension FileSystem {
     /// Database checkpoints off the serving connections (the session's loop, every 5 s):
     /// see `WALCheckpointer`.
     public func checkpointInBackground() {
-        let store = meta.withLock { $0.store }
         do { try store.checkpointInBackground() } catch { log("ubiquity: background checkpoint failed: \(error)") }
     }
 
@@ -356,7 +356,7 @@ extension FileSystem {
     /// Commits files held open and dirty for longer than the idle interval (autosave).
     public func commitIdle(now: Nanos = nowNanos()) {
         let idle = Nanos(options.idleCommitSeconds * 1e9)
-        let open = meta.withLock { m in m.openFiles.map { ($0.key, $0.value) } }
+        let open = state.withLock { m in m.openFiles.map { ($0.key, $0.value) } }
         for (ino, file) in open where file.content.isChanged && now - file.content.lastChange >= idle {
             if file.content.isRefused { continue } // logged once already; wait for the next write
             do { try commit(ino, file) } catch { log("ubiquity: autosave of inode \(ino) failed: \(error)") }
@@ -364,14 +364,14 @@ extension FileSystem {
     }
 
     private func keyValueHandle(_ handle: UInt64) -> KeyValueOpen? {
-        meta.withLock { m in
+        state.withLock { m in
             if case .keyValue(let open) = m.handles[handle] { return open }
             return nil
         }
     }
 
     private func fileHandle(_ handle: UInt64, forWriting: Bool = false) throws(Errno) -> (InodeNumber, OpenFile)? {
-        try meta.withLock { (m) throws(Errno) -> (InodeNumber, OpenFile)? in
+        try state.withLock { (m) throws(Errno) -> (InodeNumber, OpenFile)? in
             switch m.handles[handle] {
             case .file(let ino, let open, let writable):
                 if forWriting && !writable { throw .badHandle }
@@ -388,7 +388,14 @@ extension FileSystem.Meta {
         let id = nextHandle
         nextHandle += 1
         handles[id] = handle
+        if case .file(let ino, _, true) = handle { busy.writers(ino, 1) }
         return id
+    }
+
+    /// Drops `ino`'s open state (the last handle went and nothing is left to commit).
+    mutating func closeFile(_ ino: InodeNumber) {
+        openFiles[ino] = nil
+        busy.open(ino, nil)
     }
 
     /// The open state of a file, created from its current version on first open.
@@ -403,6 +410,7 @@ extension FileSystem.Meta {
         let open = OpenFile(content: content, isTinyPix: isTinyPix)
         open.fetchMark = chunks.fetchStatistics.chunks
         openFiles[ino] = open
+        busy.open(ino, content)
         return open
     }
 

@@ -21,7 +21,7 @@ extension FileSystem {
 
     /// Why the store is under pressure and how many bytes it should free (nil: it is not).
     func spacePressure() -> (reason: String, bytes: Int64)? {
-        if let (free, total) = Self.freeSpace(of: meta.withLock { $0.store.directory }) {
+        if let (free, total) = Self.freeSpace(of: store.directory) {
             let minimum = options.retention.minFree.bytes(ofFilesystem: total)
             if free < minimum {
                 return ("the store's filesystem has \(byteText(free)) free, less than min-free \(byteText(minimum))", minimum - free)
@@ -46,8 +46,8 @@ extension FileSystem {
     /// The store's size: its databases now, plus its chunk files as last measured (by gc,
     /// or once here when none has) and what was written since.
     func storeBytes() -> Int64 {
-        let (store, setting) = meta.withLock { m in (m.store, (try? m.store.setting("space")) ?? nil) }
-        let (metadata, small) = store.databaseBytes
+        let (bytes, setting) = store.withLock { s in (s.databaseBytes, (try? s.setting("space")) ?? nil) }
+        let (metadata, small) = bytes
         let put = chunks.fileBytesPut
         let measured = space.withLock { s -> Int64? in
             if s.chunkFiles == nil { s.chunkFiles = setting.flatMap(Self.chunkFileBytes(inSpaceSetting:)) }
@@ -144,7 +144,7 @@ extension FileSystem {
         }
     }
 
-    private var reservePath: String { meta.withLock { $0.store.directory } + "/reserve" }
+    private var reservePath: String { store.directory + "/reserve" }
 
     /// Deletes the reserve so what must finish can (metadata commits, unmount).
     func releaseReserve(because reason: String) {

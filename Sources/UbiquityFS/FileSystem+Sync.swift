@@ -1,10 +1,12 @@
 import Glibc
 import UbiquityStore
+import UbiquitySystem
 
-/// The filesystem's side of sync: it lends the store to the engine under the metadata
-/// lock (`StoreAccess`), keeps open readers on the current version, tells the kernel what
-/// changed, and serves the sync control and status attributes on the mount root.
-extension FileSystem: StoreAccess {
+/// The filesystem's side of sync: it tells the store which files sync must leave alone
+/// (`BusyFiles`), hears what sync changed (`storeChanged`: open readers move to the
+/// current version, the kernel and watchers are told), and serves the sync control and
+/// status attributes on the mount root.
+extension FileSystem {
     static let controlAttribute = "user.ubiquity.control"
     static let syncStatusAttribute = "user.ubiquity.sync"
 
@@ -26,22 +28,27 @@ extension FileSystem: StoreAccess {
     /// invalidates the kernel's caches there.
     public func onTreeChange(_ body: @escaping @Sendable (TreeChanges) -> Void) { hooks.withLock { $0.treeChanged = body } }
 
-    public func withStore(_ body: (Store, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError) {
-        let changes = try meta.withLock { (m) throws(StoreError) -> TreeChanges in
-            var changes = try body(m.store, m.busyFiles())
-            changes.conflicts = m.store.takeNewConflicts()
-            if !changes.isEmpty { try m.treeChanged(changes) }
-            if feed.isWatched { publishSyncEvents(m, changes) }
-            return changes
+    /// What a change from elsewhere (a sync step, the downloader) did to the tree, heard
+    /// from the store once its lock is released (`SharedStore.change`): open readers move
+    /// to the new current versions and watchers hear of it; then, outside every lock, the
+    /// kernel forgets what it cached there.
+    func storeChanged(_ changes: TreeChanges) {
+        do {
+            try meta.withLock { (m) throws(StoreError) in
+                try m.treeChanged(changes)
+                if feed.isWatched { publishSyncEvents(m, changes) }
+            }
+        } catch {
+            log("ubiquity: after a sync step: \(error)")
         }
-        if !changes.isEmpty, let notify = hooks.withLock({ $0.treeChanged }) { notify(changes) }
+        hooks.withLock { $0.treeChanged }?(changes)
     }
 
-    /// Runs `body` under the metadata lock after committing the batch, so a second
+    /// Runs `body` under the store's lock after committing the batch, so a second
     /// connection opened there sees every change made so far (a query's snapshot).
     public func withStoreSnapshot<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
-        try meta.withLock { (m) throws(StoreError) -> T in
-            try m.store.commitBatch()
+        try store.withLock { (s) throws(StoreError) -> T in
+            try s.commitBatch()
             return try body()
         }
     }
@@ -114,14 +121,7 @@ struct Hooks {
 
 extension FileSystem.Meta {
     /// Files sync must not change now: open for writing, or with unsaved writes.
-    func busyFiles() -> Set<InodeNumber> {
-        var busy: Set<InodeNumber> = []
-        for handle in handles.values {
-            if case .file(let ino, _, true) = handle { busy.insert(ino) }
-        }
-        for (ino, open) in openFiles where open.content.isChanged { busy.insert(ino) }
-        return busy
-    }
+    func busyFiles() -> Set<InodeNumber> { busy.current() }
 
     /// After sync changed the tree: open readers move to the new current version, the
     /// hidden views are rebuilt, unlinked inodes go once unused.
@@ -130,7 +130,11 @@ extension FileSystem.Meta {
             guard let old = openFiles[ino], !old.content.isChanged else { continue }
             openFiles[ino] = nil
             let fresh: OpenFile
-            do { fresh = try openFile(ino) } catch { openFiles[ino] = old; continue }
+            do { fresh = try openFile(ino) } catch {
+                openFiles[ino] = old
+                busy.open(ino, old.content)
+                continue
+            }
             fresh.handles = old.handles
             for (id, handle) in handles {
                 if case .file(ino, let open, let writable) = handle, open === old {

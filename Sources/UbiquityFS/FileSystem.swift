@@ -7,15 +7,29 @@ import UbiquitySystem
 ///
 /// Locks, always taken in this order, never while replying to the kernel:
 ///   1. a `FileContent`'s lock (per open file: its data and commits)
-///   2. `meta` (the store, the tree, handles, lookup counts, virtual nodes)
-///   3. leaves: a `FileContent`'s summary (size, isChanged: readable under `meta`), the
-///      chunk cache's lock (inside ChunkStore)
-/// Code holding `meta` must never call a FileContent data method (read, write, truncate,
-/// commit): a commit holds the content lock and waits for `meta`.
-/// Reads and writes of file data hold only their file's content lock, so they run in
-/// parallel across files.
+///   2. `state`: the filesystem's own state (handles, lookup counts, open files, views)
+///   3. the store's lock (`SharedStore`: the tree and everything in SQLite; the sync
+///      engine takes only this one)
+///   4. leaves: a `FileContent`'s summary (size, isChanged: readable under `meta`), the
+///      busy files, the chunk cache's lock (inside ChunkStore)
+/// `meta` takes 2 then 3 (most operations need both); `state` alone serves what needs no
+/// store (a read's or write's handle). Code holding `meta` must never call a FileContent
+/// data method (read, write, truncate, commit): a commit holds the content lock and
+/// waits for `meta`. Reads and writes of file data hold only their file's content lock,
+/// so they run in parallel across files.
+///
+/// No request to the backing store runs under 2 or 3: a fetch asked for there is refused
+/// (`ChunkStore.refuseFetches`). Only a file's content lock (1) may be held across a
+/// fetch, by that file's own reader or writer.
 public final class FileSystem: Sendable {
-    let meta: Locked<Meta>
+    /// The filesystem's own state, under its own lock.
+    let state: Locked<Meta>
+    /// The store, shared with the sync engine; it owns its lock.
+    public let store: SharedStore
+    /// Both locks, in order: what most operations take.
+    let meta: MetaLock
+    /// Files sync must leave alone now (a leaf: the store's lock holder asks).
+    let busy = BusyFiles()
     let chunks: ChunkStore
     public let options: Options
     let hooks = Locked(Hooks())
@@ -46,9 +60,16 @@ public final class FileSystem: Sendable {
         public init() {}
     }
 
-    /// State guarded by `meta`.
+    /// The filesystem's own state (`state`), and the store when `meta` holds its lock too.
     struct Meta {
-        let store: Store
+        /// Reached through `store`, which checks (in debug builds) that its lock is held.
+        private let unguardedStore: Store
+        private let shared: SharedStore
+        let busy: BusyFiles
+        var store: Store {
+            assert(shared.isHeldByCurrentThread, "the store used without its lock")
+            return unguardedStore
+        }
         var lookups: [InodeNumber: UInt64] = [:]
         /// Inodes that lost their last name and are still referenced (open, or known to
         /// the kernel): dropped when that ends.
@@ -58,6 +79,12 @@ public final class FileSystem: Sendable {
         var nextHandle: UInt64 = 1
         var views = VirtualViews()
         var kv = KeyValueDoor()
+
+        init(store: Store, shared: SharedStore, busy: BusyFiles) {
+            unguardedStore = store
+            self.shared = shared
+            self.busy = busy
+        }
     }
 
     /// - Parameter store: the filesystem turns on its group commit; call `commitMetadata()`
@@ -65,12 +92,19 @@ public final class FileSystem: Sendable {
     public init(store: Store, options: Options = Options()) {
         store.startBatching()
         chunks = store.chunks
-        let meta = Locked(Meta(store: store))
-        self.meta = meta
+        let shared = SharedStore(store)
+        self.store = shared
+        let state = Locked(Meta(store: store, shared: shared, busy: busy))
+        self.state = state
+        meta = MetaLock(state: state, store: shared)
         self.options = options
-        // Nothing network-bound under the filesystem's lock: a fetch asked for there is
-        // refused (and counted), never a stall of every other request.
-        chunks.refuseFetches { [weak meta] in meta?.isHeldByCurrentThread ?? false }
+        // Nothing network-bound under the filesystem's lock or the store's: a fetch asked
+        // for there is refused (and counted), never a stall of every other request.
+        chunks.refuseFetches { [weak state, weak shared] in
+            (state?.isHeldByCurrentThread ?? false) || (shared?.isHeldByCurrentThread ?? false)
+        }
+        shared.provideBusyFiles { [busy] in busy.current() }
+        shared.observeTreeChanges { [weak self] changes in self?.storeChanged(changes) }
     }
 
     /// One slice of long work (prune, gc, space pressure) under the metadata lock, then a
@@ -189,7 +223,8 @@ public final class FileSystem: Sendable {
 
     /// Space is the store's filesystem's; inode counts are ours.
     public func statfs() throws(Errno) -> FilesystemStats {
-        let (directory, count) = meta.withLock { ($0.store.directory, $0.store.inodeCount) }
+        let directory = store.directory
+        let count = store.withLock { $0.inodeCount }
         var st = statvfs()
         if statvfs(directory, &st) != 0 { throw Errno(errno) }
         // Counts come in f_frsize units; report them in f_bsize units without overflowing.

@@ -37,7 +37,7 @@ struct Intent: Equatable {
 /// `ChunkList.encoded`, count of chunks carried (4) and for each its 32-byte id, length
 /// (4) and bytes.
 /// Integers little-endian.
-/// Not thread-safe: the store's owner serializes access (the metadata lock).
+/// Not thread-safe: the store's owner serializes access (the store's lock).
 final class IntentLog {
     let path: String
     private var fd: Int32 = -1

@@ -3,7 +3,7 @@ import Glibc
 import UbiquitySystem
 
 /// A thin wrapper over one SQLite connection. Not thread-safe: the owner serializes access
-/// (the store runs every statement under its metadata lock).
+/// (the store runs every statement under its lock).
 final class SQLiteDatabase {
     private var db: OpaquePointer?
     private var cache: [String: OpaquePointer] = [:]

@@ -1,5 +1,5 @@
 /// Garbage collection, the store's half: which chunks versions name ("mark"), a page of
-/// version rows at a time so the caller can hold the filesystem's lock per page. The
+/// version rows at a time so the caller can hold the store's lock per page. The
 /// sweep is `ChunkStore.sweep`; `FileSystem.collectGarbage` runs both.
 extension Store {
     /// The chunks named by the version rows after `afterRow`, up to `limit` rows; returns

@@ -25,7 +25,7 @@ extension Store {
 
     /// fsync(2) of a file of up to `durableFrameLimit` bytes: one frame carrying its
     /// current version with all its bytes, so that one fdatasync of the log (the caller's,
-    /// on the descriptor returned, which it closes, outside the metadata lock) makes the
+    /// on the descriptor returned, which it closes, outside the store's lock) makes the
     /// save durable, where the barrier fsyncs the chunk files, their directories and both
     /// databases' WALs. Nil when the barrier is needed: a bigger file, one with extended
     /// attributes (the frame does not carry them), or one whose current version came

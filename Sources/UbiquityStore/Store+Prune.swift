@@ -1,5 +1,5 @@
 /// Prune: drops the versions a retention policy does not keep. Works a page of histories
-/// at a time (the caller holds the filesystem's lock per page), so a big store is pruned
+/// at a time (the caller holds the store's lock per page), so a big store is pruned
 /// in slices while the mount keeps serving. The chunks pruned versions leave behind are
 /// freed by gc (Store+Gc).
 extension Store {

@@ -48,7 +48,7 @@ extension Store {
     static let changesPerSlice = 64
 
     /// One slice of `recordLocalChanges`, its own transaction; returns whether more
-    /// remains. The sync engine holds the filesystem's lock for one slice at a time: a
+    /// remains. The sync engine holds the store's lock for one slice at a time: a
     /// burst of saves (an editor's 1,000 temp-file renames) made one step of 400 ms during
     /// which every request waited.
     public func recordLocalChangesSlice(busy: Set<InodeNumber>) throws(StoreError) -> Bool {
@@ -634,14 +634,6 @@ func splitPath(_ path: String) -> (String, String)? {
     guard !path.isEmpty else { return nil }
     guard let slash = path.lastIndex(of: "/") else { return ("", path) }
     return (String(path[..<slash]), String(path[path.index(after: slash)...]))
-}
-
-/// Exclusive use of a store for a sync step. The filesystem provides it (its metadata
-/// lock, the files it has open), so sync never changes a file under an unsaved write.
-public protocol StoreAccess: AnyObject, Sendable {
-    /// Runs `body` with the store and the files sync must not touch now (open with unsaved
-    /// writes or for writing); then tells the kernel what changed.
-    func withStore(_ body: (Store, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError)
 }
 
 /// What the filesystem asks of the sync engine (xattr control on the mount root).

@@ -9,8 +9,9 @@ import UbiquitySystem
 ///     intent.log       saves acknowledged since the last metadata commit (IntentLog)
 ///     lock             held (flock) by the one process using the store
 ///
-/// Not thread-safe: the filesystem layer calls it under its metadata lock. Chunk I/O
-/// (`chunks`) and staging files are safe to use outside that lock.
+/// Not thread-safe: a store that threads share (a mount) is wrapped once in a
+/// `SharedStore`, whose lock is then the only way to it. Chunk I/O (`chunks`) and staging
+/// files are safe to use outside that lock.
 public final class Store: @unchecked Sendable {
     public let directory: String
     public let chunks: ChunkStore
@@ -246,13 +247,13 @@ public final class Store: @unchecked Sendable {
     }
 
     /// Durability barrier, part 1: the chunks written so far reach the disk. Thread-safe:
-    /// callers run it without the metadata lock, then `markDurable()` under it.
+    /// callers run it without the store's lock, then `markDurable()` under it.
     public func syncFiles() throws(StoreError) {
         try chunks.sync()
     }
 
     /// Checkpoints of both databases from connections of their own (`WALCheckpointer`).
-    /// Thread-safe: call it without the metadata lock (that is the point).
+    /// Thread-safe: call it without the store's lock (that is the point).
     public func checkpointInBackground() throws(StoreError) {
         try checkpointer.run()
         try chunks.checkpoint()
@@ -270,7 +271,7 @@ public final class Store: @unchecked Sendable {
         try !db.rows("SELECT 1 FROM versions WHERE durable = 0 LIMIT 1", []) { _ in true }.isEmpty
     }
 
-    /// Durability barrier, part 0 (under the metadata lock, before the chunks are
+    /// Durability barrier, part 0 (under the store's lock, before the chunks are
     /// flushed): the last version row written so far. A version's chunks are written
     /// before its row, so a flush that starts after this covers every version up to it,
     /// and only those may be marked durable after it (a save recorded during the flush

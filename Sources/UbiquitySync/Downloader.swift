@@ -19,7 +19,7 @@ public enum DownloadMode: String, Sendable, CaseIterable {
 /// batch starts. A batch that fails (offline) is tried again after a wait that doubles up
 /// to 5 minutes; the walk goes on past files that fail.
 final class Downloader: @unchecked Sendable {
-    private let access: StoreAccess
+    private let shared: SharedStore
     private let chunks: ChunkStore
     /// `--download all`: everything; else only pinned files.
     private let everything: Bool
@@ -43,9 +43,9 @@ final class Downloader: @unchecked Sendable {
     static let batchFiles = 64
     static let batchBytes = 16 << 20
 
-    init(access: StoreAccess, chunks: ChunkStore, everything: Bool, cacheLimit: Int64?) {
-        self.access = access
-        self.chunks = chunks
+    init(store: SharedStore, everything: Bool, cacheLimit: Int64?) {
+        shared = store
+        chunks = store.chunks
         self.everything = everything
         self.cacheLimit = cacheLimit
     }
@@ -105,9 +105,8 @@ final class Downloader: @unchecked Sendable {
         guard files != .stopped, everything else { return files }
         var conflicts: [ChunkWant] = []
         do {
-            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try shared.withLock { (store) throws(StoreError) in
                 conflicts = try store.missingConflictChunks()
-                return TreeChanges()
             }
             if !conflicts.isEmpty { try chunks.download(conflicts) }
         } catch {
@@ -134,7 +133,7 @@ final class Downloader: @unchecked Sendable {
             var wants: [ChunkWant] = []
             var seenLast: InodeNumber?
             do {
-                try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                try shared.withLock { (store) throws(StoreError) in
                     var bytes: Int64 = 0
                     var seen: Set<ChunkID> = []
                     room = cacheLimit.map { $0 - (store.contentTotals()?.here ?? 0) } ?? Int64.max
@@ -153,7 +152,6 @@ final class Downloader: @unchecked Sendable {
                         bytes += size
                         if bytes >= Self.batchBytes { break }
                     }
-                    return TreeChanges()
                 }
             } catch {
                 note("ubiquity: download: \(error)")
@@ -166,7 +164,7 @@ final class Downloader: @unchecked Sendable {
             after = last
             if fetch(wants) == false { failed = true }
             do {
-                try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+                try shared.change { (store, _) throws(StoreError) -> TreeChanges in
                     var changes = TreeChanges()
                     for ino in files where try store.refreshAbsent(ino).stateChanged { changes.downloads.insert(ino) }
                     return changes

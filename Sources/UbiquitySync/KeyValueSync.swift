@@ -104,7 +104,7 @@ extension SyncEngine {
         let (entries, rejected) = KeyValueCodec.decode(bytes, device: device)
         for why in rejected.prefix(5) { logOnce("ubiquity: sync: \(key): \(why)") }
         var refused: [String] = []
-        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+        try shared.change { (store, _) throws(StoreError) -> TreeChanges in
             let merged = try store.kvMerge(entries)
             refused = merged.rejected
             var changes = TreeChanges()
@@ -122,13 +122,12 @@ extension SyncEngine {
         var entries: [KVEntry]?
         var marker = ""
         var previous: UInt64 = 0
-        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+        try shared.withLock { (store) throws(StoreError) in
             if let changed = try store.kvUnpublished() {
                 entries = try store.kvOwnEntries()
                 marker = changed
                 previous = try store.setting(Self.keyValueGenerationKey).flatMap { UInt64($0) } ?? 0
             }
-            return TreeChanges()
         }
         guard let entries else { return false }
         try makeDurable()
@@ -139,10 +138,9 @@ extension SyncEngine {
         // Published: unless a write came meanwhile (the next cycle publishes it). A
         // failure above leaves the mark, so the next cycle that reaches the store (or the
         // next mount, after a crash) publishes again.
-        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+        try shared.withLock { (store) throws(StoreError) in
             try store.setSetting(Self.keyValueGenerationKey, String(generation))
             try store.kvPublished(marker)
-            return TreeChanges()
         }
         if previous > 0 {
             do { try backing.delete(Backing.keyValueKey(backing.deviceID, generation: previous)) } catch {

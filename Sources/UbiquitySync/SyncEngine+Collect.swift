@@ -20,7 +20,7 @@ extension SyncEngine {
     @discardableResult
     public func checkpointJournal(force: Bool = false) throws(StoreError) -> Checkpoint? {
         try cycleLock.withLock { (_: inout ()) throws(StoreError) -> Checkpoint? in
-            let due = try withStoreValue { (store) throws(StoreError) -> Bool in
+            let due = try shared.withLock { (store) throws(StoreError) -> Bool in
                 if force { return true }
                 if try store.journalCheckpointDue() { return true }
                 let log = try store.setting(Self.logBytesKey).flatMap { Int64($0) } ?? 0
@@ -39,7 +39,7 @@ extension SyncEngine {
     @discardableResult
     func writeCheckpoint() throws(StoreError) -> Checkpoint {
         let devices = try backing.devices()
-        var seq = try withStoreValue { (store) throws(StoreError) in try store.setting(Self.seqKey).flatMap { UInt64($0) } ?? 0 }
+        var seq = try shared.withLock { (store) throws(StoreError) in try store.setting(Self.seqKey).flatMap { UInt64($0) } ?? 0 }
         if let newest = devices.newestCheckpoint(of: backing.deviceID), newest.seq >= seq {
             // A checkpoint of this seq is there (readers may have read it): a new seq, by
             // an empty segment, so no key is ever written twice.
@@ -50,8 +50,8 @@ extension SyncEngine {
         let (records, bytes) = try backing.writeCheckpoint(seq: seq) { (add) throws(StoreError) in
             var batch: [SyncRecord] = []
             while true {
-                // Small pages: saves wait for the filesystem's lock meanwhile.
-                let page = try withStoreValue { (store) throws(StoreError) in try store.uploadedRecords(after: after, limit: 200) }
+                // Small pages: saves wait for the store's lock meanwhile.
+                let page = try shared.withLock { (store) throws(StoreError) in try store.uploadedRecords(after: after, limit: 200) }
                 if let last = page.last {
                     batch += page.map(\.record)
                     after = last.row
@@ -67,11 +67,10 @@ extension SyncEngine {
                 if page.isEmpty { return }
             }
         }
-        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+        try shared.withLock { (store) throws(StoreError) in
             try store.journalRewritten(records: records)
             try store.setSetting(Self.logBytesKey, "0")
             try store.setSetting(Self.checkpointBytesKey, String(bytes))
-            return TreeChanges()
         }
         log("ubiquity: sync: wrote checkpoint \(seq) of this device: \(records) records, \(byteText(bytes))")
         return Checkpoint(seq: seq, records: records, bytes: bytes)
@@ -95,15 +94,14 @@ extension SyncEngine {
         cycleLock.withLock { _ in memory.sparsePacks = report.sparse }
         // Not again for packs a repacking checkpoint already left named here (a chunk this
         // device cannot read keeps its place): a full checkpoint a day that changes nothing.
-        let tried = try withStoreValue { (store) throws(StoreError) in
+        let tried = try shared.withLock { (store) throws(StoreError) in
             Set((try store.setting(Self.repackTriedKey) ?? "").split(separator: ",").map(String.init))
         }
         if !report.sparseHere.isSubset(of: tried), let repacked = try checkpointJournal(force: true) {
             text += "; repacked: wrote a checkpoint of this device's records (\(repacked.records) records, \(byteText(repacked.bytes))) naming none of the \(report.sparseHere.count) sparse packs"
-            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try shared.withLock { (store) throws(StoreError) in
                 // Bounded: with more, the next gc tries again.
                 try store.setSetting(Self.repackTriedKey, report.sparseHere.count <= 1_000 ? report.sparseHere.sorted().joined(separator: ",") : "")
-                return TreeChanges()
             }
         }
         return text

@@ -6,7 +6,7 @@ import UbiquitySystem
 /// Taking in other devices' records (backing format 5): one LIST of the log finds every
 /// peer's new segments; a peer this device is behind of further than its segments go
 /// (they were collected, or it never read that peer) is read from its newest checkpoint.
-/// Records a slice per hold of the filesystem's lock, metadata first: chunks come when
+/// Records a slice per hold of the store's lock, metadata first: chunks come when
 /// read or from the background download, by ranged GETs of their packs (adjacent chunks
 /// of one pack in one GET), each verified.
 extension SyncEngine {
@@ -85,9 +85,8 @@ extension SyncEngine {
         let listed = max(cursor.listedUpTo, look.cursor.listedUpTo)
         // Written only when it moved: a quiet poll writes nothing to the store.
         if listed != cursor.listedUpTo {
-            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try shared.withLock { (store) throws(StoreError) in
                 try store.setSetting(Self.listedKey, String(listed))
-                return TreeChanges()
             }
         }
         cursor.listedUpTo = listed
@@ -110,13 +109,12 @@ extension SyncEngine {
         if let cursor = memory.cursor { return cursor }
         var cursor = SegmentLog.Cursor()
         var generations: [String: Int64] = [:]
-        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+        try shared.withLock { (store) throws(StoreError) in
             cursor.listedUpTo = max(0, try store.setting(Self.listedKey).flatMap { Int64($0) } ?? 0)
             for (device, position) in try store.peerPositions() {
                 if position.offset > 0 { cursor.applied[device] = UInt64(position.offset) }
                 generations[device] = position.generation
             }
-            return TreeChanges()
         }
         memory.cursor = cursor
         memory.generations = generations
@@ -132,9 +130,8 @@ extension SyncEngine {
     private func savePosition(_ device: String, cursor: SegmentLog.Cursor) throws(StoreError) {
         let position = Store.JournalPosition(generation: memory.generations[device] ?? 0,
                                              offset: Int64(clamping: cursor.applied[device, default: 0]))
-        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+        try shared.withLock { (store) throws(StoreError) in
             try store.setPeerPosition(device, position)
-            return TreeChanges()
         }
         // The memory follows the store at once: a pull that fails after this (a GET that
         // times out) does not take the same segments again next cycle.
@@ -155,7 +152,7 @@ extension SyncEngine {
             let source = "devices/\(device)/checkpoint-\(seq) part \(part)"
             guard try apply(lines(bytes), of: device, generation: generation, source: source) else { return false }
         }
-        let forgotten = try withStoreValue { (store) throws(StoreError) in try store.forgetPrunedRecords(of: device, before: generation) }
+        let forgotten = try shared.withLock { (store) throws(StoreError) in try store.forgetPrunedRecords(of: device, before: generation) }
         if forgotten > 0 {
             log("ubiquity: sync: device \(device) wrote a checkpoint without \(forgotten) record(s) this device pruned: forgotten")
         }
@@ -173,7 +170,7 @@ extension SyncEngine {
     }
 
     /// Takes in the records of `lines` this store does not hold, in order, a slice per
-    /// hold of the filesystem's lock. Returns false when one waits (a chunk could not be
+    /// hold of the store's lock. Returns false when one waits (a chunk could not be
     /// fetched): those before it are in, it and those after are read again next cycle.
     func apply(_ lines: [ArraySlice<UInt8>], of device: String, generation: Int64, source: String) throws(StoreError) -> Bool {
         var records: [SyncRecord] = []
@@ -185,16 +182,15 @@ extension SyncEngine {
         }
         if records.isEmpty { return true }
         let ids = records.map(\.id)
-        let held = try withStoreValue { (store) throws(StoreError) in try store.knownRecords(ids, device: device, generation: generation) }
+        let held = try shared.withLock { (store) throws(StoreError) in try store.knownRecords(ids, device: device, generation: generation) }
         let fresh = records.filter { !held.contains($0.id) }
         var places: [ChunkID: ChunkPlace] = [:]
         for record in records { places.merge(record.places) { a, _ in a } }
         // Places first: a record may name a chunk by a place another record gave, and a
         // fetch (now, or a reader's later) looks places up in the store.
         if !places.isEmpty {
-            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try shared.withLock { (store) throws(StoreError) in
                 try store.setChunkPlaces(places)
-                return TreeChanges()
             }
         }
         let (ready, complete) = try readyRecords(fresh, source: source)
@@ -206,7 +202,7 @@ extension SyncEngine {
             // recorded as new local directories (echo records). A local change made while
             // this slice waited on the network meets this reconcile unrecorded: reconcile
             // leaves the paths it touched for the next cycle, which records it first.
-            try access.withStore { (store, busy) throws(StoreError) -> TreeChanges in
+            try shared.change { (store, busy) throws(StoreError) -> TreeChanges in
                 if !slice.isEmpty { try store.addRemote(slice) }
                 return try store.reconcile(busy: busy)
             }
@@ -229,9 +225,9 @@ extension SyncEngine {
         }
         let notHere = unplaced.filter { !chunks.isLocal($0) }
         // (Stored by `apply` just before: places other records of the batch gave, too.)
-        let known = notHere.isEmpty ? [:] : try withStoreValue { (store) throws(StoreError) in try store.chunkPlaces(notHere) }
+        let known = notHere.isEmpty ? [:] : try shared.withLock { (store) throws(StoreError) in try store.chunkPlaces(notHere) }
         // Small chunks are always here (a TinyPix picture is rendered from them under the
-        // filesystem's lock, with no fetch): one that came with a place and not inline (our
+        // store's lock, with no fetch): one that came with a place and not inline (our
         // writers never do that) is fetched now, before its record applies.
         var small: [ChunkWant] = []
         for record in records {
@@ -305,11 +301,11 @@ extension SyncEngine {
 
 extension SyncEngine: ChunkSource {
     /// Chunks a reader or the downloader wants: their places looked up under the
-    /// filesystem's lock (briefly), then ranged GETs of their packs outside it.
+    /// store's lock (briefly), then ranged GETs of their packs outside it.
     public func fetch(_ wants: [ChunkWant], into chunks: ChunkStore, arrived: @escaping @Sendable (ChunkID) -> Void) -> [ChunkID: String] {
         let places: [ChunkID: ChunkPlace]
         do {
-            places = try withStoreValue { (store) throws(StoreError) in try store.chunkPlaces(wants.map(\.id)) }
+            places = try shared.withLock { (store) throws(StoreError) in try store.chunkPlaces(wants.map(\.id)) }
         } catch {
             return Dictionary(uniqueKeysWithValues: wants.map { ($0.id, "looking up its place: \(error)") })
         }

@@ -23,14 +23,13 @@ extension SyncEngine {
     func startLog() throws(StoreError) {
         guard !memory.logReady else { return }
         _ = try settleReservation()
-        let (started, anyUploaded) = try withStoreValue { (store) throws(StoreError) in
+        let (started, anyUploaded) = try shared.withLock { (store) throws(StoreError) in
             (try store.setting(Self.startedKey) == "1", !(try store.uploadedRecords(after: 0, limit: 1)).isEmpty)
         }
         if !started {
             if anyUploaded { try writeCheckpoint() }
-            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try shared.withLock { (store) throws(StoreError) in
                 try store.setSetting(Self.startedKey, "1")
-                return TreeChanges()
             }
         }
         memory.logReady = true
@@ -43,7 +42,7 @@ extension SyncEngine {
     /// (`If-None-Match: *` lets only one of two racing PUTs of it land). Returns the name
     /// to reuse, if any.
     func settleReservation() throws(StoreError) -> SegmentLog.SegmentName? {
-        let reserved = try withStoreValue { (store) throws(StoreError) in try store.setting(Self.reservedKey) ?? "" }
+        let reserved = try shared.withLock { (store) throws(StoreError) in try store.setting(Self.reservedKey) ?? "" }
         guard let name = Self.reservedName(reserved, device: backing.deviceID) else { return nil }
         guard let bytes = try backing.segment(name) else {
             // Not there. A PUT of it that is still on its way could land later, but none
@@ -54,19 +53,17 @@ extension SyncEngine {
             guard now.subtractingClamped(name.time) > 120_000 else { return name }
             let fresh = SegmentLog.SegmentName(time: SegmentLog.time(now: now, cursor: memory.cursor ?? SegmentLog.Cursor()),
                                                device: backing.deviceID, seq: name.seq)
-            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try shared.withLock { (store) throws(StoreError) in
                 try store.setSetting(Self.reservedKey, "\(fresh.time)-\(fresh.seq)")
-                return TreeChanges()
             }
             return fresh
         }
         let ids = lines(bytes).compactMap { try? RecordCodec.decode($0, journalDevice: backing.deviceID).get().id }
-        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+        try shared.withLock { (store) throws(StoreError) in
             try store.markUploaded(ids)
             try store.setSetting(Self.seqKey, String(name.seq))
             try store.setSetting(Self.reservedKey, "")
             try store.addToSetting(Self.logBytesKey, Int64(bytes.count))
-            return TreeChanges()
         }
         log("ubiquity: sync: segment \(name.seq) of this device, whose upload was not confirmed, is there: its \(ids.count) records are out")
         return nil
@@ -82,14 +79,14 @@ extension SyncEngine {
     /// (a `tar -x`, a copy of a tree) waits while it grows, up to `maxPushDelay`, so it
     /// goes out as a few full segments instead of one small segment per cycle.
     private func pushDue(force: Bool) throws(StoreError) -> Bool {
-        let pending = try withStoreValue { (store) throws(StoreError) in store.pendingUploadCount }
+        let pending = try shared.withLock { (store) throws(StoreError) in store.pendingUploadCount }
         let now = bootSecondsDouble()
         let (before, then) = (memory.lastPending, memory.lastPendingTime)
         memory.lastPending = pending
         memory.lastPendingTime = now
         if pending == 0 {
             memory.pendingSince = nil
-            return try withStoreValue { (store) throws(StoreError) in try store.kvUnpublished() != nil }
+            return try shared.withLock { (store) throws(StoreError) in try store.kvUnpublished() != nil }
         }
         let since = memory.pendingSince ?? now
         memory.pendingSince = since
@@ -112,7 +109,7 @@ extension SyncEngine {
         _ = try settleReservation()
         var wrote = false
         while true {
-            var batch = try withStoreValue { (store) throws(StoreError) in try store.pendingUploads(limit: options.uploadBatch) }
+            var batch = try shared.withLock { (store) throws(StoreError) in try store.pendingUploads(limit: options.uploadBatch) }
             if batch.isEmpty { break }
             try makeDurable()
             // A pack found present and no fossil may become one later (BackingCollector),
@@ -152,12 +149,11 @@ extension SyncEngine {
         if name == nil {
             let cursor = memory.cursor ?? SegmentLog.Cursor()
             let now = Int64(time(nil)).multipliedClamped(by: 1000)
-            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try shared.withLock { (store) throws(StoreError) in
                 let seq = (try store.setting(Self.seqKey).flatMap { UInt64($0) } ?? 0) + 1
                 let reserved = SegmentLog.SegmentName(time: SegmentLog.time(now: now, cursor: cursor), device: backing.deviceID, seq: seq)
                 try store.setSetting(Self.reservedKey, "\(reserved.time)-\(seq)")
                 name = reserved
-                return TreeChanges()
             }
         }
         guard let name else { throw .io(errno: EIO, "no segment name reserved") }
@@ -166,12 +162,11 @@ extension SyncEngine {
         // On failure the reservation stays: the next push settles it.
         try backing.putSegment(name, bytes)
         let size = bytes.count
-        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+        try shared.withLock { (store) throws(StoreError) in
             try store.markUploaded(ids)
             try store.setSetting(Self.seqKey, String(name.seq))
             try store.setSetting(Self.reservedKey, "")
             try store.addToSetting(Self.logBytesKey, Int64(size))
-            return TreeChanges()
         }
         noteActivity()
     }
@@ -200,15 +195,14 @@ extension SyncEngine {
             // Chunks uploaded while they were written: their places first (every push
             // takes them, so they never pile up in memory).
             let (staged, packs) = stager.flush(large.keys)
-            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try shared.withLock { (store) throws(StoreError) in
                 try store.setChunkPlaces(staged)
-                return TreeChanges()
             }
             // Checked when uploaded: a pack staged long ago (a file open for days) is
             // checked again before it is named (the collector may have made it a fossil).
             memory.verifiedPacks.merge(packs) { _, uploaded in uploaded }
         }
-        let known = large.isEmpty ? [:] : try withStoreValue { (store) throws(StoreError) in try store.chunkPlaces(large.keys) }
+        let known = large.isEmpty ? [:] : try shared.withLock { (store) throws(StoreError) in try store.chunkPlaces(large.keys) }
         let (gone, sparse) = try unusablePacks(Set(known.values.map(\.pack)))
         var places = known.filter { !gone.contains($0.value.pack) && !sparse.contains($0.value.pack) }
         // In the order of the files that name them: a file's chunks lie together in a
@@ -231,18 +225,16 @@ extension SyncEngine {
             for id in missing where places[id] == nil {
                 if let old = known[id], sparse.contains(old.pack) { places[id] = old }
             }
-            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try shared.withLock { (store) throws(StoreError) in
                 try store.setChunkPlaces(uploaded)
-                return TreeChanges()
             }
         }
         // Places in packs that are gone or fossils are forgotten (after the upload, which
         // fetched from a fossil the chunks that are not here); those in sparse packs stay
         // until a new place replaces them (above, or when the chunk is named next).
         if !gone.isEmpty {
-            try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+            try shared.withLock { (store) throws(StoreError) in
                 for pack in gone { try store.forgetPlaces(inPack: pack) }
-                return TreeChanges()
             }
         }
         for i in batch.indices {

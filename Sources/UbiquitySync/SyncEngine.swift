@@ -12,7 +12,7 @@ import UbiquitySystem
 ///
 /// A backing store that is missing or failing makes the device "offline": local work
 /// goes on, records wait in the store (`uploaded = 0`) and go out later. No request runs
-/// under the filesystem's lock. Cycles run one at a time (the background loop and
+/// under the store's lock. Cycles run one at a time (the background loop and
 /// `syncNow` share `cycleLock`).
 public final class SyncEngine: SyncControl, @unchecked Sendable {
     public struct Options: Sendable {
@@ -30,7 +30,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         public var maxPushDelay: Double = 2
         /// Records per segment (fewer if they pass `Backing.partSize` bytes).
         public var uploadBatch = 1000
-        /// Other devices' records taken in per hold of the filesystem's lock: a device
+        /// Other devices' records taken in per hold of the store's lock: a device
         /// catching up on a million records applies them in slices, and the filesystem
         /// serves requests between them.
         public var pullSlice = 2000
@@ -80,7 +80,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         var retryNow = false
     }
 
-    let access: StoreAccess
+    /// The store, shared with the filesystem; the engine takes only its lock.
+    let shared: SharedStore
     let chunks: ChunkStore
     let backing: Backing
     let deviceName: String
@@ -130,14 +131,14 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
 
     /// `backing`: the store to sync through (wrapped by the caller in retries as it
     /// sees fit).
-    public init(access: StoreAccess, store: Store, backing: any BackingStore, options: Options = Options()) {
-        self.access = access
+    public init(store: SharedStore, backing: any BackingStore, options: Options = Options()) {
+        shared = store
         chunks = store.chunks
         self.backing = Backing(store: backing, deviceID: store.deviceID)
         deviceName = store.deviceName
         self.options = options
         stager = PackStager(store: backing, limit: options.parallelRequests)
-        downloader = Downloader(access: access, chunks: store.chunks, everything: options.download == .all, cacheLimit: options.cacheSize)
+        downloader = Downloader(store: store, everything: options.download == .all, cacheLimit: options.cacheSize)
         chunks.observeWritten { [stager] id, bytes in stager.add(id, bytes) }
         // Chunks that are not here come from this engine's backing store (files on demand).
         chunks.setSource(self)
@@ -145,8 +146,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     }
 
     /// Through a directory (tests, and `--backing DIR`).
-    public convenience init(access: StoreAccess, store: Store, backingDirectory: String, options: Options = Options()) {
-        self.init(access: access, store: store, backing: DirectoryStore(root: backingDirectory), options: options)
+    public convenience init(store: SharedStore, backingDirectory: String, options: Options = Options()) {
+        self.init(store: store, backing: DirectoryStore(root: backingDirectory), options: options)
     }
 
     // MARK: control
@@ -336,10 +337,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             } catch { problem = error }
         }
         var pending = 0
-        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+        try shared.withLock { (store) throws(StoreError) in
             pending = store.pendingUploadCount
             conflicts = try store.totalConflicts()
-            return TreeChanges()
         }
         let failed = problem
         // Chunks go up while written only while this device syncs (decided under the
@@ -374,18 +374,18 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         }
     }
 
-    /// Runs `body` in a hold of the filesystem's lock in which every local change is
+    /// Runs `body` in a hold of the store's lock in which every local change is
     /// recorded first: local changes a slice per hold (a burst of saves must not stall
     /// every request for the whole batch), and the last slice and `body` in one hold, so
     /// that reconcile never meets a view that forgot a local change made before it.
     func withLocalChangesRecorded(_ body: (Store, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError) {
         var more = true
         while more {
-            try access.withStore { (store, busy) throws(StoreError) -> TreeChanges in
+            try shared.change { (store, busy) throws(StoreError) -> TreeChanges in
                 more = try store.recordLocalChangesSlice(busy: busy)
                 return more ? TreeChanges() : try body(store, busy)
             }
-            // Between slices, let a waiting request take the filesystem's lock (a pthread
+            // Between slices, let a waiting request take the store's lock (a pthread
             // mutex is not fair: taking it again at once can keep a request out).
             if more { usleep(200) }
         }
@@ -411,26 +411,14 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     /// show, and its dot would be given to another record).
     func makeDurable() throws(StoreError) {
         var mark: DurabilityMark?
-        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+        try shared.withLock { (store) throws(StoreError) in
             mark = try store.durabilityMark()
-            return TreeChanges()
         }
         guard let mark, mark.row > 0 else { return }
-        try chunks.sync() // without the filesystem's lock: a disk flush
-        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
+        try chunks.sync() // without the store's lock: a disk flush
+        try shared.withLock { (store) throws(StoreError) in
             try store.markDurable(upTo: mark)
-            return TreeChanges()
         }
-    }
-
-    /// Reads a store value under the filesystem's lock.
-    func withStoreValue<T>(_ body: (Store) throws(StoreError) -> T) throws(StoreError) -> T {
-        var result: T?
-        try access.withStore { (store, _) throws(StoreError) -> TreeChanges in
-            result = try body(store)
-            return TreeChanges()
-        }
-        return result!
     }
 
     func logOnce(_ message: String) {

@@ -55,7 +55,7 @@ import UbiquitySystem
         try a.fs.meta.withLock { (m) throws(StoreError) in try m.store.setSetting(SyncEngine.reservedKey, "\(name.time)-2") }
 
         // The next session finds it: its records are out, seq 2 is not written again.
-        let again = SyncEngine(access: a.fs, store: a.store, backing: memory, options: options)
+        let again = SyncEngine(store: a.fs.store, backing: memory, options: options)
         try again.cycle(pushPull: true)
         #expect(a.store.pendingUploadCount == 0)
         #expect(Self.seqs(memory, me) == [1, 2])
@@ -84,7 +84,7 @@ import UbiquitySystem
         // Reserved, then the process died before the PUT.
         let t = Int64(time(nil)) * 1000 - 5000
         try a.fs.meta.withLock { (m) throws(StoreError) in try m.store.setSetting(SyncEngine.reservedKey, "\(t)-2") }
-        let again = SyncEngine(access: a.fs, store: a.store, backing: memory, options: options)
+        let again = SyncEngine(store: a.fs.store, backing: memory, options: options)
         try again.cycle(pushPull: true)
         #expect(Self.seqs(memory, me) == [1, 2])
         #expect(a.store.pendingUploadCount == 0)

@@ -134,7 +134,7 @@ final class SimDevice {
             o.pullSlice = 3
             return o
         }()
-        engine = SyncEngine(access: fs, store: store, backing: backing, options: options)
+        engine = SyncEngine(store: fs.store, backing: backing, options: options)
     }
 
     func cycle() { try? engine.cycle(pushPull: !paused) }

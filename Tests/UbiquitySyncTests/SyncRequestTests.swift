@@ -27,7 +27,7 @@ import UbiquitySystem
         try d.save("a.txt", "to upload")
         var options = SyncEngine.Options()
         options.pollSeconds = 3600 // only requests make it cycle
-        let engine = SyncEngine(access: d.fs, store: d.store, backingDirectory: d.link, options: options)
+        let engine = SyncEngine(store: d.fs.store, backingDirectory: d.link, options: options)
         d.fs.attach(sync: engine)
         engine.start()
         defer { engine.stop() }

@@ -63,7 +63,7 @@ import UbiquitySystem
 
         // a upgrades: a checkpoint of its records (its chunks into a pack), then FORMAT 5.
         let recording = RecordingStore(dir)
-        let engine = SyncEngine(access: a.fs, store: a.store, backing: recording, options: options)
+        let engine = SyncEngine(store: a.fs.store, backing: recording, options: options)
         try engine.cycle(pushPull: true)
         #expect(dir.text("FORMAT") == "ubiquity-backing 5\n")
         let formatPut = try #require(recording.calls.lastIndex { $0.op == .put && $0.key == "FORMAT" })

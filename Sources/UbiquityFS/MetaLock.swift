@@ -1,0 +1,50 @@
+import UbiquityStore
+import UbiquitySystem
+
+/// The filesystem's lock and then the store's: the order every operation that needs both
+/// takes them in (FileSystem's lock list). The sync engine takes only the store's.
+struct MetaLock: Sendable {
+    let state: Locked<FileSystem.Meta>
+    let store: SharedStore
+
+    func withLock<R, E: Error>(_ body: (inout FileSystem.Meta) throws(E) -> R) throws(E) -> R {
+        try state.withLock { (m) throws(E) -> R in
+            try store.withLock { (_) throws(E) -> R in try body(&m) }
+        }
+    }
+}
+
+/// The files sync must not change now: open for writing, or with unsaved writes. Under
+/// a leaf lock of its own, so a sync step asks while it holds the store's lock, without
+/// the filesystem's (taken first everywhere else: asking for it there could deadlock).
+/// The filesystem tells it of every open file and writable handle as they come and go.
+final class BusyFiles: Sendable {
+    private struct Entry {
+        var content: FileContent?
+        var writers = 0
+    }
+    private let entries = Locked<[InodeNumber: Entry]>([:])
+
+    /// `ino` is open with `content` (nil: no longer open).
+    func open(_ ino: InodeNumber, _ content: FileContent?) {
+        entries.withLock { e in
+            e[ino, default: Entry()].content = content
+            if content == nil && e[ino]?.writers == 0 { e[ino] = nil }
+        }
+    }
+
+    /// A handle that may write `ino` came (+1) or went (-1).
+    func writers(_ ino: InodeNumber, _ delta: Int) {
+        entries.withLock { e in
+            let writers = max(0, e[ino, default: Entry()].writers + delta)
+            e[ino, default: Entry()].writers = writers
+            if writers == 0 && e[ino]?.content == nil { e[ino] = nil }
+        }
+    }
+
+    func current() -> Set<InodeNumber> {
+        entries.withLock { e in
+            Set(e.compactMap { ino, entry in entry.writers > 0 || entry.content?.isChanged == true ? ino : nil })
+        }
+    }
+}

@@ -1,0 +1,85 @@
+import UbiquitySystem
+
+/// A store that more than one thread uses (a mount: the filesystem's requests, the sync
+/// engine, the downloader, the control server): the store behind a lock of its own, the
+/// only way to it. `Store` itself is not thread-safe; whoever shares one wraps it here
+/// once and no longer uses it directly.
+///
+/// Lock order, everywhere: the filesystem's lock (`FileSystem.meta`, which guards only
+/// the filesystem's own state: handles, lookups, open files, views), then this one, then
+/// leaf locks (the chunk store's, a file's summary, the busy files). The sync engine
+/// takes only this one. No request to the backing store runs under either: this lock is
+/// held for SQLite work only, and a fetch of a chunk asked for under it is refused
+/// (`ChunkStore.refuseFetches`, counted in `fetchStatistics.refusedUnderLock`). The one
+/// lock that may be held across a fetch is a file's content lock (`FileContent`): its
+/// reader waits for its own bytes.
+public final class SharedStore: Sendable {
+    private let locked: Locked<Store>
+    /// For the store's thread-safe methods only (the barrier's flush, checkpoints).
+    private let unguarded: Store
+    private let hooks = Locked(Hooks())
+    public let chunks: ChunkStore
+    public let directory: String
+    public let deviceID: String
+    public let deviceName: String
+    /// The store's clock (tests inject one before sharing the store).
+    public let clock: @Sendable () -> Nanos
+
+    private struct Hooks {
+        var observer: (@Sendable (TreeChanges) -> Void)?
+        var busy: (@Sendable () -> Set<InodeNumber>)?
+    }
+
+    public init(_ store: Store) {
+        locked = Locked(store)
+        unguarded = store
+        chunks = store.chunks
+        directory = store.directory
+        deviceID = store.deviceID
+        deviceName = store.deviceName
+        clock = store.clock
+    }
+
+    /// Runs `body` with the store, under its lock (a transaction of the caller's making:
+    /// the store's own methods are atomic each; several in one hold see no other change
+    /// between them).
+    public func withLock<T, E: Error>(_ body: (Store) throws(E) -> T) throws(E) -> T {
+        try locked.withLock { (store) throws(E) -> T in try body(store) }
+    }
+
+    /// Durability barrier, part 1 (`Store.syncFiles`), without the lock: a disk flush.
+    public func syncFiles() throws(StoreError) { try unguarded.syncFiles() }
+
+    /// Checkpoints of both databases from connections of their own, without the lock.
+    public func checkpointInBackground() throws(StoreError) { try unguarded.checkpointInBackground() }
+
+    /// Whether the calling thread holds the store's lock now.
+    public var isHeldByCurrentThread: Bool { locked.isHeldByCurrentThread }
+
+    /// Who hears what `change` did to the tree (the filesystem: it moves open readers to
+    /// the new version and tells the kernel and watchers). Called after the lock is
+    /// released, on the thread that made the change, one change at a time per caller.
+    public func observeTreeChanges(_ observer: (@Sendable (TreeChanges) -> Void)?) {
+        hooks.withLock { $0.observer = observer }
+    }
+
+    /// What says which files a change must not touch now (the filesystem: files open for
+    /// writing or with unsaved writes). Called under the store's lock, so it may take
+    /// only leaf locks.
+    public func provideBusyFiles(_ busy: (@Sendable () -> Set<InodeNumber>)?) {
+        hooks.withLock { $0.busy = busy }
+    }
+
+    /// A change to the tree from elsewhere (a sync step): `body` gets the store and the
+    /// files it must leave alone, and returns what it changed; the conflicts it made are
+    /// added, and the observer hears of it all once the lock is released.
+    public func change(_ body: (Store, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError) {
+        let busy = hooks.withLock { $0.busy }
+        let changes = try locked.withLock { (store) throws(StoreError) -> TreeChanges in
+            var changes = try body(store, busy?() ?? [])
+            changes.conflicts += store.takeNewConflicts()
+            return changes
+        }
+        if !changes.isEmpty, let observer = hooks.withLock({ $0.observer }) { observer(changes) }
+    }
+}
