@@ -85,6 +85,22 @@ final class Replica {
     private var deferredConflicts: [String]?
     /// Paths that gained a conflict version since `takeNewConflicts` (for watchers).
     private var newConflicts: [String] = []
+    /// What `state(at:)` found, while `remembering` (nil otherwise); emptied by every
+    /// change of the view, so it never answers with what was true before one.
+    private var remembered: [String: (shown: Shown, conflicts: [Record])]?
+
+    /// Runs `body` with what `state(at:)` works out kept until the view changes: a pull
+    /// slice counts the conflicts at each path its records touched and then reconciles
+    /// those same paths, with no change of the view in between.
+    func remembering<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        remembered = [:]
+        defer { remembered = nil }
+        return try body()
+    }
+
+    private func viewChanged() {
+        if remembered != nil { remembered = [:] }
+    }
 
     /// The paths that gained a conflict version since the last call.
     func takeNewConflicts() -> [String] {
@@ -223,8 +239,9 @@ final class Replica {
     }
 
     /// Adds a record already inserted in the versions table (same transaction); returns
-    /// the paths whose view may have changed.
-    func add(_ r: Record) throws(StoreError) -> [String] {
+    /// the paths whose view may have changed, and whether `r` is its node's current record.
+    func add(_ r: Record) throws(StoreError) -> (changed: [String], isCurrent: Bool) {
+        viewChanged()
         for p in r.parents {
             work += 1
             if let parent = try db.rows("SELECT row, file_id FROM versions WHERE id = ? AND local = 0", [.text(p)], {
@@ -243,19 +260,24 @@ final class Replica {
         // By lineage: the heads this record's context holds go; a head whose context holds
         // this record's dot supersedes it (the records between may be pruned). Heads are
         // enough: a record superseded by another is held by every context that holds that one.
+        // The heads left are known here: the current record is worked out from them, not
+        // read back.
+        var left: [Record] = []
         for head in try heads(r.node) {
             if r.covers(head) {
                 try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.text(r.node), .int(head.row)])
-            } else if head.covers(r) {
-                superseded = true
+            } else {
+                if head.covers(r) { superseded = true }
+                left.append(head)
             }
         }
         if !superseded {
             try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.text(r.node), .int(r.row)])
+            if !left.contains(where: { $0.row == r.row }) { left.append(r) }
         }
-        let (changed, conflicts) = try recompute(r.node)
+        let (changed, conflicts, current) = try recompute(r.node, liveHeads: left.filter { !$0.isTombstone })
         try conflictsChanged(conflicts + [r.path])
-        return changed
+        return (changed, current?.row == r.row)
     }
 
     private func conflictsChanged(_ paths: [String]) throws(StoreError) {
@@ -269,6 +291,7 @@ final class Replica {
     /// (a later record descends from it) changes no heads: it goes as prune takes one, and
     /// its parents stay superseded. Returns the paths whose view may have changed.
     func remove(_ r: Record) throws(StoreError) -> [String] {
+        viewChanged()
         try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.text(r.node), .int(r.row)])
         if db.changes == 0 { return [] }
         let others = try records("FROM versions v WHERE v.file_id = ? AND v.local = 0 AND v.row != ?", [.text(r.node), .int(r.row)])
@@ -276,7 +299,7 @@ final class Replica {
         for parent in others where r.parents.contains(parent.id) && !named.contains(parent.id) && !others.contains(where: { $0.covers(parent) }) {
             try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.text(r.node), .int(parent.row)])
         }
-        var (changed, conflicts) = try recompute(r.node)
+        var (changed, conflicts, _) = try recompute(r.node)
         changed += withAncestors(r.path)
         try conflictsChanged(conflicts + [r.path])
         return changed
@@ -287,10 +310,14 @@ final class Replica {
     /// old and new paths, and the ancestors that got their first node below or lost their
     /// last (a path's count depends on what is below it only through whether anything is:
     /// `state(at:)`), so a change deep in a tree recounts one path, not every ancestor.
-    private func recompute(_ node: String) throws(StoreError) -> (changed: [String], conflicts: [String]) {
+    /// `liveHeads`: the node's live heads when the caller knows them (nil: read them).
+    /// Also returns the current record.
+    private func recompute(_ node: String, liveHeads known: [Record]? = nil) throws(StoreError) -> (changed: [String], conflicts: [String], current: Record?) {
         let old = try db.rows("SELECT row, path FROM view_current WHERE node = ?", [.text(node)]) { (row: $0.int(0), path: $0.text(1)) }.first
-        let new = try liveHeads(node).max { $1.beats($0) }
-        if let old, let new, old.row == new.row { return (withAncestors(new.path), [new.path]) }
+        let heads: [Record]
+        if let known { heads = known } else { heads = try liveHeads(node) }
+        let new = heads.max { $1.beats($0) }
+        if let old, let new, old.row == new.row { return (withAncestors(new.path), [new.path], new) }
         var changed: [String] = [], conflicts: [String] = []
         if let old {
             try db.query("DELETE FROM view_current WHERE node = ?", [.text(node)])
@@ -302,7 +329,7 @@ final class Replica {
             conflicts += [new.path] + (try count(new.path, nodes: 1))
             changed += withAncestors(new.path)
         }
-        return (changed, conflicts)
+        return (changed, conflicts, new)
     }
 
     /// Adds `delta` (±1) live nodes at `path` (and below each of its ancestors); a path
@@ -350,6 +377,13 @@ final class Replica {
 
     /// What `path` shows, and its conflict versions (live heads not shown, newest first).
     func state(at path: String) throws(StoreError) -> (shown: Shown, conflicts: [Record]) {
+        if let known = remembered?[path] { return known }
+        let found = try workOutState(at: path)
+        remembered?[path] = found
+        return found
+    }
+
+    private func workOutState(at path: String) throws(StoreError) -> (shown: Shown, conflicts: [Record]) {
         let here = try currentRecords(at: path)
         let dirs = here.filter { $0.node.hasPrefix("dir:") }
         let others = here.filter { !$0.node.hasPrefix("dir:") }

@@ -49,6 +49,7 @@ final class SmallChunks: Sendable {
         try db.execute("PRAGMA journal_mode=WAL")
         try db.execute("PRAGMA synchronous=NORMAL")
         try db.execute("PRAGMA journal_size_limit=\(SQLiteDatabase.walSizeLimit)")
+        try db.limitWAL()
         if !readOnly {
             try Self.createTable(db)
             try db.execute("CREATE TABLE IF NOT EXISTS barrier(n INTEGER NOT NULL)")

@@ -359,19 +359,34 @@ extension Store {
     /// Takes in records from other devices (their chunks are already in the chunk store).
     /// Returns how many were new.
     @discardableResult
-    public func addRemote(_ records: [SyncRecord]) throws(StoreError) -> Int {
+    /// `checked`: the caller found none of `records` held or pruned here just before
+    /// (`knownRecords`, in the same cycle: only the sync engine adds other devices'
+    /// records), so they are not looked up again one by one.
+    public func addRemote(_ records: [SyncRecord], checked: Bool = false) throws(StoreError) -> Int {
         var added = 0
+        var seen: Set<String> = []
         try standaloneStep { () throws(StoreError) in
             try replica.deferringConflicts { () throws(StoreError) in
-            for record in records where record.deviceID != deviceID {
-                if try replica.record(id: record.id) != nil { continue }
-                if try isPrunedRecord(record.id) { continue }
+            for record in records where record.deviceID != deviceID && seen.insert(record.id).inserted {
+                if !checked {
+                    if try replica.record(id: record.id) != nil { continue }
+                    if try isPrunedRecord(record.id) { continue }
+                }
                 _ = try insert(record, from: .otherDevice)
                 added += 1
             }
             }
         }
         return added
+    }
+
+    /// A pull slice: other devices' records (checked as `addRemote` says), then the tree
+    /// made to show them, with what the view shows at each path worked out once for both.
+    public func takeIn(_ records: [SyncRecord], busy: Set<InodeNumber>) throws(StoreError) -> TreeChanges {
+        try replica.remembering { () throws(StoreError) -> TreeChanges in
+            if !records.isEmpty { _ = try addRemote(records, checked: true) }
+            return try reconcile(busy: busy)
+        }
     }
 
     // MARK: uploads
@@ -431,8 +446,23 @@ extension Store {
     }
 
     private func reconcileQueued(busy: Set<InodeNumber>) throws(StoreError) -> TreeChanges {
+        tracksChanges = false
+        defer { tracksChanges = true }
         var changes = TreeChanges()
         var plans: [(String, Replica.Shown)] = []
+        // Directories looked up once per call (the paths of a slice share a few parents);
+        // dropped whenever an entry goes (a directory removed or replaced below).
+        var directories: [String: InodeNumber] = [:]
+        func directory(_ path: String) -> InodeNumber? {
+            if let known = directories[path] { return known }
+            let found = locateDirectory(path)
+            if let found { directories[path] = found }
+            return found
+        }
+        func entry(_ path: String) -> (InodeNumber, String, InodeNumber)? {
+            guard let (parentPath, name) = splitPath(path), let parent = directory(parentPath), let id = child(parent, name) else { return nil }
+            return (parent, name, id)
+        }
         var deferred: Set<NameKey> = []
         for key in try unreconciled.removeAll() {
             // Removed or moved away here since local changes were last recorded (a pull
@@ -444,13 +474,20 @@ extension Store {
         }
         func depth(_ p: String) -> Int { p.utf8.reduce(0) { $0 + ($1 == UInt8(ascii: "/") ? 1 : 0) } }
 
+        // Paths with no entry now (most of a device's first sync): not looked up again.
+        var absent: Set<String> = []
+        // Directories that gained entries, with how many of those are directories.
+        var touched: [InodeNumber: Int] = [:]
+        func touch(_ parent: InodeNumber, directory: Bool) { touched[parent, default: 0] += directory ? 1 : 0 }
         for (path, shown) in plans.sorted(by: { depth($0.0) > depth($1.0) }) {
-            guard let (parent, name, id) = locate(path), let inode = try node(id)?.inode else { continue }
+            guard let (parent, name, id) = entry(path) else { absent.insert(path); continue }
+            guard let inode = try node(id)?.inode else { continue }
             if matches(inode, shown) { continue }
             guard removable(inode, busy: busy), try !isUnrecordedMove(inode, to: path) else {
                 deferred.insert(NameKey(path)); continue
             }
             try removeEntry(parent: parent, name: name)
+            directories = [:]
             try vacated.remove(NameKey(path))
             changes.entries.append(EntryName(parent: parent, name: name))
             if try node(id)?.inode.nlink == 0 { changes.unlinked.append(id) }
@@ -460,7 +497,7 @@ extension Store {
         }
         for (path, shown) in plans.sorted(by: { depth($0.0) < depth($1.0) }) where !deferred.contains(NameKey(path)) {
             if case .none = shown { continue }
-            if let (_, _, id) = locate(path) {
+            if !absent.contains(path), let (_, _, id) = entry(path) {
                 guard var inode = try node(id)?.inode, matches(inode, shown) else { deferred.insert(NameKey(path)); continue }
                 switch shown {
                 case .directory(let mode) where inode.mode & 0o7777 != mode:
@@ -474,46 +511,77 @@ extension Store {
                 default: break
                 }
             } else {
-                guard let (parentPath, name) = splitPath(path), let parent = locateDirectory(parentPath) else {
+                guard let (parentPath, name) = splitPath(path), let parent = directory(parentPath) else {
                     deferred.insert(NameKey(path)); continue
                 }
                 switch shown {
                 case .none: continue
                 case .directory(let mode):
-                    _ = try create(parent: parent, name: name, kind: .directory, mode: mode, uid: getuid(), gid: getgid())
+                    directories[path] = try create(parent: parent, name: name, kind: .directory, mode: mode, uid: getuid(), gid: getgid(),
+                                                   touchingParent: false).id
+                    touch(parent, directory: true)
+                case .node(let record) where record.kind == .file:
+                    guard let file = try shownFile(record) else { deferred.insert(NameKey(path)); continue }
+                    let id = try create(parent: parent, name: name, kind: .file, mode: 0o644, uid: getuid(), gid: getgid(),
+                                        fileID: record.node, touchingParent: false) { apply(file, of: record, to: &$0) }.id
+                    try finishShowing(file, of: record, on: id)
+                    touch(parent, directory: false)
                 case .node(let record):
-                    let id = try create(parent: parent, name: name, kind: record.kind, mode: record.kind == .symlink ? 0o777 : 0o644,
-                                    uid: getuid(), gid: getgid(), target: record.target).id
-                    if record.kind == .file { try show(record, on: id) }
+                    _ = try create(parent: parent, name: name, kind: record.kind, mode: record.kind == .symlink ? 0o777 : 0o644,
+                                   uid: getuid(), gid: getgid(), target: record.target, touchingParent: false)
+                    touch(parent, directory: false)
                 }
                 changes.entries.append(EntryName(parent: parent, name: name))
                 changes.inodes.insert(parent)
             }
         }
+        // Each parent's times and link count once, however many entries it gained.
+        for (parent, subdirectories) in touched { try touchDirectory(parent, subdirectories: subdirectories) }
         try unreconciled.formUnion(deferred)
         return changes
     }
 
-    /// Shows file record `record` as inode `id`'s current version.
-    private func show(_ record: Replica.Record, on id: InodeNumber) throws(StoreError) {
-        guard var inode = try node(id)?.inode,
-              let row = try db.rows("SELECT size, mode, mtime, xattrs FROM versions WHERE row = ?", [.int(record.row)], {
-                  (size: $0.int(0), mode: UInt32($0.int(1)), mtime: $0.int(2), xattrs: $0.isNull(3) ? [] : $0.blob(3))
-              }).first else { return }
-        let content = try chunkList(row: record.row)
+    /// What a file shows of a version: its content, mode, mtime and xattrs.
+    private struct ShownFile {
+        let content: ChunkList
+        let mode: UInt32
+        let mtime: Nanos
+        let xattrs: [UInt8]
+    }
+
+    private func shownFile(_ record: Replica.Record) throws(StoreError) -> ShownFile? {
+        guard let row = try db.rows("SELECT mode, mtime, xattrs, chunks FROM versions WHERE row = ?", [.int(record.row)], {
+            (mode: UInt32($0.int(0)), mtime: $0.int(1), xattrs: $0.isNull(2) ? [] : $0.blob(2), chunks: $0.blob(3))
+        }).first else { return nil }
+        guard let content = ChunkList(encoded: row.chunks) else { throw .database("version row \(record.row) has a malformed chunk list") }
+        return ShownFile(content: content, mode: row.mode, mtime: row.mtime, xattrs: row.xattrs)
+    }
+
+    private func apply(_ file: ShownFile, of record: Replica.Record, to inode: inout Inode) {
         inode.fileID = record.node
         inode.head = record.row
-        inode.size = content.totalSize
-        inode.allocated = content.storedBytes
-        inode.absent = absentBytes(content)
-        inode.mode = row.mode
-        inode.mtime = row.mtime
+        inode.size = file.content.totalSize
+        inode.allocated = file.content.storedBytes
+        inode.absent = absentBytes(file.content)
+        inode.mode = file.mode
+        inode.mtime = file.mtime
         inode.ctime = clock()
+    }
+
+    /// Shows file record `record` as inode `id`'s current version.
+    private func show(_ record: Replica.Record, on id: InodeNumber) throws(StoreError) {
+        guard var inode = try node(id)?.inode, let file = try shownFile(record) else { return }
+        apply(file, of: record, to: &inode)
         continuedParents[id] = nil
         try update(inode)
         try db.query("DELETE FROM xattrs WHERE inode = ?", [.int(Int64(id))])
         try dropReservedRanges(id) // another device's content replaced what they reserved
-        for entry in XattrCodec.decode(row.xattrs) { try setXattr(id, "user." + entry.name, entry.value) }
+        try finishShowing(file, of: record, on: id)
+    }
+
+    /// The xattrs and the history of a file just shown.
+    private func finishShowing(_ file: ShownFile, of record: Replica.Record, on id: InodeNumber) throws(StoreError) {
+        for entry in XattrCodec.decode(file.xattrs) { try setXattr(id, "user." + entry.name, entry.value) }
         try setHistory(record.node, path: record.path, live: true)
     }
 

@@ -179,18 +179,23 @@ extension Store {
     }
 
     /// Creates an inode and its entry `name` in `parent`.
+    /// `prepare` sets attributes before the row is written (reconcile shows a record's
+    /// version this way: one write); `touchingParent: false` leaves the parent's times and
+    /// link count to the caller (`touchDirectory`, once for many entries).
     public func create(parent: InodeNumber, name: String, kind: NodeKind, mode: UInt32, uid: UInt32, gid: UInt32,
-                       rdev: UInt64 = 0, target: String? = nil) throws(StoreError) -> Inode {
+                       rdev: UInt64 = 0, target: String? = nil, fileID: String? = nil, touchingParent: Bool = true,
+                       prepare: (inout Inode) -> Void = { _ in }) throws(StoreError) -> Inode {
         let id = nextInode
         var inode = Inode(id: id, kind: kind, mode: mode, uid: uid, gid: gid,
                           size: Int64(target.map(NameCodec.byteCount) ?? 0), time: clock(), rdev: rdev, target: target,
-                          fileID: kind == .file ? randomHex(bytes: 16) : nil)
+                          fileID: kind == .file ? fileID ?? randomHex(bytes: 16) : nil)
         inode.nlink = kind == .directory ? 2 : 1
+        prepare(&inode)
         let node = TreeNode(inode: inode, link: EntryRef(parent: parent, name: name))
         try treeTransaction { () throws(StoreError) in
             try persist(node, insert: true)
             try insertEntry(parent: parent, name: name, id: id)
-            try touchDirectory(parent, subdirectories: kind == .directory ? 1 : 0)
+            if touchingParent { try touchDirectory(parent, subdirectories: kind == .directory ? 1 : 0) }
         }
         nextInode += 1
         inodeTotal = inodeTotal.map { $0 + 1 }
@@ -328,14 +333,14 @@ extension Store {
     }
 
     private func insertEntry(parent: InodeNumber, name: String, id: InodeNumber) throws(StoreError) {
-        try changed.insert(id)
+        if tracksChanges { try changed.insert(id) }
         try db.query("INSERT INTO entries(parent, name, inode) VALUES(?, ?, ?)",
                      [.int(Int64(bitPattern: parent)), .text(name), .int(Int64(bitPattern: id))])
     }
 
     /// A directory's entries changed: new mtime and ctime; `subdirectories` more (or fewer)
     /// of them are directories (its link count is 2 + its subdirectories).
-    private func touchDirectory(_ id: InodeNumber, subdirectories: Int = 0) throws(StoreError) {
+    func touchDirectory(_ id: InodeNumber, subdirectories: Int = 0) throws(StoreError) {
         let now = clock()
         try modify(id) { node in
             node.inode.mtime = now
@@ -350,7 +355,7 @@ extension Store {
 
     func persist(_ node: TreeNode, insert: Bool = false) throws(StoreError) {
         let inode = node.inode
-        try changed.insert(inode.id)
+        if tracksChanges { try changed.insert(inode.id) }
         let values: [SQLValue] = [
             .int(Int64(bitPattern: inode.id)), .int(inode.kind.rawValue), .int(Int64(inode.mode)), .int(Int64(inode.uid)),
             .int(Int64(inode.gid)), .int(inode.size), .int(inode.atime), .int(inode.mtime), .int(inode.ctime),

@@ -159,12 +159,12 @@ extension Store {
             let info = Replica.Record(row: row, id: r.id, node: r.node, parents: r.parents, kind: r.kind,
                                       isTombstone: r.isTombstone, mtime: r.mtime, device: r.deviceID, path: r.path,
                                       mode: r.mode, target: r.target, lineage: lineage)
-            let changed = try replica.add(info)
+            let (changed, isCurrent) = try replica.add(info)
             // Another device's file is listed under .versions/ from the start, even when it
             // never shows here as a file (a conflict that lost its path, say).
             // (A record can arrive after a tombstone that descends from it: simulation seed 39.)
             if remote && r.kind == .file && !r.isTombstone {
-                if try replica.current(r.node)?.id == r.id {
+                if isCurrent {
                     try placeHistory(r.node, path: r.path, live: nil)
                 } else {
                     try placeHistory(r.node, path: r.path, live: false, keepExisting: true)

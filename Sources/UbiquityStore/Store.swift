@@ -67,6 +67,10 @@ public final class Store: @unchecked Sendable {
     /// Set by an upgrade from a store before format 4, which kept no change set: the
     /// first sync step looks at the whole tree once.
     var needsFullScan: Bool
+    /// Off while reconcile writes the synced view into the tree: what it writes is the
+    /// view, so the next sync step would only find those inodes unchanged (a device
+    /// joining 100,000 files looked at each of them again).
+    var tracksChanges = true
     /// Timestamps of everything the store records; tests inject a clock.
     public var clock: @Sendable () -> Nanos = nowNanos
 
@@ -113,6 +117,7 @@ public final class Store: @unchecked Sendable {
         try db.execute("PRAGMA journal_mode=WAL")
         try db.execute("PRAGMA synchronous=NORMAL")
         try db.execute("PRAGMA journal_size_limit=\(SQLiteDatabase.walSizeLimit)")
+        try db.limitWAL()
         // 32 MiB of pages (the default is 2 MiB): the tree's B-tree pages of a big container
         // stay in memory instead of being read again for every lookup.
         try db.execute("PRAGMA cache_size=-32768")

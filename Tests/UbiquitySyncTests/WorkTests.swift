@@ -77,6 +77,34 @@ import TestSupport
         }
     }
 
+    /// A device joining a container takes in each record in a bounded number of SQLite
+    /// statements, the same at 200 and 2,000 files: the records are checked as a batch,
+    /// what the view shows at a path is worked out once for counting conflicts and for
+    /// reconciling, a new file's inode is written once, and what reconcile writes is not
+    /// looked at again as a local change (it was 48 statements a file, 22 now).
+    @Test func aJoiningDeviceTakesInEachRecordInBoundedStatements() throws {
+        var perFile: [Double] = []
+        for files in [200, 2000] {
+            let temp = TempDirectory()
+            defer { temp.cleanup() }
+            let a = try Self.device(files: files, in: temp)
+            a.cycle()
+            var options = SimDevice.alwaysPolling
+            options.pullSlice = 2000
+            options.download = .onDemand
+            let b = try SimDevice(name: "joining", root: temp.path, backing: temp.path + "/backing", clock: nowNanos, options: options)
+            let before = b.store.db.statements
+            b.cycle()
+            b.cycle()
+            perFile.append(Double(b.store.db.statements - before) / Double(files))
+            #expect(try b.store.db.rows("SELECT count(*) FROM pending", []) { $0.int(0) } == [0])
+            #expect(try b.tree().values.filter { $0.hasPrefix("file ") }.count == files)
+        }
+        print("WorkTests.aJoiningDeviceTakesInEachRecordInBoundedStatements: statements per file at 200 and 2,000 files \(perFile)")
+        #expect(perFile[1] <= 25, "statements per file a joining device took in: \(perFile)")
+        #expect(perFile[1] <= perFile[0] * 1.25, "statements per file at 200 and 2,000 files: \(perFile)")
+    }
+
     @Test func oneSaveCostsTheSameAtAnySize() throws {
         let costs = try Self.costsAtTwoSizes { d in
             try d.save("dir0/file0.txt", "changed")
