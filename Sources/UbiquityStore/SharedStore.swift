@@ -1,3 +1,4 @@
+import Synchronization
 import UbiquitySystem
 
 /// A store that more than one thread uses (a mount: the filesystem's requests, the sync
@@ -18,6 +19,8 @@ public final class SharedStore: Sendable {
     /// For the store's thread-safe methods only (the barrier's flush, checkpoints).
     private let unguarded: Store
     private let hooks = Locked(Hooks())
+    /// Threads waiting for the lock now (a long step gives way sooner when there are).
+    private let waiting = Atomic<Int>(0)
     public let chunks: ChunkStore
     public let directory: String
     public let deviceID: String
@@ -44,7 +47,11 @@ public final class SharedStore: Sendable {
     /// the store's own methods are atomic each; several in one hold see no other change
     /// between them).
     public func withLock<T, E: Error>(_ body: (Store) throws(E) -> T) throws(E) -> T {
-        try locked.withLock { (store) throws(E) -> T in try body(store) }
+        waiting.add(1, ordering: .relaxed)
+        return try locked.withLock { (store) throws(E) -> T in
+            waiting.subtract(1, ordering: .relaxed)
+            return try body(store)
+        }
     }
 
     /// Durability barrier, part 1 (`Store.syncFiles`), without the lock: a disk flush.
@@ -72,14 +79,18 @@ public final class SharedStore: Sendable {
 
     /// A change to the tree from elsewhere (a sync step): `body` gets the store and the
     /// files it must leave alone, and returns what it changed; the conflicts it made are
-    /// added, and the observer hears of it all once the lock is released.
-    public func change(_ body: (Store, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError) {
+    /// added, and the observer hears of it all once the lock is released. Returns whether
+    /// another thread was waiting for the lock by the end (a caller working in slices
+    /// makes the next one short).
+    @discardableResult
+    public func change(_ body: (Store, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError) -> Bool {
         let busy = hooks.withLock { $0.busy }
-        let changes = try locked.withLock { (store) throws(StoreError) -> TreeChanges in
+        let (changes, waited) = try withLock { (store) throws(StoreError) -> (TreeChanges, Bool) in
             var changes = try body(store, busy?() ?? [])
             changes.conflicts += store.takeNewConflicts()
-            return changes
+            return (changes, waiting.load(ordering: .relaxed) > 0)
         }
         if !changes.isEmpty, let observer = hooks.withLock({ $0.observer }) { observer(changes) }
+        return waited
     }
 }

@@ -95,10 +95,8 @@ final class SmallChunks: Sendable {
         try state.withLock { (s) throws(StoreError) in
             guard let db = s.db else { throw .io(errno: EROFS, "\(path) is read-only") }
             let row = Array(bytes)
-            try db.transaction { () throws(StoreError) in
-                try db.query("INSERT INTO chunks(id, bytes, used) VALUES(?, ?, ?) ON CONFLICT(id) DO UPDATE SET used = excluded.used",
+            try db.statement("INSERT INTO chunks(id, bytes, used) VALUES(?, ?, ?) ON CONFLICT(id) DO UPDATE SET used = excluded.used",
                              [.blob(id.raw), .blob(row), .int(now)])
-            }
             if db.batching { s.uncommitted[id] = row }
             s.unsynced = true
         }

@@ -50,7 +50,11 @@ extension SyncEngine {
             logOnce("ubiquity: sync: device \(device): segment \(cursor.applied[device, default: 0] + 1) is missing from the log and no checkpoint covers it; its later records wait")
         }
         var stopped: Set<String> = []
-        for name in look.segments where !stopped.contains(name.device) {
+        var next = 0
+        while next < look.segments.count {
+            let name = look.segments[next]
+            next += 1
+            if stopped.contains(name.device) { continue }
             guard name.seq == cursor.applied[name.device, default: 0] + 1 else { continue }
             if let waiting = memory.waiting[name.device], waiting.seq == name.seq, bootSecondsDouble() < waiting.next {
                 stopped.insert(name.device)
@@ -70,17 +74,41 @@ extension SyncEngine {
                 stopped.insert(name.device)
                 continue
             }
+            // Catching up: the device's next segments too, taken in together (bigger
+            // slices and fewer commits: each commit of a slice rewrites the pages of
+            // indexes its records touched all over, 49 MB a slice in a 100,000-file join).
+            var group: [(name: SegmentLog.SegmentName, lines: [ArraySlice<UInt8>])] = [(name, lines(bytes))]
+            var groupBytes = bytes.count
+            while next < look.segments.count, memory.waiting[name.device] == nil,
+                  group.reduce(0, { $0 + $1.lines.count }) < Self.groupLines, groupBytes < Self.groupBytes {
+                let following = look.segments[next]
+                guard following.device == name.device, following.seq == group[group.count - 1].name.seq + 1,
+                      (look.sizes[following] ?? 0) <= Backing.maxObjectRead, let more = try backing.segment(following) else { break }
+                group.append((following, lines(more)))
+                groupBytes += more.count
+                next += 1
+            }
             let generation = try generation(of: name.device)
-            let complete = try apply(lines(bytes), of: name.device, generation: generation, source: name.key.path)
-            guard complete else {
-                let delay = min(3_600, max(5, (memory.waiting[name.device].map { $0.seq == name.seq ? $0.delay * 2 : 5 }) ?? 5))
-                memory.waiting[name.device] = (name.seq, bootSecondsDouble() + delay, delay)
-                stopped.insert(name.device)
+            if group.count > 1, try apply(group.map { ($0.name.key.path, $0.lines) }, of: name.device, generation: generation) {
+                memory.waiting[name.device] = nil
+                cursor.applied[name.device] = group[group.count - 1].name.seq
+                try savePosition(name.device, cursor: cursor)
                 continue
             }
-            memory.waiting[name.device] = nil
-            cursor.applied[name.device] = name.seq
-            try savePosition(name.device, cursor: cursor)
+            // One segment, or a group in which a record waits: segment by segment (the
+            // records a group took in are known now and skipped), up to the one that waits.
+            for (segment, segmentLines) in group {
+                let complete = try apply([(segment.key.path, segmentLines)], of: segment.device, generation: generation)
+                guard complete else {
+                    let delay = min(3_600, max(5, (memory.waiting[segment.device].map { $0.seq == segment.seq ? $0.delay * 2 : 5 }) ?? 5))
+                    memory.waiting[segment.device] = (segment.seq, bootSecondsDouble() + delay, delay)
+                    stopped.insert(segment.device)
+                    break
+                }
+                memory.waiting[segment.device] = nil
+                cursor.applied[segment.device] = segment.seq
+                try savePosition(segment.device, cursor: cursor)
+            }
         }
         let listed = max(cursor.listedUpTo, look.cursor.listedUpTo)
         // Written only when it moved: a quiet poll writes nothing to the store.
@@ -94,6 +122,10 @@ extension SyncEngine {
     }
 
     static let listedKey = "log_listed"
+    /// A group of a device's segments taken in together stops past this many lines or
+    /// bytes (its lines are in memory at once).
+    static let groupLines = 16_000
+    static let groupBytes = 16 << 20
     /// Seconds without a look at the log after which `devices/` is listed again.
     static let rescanAfter: Int64 = 12 * 3_600
 
@@ -150,7 +182,7 @@ extension SyncEngine {
         for part in 0..<parts {
             guard let bytes = try backing.checkpointPart(device, seq: seq, part: part) else { return false }
             let source = "devices/\(device)/checkpoint-\(seq) part \(part)"
-            guard try apply(lines(bytes), of: device, generation: generation, source: source) else { return false }
+            guard try apply([(source, lines(bytes))], of: device, generation: generation) else { return false }
         }
         let forgotten = try shared.withLock { (store) throws(StoreError) in try store.forgetPrunedRecords(of: device, before: generation) }
         if forgotten > 0 {
@@ -169,17 +201,21 @@ extension SyncEngine {
         return result
     }
 
-    /// Takes in the records of `lines` this store does not hold, in order, a slice per
+    /// Takes in the records of `parts` (the lines of a segment or checkpoint part each,
+    /// named by where they came from) this store does not hold, in order, a slice per
     /// hold of the store's lock. Returns false when one waits (a chunk could not be
     /// fetched): those before it are in, it and those after are read again next cycle.
-    func apply(_ lines: [ArraySlice<UInt8>], of device: String, generation: Int64, source: String) throws(StoreError) -> Bool {
+    func apply(_ parts: [(source: String, lines: [ArraySlice<UInt8>])], of device: String, generation: Int64) throws(StoreError) -> Bool {
         var records: [SyncRecord] = []
-        for (n, decoded) in Self.decode(lines, of: device).enumerated() {
-            switch decoded {
-            case .failure(let why): logOnce("ubiquity: sync: skipping line \(n + 1) of \(source): \(why)")
-            case .success(let record): records.append(record)
+        for part in parts {
+            for (n, decoded) in Self.decode(part.lines, of: device).enumerated() {
+                switch decoded {
+                case .failure(let why): logOnce("ubiquity: sync: skipping line \(n + 1) of \(part.source): \(why)")
+                case .success(let record): records.append(record)
+                }
             }
         }
+        let source = parts.count == 1 ? parts[0].source : "\(parts[0].source) to \(parts[parts.count - 1].source)"
         if records.isEmpty { return true }
         let ids = records.map(\.id)
         let held = try shared.withLock { (store) throws(StoreError) in try store.knownRecords(ids, device: device, generation: generation) }
@@ -196,14 +232,19 @@ extension SyncEngine {
         }
         let (ready, complete) = try readyRecords(fresh, source: source)
         var start = 0
+        // Slices grow while no request waits for the store's lock (up to `pullSliceMost`:
+        // fewer commits, each of which rewrites pages all over the indexes) and fall back
+        // to `pullSlice` once one does.
+        var sliceSize = max(1, options.pullSlice)
         repeat {
-            let slice = Array(ready[start..<min(ready.count, start + options.pullSlice)])
+            let slice = Array(ready[start..<min(ready.count, start + sliceSize)])
             // Local changes are not recorded first here: the directories a reconcile made
             // for records whose own directory record comes in a later slice would be
             // recorded as new local directories (echo records). A local change made while
             // this slice waited on the network meets this reconcile unrecorded: reconcile
             // leaves the paths it touched for the next cycle, which records it first.
-            try shared.change { (store, busy) throws(StoreError) -> TreeChanges in try store.takeIn(slice, busy: busy) }
+            let waited = try shared.change { (store, busy) throws(StoreError) -> TreeChanges in try store.takeIn(slice, busy: busy) }
+            sliceSize = waited ? max(1, options.pullSlice) : min(max(options.pullSlice, options.pullSliceMost), sliceSize * 2)
             start += slice.count
             if start < ready.count { usleep(200) }
         } while start < ready.count

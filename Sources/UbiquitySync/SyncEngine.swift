@@ -34,6 +34,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         /// catching up on a million records applies them in slices, and the filesystem
         /// serves requests between them.
         public var pullSlice = 2000
+        /// The most records per hold while nothing else waits for the store's lock (a
+        /// device catching up alone: fewer, bigger commits). About a second's work.
+        public var pullSliceMost = 8000
         /// Packs uploaded (or ranges fetched) at once.
         public var parallelRequests = 8
         /// Seconds a check that a pack is in the backing store and not a fossil stays

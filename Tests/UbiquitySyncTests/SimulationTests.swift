@@ -111,6 +111,7 @@ final class SimDevice {
     static var alwaysPolling: SyncEngine.Options {
         var o = SyncEngine.Options()
         o.pullSlice = 3
+        o.pullSliceMost = 3
         o.activeWindow = .greatestFiniteMagnitude
         return o
     }
@@ -132,6 +133,7 @@ final class SimDevice {
         let options = options ?? {
             var o = SyncEngine.Options()
             o.pullSlice = 3
+            o.pullSliceMost = 3
             return o
         }()
         engine = SyncEngine(store: fs.store, backing: backing, options: options)
@@ -242,6 +244,7 @@ func runSchedule(seed: UInt64, steps: Int) throws {
         // downloads everything but keeps at most 3,000 bytes of contents (a cache limit).
         var options = SyncEngine.Options()
         options.pullSlice = 3
+        options.pullSliceMost = 3
         if i == 1 { options.download = .onDemand }
         var fsOptions = FileSystem.Options()
         if i == 2 { fsOptions.cacheSize = 3_000; options.cacheSize = 3_000 }
