@@ -190,12 +190,16 @@ final class SQLiteDatabase {
         do {
             let result = try body()
             try execute("COMMIT")
+            standaloneCommits += 1
             return result
         } catch {
             try? execute("ROLLBACK")
             throw error
         }
     }
+
+    /// Commits of `standalone` so far (the work tests count a join's).
+    private(set) var standaloneCommits = 0
 
     /// Commits the open batch, if any.
     func commitBatch() throws(StoreError) {

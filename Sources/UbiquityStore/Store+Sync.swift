@@ -381,11 +381,14 @@ extension Store {
     }
 
     /// A pull slice: other devices' records (checked as `addRemote` says), then the tree
-    /// made to show them, with what the view shows at each path worked out once for both.
+    /// made to show them, in one transaction (one commit), with what the view shows at
+    /// each path worked out once for both.
     public func takeIn(_ records: [SyncRecord], busy: Set<InodeNumber>) throws(StoreError) -> TreeChanges {
         try replica.remembering { () throws(StoreError) -> TreeChanges in
-            if !records.isEmpty { _ = try addRemote(records, checked: true) }
-            return try reconcile(busy: busy)
+            try syncStep { () throws(StoreError) -> TreeChanges in
+                if !records.isEmpty { _ = try addRemote(records, checked: true) }
+                return try reconcile(busy: busy)
+            }
         }
     }
 

@@ -105,6 +105,33 @@ import TestSupport
         #expect(perFile[1] <= perFile[0] * 1.25, "statements per file at 200 and 2,000 files: \(perFile)")
     }
 
+    /// A device catching up alone takes in a peer's segments together, in slices that
+    /// grow while no request waits for the store's lock: few commits (each rewrites the
+    /// index pages its records touched), not one per segment.
+    @Test func aJoiningDeviceCommitsSeldom() throws {
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        mkdir(temp.path + "/backing", 0o755)
+        var small = SimDevice.alwaysPolling
+        small.uploadBatch = 500
+        let a = try SimDevice(name: "a", root: temp.path, backing: temp.path + "/backing", clock: nowNanos, options: small)
+        for i in 0..<6000 { try a.save("dir\(i / 100)/file\(i).txt", "content \(i)") }
+        a.cycle()
+        a.cycle()
+        var options = SimDevice.alwaysPolling
+        options.pullSlice = 500
+        options.pullSliceMost = 4000
+        options.download = .onDemand
+        let b = try SimDevice(name: "b", root: temp.path, backing: temp.path + "/backing", clock: nowNanos, options: options)
+        let before = b.store.db.standaloneCommits
+        b.cycle()
+        let commits = b.store.db.standaloneCommits - before
+        print("WorkTests.aJoiningDeviceCommitsSeldom: 6,060 records in segments of 500 taken in with \(commits) commits")
+        #expect(try b.tree().values.filter { $0.hasPrefix("file ") }.count == 6000)
+        // Slices of 500, 1,000, 2,000, then the rest (a segment at a time: 13 commits).
+        #expect(commits <= 6, "commits of a 6,000-file join in segments of 500: \(commits)")
+    }
+
     @Test func oneSaveCostsTheSameAtAnySize() throws {
         let costs = try Self.costsAtTwoSizes { d in
             try d.save("dir0/file0.txt", "changed")
