@@ -358,10 +358,10 @@ extension Store {
 
     /// Takes in records from other devices (their chunks are already in the chunk store).
     /// Returns how many were new.
-    @discardableResult
     /// `checked`: the caller found none of `records` held or pruned here just before
     /// (`knownRecords`, in the same cycle: only the sync engine adds other devices'
     /// records), so they are not looked up again one by one.
+    @discardableResult
     public func addRemote(_ records: [SyncRecord], checked: Bool = false) throws(StoreError) -> Int {
         var added = 0
         var seen: Set<String> = []

@@ -78,14 +78,15 @@ extension SyncEngine {
             // slices and fewer commits: each commit of a slice rewrites the pages of
             // indexes its records touched all over, 49 MB a slice in a 100,000-file join).
             var group: [(name: SegmentLog.SegmentName, lines: [ArraySlice<UInt8>])] = [(name, lines(bytes))]
-            var groupBytes = bytes.count
+            var groupBytes = bytes.count, groupLines = group[0].lines.count
             while next < look.segments.count, memory.waiting[name.device] == nil,
-                  group.reduce(0, { $0 + $1.lines.count }) < Self.groupLines, groupBytes < Self.groupBytes {
+                  groupLines < Self.groupLines, groupBytes < Self.groupBytes {
                 let following = look.segments[next]
                 guard following.device == name.device, following.seq == group[group.count - 1].name.seq + 1,
                       (look.sizes[following] ?? 0) <= Backing.maxObjectRead, let more = try backing.segment(following) else { break }
                 group.append((following, lines(more)))
                 groupBytes += more.count
+                groupLines += group[group.count - 1].lines.count
                 next += 1
             }
             let generation = try generation(of: name.device)
