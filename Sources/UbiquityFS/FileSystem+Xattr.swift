@@ -36,11 +36,22 @@ extension FileSystem {
         if let status = syncStatus(ino, name: name) ?? maintenanceReport(ino, name: name) ?? socketAttribute(ino, name: name) {
             return status
         }
+        var downloadChanged = TreeChanges()
+        defer {
+            // The look refreshed a stale download state (content another file's download
+            // brought): watchers heard, the kernel forgets st_blocks (outside every lock).
+            if !downloadChanged.isEmpty { hooks.withLock { $0.treeChanged }?(downloadChanged) }
+        }
         return try meta.withLock { (m) throws(Errno) -> [UInt8] in
             if VirtualViews.isVirtual(ino) { throw .noData }
             guard m.store.inode(ino) != nil else { throw .notFound }
             if name.hasPrefix(Self.statusPrefix) {
-                guard let value = try m.status(ino)[String(name.dropFirst(Self.statusPrefix.count))] else { throw .noData }
+                let status = try m.status(ino)
+                if status.downloadChanged {
+                    downloadChanged.downloads.insert(ino)
+                    publishSyncEvents(m, downloadChanged)
+                }
+                guard let value = status.values[String(name.dropFirst(Self.statusPrefix.count))] else { throw .noData }
                 return Array(value.utf8)
             }
             guard let value = try storeCall({ () throws(StoreError) in try m.store.xattr(ino, name) }) else { throw .noData }
@@ -104,16 +115,18 @@ extension FileSystem.Meta {
         try store.update(inode)
     }
 
-    /// Status attributes of a node (names without the `user.ubiquity.` prefix).
-    func status(_ ino: InodeNumber) throws(Errno) -> [String: String] {
-        guard let inode = store.inode(ino), inode.kind == .file else { return [:] }
+    /// Status attributes of a node (names without the `user.ubiquity.` prefix), and
+    /// whether looking changed its recorded download state (see `downloadState`).
+    func status(_ ino: InodeNumber) throws(Errno) -> (values: [String: String], downloadChanged: Bool) {
+        guard let inode = store.inode(ino), inode.kind == .file else { return ([:], false) }
         let path = store.path(of: ino) ?? ""
         var result: [String: String] = [
             "local": LocalOnly.contains(path) ? "1" : "0",
             "dirty": openFiles[ino]?.content.isChanged == true ? "1" : "0",
             "conflicts": String(try storeCall { () throws(StoreError) in try store.conflictCount(at: path) }),
         ]
-        result["downloaded"] = try downloadState(inode)
+        let download = try downloadState(inode)
+        result["downloaded"] = download.state
         if let name = store.name(of: ino), TinyPixView.applies(to: name) {
             try TinyPixView.addStatus(&result, inode: inode, store: store)
         }
@@ -127,19 +140,19 @@ extension FileSystem.Meta {
                 }
             }
         }
-        return result
+        return (result, download.changed)
     }
 
     /// `current` (every byte of the current version is here), `partial` or
     /// `not-downloaded` (Apple's Current / Downloaded / NotDownloaded); with the last
-    /// fetch's failure when one failed since.
-    func downloadState(_ inode: Inode) throws(Errno) -> String {
-        guard inode.absent > 0 else { return "current" }
-        // Chunks that came for other files sharing them count too: looked at again.
-        let absent = try storeCall { () throws(StoreError) in try store.refreshAbsent(inode.id).absent }
-        let state = DownloadState(allocated: inode.allocated, absent: absent).rawValue
-        if absent == 0 { return state }
-        guard let why = store.chunks.fetchStatistics.lastFailure else { return state }
-        return "\(state) (last fetch failed: \(why))"
+    /// fetch's failure when one failed since. `changed`: the state recorded was stale
+    /// (chunks that came for other files sharing them count too, looked at again here).
+    func downloadState(_ inode: Inode) throws(Errno) -> (state: String, changed: Bool) {
+        guard inode.absent > 0 else { return ("current", false) }
+        let refreshed = try storeCall { () throws(StoreError) in try store.refreshAbsent(inode.id) }
+        let state = DownloadState(allocated: inode.allocated, absent: refreshed.absent).rawValue
+        if refreshed.absent == 0 { return (state, refreshed.stateChanged) }
+        guard let why = store.chunks.fetchStatistics.lastFailure else { return (state, refreshed.stateChanged) }
+        return ("\(state) (last fetch failed: \(why))", refreshed.stateChanged)
     }
 }

@@ -192,4 +192,34 @@ import UbiquitySystem
             }
         }
     }
+
+    /// Regression (session 14's note): a file whose chunks all came for another file
+    /// sharing them says `current` when asked, and watchers hear of it then (the look that
+    /// refreshed its stale download state published no `download` event).
+    @Test func askingTheStateOfAFileAnotherDownloadCompletedTellsWatchers() throws {
+        print("CacheLimitTests.askingTheStateOfAFileAnotherDownloadCompletedTellsWatchers seed 64")
+        var rng = SplitMix64(seed: 64)
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let store = MemoryStore()
+        let a = try Self.device("a", temp, store)
+        let bytes = Array(randomText(300 << 10, &rng).utf8)
+        try Self.save("x", bytes, on: a)
+        try Self.save("y", bytes, on: a)
+        try a.engine.cycle(pushPull: true)
+        let b = try Self.device("b", temp, store, onDemand: true)
+        try b.engine.cycle(pushPull: true)
+        #expect(try OnDemandTests.read("x", on: b) == bytes)
+        let feed = try b.fs.feed.subscribe()
+        defer { feed.cancel() }
+        #expect(try OnDemandTests.downloaded("y", on: b) == "current")
+        let heard = feed.take().events.compactMap { event -> String? in
+            if case .file(let e) = event, e.kind == .download, e.item?.downloaded == .current { return e.path }
+            return nil
+        }
+        #expect(heard == ["y"])
+        // Asked again: nothing changed, nothing heard.
+        #expect(try OnDemandTests.downloaded("y", on: b) == "current")
+        #expect(feed.take().events.isEmpty)
+    }
 }
