@@ -84,6 +84,14 @@ final class SQLiteDatabase {
     private(set) var work = 0
     /// Statements run so far (the work tests count them per record a device takes in).
     private(set) var statements = 0
+    /// Database pages this connection has written (to the WAL) so far: what a commit of
+    /// changes spread all over the B-trees costs (the work tests count them per record a
+    /// device takes in).
+    var pagesWritten: Int {
+        var current: Int32 = 0, highwater: Int32 = 0
+        sqlite3_db_status(db, SQLITE_DBSTATUS_CACHE_WRITE, &current, &highwater, 0)
+        return Int(current)
+    }
     var changes: Int { Int(sqlite3_changes(db)) }
 
     /// Group commit: when on, changes accumulate in one open transaction that

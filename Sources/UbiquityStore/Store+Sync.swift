@@ -318,7 +318,7 @@ extension Store {
         let xattrs = try currentXattrs(inode.id)
         if head.path.utf8.elementsEqual(path.utf8) && head.mode == inode.mode && head.mtime == inode.mtime
             && head.xattrs == XattrCodec.encode(xattrs) { return }
-        let record = SyncRecord(id: randomHex(bytes: 16), node: head.node, kind: .file, parents: [head.id],
+        let record = SyncRecord(id: newRecordID(), node: head.node, kind: .file, parents: [head.id],
                                 deviceID: deviceID, deviceName: deviceName, committed: clock(), mtime: inode.mtime,
                                 mode: inode.mode, isTombstone: false, isMeta: true, path: path,
                                 chunks: try chunkList(row: row), xattrs: xattrs)
@@ -335,7 +335,7 @@ extension Store {
                             target: String? = nil, tombstone: Bool = false) throws(StoreError) {
         let parents = try replica.heads(node).map(\.id).sorted()
         if tombstone, try replica.liveHeads(node).isEmpty { return }
-        let record = SyncRecord(id: randomHex(bytes: 16), node: node, kind: kind, parents: parents, deviceID: deviceID,
+        let record = SyncRecord(id: newRecordID(), node: node, kind: kind, parents: parents, deviceID: deviceID,
                                 deviceName: deviceName, committed: clock(), mtime: mtime, mode: mode,
                                 isTombstone: tombstone, isMeta: false, path: path, target: tombstone ? nil : target)
         _ = try insert(record, from: .here)
@@ -662,7 +662,7 @@ extension Store {
     public func discardConflict(_ id: String) throws(StoreError) {
         guard let record = try replica.record(id: id) else { throw .noSuchVersion(id) }
         let now = clock()
-        let tombstone = SyncRecord(id: randomHex(bytes: 16), node: record.node, kind: record.kind, parents: [id],
+        let tombstone = SyncRecord(id: newRecordID(), node: record.node, kind: record.kind, parents: [id],
                                    deviceID: deviceID, deviceName: deviceName, committed: now, mtime: now, mode: 0,
                                    isTombstone: true, isMeta: false, path: record.path)
         try db.transaction { () throws(StoreError) in _ = try insert(tombstone, from: .here) }
@@ -677,7 +677,7 @@ extension Store {
             throw .noSuchVersion("no file at \(path) to take \(id) into")
         }
         let now = clock()
-        let record = SyncRecord(id: randomHex(bytes: 16), node: current.node, kind: .file,
+        let record = SyncRecord(id: newRecordID(), node: current.node, kind: .file,
                                 parents: taken.node == current.node ? [current.id, taken.id] : [current.id],
                                 deviceID: deviceID, deviceName: deviceName, committed: now, mtime: now,
                                 mode: conflict.mode, isTombstone: false, isMeta: false, path: path,

@@ -188,7 +188,7 @@ extension Store {
         let id = nextInode
         var inode = Inode(id: id, kind: kind, mode: mode, uid: uid, gid: gid,
                           size: Int64(target.map(NameCodec.byteCount) ?? 0), time: clock(), rdev: rdev, target: target,
-                          fileID: kind == .file ? fileID ?? randomHex(bytes: 16) : nil)
+                          fileID: kind == .file ? fileID ?? newRecordID() : nil)
         inode.nlink = kind == .directory ? 2 : 1
         prepare(&inode)
         let node = TreeNode(inode: inode, link: EntryRef(parent: parent, name: name))

@@ -22,7 +22,7 @@ extension Store {
     public func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool, versionID: String? = nil) throws(StoreError) -> Version {
         guard var inode = try node(id)?.inode, let fileID = inode.fileID else { throw .noSuchVersion("inode \(id) is not a file") }
         let previous = try headVersion(inode.head ?? continuedParents[id])
-        let record = SyncRecord(id: versionID ?? randomHex(bytes: 16), node: fileID, kind: .file,
+        let record = SyncRecord(id: versionID ?? newRecordID(), node: fileID, kind: .file,
                                 parents: previous.flatMap { $0.isLocal ? nil : [$0.id] } ?? [],
                                 deviceID: deviceID, deviceName: deviceName, committed: clock(), mtime: inode.mtime,
                                 mode: inode.mode, isTombstone: false, isMeta: false, path: path, chunks: content,
@@ -58,7 +58,7 @@ extension Store {
         if let previous, !previous.isLocal, !parents.contains(previous.id) { parents.append(previous.id) }
         guard !parents.isEmpty else { return }
         let now = clock()
-        let tombstone = SyncRecord(id: randomHex(bytes: 16), node: fileID, kind: .file, parents: parents.sorted(),
+        let tombstone = SyncRecord(id: newRecordID(), node: fileID, kind: .file, parents: parents.sorted(),
                                    deviceID: deviceID, deviceName: deviceName, committed: now, mtime: now,
                                    mode: previous?.mode ?? 0o644, isTombstone: true, isMeta: false, path: path)
         try db.transaction { () throws(StoreError) in

@@ -1,0 +1,27 @@
+import Glibc
+import Testing
+import UbiquitySystem
+
+/// Record and history ids (`newRecordID`): 32 lowercase hex digits that begin with the
+/// time in milliseconds, so ids made later sort later (the indexes they key grow at their
+/// end), and are unique within a millisecond.
+@Suite struct RecordIDTests {
+    @Test func idsMadeLaterSortLaterAndNeverRepeat() {
+        var ids: [String] = []
+        for _ in 0..<5 {
+            ids.append(newRecordID())
+            usleep(2000)
+        }
+        #expect(ids == ids.sorted(), "\(ids)")
+        for id in ids { #expect(id.count == 32 && id.utf8.allSatisfy { Hex.value($0) != nil && !(0x41...0x46).contains($0) }, "\(id)") }
+        // The first 12 digits are now in milliseconds.
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        let now = Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
+        let made = Int64(ids.last!.prefix(12), radix: 16)!
+        #expect(made <= now && now - made < 1000, "\(made) \(now)")
+        // Many in the same millisecond: all different.
+        let burst = (0..<5_000).map { _ in newRecordID() }
+        #expect(Set(burst).count == burst.count)
+    }
+}
