@@ -77,6 +77,16 @@ final class ChunkFetcher: Sendable {
 
     var statistics: State { state.withLock { $0 } }
 
+    /// Those of `ids` a flight is fetching now (one hold of the lock): a reader need not
+    /// look for them on disk, they are not there yet.
+    func inFlight(_ ids: some Sequence<ChunkID>) -> Set<ChunkID> {
+        state.withLock { s in
+            var flying: Set<ChunkID> = []
+            for id in ids where s.flights[id] != nil { flying.insert(id) }
+            return flying
+        }
+    }
+
     /// Starts fetching the `wants` that no flight covers yet (all of them are not here),
     /// in one call of the source; waits for the first `waiting` of them. Throws
     /// `.notLocal` with the reason when one of those did not arrive (failed, or the
@@ -136,7 +146,9 @@ final class ChunkFetcher: Sendable {
         state.withLock { $0.waiting += 1 }
         defer { state.withLock { $0.waiting -= 1 } }
         let deadline = DispatchTime.now() + .nanoseconds(Int(timeoutNanos.withLock { $0 }))
-        for (id, flight) in waitFor {
+        // Last first: the chunks of one request usually come in order from one GET, so the
+        // reader wakes once when its last chunk is here, not once per chunk.
+        for (id, flight) in waitFor.reversed() {
             guard flight.done.wait(timeout: deadline) == .success else {
                 // It may have come another way meanwhile (another reader's batch).
                 if chunks.isLocal(id) { continue }

@@ -556,27 +556,40 @@ public final class FileContent: @unchecked Sendable {
     /// The bytes at `offset` through the overlay: staged writes over base chunks over
     /// zeros. `count` is bounded by the caller (a request, or a 1 MiB window).
     private func readMerged(_ s: inout State, offset: Int64, count: Int) throws(StoreError) -> [UInt8] {
-        guard offset < s.size else { return [] }
+        guard offset < s.size, count > 0 else { return [] }
         let end = offset + min(Int64(count), s.size - offset)
-        var out = [UInt8](repeating: 0, count: Int(end - offset))
+        // The base chunks under the range first (each verified); then every byte of `out`
+        // is written once: copied from them, or zeroed where none is (zeroing it all before
+        // the copy showed in the profile of a cold read).
+        var copies: [(bytes: [UInt8], from: Int, into: Range<Int>)] = []
         let baseEnd = min(end, s.baseLimit, s.base.totalSize)
         if offset < baseEnd {
             var i = s.base.index(containing: offset)
             while i < s.base.count && s.base.offsets[i] < baseEnd {
                 let chunkRange = s.base.range(i)
                 let want = max(chunkRange.lowerBound, offset)..<min(chunkRange.upperBound, baseEnd)
-                // Holes are zeros already; a chunk wholly rewritten need not be read (nor verified).
+                // Holes are zeros; a chunk wholly rewritten need not be read (nor verified).
                 if !s.base.isHole(i) && !Self.hidden(s, want) {
                     // Fetched here when not local (a rewrite of a file not downloaded): under
                     // this file's lock only, never the filesystem's.
                     let bytes = try chunks.read(s.base.ids[i], size: Int(s.base.size(i)))
                     guard Int64(bytes.count) == s.base.size(i) else { throw .corruptChunk(s.base.ids[i]) }
-                    let from = Int(want.lowerBound - chunkRange.lowerBound)
-                    let to = Int(want.upperBound - chunkRange.lowerBound)
-                    out.replaceSubrange(Int(want.lowerBound - offset)..<Int(want.upperBound - offset), with: bytes[from..<to])
+                    copies.append((bytes, Int(want.lowerBound - chunkRange.lowerBound), Int(want.lowerBound - offset)..<Int(want.upperBound - offset)))
                 }
                 i += 1
             }
+        }
+        let length = Int(end - offset)
+        var out = [UInt8](unsafeUninitializedCapacity: length) { buffer, initialized in
+            let start = buffer.baseAddress!
+            var filled = 0
+            for copy in copies {
+                (start + filled).initialize(repeating: 0, count: copy.into.lowerBound - filled)
+                copy.bytes.withUnsafeBufferPointer { (start + copy.into.lowerBound).initialize(from: $0.baseAddress! + copy.from, count: copy.into.count) }
+                filled = copy.into.upperBound
+            }
+            (start + filled).initialize(repeating: 0, count: length - filled)
+            initialized = length
         }
         for punched in s.zeroed.ranges where punched.overlaps(offset..<end) {
             let lower = Int(max(punched.lowerBound, offset) - offset), upper = Int(min(punched.upperBound, end) - offset)

@@ -52,6 +52,32 @@ import TestSupport
         #expect(try reopened.read(offset: 0, count: model.count + 1) == model, "seed \(seed): content after reopen")
     }
 
+    /// A read builds its reply in one pass (each byte copied or zeroed once, no zeroing
+    /// first): every piece kind at once (base chunks, a hole, bytes written over the base,
+    /// past the base's end) and a read of no bytes, which has no buffer to fill.
+    @Test func aReadAssemblesEveryKindOfPiece() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let chunks = try ChunkStore(directory: dir.path + "/chunks")
+        var gen = SplitMix64(seed: 5)
+        let first = gen.bytes(5000), second = gen.bytes(7000)
+        var base = ChunkList()
+        for piece in [first, second] {
+            try chunks.put(ChunkID(hashing: piece), piece)
+            base.append(ChunkID(hashing: piece), size: piece.count)
+            if piece == first { base.appendHole(3000) }
+        }
+        let content = FileContent(base: base, chunks: chunks, stagingDirectory: dir.path)
+        let patch = gen.bytes(100)
+        try patch.withUnsafeBytes { try content.write(offset: 4950, $0) }
+        try content.truncate(20_000)
+        var model = first + [UInt8](repeating: 0, count: 3000) + second + [UInt8](repeating: 0, count: 5000)
+        model.replaceSubrange(4950..<5050, with: patch)
+        #expect(try content.read(offset: 0, count: 20_000) == model)
+        #expect(try content.read(offset: 4000, count: 9000) == Array(model[4000..<13_000]))
+        #expect(try content.read(offset: 6000, count: 0) == [])
+    }
+
     /// Changing one byte in the middle of a large file stores about one new chunk and
     /// reuses the rest (the "do not rehash the whole file" requirement).
     @Test func smallEditReusesChunks() throws {
