@@ -16,6 +16,9 @@
 #   scripts/bench-on-demand.sh
 #   BENCH_ROWS="first cold" scripts/bench-on-demand.sh
 #   JOIN_FILES=1000000 BENCH_ROWS=join scripts/bench-on-demand.sh
+#   JOIN_PERF=/tmp/join.perf BENCH_ROWS=join scripts/bench-on-demand.sh
+#            also records the joining daemon with `perf record --call-graph dwarf`
+#            into that file (read it with `perf report -i FILE`; slows the join)
 #
 # Needs root (it drops the page cache) and FUSE. Everything lives under a temp directory
 # that is removed at the end; every mount is unmounted.
@@ -71,9 +74,14 @@ if [[ $rows == *" join "* ]]; then
   all_listed() { [[ $(find "$work/join-mnt-b" -type f | wc -l) -ge $files ]]; }
   t0=$(now)
   mount_at "$work/join-mnt-b" "$work/join-b" "$work/join-backing" --download on-demand --poll 0.2
+  if [[ -n ${JOIN_PERF:-} ]]; then
+    perf record -q --call-graph dwarf,16384 -F 299 -p "$(daemon_pid "$work/join-b")" -o "$JOIN_PERF" 2>/dev/null &
+    perf_pid=$!
+  fi
   wait_for 3600 test -e "$work/join-mnt-b/$last_path"
   wait_for 600 all_listed
   join_s=$(elapsed "$t0")
+  if [[ -n ${JOIN_PERF:-} ]]; then kill -INT "$perf_pid"; wait "$perf_pid" || true; fi
   down=$(sync_status "$work/join-mnt-b" backing-bytes-down)
   gets=$(sync_status "$work/join-mnt-b" backing-gets)
   report+=("| a device joins $files files on demand: until \`find\` lists them all | ≤ 10 s per 100,000 | ${join_s} s |")

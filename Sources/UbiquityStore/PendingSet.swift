@@ -19,6 +19,8 @@ final class PendingSet<Element: Hashable> {
     private let kind: Kind
     private let key: (Element) -> String
     private(set) var members: Set<Element> = []
+    /// Inside `holdingWrites`: the members added there, not written yet (nil outside).
+    private var held: Set<Element>?
 
     /// Loads the set's entries (`parse` drops a key that does not parse); a read-only
     /// store (status, fsck) loads none.
@@ -39,6 +41,11 @@ final class PendingSet<Element: Hashable> {
 
     func insert(_ element: Element) throws(StoreError) {
         guard members.insert(element).inserted else { return }
+        if held != nil { held!.insert(element); return }
+        try write(element)
+    }
+
+    private func write(_ element: Element) throws(StoreError) {
         try db.query("INSERT OR IGNORE INTO pending(kind, key) VALUES(?, ?)", [.int(kind.rawValue), .text(key(element))])
     }
 
@@ -48,6 +55,7 @@ final class PendingSet<Element: Hashable> {
 
     func remove(_ element: Element) throws(StoreError) {
         guard members.remove(element) != nil else { return }
+        if held?.remove(element) != nil { return }
         try db.query("DELETE FROM pending WHERE kind = ? AND key = ?", [.int(kind.rawValue), .text(key(element))])
     }
 
@@ -71,9 +79,29 @@ final class PendingSet<Element: Hashable> {
         let all = members
         if !all.isEmpty {
             members = []
-            try db.query("DELETE FROM pending WHERE kind = ?", [.int(kind.rawValue)])
+            // Rows only when some member was written (not all were held back).
+            let written = all.count > (held?.count ?? 0)
+            if held != nil { held = [] }
+            if written { try db.query("DELETE FROM pending WHERE kind = ?", [.int(kind.rawValue)]) }
         }
         return all
+    }
+
+    /// Runs `body`, which the caller runs inside one transaction, writing the members it
+    /// adds only at its end, and only those still in the set then: a pull slice queues each
+    /// path its records changed and reconciles them in the same transaction, so the rows
+    /// were written and deleted unseen (one statement per record of a join). What is left
+    /// (paths reconcile deferred) is written in that transaction, as before. When `body`
+    /// throws, the transaction rolls back and the caller reloads the set.
+    func holdingWrites<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        if held != nil { return try body() }
+        held = []
+        defer { held = nil }
+        let result = try body()
+        let left = held ?? []
+        held = nil
+        for element in left where members.contains(element) { try write(element) }
+        return result
     }
 
     /// Reads the set again from SQLite (after a transaction that changed it rolled back).

@@ -85,21 +85,36 @@ final class Replica {
     private var deferredConflicts: [String]?
     /// Paths that gained a conflict version since `takeNewConflicts` (for watchers).
     private var newConflicts: [String] = []
-    /// What `state(at:)` found, while `remembering` (nil otherwise); emptied by every
-    /// change of the view, so it never answers with what was true before one.
-    private var remembered: [String: (shown: Shown, conflicts: [Record])]?
+    /// What the view's tables said, kept while `remembering` (nil otherwise). Each entry
+    /// is kept up to date by the one place that changes what it remembers (all in this
+    /// file), so it never answers with what was true before a change.
+    private var memo: Memo?
 
-    /// Runs `body` with what `state(at:)` works out kept until the view changes: a pull
-    /// slice counts the conflicts at each path its records touched and then reconciles
-    /// those same paths, with no change of the view in between.
+    private struct Memo {
+        /// What `state(at:)` found; emptied by every change of the view.
+        var states: [String: (shown: Shown, conflicts: [Record])] = [:]
+        /// Each node's live heads as `add` left them (it works them out); `remove`
+        /// forgets the node's.
+        var liveHeads: [String: [Record]] = [:]
+        /// `below` of the paths `count` updated (what its RETURNING said).
+        var below: [String: Int64] = [:]
+        /// Whether no id is awaited (nil: not asked yet); false once one is.
+        var noneAwaited: Bool?
+    }
+
+    /// Runs `body` (one transaction: its rollback throws out of here) with what the view's
+    /// tables said remembered: a pull slice counts the conflicts at each path its records
+    /// touched and then reconciles those same paths; the state at a new file's path is
+    /// worked out from what adding its record just wrote, not read back (a join took 22
+    /// statements per record, 3 of them these).
     func remembering<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
-        remembered = [:]
-        defer { remembered = nil }
+        memo = Memo()
+        defer { memo = nil }
         return try body()
     }
 
     private func viewChanged() {
-        if remembered != nil { remembered = [:] }
+        memo?.states = [:]
     }
 
     /// The paths that gained a conflict version since the last call.
@@ -159,7 +174,8 @@ final class Replica {
     }
 
     func liveHeads(_ node: String) throws(StoreError) -> [Record] {
-        try records("FROM view_heads h JOIN versions v ON v.row = h.row WHERE h.node = ? AND v.tombstone = 0 ORDER BY v.id",
+        if let known = memo?.liveHeads[node] { return known }
+        return try records("FROM view_heads h JOIN versions v ON v.row = h.row WHERE h.node = ? AND v.tombstone = 0 ORDER BY v.id",
                     [.text(node)])
     }
 
@@ -252,9 +268,10 @@ final class Replica {
                 }
             } else {
                 try db.query("INSERT OR IGNORE INTO view_awaited(id, node) VALUES(?, ?)", [.text(p), .text(r.node)])
+                memo?.noneAwaited = false
             }
         }
-        let awaitedBy = try db.rows("SELECT node FROM view_awaited WHERE id = ?", [.text(r.id)]) { $0.text(0) }
+        let awaitedBy = try awaiting(r.id)
         if !awaitedBy.isEmpty { try db.query("DELETE FROM view_awaited WHERE id = ?", [.text(r.id)]) }
         var superseded = awaitedBy.contains(where: { $0.utf8.elementsEqual(r.node.utf8) })
         // By lineage: the heads this record's context holds go; a head whose context holds
@@ -275,9 +292,22 @@ final class Replica {
             try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.text(r.node), .int(r.row)])
             if !left.contains(where: { $0.row == r.row }) { left.append(r) }
         }
-        let (changed, conflicts, current) = try recompute(r.node, liveHeads: left.filter { !$0.isTombstone })
+        let live = left.filter { !$0.isTombstone }
+        memo?.liveHeads[r.node] = live
+        let (changed, conflicts, current) = try recompute(r.node, liveHeads: live)
         try conflictsChanged(conflicts + [r.path])
         return (changed, current?.row == r.row)
+    }
+
+    /// The nodes whose records named `id` as a parent before it arrived. Records seldom
+    /// come before their parents: while none waits (asked once per `remembering`), this
+    /// is not asked of each record.
+    private func awaiting(_ id: String) throws(StoreError) -> [String] {
+        if memo != nil && memo?.noneAwaited == nil {
+            memo?.noneAwaited = try db.rows("SELECT 1 FROM view_awaited LIMIT 1", []) { $0.int(0) }.isEmpty
+        }
+        if memo?.noneAwaited == true { return [] }
+        return try db.rows("SELECT node FROM view_awaited WHERE id = ?", [.text(id)]) { $0.text(0) }
     }
 
     private func conflictsChanged(_ paths: [String]) throws(StoreError) {
@@ -292,6 +322,7 @@ final class Replica {
     /// its parents stay superseded. Returns the paths whose view may have changed.
     func remove(_ r: Record) throws(StoreError) -> [String] {
         viewChanged()
+        memo?.liveHeads[r.node] = nil
         try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.text(r.node), .int(r.row)])
         if db.changes == 0 { return [] }
         let others = try records("FROM versions v WHERE v.file_id = ? AND v.local = 0 AND v.row != ?", [.text(r.node), .int(r.row)])
@@ -348,6 +379,7 @@ final class Replica {
                 ON CONFLICT(path) DO UPDATE SET nodes = nodes + excluded.nodes, below = below + excluded.below
                 RETURNING below
                 """, [.text(String(path)), .text(String(parent)), .int(Int64(nodes)), .int(Int64(below))]) { $0.int(0) }.first ?? 0
+            memo?.below[String(path)] = now
             if below != 0 && now == (delta > 0 ? 1 : 0) { crossed.append(String(path)) }
             if delta < 0 {
                 try db.query("DELETE FROM view_paths WHERE path = ? AND nodes <= 0 AND below <= 0", [.text(String(path))])
@@ -372,14 +404,15 @@ final class Replica {
     // MARK: what paths show
 
     private func below(_ path: String) throws(StoreError) -> Int64 {
-        try db.rows("SELECT below FROM view_paths WHERE path = ?", [.text(path)]) { $0.int(0) }.first ?? 0
+        if let known = memo?.below[path] { return known }
+        return try db.rows("SELECT below FROM view_paths WHERE path = ?", [.text(path)]) { $0.int(0) }.first ?? 0
     }
 
     /// What `path` shows, and its conflict versions (live heads not shown, newest first).
     func state(at path: String) throws(StoreError) -> (shown: Shown, conflicts: [Record]) {
-        if let known = remembered?[path] { return known }
+        if let known = memo?.states[path] { return known }
         let found = try workOutState(at: path)
-        remembered?[path] = found
+        memo?.states[path] = found
         return found
     }
 
@@ -421,10 +454,12 @@ final class Replica {
     private func updateConflicts(_ paths: [String]) throws(StoreError) {
         var done: Set<NameKey> = []
         var delta = 0
+        // With no conflict anywhere (the total is one row), no path has a count to read.
+        let anyBefore = paths.isEmpty ? false : try totalConflicts() > 0
         for path in paths where done.insert(NameKey(path)).inserted {
             work += 1
             let count = try state(at: path).conflicts.count
-            let old = try conflictCount(at: path)
+            let old = anyBefore ? try conflictCount(at: path) : 0
             if count == old { continue }
             if count > old && newConflicts.count < 10_000 { newConflicts.append(path) }
             delta += count - old

@@ -8,9 +8,13 @@ extension Store {
     /// what is recorded, 1 for a new row). `keepExisting`: leave a history that is already
     /// placed where it is.
     func placeHistory(_ fileID: String, path: String, live: Bool?, keepExisting: Bool = false) throws(StoreError) {
-        let old = try db.rows("SELECT path, live FROM histories WHERE file_id = ?", [.text(fileID)]) { (path: $0.text(0), live: $0.int(1) != 0) }.first
+        var old = takingIn?.histories[fileID]
+        if old == nil {
+            old = try db.rows("SELECT path, live FROM histories WHERE file_id = ?", [.text(fileID)]) { (path: $0.text(0), live: $0.int(1) != 0) }.first
+        }
         if old != nil && keepExisting { return }
         let newLive = live ?? old?.live ?? true
+        takingIn?.histories[fileID] = (path, newLive)
         if let old, old.path.utf8.elementsEqual(path.utf8) {
             if old.live != newLive { try db.query("UPDATE histories SET live = ? WHERE file_id = ?", [.int(newLive ? 1 : 0), .text(fileID)]) }
             return
@@ -27,6 +31,7 @@ extension Store {
 
     /// Marks a history as having no live file (it stays shown at its last path).
     public func retireHistory(_ fileID: String) throws(StoreError) {
+        takingIn?.histories[fileID] = nil
         try db.query("UPDATE histories SET live = 0 WHERE file_id = ?", [.text(fileID)])
     }
 
@@ -55,6 +60,7 @@ extension Store {
     }
 
     public func dropHistory(_ fileID: String) throws(StoreError) {
+        takingIn?.histories[fileID] = nil
         guard let path = try db.rows("SELECT path FROM histories WHERE file_id = ?", [.text(fileID)], { $0.text(0) }).first else { return }
         try db.query("DELETE FROM histories WHERE file_id = ?", [.text(fileID)])
         try countHistoryPath(path, by: -1)

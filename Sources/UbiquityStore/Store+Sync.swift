@@ -22,6 +22,18 @@ public struct TreeChanges: Sendable {
     public init() {}
 }
 
+/// What a pull slice (`Store.takeIn`: its records taken in, then reconciled, in one
+/// transaction that a failure rolls back whole) wrote and reads again: kept by the one
+/// place that writes each, so a new file's record is not read back to show it, nor its
+/// history to place it a second time (two of 17 statements per record of a join).
+struct TakeInMemo {
+    /// What each file record inserted shows (by version row), from the record itself.
+    var shown: [Int64: Store.ShownFile] = [:]
+    /// Where each history is placed and whether it is live, as `placeHistory` left it
+    /// (`retireHistory` and `dropHistory` forget it).
+    var histories: [String: (path: String, live: Bool)] = [:]
+}
+
 public struct EntryName: Sendable, Equatable {
     public var parent: InodeNumber
     public var name: String
@@ -340,7 +352,7 @@ extension Store {
                                 isTombstone: tombstone, isMeta: false, path: path, target: tombstone ? nil : target)
         _ = try insert(record, from: .here)
         if tombstone && kind == .file {
-            try db.query("UPDATE histories SET live = 0 WHERE file_id = ?", [.text(node)])
+            try retireHistory(node)
         }
     }
 
@@ -384,10 +396,14 @@ extension Store {
     /// made to show them, in one transaction (one commit), with what the view shows at
     /// each path worked out once for both.
     public func takeIn(_ records: [SyncRecord], busy: Set<InodeNumber>) throws(StoreError) -> TreeChanges {
-        try replica.remembering { () throws(StoreError) -> TreeChanges in
+        takingIn = TakeInMemo()
+        defer { takingIn = nil }
+        return try replica.remembering { () throws(StoreError) -> TreeChanges in
             try syncStep { () throws(StoreError) -> TreeChanges in
-                if !records.isEmpty { _ = try addRemote(records, checked: true) }
-                return try reconcile(busy: busy)
+                try unreconciled.holdingWrites { () throws(StoreError) -> TreeChanges in
+                    if !records.isEmpty { _ = try addRemote(records, checked: true) }
+                    return try reconcile(busy: busy)
+                }
             }
         }
     }
@@ -495,7 +511,7 @@ extension Store {
             changes.entries.append(EntryName(parent: parent, name: name))
             if try node(id)?.inode.nlink == 0 { changes.unlinked.append(id) }
             if inode.kind == .file, let node = inode.fileID, try replica.current(node) == nil {
-                try db.query("UPDATE histories SET live = 0 WHERE file_id = ?", [.text(node)])
+                try retireHistory(node)
             }
         }
         for (path, shown) in plans.sorted(by: { depth($0.0) < depth($1.0) }) where !deferred.contains(NameKey(path)) {
@@ -545,7 +561,7 @@ extension Store {
     }
 
     /// What a file shows of a version: its content, mode, mtime and xattrs.
-    private struct ShownFile {
+    struct ShownFile {
         let content: ChunkList
         let mode: UInt32
         let mtime: Nanos
@@ -553,6 +569,7 @@ extension Store {
     }
 
     private func shownFile(_ record: Replica.Record) throws(StoreError) -> ShownFile? {
+        if let known = takingIn?.shown[record.row] { return known }
         guard let row = try db.rows("SELECT mode, mtime, xattrs, chunks FROM versions WHERE row = ?", [.int(record.row)], {
             (mode: UInt32($0.int(0)), mtime: $0.int(1), xattrs: $0.isNull(2) ? [] : $0.blob(2), chunks: $0.blob(3))
         }).first else { return nil }

@@ -156,6 +156,9 @@ extension Store {
                       .int(r.isMeta ? 1 : 0), .int(remote ? 1 : 0), local ? .null : lineage.stored(device: r.deviceID).map { .text($0) } ?? .null])
             let row = db.lastInsertRowID
             if local { return row }
+            if remote && r.kind == .file && !r.isTombstone && takingIn != nil {
+                takingIn?.shown[row] = ShownFile(content: r.chunks, mode: r.mode, mtime: r.mtime, xattrs: XattrCodec.encode(r.xattrs))
+            }
             let info = Replica.Record(row: row, id: r.id, node: r.node, parents: r.parents, kind: r.kind,
                                       isTombstone: r.isTombstone, mtime: r.mtime, device: r.deviceID, path: r.path,
                                       mode: r.mode, target: r.target, lineage: lineage)

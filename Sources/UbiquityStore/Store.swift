@@ -71,6 +71,8 @@ public final class Store: @unchecked Sendable {
     /// view, so the next sync step would only find those inodes unchanged (a device
     /// joining 100,000 files looked at each of them again).
     var tracksChanges = true
+    /// What a pull slice wrote that it reads again, while `takeIn` runs (nil otherwise).
+    var takingIn: TakeInMemo?
     /// Timestamps of everything the store records; tests inject a clock.
     public var clock: @Sendable () -> Nanos = nowNanos
 
