@@ -76,6 +76,23 @@ final class SQLiteDatabase {
         return result
     }
 
+    /// The rows of a query over many keys, a page of 256 keys per statement: `sql` is
+    /// given the page's placeholders ("?,?,…") for its `IN (…)`; `before`: parameters
+    /// ahead of them. A short last page is padded with its own last key, so there is one
+    /// statement text to prepare (a device joining takes in a million records).
+    func rows<T>(in keys: [String], before: [SQLValue] = [], _ sql: (String) -> String,
+                 _ map: (SQLRow) throws(StoreError) -> T) throws(StoreError) -> [T] {
+        let page = 256
+        let text = sql(Array(repeating: "?", count: page).joined(separator: ","))
+        var result: [T] = []
+        for start in stride(from: 0, to: keys.count, by: page) {
+            let part = keys[start..<min(keys.count, start + page)]
+            let params = before + (Array(part) + Array(repeating: part.last!, count: page - part.count)).map { SQLValue.text($0) }
+            result += try rows(text, params, map)
+        }
+        return result
+    }
+
     var lastInsertRowID: Int64 { sqlite3_last_insert_rowid(db) }
 
     /// Virtual-machine steps of every statement run so far: a measure of rows read that

@@ -56,19 +56,10 @@ extension Store {
     public func knownRecords(_ ids: [String], device: String, generation: Int64) throws(StoreError) -> Set<String> {
         var known: Set<String> = []
         try db.transaction { () throws(StoreError) in
-            // A page of ids per statement (a device joining takes in a million records);
-            // a short last page is padded with its own last id, so there is one statement
-            // text to prepare.
-            let page = 256
-            let marks = Array(repeating: "?", count: page).joined(separator: ",")
-            for start in stride(from: 0, to: ids.count, by: page) {
-                let part = ids[start..<min(ids.count, start + page)]
-                let params = (Array(part) + Array(repeating: part.last!, count: page - part.count)).map { SQLValue.text($0) }
-                known.formUnion(try db.rows("SELECT id FROM versions WHERE local = 0 AND id IN (\(marks))", params) { $0.text(0) })
-                for id in try db.rows("SELECT id FROM pruned_records WHERE id IN (\(marks))", params, { $0.text(0) }) where !known.contains(id) {
-                    try db.query("UPDATE pruned_records SET seen = ? WHERE id = ? AND device = ?", [.int(generation), .text(id), .text(device)])
-                    known.insert(id)
-                }
+            known.formUnion(try db.rows(in: ids, { "SELECT id FROM versions WHERE local = 0 AND id IN (\($0))" }) { $0.text(0) })
+            for id in try db.rows(in: ids, { "SELECT id FROM pruned_records WHERE id IN (\($0))" }, { $0.text(0) }) where !known.contains(id) {
+                try db.query("UPDATE pruned_records SET seen = ? WHERE id = ? AND device = ?", [.int(generation), .text(id), .text(device)])
+                known.insert(id)
             }
         }
         return known

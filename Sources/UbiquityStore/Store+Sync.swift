@@ -469,13 +469,15 @@ extension Store {
         defer { tracksChanges = true }
         var changes = TreeChanges()
         var plans: [(String, Replica.Shown)] = []
-        // Directories looked up once per call (the paths of a slice share a few parents);
-        // dropped whenever an entry goes (a directory removed or replaced below).
-        var directories: [String: InodeNumber] = [:]
+        // Directories looked up once per call (the paths of a slice share a few parents),
+        // and so is their absence (a joining device's new directory is looked for by each
+        // of its files before it is made); dropped whenever an entry goes (a directory
+        // removed or replaced below), set when reconcile makes one.
+        var directories: [String: InodeNumber?] = [:]
         func directory(_ path: String) -> InodeNumber? {
             if let known = directories[path] { return known }
             let found = locateDirectory(path)
-            if let found { directories[path] = found }
+            directories[path] = .some(found)
             return found
         }
         func entry(_ path: String) -> (InodeNumber, String, InodeNumber)? {
@@ -492,6 +494,24 @@ extension Store {
             plans.append((key.name, try replica.state(at: key.name).shown))
         }
         func depth(_ p: String) -> Int { p.utf8.reduce(0) { $0 + ($1 == UInt8(ascii: "/") ? 1 : 0) } }
+        // The entries at the queued paths, looked up together per directory (one statement
+        // per path was one per record of a join): good for each path's first look, which
+        // comes before anything at it or above it changes (deepest paths go first).
+        var firstLook: [String: InodeNumber?] = [:]
+        var byParent: [String: [(name: String, path: String)]] = [:]
+        for (path, _) in plans {
+            if let (parentPath, name) = splitPath(path) { byParent[parentPath, default: []].append((name, path)) }
+        }
+        for (parentPath, names) in byParent {
+            guard let parent = directory(parentPath) else { continue }
+            let found = try children(parent, named: names.map(\.name))
+            for (name, path) in names { firstLook[path] = .some(found[name]) }
+        }
+        func firstEntry(_ path: String) -> (InodeNumber, String, InodeNumber)? {
+            guard let looked = firstLook.removeValue(forKey: path) else { return entry(path) }
+            guard let id = looked, let (parentPath, name) = splitPath(path), let parent = directory(parentPath) else { return nil }
+            return (parent, name, id)
+        }
 
         // Paths with no entry now (most of a device's first sync): not looked up again.
         var absent: Set<String> = []
@@ -499,7 +519,7 @@ extension Store {
         var touched: [InodeNumber: Int] = [:]
         func touch(_ parent: InodeNumber, directory: Bool) { touched[parent, default: 0] += directory ? 1 : 0 }
         for (path, shown) in plans.sorted(by: { depth($0.0) > depth($1.0) }) {
-            guard let (parent, name, id) = entry(path) else { absent.insert(path); continue }
+            guard let (parent, name, id) = firstEntry(path) else { absent.insert(path); continue }
             guard let inode = try node(id)?.inode else { continue }
             if matches(inode, shown) { continue }
             guard removable(inode, busy: busy), try !isUnrecordedMove(inode, to: path) else {

@@ -82,6 +82,15 @@ extension Store {
         logged("look up \(name) in \(parent)") { () throws(StoreError) in try childID(parent, name) }
     }
 
+    /// The entries among `names` in directory `parent`, by name (reconcile looks up a
+    /// slice's paths together).
+    func children(_ parent: InodeNumber, named names: [String]) throws(StoreError) -> [String: InodeNumber] {
+        let found = try db.rows(in: names, before: [.int(Int64(bitPattern: parent))], { "SELECT name, inode FROM entries WHERE parent = ? AND name IN (\($0))" }) {
+            (name: $0.text(0), id: InodeNumber(bitPattern: $0.int(1)))
+        }
+        return Dictionary(found.map { ($0.name, $0.id) }, uniquingKeysWith: { first, _ in first })
+    }
+
     func childID(_ parent: InodeNumber, _ name: String) throws(StoreError) -> InodeNumber? {
         try db.rows("SELECT inode FROM entries WHERE parent = ? AND name = ?", [.int(Int64(bitPattern: parent)), .text(name)]) {
             InodeNumber(bitPattern: $0.int(0))

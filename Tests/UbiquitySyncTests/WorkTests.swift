@@ -84,7 +84,8 @@ import TestSupport
     /// looked at again as a local change (it was 48 statements a file, then 22); and,
     /// within a slice, what adding a record just wrote is not read back: the node's live
     /// heads, a path's `below`, the file's record and history, whether any id is awaited
-    /// or any path has conflicts, and the queued paths reconcile consumes (15 now).
+    /// or any path has conflicts, and the queued paths reconcile consumes; the entries at
+    /// a slice's paths are looked up together, and a directory not there yet once (14 now).
     @Test func aJoiningDeviceTakesInEachRecordInBoundedStatements() throws {
         var perFile: [Double] = []
         for files in [200, 2000] {
@@ -104,7 +105,7 @@ import TestSupport
             #expect(try b.tree().values.filter { $0.hasPrefix("file ") }.count == files)
         }
         print("WorkTests.aJoiningDeviceTakesInEachRecordInBoundedStatements: statements per file at 200 and 2,000 files \(perFile)")
-        #expect(perFile[1] <= 17, "statements per file a joining device took in: \(perFile)")
+        #expect(perFile[1] <= 16, "statements per file a joining device took in: \(perFile)")
         #expect(perFile[1] <= perFile[0] * 1.25, "statements per file at 200 and 2,000 files: \(perFile)")
     }
 
