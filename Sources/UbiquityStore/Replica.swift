@@ -100,6 +100,9 @@ final class Replica {
         var below: [String: Int64] = [:]
         /// Whether no id is awaited (nil: not asked yet); false once one is.
         var noneAwaited: Bool?
+        /// Nodes known to have no heads here (so no current record either): those of a
+        /// slice's records new to this device (`rememberNewNodes`) until a head is added.
+        var headless: Set<String> = []
     }
 
     /// Runs `body` (one transaction: its rollback throws out of here) with what the view's
@@ -168,20 +171,34 @@ final class Replica {
         return result
     }
 
+    /// Of `nodes` (a slice's), remembers those with no heads here, 256 nodes a statement:
+    /// the first record of a node new to this device then looks for neither its heads
+    /// nor its current record (two statements per record of a join).
+    func rememberNewNodes(_ nodes: Set<String>) throws(StoreError) {
+        guard memo != nil, !nodes.isEmpty else { return }
+        let known = try db.rows(in: Array(nodes), { "SELECT DISTINCT node FROM view_heads WHERE node IN (\($0))" }) { $0.text(0) }
+        memo?.headless = nodes.subtracting(known)
+    }
+
+    private func isHeadless(_ node: String) -> Bool { memo?.headless.contains(node) == true }
+
     /// The node's heads: records no record of the node descends from.
     func heads(_ node: String) throws(StoreError) -> [Record] {
-        try records("FROM view_heads h JOIN versions v ON v.row = h.row WHERE h.node = ? ORDER BY v.id", [.text(node)])
+        if isHeadless(node) { return [] }
+        return try records("FROM view_heads h JOIN versions v ON v.row = h.row WHERE h.node = ? ORDER BY v.id", [.text(node)])
     }
 
     func liveHeads(_ node: String) throws(StoreError) -> [Record] {
         if let known = memo?.liveHeads[node] { return known }
+        if isHeadless(node) { return [] }
         return try records("FROM view_heads h JOIN versions v ON v.row = h.row WHERE h.node = ? AND v.tombstone = 0 ORDER BY v.id",
                     [.text(node)])
     }
 
     /// The live node's current record.
     func current(_ node: String) throws(StoreError) -> Record? {
-        try records("FROM view_current c JOIN versions v ON v.row = c.row WHERE c.node = ?", [.text(node)]).first
+        if isHeadless(node) { return nil }
+        return try records("FROM view_current c JOIN versions v ON v.row = c.row WHERE c.node = ?", [.text(node)]).first
     }
 
     /// Every live node's current record (the whole-tree scan after an upgrade only).
@@ -211,7 +228,8 @@ final class Replica {
 
     /// Builds the view of a store from before format 4 (which computed it in memory at
     /// every start) from all its records: once, at the upgrade, in one transaction.
-    static func build(_ db: SQLiteDatabase) throws(StoreError) {
+    /// `progress`: log each 10,000 records (the simulation rebuilds views to check them).
+    static func build(_ db: SQLiteDatabase, progress: Bool = true) throws(StoreError) {
         let replica = Replica(db: db)
         try db.transaction { () throws(StoreError) in
             var last: Int64 = 0
@@ -220,7 +238,7 @@ final class Replica {
                 guard let end = page.last else { return }
                 for record in page { _ = try replica.add(record) }
                 last = end.row
-                log("ubiquity: upgrading the store: synced view built up to record row \(last)")
+                if progress { log("ubiquity: upgrading the store: synced view built up to record row \(last)") }
             }
         }
     }
@@ -258,6 +276,7 @@ final class Replica {
     /// the paths whose view may have changed, and whether `r` is its node's current record.
     func add(_ r: Record) throws(StoreError) -> (changed: [String], isCurrent: Bool) {
         viewChanged()
+        let wasHeadless = isHeadless(r.node) // so it had no current record either
         for p in r.parents {
             work += 1
             if let parent = try db.rows("SELECT row, file_id FROM versions WHERE id = ? AND local = 0", [.text(p)], {
@@ -290,11 +309,12 @@ final class Replica {
         }
         if !superseded {
             try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.text(r.node), .int(r.row)])
+            memo?.headless.remove(r.node)
             if !left.contains(where: { $0.row == r.row }) { left.append(r) }
         }
         let live = left.filter { !$0.isTombstone }
         memo?.liveHeads[r.node] = live
-        let (changed, conflicts, current) = try recompute(r.node, liveHeads: live)
+        let (changed, conflicts, current) = try recompute(r.node, liveHeads: live, hadNoCurrent: wasHeadless)
         try conflictsChanged(conflicts + [r.path])
         return (changed, current?.row == r.row)
     }
@@ -323,6 +343,7 @@ final class Replica {
     func remove(_ r: Record) throws(StoreError) -> [String] {
         viewChanged()
         memo?.liveHeads[r.node] = nil
+        memo?.headless.remove(r.node) // its parents may become heads again
         try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.text(r.node), .int(r.row)])
         if db.changes == 0 { return [] }
         let others = try records("FROM versions v WHERE v.file_id = ? AND v.local = 0 AND v.row != ?", [.text(r.node), .int(r.row)])
@@ -341,10 +362,13 @@ final class Replica {
     /// old and new paths, and the ancestors that got their first node below or lost their
     /// last (a path's count depends on what is below it only through whether anything is:
     /// `state(at:)`), so a change deep in a tree recounts one path, not every ancestor.
-    /// `liveHeads`: the node's live heads when the caller knows them (nil: read them).
+    /// `liveHeads`: the node's live heads when the caller knows them (nil: read them);
+    /// `hadNoCurrent`: the caller knows the node had no current record.
     /// Also returns the current record.
-    private func recompute(_ node: String, liveHeads known: [Record]? = nil) throws(StoreError) -> (changed: [String], conflicts: [String], current: Record?) {
-        let old = try db.rows("SELECT row, path FROM view_current WHERE node = ?", [.text(node)]) { (row: $0.int(0), path: $0.text(1)) }.first
+    private func recompute(_ node: String, liveHeads known: [Record]? = nil,
+                           hadNoCurrent: Bool = false) throws(StoreError) -> (changed: [String], conflicts: [String], current: Record?) {
+        let old = hadNoCurrent ? nil
+            : try db.rows("SELECT row, path FROM view_current WHERE node = ?", [.text(node)]) { (row: $0.int(0), path: $0.text(1)) }.first
         let heads: [Record]
         if let known { heads = known } else { heads = try liveHeads(node) }
         let new = heads.max { $1.beats($0) }

@@ -86,23 +86,51 @@ extension Store {
 
     /// Adds `delta` to the counts of `path` and its ancestors in `history_dirs`; a name
     /// whose count drops to zero goes.
+    /// While a pull slice runs (`takeIn`), what a history adds to or takes from the
+    /// directories above it is summed and written once at the slice's end
+    /// (`writeHistoryDirectories`): the files of a joining device's directory each added
+    /// one to its row (one statement per record). Additions and removals both wait, so a
+    /// row's sum is what applying them one by one leaves (a removal applied at once to a
+    /// row whose additions wait would delete the row and lose itself: the simulation's
+    /// check of rebuilt views found it). The leaf's own row is written at once.
     private func countHistoryPath(_ path: String, by delta: Int64) throws(StoreError) {
-        try Self.countHistoryPath(path, by: delta, in: db)
+        guard takingIn != nil else { return try Self.countHistoryPath(path, by: delta, in: db) }
+        try Self.countHistoryPath(path, by: delta, in: db) { self.takingIn?.historyDirectories[$0, default: 0] += delta }
     }
 
-    static func countHistoryPath(_ path: String, by delta: Int64, in db: SQLiteDatabase) throws(StoreError) {
+    /// Writes what `countHistoryPath` summed during a pull slice (in its transaction).
+    func writeHistoryDirectories() throws(StoreError) {
+        guard let sums = takingIn?.historyDirectories, !sums.isEmpty else { return }
+        takingIn?.historyDirectories = [:]
+        for (key, delta) in sums where delta != 0 {
+            try Self.countHistoryName(parent: key.parent, name: key.name, leaves: 0, total: delta, in: db)
+        }
+    }
+
+    /// `ancestors`: given the directories above the leaf instead of writing them.
+    static func countHistoryPath(_ path: String, by delta: Int64, in db: SQLiteDatabase,
+                                 ancestors: ((HistoryName) -> Void)? = nil) throws(StoreError) {
         var parent = ""
         let components = path.split(separator: "/", omittingEmptySubsequences: false)
         for (i, component) in components.enumerated() {
             let name = String(component)
-            let leaf: Int64 = i == components.count - 1 ? delta : 0
-            try db.query("""
-                INSERT INTO history_dirs(parent, name, leaves, total) VALUES(?, ?, ?, ?)
-                ON CONFLICT(parent, name) DO UPDATE SET leaves = leaves + excluded.leaves, total = total + excluded.total
-                """, [.text(parent), .text(name), .int(leaf), .int(delta)])
-            if delta < 0 { try db.query("DELETE FROM history_dirs WHERE parent = ? AND name = ? AND total <= 0", [.text(parent), .text(name)]) }
+            let isLeaf = i == components.count - 1
+            if !isLeaf, let ancestors {
+                ancestors(HistoryName(parent: parent, name: name))
+            } else {
+                try countHistoryName(parent: parent, name: name, leaves: isLeaf ? delta : 0, total: delta, in: db)
+            }
             parent = parent.isEmpty ? name : parent + "/" + name
         }
+    }
+
+    /// Adds to one row of `history_dirs`; a row whose total drops to zero goes.
+    private static func countHistoryName(parent: String, name: String, leaves: Int64, total: Int64, in db: SQLiteDatabase) throws(StoreError) {
+        try db.query("""
+            INSERT INTO history_dirs(parent, name, leaves, total) VALUES(?, ?, ?, ?)
+            ON CONFLICT(parent, name) DO UPDATE SET leaves = leaves + excluded.leaves, total = total + excluded.total
+            """, [.text(parent), .text(name), .int(leaves), .int(total)])
+        if total < 0 { try db.query("DELETE FROM history_dirs WHERE parent = ? AND name = ? AND total <= 0", [.text(parent), .text(name)]) }
     }
 
     /// Builds `history_dirs` from `histories` (upgrading a store from before format 3).

@@ -32,6 +32,15 @@ struct TakeInMemo {
     /// Where each history is placed and whether it is live, as `placeHistory` left it
     /// (`retireHistory` and `dropHistory` forget it).
     var histories: [String: (path: String, live: Bool)] = [:]
+    /// What histories placed or moved add to or take from the directories above them
+    /// under `.versions/`, written once at the slice's end (`Store.writeHistoryDirectories`).
+    var historyDirectories: [HistoryName: Int64] = [:]
+}
+
+/// A row of `history_dirs`: a name under `.versions/` and the directory it is in.
+struct HistoryName: Hashable {
+    let parent: String
+    let name: String
 }
 
 public struct EntryName: Sendable, Equatable {
@@ -401,8 +410,13 @@ extension Store {
         return try replica.remembering { () throws(StoreError) -> TreeChanges in
             try syncStep { () throws(StoreError) -> TreeChanges in
                 try unreconciled.holdingWrites { () throws(StoreError) -> TreeChanges in
-                    if !records.isEmpty { _ = try addRemote(records, checked: true) }
-                    return try reconcile(busy: busy)
+                    if !records.isEmpty {
+                        try replica.rememberNewNodes(Set(records.map(\.node)))
+                        _ = try addRemote(records, checked: true)
+                    }
+                    let changes = try reconcile(busy: busy)
+                    try writeHistoryDirectories()
+                    return changes
                 }
             }
         }

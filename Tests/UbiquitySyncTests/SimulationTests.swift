@@ -394,6 +394,13 @@ func runSchedule(seed: UInt64, steps: Int) throws {
     for d in devices {
         let (kept, counted) = try d.fs.meta.withLock { (m) throws(StoreError) in (m.store.contentTotals(), try m.store.countedContentTotals()) }
         if kept != counted { Issue.record("\(d.name)'s content totals \(String(describing: kept)) are not the files' \(counted), \(context)") }
+        // The synced view and `.versions/`' directory counts, as sync steps (slices that
+        // remember what they wrote) kept them, are what building them again writes.
+        let (asKept, rebuilt) = try d.fs.meta.withLock { (m) throws(StoreError) in try m.store.viewAsKeptAndRebuilt() }
+        if asKept != rebuilt {
+            let diff = Set(asKept).symmetricDifference(rebuilt).sorted().prefix(20)
+            Issue.record("\(d.name)'s view differs from one built again, \(context):\n\(diff.joined(separator: "\n"))")
+        }
     }
     devices[2].fs.keepCacheLimit()
     if let here = devices[2].fs.contentTotals()?.here, here > 3_000 {
@@ -472,5 +479,39 @@ func resolveSomeConflict(_ d: SimDevice, _ rng: inout SplitMix64) throws {
         let (dir, file) = splitPath(path)!
         guard let parent = try d.directory(dir, create: false) else { return }
         try? d.fs.rename(parent: ino, name: name, newParent: parent, newName: file, flags: 0)
+    }
+}
+
+extension Store {
+    /// The synced view's tables and `history_dirs` as kept, and as built again from the
+    /// records and `histories` (in a transaction then rolled back).
+    func viewAsKeptAndRebuilt() throws(StoreError) -> (kept: [String], rebuilt: [String]) {
+        func dump() throws(StoreError) -> [String] {
+            var rows: [String] = []
+            rows += try db.rows("SELECT node, row FROM view_heads ORDER BY node, row", []) { "head \($0.text(0)) \($0.int(1))" }
+            rows += try db.rows("SELECT node, row, path FROM view_current ORDER BY node", []) { "current \($0.text(0)) \($0.int(1)) \($0.text(2))" }
+            rows += try db.rows("SELECT path, parent, nodes, below FROM view_paths ORDER BY path", []) {
+                "path \($0.text(0)) in \($0.text(1)): \($0.int(2)) nodes, \($0.int(3)) below"
+            }
+            rows += try db.rows("SELECT path, count FROM view_conflicts ORDER BY path", []) { "conflicts \($0.text(0)) \($0.int(1))" }
+            rows.append("conflicts in all \(try replica.totalConflicts())")
+            rows += try db.rows("SELECT parent, name, leaves, total FROM history_dirs ORDER BY parent, name", []) {
+                "history dir \($0.text(0))/\($0.text(1)): \($0.int(2)) leaves, \($0.int(3)) in all"
+            }
+            return rows
+        }
+        let kept = try dump()
+        var rebuilt: [String] = []
+        _ = try? db.transaction { () throws(StoreError) in
+            for table in ["view_heads", "view_awaited", "view_current", "view_paths", "view_conflicts", "history_dirs"] {
+                try db.execute("DELETE FROM \(table)")
+            }
+            try db.execute("DELETE FROM settings WHERE key = 'conflicts'")
+            try Replica.build(db, progress: false)
+            try Store.buildHistoryDirectories(db)
+            rebuilt = try dump()
+            throw StoreError.database("rolled back on purpose")
+        }
+        return (kept, rebuilt)
     }
 }

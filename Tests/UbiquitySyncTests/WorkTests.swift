@@ -85,7 +85,9 @@ import TestSupport
     /// within a slice, what adding a record just wrote is not read back: the node's live
     /// heads, a path's `below`, the file's record and history, whether any id is awaited
     /// or any path has conflicts, and the queued paths reconcile consumes; the entries at
-    /// a slice's paths are looked up together, and a directory not there yet once (14 now).
+    /// a slice's paths are looked up together, and a directory not there yet once; a node
+    /// new here looks for neither heads nor a current record; `.versions/`' directory
+    /// counts are summed per slice (11 now).
     @Test func aJoiningDeviceTakesInEachRecordInBoundedStatements() throws {
         var perFile: [Double] = []
         for files in [200, 2000] {
@@ -105,7 +107,7 @@ import TestSupport
             #expect(try b.tree().values.filter { $0.hasPrefix("file ") }.count == files)
         }
         print("WorkTests.aJoiningDeviceTakesInEachRecordInBoundedStatements: statements per file at 200 and 2,000 files \(perFile)")
-        #expect(perFile[1] <= 16, "statements per file a joining device took in: \(perFile)")
+        #expect(perFile[1] <= 13, "statements per file a joining device took in: \(perFile)")
         #expect(perFile[1] <= perFile[0] * 1.25, "statements per file at 200 and 2,000 files: \(perFile)")
     }
 
