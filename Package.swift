@@ -4,6 +4,7 @@
 //   CUbiquity          Linux calls Swift's Glibc module hides (_GNU_SOURCE): a few C lines
 //   UbiquitySystem   POSIX helpers every layer shares: EINTR loops, atomic writes, the mount table
 //   TinyPix          pure codec: 8 bytes <-> ASCII grid
+//   UbiquityCrypto   the container key, sealing objects, key files (issue 25); no I/O
 //   UbiquityStore    chunks, metadata database, versions, the synced view; no FUSE, no kernel inodes
 //   UbiquityBacking  the storage seam: a backing store protocol and its implementations
 //                    (directory, S3, memory with faults), one conformance suite for all
@@ -39,6 +40,11 @@ let package = Package(
         .target(name: "CUbiquity"),
         .target(name: "UbiquitySystem", dependencies: ["CUbiquity"], swiftSettings: strict),
         .target(name: "TinyPix", swiftSettings: strict),
+        .target(name: "UbiquityCrypto", dependencies: [
+            "UbiquitySystem",
+            .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "CryptoExtras", package: "swift-crypto"),
+        ], swiftSettings: strict),
         .target(name: "UbiquityStore", dependencies: [
             "CSQLite", "UbiquitySystem",
             .product(name: "Crypto", package: "swift-crypto"),
@@ -70,6 +76,9 @@ let package = Package(
         // Helpers the test targets share (seeded generators, temp directories).
         .target(name: "TestSupport", path: "Tests/TestSupport", swiftSettings: strict),
         .testTarget(name: "TinyPixTests", dependencies: ["TinyPix", "TestSupport"], swiftSettings: strict),
+        .testTarget(name: "UbiquityCryptoTests", dependencies: [
+            "UbiquityCrypto", "UbiquitySystem", .product(name: "Crypto", package: "swift-crypto"),
+        ], swiftSettings: strict),
         .testTarget(name: "UbiquityStoreTests", dependencies: ["UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "UbiquityFSTests", dependencies: ["UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "UbiquityBackingTests", dependencies: ["UbiquityBacking", "UbiquitySystem", "TestSupport"], swiftSettings: strict),

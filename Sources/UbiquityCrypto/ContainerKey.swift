@@ -1,0 +1,49 @@
+import Crypto
+
+/// The key of an encrypted container (issue 25): 32 random bytes, made once when the
+/// container is created and stored in the backing store only wrapped by passphrase keys
+/// (`KeyFile`). It never seals anything itself: each use has its own key derived from it
+/// (HKDF-SHA256, a label per use), so a key for one use says nothing of another's.
+///
+/// Not a secret's container for long: callers keep it in memory only (never in argv,
+/// logs, status or the local store), and it has no description that shows its bytes.
+public struct ContainerKey: Sendable {
+    /// Exactly 32 bytes.
+    let bytes: [UInt8]
+
+    /// A new random key (the system's generator).
+    public static func random() -> ContainerKey {
+        ContainerKey(unchecked: SymmetricKey(size: .bits256).withUnsafeBytes { Array($0) })
+    }
+
+    /// A key of exactly 32 bytes (nil otherwise).
+    public init?(bytes: [UInt8]) {
+        guard bytes.count == 32 else { return nil }
+        self.bytes = bytes
+    }
+
+    private init(unchecked bytes: [UInt8]) { self.bytes = bytes }
+
+    /// What each derived key is for: the label is part of the derivation, so two uses
+    /// never share a key. Never change a label of a format that is out: its objects
+    /// could no longer be opened.
+    public enum Use: String, Sendable, CaseIterable {
+        /// Sealing objects and chunks (AES-256-GCM, `Sealer`).
+        case content = "ubiquity 1 content"
+        /// Names of objects that would otherwise say what they hold (HMAC-SHA256 of a
+        /// chunk id, `NameKey`).
+        case names = "ubiquity 1 names"
+        /// The seed of the chunker's cut table, so chunk boundaries depend on the key.
+        case chunker = "ubiquity 1 chunker"
+    }
+
+    /// The 32-byte key for `use`.
+    public func derived(for use: Use) -> SymmetricKey {
+        HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: bytes), info: Array(use.rawValue.utf8), outputByteCount: 32)
+    }
+}
+
+extension ContainerKey: CustomStringConvertible {
+    /// Never the key's bytes (a log line or an error message that prints one says only this).
+    public var description: String { "ContainerKey(…)" }
+}
