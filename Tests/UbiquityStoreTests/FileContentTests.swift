@@ -2,6 +2,7 @@ import Glibc
 import Testing
 import TestSupport
 @testable import UbiquityStore
+import UbiquitySystem
 
 @Suite struct FileContentTests {
     /// Model test: random writes, truncates and commits against a plain byte array.
@@ -100,5 +101,62 @@ import TestSupport
         #expect(fresh.count <= 2, "new chunks: \(fresh.count)")
         #expect(freshBytes <= 1 << 20, "new bytes: \(freshBytes)")
         #expect(try content.read(offset: Int64(16 << 20) - 2, count: 5) == [data[(16 << 20) - 2], data[(16 << 20) - 1], one, data[(16 << 20) + 1], data[(16 << 20) + 2]])
+    }
+}
+
+/// A source of chunks that serves them from another store and records each call's ids.
+final class RecordingChunkSource: ChunkSource, @unchecked Sendable {
+    let from: ChunkStore
+    private let lock = Locked<[[ChunkID]]>([])
+    init(from: ChunkStore) { self.from = from }
+    var calls: [[ChunkID]] { lock.withLock { $0 } }
+
+    func fetch(_ wants: [ChunkWant], into chunks: ChunkStore, arrived: @escaping @Sendable (ChunkID) -> Void) -> [ChunkID: String] {
+        lock.withLock { $0.append(wants.map(\.id)) }
+        var failures: [ChunkID: String] = [:]
+        for want in wants {
+            do {
+                try chunks.putVerified(want.id, try from.read(want.id))
+                arrived(want.id)
+            } catch {
+                failures[want.id] = "\(error)"
+            }
+        }
+        return failures
+    }
+}
+
+extension FileContentTests {
+    /// Regression (session 15): the first read of a file not here, at its start, is
+    /// sequential: it asks for the chunks it needs and those of the read-ahead window in
+    /// one call (it used to ask for its 128 KiB alone, then the rest at the next read:
+    /// two requests, three GETs when the file straddled two packs).
+    @Test func aFirstReadAtTheStartAsksForTheWindowInOneCall() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let there = try ChunkStore(directory: dir.path + "/there")
+        var gen = SplitMix64(seed: 71)
+        print("FileContentTests.aFirstReadAtTheStartAsksForTheWindowInOneCall seed 71")
+        let bytes = gen.bytes(300 << 10)
+        var committed = ChunkList()
+        var writer = FileContent(base: ChunkList(), chunks: there, stagingDirectory: dir.path)
+        try bytes.withUnsafeBytes { try writer.write(offset: 0, $0) }
+        try writer.commit(chunker: Chunker(minSize: 16 << 10, avgSize: 64 << 10, maxSize: 128 << 10)) { committed = $0; return $0 }
+        writer = FileContent(base: ChunkList(), chunks: there, stagingDirectory: dir.path)
+        try #require(committed.count >= 3)
+
+        let here = try ChunkStore(directory: dir.path + "/here")
+        let source = RecordingChunkSource(from: there)
+        here.setSource(source)
+        let reader = FileContent(base: committed, chunks: here, stagingDirectory: dir.path, remoteBase: true)
+        var out: [UInt8] = []
+        while true {
+            let piece = try reader.read(offset: Int64(out.count), count: 128 << 10)
+            if piece.isEmpty { break }
+            out += piece
+        }
+        #expect(out == bytes)
+        #expect(source.calls.count == 1, "\(source.calls.map(\.count)) chunks per call, of \(committed.count)")
+        #expect(source.calls.first?.count == committed.count)
     }
 }
