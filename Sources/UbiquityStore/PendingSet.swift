@@ -98,9 +98,7 @@ final class PendingSet<Element: Hashable> {
         held = []
         defer { held = nil }
         let result = try body()
-        let left = held ?? []
-        held = nil
-        for element in left where members.contains(element) { try write(element) }
+        for element in held ?? [] where members.contains(element) { try write(element) }
         return result
     }
 

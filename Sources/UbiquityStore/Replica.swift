@@ -90,19 +90,22 @@ final class Replica {
     /// file), so it never answers with what was true before a change.
     private var memo: Memo?
 
+    /// Keyed by bytes (`NameKey`), as paths and nodes are everywhere: two names that
+    /// differ only in Unicode normalization are two files, and Swift's `String` equality
+    /// would make them one.
     private struct Memo {
         /// What `state(at:)` found; emptied by every change of the view.
-        var states: [String: (shown: Shown, conflicts: [Record])] = [:]
+        var states: [NameKey: (shown: Shown, conflicts: [Record])] = [:]
         /// Each node's live heads as `add` left them (it works them out); `remove`
         /// forgets the node's.
-        var liveHeads: [String: [Record]] = [:]
+        var liveHeads: [NameKey: [Record]] = [:]
         /// `below` of the paths `count` updated (what its RETURNING said).
-        var below: [String: Int64] = [:]
+        var below: [NameKey: Int64] = [:]
         /// Whether no id is awaited (nil: not asked yet); false once one is.
         var noneAwaited: Bool?
         /// Nodes known to have no heads here (so no current record either): those of a
         /// slice's records new to this device (`rememberNewNodes`) until a head is added.
-        var headless: Set<String> = []
+        var headless: Set<NameKey> = []
     }
 
     /// Runs `body` (one transaction: its rollback throws out of here) with what the view's
@@ -176,11 +179,11 @@ final class Replica {
     /// nor its current record (two statements per record of a join).
     func rememberNewNodes(_ nodes: Set<String>) throws(StoreError) {
         guard memo != nil, !nodes.isEmpty else { return }
-        let known = try db.rows(in: Array(nodes), { "SELECT DISTINCT node FROM view_heads WHERE node IN (\($0))" }) { $0.text(0) }
-        memo?.headless = nodes.subtracting(known)
+        let known = try db.rows(in: Array(nodes), { "SELECT DISTINCT node FROM view_heads WHERE node IN (\($0))" }) { NameKey($0.text(0)) }
+        memo?.headless = Set(nodes.map(NameKey.init)).subtracting(known)
     }
 
-    private func isHeadless(_ node: String) -> Bool { memo?.headless.contains(node) == true }
+    private func isHeadless(_ node: String) -> Bool { memo?.headless.contains(NameKey(node)) == true }
 
     /// The node's heads: records no record of the node descends from.
     func heads(_ node: String) throws(StoreError) -> [Record] {
@@ -189,7 +192,7 @@ final class Replica {
     }
 
     func liveHeads(_ node: String) throws(StoreError) -> [Record] {
-        if let known = memo?.liveHeads[node] { return known }
+        if let known = memo?.liveHeads[NameKey(node)] { return known }
         if isHeadless(node) { return [] }
         return try records("FROM view_heads h JOIN versions v ON v.row = h.row WHERE h.node = ? AND v.tombstone = 0 ORDER BY v.id",
                     [.text(node)])
@@ -309,11 +312,11 @@ final class Replica {
         }
         if !superseded {
             try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.text(r.node), .int(r.row)])
-            memo?.headless.remove(r.node)
+            memo?.headless.remove(NameKey(r.node))
             if !left.contains(where: { $0.row == r.row }) { left.append(r) }
         }
         let live = left.filter { !$0.isTombstone }
-        memo?.liveHeads[r.node] = live
+        memo?.liveHeads[NameKey(r.node)] = live
         let (changed, conflicts, current) = try recompute(r.node, liveHeads: live, hadNoCurrent: wasHeadless)
         try conflictsChanged(conflicts + [r.path])
         return (changed, current?.row == r.row)
@@ -342,8 +345,8 @@ final class Replica {
     /// its parents stay superseded. Returns the paths whose view may have changed.
     func remove(_ r: Record) throws(StoreError) -> [String] {
         viewChanged()
-        memo?.liveHeads[r.node] = nil
-        memo?.headless.remove(r.node) // its parents may become heads again
+        memo?.liveHeads[NameKey(r.node)] = nil
+        memo?.headless.remove(NameKey(r.node)) // its parents may become heads again
         try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.text(r.node), .int(r.row)])
         if db.changes == 0 { return [] }
         let others = try records("FROM versions v WHERE v.file_id = ? AND v.local = 0 AND v.row != ?", [.text(r.node), .int(r.row)])
@@ -403,7 +406,7 @@ final class Replica {
                 ON CONFLICT(path) DO UPDATE SET nodes = nodes + excluded.nodes, below = below + excluded.below
                 RETURNING below
                 """, [.text(String(path)), .text(String(parent)), .int(Int64(nodes)), .int(Int64(below))]) { $0.int(0) }.first ?? 0
-            memo?.below[String(path)] = now
+            memo?.below[NameKey(String(path))] = now
             if below != 0 && now == (delta > 0 ? 1 : 0) { crossed.append(String(path)) }
             if delta < 0 {
                 try db.query("DELETE FROM view_paths WHERE path = ? AND nodes <= 0 AND below <= 0", [.text(String(path))])
@@ -428,15 +431,15 @@ final class Replica {
     // MARK: what paths show
 
     private func below(_ path: String) throws(StoreError) -> Int64 {
-        if let known = memo?.below[path] { return known }
+        if let known = memo?.below[NameKey(path)] { return known }
         return try db.rows("SELECT below FROM view_paths WHERE path = ?", [.text(path)]) { $0.int(0) }.first ?? 0
     }
 
     /// What `path` shows, and its conflict versions (live heads not shown, newest first).
     func state(at path: String) throws(StoreError) -> (shown: Shown, conflicts: [Record]) {
-        if let known = memo?.states[path] { return known }
+        if let known = memo?.states[NameKey(path)] { return known }
         let found = try workOutState(at: path)
-        memo?.states[path] = found
+        memo?.states[NameKey(path)] = found
         return found
     }
 

@@ -25,7 +25,7 @@ public struct TreeChanges: Sendable {
 /// What a pull slice (`Store.takeIn`: its records taken in, then reconciled, in one
 /// transaction that a failure rolls back whole) wrote and reads again: kept by the one
 /// place that writes each, so a new file's record is not read back to show it, nor its
-/// history to place it a second time (two of 17 statements per record of a join).
+/// history to place it a second time, nor `.versions/` directory counts written per record.
 struct TakeInMemo {
     /// What each file record inserted shows (by version row), from the record itself.
     var shown: [Int64: Store.ShownFile] = [:]
@@ -37,10 +37,18 @@ struct TakeInMemo {
     var historyDirectories: [HistoryName: Int64] = [:]
 }
 
-/// A row of `history_dirs`: a name under `.versions/` and the directory it is in.
+/// A row of `history_dirs`: a name under `.versions/` and the directory it is in,
+/// compared by bytes (two names that differ only in Unicode normalization are two rows).
 struct HistoryName: Hashable {
     let parent: String
     let name: String
+
+    static func == (a: HistoryName, b: HistoryName) -> Bool { NameKey(a.parent) == NameKey(b.parent) && NameKey(a.name) == NameKey(b.name) }
+    func hash(into hasher: inout Hasher) {
+        NameKey(parent).hash(into: &hasher)
+        hasher.combine(0xFF as UInt8) // no name holds it: the parent ends here
+        NameKey(name).hash(into: &hasher)
+    }
 }
 
 public struct EntryName: Sendable, Equatable {
@@ -486,12 +494,12 @@ extension Store {
         // Directories looked up once per call (the paths of a slice share a few parents),
         // and so is their absence (a joining device's new directory is looked for by each
         // of its files before it is made); dropped whenever an entry goes (a directory
-        // removed or replaced below), set when reconcile makes one.
-        var directories: [String: InodeNumber?] = [:]
+        // removed or replaced below), set when reconcile makes one. By bytes (`NameKey`).
+        var directories: [NameKey: InodeNumber?] = [:]
         func directory(_ path: String) -> InodeNumber? {
-            if let known = directories[path] { return known }
+            if let known = directories[NameKey(path)] { return known }
             let found = locateDirectory(path)
-            directories[path] = .some(found)
+            directories[NameKey(path)] = .some(found)
             return found
         }
         func entry(_ path: String) -> (InodeNumber, String, InodeNumber)? {
@@ -511,18 +519,18 @@ extension Store {
         // The entries at the queued paths, looked up together per directory (one statement
         // per path was one per record of a join): good for each path's first look, which
         // comes before anything at it or above it changes (deepest paths go first).
-        var firstLook: [String: InodeNumber?] = [:]
-        var byParent: [String: [(name: String, path: String)]] = [:]
+        var firstLook: [NameKey: InodeNumber?] = [:]
+        var byParent: [NameKey: [(name: String, path: String)]] = [:]
         for (path, _) in plans {
-            if let (parentPath, name) = splitPath(path) { byParent[parentPath, default: []].append((name, path)) }
+            if let (parentPath, name) = splitPath(path) { byParent[NameKey(parentPath), default: []].append((name, path)) }
         }
         for (parentPath, names) in byParent {
-            guard let parent = directory(parentPath) else { continue }
+            guard let parent = directory(parentPath.name) else { continue }
             let found = try children(parent, named: names.map(\.name))
-            for (name, path) in names { firstLook[path] = .some(found[name]) }
+            for (name, path) in names { firstLook[NameKey(path)] = .some(found[NameKey(name)]) }
         }
         func firstEntry(_ path: String) -> (InodeNumber, String, InodeNumber)? {
-            guard let looked = firstLook.removeValue(forKey: path) else { return entry(path) }
+            guard let looked = firstLook.removeValue(forKey: NameKey(path)) else { return entry(path) }
             guard let id = looked, let (parentPath, name) = splitPath(path), let parent = directory(parentPath) else { return nil }
             return (parent, name, id)
         }
@@ -570,7 +578,7 @@ extension Store {
                 switch shown {
                 case .none: continue
                 case .directory(let mode):
-                    directories[path] = try create(parent: parent, name: name, kind: .directory, mode: mode, uid: getuid(), gid: getgid(),
+                    directories[NameKey(path)] = try create(parent: parent, name: name, kind: .directory, mode: mode, uid: getuid(), gid: getgid(),
                                                    touchingParent: false).id
                     touch(parent, directory: true)
                 case .node(let record) where record.kind == .file:

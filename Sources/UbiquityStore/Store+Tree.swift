@@ -83,10 +83,10 @@ extension Store {
     }
 
     /// The entries among `names` in directory `parent`, by name (reconcile looks up a
-    /// slice's paths together).
-    func children(_ parent: InodeNumber, named names: [String]) throws(StoreError) -> [String: InodeNumber] {
+    /// slice's paths together); by bytes, as names are.
+    func children(_ parent: InodeNumber, named names: [String]) throws(StoreError) -> [NameKey: InodeNumber] {
         let found = try db.rows(in: names, before: [.int(Int64(bitPattern: parent))], { "SELECT name, inode FROM entries WHERE parent = ? AND name IN (\($0))" }) {
-            (name: $0.text(0), id: InodeNumber(bitPattern: $0.int(1)))
+            (name: NameKey($0.text(0)), id: InodeNumber(bitPattern: $0.int(1)))
         }
         return Dictionary(found.map { ($0.name, $0.id) }, uniquingKeysWith: { first, _ in first })
     }

@@ -158,6 +158,41 @@ import TestSupport
         #expect(pages <= 4000, "pages written by a 6,000-file join in slices of 250: \(pages) (7,009 with random ids)")
     }
 
+    /// Regression (review of session 15): what a slice remembers is keyed by bytes. Two
+    /// names that differ only in Unicode normalization (é as one code point and as e plus
+    /// an accent), in a directory and as directories, are four files a joining device
+    /// shows with their own contents and `.versions/` counts (Swift's `String` equality
+    /// made each pair one key of the memos).
+    @Test func namesThatDifferOnlyInNormalizationJoinAsDistinctFiles() throws {
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        mkdir(temp.path + "/backing", 0o755)
+        let a = try SimDevice(name: "a", root: temp.path, backing: temp.path + "/backing", clock: nowNanos, options: SimDevice.alwaysPolling)
+        let composed = "caf\u{E9}", decomposed = "cafe\u{301}"
+        #expect(composed == decomposed && !composed.utf8.elementsEqual(decomposed.utf8))
+        // Pairs, not a dictionary: its keys are `String`s, equal here.
+        let files = [("d/\(composed).txt", "one"), ("d/\(decomposed).txt", "two"), ("\(composed)/x.txt", "three"), ("\(decomposed)/x.txt", "four")]
+        for (path, text) in files { try a.save(path, text) }
+        a.cycle()
+        a.cycle()
+        var options = SimDevice.alwaysPolling
+        options.pullSlice = 100
+        options.pullSliceMost = 100
+        options.download = .onDemand
+        let b = try SimDevice(name: "b", root: temp.path, backing: temp.path + "/backing", clock: nowNanos, options: options)
+        b.cycle()
+        // Looked up name by name (`tree()` is a dictionary of `String`s too).
+        for (path, text) in files {
+            let (dir, name) = splitPath(path)!
+            let parent = try b.fs.lookup(parent: Store.rootInode, name: dir).ino
+            let handle = try b.fs.open(try b.fs.lookup(parent: parent, name: name).ino, flags: OpenFlags(O_RDONLY))
+            defer { try? b.fs.release(handle) }
+            #expect(try b.fs.read(handle, offset: 0, count: 100) == Array(text.utf8), "\(path.unicodeScalars.map(\.value))")
+        }
+        let (kept, rebuilt) = try b.fs.meta.withLock { (m) throws(StoreError) in try m.store.viewAsKeptAndRebuilt() }
+        #expect(kept == rebuilt)
+    }
+
     @Test func oneSaveCostsTheSameAtAnySize() throws {
         let costs = try Self.costsAtTwoSizes { d in
             try d.save("dir0/file0.txt", "changed")
