@@ -7,7 +7,8 @@
 //   UbiquityCrypto   the container key, sealing objects, key files (issue 25); no I/O
 //   UbiquityStore    chunks, metadata database, versions, the synced view; no FUSE, no kernel inodes
 //   UbiquityBacking  the storage seam: a backing store protocol and its implementations
-//                    (directory, S3, memory with faults), one conformance suite for all
+//                    (directory, S3, memory with faults, encryption over any), one
+//                    conformance suite for all
 //   UbiquitySync     replicates a store through a backing directory (docs/FORMAT.md)
 //   UbiquityFS       POSIX semantics over the store; speaks Errno
 //   UbiquityFUSE     the only importer of CFuse: ops table, replies, session
@@ -50,7 +51,7 @@ let package = Package(
             .product(name: "Crypto", package: "swift-crypto"),
         ], swiftSettings: strict),
         .target(name: "UbiquityBacking", dependencies: [
-            "UbiquitySystem",
+            "UbiquitySystem", "UbiquityCrypto",
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "AsyncHTTPClient", package: "async-http-client"),
             .product(name: "NIOCore", package: "swift-nio"),
@@ -81,7 +82,7 @@ let package = Package(
         ], swiftSettings: strict),
         .testTarget(name: "UbiquityStoreTests", dependencies: ["UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "UbiquityFSTests", dependencies: ["UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
-        .testTarget(name: "UbiquityBackingTests", dependencies: ["UbiquityBacking", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
+        .testTarget(name: "UbiquityBackingTests", dependencies: ["UbiquityBacking", "UbiquityCrypto", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "UbiquityDaemonTests", dependencies: ["UbiquityDaemon", "UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "UbiquitySyncTests", dependencies: ["UbiquitySync", "UbiquityBacking", "UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
     ]

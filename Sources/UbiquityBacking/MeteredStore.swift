@@ -24,6 +24,18 @@ public final class MeteredStore: BackingStore {
     public var location: String { base.location }
     public var meter: Meter { state.withLock { $0 } }
 
+    /// The meter inside `store`, under its retrying and encrypting wrappers (the bytes it
+    /// counts are those on the wire: sealed, once per attempt).
+    public static func inside(_ store: any BackingStore) -> MeteredStore? {
+        var store = store
+        while true {
+            if let metered = store as? MeteredStore { return metered }
+            if let retrying = store as? RetryingStore { store = retrying.base } else if let encrypted = store as? EncryptedStore {
+                store = encrypted.base
+            } else { return nil }
+        }
+    }
+
     private func count<T>(_ kind: WritableKeyPath<Meter, Int>, up: Int = 0, _ body: () throws(BackingError) -> T,
                           down: (T) -> Int = { _ in 0 }) throws(BackingError) -> T {
         state.withLock { m in

@@ -30,9 +30,6 @@ public struct ContainerKey: Sendable {
     public enum Use: String, Sendable, CaseIterable {
         /// Sealing objects and chunks (AES-256-GCM, `Sealer`).
         case content = "ubiquity 1 content"
-        /// Names of objects that would otherwise say what they hold (HMAC-SHA256 of a
-        /// chunk id, `NameKey`).
-        case names = "ubiquity 1 names"
         /// The seed of the chunker's cut table, so chunk boundaries depend on the key.
         case chunker = "ubiquity 1 chunker"
     }

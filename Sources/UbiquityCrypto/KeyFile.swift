@@ -62,8 +62,10 @@ public struct ScryptCost: Sendable, Equatable {
 public struct KeyFile: Sendable, Equatable {
     public let cost: ScryptCost
     public let salt: [UInt8]
-    /// version ‖ nonce ‖ sealed container key ‖ tag (as `Sealer` lays them out).
+    /// version (1) ‖ nonce (12) ‖ sealed container key (32) ‖ tag (16).
     let wrapped: [UInt8]
+    static let version: UInt8 = 1
+    static let wrappedSize = 1 + 12 + 32 + 16
 
     static let magic = "ubiquity-key 1"
     /// A file this long or longer is refused before it is parsed.
@@ -84,7 +86,7 @@ public struct KeyFile: Sendable, Equatable {
         let header = Self.header(cost, salt)
         do {
             let box = try AES.GCM.seal(key.bytes, using: kek, nonce: nonce, authenticating: Array(header.utf8))
-            return KeyFile(cost: cost, salt: salt, wrapped: [Sealer.version] + Array(box.nonce) + Array(box.ciphertext) + Array(box.tag))
+            return KeyFile(cost: cost, salt: salt, wrapped: [Self.version] + Array(box.nonce) + Array(box.ciphertext) + Array(box.tag))
         } catch {
             throw .failed("wrap the container key")
         }
@@ -93,7 +95,7 @@ public struct KeyFile: Sendable, Equatable {
     /// The container key, if `passphrase` is this file's.
     public func unwrap(passphrase: [UInt8]) throws(CryptoFailure) -> ContainerKey {
         let kek = try cost.deriveKey(passphrase: passphrase, salt: salt)
-        guard wrapped.count == Sealer.overhead + 32, wrapped[0] == Sealer.version else { throw .malformedKeyFile("the wrapped key's length or version") }
+        guard wrapped.count == Self.wrappedSize, wrapped[0] == Self.version else { throw .malformedKeyFile("the wrapped key's length or version") }
         do {
             let box = try AES.GCM.SealedBox(nonce: AES.GCM.Nonce(data: wrapped[1..<13]), ciphertext: wrapped[13..<45], tag: wrapped[45...])
             let bytes = try AES.GCM.open(box, using: kek, authenticating: Array(Self.header(cost, salt).utf8))
@@ -127,7 +129,7 @@ public struct KeyFile: Sendable, Equatable {
         guard let n = values["n"].flatMap({ Int($0) }), let r = values["r"].flatMap({ Int($0) }), let p = values["p"].flatMap({ Int($0) }),
               let cost = ScryptCost(n: n, r: r, p: p) else { throw .malformedKeyFile("scrypt's cost out of bounds") }
         guard let salt = values["salt"].flatMap(Hex.decode), (16...64).contains(salt.count) else { throw .malformedKeyFile("the salt") }
-        guard lines[2].hasPrefix("key="), let wrapped = Hex.decode(lines[2].dropFirst(4)), wrapped.count == Sealer.overhead + 32 else {
+        guard lines[2].hasPrefix("key="), let wrapped = Hex.decode(lines[2].dropFirst(4)), wrapped.count == Self.wrappedSize else {
             throw .malformedKeyFile("the wrapped key")
         }
         self.init(cost: cost, salt: salt, wrapped: wrapped)

@@ -15,7 +15,6 @@ import UbiquitySystem
     @Test func derivedKeysAreHKDFOfTheirLabels() {
         let expected: [ContainerKey.Use: String] = [
             .content: "22fed3848e94acca400f3cc8ea0db6c80d8afdf9df4bc86d460e0ac8265a11b2",
-            .names: "054f19ea7bdd4ea11c4297929ed1f14cc6bbf9e6e3012bb6df49b9589f60c63d",
             .chunker: "b2c3c26e78a50b4fa02444c8a0fdeb492de4f9951cf6fdd30ede2062affc86ab",
         ]
         for use in ContainerKey.Use.allCases {
@@ -25,14 +24,18 @@ import UbiquitySystem
         #expect(ContainerKey(bytes: Array(0..<31)) == nil)
     }
 
+    static func nonces(_ index: Int) throws -> AES.GCM.Nonce { try AES.GCM.Nonce(data: [UInt8](repeating: UInt8(0xa0 + index), count: 12)) }
+
     @Test func aSealedObjectIsItsGoldenBytesAndOpensOnlyUnderItsName() throws {
         let sealer = Sealer(Self.master)
         let name = "log/1700000000000-0123456789abcdef-0000000000000001"
         let plaintext = Array("ubiquity segment line\n".utf8)
-        let sealed = try sealer.seal(plaintext, name: name, nonce: try AES.GCM.Nonce(data: Array(0xa0...0xab)))
-        #expect(Self.hex(sealed) == "01a0a1a2a3a4a5a6a7a8a9aaabc47fa14bab43855d905415dda084a27f2d7c33ac2a8c15c8a4f7f01fade22cd54e3c89a66503")
+        let sealed = try sealer.seal(plaintext, name: name, nonce: Self.nonces)
+        #expect(Self.hex(sealed) == "01a0a0a0a0a0a0a0a0a0a0a0a0da5cf03845df268f1131977e9582b3d2cdfd8e851c5b7441a191d7efe4606d9f32eaacdca806")
         #expect(sealed.count == plaintext.count + Sealer.overhead)
+        #expect(Int64(sealed.count) == Sealer.sealedSize(Int64(plaintext.count)))
         #expect(try sealer.open(sealed, name: name) == plaintext)
+        #expect(Self.hex(try sealer.seal([], name: name, nonce: Self.nonces)) == "01a0a0a0a0a0a0a0a0a0a0a0a0b6757cbb25eebcad1cac0d8c802fa9d7")
         // Another name (a segment replayed in place of another, one from another device):
         #expect(throws: CryptoFailure.notAuthentic("log/1700000000000-0123456789abcdef-0000000000000002")) {
             try sealer.open(sealed, name: "log/1700000000000-0123456789abcdef-0000000000000002")
@@ -42,6 +45,7 @@ import UbiquitySystem
         // Truncated, and every bit of every byte flipped in turn:
         #expect(throws: CryptoFailure.notAuthentic(name)) { try sealer.open(Array(sealed.prefix(Sealer.overhead - 1)), name: name) }
         #expect(throws: CryptoFailure.notAuthentic(name)) { try sealer.open(Array(sealed.dropLast()), name: name) }
+        #expect(throws: CryptoFailure.notAuthentic(name)) { try sealer.open([], name: name) }
         for i in sealed.indices {
             for bit in 0..<8 {
                 var changed = sealed
@@ -56,12 +60,52 @@ import UbiquitySystem
         #expect(try sealer.open(sealer.seal([], name: name), name: name) == [])
     }
 
-    @Test func aChunkNameIsAKeyedMACOfItsID() {
-        let id = Array(SHA256.hash(data: Array("hello".utf8)))
-        let names = NameKey(Self.master)
-        #expect(names.name(for: id) == "d788006dfb65d1b1cc7f007aab496fdbcfc8b5901a32c5aecbe7fc3e6363dabd")
-        #expect(names.name(for: id) != Self.hex(id), "not the hash the backing store could look up")
-        #expect(NameKey(ContainerKey.random()).name(for: id) != names.name(for: id))
+    /// A pack of two full blocks and a short one: golden bytes (their SHA-256), blocks
+    /// opened alone as a ranged read does, and blocks dropped, moved or cut refused.
+    @Test func anObjectOfSeveralBlocksOpensBlockByBlockAndOnlyInOrder() throws {
+        let sealer = Sealer(Self.master)
+        let name = "packs/ab/ab0123456789abcdef0123456789abcd"
+        let plaintext = (0..<(2 * Sealer.blockSize + 10)).map { UInt8(($0 * 7 + 3) % 251) }
+        let sealed = try sealer.seal(plaintext, name: name, nonce: Self.nonces)
+        #expect(sealed.count == 131_169 && Int64(sealed.count) == Sealer.sealedSize(Int64(plaintext.count)))
+        #expect(Self.hex(SHA256.hash(data: sealed)) == "67c0af24947713900d305acc6cee17ded19d80abfce96e577e176aa88083603d")
+        #expect(try sealer.open(sealed, name: name) == plaintext)
+        #expect(Sealer.plainSize(Int64(sealed.count)) == Int64(plaintext.count))
+
+        let block = Sealer.blockSize + Sealer.overhead
+        let second = Array(sealed[block..<(2 * block)]), third = Array(sealed[(2 * block)...])
+        let opened = try sealer.open(second, name: name, firstBlock: 1)
+        #expect(opened.plaintext == Array(plaintext[Sealer.blockSize..<(2 * Sealer.blockSize)]) && !opened.reachedEnd)
+        let last = try sealer.open(second + third, name: name, firstBlock: 1)
+        #expect(last.plaintext == Array(plaintext[Sealer.blockSize...]) && last.reachedEnd)
+        // A block at another index, blocks swapped, the last dropped (whole), a full block
+        // that claims to be the last, a block after the last:
+        #expect(throws: CryptoFailure.notAuthentic(name)) { try sealer.open(second, name: name, firstBlock: 2) }
+        #expect(throws: CryptoFailure.notAuthentic(name)) { try sealer.open(second + Array(sealed[..<block]) + third, name: name) }
+        #expect(throws: CryptoFailure.notAuthentic(name)) { try sealer.open(Array(sealed[..<(2 * block)]), name: name) }
+        var claimsLast = second
+        claimsLast[0] = 1
+        #expect(throws: CryptoFailure.notAuthentic(name)) { try sealer.open(claimsLast, name: name, firstBlock: 1) }
+        #expect(throws: CryptoFailure.notAuthentic(name)) { try sealer.open(third + second, name: name, firstBlock: 2) }
+        var unknown = third
+        unknown[0] = 7
+        #expect(throws: CryptoFailure.unknownVersion(name, 7)) { try sealer.open(unknown, name: name, firstBlock: 2) }
+        #expect(try sealer.open([], name: name, firstBlock: 3) == ([], false), "a range past the end")
+    }
+
+    @Test func sizesAndRangesMapBetweenPlainAndSealed() {
+        let b = Int64(Sealer.blockSize), o = Int64(Sealer.overhead)
+        for plain: Int64 in [0, 1, b - 1, b, b + 1, 2 * b, 3 * b + 17] {
+            #expect(Sealer.plainSize(Sealer.sealedSize(plain)) == plain, "\(plain)")
+        }
+        // No object is these sizes: shorter than a block's overhead, or an empty last block after a full one.
+        for sealed: Int64 in [-1, 0, o - 1, b + o + o, b + o + 1] {
+            #expect(Sealer.plainSize(sealed) == nil, "\(sealed)")
+        }
+        #expect(Sealer.sealedRange(of: 0..<1) == (0..<(b + o), 0))
+        #expect(Sealer.sealedRange(of: (b - 1)..<(b + 1)) == (0..<(2 * (b + o)), 0))
+        #expect(Sealer.sealedRange(of: b..<(2 * b)) == ((b + o)..<(2 * (b + o)), 1))
+        #expect(Sealer.sealedRange(of: (2 * b + 5)..<(2 * b + 5)) == ((2 * (b + o))..<(2 * (b + o)), 2))
     }
 
     @Test func scryptMatchesRFC7914() throws {
