@@ -59,16 +59,16 @@ let package = Package(
             .product(name: "NIOSSL", package: "swift-nio-ssl"),
         ], swiftSettings: strict),
         .target(name: "UbiquitySync", dependencies: [
-            "UbiquityBacking", "UbiquityStore", "UbiquitySystem",
+            "UbiquityBacking", "UbiquityCrypto", "UbiquityStore", "UbiquitySystem",
             .product(name: "Crypto", package: "swift-crypto"),
         ], swiftSettings: strict),
         .target(name: "UbiquityFS", dependencies: ["UbiquityStore", "UbiquitySystem", "TinyPix"], swiftSettings: strict),
         .target(name: "UbiquityFUSE", dependencies: ["UbiquityFS", "UbiquityStore", "UbiquitySystem", "CFuse"], swiftSettings: strict),
         .target(name: "UbiquityDaemon", dependencies: [
-            "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityBacking", "UbiquityStore", "UbiquitySystem",
+            "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityBacking", "UbiquityCrypto", "UbiquityStore", "UbiquitySystem",
         ], swiftSettings: strict),
         .executableTarget(name: "ubiquity", dependencies: [
-            "UbiquityDaemon", "UbiquityFS", "UbiquitySync", "UbiquityStore", "UbiquitySystem", "TinyPix",
+            "UbiquityDaemon", "UbiquityBacking", "UbiquityFS", "UbiquitySync", "UbiquityStore", "UbiquitySystem", "TinyPix",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: strict),
         // Builds large containers through the store API for scripts/bench-scale.sh.

@@ -57,6 +57,23 @@ extension BackingStore {
     }
 }
 
+/// A store that adds something (retries, a meter, encryption) to the one below it.
+public protocol WrappingStore: BackingStore {
+    var base: any BackingStore { get }
+}
+
+extension BackingStore {
+    /// The first store of type `T` in this one's chain of wrappers, itself included.
+    public func find<T: BackingStore>(_ type: T.Type) -> T? {
+        var store: any BackingStore = self
+        while true {
+            if let found = store as? T { return found }
+            guard let wrapper = store as? any WrappingStore else { return nil }
+            store = wrapper.base
+        }
+    }
+}
+
 /// A key: a relative path of `/`-separated components, each non-empty, not `.` or `..`,
 /// without NUL, at most 1,024 bytes in all (S3's limit). The one place that checks it.
 public struct BackingKey: Hashable, Comparable, Sendable, CustomStringConvertible {

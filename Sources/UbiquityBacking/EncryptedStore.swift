@@ -14,7 +14,7 @@ import UbiquityCrypto
 ///
 /// Anything that fails to open is `.garbage`, never returned: a changed, cut, moved or
 /// foreign object is treated like a damaged one.
-public struct EncryptedStore: BackingStore {
+public struct EncryptedStore: WrappingStore {
     public let base: any BackingStore
     private let sealer: Sealer
 

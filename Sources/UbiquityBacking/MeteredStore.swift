@@ -3,7 +3,7 @@ import Synchronization
 /// Counts what goes through a store (requests by kind, bytes each way) and keeps the last
 /// failure: `ubiquity status` shows them, and tests count requests through it. Wraps any
 /// store; messages it keeps are the stores' own, which never carry a secret.
-public final class MeteredStore: BackingStore {
+public final class MeteredStore: WrappingStore {
     public struct Meter: Sendable, Equatable {
         public var requests = 0
         public var puts = 0
@@ -24,17 +24,6 @@ public final class MeteredStore: BackingStore {
     public var location: String { base.location }
     public var meter: Meter { state.withLock { $0 } }
 
-    /// The meter inside `store`, under its retrying and encrypting wrappers (the bytes it
-    /// counts are those on the wire: sealed, once per attempt).
-    public static func inside(_ store: any BackingStore) -> MeteredStore? {
-        var store = store
-        while true {
-            if let metered = store as? MeteredStore { return metered }
-            if let retrying = store as? RetryingStore { store = retrying.base } else if let encrypted = store as? EncryptedStore {
-                store = encrypted.base
-            } else { return nil }
-        }
-    }
 
     private func count<T>(_ kind: WritableKeyPath<Meter, Int>, up: Int = 0, _ body: () throws(BackingError) -> T,
                           down: (T) -> Int = { _ in 0 }) throws(BackingError) -> T {

@@ -6,7 +6,7 @@ import Glibc
 /// the device offline and tries again next cycle). Wraps any store, as restic's retry
 /// backend does. `put` may be retried because it is idempotent; a retried `ifAbsent` put
 /// whose first attempt did land answers `.exists`, which callers of `ifAbsent` accept.
-public struct RetryingStore: BackingStore {
+public struct RetryingStore: WrappingStore {
     public let base: any BackingStore
     public let attempts: Int
     public let firstDelay: Double

@@ -34,6 +34,18 @@ public struct ContainerKey: Sendable {
         case chunker = "ubiquity 1 chunker"
     }
 
+    /// The chunker's cut table: 256 words, HKDF-SHA256 of the key with the chunker's
+    /// label, 2,048 bytes read as little-endian 64-bit words.
+    public func chunkerTable() -> [UInt64] {
+        let bytes = HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: bytes), info: Array(Use.chunker.rawValue.utf8),
+                                           outputByteCount: 2048).withUnsafeBytes { Array($0) }
+        return (0..<256).map { i in (0..<8).reduce(UInt64(0)) { $0 | UInt64(bytes[i * 8 + $1]) << (8 * $1) } }
+    }
+
+    /// The key's bytes, to hand it to the mount daemon this program starts (through a
+    /// pipe, never argv); nothing else reads them.
+    public var bytesForHandOff: [UInt8] { bytes }
+
     /// The 32-byte key for `use`.
     public func derived(for use: Use) -> SymmetricKey {
         HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: bytes), info: Array(use.rawValue.utf8), outputByteCount: 32)

@@ -83,6 +83,8 @@ public struct DaemonConfiguration: Sendable {
     public var mountOptions: [String] = []
     /// Where to report "OK" or "ERR message" once mounted or failed (`--ready-fd`).
     public var readyFD: Int32?
+    /// An encrypted container's key (ContainerUnlock); nil for a plain container.
+    public var unlocked: ContainerUnlock.Unlocked?
     /// The environment's settings for tests (UBQ_TEST_FOSSIL_AGE), read by `serve`.
     public var environment: @Sendable (String) -> String? = { Paths.env($0) }
 
@@ -102,9 +104,11 @@ extension Daemon {
         let mp = c.mountpoint, storeDir = c.storeDirectory, backingDir = c.backing
         let ready = Readiness(pipeFD: c.readyFD)
         do {
-            let store = try Store(directory: storeDir, deviceName: c.deviceName)
+            let store = try Store(directory: storeDir, deviceName: c.deviceName, chunker: c.unlocked?.chunker ?? .standard)
             if !BackingChoice.isURL(backingDir) { try makeDirectoriesForCLI(backingDir) }
-            let backingStore = try BackingChoice.open(backingDir, check: true)
+            let clearStore = try BackingChoice.open(backingDir, check: true)
+            try checkEncryption(store: store, backing: backingDir, unlocked: c.unlocked)
+            let backingStore = c.unlocked.map { $0.wrap(clearStore) } ?? clearStore
             // `ubiquity fsck --repair` fetches damaged chunks from here by default.
             try store.setSetting("backing", backingDir)
             let downloads = try Paths.downloadSettings(container: c.container, mode: c.download, fetchTimeout: c.fetchTimeout,
@@ -165,6 +169,21 @@ extension Daemon {
             ready.failed("\(error)")
             throw CLIError("\(error)")
         }
+    }
+}
+
+/// A device that synced with an encrypted container remembers it (the setting
+/// `encrypted_backing`, not a secret): should that container's FORMAT later say it is
+/// not encrypted (replaced by whoever holds the backing store), the mount stops instead
+/// of writing plaintext there.
+func checkEncryption(store: Store, backing: String, unlocked: ContainerUnlock.Unlocked?) throws {
+    if let unlocked {
+        try store.setSetting("encrypted_backing", backing)
+        try store.setSetting("encryption", "aes-256-gcm, key \(unlocked.keyID)")
+    } else if try store.setting("encrypted_backing") == backing {
+        throw CLIError("\(backing) was an encrypted container when this device last synced with it, and now says it is not: nothing is mounted (if you replaced it with a plain container on purpose, use a new store or a new backing path)")
+    } else {
+        try store.setSetting("encryption", "none")
     }
 }
 

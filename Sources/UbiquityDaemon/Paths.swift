@@ -21,6 +21,13 @@ public enum Paths {
         return base + "/ubiquity/" + container
     }
 
+    /// The backing store `--backing` names, else $UBIQUITY_BACKING, else the container's
+    /// own directory: a directory made absolute, or a URL as given.
+    public static func backing(container: String, named: String?) -> String {
+        (named ?? env("UBIQUITY_BACKING")).map { BackingChoice.isURL($0) ? $0 : absolute($0) }
+            ?? dataDirectory(container: container) + "/backing"
+    }
+
     /// The retention file of a container: `$XDG_CONFIG_HOME/ubiquity/<container>.retention`.
     public static func retentionFile(container: String) -> String { configDirectory + container + ".retention" }
 

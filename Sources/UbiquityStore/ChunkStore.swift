@@ -50,8 +50,12 @@ public final class ChunkStore: Sendable {
     /// Fetches of chunks that are not here (files on demand; ChunkFetcher).
     private let fetcher = ChunkFetcher()
 
-    public init(directory: String, readOnly: Bool = false) throws(StoreError) {
+    /// Where this store's files are cut into chunks (FileContent, SequentialStream).
+    public let chunker: Chunker
+
+    public init(directory: String, readOnly: Bool = false, chunker: Chunker = .standard) throws(StoreError) {
         self.directory = directory
+        self.chunker = chunker
         try StoreError.wrap { () throws(SystemError) in
             try makeDirectory(directory)
             for i in 0..<256 { try makeDirectory(directory + "/" + Hex.byte(i)) }

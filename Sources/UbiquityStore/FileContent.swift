@@ -407,12 +407,13 @@ public final class FileContent: @unchecked Sendable {
     /// commits of one file are recorded in order), and makes the list `record` returns
     /// (usually the same) the new base. Returns whether a commit happened.
     @discardableResult
-    public func commit(chunker: Chunker = .standard, record: (ChunkList) throws(StoreError) -> ChunkList) throws(StoreError) -> Bool {
-        try state.withLock { (s) throws(StoreError) -> Bool in
+    public func commit(chunker: Chunker? = nil, record: (ChunkList) throws(StoreError) -> ChunkList) throws(StoreError) -> Bool {
+        let chunker = chunker ?? chunks.chunker
+        return try state.withLock { (s) throws(StoreError) -> Bool in
             guard s.changed else { return false }
             let list: ChunkList
             do throws(StoreError) {
-                if let stream = s.stream, chunker == SequentialStream.chunker {
+                if let stream = s.stream, chunker == stream.chunker {
                     list = try record(try stream.finished(into: chunks))
                 } else {
                     try settle(&s)

@@ -3,13 +3,13 @@
 /// staged, read back and cut at the commit. Every byte is then written to disk once, not
 /// twice, and the commit has only the last chunk or two left to cut.
 ///
-/// The cuts are the ones `FileContent`'s commit would make (`Chunker.standard`): a cut is
+/// The cuts are the ones `FileContent`'s commit would make (the store's chunker): a cut is
 /// made only when `maxSize` bytes after the previous one are known, which is all the
 /// chunker looks at. The chunks are hashed and stored on another thread (`ChunkWriter`).
 /// Memory: the bytes not cut yet (less than `maxSize` plus one write) and the chunks
 /// waiting for the writer.
 struct SequentialStream {
-    static let chunker = Chunker.standard
+    let chunker: Chunker
 
     /// Hashes and stores the chunks cut so far, in order, in the background.
     private let writer: ChunkWriter
@@ -25,6 +25,7 @@ struct SequentialStream {
     init(startingWith bytes: [UInt8], store: ChunkStore, announce: Bool) {
         tail = bytes
         self.announce = announce
+        chunker = store.chunker
         writer = ChunkWriter(store: store, announce: announce)
     }
 
@@ -37,10 +38,10 @@ struct SequentialStream {
     /// chunk could not be stored (a full disk) and still cannot: nothing is lost then.
     mutating func cutComplete() throws(StoreError) {
         try writer.retry()
-        let maxSize = Self.chunker.maxSize
+        let maxSize = chunker.maxSize
         while tail.count - tailStart >= maxSize {
             let start = tailStart
-            let length = tail.withUnsafeBytes { raw in Self.chunker.cut(UnsafeRawBufferPointer(rebasing: raw[start..<start + maxSize])) }
+            let length = tail.withUnsafeBytes { raw in chunker.cut(UnsafeRawBufferPointer(rebasing: raw[start..<start + maxSize])) }
             writer.submit(Array(tail[start..<start + length]))
             tailStart += length
             cutBytes += Int64(length)
@@ -59,10 +60,10 @@ struct SequentialStream {
         var list = try writer.finish()
         var at = tailStart
         while at < tail.count {
-            let start = at, end = min(tail.count, at + Self.chunker.maxSize)
+            let start = at, end = min(tail.count, at + chunker.maxSize)
             let (id, length) = try withBytes(tail) { (raw) throws(StoreError) -> (ChunkID, Int) in
                 let window = UnsafeRawBufferPointer(rebasing: raw[start..<end])
-                let length = Self.chunker.cut(window)
+                let length = chunker.cut(window)
                 let chunk = UnsafeRawBufferPointer(rebasing: window[0..<length])
                 let id = ChunkID(hashing: chunk)
                 try store.putWritten(id, chunk, announce: announce)

@@ -85,7 +85,7 @@ public final class Store: @unchecked Sendable {
     ///   and chunk queries work).
     /// - Parameter cachedInodes: how many inodes to keep in memory (about 300 bytes each).
     public init(directory: String, deviceName: String? = nil, readOnly: Bool = false,
-                cachedInodes: Int = 65_536) throws(StoreError) {
+                cachedInodes: Int = 65_536, chunker: Chunker = .standard) throws(StoreError) {
         self.directory = directory
         cache = InodeCache(capacity: cachedInodes)
         self.readOnly = readOnly
@@ -109,7 +109,7 @@ public final class Store: @unchecked Sendable {
         } else {
             lockFD = -1
         }
-        chunks = try ChunkStore(directory: directory + "/chunks", readOnly: readOnly)
+        chunks = try ChunkStore(directory: directory + "/chunks", readOnly: readOnly, chunker: chunker)
         intents = IntentLog(directory: directory)
         let db = try SQLiteDatabase(path: directory + "/meta.sqlite")
         checkpointer = WALCheckpointer(path: directory + "/meta.sqlite")

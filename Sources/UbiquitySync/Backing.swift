@@ -17,32 +17,55 @@ struct Backing {
     /// devices still on an older format stop with "upgrade ubiquity".
     static let formatVersion = 5
     static var formatLine: String { "ubiquity-backing \(formatVersion)\n" }
+    /// Format 6 is format 5 with every object but FORMAT and `keys/` sealed
+    /// (`EncryptedStore`); a container is made encrypted when it is first used, never
+    /// after, so plain containers stay at 5 and older programs refuse encrypted ones.
+    static let encryptedFormatVersion = 6
+    public static var encryptedFormatLine: String { "ubiquity-backing \(encryptedFormatVersion)\n" }
     static let formatKey = BackingKey(checked: "FORMAT")
 
     let store: any BackingStore
     let deviceID: String
 
     var location: String { store.location }
+    /// Whether objects go through an `EncryptedStore` (the daemon unlocked the container).
+    var encrypted: Bool { store.find(EncryptedStore.self) != nil }
+
+    /// The format number FORMAT's bytes name; nil if they name none.
+    static func formatNumber(_ bytes: [UInt8]) -> Int? {
+        let line = String(decoding: bytes, as: UTF8.self)
+        guard line.hasPrefix("ubiquity-backing ") else { return nil }
+        return Int(line.dropFirst("ubiquity-backing ".count).prefix { $0.isNumber })
+    }
+
+    public static func isEncryptedFormat(_ bytes: [UInt8]) -> Bool { formatNumber(bytes) == encryptedFormatVersion }
 
     /// Reads FORMAT: nil for an empty store (FORMAT is then written), else its version,
-    /// which must not be newer than this program's.
+    /// which must not be newer than this program's. An encrypted store must be opened
+    /// encrypted, and a store opened encrypted must say so: a FORMAT replaced by a plain
+    /// one would otherwise have this device write plaintext into it.
     func open() throws(StoreError) -> Int? {
         guard let text = try object(Self.formatKey) else {
+            let line = encrypted ? Self.encryptedFormatLine : Self.formatLine
             try call("put FORMAT") { () throws(BackingError) in
-                do throws(BackingError) { try store.put(Self.formatKey, Array(Self.formatLine.utf8), ifAbsent: true) } catch {
+                do throws(BackingError) { try store.put(Self.formatKey, Array(line.utf8), ifAbsent: true) } catch {
                     if case .exists = error { return } // another device wrote it first
                     throw error
                 }
             }
             return nil
         }
-        let line = String(decoding: text, as: UTF8.self)
-        guard line.hasPrefix("ubiquity-backing "),
-              let version = Int(line.dropFirst("ubiquity-backing ".count).prefix { $0.isNumber }) else {
+        guard let version = Self.formatNumber(text) else {
             throw .unsupportedFormat("\(location)/FORMAT does not name a ubiquity backing format")
         }
-        if version > Self.formatVersion {
-            throw .unsupportedFormat("the backing store \(location) has format \(version); this ubiquity understands up to \(Self.formatVersion): upgrade ubiquity")
+        if version > Self.encryptedFormatVersion {
+            throw .unsupportedFormat("the backing store \(location) has format \(version); this ubiquity understands up to \(Self.encryptedFormatVersion): upgrade ubiquity")
+        }
+        if version == Self.encryptedFormatVersion && !encrypted {
+            throw .unsupportedFormat("the backing store \(location) is encrypted: mount it with its passphrase")
+        }
+        if version != Self.encryptedFormatVersion && encrypted {
+            throw .unsupportedFormat("the backing store \(location) says it is not encrypted (format \(version)), but this device opened it encrypted: nothing is written to it (was its FORMAT replaced?)")
         }
         if version < 4 {
             throw .unsupportedFormat("the backing store \(location) has format \(version): open it with ubiquity of backing format 4 first, which upgrades it")

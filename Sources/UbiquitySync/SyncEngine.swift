@@ -243,7 +243,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             device-id=\(backing.deviceID)
 
             """
-        if let metered = MeteredStore.inside(backing.store) {
+        if let metered = backing.store.find(MeteredStore.self) {
             let m = metered.meter
             text += "backing-requests=\(m.requests)\nbacking-puts=\(m.puts)\nbacking-gets=\(m.gets)\nbacking-lists=\(m.lists)\n"
             text += "backing-heads=\(m.stats)\nbacking-deletes=\(m.deletes)\nbacking-bytes-up=\(m.bytesUp)\nbacking-bytes-down=\(m.bytesDown)\n"

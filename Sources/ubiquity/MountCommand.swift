@@ -71,6 +71,15 @@ struct MountCommand: ParsableCommand {
     @Option(help: .hidden)
     var readyFD: Int32?
 
+    @Flag(help: ArgumentHelp("Make a new container encrypted: only on an empty backing store (its first use). Every object but FORMAT and keys/ is then sealed with AES-256-GCM under a random key that only the container's passphrases open. Mounting an encrypted container needs no flag, only its passphrase.",
+                             discussion: "The passphrase comes from --password-file, --password-command, a systemd credential named ubiquity-passphrase, or a prompt on the terminal; never from the command line. `ubiquity key --help` adds and changes passphrases."))
+    var encrypt = false
+
+    @OptionGroup var password: PasswordOptions
+
+    @Option(help: .hidden)
+    var keyFD: Int32?
+
     func validate() throws {
         if let device, device.isEmpty || device.contains("/") { throw ValidationError("--device must be a non-empty name without '/'") }
         if !(poll >= 0.05 && poll <= 3600) { throw ValidationError("--poll must be between 0.05 and 3600 seconds") }
@@ -90,8 +99,7 @@ struct MountCommand: ParsableCommand {
         if mountpoint == nil && Paths.env("UBIQUITY_MOUNTPOINT")?.isEmpty != false { try checkDefaultPlace(mp) }
         let data = Paths.dataDirectory(container: container)
         let storeDir = store.map(Paths.absolute) ?? data + "/store"
-        let named = backing ?? Paths.env("UBIQUITY_BACKING")
-        let backingDir = named.map { BackingChoice.isURL($0) ? $0 : Paths.absolute($0) } ?? data + "/backing"
+        let backingDir = Paths.backing(container: container, named: backing)
         var st = stat()
         clearDeadMount(mp)
         if stat(mp, &st) != 0 {
@@ -100,14 +108,32 @@ struct MountCommand: ParsableCommand {
             throw CLIError("mount point \(mp) is not a directory")
         }
         if isMountpoint(mp) { throw CLIError("\(mp) is already mounted; `ubiquity unmount \(mp)` first") }
-        if foreground {
-            try serve(mountpoint: mp, storeDir: storeDir, backingDir: backingDir)
+        // The passphrase is asked, and scrypt runs, here (where the terminal is); a
+        // daemon started in the background gets the key through a pipe.
+        let unlocked: ContainerUnlock.Unlocked?
+        if let keyFD {
+            unlocked = try ContainerUnlock.receive(fd: keyFD)
         } else {
-            try Daemon.spawnAndWait(arguments: CommandLine.arguments, logPath: daemonLogPath(store: storeDir), mountpoint: mp)
+            if !BackingChoice.isURL(backingDir) { try makeDirectoriesForCLI(backingDir) }
+            unlocked = try exitingOnRefusal("mount") {
+                try ContainerUnlock.forMount(try BackingChoice.open(backingDir, check: true), encrypt: encrypt, source: password.source)
+            }
+        }
+        if foreground {
+            try serve(mountpoint: mp, storeDir: storeDir, backingDir: backingDir, unlocked: unlocked)
+        } else {
+            var arguments = CommandLine.arguments
+            var keyFD: Int32?
+            if let unlocked {
+                keyFD = try ContainerUnlock.handOff(unlocked)
+                arguments += ["--key-fd", String(keyFD!)]
+            }
+            defer { if let keyFD { close(keyFD) } }
+            try Daemon.spawnAndWait(arguments: arguments, logPath: daemonLogPath(store: storeDir), mountpoint: mp)
         }
     }
 
-    private func serve(mountpoint mp: String, storeDir: String, backingDir: String) throws {
+    private func serve(mountpoint mp: String, storeDir: String, backingDir: String, unlocked: ContainerUnlock.Unlocked?) throws {
         var configuration = DaemonConfiguration(mountpoint: mp, storeDirectory: storeDir, backing: backingDir)
         configuration.container = container
         configuration.deviceName = device
@@ -121,6 +147,7 @@ struct MountCommand: ParsableCommand {
         configuration.cacheSize = cacheSize
         configuration.mountOptions = (options ?? "").split(separator: ",").map(String.init)
         configuration.readyFD = readyFD
+        configuration.unlocked = unlocked
         try Daemon.serve(configuration)
     }
 }

@@ -52,6 +52,7 @@ struct StatusCommand: ParsableCommand {
             if let store = try? Store(directory: m.source, readOnly: true) {
                 print("  device: \(store.deviceName) (\(store.deviceID))")
                 print("  versions: \(store.versionCount)")
+                if let encryption = (try? store.setting("encryption")) ?? nil { print("  encryption: \(encryption)") }
                 printSpace(store)
                 printContents(store)
             }

@@ -24,5 +24,6 @@ struct Ubiquity: ParsableCommand {
                       ConflictsCommand.self, ResolveCommand.self,
                       VersionsCommand.self, RestoreCommand.self, PruneCommand.self, GcCommand.self,
                       FsckCommand.self, TinyPixCommand.self, KeyValueCommand.self, QueryCommand.self,
-                      DownloadCommand.self, EvictCommand.self, PinCommand.self, UnpinCommand.self])
+                      DownloadCommand.self, EvictCommand.self, PinCommand.self, UnpinCommand.self,
+                      InitCommand.self, KeyCommand.self])
 }

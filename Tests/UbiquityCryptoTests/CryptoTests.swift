@@ -21,6 +21,8 @@ import UbiquitySystem
             #expect(Self.hex(Self.master.derived(for: use).withUnsafeBytes { Array($0) }) == expected[use], "\(use)")
         }
         #expect("\(Self.master)" == "ContainerKey(…)", "a key never prints its bytes")
+        let table = Self.master.chunkerTable()
+        #expect(table.count == 256 && table[0] == 0x4f0b_a578_6ec2_c3b2 && table[1] == 0x49eb_fda0_c844_24a0 && table[255] == 0xc76e_668e_eaf4_5b85)
         #expect(ContainerKey(bytes: Array(0..<31)) == nil)
     }
 

@@ -1,0 +1,27 @@
+import ArgumentParser
+import Glibc
+import UbiquityDaemon
+
+/// Where an encrypted container's passphrase comes from (`mount`, `init`, `key`, `fsck`).
+struct PasswordOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("Read the container's passphrase from FILE (its first line; a FIFO or /dev/fd/N works too).", valueName: "FILE"))
+    var passwordFile: String?
+
+    @Option(help: ArgumentHelp("Run CMD with /bin/sh and take its output as the passphrase (e.g. 'pass show ubiquity').", valueName: "CMD"))
+    var passwordCommand: String?
+
+    var source: PassphraseSource { PassphraseSource(file: passwordFile, command: passwordCommand) }
+
+    func validate() throws {
+        if passwordFile != nil && passwordCommand != nil { throw ValidationError("give --password-file or --password-command, not both") }
+    }
+}
+
+/// Runs `body`; a wrong or missing passphrase ends `ubiquity COMMAND` with status 2 and
+/// says why.
+func exitingOnRefusal<T>(_ command: String, _ body: () throws -> T) throws -> T {
+    do { return try body() } catch let refused as ContainerUnlock.Refused {
+        _ = fail(command, refused.description)
+        throw ExitCode(2)
+    }
+}
