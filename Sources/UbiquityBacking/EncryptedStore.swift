@@ -39,19 +39,17 @@ public struct EncryptedStore: WrappingStore {
         if Self.isClear(key) { return try base.get(key, range: range) }
         guard let range else {
             let sealed = try base.get(key, range: nil)
-            do { return try sealer.open(sealed, name: key.path) } catch { throw .garbage("\(location)/\(key): \(error)") }
+            do { return try sealer.open(sealed, name: key.path) } catch { throw refused(key, error) }
         }
         guard range.lowerBound >= 0 else { throw .permanent("\(location)/\(key): a range from \(range.lowerBound)") }
         let (wanted, firstBlock) = Sealer.sealedRange(of: range)
         let sealed = try base.get(key, range: wanted)
         if range.isEmpty { return [] }
         let opened: (plaintext: [UInt8], reachedEnd: Bool)
-        do { opened = try sealer.open(sealed, name: key.path, firstBlock: firstBlock) } catch {
-            throw .garbage("\(location)/\(key): \(error)")
-        }
+        do { opened = try sealer.open(sealed, name: key.path, firstBlock: firstBlock) } catch { throw refused(key, error) }
         // Fewer bytes than asked for, without the object's last block: cut after a block.
         if !opened.reachedEnd && !sealed.isEmpty && Int64(sealed.count) < Int64(wanted.count) {
-            throw .garbage("\(location)/\(key): \(CryptoFailure.notAuthentic(key.path))")
+            throw refused(key, .notAuthentic(key.path))
         }
         let start = range.lowerBound - firstBlock * Int64(Sealer.blockSize)
         let plain = opened.plaintext
@@ -83,4 +81,12 @@ public struct EncryptedStore: WrappingStore {
     }
 
     public func delete(_ key: BackingKey) throws(BackingError) { try base.delete(key) }
+
+    /// An object that does not open: damaged, never served.
+    private func refused(_ key: BackingKey, _ failure: CryptoFailure) -> BackingError {
+        if case .notAuthentic = failure {
+            return .garbage("\(location)/\(key) failed authentication (changed, cut, damaged, or not this container's)")
+        }
+        return .garbage("\(location)/\(key): \(failure)")
+    }
 }

@@ -32,9 +32,22 @@ public enum BackingCheck {
             return report
         }
         let format = String(decoding: bytes.prefix(64), as: UTF8.self)
-        guard format == Backing.formatLine else {
-            report.problems.append("FORMAT says \(RecordCodec.printable(String(format.prefix(40)))): this check knows format \(Backing.formatVersion)")
+        if format == Backing.encryptedFormatLine && !backing.encrypted {
+            report.problems.append("FORMAT says the container is encrypted: give its passphrase to check it")
             return report
+        }
+        guard format == (backing.encrypted ? Backing.encryptedFormatLine : Backing.formatLine) else {
+            report.problems.append("FORMAT says \(RecordCodec.printable(String(format.prefix(40)))): this check knows formats \(Backing.formatVersion) and \(Backing.encryptedFormatVersion) (encrypted)")
+            return report
+        }
+        if backing.encrypted { checkKeys(store, &report) }
+        /// An object that cannot be read (damaged, failing authentication) is a problem
+        /// of its own; the check goes on.
+        func read(_ what: String, _ body: () throws(StoreError) -> [UInt8]?) -> [UInt8]? {
+            do { return try body() } catch {
+                report.problems.append("\(what): \(error)")
+                return nil
+            }
         }
         // Packs: their indexes, so places can be checked without reading chunks.
         let packList = try backing.call("list packs/") { () throws(BackingError) in try store.listAll(prefix: "packs/") }
@@ -92,15 +105,24 @@ public enum BackingCheck {
         for name in devices.ignored { report.problems.append("devices/\(RecordCodec.printable(name)): not a device's") }
         for device in devices.checkpoints.keys.sorted() {
             guard let newest = devices.newestCheckpoint(of: device) else { continue }
-            guard let end = try backing.checkpointEnd(device, seq: newest.seq), end.parts == newest.parts else {
+            let endRead: (parts: Int, records: Int64)??
+            do { endRead = try backing.checkpointEnd(device, seq: newest.seq) } catch {
+                report.problems.append("devices/\(device)/checkpoint-\(newest.seq) end: \(error)")
+                continue
+            }
+            guard let end = endRead ?? nil, end.parts == newest.parts else {
                 report.problems.append("devices/\(device)/checkpoint-\(newest.seq): its end does not match its parts")
                 continue
             }
             for part in 0..<newest.parts {
-                guard let bytes = try backing.checkpointPart(device, seq: newest.seq, part: part) else {
-                    report.problems.append("devices/\(device)/checkpoint-\(newest.seq): part \(part) is missing")
-                    continue
+                var missing = false
+                let partBytes = read("devices/\(device)/checkpoint-\(newest.seq) part \(part)") { () throws(StoreError) -> [UInt8]? in
+                    let bytes = try backing.checkpointPart(device, seq: newest.seq, part: part)
+                    missing = bytes == nil
+                    return bytes
                 }
+                if missing { report.problems.append("devices/\(device)/checkpoint-\(newest.seq): part \(part) is missing") }
+                guard let bytes = partBytes else { continue }
                 checkLines(bytes, device: device, source: "devices/\(device)/checkpoint-\(newest.seq) part \(part)")
             }
             report.checkpoints += 1
@@ -119,9 +141,16 @@ public enum BackingCheck {
                 report.problems.append("\(info.key): \(info.size) bytes, more than a segment can be")
                 continue
             }
-            guard let bytes = try backing.segment(name) else { continue } // collected meanwhile
+            // nil: collected meanwhile, or unreadable (a problem then).
+            guard let bytes = read(info.key.path, { () throws(StoreError) -> [UInt8]? in try backing.segment(name) }) else { continue }
             checkLines(bytes, device: name.device, source: info.key.path)
             progress?("segments", i + 1, log.count)
+        }
+        // Each device's newest key-value file.
+        for (device, generations) in devices.keyValues.sorted(by: { $0.key < $1.key }) {
+            guard let newest = generations.max() else { continue }
+            let key = Backing.keyValueKey(device, generation: newest)
+            _ = read(key.path) { () throws(StoreError) -> [UInt8]? in try backing.object(key) }
         }
         for (device, list) in seqs.sorted(by: { $0.key < $1.key }) {
             let sorted = list.sorted()
@@ -140,5 +169,18 @@ public enum BackingCheck {
             }
         }
         return report
+    }
+
+    /// An encrypted container's key files: each must parse (a passphrase cannot be
+    /// checked without it; `ubiquity key list` shows which one opens).
+    static func checkKeys(_ store: any BackingStore, _ report: inout Report) {
+        guard let clear = store.find(EncryptedStore.self)?.base else { return }
+        do {
+            let (entries, malformed) = try KeyRing(clear).list()
+            for line in malformed { report.problems.append("keys/\(line)") }
+            if entries.isEmpty { report.problems.append("keys/: no key file: nobody can open this container") }
+        } catch {
+            report.problems.append("keys/: \(error)")
+        }
     }
 }

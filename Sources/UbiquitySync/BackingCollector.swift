@@ -108,7 +108,12 @@ struct BackingCollector {
                     report.restored += 1
                 }
             } else if marker != nil {
-                let stamp = try backing.object(Backing.fossilKey(pack)).flatMap { Int64(String(decoding: $0.prefix(20), as: UTF8.self).trimmingWhitespace) }
+                // A marker that cannot be read (damaged, or failing authentication in an
+                // encrypted container) counts as unreadable: written again, which only
+                // delays the deletion.
+                let stamp = ((try? backing.object(Backing.fossilKey(pack))) ?? nil).flatMap {
+                    Int64(String(decoding: $0.prefix(20), as: UTF8.self).trimmingWhitespace)
+                }
                 if let stamp, now.subtractingClamped(stamp) >= fossilAge {
                     try backing.delete(Pack.key(pack))
                     try backing.delete(Backing.fossilKey(pack))

@@ -47,6 +47,8 @@ struct FsckCommand: ParsableCommand {
     @Flag(help: "With --backing: read and verify every chunk of every pack too.")
     var full = false
 
+    @OptionGroup var password: PasswordOptions
+
     func validate() throws {
         if backingOnly && backing == nil { throw ValidationError("--backing-only needs --backing DIR or s3://BUCKET[/PREFIX]") }
         if backingOnly && repair { throw ValidationError("--backing-only checks the backing store; --repair fixes a local store: pick one") }
@@ -57,7 +59,7 @@ struct FsckCommand: ParsableCommand {
         let location = BackingChoice.isURL(named) ? named : Paths.absolute(named)
         let report: BackingCheck.Report
         do {
-            let store = try BackingChoice.open(location, check: true)
+            let store = try password.openUnlocked(location, check: true, command: "fsck")
             var progress: ((String, Int, Int) -> Void)?
             if isatty(STDERR_FILENO) != 0 {
                 progress = { what, done, total in
@@ -66,7 +68,7 @@ struct FsckCommand: ParsableCommand {
                 }
             }
             report = try BackingCheck.run(store: store, full: full, progress: progress)
-        } catch let error as CLIError { throw error } catch { throw CLIError("\(location): \(error)") }
+        } catch let error as CLIError { throw error } catch let exit as ExitCode { throw exit } catch { throw CLIError("\(location): \(error)") }
         for problem in report.problems { print("BACKING: \(problem)") }
         print("backing store \(location): \(report.summary): " + (report.problems.isEmpty ? "OK" : "\(report.problems.count) problem(s)"))
         return report.problems.count
@@ -97,9 +99,9 @@ struct FsckCommand: ParsableCommand {
                 var progress: ((Int, Int) -> Void)?
                 if isatty(STDERR_FILENO) != 0 { progress = Self.repairProgress }
                 let places = try s.chunkPlaces(report.damaged.keys)
-                let store = try BackingChoice.open(backingDir, check: false)
+                let store = try password.openUnlocked(backingDir, check: false, command: "fsck")
                 result = try Repair.run(damaged: report.damaged, chunks: chunks, backing: store, places: places, progress: progress)
-            } catch { throw CLIError("\(error)") }
+            } catch let exit as ExitCode { throw exit } catch { throw CLIError("\(error)") }
             print("repaired \(result.repaired.count) chunk(s)")
             for (id, why) in result.unrepaired { print("NOT REPAIRED: chunk \(id): \(why)") }
             print("checking again")

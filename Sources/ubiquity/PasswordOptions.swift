@@ -1,6 +1,8 @@
 import ArgumentParser
 import Glibc
+import UbiquityBacking
 import UbiquityDaemon
+import UbiquitySync
 
 /// Where an encrypted container's passphrase comes from (`mount`, `init`, `key`, `fsck`).
 struct PasswordOptions: ParsableArguments {
@@ -11,6 +13,15 @@ struct PasswordOptions: ParsableArguments {
     var passwordCommand: String?
 
     var source: PassphraseSource { PassphraseSource(file: passwordFile, command: passwordCommand) }
+
+    /// The backing store at `location`, unlocked when it is an encrypted container (a
+    /// wrong or missing passphrase ends `ubiquity COMMAND` with status 2).
+    func openUnlocked(_ location: String, check: Bool, command: String) throws -> any BackingStore {
+        let clear = try BackingChoice.open(location, check: check)
+        let ring = KeyRing(clear)
+        guard try ring.kind() == .encrypted else { return clear }
+        return try exitingOnRefusal(command) { try ContainerUnlock.open(ring, source: source) }.wrap(clear)
+    }
 
     func validate() throws {
         if passwordFile != nil && passwordCommand != nil { throw ValidationError("give --password-file or --password-command, not both") }
