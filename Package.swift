@@ -84,6 +84,6 @@ let package = Package(
         .testTarget(name: "UbiquityFSTests", dependencies: ["UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "UbiquityBackingTests", dependencies: ["UbiquityBacking", "UbiquityCrypto", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "UbiquityDaemonTests", dependencies: ["UbiquityDaemon", "UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
-        .testTarget(name: "UbiquitySyncTests", dependencies: ["UbiquitySync", "UbiquityBacking", "UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
+        .testTarget(name: "UbiquitySyncTests", dependencies: ["UbiquitySync", "UbiquityBacking", "UbiquityCrypto", "UbiquityFS", "UbiquityStore", "UbiquitySystem", "TestSupport"], swiftSettings: strict),
     ]
 )

@@ -68,7 +68,18 @@ extension SyncEngine {
                 try savePosition(name.device, cursor: cursor)
                 continue
             }
-            guard let bytes = try backing.segment(name) else {
+            let read: [UInt8]??
+            do { read = try backing.segment(name) } catch {
+                // Unreadable (damaged, or failing authentication in an encrypted
+                // container; never applied): that device's later records wait and the
+                // segment is fetched again later, as a record whose pack is missing
+                // does; the other devices go on.
+                logOnce("ubiquity: sync: device \(name.device): \(error); its later records wait")
+                backOff(name)
+                stopped.insert(name.device)
+                continue
+            }
+            guard let bytes = read ?? nil else {
                 // Collected since it was listed: its checkpoint has it (next cycle).
                 memory.scanDevices = true
                 stopped.insert(name.device)
@@ -83,7 +94,8 @@ extension SyncEngine {
                   groupLines < Self.groupLines, groupBytes < Self.groupBytes {
                 let following = look.segments[next]
                 guard following.device == name.device, following.seq == group[group.count - 1].name.seq + 1,
-                      (look.sizes[following] ?? 0) <= Backing.maxObjectRead, let more = try backing.segment(following) else { break }
+                      (look.sizes[following] ?? 0) <= Backing.maxObjectRead,
+                      let more = (try? backing.segment(following)) ?? nil else { break } // read again on its own
                 group.append((following, lines(more)))
                 groupBytes += more.count
                 groupLines += group[group.count - 1].lines.count
@@ -101,8 +113,7 @@ extension SyncEngine {
             for (segment, segmentLines) in group {
                 let complete = try apply([(segment.key.path, segmentLines)], of: segment.device, generation: generation)
                 guard complete else {
-                    let delay = min(3_600, max(5, (memory.waiting[segment.device].map { $0.seq == segment.seq ? $0.delay * 2 : 5 }) ?? 5))
-                    memory.waiting[segment.device] = (segment.seq, bootSecondsDouble() + delay, delay)
+                    backOff(segment)
                     stopped.insert(segment.device)
                     break
                 }
@@ -120,6 +131,13 @@ extension SyncEngine {
         }
         cursor.listedUpTo = listed
         memory.cursor = cursor
+    }
+
+    /// `segment` is tried again after a wait that doubles (5 s up to an hour) while it
+    /// keeps failing.
+    private func backOff(_ segment: SegmentLog.SegmentName) {
+        let delay = min(3_600, max(5, (memory.waiting[segment.device].map { $0.seq == segment.seq ? $0.delay * 2 : 5 }) ?? 5))
+        memory.waiting[segment.device] = (segment.seq, bootSecondsDouble() + delay, delay)
     }
 
     static let listedKey = "log_listed"

@@ -2,6 +2,7 @@ import Glibc
 import Testing
 import TestSupport
 import UbiquityBacking
+import UbiquityCrypto
 import UbiquitySystem
 @testable import UbiquityFS
 @testable import UbiquityStore
@@ -21,13 +22,22 @@ import UbiquitySystem
     @Test func devicesConverge() throws {
         let env = environment
         if let seed = env("UBQ_SIM_SEED").flatMap(UInt64.init) {
-            try runSchedule(seed: seed, steps: Int(env("UBQ_SIM_STEPS") ?? "") ?? 120)
+            try runSchedule(seed: seed, steps: Int(env("UBQ_SIM_STEPS") ?? "") ?? 120, encrypted: env("UBQ_SIM_ENCRYPTED") == "1")
             return
         }
         let count = Int(env("UBQ_SIM_SCHEDULES") ?? "") ?? 200
         let start = nowNanos()
         for seed in 1...UInt64(count) { try runSchedule(seed: seed, steps: 60) }
         print("simulation: \(count) schedules of 60 steps, 3 devices, in \((nowNanos() - start) / 1_000_000) ms")
+    }
+
+    /// The same schedules through an encrypted container (issue 25): sync, gc, repacking
+    /// and the key-value exchange see no difference.
+    @Test func devicesConvergeEncrypted() throws {
+        let count = Int(environment("UBQ_SIM_ENCRYPTED_SCHEDULES") ?? "") ?? 40
+        let start = nowNanos()
+        for seed in 1...UInt64(count) { try runSchedule(seed: seed, steps: 60, encrypted: true) }
+        print("simulation: \(count) encrypted schedules of 60 steps, 3 devices, in \((nowNanos() - start) / 1_000_000) ms")
     }
 
     /// Regression (t-differential seed 889786859): after a remount a hard-linked file's
@@ -98,12 +108,16 @@ final class SimDevice {
     let me = Caller(uid: getuid(), gid: getgid())
 
     /// A device syncing through the backing directory `backing`, by way of a symlink.
+    /// With `key`, an encrypted container: every object sealed, files cut with the
+    /// key's chunker.
     convenience init(name: String, root: String, backing: String, clock: @escaping @Sendable () -> Nanos,
-                     options: SyncEngine.Options? = nil, fsOptions: FileSystem.Options = FileSystem.Options()) throws {
+                     options: SyncEngine.Options? = nil, fsOptions: FileSystem.Options = FileSystem.Options(),
+                     key: ContainerKey? = nil) throws {
         let link = root + "/\(name)-backing"
         symlink(backing, link)
-        try self.init(name: name, root: root, link: link, backing: DirectoryStore(root: link), clock: clock, options: options,
-                      fsOptions: fsOptions)
+        let store: any BackingStore = key.map { EncryptedStore(DirectoryStore(root: link), key: $0) } ?? DirectoryStore(root: link)
+        try self.init(name: name, root: root, link: link, backing: store, clock: clock, options: options,
+                      fsOptions: fsOptions, chunker: key.map { Chunker.keyed(table: $0.chunkerTable())! } ?? .standard)
     }
 
     /// The simulation's options, but every cycle looks at the log (no backing off while
@@ -120,12 +134,12 @@ final class SimDevice {
     /// `link` is the symlink the simulation breaks, empty when there is none; `options`
     /// default to the simulation's (a small pull slice).
     init(name: String, root: String, link: String = "", backing: any BackingStore, clock: @escaping @Sendable () -> Nanos,
-         options: SyncEngine.Options? = nil, fsOptions: FileSystem.Options = FileSystem.Options()) throws {
+         options: SyncEngine.Options? = nil, fsOptions: FileSystem.Options = FileSystem.Options(), chunker: Chunker = .standard) throws {
         self.name = name
         self.link = link
         // A cache of a few inodes: every path of the simulation also reads the tree back
         // from SQLite.
-        store = try Store(directory: root + "/\(name)-store", deviceName: name, cachedInodes: 8)
+        store = try Store(directory: root + "/\(name)-store", deviceName: name, cachedInodes: 8, chunker: chunker)
         store.clock = clock
         fs = FileSystem(store: store, options: fsOptions)
         // Other devices' records arrive a few at a time (slices, as a device catching up
@@ -228,7 +242,9 @@ final class SimDevice {
 }
 
 /// One schedule. Failures name the seed.
-func runSchedule(seed: UInt64, steps: Int) throws {
+/// `encrypted`: the devices share an encrypted container (one random key).
+func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
+    let key: ContainerKey? = encrypted ? .random() : nil
     var rng = SplitMix64(seed: seed)
     let temp = TempDirectory(prefix: "ubiquity-sim")
     let root = temp.path
@@ -250,7 +266,7 @@ func runSchedule(seed: UInt64, steps: Int) throws {
         if i == 2 { fsOptions.cacheSize = 3_000; options.cacheSize = 3_000 }
         devices.append(try SimDevice(name: "dev\(i)", root: root, backing: backing, clock: {
             ticks.withLock { t in t += 1_000_000; return t } + skew
-        }, options: options, fsOptions: fsOptions))
+        }, options: options, fsOptions: fsOptions, key: key))
         devices[i].fs.attach(sync: devices[i].engine) // evictions check the backing store through it
     }
     let names = ["a.txt", "b.txt", "d/c.txt", "d/e/f.txt", "g.tinypix.txt"]
@@ -342,7 +358,7 @@ func runSchedule(seed: UInt64, steps: Int) throws {
     }
     for _ in 0..<4 { for d in devices { d.cycle() } }
 
-    let context = "seed \(seed) (replay: UBQ_SIM_SEED=\(seed) UBQ_SIM_STEPS=\(steps) swift test --filter Simulation)"
+    let context = "seed \(seed)\(encrypted ? " encrypted" : "") (replay: UBQ_SIM_SEED=\(seed) UBQ_SIM_STEPS=\(steps)\(encrypted ? " UBQ_SIM_ENCRYPTED=1" : "") swift test --filter Simulation)"
     let firstKeys = devices[0].keyValues()
     for d in devices.dropFirst() where d.keyValues() != firstKeys {
         Issue.record("key-value stores differ, \(context):\ndev0 \(firstKeys)\n\(d.name) \(d.keyValues())\ntrace:\n\(trace.suffix(60).joined(separator: "\n"))")
