@@ -884,6 +884,10 @@ dump_sync_state() {
   [[ -d $b/log ]] || return 0
   echo "--- $b/log: $(backing_segments "$b" | wc -l) segments; the last 12, records shortened:"
   for j in $(backing_segments "$b" | tail -n 12); do
+    if [[ $(head -c 18 "$b/FORMAT" 2>/dev/null) == "ubiquity-backing 6" ]]; then
+      echo "  $j: $(wc -c <"$b/log/$j") bytes, sealed"
+      continue
+    fi
     echo "  $j: $(wc -l <"$b/log/$j") lines"
     tail -n 8 "$b/log/$j" | cut -c1-1000 | sed -E 's/^U1 [0-9a-f]{64} //; s/^U2 [0-9a-f]{32} //; s/ (committed|chunks|xattrs|device)=[^ ]*//g; s/([0-9a-f]{8})[0-9a-f]{24}/\1/g; s/^/    /' | cut -c1-240
   done

@@ -105,14 +105,14 @@ public enum BackingCheck {
         for name in devices.ignored { report.problems.append("devices/\(RecordCodec.printable(name)): not a device's") }
         for device in devices.checkpoints.keys.sorted() {
             guard let newest = devices.newestCheckpoint(of: device) else { continue }
-            let endRead: (parts: Int, records: Int64)??
-            do { endRead = try backing.checkpointEnd(device, seq: newest.seq) } catch {
+            // An end that cannot be read is a problem; its parts (as listed) are still read.
+            do {
+                guard let end = try backing.checkpointEnd(device, seq: newest.seq), end.parts == newest.parts else {
+                    report.problems.append("devices/\(device)/checkpoint-\(newest.seq): its end does not match its parts")
+                    continue
+                }
+            } catch {
                 report.problems.append("devices/\(device)/checkpoint-\(newest.seq) end: \(error)")
-                continue
-            }
-            guard let end = endRead ?? nil, end.parts == newest.parts else {
-                report.problems.append("devices/\(device)/checkpoint-\(newest.seq): its end does not match its parts")
-                continue
             }
             for part in 0..<newest.parts {
                 var missing = false
@@ -145,6 +145,14 @@ public enum BackingCheck {
             guard let bytes = read(info.key.path, { () throws(StoreError) -> [UInt8]? in try backing.segment(name) }) else { continue }
             checkLines(bytes, device: name.device, source: info.key.path)
             progress?("segments", i + 1, log.count)
+        }
+        // Fossil markers: each holds a time the collector reads.
+        for (pack, _) in try backing.fossils().sorted(by: { $0.key < $1.key }) {
+            let key = Backing.fossilKey(pack)
+            if let bytes = read(key.path, { () throws(StoreError) -> [UInt8]? in try backing.object(key) }),
+               Int64(String(decoding: bytes.prefix(20), as: UTF8.self).trimmingWhitespace) == nil {
+                report.problems.append("\(key): not a time")
+            }
         }
         // Each device's newest key-value file.
         for (device, generations) in devices.keyValues.sorted(by: { $0.key < $1.key }) {
