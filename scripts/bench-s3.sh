@@ -17,6 +17,13 @@
 #             p50 and p99 (both mounts poll at the default 1 s)
 #   join      a device joining JOIN_FILES (default 100,000) small files: time until all
 #             are listed, and its requests
+#
+# big, small and join also run on an encrypted container (`mount --encrypt`, issue 25),
+# interleaved with the plain runs, and print encrypted against not encrypted. The
+# passphrase's scrypt (0.5 s, once per mount, before it) is left out of the join's time
+# in both columns: that row times from the mount's return. BENCH_BACKING=dir runs those
+# rows against a backing directory (on this disk) instead of the server, without the
+# rclone and aws columns.
 set -euo pipefail
 export LC_ALL=C
 cd "$(dirname "$0")/.."
@@ -54,13 +61,28 @@ now() { printf '%s' "${EPOCHREALTIME/,/.}"; }
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "-"; else print a[int((NR + 1) / 2)] }'; }
 run_id=$RANDOM
 
-# mount_fresh NAME: a new store on a new prefix; prints the mount point.
+printf 'bench passphrase %s\n' "$run_id" >"$W/passphrase"
+backing_of() {
+  if [[ ${BENCH_BACKING:-s3} == dir ]]; then echo "$W/backing-$1"; else echo "s3://$bucket/bench-$run_id-$1"; fi
+}
+
+# mount_fresh NAME [BACKING-NAME [MOUNT-ARG...]]: a new store on a new prefix; prints the
+# mount point. `--encrypt` among the arguments makes an encrypted container.
 mount_fresh() {
-  local m=$W/$1/mnt
-  mkdir -p "$m" "$W/$1/store"
-  "$BIN" mount "$m" --store "$W/$1/store" --backing "s3://$bucket/bench-$run_id-${2:-$1}" --device "$1" >/dev/null
+  local m=$W/$1/mnt name=$1 prefix=${2:-$1}
+  shift
+  (($# == 0)) || shift
+  mkdir -p "$m" "$W/$name/store"
+  "$BIN" mount "$m" --store "$W/$name/store" --backing "$(backing_of "$prefix")" --device "$name" \
+    --password-file "$W/passphrase" "$@" >/dev/null
   mounts+=("$m")
   echo "$m"
+}
+# encrypted_ratio PLAIN ENCRYPTED: plain time / encrypted time (above 1: encrypted is faster).
+encrypted_ratio() { awk -v p="$1" -v e="$2" 'BEGIN { printf "%.2f", p / e }'; }
+# purge BACKING-NAME: a run's objects go (the loopback server keeps them in memory).
+purge() {
+  if [[ ${BENCH_BACKING:-s3} == dir ]]; then rm -rf "$W/backing-$1"; else rclone_ purge "bench:$bucket/bench-$run_id-$1" 2>/dev/null || true; fi
 }
 unmount() { "$BIN" unmount "$1" >/dev/null; }
 count() { getfattr --absolute-names --only-values -n user.ubiquity.sync "$1" | sed -n "s/^backing-$2=//p"; }
@@ -69,12 +91,17 @@ echo "bench-s3: release build, $RUNS runs, server ${AWS_ENDPOINT_URL:-AWS}"
 
 if [[ " $ROWS " == *" big "* ]]; then
   head -c $((1 << 30)) /dev/urandom >"$W/big.bin"
-  u=() r=() a=()
+  u=() e=() r=() a=()
   for i in $(seq "$RUNS"); do
     m=$(mount_fresh "big$i")
     t0=$(now); cp "$W/big.bin" "$m/"; "$BIN" sync "$m" >/dev/null; t1=$(now)
     u+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
-    unmount "$m"; rm -rf "$W/big$i"
+    unmount "$m"; rm -rf "$W/big$i"; purge "big$i"
+    m=$(mount_fresh "bigenc$i" "bigenc$i" --encrypt)
+    t0=$(now); cp "$W/big.bin" "$m/"; "$BIN" sync "$m" >/dev/null; t1=$(now)
+    e+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
+    unmount "$m"; rm -rf "$W/bigenc$i"; purge "bigenc$i"
+    [[ ${BENCH_BACKING:-s3} == dir ]] && continue
     t0=$(now); rclone_ copy "$W/big.bin" "bench:$bucket/rclone-$run_id-$i/"; t1=$(now)
     r+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
     if command -v aws >/dev/null; then
@@ -84,10 +111,14 @@ if [[ " $ROWS " == *" big "* ]]; then
     # The loopback server keeps everything in memory: each run's copies go.
     for p in "bench-$run_id-big$i" "rclone-$run_id-$i" "aws-$run_id-$i"; do rclone_ purge "bench:$bucket/$p" 2>/dev/null || true; done
   done
-  mu=$(printf '%s\n' "${u[@]}" | median) mr=$(printf '%s\n' "${r[@]}" | median) ma=$(printf '%s\n' "${a[@]:-}" | median)
-  best=$mr; [[ $ma != - ]] && best=$(awk -v x="$mr" -v y="$ma" 'BEGIN { print (y < x) ? y : x }')
-  printf 'big: 1 GiB until uploaded: ubiquity %.1f s, rclone copy %.1f s, aws s3 cp %s s: %.2fx the faster tool\n' \
-    "$mu" "$mr" "$ma" "$(awk -v u="$mu" -v b="$best" 'BEGIN { print b / u }')"
+  mu=$(printf '%s\n' "${u[@]}" | median) me=$(printf '%s\n' "${e[@]}" | median)
+  printf 'big encrypted: 1 GiB until uploaded: %.1f s encrypted, %.1f s not: %sx\n' "$me" "$mu" "$(encrypted_ratio "$mu" "$me")"
+  if [[ ${BENCH_BACKING:-s3} != dir ]]; then
+    mr=$(printf '%s\n' "${r[@]}" | median) ma=$(printf '%s\n' "${a[@]:-}" | median)
+    best=$mr; [[ $ma != - ]] && best=$(awk -v x="$mr" -v y="$ma" 'BEGIN { print (y < x) ? y : x }')
+    printf 'big: 1 GiB until uploaded: ubiquity %.1f s, rclone copy %.1f s, aws s3 cp %s s: %.2fx the faster tool\n' \
+      "$mu" "$mr" "$ma" "$(awk -v u="$mu" -v b="$best" 'BEGIN { print b / u }')"
+  fi
   rm -f "$W/big.bin"
 fi
 
@@ -101,20 +132,29 @@ for i in range(10000):
     with open(os.path.join(d, "f%05d" % i), "wb") as f:
         f.write(os.urandom(1024))
 EOF
-  u=() r=() p=()
+  u=() e=() r=() p=()
   for i in $(seq "$RUNS"); do
     m=$(mount_fresh "small$i")
     before=$(count "$m" puts)
     t0=$(now); cp -r "$W/small" "$m/"; "$BIN" sync "$m" >/dev/null; t1=$(now)
     u+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
     p+=($(($(count "$m" puts) - before)))
-    unmount "$m"; rm -rf "$W/small$i"
+    unmount "$m"; rm -rf "$W/small$i"; purge "small$i"
+    m=$(mount_fresh "smallenc$i" "smallenc$i" --encrypt)
+    t0=$(now); cp -r "$W/small" "$m/"; "$BIN" sync "$m" >/dev/null; t1=$(now)
+    e+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
+    unmount "$m"; rm -rf "$W/smallenc$i"; purge "smallenc$i"
+    [[ ${BENCH_BACKING:-s3} == dir ]] && continue
     t0=$(now); rclone_ copy --transfers 16 "$W/small" "bench:$bucket/rclone-small-$run_id-$i/"; t1=$(now)
     r+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
   done
-  mu=$(printf '%s\n' "${u[@]}" | median) mr=$(printf '%s\n' "${r[@]}" | median) mp=$(printf '%s\n' "${p[@]}" | median)
-  printf 'small: 10,000 files of 1 KiB until uploaded: ubiquity %.1f s (%s PUTs), rclone copy %.1f s: %.1fx\n' \
-    "$mu" "$mp" "$mr" "$(awk -v u="$mu" -v r="$mr" 'BEGIN { print r / u }')"
+  mu=$(printf '%s\n' "${u[@]}" | median) me=$(printf '%s\n' "${e[@]}" | median) mp=$(printf '%s\n' "${p[@]}" | median)
+  printf 'small encrypted: 10,000 files of 1 KiB until uploaded: %.1f s encrypted, %.1f s not: %sx\n' "$me" "$mu" "$(encrypted_ratio "$mu" "$me")"
+  if [[ ${BENCH_BACKING:-s3} != dir ]]; then
+    mr=$(printf '%s\n' "${r[@]}" | median)
+    printf 'small: 10,000 files of 1 KiB until uploaded: ubiquity %.1f s (%s PUTs), rclone copy %.1f s: %.1fx\n' \
+      "$mu" "$mp" "$mr" "$(awk -v u="$mu" -v r="$mr" 'BEGIN { print r / u }')"
+  fi
 fi
 
 if [[ " $ROWS " == *" idle "* ]]; then
@@ -145,8 +185,7 @@ fi
 
 if [[ " $ROWS " == *" join "* ]]; then
   n=${JOIN_FILES:-100000}
-  m=$(mount_fresh joinsrc join)
-  python3 - "$m/tree" "$n" <<'EOF'
+  python3 - "$W/jointree" "$n" <<'EOF'
 import os, sys
 root, n = sys.argv[1], int(sys.argv[2])
 for i in range(n):
@@ -155,13 +194,29 @@ for i in range(n):
     with open(os.path.join(d, "f%06d" % i), "w") as f:
         f.write("file %d\n" % i)
 EOF
-  "$BIN" sync "$m" >/dev/null
-  t0=$(now)
-  j=$(mount_fresh joiner join)
-  "$BIN" sync "$j" >/dev/null
-  until [[ $(find "$j/tree" -type f 2>/dev/null | wc -l) -ge $n ]]; do sleep 0.5; done
-  t1=$(now)
-  printf 'join: a device joining %d files: %.1f s until all are listed, %s requests (%s GETs, %s LISTs)\n' \
-    "$n" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" "$(count "$j" requests)" "$(count "$j" gets)" "$(count "$j" lists)"
-  unmount "$j"; unmount "$m"
+  # join_once KIND RUN [MOUNT-ARG...]: fills a container, then times a second device
+  # from its mount's return until it lists every file; prints the seconds.
+  join_once() {
+    local kind=$1 i=$2 m j t0 t1
+    shift 2
+    m=$(mount_fresh "joinsrc$kind$i" "join$kind$i" "$@")
+    cp -r "$W/jointree" "$m/tree"
+    "$BIN" sync "$m" >/dev/null
+    j=$(mount_fresh "joiner$kind$i" "join$kind$i")
+    t0=$(now)
+    "$BIN" sync "$j" >/dev/null
+    until [[ $(find "$j/tree" -type f 2>/dev/null | wc -l) -ge $n ]]; do sleep 0.2; done
+    t1=$(now)
+    echo "join $kind: $(count "$j" requests) requests ($(count "$j" gets) GETs, $(count "$j" lists) LISTs)" >&2
+    unmount "$j"; unmount "$m"; rm -rf "$W/joinsrc$kind$i" "$W/joiner$kind$i"; purge "join$kind$i"
+    awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }'
+  }
+  u=() e=()
+  for i in $(seq "$RUNS"); do
+    u+=("$(join_once plain "$i")")
+    e+=("$(join_once enc "$i" --encrypt)")
+  done
+  mu=$(printf '%s\n' "${u[@]}" | median) me=$(printf '%s\n' "${e[@]}" | median)
+  printf 'join: a device joining %d files, from its mount until all are listed: %.1f s encrypted, %.1f s not: %sx\n' \
+    "$n" "$me" "$mu" "$(encrypted_ratio "$mu" "$me")"
 fi
