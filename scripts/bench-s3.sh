@@ -45,11 +45,11 @@ cleanup() {
   rm -rf "$W"
 }
 trap cleanup EXIT INT TERM
-if [[ -z ${UBIQUITY_S3_BUCKET:-} ]]; then
+if [[ -z ${UBIQUITY_S3_BUCKET:-} && ${BENCH_BACKING:-s3} != dir ]]; then
   s3dir=$W/s3
   eval "$(S3_PORT=${S3_PORT:-7480} scripts/s3-server.sh start "$s3dir")"
 fi
-bucket=$UBIQUITY_S3_BUCKET
+bucket=${UBIQUITY_S3_BUCKET:-}
 export RCLONE_CONFIG_BENCH_TYPE=s3 RCLONE_CONFIG_BENCH_PROVIDER=Other
 export RCLONE_CONFIG_BENCH_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-} RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-}
 export RCLONE_CONFIG_BENCH_ENDPOINT=${AWS_ENDPOINT_URL:-} RCLONE_CONFIG_BENCH_REGION=${AWS_REGION:-us-east-1}
@@ -207,7 +207,7 @@ EOF
     "$BIN" sync "$j" >/dev/null
     until [[ $(find "$j/tree" -type f 2>/dev/null | wc -l) -ge $n ]]; do sleep 0.2; done
     t1=$(now)
-    echo "join $kind: $(count "$j" requests) requests ($(count "$j" gets) GETs, $(count "$j" lists) LISTs)" >&2
+    echo "join $kind: $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f s", b - a }'), $(count "$j" requests) requests ($(count "$j" gets) GETs, $(count "$j" lists) LISTs)" >&2
     unmount "$j"; unmount "$m"; rm -rf "$W/joinsrc$kind$i" "$W/joiner$kind$i"; purge "join$kind$i"
     awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }'
   }
