@@ -273,6 +273,42 @@ s_s3() {
 	expect "unmounted" not mounted "$W"
 }
 
+# An encrypted container mounted by its unit, the passphrase a systemd credential (a
+# drop-in's LoadCredential=, as the README shows): mounted without a prompt, nothing in
+# the clear in the backing directory, and the passphrase in no `systemctl show`, no log
+# line.
+s_encrypted() {
+	local W=$H/Cloud-secret pass="unit passphrase $$" marker="sealed-marker-$$"
+	local d=$H/.config/systemd/user/ubiquity@secret.service.d file=$H/.config/ubiquity/secret.passphrase
+	printf '%s\n' "$pass" | sd_run tee "$file" >/dev/null || return 1
+	sd_run chmod 600 "$file" || return 1
+	expect "ubiquity init --encrypt" sd_run env UBQ_TEST_SCRYPT=fast "$H/.local/bin/ubiquity" init --encrypt \
+		--container secret --password-file "$file" || return 1
+	sd_run mkdir -p "$d" || return 1
+	printf '[Service]\nLoadCredential=ubiquity-passphrase:%%h/.config/ubiquity/secret.passphrase\n' |
+		sd_run tee "$d/passphrase.conf" >/dev/null || return 1
+	sd_run systemctl --user daemon-reload || return 1
+	sd_run systemctl --user start ubiquity@secret.service || return 1
+	expect "ubiquity@secret mounted" mounted "$W" || return 1
+	echo "$marker" | sd_run tee "$W/s.txt" >/dev/null || return 1
+	expect "ubiquity sync" sd_run "$H/.local/bin/ubiquity" sync "$W" || return 1
+	expect "status says encrypted" grep -q "encryption: aes-256-gcm" <<<"$(sd_run "$H/.local/bin/ubiquity" status)" || return 1
+	expect "no plaintext in the backing directory" not sd_root grep -rqF "$marker" "$H/.local/share/ubiquity/secret/backing" || return 1
+	expect "no passphrase in systemctl show" not grep -qF "$pass" <<<"$(sd_run systemctl --user show ubiquity@secret.service)" || return 1
+	expect "no passphrase in the unit's log" not log_has ubiquity@secret.service "$pass" || return 1
+	sd_run systemctl --user stop ubiquity@secret.service || return 1
+	expect "unmounted" not mounted "$W" || return 1
+	# Without the credential: exit status 2, and no restart loop (no restart can help).
+	sd_run rm -r "$d" || return 1
+	sd_run systemctl --user daemon-reload || return 1
+	expect "start to fail without the passphrase" not sd_run systemctl --user start ubiquity@secret.service || return 1
+	expect "exit status 2" [ "$(show ExecMainStatus ubiquity@secret.service)" = 2 ] || return 1
+	sleep 1.2 # RestartSec=1s
+	expect "no restart (RestartPreventExitStatus=2)" [ "$(show NRestarts ubiquity@secret.service)" = 0 ] || return 1
+	expect "the reason in its log" wait_for 3 log_has ubiquity@secret.service "needs its passphrase" || return 1
+	sd_run systemctl --user reset-failed ubiquity@secret.service
+}
+
 s_typo() {
 	printf 'UBIQUITY_OPTIONS=--frobnicate\n' | sd_run tee "$H/.config/ubiquity/typo.env" >/dev/null || return 1
 	expect "start to fail" not sd_run systemctl --user start ubiquity@typo.service || return 1
@@ -338,6 +374,7 @@ step "SIGKILL of MainPID: restarted, old file readable, new write works" s_crash
 step "SIGKILL of the whole unit: dead mount cleared, restarted" s_crash_all
 step "~/.config/ubiquity/work.env sets mount point and options of ubiquity@work" s_envfile
 step "~/.config/ubiquity/s3.env: UBIQUITY_BACKING=s3://... and AWS_* mount ubiquity@s3 through the bucket, no secret shown" s_s3
+step "an encrypted container: the passphrase from LoadCredential=, never shown" s_encrypted
 step "a typo in UBIQUITY_OPTIONS: start fails once, no restart loop" s_typo
 step "a live mount at the mount point is left alone: ubiquity@manual fails" s_live_mount
 step "final stop of $U: unmounted, Result=success" s_final_stop
