@@ -45,15 +45,23 @@ struct Backing {
     /// encrypted, and a store opened encrypted must say so: a FORMAT replaced by a plain
     /// one would otherwise have this device write plaintext into it.
     func open() throws(StoreError) -> Int? {
-        guard let text = try object(Self.formatKey) else {
+        var found = try object(Self.formatKey)
+        if found == nil {
             let line = encrypted ? Self.encryptedFormatLine : Self.formatLine
-            try call("put FORMAT") { () throws(BackingError) in
+            let wrote = try call("put FORMAT") { () throws(BackingError) -> Bool in
                 do throws(BackingError) { try store.put(Self.formatKey, Array(line.utf8), ifAbsent: true) } catch {
-                    if case .exists = error { return } // another device wrote it first
+                    if case .exists = error { return false }
                     throw error
                 }
+                return true
             }
-            return nil
+            if wrote { return nil }
+            // Another device wrote it first (perhaps making the container encrypted):
+            // its FORMAT is checked as any other.
+            found = try object(Self.formatKey)
+        }
+        guard let text = found else {
+            throw .io(errno: EIO, "\(location)/FORMAT: the store says it exists, yet it cannot be read")
         }
         guard let version = Self.formatNumber(text) else {
             throw .unsupportedFormat("\(location)/FORMAT does not name a ubiquity backing format")

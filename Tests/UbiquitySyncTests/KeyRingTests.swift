@@ -96,4 +96,23 @@ import UbiquityStore
         #expect(try Backing(store: EncryptedStore(empty, key: key), deviceID: "0123456789abcdef").open() == nil)
         #expect(try empty.get(Backing.formatKey) == Array("ubiquity-backing 6\n".utf8))
     }
+
+    /// Regression: a device that found the store empty and lost the race to write FORMAT
+    /// took the winner's for its own: a plain device went on to write plaintext into a
+    /// container just made encrypted.
+    @Test func aDeviceThatLosesTheRaceForFORMATChecksTheWinners() throws {
+        let store = MemoryStore()
+        let raced = Locked(false)
+        store.setFault { op, key in
+            guard op == .put, key == Backing.formatKey, !raced.withLock({ was in defer { was = true }; return was }) else { return nil }
+            try? store.put(Backing.formatKey, Array("ubiquity-backing 6\n".utf8)) // the other device, first
+            return .exists(key?.path ?? "")
+        }
+        #expect(throws: StoreError.self) { try Backing(store: store, deviceID: "0123456789abcdef").open() }
+
+        // A store that answers "exists" yet has nothing to read: an error, not a loop.
+        let liar = MemoryStore()
+        liar.setFault { op, key in op == .put && key == Backing.formatKey ? .exists("FORMAT") : nil }
+        #expect(throws: StoreError.self) { try Backing(store: liar, deviceID: "0123456789abcdef").open() }
+    }
 }
