@@ -98,8 +98,11 @@ struct NewPasswordOption: ParsableArguments {
     @Option(help: ArgumentHelp("Read the new passphrase from FILE (else it is asked on the terminal, twice).", valueName: "FILE"))
     var newPasswordFile: String?
 
-    func read(_ location: String) throws -> Passphrase {
-        try PassphraseSource(file: newPasswordFile).read(purpose: "New passphrase for \(location)", confirm: true)
+    /// Opens the container with `access`, then adds the new passphrase: a key file.
+    func add(_ access: KeyAccess, _ command: String) throws -> (KeyRing, ContainerUnlock.Unlocked, String) {
+        let (ring, unlocked) = try access.unlock(command)
+        let passphrase = try PassphraseSource(file: newPasswordFile).read(purpose: "New passphrase for \(ring.store.location)", confirm: true)
+        return (ring, unlocked, try ring.add(unlocked.key, passphrase: passphrase.bytes, cost: try ContainerUnlock.newKeyCost()))
     }
 }
 
@@ -124,9 +127,7 @@ struct KeyAdd: ParsableCommand {
     @OptionGroup var new: NewPasswordOption
 
     func run() throws {
-        let (ring, unlocked) = try access.unlock("key add")
-        let passphrase = try new.read(ring.store.location)
-        let id = try ring.add(unlocked.key, passphrase: passphrase.bytes, cost: try ContainerUnlock.newKeyCost())
+        let (_, _, id) = try new.add(access, "key add")
         print("Added key \(id).")
     }
 }
@@ -150,11 +151,9 @@ struct KeyPasswd: ParsableCommand {
     @OptionGroup var new: NewPasswordOption
 
     func run() throws {
-        let (ring, unlocked) = try access.unlock("key passwd")
-        let passphrase = try new.read(ring.store.location)
         // The new key is written (whole) before the old one goes: a crash in between
         // leaves both passphrases working, never neither.
-        let id = try ring.add(unlocked.key, passphrase: passphrase.bytes, cost: try ContainerUnlock.newKeyCost())
+        let (ring, unlocked, id) = try new.add(access, "key passwd")
         try ring.removeAfterReplacing(unlocked.keyID, by: id)
         print("Changed the passphrase: key \(id) replaces \(unlocked.keyID).")
     }
