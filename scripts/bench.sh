@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Benchmarks Ubiquity against a plain directory and libfuse's passthrough_ll example,
 # without and with the kernel's writeback cache (-o writeback), all on the same disk, the
-# same workloads on all four in one run. Each cell is the median of BENCH_RUNS runs
+# same workloads on all of them in one run. Each cell is the median of BENCH_RUNS runs
 # (default 3); the runs interleave the targets (run 1 does every target, then run 2 ...)
 # so that drift of the machine (other jobs, the disk's state) falls on all of them alike.
 # Prints a markdown table with ratios against both passthrough_ll columns: above 1 means
-# ubiquity is faster (throughput: ubiquity/peer, times: peer/ubiquity).
+# ubiquity is faster (throughput: ubiquity/peer, times: peer/ubiquity). A fifth target,
+# ubiquity on an encrypted container (`--encrypt`, its own store and backing directory),
+# gets a column of its own and its ratio against the plain ubiquity (each row waits for
+# the upload of the row before on both).
 #
 # Release build. Needs root (drops the page cache for cold reads and cold metadata).
 #   scripts/bench.sh [--quick]      --quick: 1 run and smaller sizes, a smoke run of a few minutes
@@ -143,9 +146,17 @@ XDG_DATA_HOME="$W/xdg" "$UBQ" mount "$W/ubq" --store "$W/ubq-store" --backing "$
   >"$W/ubq.log" 2>&1 &
 pids+=($!); mounts+=("$W/ubq")
 wait_mount "$W/ubq" $! "$W/ubq.log"
+# The same on an encrypted container (issue 25: every object sealed on its way to the
+# backing directory; the local store as it is).
+mkdir "$W/ubqenc"
+printf 'bench passphrase %s\n' "$$" >"$W/passphrase"
+XDG_DATA_HOME="$W/xdg" "$UBQ" mount "$W/ubqenc" --store "$W/ubqenc-store" --backing "$W/ubqenc-backing" --encrypt \
+  --password-file "$W/passphrase" --foreground >"$W/ubqenc.log" 2>&1 &
+pids+=($!); mounts+=("$W/ubqenc")
+wait_mount "$W/ubqenc" $! "$W/ubqenc.log"
 
-targets=(plain pt ptwb ubq)
-declare -A dir=([plain]="$W/plain" [pt]="$W/pt" [ptwb]="$W/ptwb" [ubq]="$W/ubq")
+targets=(plain pt ptwb ubq ubqenc)
+declare -A dir=([plain]="$W/plain" [pt]="$W/pt" [ptwb]="$W/ptwb" [ubq]="$W/ubq" [ubqenc]="$W/ubqenc")
 
 # ---------------------------------------------------------------------------------------
 # Helpers.
@@ -160,10 +171,10 @@ fio_iops() { # fio's terse v3 output: field 8 is read IOPS, 49 write IOPS
 }
 # Ubiquity copies new versions to its backing directory in the background. Wait until it
 # has (pending=0, at most 2 minutes) so that copying does not slow the next target down.
-ubq_settle() {
+ubq_settle() { # [MOUNT]: default the plain ubiquity mount
   local i status
   for i in $(seq 240); do
-    status=$(getfattr --only-values -n user.ubiquity.sync "$W/ubq" 2>/dev/null) || true
+    status=$(getfattr --only-values -n user.ubiquity.sync "${1:-$W/ubq}" 2>/dev/null) || true
     grep -qx 'pending=0' <<< "$status" && return 0
     sleep 0.5
   done
@@ -197,7 +208,7 @@ make_data() {
 # it left (or the previous target's); on ubiquity also the end of the background copying
 # of what the workload before made, so each row pays for its own sync work only.
 settle() {
-  if [ "$t" = ubq ]; then ubq_settle; fi
+  if [[ $t == ubq* ]]; then ubq_settle "${dir[$t]}"; fi
   sync
 }
 
@@ -268,7 +279,7 @@ bench_target() {
   record save "$(div "$SAVES" "$s")"
   rm -rf "$d/ed"
 
-  if [ "$t" = ubq ]; then ubq_settle; fi
+  if [[ $t == ubq* ]]; then ubq_settle "${dir[$t]}"; fi
 }
 
 echo "raw values: $RAW" >&2
@@ -316,9 +327,9 @@ ratio() { # ubiquity peer higher-is-better: above 1 when ubiquity is faster
   awk -v u="$1" -v p="$2" -v hib="$3" 'BEGIN { r = hib ? (p > 0 ? u / p : -1) : (u > 0 ? p / u : -1); if (r < 0 || u == "nan" || p == "nan") print "n/a"; else printf "%.2f×\n", r }'
 }
 row() { # label key unit higher-is-better
-  local l=${result[plain,$2]:-} p=${result[pt,$2]:-} w=${result[ptwb,$2]:-} u=${result[ubq,$2]:-}
-  printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$1" "$3" "$(fmt "$l")" "$(fmt "$p")" "$(fmt "$w")" "$(fmt "$u")" \
-    "$(ratio "$u" "$p" "$4")" "$(ratio "$u" "$w" "$4")"
+  local l=${result[plain,$2]:-} p=${result[pt,$2]:-} w=${result[ptwb,$2]:-} u=${result[ubq,$2]:-} e=${result[ubqenc,$2]:-}
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$1" "$3" "$(fmt "$l")" "$(fmt "$p")" "$(fmt "$w")" "$(fmt "$u")" \
+    "$(ratio "$u" "$p" "$4")" "$(ratio "$u" "$w" "$4")" "$(fmt "$e")" "$(ratio "$e" "$u" "$4")"
 }
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD 2>/dev/null || commit="$commit + uncommitted changes"
@@ -327,8 +338,8 @@ echo "Machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, kernel $
 echo "Command: $cmdline   (commit $commit, release build)"
 echo "Each cell: the median of $RUNS run(s), targets interleaved; raw values: $RAW"
 echo
-echo "| workload | unit | plain dir | passthrough_ll | passthrough_ll -o writeback | ubiquity | ubiquity vs passthrough_ll | ubiquity vs ptwb |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| workload | unit | plain dir | passthrough_ll | passthrough_ll -o writeback | ubiquity | ubiquity vs passthrough_ll | ubiquity vs ptwb | ubiquity encrypted | encrypted vs not |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 row "sequential write ${SEQ_MB} MiB + fsync" seqw "MiB/s" 1
 row "sequential read (cold)" seqr "MiB/s" 1
 row "4 KiB random write (128 MiB file)" randw "IOPS" 1
