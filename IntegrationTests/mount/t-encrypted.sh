@@ -8,8 +8,8 @@
 # later records; fsck names every kind of damaged object; a FORMAT replaced by a plain
 # one stops the device that knew it encrypted; passphrases added, changed and removed
 # while devices stay mounted and keep syncing; `key add` and `key remove` killed with -9
-# at random moments leave every key whole; the same container through the S3 server,
-# scanned there too.
+# at random moments leave every key whole; an encrypted container of three devices
+# through the S3 server, scanned there too.
 # ubq-timeout: 300
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -234,7 +234,7 @@ printf 'after the kills\n' >"$A/kills.txt"
 wait_content "$C/kills.txt" "after the kills" "kills.txt on gamma"
 for d in "alpha$mark" "beta$mark" "gamma$mark"; do assert_daemon_alive "$d"; done
 
-step "the same through the S3 server: two devices, and no plaintext in the bucket"
+step "the same through the S3 server: three devices, and no plaintext in the bucket"
 for d in "beta$mark" "gamma$mark"; do unmount_device "$d"; done
 unmount_it
 s3_backing enc
@@ -243,14 +243,18 @@ DEVICE=s3alpha$mark
 mount_fresh s3 --poll 0.2 --encrypt --password-file "$PW"
 mount_device s3beta$mark --poll 0.2 --password-file "$PW"
 SB=$(mnt_of "s3beta$mark")
+mount_device s3gamma$mark --poll 0.2 --password-command "cat '$PW'" --download on-demand
+SC=$(mnt_of "s3gamma$mark")
 mkdir -p "$MNT/SecretDir$mark"
 cp "$WORK/big" "$MNT/SecretDir$mark/big.txt"
 printf 'ContentMarker%s on s3\n' "$mark" >"$MNT/SecretDir$mark/secretname$mark.txt"
 ubq kv set "kvkey$mark" "kvvalue$mark" --mount "$MNT" >/dev/null
 wait_for "big.txt through S3 on beta" cmp -s "$WORK/big" "$SB/SecretDir$mark/big.txt"
 wait_content "$SB/SecretDir$mark/secretname$mark.txt" "ContentMarker$mark on s3" "the small file through S3"
+wait_for "big.txt through S3 on gamma (on demand)" cmp -s "$WORK/big" "$SC/SecretDir$mark/big.txt"
 printf 'back from beta\n' >"$SB/back.txt"
 wait_content "$MNT/back.txt" "back from beta" "back.txt through S3 on alpha"
+wait_content "$SC/back.txt" "back from beta" "back.txt through S3 on gamma"
 sync_all
 count=$(python3 "$(dirname "$0")/s3-dump.py" "$S3_BACKING" "$WORK/s3dump")
 log "copied $count objects from the bucket"
