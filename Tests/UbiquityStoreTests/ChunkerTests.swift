@@ -40,6 +40,23 @@ import TestSupport
         #expect(before.intersection(after).count >= before.count - 3)
     }
 
+    /// An encrypted container's chunker (issue 25): the standard sizes, cuts of its own
+    /// that depend only on its table, so a known file's chunk sizes do not give it away.
+    @Test func aKeyedTableCutsElsewhereAndAlwaysTheSame() throws {
+        var gen = SplitMix64(seed: 42)
+        let data = gen.bytes(1 << 20)
+        var tableGen = SplitMix64(seed: 2_525)
+        let table = (0..<256).map { _ in tableGen.next() }
+        let keyed = try #require(Chunker.keyed(table: table))
+        let lengths = cuts(data, keyed)
+        #expect(lengths != ChunkerTests.golden)
+        #expect(Set(boundaries(lengths)).intersection(boundaries(ChunkerTests.golden)).count <= 2, "almost no cut shared")
+        #expect(lengths == cuts(data, Chunker.keyed(table: table)!), "the same table, the same cuts")
+        #expect(lengths.reduce(0, +) == data.count)
+        for length in lengths.dropLast() { #expect(length >= keyed.minSize && length <= keyed.maxSize) }
+        #expect(Chunker.keyed(table: Array(table.dropLast())) == nil)
+    }
+
     @Test func chunkIDHexRoundTrips() {
         let id = ChunkID(hashing: Array("hello".utf8))
         #expect(id.hex == "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824")
