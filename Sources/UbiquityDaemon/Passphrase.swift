@@ -5,7 +5,7 @@ import UbiquitySystem
 /// `--password-file` (a file, a FIFO or `/dev/fd/N`), `--password-command` (its standard
 /// output, as restic's), systemd's credentials (`LoadCredential=ubiquity-passphrase:…` or
 /// `LoadCredentialEncrypted=`, read from `$CREDENTIALS_DIRECTORY`), or a prompt on the
-/// terminal, in that order. One trailing newline is not part of a passphrase.
+/// terminal, in that order. A passphrase is the first line of what a source gives.
 public struct PassphraseSource: Sendable {
     public var file: String?
     public var command: String?
@@ -43,8 +43,7 @@ public struct PassphraseSource: Sendable {
         } else {
             throw NoPassphrase()
         }
-        var bytes = raw
-        if bytes.last == UInt8(ascii: "\n") { bytes.removeLast() }
+        var bytes = Array(raw.prefix { $0 != UInt8(ascii: "\n") })
         if bytes.last == UInt8(ascii: "\r") { bytes.removeLast() }
         guard !bytes.isEmpty else { throw CLIError("\(purpose): an empty passphrase") }
         return Passphrase(bytes: bytes)

@@ -9,7 +9,7 @@ struct PasswordOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Read the container's passphrase from FILE (its first line; a FIFO or /dev/fd/N works too).", valueName: "FILE"))
     var passwordFile: String?
 
-    @Option(help: ArgumentHelp("Run CMD with /bin/sh and take its output as the passphrase (e.g. 'pass show ubiquity').", valueName: "CMD"))
+    @Option(help: ArgumentHelp("Run CMD with /bin/sh and take the first line of its output as the passphrase (e.g. 'pass show ubiquity').", valueName: "CMD"))
     var passwordCommand: String?
 
     var source: PassphraseSource { PassphraseSource(file: passwordFile, command: passwordCommand) }
