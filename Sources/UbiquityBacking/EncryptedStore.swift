@@ -25,6 +25,9 @@ public struct EncryptedStore: WrappingStore {
 
     public var location: String { base.location }
 
+    /// No sealed object is larger (S3's limit is 5 TiB); ranges are cut there.
+    static let largestObject: Int64 = 1 << 50
+
     /// What stays in the clear.
     public static func isClear(_ key: BackingKey) -> Bool { key.path == "FORMAT" || key.path.hasPrefix("keys/") }
 
@@ -41,20 +44,24 @@ public struct EncryptedStore: WrappingStore {
             let sealed = try base.get(key, range: nil)
             do { return try sealer.open(sealed, name: key.path) } catch { throw refused(key, error) }
         }
-        guard range.lowerBound >= 0 else { throw .permanent("\(location)/\(key): a range from \(range.lowerBound)") }
-        let (wanted, firstBlock) = Sealer.sealedRange(of: range)
+        guard range.lowerBound >= 0, range.lowerBound <= Self.largestObject else {
+            throw .permanent("\(location)/\(key): a range from \(range.lowerBound)")
+        }
+        // No object is larger: the block arithmetic below stays far from overflowing.
+        let cut = range.lowerBound..<min(range.upperBound, Self.largestObject)
+        let (wanted, firstBlock) = Sealer.sealedRange(of: cut)
         let sealed = try base.get(key, range: wanted)
-        if range.isEmpty { return [] }
+        if cut.isEmpty { return [] }
         let opened: (plaintext: [UInt8], reachedEnd: Bool)
         do { opened = try sealer.open(sealed, name: key.path, firstBlock: firstBlock) } catch { throw refused(key, error) }
         // Fewer bytes than asked for, without the object's last block: cut after a block.
         if !opened.reachedEnd && !sealed.isEmpty && Int64(sealed.count) < Int64(wanted.count) {
             throw refused(key, .notAuthentic(key.path))
         }
-        let start = range.lowerBound - firstBlock * Int64(Sealer.blockSize)
+        let start = cut.lowerBound - firstBlock * Int64(Sealer.blockSize)
         let plain = opened.plaintext
         guard start < Int64(plain.count) else { return [] }
-        let end = min(Int64(plain.count), range.upperBound - firstBlock * Int64(Sealer.blockSize))
+        let end = min(Int64(plain.count), cut.upperBound - firstBlock * Int64(Sealer.blockSize))
         return Array(plain[Int(start)..<Int(end)])
     }
 

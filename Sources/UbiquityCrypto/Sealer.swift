@@ -46,7 +46,7 @@ public struct Sealer: Sendable {
     }
 
     /// Where plaintext `range` lies in the sealed object: the sealed bytes of the blocks
-    /// that hold it, and the index of the first of them.
+    /// that hold it, and the index of the first of them. `range` within 0...2^50.
     public static func sealedRange(of range: Range<Int64>) -> (bytes: Range<Int64>, firstBlock: Int64) {
         let first = range.lowerBound / Int64(blockSize)
         let end = range.isEmpty ? first : (range.upperBound + Int64(blockSize) - 1) / Int64(blockSize)

@@ -53,6 +53,9 @@ import UbiquityCrypto
             let blocks = (length + 2 * Int64(Sealer.blockSize) - 1) / Int64(Sealer.blockSize)
             #expect(metered.meter.bytesDown - before <= blocks * Int64(Sealer.blockSize + Sealer.overhead), "\(a)+\(length)")
         }
+        // Ranges of any size: the block arithmetic never overflows.
+        #expect(try store.get(pack, range: 5..<Int64.max) == Array(plain[5...]))
+        #expect(throws: BackingError.self) { try store.get(pack, range: (Int64.max - 1)..<Int64.max) }
     }
 
     @Test func tamperingIsRefusedNeverServed() throws {
