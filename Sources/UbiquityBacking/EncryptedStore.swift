@@ -81,7 +81,9 @@ public struct EncryptedStore: WrappingStore {
         var listing = try base.list(prefix: prefix, after: after, limit: limit)
         listing.objects = listing.objects.map { info in
             if Self.isClear(info.key) { return info }
-            let blocks = (info.size + Int64(Sealer.blockSize + Sealer.overhead) - 1) / Int64(Sealer.blockSize + Sealer.overhead)
+            // Divided before anything is added: a listed size is the store's answer.
+            let sealedBlock = Int64(Sealer.blockSize + Sealer.overhead)
+            let blocks = info.size / sealedBlock + (info.size % sealedBlock == 0 ? 0 : 1)
             return ObjectInfo(key: info.key, size: Sealer.plainSize(info.size) ?? max(0, info.size - blocks * Int64(Sealer.overhead)))
         }
         return listing

@@ -96,6 +96,22 @@ import UbiquityCrypto
         #expect(try store.list(prefix: "packs/aa/", after: nil, limit: 10).objects.count == 1, "listed, never refused")
     }
 
+    /// Regression: a listed size near Int64.max (a hostile store) overflowed the block count.
+    @Test func anyListedSizeIsMappedWithoutTrapping() throws {
+        struct Huge: BackingStore {
+            var location: String { "huge" }
+            func put(_ key: BackingKey, _ bytes: [UInt8], ifAbsent: Bool) throws(BackingError) {}
+            func get(_ key: BackingKey, range: Range<Int64>?) throws(BackingError) -> [UInt8] { [] }
+            func stat(_ key: BackingKey) throws(BackingError) -> ObjectInfo? { nil }
+            func list(prefix: String, after: BackingKey?, limit: Int) throws(BackingError) -> ObjectListing {
+                ObjectListing(objects: [Int64.max, Int64.max - 1, -5].map { ObjectInfo(key: BackingKey(checked: "packs/x\($0)"), size: $0) }, more: false)
+            }
+            func delete(_ key: BackingKey) throws(BackingError) {}
+        }
+        let sizes = try EncryptedStore(Huge(), key: .random()).list(prefix: "", after: nil, limit: 10).objects.map(\.size)
+        #expect(sizes.count == 3 && sizes.allSatisfy { $0 >= 0 })
+    }
+
     private func contains(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
         guard needle.count <= haystack.count else { return false }
         return (0...(haystack.count - needle.count)).contains { Array(haystack[$0..<$0 + needle.count]) == needle }
