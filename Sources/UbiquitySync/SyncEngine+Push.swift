@@ -109,7 +109,16 @@ extension SyncEngine {
         _ = try settleReservation()
         var wrote = false
         while true {
-            var batch = try shared.withLock { (store) throws(StoreError) in try store.pendingUploads(limit: options.uploadBatch) }
+            // Taken with every local change made before it recorded: a file saved in a
+            // directory made while this cycle's pull waited must not go out without the
+            // directory's record (a peer that moved the directory meanwhile would have
+            // no record to tombstone, and the late one would bring it back: the
+            // t-s3-sync flake, PullRaceTests).
+            var batch: [SyncRecord] = []
+            try withLocalChangesRecorded { (store, _) throws(StoreError) -> TreeChanges in
+                batch = try store.pendingUploads(limit: options.uploadBatch)
+                return TreeChanges()
+            }
             if batch.isEmpty { break }
             try makeDurable()
             // A pack found present and no fossil may become one later (BackingCollector),

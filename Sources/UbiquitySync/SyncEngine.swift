@@ -380,7 +380,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     /// Runs `body` in a hold of the store's lock in which every local change is
     /// recorded first: local changes a slice per hold (a burst of saves must not stall
     /// every request for the whole batch), and the last slice and `body` in one hold, so
-    /// that reconcile never meets a view that forgot a local change made before it.
+    /// that reconcile never meets a view that forgot a local change made before it, and a
+    /// push never sends a record without those of the changes made before it.
     func withLocalChangesRecorded(_ body: (Store, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError) {
         var more = true
         while more {

@@ -1,3 +1,4 @@
+import Glibc
 import Testing
 import TestSupport
 import UbiquityBacking
@@ -86,6 +87,48 @@ import UbiquitySystem
         for d in [a, b] {
             let conflicts = try d.store.conflicts(at: "e/f.txt")
             #expect(conflicts.count == 1 && conflicts.first?.deviceName == "a", "\(d.name): \(conflicts)")
+        }
+    }
+    /// The t-s3-sync flake: `c` made `t/a/b` and saved `t/a/b/deep.txt` while its cycle's
+    /// pull waited on the network. Its push then sent the file's record (made at the save)
+    /// without the directories' (made by the next cycle's recording of local changes), `a`
+    /// moved `t/a` to `t/moved` with no directory record to tombstone, and `c`'s directory
+    /// records, sent next, brought back an empty `t/a/b` everywhere. A push sends its
+    /// records with every local change made before them recorded.
+    @Test func directoriesMadeDuringAPullGoOutWithTheFilesInThem() throws {
+        let temp = TempDirectory(prefix: "ubiquity-race")
+        defer { temp.cleanup() }
+        let (a, c, store) = try Self.devices(temp)
+        try a.save("seen.txt", "a segment for c to read")
+        try Self.settle([a, c])
+        try a.save("next.txt", "one more")
+        try a.engine.cycle(pushPull: true)
+
+        let (fs, me) = (c.fs, c.me)
+        let saved = Locked(false)
+        store.setFault { op, key in
+            guard op == .get, key.hasPrefix("log/"), saved.withLock({ done in defer { done = true }; return !done }) else { return nil }
+            var dir = Store.rootInode
+            for name in ["t", "a", "b"] { dir = (try? fs.mkdir(parent: dir, name: name, mode: 0o755, caller: me).ino) ?? 0 }
+            guard let handle = try? fs.create(parent: dir, name: "deep.txt", mode: 0o644, flags: OpenFlags(O_WRONLY), caller: me).1 else { return nil }
+            _ = try? Array("deep".utf8).withUnsafeBytes { try fs.write(handle, offset: 0, data: $0) }
+            try? fs.release(handle)
+            return nil
+        }
+        try c.engine.cycle(pushPull: true)
+        store.setFault(nil)
+        #expect(saved.withLock { $0 }, "no peer segment was read")
+
+        try a.engine.cycle(pushPull: true)
+        #expect(try a.tree()["t/a/b/deep.txt"] == "file deep")
+        let t = try #require(try a.directory("t", create: false))
+        try a.fs.rename(parent: t, name: "a", newParent: t, newName: "moved", flags: 0)
+        try Self.settle([a, c])
+        let expected = ["next.txt": "file one more", "seen.txt": "file a segment for c to read", "t": "dir 755",
+                        "t/moved": "dir 755", "t/moved/b": "dir 755", "t/moved/b/deep.txt": "file deep"]
+        for d in [a, c] {
+            let tree = try d.tree()
+            #expect(tree == expected, "\(d.name): \(tree)")
         }
     }
 }
