@@ -89,7 +89,7 @@ extension FileSystem {
         uses.withLock { $0[ino] = nowNanos() }
         if flags.truncates && flags.writable {
             try storeCall { () throws(StoreError) in try open.content.truncate(0) }
-            state.withLock { _ in open.pendingMTime = store.clock() }
+            noteWritten(open)
         }
         return handle
     }
@@ -175,7 +175,7 @@ extension FileSystem {
         guard offset >= 0 else { throw .invalid }
         guard offset <= maxFileSize - Int64(data.count) else { throw .fileTooBig }
         try storeCall { () throws(StoreError) in try open.content.write(offset: offset, data) }
-        state.withLock { _ in open.pendingMTime = store.clock() }
+        noteWritten(open)
         return data.count
     }
 
@@ -216,6 +216,7 @@ extension FileSystem {
             inode.ctime = m.store.clock()
             if contentChanged { open.pendingMTime = inode.ctime }
         }
+        if contentChanged { autosaveDue.ring() }
     }
 
     /// ENOSPC unless the store can take `bytes` more: what the store's filesystem has
@@ -265,7 +266,7 @@ extension FileSystem {
             }
         }
         try storeCall { () throws(StoreError) in try open.content.truncate(size) }
-        state.withLock { _ in open.pendingMTime = store.clock() }
+        noteWritten(open)
         // truncate(1) on a closed file is a save of its own.
         if temporary { try commit(ino, open) }
     }
@@ -354,13 +355,30 @@ extension FileSystem {
     }
 
     /// Commits files held open and dirty for longer than the idle interval (autosave).
-    public func commitIdle(now: Nanos = nowNanos()) {
+    /// Returns whether a file with unsaved changes remains (the autosave loop looks again
+    /// in a second; otherwise it sleeps until the next write rings `autosaveDue`).
+    @discardableResult
+    public func commitIdle(now: Nanos = nowNanos()) -> Bool {
         let idle = Nanos(options.idleCommitSeconds * 1e9)
         let open = state.withLock { m in m.openFiles.map { ($0.key, $0.value) } }
-        for (ino, file) in open where file.content.isChanged && now - file.content.lastChange >= idle {
-            if file.content.isRefused { continue } // logged once already; wait for the next write
-            do { try commit(ino, file) } catch { log("ubiquity: autosave of inode \(ino) failed: \(error)") }
+        var waiting = false
+        for (ino, file) in open where file.content.isChanged {
+            // One refused (logged once already) waits for the next write, which rings.
+            if now - file.content.lastChange < idle { waiting = true; continue }
+            if file.content.isRefused { continue }
+            do { try commit(ino, file) } catch {
+                log("ubiquity: autosave of inode \(ino) failed: \(error)")
+                waiting = true
+            }
         }
+        return waiting
+    }
+
+    /// Bytes of an open file changed (write, truncate, fallocate): its mtime at the next
+    /// save, and a look from the autosave loop in case it stays open.
+    func noteWritten(_ open: OpenFile, at time: Nanos? = nil) {
+        state.withLock { _ in open.pendingMTime = time ?? store.clock() }
+        autosaveDue.ring()
     }
 
     private func keyValueHandle(_ handle: UInt64) -> KeyValueOpen? {

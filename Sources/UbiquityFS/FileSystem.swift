@@ -42,6 +42,12 @@ public final class FileSystem: Sendable {
     let uses = Locked<[InodeNumber: Nanos]>([:])
     /// What watchers are told (ChangeFeed); a leaf lock.
     public let feed = ChangeFeed()
+    /// What wakes the mount's background loops (FUSESession), which sleep while they have
+    /// nothing to do: a batch of metadata opened (group commit), a commit made (WAL
+    /// checkpoint), bytes of an open file changed (autosave).
+    public let commitDue = Doorbell()
+    public let checkpointDue = Doorbell()
+    public let autosaveDue = Doorbell()
 
     public struct Options: Sendable {
         /// Commit a file held open and dirty after this long without writes (DESIGN: ~10 s).
@@ -88,9 +94,9 @@ public final class FileSystem: Sendable {
     }
 
     /// - Parameter store: the filesystem turns on its group commit; call `commitMetadata()`
-    ///   periodically (the FUSE session does, every 100 ms) and `drain()` at the end.
+    ///   100 ms after `commitDue` rings (the FUSE session does) and `drain()` at the end.
     public init(store: Store, options: Options = Options()) {
-        store.startBatching()
+        store.startBatching(opened: commitDue, committed: checkpointDue)
         chunks = store.chunks
         let shared = SharedStore(store)
         self.store = shared

@@ -99,15 +99,22 @@ public final class FUSESession: @unchecked Sendable {
     @discardableResult
     public func run() -> Int32 {
         guard let session else { return -1 }
-        let autosave = startAutosave()
-        let groupCommit = BackgroundLoop(intervalSeconds: 0.1) { [fs] in fs.commitMetadata() }
+        // Each loop sleeps until its doorbell rings but maintenance, which looks every
+        // 10 s (space taken by others, a prune that is due): an idle mount wakes for that
+        // and the sync poll only (IntegrationTests/mount/t-idle.sh counts).
+        let autosave = BackgroundLoop(every: 1, doorbell: fs.autosaveDue) { [fs] in fs.commitIdle() }
+        let groupCommit = BackgroundLoop(every: 0.1, doorbell: fs.commitDue) { [fs] in fs.commitMetadata(); return false }
         // Its own loop: a long gc in the maintenance loop must not hold checkpoints back.
-        let checkpoints = BackgroundLoop(intervalSeconds: 5) { [fs] in fs.checkpointInBackground() }
-        let maintenance = BackgroundLoop(intervalSeconds: 10) { [fs] in
+        let checkpoints = BackgroundLoop(every: 5, doorbell: fs.checkpointDue) { [fs] in
+            fs.checkpointInBackground()
+            return false
+        }
+        let maintenance = BackgroundLoop(every: 10) { [fs] in
             fs.relieveSpacePressure()
             fs.keepCacheLimit()
             fs.barrierIfNeeded()
             fs.maintainIfDue()
+            return true
         }
         let cfg = fuse_loop_cfg_create()
         fuse_loop_cfg_set_max_threads(cfg, options.maxThreads)
@@ -142,43 +149,9 @@ public final class FUSESession: @unchecked Sendable {
             }
         }
     }
-
-    /// A thread that commits files held open and dirty past the idle interval.
-    private func startAutosave() -> BackgroundLoop {
-        let fs = self.fs
-        return BackgroundLoop(intervalSeconds: 1) { fs.commitIdle() }
-    }
 }
 
 public enum MountError: Error, CustomStringConvertible {
     case failed(String)
     public var description: String { if case .failed(let m) = self { return m }; return "" }
-}
-
-/// A pthread running `body` every interval until stopped. Not a Task: a blocking loop on
-/// the cooperative pool (two threads on two cores) would starve it.
-final class BackgroundLoop: @unchecked Sendable {
-    private let state = Locked(false)
-    private var thread: JoinableThread?
-
-    init(intervalSeconds interval: Double, _ body: @escaping @Sendable () -> Void) {
-        let state = self.state
-        thread = JoinableThread {
-            while true {
-                var slept = 0.0
-                while slept < interval {
-                    if state.withLock({ $0 }) { return }
-                    let step = min(0.1, interval)
-                    usleep(UInt32(step * 1_000_000))
-                    slept += step
-                }
-                body()
-            }
-        }
-    }
-
-    func stop() {
-        state.withLock { $0 = true }
-        thread?.join()
-    }
 }

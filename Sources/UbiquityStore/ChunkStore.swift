@@ -160,7 +160,7 @@ public final class ChunkStore: Sendable {
     public func compact() throws(StoreError) { try small.compact() }
 
     /// Group commit of small chunks (a mounted store; see `SmallChunks.startBatching`).
-    func startBatching() { small.startBatching() }
+    func startBatching(opened: Doorbell?, committed: Doorbell?) { small.startBatching(opened: opened, committed: committed) }
     func commitSmallChunks() throws(StoreError) { try small.commitBatch() }
     /// Those of `ids` that are small chunks not committed yet, with their bytes.
     func uncommittedSmallChunks(_ ids: [ChunkID]) -> [ChunkID: [UInt8]] { small.uncommitted(ids) }

@@ -25,6 +25,24 @@ final class SQLiteDatabase {
     deinit {
         for statement in cache.values { sqlite3_finalize(statement) }
         sqlite3_close(db)
+        committed?.release()
+    }
+
+    /// Rung when the group commit's batch opens: the filesystem's group-commit loop sleeps
+    /// until then and commits it 100 ms later.
+    var batchOpened: Doorbell?
+    /// Rung by every commit of this connection, from SQLite's commit hook (the
+    /// background checkpoint loop has work); retained until the connection closes.
+    private var committed: Unmanaged<Doorbell>?
+
+    func ringOnCommit(_ bell: Doorbell) {
+        committed?.release()
+        let retained = Unmanaged.passRetained(bell)
+        committed = retained
+        sqlite3_commit_hook(db, { context in
+            Unmanaged<Doorbell>.fromOpaque(context!).takeUnretainedValue().ring()
+            return 0 // go on with the commit
+        }, retained.toOpaque())
     }
 
     /// Runs SQL with no parameters and no results (schema, pragmas, BEGIN/COMMIT).
@@ -131,6 +149,7 @@ final class SQLiteDatabase {
         if batching && !batchOpen && depth == 0 {
             try execute("BEGIN IMMEDIATE")
             batchOpen = true
+            batchOpened?.ring()
         }
         try query(sql, params)
     }
@@ -142,6 +161,7 @@ final class SQLiteDatabase {
         if batching && !batchOpen {
             try execute("BEGIN IMMEDIATE")
             batchOpen = true
+            batchOpened?.ring()
         }
         let (begin, end, undo) = batchOpen || depth > 0
             ? ("SAVEPOINT op", "RELEASE op", "ROLLBACK TO op; RELEASE op")

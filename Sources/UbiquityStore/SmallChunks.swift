@@ -68,8 +68,12 @@ final class SmallChunks: Sendable {
     /// Group commit (a mounted store): puts join one open transaction that `commitBatch`
     /// commits, instead of a commit (a 16 KiB WAL frame) each. The store commits this batch
     /// before its metadata batch, so a committed version never names an uncommitted row.
-    func startBatching() {
-        state.withLock { s in s.db?.batching = true }
+    func startBatching(opened: Doorbell?, committed: Doorbell?) {
+        state.withLock { s in
+            s.db?.batching = true
+            s.db?.batchOpened = opened
+            if let committed { s.db?.ringOnCommit(committed) }
+        }
     }
 
     /// Commits the rows put since the last call.

@@ -199,10 +199,14 @@ public final class Store: @unchecked Sendable {
     public var work: (database: Int, replica: Int) { (db.work, replica.work) }
 
     /// Turns group commit on (the mounted filesystem) — see `SQLiteDatabase.batching`.
-    public func startBatching() {
+    /// `opened` rings when a batch opens (someone must call `commitBatch` soon),
+    /// `committed` at every commit (a background checkpoint has work).
+    public func startBatching(opened: Doorbell? = nil, committed: Doorbell? = nil) {
         guard !readOnly else { return }
         db.batching = true
-        chunks.startBatching()
+        db.batchOpened = opened
+        if let committed { db.ringOnCommit(committed) }
+        chunks.startBatching(opened: opened, committed: committed)
     }
 
     /// Commits the metadata changes made since the last call (a cheap no-op when none).
