@@ -247,7 +247,7 @@ extension FileSystem {
     }
 
     public func releasedir(_ handle: UInt64) {
-        meta.withLock { m in _ = m.handles.removeValue(forKey: handle) }
+        _ = handles.removeValue(forKey: handle)
     }
 }
 
@@ -261,10 +261,10 @@ extension FileSystem.Meta {
     /// Lets the history views drop nodes the kernel holds no reference to, keeping those
     /// that open directory handles list.
     mutating func pruneViews() {
-        let handles = self.handles
+        let handles = self.handles.values
         views.pruneUnreferenced {
             var pinned: Set<UInt64> = []
-            for case .directory(_, let entries?) in handles.values {
+            for case .directory(_, let entries?) in handles {
                 for entry in entries where VirtualViews.isVirtual(entry.attributes.ino) { pinned.insert(entry.attributes.ino) }
             }
             return pinned

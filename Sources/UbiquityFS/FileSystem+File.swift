@@ -1,17 +1,30 @@
 import Glibc
+import Synchronization
 import UbiquityStore
 import UbiquitySystem
 
 /// A file some process has open: one content shared by all its handles.
-/// Fields other than `content` are guarded by the `meta` lock.
+/// Fields other than `content` and `pendingMTime` are guarded by the `meta` lock.
 final class OpenFile: @unchecked Sendable {
     let content: FileContent
     /// The content is a TinyPix view: commits encode it to the stored 8 bytes.
     let isTinyPix: Bool
     var handles = 0
     /// mtime of the last write, applied to the inode at the next commit (saves a database
-    /// write per write() call).
-    var pendingMTime: Nanos?
+    /// write per write() call). An atomic, not a field under `meta`: a write sets it
+    /// without taking the filesystem's lock.
+    var pendingMTime: Nanos? {
+        get { let t = pendingTime.load(ordering: .acquiring); return t == Self.noTime ? nil : t }
+        set { pendingTime.store(newValue ?? Self.noTime, ordering: .releasing) }
+    }
+    private let pendingTime = Atomic<Nanos>(OpenFile.noTime)
+    /// Reads and clears `pendingMTime` in one step: a write's time set in between is
+    /// never lost (it stays for the next commit).
+    func takePendingMTime() -> Nanos? {
+        let t = pendingTime.exchange(Self.noTime, ordering: .acquiringAndReleasing)
+        return t == Self.noTime ? nil : t
+    }
+    private static let noTime = Nanos.min
     /// The chunk store's count of fetched chunks when the file was opened: at the last
     /// close, the file's count of bytes not here is looked at again only if it moved.
     var fetchMark = 0
@@ -61,12 +74,10 @@ extension FileSystem {
     /// Whether the kernel may keep a file's page cache across opens: not for TinyPix
     /// views, whose grid is normalized at each commit (what was written as `X` reads `#`).
     public func keepsCache(_ handle: UInt64) -> Bool {
-        state.withLock { m in
-            switch m.handles[handle] {
-            case .file(_, let open, _): return !open.isTinyPix
-            case .keyValue: return false // another device may have set it since
-            default: return true
-            }
+        switch handles[handle] {
+        case .file(_, let open, _): return !open.isTinyPix
+        case .keyValue: return false // another device may have set it since
+        default: return true
         }
     }
 
@@ -108,7 +119,7 @@ extension FileSystem {
     }
 
     public func release(_ handle: UInt64) throws(Errno) {
-        let removed = state.withLock { m -> Handle? in m.handles.removeValue(forKey: handle) }
+        let removed = handles.removeValue(forKey: handle)
         if case .keyValue(let kv) = removed { return kvRelease(kv) }
         guard case .file(let ino, let open, let writable) = removed else { return }
         if writable { busy.writers(ino, -1) }
@@ -158,20 +169,23 @@ extension FileSystem {
     // MARK: data
 
     public func read(_ handle: UInt64, offset: Int64, count: Int) throws(Errno) -> [UInt8] {
-        if let kv = keyValueHandle(handle) { return kvRead(kv, offset: offset, count: count) }
-        let content: FileContent = try state.withLock { (m) throws(Errno) -> FileContent in
-            switch m.handles[handle] {
-            case .file(_, let open, _): return open.content
-            case .view(let content): return content
-            default: throw .badHandle
-            }
+        let content: FileContent
+        switch handles[handle] {
+        case .file(_, let open, _): content = open.content
+        case .view(let view): content = view
+        case .keyValue(let kv): return kvRead(kv, offset: offset, count: count)
+        case .directory, nil: throw .badHandle
         }
         return try storeCall { () throws(StoreError) in try content.read(offset: offset, count: count) }
     }
 
     public func write(_ handle: UInt64, offset: Int64, data: UnsafeRawBufferPointer) throws(Errno) -> Int {
-        if let kv = keyValueHandle(handle) { return try kvWrite(kv, offset: offset, data: data) }
-        guard let (_, open) = try fileHandle(handle, forWriting: true) else { throw .badHandle }
+        let open: OpenFile
+        switch handles[handle] {
+        case .file(_, let file, true): open = file
+        case .keyValue(let kv): return try kvWrite(kv, offset: offset, data: data)
+        case .file, .view, .directory, nil: throw .badHandle
+        }
         guard offset >= 0 else { throw .invalid }
         guard offset <= maxFileSize - Int64(data.count) else { throw .fileTooBig }
         try storeCall { () throws(StoreError) in try open.content.write(offset: offset, data) }
@@ -236,12 +250,11 @@ extension FileSystem {
     /// lseek(2) with SEEK_DATA or SEEK_HOLE (the kernel handles the other whences):
     /// holes are the runs no write and no chunk covers. ENXIO at or past the end.
     public func seek(_ handle: UInt64, offset: Int64, data: Bool) throws(Errno) -> Int64 {
-        let content: FileContent = try state.withLock { (m) throws(Errno) -> FileContent in
-            switch m.handles[handle] {
-            case .file(_, let open, _): return open.content
-            case .view(let content): return content
-            default: throw .badHandle
-            }
+        let content: FileContent
+        switch handles[handle] {
+        case .file(_, let open, _): content = open.content
+        case .view(let view): content = view
+        default: throw .badHandle
         }
         // A negative offset is ENXIO, as on ext4 (found by t-hostile.py).
         guard offset >= 0, let result = content.seek(data: data, from: offset) else { throw .noSuchAddress }
@@ -282,10 +295,9 @@ extension FileSystem {
                     guard var inode = m.store.inode(ino), inode.nlink > 0, let path = m.store.path(of: ino) else { return list }
                     var stored = list
                     if open.isTinyPix { stored = try TinyPixView.stored(from: list, chunks: chunks, path: path) }
-                    if let t = open.pendingMTime {
+                    if let t = open.takePendingMTime() {
                         inode.mtime = t
                         inode.ctime = max(inode.ctime, t) // a chmod after the write keeps its later ctime
-                        open.pendingMTime = nil
                         try m.store.update(inode)
                     }
                     // A saved file survives a crash of this process once this returns: the
@@ -377,37 +389,30 @@ extension FileSystem {
     /// Bytes of an open file changed (write, truncate, fallocate): its mtime at the next
     /// save, and a look from the autosave loop in case it stays open.
     func noteWritten(_ open: OpenFile, at time: Nanos? = nil) {
-        state.withLock { _ in open.pendingMTime = time ?? store.clock() }
+        open.pendingMTime = time ?? store.clock()
         autosaveDue.ring()
     }
 
     private func keyValueHandle(_ handle: UInt64) -> KeyValueOpen? {
-        state.withLock { m in
-            if case .keyValue(let open) = m.handles[handle] { return open }
-            return nil
-        }
+        if case .keyValue(let open) = handles[handle] { return open }
+        return nil
     }
 
     private func fileHandle(_ handle: UInt64, forWriting: Bool = false) throws(Errno) -> (InodeNumber, OpenFile)? {
-        try state.withLock { (m) throws(Errno) -> (InodeNumber, OpenFile)? in
-            switch m.handles[handle] {
-            case .file(let ino, let open, let writable):
-                if forWriting && !writable { throw .badHandle }
-                return (ino, open)
-            case .view: if forWriting { throw .badHandle }; return nil
-            case .directory, .keyValue, nil: throw .badHandle
-            }
+        switch handles[handle] {
+        case .file(let ino, let open, let writable):
+            if forWriting && !writable { throw .badHandle }
+            return (ino, open)
+        case .view: if forWriting { throw .badHandle }; return nil
+        case .directory, .keyValue, nil: throw .badHandle
         }
     }
 }
 
 extension FileSystem.Meta {
     mutating func register(_ handle: Handle) -> UInt64 {
-        let id = nextHandle
-        nextHandle += 1
-        handles[id] = handle
         if case .file(let ino, _, true) = handle { busy.writers(ino, 1) }
-        return id
+        return handles.register(handle)
     }
 
     /// Drops `ino`'s open state (the last handle went and nothing is left to commit).

@@ -136,11 +136,7 @@ extension FileSystem.Meta {
                 continue
             }
             fresh.handles = old.handles
-            for (id, handle) in handles {
-                if case .file(ino, let open, let writable) = handle, open === old {
-                    handles[id] = .file(ino: ino, open: fresh, writable: writable)
-                }
-            }
+            handles.replace(old, with: fresh)
         }
         for ino in changes.unlinked { noteUnlinked(ino) }
     }

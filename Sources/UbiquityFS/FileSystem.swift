@@ -7,16 +7,17 @@ import UbiquitySystem
 ///
 /// Locks, always taken in this order, never while replying to the kernel:
 ///   1. a `FileContent`'s lock (per open file: its data and commits)
-///   2. `state`: the filesystem's own state (handles, lookup counts, open files, views)
+///   2. `state`: the filesystem's own state (lookup counts, open files, views)
 ///   3. the store's lock (`SharedStore`: the tree and everything in SQLite; the sync
 ///      engine takes only this one)
 ///   4. leaves: a `FileContent`'s summary (size, isChanged: readable under `meta`), the
-///      busy files, the chunk cache's lock (inside ChunkStore)
+///      busy files, the handle table, the chunk cache's lock (inside ChunkStore)
 /// `meta` takes 2 then 3 (most operations need both); `state` alone serves what needs no
-/// store (a read's or write's handle). Code holding `meta` must never call a FileContent
-/// data method (read, write, truncate, commit): a commit holds the content lock and
-/// waits for `meta`. Reads and writes of file data hold only their file's content lock,
-/// so they run in parallel across files.
+/// store. Code holding `meta` must never call a FileContent data method (read, write,
+/// truncate, commit): a commit holds the content lock and waits for `meta`. Reads and
+/// writes of file data take neither 2 nor 3: their handle from the handle table, then
+/// only their file's content lock, so they run in parallel across files and never wait
+/// behind a metadata operation or a sync step.
 ///
 /// No request to the backing store runs under 2 or 3: a fetch asked for there is refused
 /// (`ChunkStore.refuseFetches`). Only a file's content lock (1) may be held across a
@@ -30,6 +31,8 @@ public final class FileSystem: Sendable {
     let meta: MetaLock
     /// Files sync must leave alone now (a leaf: the store's lock holder asks).
     let busy = BusyFiles()
+    /// Open handles (a leaf): reads and writes find theirs without `state`.
+    let handles = HandleTable()
     let chunks: ChunkStore
     public let options: Options
     let hooks = Locked(Hooks())
@@ -81,15 +84,16 @@ public final class FileSystem: Sendable {
         /// the kernel): dropped when that ends.
         var unlinked: Set<InodeNumber> = []
         var openFiles: [InodeNumber: OpenFile] = [:]
-        var handles: [UInt64: Handle] = [:]
-        var nextHandle: UInt64 = 1
+        /// The handles, under their own (leaf) lock: `FileSystem.handles`.
+        let handles: HandleTable
         var views = VirtualViews()
         var kv = KeyValueDoor()
 
-        init(store: Store, shared: SharedStore, busy: BusyFiles) {
+        init(store: Store, shared: SharedStore, busy: BusyFiles, handles: HandleTable) {
             unguardedStore = store
             self.shared = shared
             self.busy = busy
+            self.handles = handles
         }
     }
 
@@ -100,7 +104,7 @@ public final class FileSystem: Sendable {
         chunks = store.chunks
         let shared = SharedStore(store)
         self.store = shared
-        let state = Locked(Meta(store: store, shared: shared, busy: busy))
+        let state = Locked(Meta(store: store, shared: shared, busy: busy, handles: handles))
         self.state = state
         meta = MetaLock(state: state, store: shared)
         self.options = options

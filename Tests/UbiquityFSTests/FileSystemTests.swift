@@ -1,6 +1,7 @@
 import Glibc
 import Testing
 import TestSupport
+import UbiquitySystem
 @testable import UbiquityFS
 @testable import UbiquityStore
 
@@ -321,6 +322,42 @@ import Dispatch
         }
         try h.fs.release(handle)
         #expect(try h.fs.getattr(a.ino).size == 300 * 4096)
+    }
+
+    /// Reads and writes of an open file take neither the filesystem's lock nor the
+    /// store's (issue 26: a metadata operation holds them across SQLite work, and waits
+    /// for the store's behind a sync step): with both held elsewhere, they still finish.
+    @Test(.timeLimit(.minutes(1)))
+    func readsAndWritesDoNotWaitForTheFilesystemLock() throws {
+        let h = try Harness()
+        let (_, handle) = try h.fs.create(parent: Store.rootInode, name: "f", mode: 0o644, flags: OpenFlags(O_RDWR), caller: h.me)
+        let held = Locked(true)
+        let holding = DispatchSemaphore(value: 0)
+        let holder = JoinableThread { [fs = h.fs!] in
+            fs.meta.withLock { _ in
+                holding.signal()
+                while held.withLock({ $0 }) { usleep(1_000) }
+            }
+        }
+        holding.wait()
+        let done = DispatchSemaphore(value: 0)
+        let result = Locked<[UInt8]?>(nil)
+        let worker = JoinableThread { [fs = h.fs!] in
+            for i in 0..<100 {
+                _ = try? [UInt8](repeating: UInt8(i), count: 4096).withUnsafeBytes { try fs.write(handle, offset: Int64(i) * 4096, data: $0) }
+            }
+            let bytes = try? fs.read(handle, offset: 99 * 4096, count: 4)
+            result.withLock { $0 = bytes }
+            done.signal()
+        }
+        let finished = done.wait(timeout: .now() + 10) == .success
+        held.withLock { $0 = false }
+        holder.join()
+        if !finished { done.wait() }
+        worker.join()
+        #expect(finished, "a read or write waited for the filesystem's lock")
+        #expect(result.withLock { $0 } == [99, 99, 99, 99])
+        try h.fs.release(handle)
     }
 }
 
