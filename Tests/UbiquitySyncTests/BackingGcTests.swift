@@ -293,6 +293,7 @@ import UbiquitySystem
         let world = World()
         var options = SimDevice.alwaysPolling
         options.objectCheckValidity = 1
+        options.stageWhileWriting = true // the backing directory is on this disk
         let a = try world.device("a", options: options)
         a.cycle() // reached the store: chunks go up as they are written
         var rng = SplitMix64(seed: 5)

@@ -8,7 +8,7 @@ import UbiquitySystem
 /// fail a request before it reaches `base` (it has no effect) or after (its effect stays
 /// and its answer is lost: a timeout after the PUT landed). Tests that count work read
 /// `calls`; tests that break things install `fault`.
-final class RecordingStore: BackingStore {
+final class RecordingStore: WrappingStore {
     enum Fault: Sendable {
         /// The request fails without effect.
         case before(BackingError)

@@ -113,6 +113,48 @@ import UbiquitySystem
         #expect(store.count(.put, "packs/") == 3 && store.count(.put, "log/") == 1, "\(store.calls)")
     }
 
+    /// To a backing directory on the store's own disk nothing goes up while a file is
+    /// written (the copy would halve the writer's disk bandwidth: issue 26); the push after
+    /// the save sends it all, each chunk once. A directory elsewhere, or a bucket, stages.
+    @Test func aBackingDirectoryOnTheSameDiskGetsTheFileAfterItsSave() throws {
+        print("SyncCostTests.aBackingDirectoryOnTheSameDisk seed 29")
+        var rng = SplitMix64(seed: 29)
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        #expect(SyncEngine.onTheSameDisk(DirectoryStore(root: temp.path + "/backing/not-made-yet"), temp.path))
+        mkdir(temp.path + "/backing", 0o755)
+        let directory = DirectoryStore(root: temp.path + "/backing")
+        #expect(!SyncEngine.onTheSameDisk(MemoryStore(), temp.path))
+        if Self.statDevice("/dev/shm") != Self.statDevice(temp.path) {
+            #expect(!SyncEngine.onTheSameDisk(DirectoryStore(root: "/dev/shm/ubiquity-elsewhere"), temp.path))
+        }
+        let store = RecordingStore(directory)
+        let a = try Self.device("a", temp, store)
+        #expect(!a.engine.stagesWhileWriting)
+        try a.engine.cycle(pushPull: true)
+        store.reset()
+        let content = Array(randomText(20 << 20, &rng).utf8)
+        let (_, handle) = try a.fs.create(parent: Store.rootInode, name: "big.bin", mode: 0o644, flags: OpenFlags(O_WRONLY), caller: a.me)
+        for offset in stride(from: 0, to: content.count, by: 1 << 20) {
+            _ = try content[offset..<offset + (1 << 20)].withUnsafeBytes { try a.fs.write(handle, offset: Int64(offset), data: $0) }
+        }
+        usleep(300_000)
+        #expect(store.count(.put, "packs/") == 0, "\(store.calls)")
+        try a.fs.release(handle)
+        try a.engine.cycle(pushPull: true)
+        #expect(store.count(.put, "packs/") == 3 && store.count(.put, "log/") == 1, "\(store.calls)")
+        let packed = store.calls.filter { $0.op == .put && $0.key.hasPrefix("packs/") }.map(\.bytes).reduce(0, +)
+        #expect(packed > content.count && packed < content.count + (64 << 10), "\(packed) bytes in packs for \(content.count)")
+        let b = try Self.device("b", temp, store)
+        try b.engine.cycle(pushPull: true)
+        #expect(try Self.content(of: "big.bin", on: b) == content)
+    }
+
+    static func statDevice(_ path: String) -> UInt64 {
+        var st = stat()
+        return stat(path, &st) == 0 ? UInt64(st.st_dev) : 0
+    }
+
     @Test func largeFilesGoUpInOnePackAndComeDownByPack() throws {
         print("SyncCostTests.largeFiles seed 11")
         var rng = SplitMix64(seed: 11)
