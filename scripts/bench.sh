@@ -28,6 +28,7 @@ esac
 if [ $quick = 1 ]; then
   RUNS=${BENCH_RUNS:-1}
   SEQ_MB=256        # sequential write/read, and the file of the warm random read
+  PRE_MB=128        # fio's default sequential write, dd into a preallocated file
   FILES=2000        # small-file create/stat/read/delete
   TREE_FILES=2000   # tar -x, rsync, du, find
   REPO_FILES=500    # git clone
@@ -36,6 +37,7 @@ if [ $quick = 1 ]; then
 else
   RUNS=${BENCH_RUNS:-3}
   SEQ_MB=1024
+  PRE_MB=512
   FILES=10000
   # 18,000, not 20,000: passthrough_ll holds a descriptor per inode the kernel knows, and
   # this machine's hard limit is 20,000 descriptors (root cannot raise it here); a
@@ -59,7 +61,7 @@ install_missing "${BUILD_PACKAGES[@]}" gcc fio git python3 rsync tar attr >&2
 # ubiquity keeps the history of deleted files in its store, and its backing directory
 # gets a copy. A rough bound (about twice what a run writes, per run), checked up front
 # so that a full disk does not end the benchmark half way.
-need_mb=$(( RUNS * 2 * (SEQ_MB + 128 + TREE_FILES * 8 / 1024 + 100) + 2 * SEQ_MB + 1024 ))
+need_mb=$(( RUNS * 2 * (SEQ_MB + 2 * PRE_MB + 128 + TREE_FILES * 8 / 1024 + 100) + 2 * SEQ_MB + 1024 ))
 free_mb=$(df -Pm /var/tmp | awk 'NR == 2 { print $4 }')
 [ "$free_mb" -ge "$need_mb" ] || { echo "bench.sh needs about $need_mb MiB free in /var/tmp, there are $free_mb" >&2; exit 1; }
 
@@ -231,6 +233,22 @@ bench_target() {
   record warmr "$(fio_iops 8 "$W/fio.out")"
   rm -f "$d/big"
 
+  # Sequential writes as the standard tools do them (issue 26), PRE_MB each: fio with its
+  # defaults for a sequential write (psync, 1 MiB blocks, one fsync at the end), and dd
+  # into a file fallocate made first (conv=notrunc: the blocks are overwritten in place).
+  settle
+  fio --name=seq --filename="$d/fio.seq" --rw=write --bs=1M --size="${PRE_MB}M" --ioengine=psync --end_fsync=1 \
+      --output-format=terse --terse-version=3 > "$W/fio.out" 2>"$W/fio.err" || { cat "$W/fio.err" >&2; die "fio (sequential write) failed on $t"; }
+  record fioseqw "$(awk -F';' '{ printf "%.6g\n", $48 / 1024 }' "$W/fio.out")" # field 48: write bandwidth, KiB/s
+  rm -f "$d/fio.seq"
+  settle
+  # posix_fallocate (-x): passthrough_ll has no fallocate, glibc then writes zeros there.
+  fallocate -x -l "${PRE_MB}M" "$d/pre"
+  sync
+  s=$(secs dd if="$SHM.rand" of="$d/pre" bs=1M count="$PRE_MB" conv=notrunc,fsync status=none)
+  record prew "$(div "$PRE_MB" "$s")"
+  rm -f "$d/pre"
+
   # 4 KiB random write, then random read, of a 128 MiB file fio lays out (fio drops
   # that file's page cache before each job).
   settle
@@ -342,6 +360,8 @@ echo "| workload | unit | plain dir | passthrough_ll | passthrough_ll -o writeba
 echo "|---|---|---|---|---|---|---|---|---|---|"
 row "sequential write ${SEQ_MB} MiB + fsync" seqw "MiB/s" 1
 row "sequential read (cold)" seqr "MiB/s" 1
+row "fio sequential write, its defaults (psync, 1 MiB, end_fsync), ${PRE_MB} MiB" fioseqw "MiB/s" 1
+row "dd into a preallocated ${PRE_MB} MiB file (fallocate, conv=notrunc,fsync)" prew "MiB/s" 1
 row "4 KiB random write (128 MiB file)" randw "IOPS" 1
 row "4 KiB random read (128 MiB file, fio drops its cache)" randr "IOPS" 1
 row "4 KiB random read, warm (${SEQ_MB} MiB file in the page cache)" warmr "IOPS" 1

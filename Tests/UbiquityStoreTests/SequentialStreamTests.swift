@@ -41,6 +41,60 @@ import TestSupport
         #expect(try streamed.read(offset: 0, count: data.count) == data)
     }
 
+    /// A preallocated file (fallocate, or a sparse size, then written from its start:
+    /// fio's default, `dd conv=notrunc`) streams as a new file does (issue 26): its first
+    /// chunks are in the store before any commit, the unwritten rest commits as one hole,
+    /// and the chunks are those a staged commit of the same bytes makes. Reads, SEEK_DATA
+    /// and SEEK_HOLE see the bytes and the hole at every step; then an overwrite elsewhere
+    /// ends the stream and the content stays right.
+    @Test(arguments: ["fallocate", "sparse", "committed hole", "overwrite after"])
+    func aPreallocatedFileWrittenFromItsStartStreams(_ how: String) throws {
+        print("SequentialStreamTests.aPreallocatedFile \(how) seed 13")
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let chunks = try ChunkStore(directory: dir.path + "/chunks")
+        var gen = SplitMix64(seed: 13)
+        let size = 5 << 20
+        let data = gen.bytes(3 << 20)
+        let content = FileContent(base: ChunkList(), chunks: chunks, stagingDirectory: dir.path)
+        switch how {
+        case "sparse": try content.truncate(Int64(size))
+        case "committed hole":
+            try content.reserve(0..<Int64(size), keepSize: false)
+            try content.commit { $0 }
+        default: try content.reserve(0..<Int64(size), keepSize: false)
+        }
+        try Self.write(content, data, at: 0, pieces: 256 << 10)
+        let firstCut = data.withUnsafeBytes { Chunker.standard.cut(UnsafeRawBufferPointer(rebasing: $0[0..<Chunker.standard.maxSize])) }
+        #expect(chunks.size(of: ChunkID(hashing: Array(data[0..<firstCut]))) == firstCut, "not streamed")
+        #expect(content.size == Int64(size))
+        #expect(content.seek(data: true, from: 0) == 0 && content.seek(data: false, from: 0) == Int64(data.count))
+        #expect(content.seek(data: true, from: Int64(data.count)) == nil && content.seek(data: false, from: Int64(data.count) + 5) == Int64(data.count) + 5)
+        var model = data + [UInt8](repeating: 0, count: size - data.count)
+        if how == "overwrite after" {
+            let patch = gen.bytes(70_000)
+            try patch.withUnsafeBytes { try content.write(offset: 1_000_000, $0) }
+            model.replaceSubrange(1_000_000..<1_070_000, with: patch)
+        }
+        var committed = ChunkList()
+        try content.commit { committed = $0; return $0 }
+        #expect(committed.totalSize == Int64(size))
+        #expect(committed.isHole(committed.count - 1) && committed.offsets[committed.count - 1] == Int64(data.count))
+        #expect(try content.read(offset: 0, count: size) == model)
+        // The same bytes staged (written backwards, never a stream) commit to the same list.
+        let other = TempDirectory()
+        defer { other.cleanup() }
+        let staged = FileContent(base: ChunkList(), chunks: try ChunkStore(directory: other.path + "/chunks"), stagingDirectory: other.path)
+        try staged.truncate(Int64(size))
+        for start in stride(from: data.count - (64 << 10), through: 0, by: -(64 << 10)) {
+            try model[start..<start + (64 << 10)].withUnsafeBytes { try staged.write(offset: Int64(start), $0) }
+        }
+        var viaStaging = ChunkList()
+        try staged.commit { viaStaging = $0; return $0 }
+        #expect(try staged.read(offset: 0, count: size) == model)
+        if how != "overwrite after" { #expect(committed == viaStaging) }
+    }
+
     /// Anything but an append ends the stream; the content stays what was written.
     @Test(arguments: ["read", "overwrite", "truncate", "discard"])
     func otherOperationsEndTheStream(_ operation: String) throws {
