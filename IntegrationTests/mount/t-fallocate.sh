@@ -58,6 +58,20 @@ assert_blocks g 1 "g after a remount"
 truncate -s 5M f
 assert_blocks f 3 "truncated to 5M (data 0-1M and 3-4M, zeroed 4-5M allocated)"
 
+step "a preallocated file written from its start (fio's default, dd conv=notrunc): its bytes, then a hole"
+head -c $((3 << 20)) /dev/urandom >"$DATA/pre.src"
+fallocate -l 8M pre
+dd if="$DATA/pre.src" of=pre bs=1M conv=notrunc,fsync status=none
+assert_eq $((8 << 20)) "$(stat -c %s pre)" "size of pre after dd conv=notrunc"
+cmp -n $((3 << 20)) "$DATA/pre.src" pre || fail "pre: the written 3 MiB differ"
+cmp -i $((3 << 20)):0 -n $((5 << 20)) pre /dev/zero || fail "pre: the unwritten 5 MiB are not zeros"
+assert_eq "$((3 << 20))" "$(python3 -c "import os; fd = os.open('pre', os.O_RDONLY); print(os.lseek(fd, 0, os.SEEK_HOLE))")" "SEEK_HOLE of pre"
+truncate -s 6M sparse
+dd if="$DATA/pre.src" of=sparse bs=256K conv=notrunc status=none
+cmp -n $((3 << 20)) "$DATA/pre.src" sparse || fail "sparse: the written 3 MiB differ"
+assert_eq $((6 << 20)) "$(stat -c %s sparse)" "size of sparse after dd conv=notrunc"
+rm -f pre sparse
+
 step "ENOSPC: past the size-limit, and past the disk's free space"
 assert_errno ENOSPC "fd = os.open('$MNT/big', os.O_RDWR | os.O_CREAT); os.posix_fallocate(fd, 0, 300 << 20)" "fallocate of 300M with size-limit 200M"
 free=$(df -B1 --output=avail "$STORE" | tail -n 1)
