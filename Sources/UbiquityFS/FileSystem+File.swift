@@ -329,10 +329,15 @@ extension FileSystem {
     }
 
     /// Commits the batched metadata changes (group commit, every 100 ms).
-    public func commitMetadata() {
+    /// Returns false when the commit failed: the batch stays open and no new one rings
+    /// the group commit's doorbell, so its loop must try again by itself.
+    @discardableResult
+    public func commitMetadata() -> Bool {
         do { try withMeta { (m) throws(StoreError) in try m.store.commitBatch() } } catch {
             log("ubiquity: metadata commit failed: \(error)")
+            return false
         }
+        return true
     }
 
     /// Commits every open file with changes (unmount, SIGTERM): nothing acknowledged is lost.
