@@ -39,14 +39,9 @@ pt_pid=$!
 "$UBQ" mount "$W/ubq" --store "$W/ubq-store" --backing "$W/ubq-backing" >/dev/null
 for _ in $(seq 100); do mountpoint -q "$W/pt" && break; sleep 0.1; done
 
+. scripts/bench/common.sh
 # Waits until Ubiquity has copied what the row before wrote to its backing directory.
-settle() {
-  for _ in $(seq 240); do
-    getfattr --only-values -n user.ubiquity.sync "$W/ubq" 2>/dev/null | grep -qx 'pending=0' && break
-    sleep 0.5
-  done
-  sync
-}
+settle() { settle_mount "$W/ubq"; }
 
 RAW=$W/raw
 : >"$RAW"
@@ -73,8 +68,6 @@ for run in $(seq "$RUNS"); do
   echo "run $run/$RUNS done" >&2
 done
 
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.1f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-cell() { awk -F'\t' -v t="$1" -v k="$2" '$1 == t && $2 == k { print $3 }' "$RAW" | median; }
 echo
 echo "Command: BENCH_RUNS=$RUNS BENCH_MB=$MB scripts/bench-write.sh (commit $(git rev-parse --short HEAD), release build); MiB/s, median of $RUNS"
 echo

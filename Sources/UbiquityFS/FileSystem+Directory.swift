@@ -345,7 +345,7 @@ extension FileSystem.Meta {
     mutating func removeName(parent: UInt64, name: String, id: InodeNumber, historyContinues: Bool = false) throws(Errno) {
         let path = store.path(of: id) ?? name
         let before = store.inode(id)!
-        let after = try storeCall { () throws(StoreError) in try store.removeEntry(parent: parent, name: name) }
+        let after = try storeCall { () throws(StoreError) in try store.removeEntry(parent: parent, name: name, id: id) }
         if let after, after.kind == .file, after.nlink == 0, let fileID = before.fileID {
             if historyContinues {
                 // The old inode may still be open; give it a fresh, detached identity.

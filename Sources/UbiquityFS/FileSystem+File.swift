@@ -24,6 +24,11 @@ final class OpenFile: @unchecked Sendable {
         let t = pendingTime.exchange(Self.noTime, ordering: .acquiringAndReleasing)
         return t == Self.noTime ? nil : t
     }
+    /// Gives back a time `takePendingMTime` took (its commit failed), unless a write set
+    /// one since.
+    func restorePendingMTime(_ t: Nanos) {
+        _ = pendingTime.compareExchange(expected: Self.noTime, desired: t, ordering: .acquiringAndReleasing)
+    }
     private static let noTime = Nanos.min
     /// The chunk store's count of fetched chunks when the file was opened: at the last
     /// close, the file's count of bytes not here is looked at again only if it moved.
@@ -292,18 +297,20 @@ extension FileSystem {
         let committed = try storeCall { () throws(StoreError) in
             try open.content.commit { (list) throws(StoreError) -> ChunkList in
                 try meta.withLock { (m) throws(StoreError) -> ChunkList in
-                    guard var inode = m.store.inode(ino), inode.nlink > 0, let path = m.store.path(of: ino) else { return list }
+                    guard let inode = m.store.inode(ino), inode.nlink > 0, let path = m.store.path(of: ino) else { return list }
                     var stored = list
                     if open.isTinyPix { stored = try TinyPixView.stored(from: list, chunks: chunks, path: path) }
-                    if let t = open.takePendingMTime() {
-                        inode.mtime = t
-                        inode.ctime = max(inode.ctime, t) // a chmod after the write keeps its later ctime
-                        try m.store.update(inode)
-                    }
                     // A saved file survives a crash of this process once this returns: the
                     // store logs the save (IntentLog) until the batch commits (found by the
                     // systemd test: SIGKILL right after a write lost the file).
-                    try m.store.commit(ino, content: stored, path: path, local: LocalOnly.contains(path))
+                    let written = open.takePendingMTime()
+                    do throws(StoreError) {
+                        try m.store.commit(ino, content: stored, path: path, local: LocalOnly.contains(path), written: written)
+                    } catch {
+                        // Kept for the next commit, unless a later write set a newer time.
+                        if let written { open.restorePendingMTime(written) }
+                        throw error
+                    }
                     publishFileEvents(m, [(.changed, path)])
                     return open.isTinyPix ? try TinyPixView.view(of: stored, chunks: chunks) : list
                 }

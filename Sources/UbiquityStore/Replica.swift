@@ -251,10 +251,15 @@ final class Replica {
     /// (above every dot of it it gave before, and every one the node's heads hold),
     /// and a context of the parents' dots and contexts. Parents of other nodes (a conflict
     /// taken from another node) do not count: counters are per node.
-    func lineage(node: String, parents: [String], device: String) throws(StoreError) -> Lineage {
+    ///
+    /// Also returns what it read that `add` of the record reads again (`Known`).
+    func lineage(node: String, parents: [String], device: String) throws(StoreError) -> (Lineage, Known) {
         var lineage = Lineage()
+        var known = Known()
         for id in parents {
-            guard let parent = try record(id: id), parent.node == node else { continue }
+            guard let parent = try record(id: id) else { continue }
+            known.parents[id] = parent
+            guard parent.node == node else { continue }
             lineage.formUnion(parent.lineage.context)
             lineage.insert(device: parent.device, counter: parent.lineage.dot)
         }
@@ -262,7 +267,9 @@ final class Replica {
         // can lose it (a version rolled back after a power loss whose parent was pruned
         // leaves the node without heads here while other devices hold its dots).
         var highest = try db.rows("SELECT dot FROM own_dots WHERE node = ?", [.text(node)]) { $0.int(0) }.first ?? 0
-        for head in try heads(node) {
+        let heads = try heads(node)
+        known.heads = heads
+        for head in heads {
             if head.device == device { highest = max(highest, head.lineage.dot) }
             highest = max(highest, head.lineage.context[device]?.max ?? 0)
         }
@@ -271,20 +278,35 @@ final class Replica {
         try db.query("REPLACE INTO own_dots(node, dot) VALUES(?, ?)", [.text(node), .int(lineage.dot)])
         // A context past the limit (a hostile parent's) could not be read back anywhere:
         // the record goes without lineage, superseding by its parents only.
-        guard lineage.itemCount <= Lineage.maxItems else { return Lineage() }
-        return lineage
+        guard lineage.itemCount <= Lineage.maxItems else { return (Lineage(), known) }
+        return (lineage, known)
+    }
+
+    /// What `lineage` read of the view for a record this device makes, for its `add` in
+    /// the same transaction, with nothing changed in the view between the two (its
+    /// insert into `versions` only): the parents found (by id) and the node's heads.
+    /// Each save read them twice (issue 26, the work tests' count).
+    struct Known {
+        var parents: [String: Record] = [:]
+        var heads: [Record]?
     }
 
     /// Adds a record already inserted in the versions table (same transaction); returns
-    /// the paths whose view may have changed, and whether `r` is its node's current record.
-    func add(_ r: Record) throws(StoreError) -> (changed: [String], isCurrent: Bool) {
+    /// the paths whose view may have changed, whether `r` is its node's current record,
+    /// and whether it is then the only live node at its path, with nothing below it (so
+    /// its path shows it).
+    func add(_ r: Record, known: Known = Known()) throws(StoreError) -> (changed: [String], isCurrent: Bool, isAlone: Bool) {
         viewChanged()
         let wasHeadless = isHeadless(r.node) // so it had no current record either
         for p in r.parents {
             work += 1
-            if let parent = try db.rows("SELECT row, file_id FROM versions WHERE id = ? AND local = 0", [.text(p)], {
-                (row: $0.int(0), node: $0.text(1))
-            }).first {
+            var found = known.parents[p].map { (row: $0.row, node: $0.node) }
+            if found == nil {
+                found = try db.rows("SELECT row, file_id FROM versions WHERE id = ? AND local = 0", [.text(p)]) {
+                    (row: $0.int(0), node: $0.text(1))
+                }.first
+            }
+            if let parent = found {
                 if parent.node == r.node {
                     try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.text(r.node), .int(parent.row)])
                 }
@@ -302,7 +324,9 @@ final class Replica {
         // The heads left are known here: the current record is worked out from them, not
         // read back.
         var left: [Record] = []
-        for head in try heads(r.node) {
+        let heads: [Record]
+        if let knownHeads = known.heads { heads = knownHeads } else { heads = try self.heads(r.node) }
+        for head in heads {
             if r.covers(head) {
                 try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.text(r.node), .int(head.row)])
             } else {
@@ -317,9 +341,9 @@ final class Replica {
         }
         let live = left.filter { !$0.isTombstone }
         memo?.liveHeads[NameKey(r.node)] = live
-        let (changed, conflicts, current) = try recompute(r.node, liveHeads: live, hadNoCurrent: wasHeadless)
+        let (changed, conflicts, current, alone) = try recompute(r.node, liveHeads: live, hadNoCurrent: wasHeadless)
         try conflictsChanged(conflicts + [r.path])
-        return (changed, current?.row == r.row)
+        return (changed, current?.row == r.row, current?.row == r.row && alone)
     }
 
     /// The nodes whose records named `id` as a parent before it arrived. Records seldom
@@ -354,7 +378,7 @@ final class Replica {
         for parent in others where r.parents.contains(parent.id) && !named.contains(parent.id) && !others.contains(where: { $0.covers(parent) }) {
             try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.text(r.node), .int(parent.row)])
         }
-        var (changed, conflicts, _) = try recompute(r.node)
+        var (changed, conflicts, _, _) = try recompute(r.node)
         changed += withAncestors(r.path)
         try conflictsChanged(conflicts + [r.path])
         return changed
@@ -367,51 +391,58 @@ final class Replica {
     /// `state(at:)`), so a change deep in a tree recounts one path, not every ancestor.
     /// `liveHeads`: the node's live heads when the caller knows them (nil: read them);
     /// `hadNoCurrent`: the caller knows the node had no current record.
-    /// Also returns the current record.
-    private func recompute(_ node: String, liveHeads known: [Record]? = nil,
-                           hadNoCurrent: Bool = false) throws(StoreError) -> (changed: [String], conflicts: [String], current: Record?) {
+    /// Also returns the current record, and whether it became current here and is the only
+    /// live node at its path with nothing below (false when not known).
+    private func recompute(_ node: String, liveHeads known: [Record]? = nil, hadNoCurrent: Bool = false) throws(StoreError)
+        -> (changed: [String], conflicts: [String], current: Record?, alone: Bool) {
         let old = hadNoCurrent ? nil
             : try db.rows("SELECT row, path FROM view_current WHERE node = ?", [.text(node)]) { (row: $0.int(0), path: $0.text(1)) }.first
         let heads: [Record]
         if let known { heads = known } else { heads = try liveHeads(node) }
         let new = heads.max { $1.beats($0) }
-        if let old, let new, old.row == new.row { return (withAncestors(new.path), [new.path], new) }
+        if let old, let new, old.row == new.row { return (withAncestors(new.path), [new.path], new, false) }
         var changed: [String] = [], conflicts: [String] = []
         if let old {
             try db.query("DELETE FROM view_current WHERE node = ?", [.text(node)])
-            conflicts += [old.path] + (try count(old.path, nodes: -1))
+            conflicts += [old.path] + (try count(old.path, nodes: -1).crossed)
             changed += withAncestors(old.path)
         }
+        var alone = false
         if let new {
             try db.query("INSERT INTO view_current(node, row, path) VALUES(?, ?, ?)", [.text(node), .int(new.row), .text(new.path)])
-            conflicts += [new.path] + (try count(new.path, nodes: 1))
+            let (crossed, here) = try count(new.path, nodes: 1)
+            conflicts += [new.path] + crossed
             changed += withAncestors(new.path)
+            alone = here.nodes == 1 && here.below == 0
         }
-        return (changed, conflicts, new)
+        return (changed, conflicts, new, alone)
     }
 
     /// Adds `delta` (±1) live nodes at `path` (and below each of its ancestors); a path
     /// with none at or below it leaves `view_paths`. Returns the ancestors whose `below`
-    /// went from 0 to 1 or from 1 to 0.
-    @discardableResult
-    private func count(_ path: String, nodes delta: Int) throws(StoreError) -> [String] {
+    /// went from 0 to 1 or from 1 to 0, and the path's own counts afterwards.
+    private func count(_ path: String, nodes delta: Int) throws(StoreError) -> (crossed: [String], here: (nodes: Int64, below: Int64)) {
         var path = Substring(path)
         var nodes = delta, below = 0
         var crossed: [String] = []
+        var here: (nodes: Int64, below: Int64)?
         while true {
             work += 1
             let parent = path.lastIndex(of: "/").map { path[..<$0] } ?? ""
             let now = try db.rows("""
                 INSERT INTO view_paths(path, parent, nodes, below) VALUES(?, ?, ?, ?)
                 ON CONFLICT(path) DO UPDATE SET nodes = nodes + excluded.nodes, below = below + excluded.below
-                RETURNING below
-                """, [.text(String(path)), .text(String(parent)), .int(Int64(nodes)), .int(Int64(below))]) { $0.int(0) }.first ?? 0
-            memo?.below[NameKey(String(path))] = now
-            if below != 0 && now == (delta > 0 ? 1 : 0) { crossed.append(String(path)) }
+                RETURNING nodes, below
+                """, [.text(String(path)), .text(String(parent)), .int(Int64(nodes)), .int(Int64(below))]) {
+                    (nodes: $0.int(0), below: $0.int(1))
+                }.first ?? (nodes: 0, below: 0)
+            if here == nil { here = now }
+            memo?.below[NameKey(String(path))] = now.below
+            if below != 0 && now.below == (delta > 0 ? 1 : 0) { crossed.append(String(path)) }
             if delta < 0 {
                 try db.query("DELETE FROM view_paths WHERE path = ? AND nodes <= 0 AND below <= 0", [.text(String(path))])
             }
-            if parent.isEmpty { return crossed }
+            if parent.isEmpty { return (crossed, here ?? now) }
             path = parent
             nodes = 0
             below = delta

@@ -11,6 +11,7 @@ final class SQLiteDatabase {
 
     init(path: String) throws(StoreError) {
         self.path = path
+        Self.configureOnce
         let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
         let rc = sqlite3_open_v2(path, &db, flags, nil)
         guard rc == SQLITE_OK else {
@@ -21,6 +22,25 @@ final class SQLiteDatabase {
         sqlite3_busy_timeout(db, 5000)
         sqlite3_extended_result_codes(db, 1)
     }
+
+    /// Statement and savepoint journals stay in memory (SQLite's default spills them to a
+    /// temporary file past 64 KiB). Every metadata operation inside the group-commit batch
+    /// is a savepoint; a journal kept in memory is emptied when the savepoint is released,
+    /// one spilled to a file is not, so once a batch passed 64 KiB each create, save and
+    /// unlink wrote every page it changed to a temporary file in /var/tmp (a new file per
+    /// batch): 26 pwrites per 1 KiB file created, half the daemon's kernel time (issue 26,
+    /// strace). -1 and not a larger threshold: SQLite 3.40 failed a big UPDATE with
+    /// SQLITE_FULL at every threshold tried between 256 KiB and 4 MiB (`ubiquity-bench-fill`).
+    /// What a journal in memory holds is the pages one statement (or one operation's
+    /// savepoint) changes; the big steps run without savepoints (`standalone`).
+    static let statementJournalSpill: Int32 = -1
+
+    /// Process-wide settings, before SQLite initializes (the first open does).
+    private static let configureOnce: Void = {
+        if ubiquity_sqlite_set_statement_journal_spill(statementJournalSpill) != SQLITE_OK {
+            log("ubiquity: SQLite refused the statement-journal setting (initialized already); journals spill at 64 KiB")
+        }
+    }()
 
     deinit {
         for statement in cache.values { sqlite3_finalize(statement) }
@@ -163,20 +183,42 @@ final class SQLiteDatabase {
             batchOpen = true
             batchOpened?.ring()
         }
-        let (begin, end, undo) = batchOpen || depth > 0
-            ? ("SAVEPOINT op", "RELEASE op", "ROLLBACK TO op; RELEASE op")
-            : ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")
-        try execute(begin)
+        if batchOpen || depth > 0 {
+            try control("SAVEPOINT op")
+            depth += 1
+            defer { depth -= 1 }
+            do {
+                let result = try body()
+                try control("RELEASE op")
+                return result
+            } catch {
+                try? control("ROLLBACK TO op")
+                try? control("RELEASE op")
+                throw error
+            }
+        }
+        try execute("BEGIN IMMEDIATE")
         depth += 1
         defer { depth -= 1 }
         do {
             let result = try body()
-            try execute(end)
+            try execute("COMMIT")
             return result
         } catch {
-            try? execute(undo)
+            try? execute("ROLLBACK")
             throw error
         }
+    }
+
+    /// A savepoint's statement, prepared once: every metadata operation inside the
+    /// group-commit batch is a savepoint (two or three nested), and `execute` parsed
+    /// "SAVEPOINT op" and "RELEASE op" anew each time, two dozen parses per editor save.
+    private func control(_ sql: String) throws(StoreError) {
+        let statement = try prepared(sql)
+        let rc = sqlite3_step(statement)
+        let message = rc == SQLITE_DONE ? "" : errorMessage
+        sqlite3_reset(statement)
+        guard rc == SQLITE_DONE else { throw .database("\(message) (in: \(sql))") }
     }
 
     /// Disk space of the database file at `path` and its WAL (O(1): two stats).
@@ -252,6 +294,9 @@ final class SQLiteDatabase {
         batchOpen = false
         try execute("COMMIT")
     }
+
+    /// Whether a group-commit batch is open (changes wait for `commitBatch`).
+    var hasOpenBatch: Bool { batchOpen }
 
     /// Ends the batch without its changes (also after a COMMIT that failed and left the
     /// transaction open; without a transaction it does nothing).

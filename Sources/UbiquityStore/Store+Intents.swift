@@ -55,6 +55,15 @@ extension Store {
         intent.sequence = intentSequence + 1
         try intents.append(intent)
         intentSequence += 1
+    }
+
+    /// Notes in the batch about to commit (`commitBatch`) the last intent sequence given:
+    /// one write per batch, not one per save, in the transaction of the versions it
+    /// covers. A frame appended while no batch was open (an fsync's, of a version
+    /// committed before) is noted by the next batch; until then replay skips it, as its
+    /// version is in the database.
+    func noteIntentsApplied() throws(StoreError) {
+        guard intentSequence > 0, db.hasOpenBatch else { return }
         try db.query("REPLACE INTO settings(key, value) VALUES('intent_applied', ?)", [.text(String(intentSequence))])
     }
 

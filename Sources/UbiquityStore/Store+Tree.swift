@@ -227,10 +227,13 @@ extension Store {
     }
 
     /// Removes the entry; returns the inode it named, with its new link count. The inode
-    /// row stays until `forget(_:)` (it may still be open).
+    /// row stays until `forget(_:)` (it may still be open). `id`: the inode the entry names,
+    /// when the caller has just looked it up (nil: looked up here).
     @discardableResult
-    public func removeEntry(parent: InodeNumber, name: String) throws(StoreError) -> Inode? {
-        guard let id = try childID(parent, name), let node = try node(id) else { return nil }
+    public func removeEntry(parent: InodeNumber, name: String, id known: InodeNumber? = nil) throws(StoreError) -> Inode? {
+        let named: InodeNumber?
+        if let known { named = known } else { named = try childID(parent, name) }
+        guard let id = named, let node = try node(id) else { return nil }
         try noteVacated(id)
         let isDirectory = node.inode.kind == .directory
         let gone = EntryRef(parent: parent, name: name)
@@ -273,7 +276,7 @@ extension Store {
                 if node.link == old { node.link = new }
             }
         }
-        try markSubtreeChanged(id)
+        if node.inode.kind == .directory { try markSubtreeChanged(id) } else { try changed.insert(id) }
     }
 
     /// Everything below a moved directory has a new path: all of it is in the change set

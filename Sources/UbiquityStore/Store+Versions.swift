@@ -18,9 +18,16 @@ extension Store {
     /// - Parameters:
     ///   - local: the file is local-only; its previous local version is dropped.
     ///   - versionID: the new version's id (the intent log's replay); a fresh one if nil.
+    ///   - written: when the file's bytes last changed, if after its inode says (its mtime,
+    ///     and its ctime unless that is later): set in the same inode write as the head.
     @discardableResult
-    public func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool, versionID: String? = nil) throws(StoreError) -> Version {
+    public func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool, versionID: String? = nil,
+                       written: Nanos? = nil) throws(StoreError) -> Version {
         guard var inode = try node(id)?.inode, let fileID = inode.fileID else { throw .noSuchVersion("inode \(id) is not a file") }
+        if let written {
+            inode.mtime = written
+            inode.ctime = max(inode.ctime, written) // a chmod after the write keeps its later ctime
+        }
         let previous = try headVersion(inode.head ?? continuedParents[id])
         let record = SyncRecord(id: versionID ?? newRecordID(), node: fileID, kind: .file,
                                 parents: previous.flatMap { $0.isLocal ? nil : [$0.id] } ?? [],
@@ -46,7 +53,10 @@ extension Store {
         }
         continuedParents[id] = nil
         try secure(id, content: content, path: path, version: record.id)
-        return try version(row: row)!
+        // What `version(row:)` would read back, without the read.
+        return Version(row: row, id: record.id, fileID: fileID, parents: record.parents, deviceID: deviceID,
+                       deviceName: deviceName, committed: record.committed, mtime: record.mtime, mode: record.mode,
+                       size: record.size, isTombstone: false, isLocal: local, path: path)
     }
 
     /// Records that a file's last name is gone: a tombstone version (kept in its history).
@@ -144,7 +154,8 @@ extension Store {
     func insert(_ r: SyncRecord, from origin: Origin) throws(StoreError) -> Int64 {
         let local = origin == .hereLocalOnly, remote = origin == .otherDevice
         return try db.transaction { () throws(StoreError) -> Int64 in
-            let lineage = origin == .here ? try replica.lineage(node: r.node, parents: r.parents, device: r.deviceID) : r.lineage
+            let (lineage, known) = origin == .here ? try replica.lineage(node: r.node, parents: r.parents, device: r.deviceID)
+                                                   : (r.lineage, Replica.Known())
             try db.query("""
                 INSERT INTO versions(id, file_id, parents, device_id, device_name, committed, mtime, mode, size, tombstone,
                                      local, path, chunks, kind, target, xattrs, meta, uploaded, lineage)
@@ -162,7 +173,7 @@ extension Store {
             let info = Replica.Record(row: row, id: r.id, node: r.node, parents: r.parents, kind: r.kind,
                                       isTombstone: r.isTombstone, mtime: r.mtime, device: r.deviceID, path: r.path,
                                       mode: r.mode, target: r.target, lineage: lineage)
-            let (changed, isCurrent) = try replica.add(info)
+            let (changed, isCurrent, isAlone) = try replica.add(info, known: known)
             // Another device's file is listed under .versions/ from the start, even when it
             // never shows here as a file (a conflict that lost its path, say).
             // (A record can arrive after a tombstone that descends from it: simulation seed 39.)
@@ -177,7 +188,15 @@ extension Store {
             // this device's own can change what a path shows too (its tombstone reveals a
             // conflicting node; a skewed clock gives its new file an older mtime): the sync
             // step checks those paths (`recheck`) and queues the ones the tree does not show.
-            for path in changed { try (remote ? unreconciled : recheck).insert(NameKey(path)) }
+            // A file version of this device's own that its path now shows (the only node
+            // there) needs no check of that path: the tree it was made from has it there,
+            // and whatever changes that later makes a record of its own. Checking it cost a
+            // dozen statements per new file in the sync step (issue 26). Its ancestors, and
+            // every tombstone's path, are still checked.
+            let shownAsMade = origin == .here && r.kind == .file && !r.isTombstone && isAlone
+            for path in changed where !(shownAsMade && path.utf8.elementsEqual(r.path.utf8)) {
+                try (remote ? unreconciled : recheck).insert(NameKey(path))
+            }
             return row
         }
     }

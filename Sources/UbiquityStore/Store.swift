@@ -215,6 +215,7 @@ public final class Store: @unchecked Sendable {
     public func commitBatch() throws(StoreError) {
         // Chunks first: a committed version must never name a row that is not.
         try chunks.commitSmallChunks()
+        try noteIntentsApplied()
         try db.commitBatch()
     }
 

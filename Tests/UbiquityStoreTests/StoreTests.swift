@@ -33,6 +33,9 @@ import UbiquitySystem
             let v2 = try store.commit(f.id, content: list, path: "docs/a.txt", local: false)
             #expect(v2.parents == [v1.id])
             #expect(v1.parents.isEmpty)
+            // `commit` builds the version it returns instead of reading it back.
+            #expect(try store.version(row: v1.row) == v1)
+            #expect(try store.version(row: v2.row) == v2)
         }
         let store = try Store(directory: dir.path)
         #expect(store.deviceName == "test")

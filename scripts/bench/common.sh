@@ -1,0 +1,17 @@
+# Helpers the quick benchmark scripts (bench-write.sh, bench-meta.sh) share; sourced.
+
+# Waits (up to 2 minutes) until the Ubiquity mount at $1 has copied everything to its
+# backing directory, so that no upload of one run overlaps the next; then flushes the disk.
+settle_mount() {
+  for _ in $(seq 240); do
+    getfattr --only-values -n user.ubiquity.sync "$1" 2>/dev/null | grep -qx 'pending=0' && break
+    sleep 0.5
+  done
+  sync
+}
+
+# The median of the numbers on stdin, one a line.
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.1f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+# The median of the values of target $1, row $2 in $RAW (lines "target<TAB>row<TAB>value").
+cell() { awk -F'\t' -v t="$1" -v k="$2" '$1 == t && $2 == k { print $3 }' "$RAW" | median; }
