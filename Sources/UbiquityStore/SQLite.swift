@@ -11,7 +11,6 @@ final class SQLiteDatabase {
 
     init(path: String) throws(StoreError) {
         self.path = path
-        Self.configureOnce
         let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
         let rc = sqlite3_open_v2(path, &db, flags, nil)
         guard rc == SQLITE_OK else {
@@ -22,25 +21,6 @@ final class SQLiteDatabase {
         sqlite3_busy_timeout(db, 5000)
         sqlite3_extended_result_codes(db, 1)
     }
-
-    /// Statement and savepoint journals stay in memory (SQLite's default spills them to a
-    /// temporary file past 64 KiB). Every metadata operation inside the group-commit batch
-    /// is a savepoint; a journal kept in memory is emptied when the savepoint is released,
-    /// one spilled to a file is not, so once a batch passed 64 KiB each create, save and
-    /// unlink wrote every page it changed to a temporary file in /var/tmp (a new file per
-    /// batch): 26 pwrites per 1 KiB file created, half the daemon's kernel time (issue 26,
-    /// strace). -1 and not a larger threshold: SQLite 3.40 failed a big UPDATE with
-    /// SQLITE_FULL at every threshold tried between 256 KiB and 4 MiB (`ubiquity-bench-fill`).
-    /// What a journal in memory holds is the pages one statement (or one operation's
-    /// savepoint) changes; the big steps run without savepoints (`standalone`).
-    static let statementJournalSpill: Int32 = -1
-
-    /// Process-wide settings, before SQLite initializes (the first open does).
-    private static let configureOnce: Void = {
-        if ubiquity_sqlite_set_statement_journal_spill(statementJournalSpill) != SQLITE_OK {
-            log("ubiquity: SQLite refused the statement-journal setting (initialized already); journals spill at 64 KiB")
-        }
-    }()
 
     deinit {
         for statement in cache.values { sqlite3_finalize(statement) }
@@ -166,23 +146,42 @@ final class SQLiteDatabase {
     /// page the statement touches to a temp file first (2.4 GB of them while a device
     /// joined 100,000 small files, one per chunk put).
     func statement(_ sql: String, _ params: [SQLValue]) throws(StoreError) {
-        if batching && !batchOpen && depth == 0 {
-            try execute("BEGIN IMMEDIATE")
-            batchOpen = true
-            batchOpened?.ring()
-        }
+        if batching && !batchOpen && depth == 0 { try openBatch() }
         try query(sql, params)
     }
+
+    /// Opens the group-commit batch, its journals in memory. Every metadata operation in
+    /// the batch is a savepoint, and SQLite spills a savepoint's journal to a temporary file
+    /// in /var/tmp past 64 KiB; a spilled journal is not emptied when the savepoint is
+    /// released, so once a batch passed 64 KiB each create, save and unlink wrote every page
+    /// it changed there (26 pwrites per 1 KiB file created, a new file per batch: issue 26,
+    /// strace). In memory, each operation's journal is emptied at its release. Only the
+    /// batch: a big step (`standalone`, a migration, a barrier's UPDATE of every version
+    /// a join took in) keeps SQLite's default and spills, so its journal never holds the
+    /// table in memory. (Process-wide, `SQLITE_CONFIG_STMTJRNL_SPILL` did the same for every
+    /// transaction, and SQLite 3.40 failed a big UPDATE with SQLITE_FULL at thresholds from
+    /// 256 KiB to 4 MiB.)
+    private func openBatch() throws(StoreError) {
+        try journalsInMemory(true)
+        try execute("BEGIN IMMEDIATE")
+        batchOpen = true
+        batchOpened?.ring()
+    }
+
+    /// `temp_store` (which decides whether the transaction's journals stay in memory) as
+    /// the next transaction needs it; SQLite reads it when a transaction begins.
+    private func journalsInMemory(_ on: Bool) throws(StoreError) {
+        guard on != tempInMemory else { return }
+        try execute(on ? "PRAGMA temp_store=MEMORY" : "PRAGMA temp_store=DEFAULT")
+        tempInMemory = on
+    }
+    private var tempInMemory = false
 
     /// Runs `body` atomically: its own transaction, or a savepoint inside the open batch
     /// or an enclosing transaction. Rolls back what `body` did if it throws.
     func transaction<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         if flat { return try body() }
-        if batching && !batchOpen {
-            try execute("BEGIN IMMEDIATE")
-            batchOpen = true
-            batchOpened?.ring()
-        }
+        if batching && !batchOpen { try openBatch() }
         if batchOpen || depth > 0 {
             try control("SAVEPOINT op")
             depth += 1
@@ -197,6 +196,7 @@ final class SQLiteDatabase {
                 throw error
             }
         }
+        try journalsInMemory(false)
         try execute("BEGIN IMMEDIATE")
         depth += 1
         defer { depth -= 1 }
@@ -270,6 +270,7 @@ final class SQLiteDatabase {
     /// an ordinary inner one.
     func standalone<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         guard depth == 0, !batchOpen, !flat else { return try transaction(body) }
+        try journalsInMemory(false)
         try execute("BEGIN IMMEDIATE")
         depth += 1
         flat = true

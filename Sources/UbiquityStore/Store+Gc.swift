@@ -20,7 +20,8 @@ extension Store {
     /// pages). Returns whether free pages remain: the caller repeats, taking its lock
     /// for each step only.
     public func compactDatabaseStep() throws(StoreError) -> Bool {
-        try db.vacuumStep()
+        try commitBatch() // the store's: small chunks first, and the intent sequence noted
+        return try db.vacuumStep()
     }
 
     /// The version rows files show now (their inodes' heads) of up to `limit` inodes after

@@ -302,12 +302,13 @@ public final class Store: @unchecked Sendable {
         try commitBatch()
         try db.execute("PRAGMA synchronous=FULL")
         defer { try? db.execute("PRAGMA synchronous=NORMAL") }
-        try db.transaction { () throws(StoreError) in
+        // A transaction of its own, not a batch: after a join its UPDATE marks every record
+        // taken in, and a batch's journals are kept in memory (`SQLiteDatabase.openBatch`).
+        try db.standalone { () throws(StoreError) in
             try db.query("UPDATE versions SET durable = 1 WHERE durable = 0 AND row <= ?", [.int(mark.row)])
             // Always write something, so the commit (and its WAL fsync) really happens.
             try db.execute("REPLACE INTO settings(key, value) VALUES('last_sync', strftime('%s','now'))")
         }
-        try commitBatch() // when group commit is on, the transaction above joined a batch
         // The saves logged before the mark are durable now, with their chunks (written
         // before the mark); those logged during the flush stay in the log.
         // The barrier itself succeeded: a log that could not be cut stays whole (replay

@@ -15,6 +15,50 @@ import UbiquitySystem
         #expect(try store.db.rows("PRAGMA temp_store", []) { $0.int(0) }.first == 0)
     }
 
+    /// Issue 26: the group-commit batch keeps its journals in memory (a savepoint's journal
+    /// spilled to /var/tmp was never emptied, and every later operation of the batch wrote
+    /// its pages there); a step of its own (`standalone`, the barrier) keeps SQLite's
+    /// default, so a big UPDATE's journal spills to disk instead of holding the table.
+    @Test func onlyTheBatchKeepsItsJournalsInMemory() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "test")
+        store.startBatching()
+        let tempStore = { try store.db.rows("PRAGMA temp_store", []) { $0.int(0) }.first }
+        _ = try store.create(parent: Store.rootInode, name: "a", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+        #expect(try tempStore() == 2)
+        try store.markDurable()
+        #expect(try tempStore() == 0)
+        try store.standaloneStep { () throws(StoreError) in
+            _ = try store.create(parent: Store.rootInode, name: "b", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+        }
+        #expect(try tempStore() == 0)
+        _ = try store.create(parent: Store.rootInode, name: "c", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+        #expect(try tempStore() == 2)
+        try store.commitBatch()
+    }
+
+    /// Regression (review of issue 26): the gc's compaction committed the open batch by
+    /// itself, before the small chunks its saves name and without noting the intent log's
+    /// sequence (a replay after a crash would then have recorded those saves again).
+    @Test func compactionCommitsTheBatchAsTheStoreDoes() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "test")
+        store.startBatching()
+        let f = try store.create(parent: Store.rootInode, name: "a.txt", kind: .file, mode: 0o644, uid: 1, gid: 1)
+        let bytes = Array("small".utf8)
+        let id = ChunkID(hashing: bytes)
+        try store.chunks.put(id, bytes)
+        var list = ChunkList()
+        list.append(id, size: bytes.count)
+        try store.commit(f.id, content: list, path: "a.txt", local: false)
+        #expect(!store.chunks.uncommittedSmallChunks([id]).isEmpty)
+        _ = try store.compactDatabaseStep()
+        #expect(store.chunks.uncommittedSmallChunks([id]).isEmpty)
+        #expect(try store.setting("intent_applied") == "1")
+    }
+
     @Test func treeAndVersionsPersistAcrossReopen() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
