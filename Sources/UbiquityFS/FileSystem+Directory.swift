@@ -135,7 +135,7 @@ extension FileSystem {
             try m.pathsChanged(targetID)
             return
         }
-        var continued: (fileID: String, head: Int64?)?
+        var continued: (fileID: FileID, head: Int64?)?
         if let targetID, let target = m.store.inode(targetID) {
             if flags & RenameFlags.noReplace != 0 { throw .exists }
             if source.kind == .directory {
@@ -349,7 +349,7 @@ extension FileSystem.Meta {
         if let after, after.kind == .file, after.nlink == 0, let fileID = before.fileID {
             if historyContinues {
                 // The old inode may still be open; give it a fresh, detached identity.
-                try storeCall { () throws(StoreError) in try store.adoptHistory(id, fileID: newRecordID(), head: nil) }
+                try storeCall { () throws(StoreError) in try store.adoptHistory(id, fileID: .new(), head: nil) }
             } else if !LocalOnly.contains(path) {
                 try storeCall { () throws(StoreError) in try store.commitTombstone(fileID: fileID, head: before.head, path: path) }
             }
@@ -387,7 +387,7 @@ extension FileSystem.Meta {
                 // for the file that takes that name next; this file goes on alone.
                 try storeCall { () throws(StoreError) in
                     try store.retireHistory(fileID)
-                    try store.adoptHistory(id, fileID: newRecordID(), head: headRow)
+                    try store.adoptHistory(id, fileID: .new(), head: headRow)
                     try store.commit(id, content: try store.chunkList(row: headRow), path: path, local: true)
                 }
             } else if head?.isLocal == true && !local {

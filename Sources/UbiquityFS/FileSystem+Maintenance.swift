@@ -16,7 +16,7 @@ extension FileSystem {
     /// below, "" for all); with `dryRun`, only says which.
     public func prune(policy: RetentionPolicy, now: Nanos, under: String = "", dryRun: Bool) throws(Errno) -> PruneReport {
         var report = PruneReport()
-        var after: String?
+        var after: FileID?
         repeat {
             let page = try withMetaSlice { (m) throws(StoreError) -> Store.PruneResult in
                 let result = try m.store.prune(policy: policy, now: now, under: under, after: after, dryRun: dryRun)

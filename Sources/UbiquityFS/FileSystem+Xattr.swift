@@ -132,7 +132,7 @@ extension FileSystem.Meta {
         }
         if let row = inode.head, let head = try storeCall({ () throws(StoreError) in try store.version(row: row) }) {
             if !head.isLocal {
-                result["version"] = head.id
+                result["version"] = head.id.hex
                 result["device"] = head.deviceName
                 result["uploaded"] = try storeCall { () throws(StoreError) in try store.isUploaded(row: row) } ? "1" : "0"
                 if let fileID = inode.fileID {

@@ -16,13 +16,15 @@ enum VersionName {
     }
 
     /// Names for a history's versions (oldest first); a name that repeats (two commits in
-    /// one millisecond) gets the version id's start appended, so each is unique and stable.
+    /// one millisecond) gets the version id's last 8 digits appended, so each is unique and
+    /// stable. Not its first: ids begin with the time in milliseconds (`ID128.new`), which
+    /// two such versions share.
     static func names(_ versions: [Version], extension ext: String) -> [String] {
         var seen: Set<String> = []
         return versions.map { v in
             var name = make(v, extension: ext)
             if seen.contains(name) {
-                name = String(name.dropLast(ext.count)) + "~" + v.id.prefix(8) + ext
+                name = String(name.dropLast(ext.count)) + "~" + v.id.hex.suffix(8) + ext
             }
             seen.insert(name)
             return name

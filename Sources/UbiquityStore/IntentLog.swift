@@ -7,7 +7,7 @@ struct Intent: Equatable {
     /// Increasing per store; `settings.intent_applied` names the last one committed.
     var sequence: Int64
     /// The id the version has (replay gives it the same; one already there is skipped).
-    var version: String
+    var version: VersionID
     var path: String
     var mode: UInt32
     var uid: UInt32
@@ -144,7 +144,7 @@ final class IntentLog {
 
     static func encode(_ i: Intent) -> [UInt8] {
         let path = Array(i.path.utf8), content = i.content.encoded
-        var out = le(UInt64(bitPattern: i.sequence)) + (Hex.decode(i.version) ?? [UInt8](repeating: 0, count: 16))
+        var out = le(UInt64(bitPattern: i.sequence)) + i.version.value.bytes
         out += le(UInt64(bitPattern: i.mtime)) + le(i.mode) + le(i.uid) + le(i.gid)
         out += le(UInt32(path.count)) + path + le(UInt32(content.count)) + content
         out += le(UInt32(i.chunkBytes.count))
@@ -175,7 +175,7 @@ final class IntentLog {
             small[id] = Array(bytes)
         }
         guard at == b.count, let path = String(validating: pathBytes, as: UTF8.self) else { return nil }
-        return Intent(sequence: Int64(bitPattern: sequence), version: Hex.encode(version), path: path, mode: mode, uid: uid, gid: gid,
+        return Intent(sequence: Int64(bitPattern: sequence), version: VersionID(ID128(bytes: version) ?? ID128(high: 0, low: 0)), path: path, mode: mode, uid: uid, gid: gid,
                       mtime: Int64(bitPattern: mtime), content: content, chunkBytes: small)
     }
 

@@ -45,14 +45,14 @@ public struct Inode: Sendable, Equatable {
     public var rdev: UInt64
     public var target: String?
     /// History identity (files only).
-    public var fileID: String?
+    public var fileID: FileID?
     /// Row of the current version (files only; nil before the first commit).
     public var head: Int64?
     /// Number of directory entries naming this inode (plus subdirectories for directories).
     public var nlink: UInt32 = 0
 
     public init(id: InodeNumber, kind: NodeKind, mode: UInt32, uid: UInt32, gid: UInt32, size: Int64 = 0,
-                time: Nanos, rdev: UInt64 = 0, target: String? = nil, fileID: String? = nil) {
+                time: Nanos, rdev: UInt64 = 0, target: String? = nil, fileID: FileID? = nil) {
         self.id = id; self.kind = kind; self.mode = mode; self.uid = uid; self.gid = gid; self.size = size; allocated = size
         atime = time; mtime = time; ctime = time
         self.rdev = rdev; self.target = target; self.fileID = fileID
@@ -87,10 +87,12 @@ public enum KeepPolicy: Int64, Sendable {
 /// One committed version (metadata only; the chunk list is loaded on demand).
 public struct Version: Sendable, Equatable {
     public let row: Int64
-    /// Global id, the same on every device: 32 hex digits.
-    public let id: String
-    public let fileID: String
-    public let parents: [String]
+    /// Global id, the same on every device.
+    public let id: VersionID
+    /// What it is a version of: a file's history (a directory's or symlink's record when
+    /// read by row).
+    public let node: NodeID
+    public let parents: [VersionID]
     public let deviceID: String
     public let deviceName: String
     /// When it was committed (its name sorts by this).

@@ -17,9 +17,9 @@ import UbiquitySystem
 final class Replica {
     struct Record: Equatable {
         let row: Int64
-        let id: String
-        let node: String
-        let parents: [String]
+        let id: VersionID
+        let node: NodeID
+        let parents: [VersionID]
         let kind: NodeKind
         let isTombstone: Bool
         let mtime: Nanos
@@ -42,7 +42,7 @@ final class Replica {
         func beats(_ other: Record) -> Bool {
             if mtime != other.mtime { return mtime > other.mtime }
             if device != other.device { return device.utf8.lexicographicallyPrecedes(other.device.utf8) == false }
-            return other.id.utf8.lexicographicallyPrecedes(id.utf8)
+            return other.id < id
         }
     }
 
@@ -64,9 +64,9 @@ final class Replica {
     ///   the view is walked in proportion to its size.
     /// - `view_conflicts(path, count)`: conflict versions per path that has any.
     static let schema = [
-        "CREATE TABLE IF NOT EXISTS view_heads(node TEXT NOT NULL, row INTEGER NOT NULL, PRIMARY KEY(node, row)) WITHOUT ROWID",
-        "CREATE TABLE IF NOT EXISTS view_awaited(id TEXT NOT NULL, node TEXT NOT NULL, PRIMARY KEY(id, node)) WITHOUT ROWID",
-        "CREATE TABLE IF NOT EXISTS view_current(node TEXT PRIMARY KEY, row INTEGER NOT NULL, path TEXT NOT NULL) WITHOUT ROWID",
+        "CREATE TABLE IF NOT EXISTS view_heads(node BLOB NOT NULL, row INTEGER NOT NULL, PRIMARY KEY(node, row)) WITHOUT ROWID",
+        "CREATE TABLE IF NOT EXISTS view_awaited(id BLOB NOT NULL, node BLOB NOT NULL, PRIMARY KEY(id, node)) WITHOUT ROWID",
+        "CREATE TABLE IF NOT EXISTS view_current(node BLOB PRIMARY KEY, row INTEGER NOT NULL, path TEXT NOT NULL) WITHOUT ROWID",
         "CREATE INDEX IF NOT EXISTS view_current_path ON view_current(path)",
         """
         CREATE TABLE IF NOT EXISTS view_paths(path TEXT PRIMARY KEY, parent TEXT NOT NULL, nodes INTEGER NOT NULL,
@@ -98,14 +98,14 @@ final class Replica {
         var states: [NameKey: (shown: Shown, conflicts: [Record])] = [:]
         /// Each node's live heads as `add` left them (it works them out); `remove`
         /// forgets the node's.
-        var liveHeads: [NameKey: [Record]] = [:]
+        var liveHeads: [NodeID: [Record]] = [:]
         /// `below` of the paths `count` updated (what its RETURNING said).
         var below: [NameKey: Int64] = [:]
         /// Whether no id is awaited (nil: not asked yet); false once one is.
         var noneAwaited: Bool?
         /// Nodes known to have no heads here (so no current record either): those of a
         /// slice's records new to this device (`rememberNewNodes`) until a head is added.
-        var headless: Set<NameKey> = []
+        var headless: Set<NodeID> = []
     }
 
     /// Runs `body` (one transaction: its rollback throws out of here) with what the view's
@@ -144,16 +144,13 @@ final class Replica {
         return result
     }
 
-    static func dirNode(_ path: String) -> String { "dir:" + path }
-    static func linkNode(_ path: String) -> String { "link:" + path }
-
     // MARK: reading records
 
     private static let columns = "v.row, v.id, v.file_id, v.parents, v.kind, v.tombstone, v.mtime, v.device_id, v.path, v.mode, v.target, v.lineage"
 
     private func records(_ sql: String, _ params: [SQLValue]) throws(StoreError) -> [Record] {
         let found = try db.rows("SELECT \(Self.columns) \(sql)", params) { r in
-            Record(row: r.int(0), id: r.text(1), node: r.text(2), parents: splitIDs(r.text(3)),
+            Record(row: r.int(0), id: r.versionID(1), node: r.nodeID(2), parents: r.versionIDs(3),
                    kind: NodeKind(rawValue: r.int(4)) ?? .file, isTombstone: r.int(5) != 0, mtime: r.int(6),
                    device: r.text(7), path: r.text(8), mode: UInt32(truncatingIfNeeded: r.int(9)),
                    target: r.isNull(10) ? nil : r.text(10), lineage: Lineage.column(r.isNull(11) ? nil : r.text(11), device: r.text(7)))
@@ -163,8 +160,8 @@ final class Replica {
     }
 
     /// The record with this id (nil: none, or a local version, which is no record).
-    func record(id: String) throws(StoreError) -> Record? {
-        try records("FROM versions v WHERE v.id = ? AND v.local = 0", [.text(id)]).first
+    func record(id: VersionID) throws(StoreError) -> Record? {
+        try records("FROM versions v WHERE v.id = ? AND v.local = 0", [.id(id)]).first
     }
 
     /// The records at any of `paths` (tests).
@@ -177,31 +174,31 @@ final class Replica {
     /// Of `nodes` (a slice's), remembers those with no heads here, 256 nodes a statement:
     /// the first record of a node new to this device then looks for neither its heads
     /// nor its current record (two statements per record of a join).
-    func rememberNewNodes(_ nodes: Set<String>) throws(StoreError) {
+    func rememberNewNodes(_ nodes: Set<NodeID>) throws(StoreError) {
         guard memo != nil, !nodes.isEmpty else { return }
-        let known = try db.rows(in: Array(nodes), { "SELECT DISTINCT node FROM view_heads WHERE node IN (\($0))" }) { NameKey($0.text(0)) }
-        memo?.headless = Set(nodes.map(NameKey.init)).subtracting(known)
+        let known = try db.rows(in: nodes.map { SQLValue.node($0) }, { "SELECT DISTINCT node FROM view_heads WHERE node IN (\($0))" }) { $0.nodeID(0) }
+        memo?.headless = nodes.subtracting(known)
     }
 
-    private func isHeadless(_ node: String) -> Bool { memo?.headless.contains(NameKey(node)) == true }
+    private func isHeadless(_ node: NodeID) -> Bool { memo?.headless.contains(node) == true }
 
     /// The node's heads: records no record of the node descends from.
-    func heads(_ node: String) throws(StoreError) -> [Record] {
+    func heads(_ node: NodeID) throws(StoreError) -> [Record] {
         if isHeadless(node) { return [] }
-        return try records("FROM view_heads h JOIN versions v ON v.row = h.row WHERE h.node = ? ORDER BY v.id", [.text(node)])
+        return try records("FROM view_heads h JOIN versions v ON v.row = h.row WHERE h.node = ? ORDER BY v.id", [.node(node)])
     }
 
-    func liveHeads(_ node: String) throws(StoreError) -> [Record] {
-        if let known = memo?.liveHeads[NameKey(node)] { return known }
+    func liveHeads(_ node: NodeID) throws(StoreError) -> [Record] {
+        if let known = memo?.liveHeads[node] { return known }
         if isHeadless(node) { return [] }
         return try records("FROM view_heads h JOIN versions v ON v.row = h.row WHERE h.node = ? AND v.tombstone = 0 ORDER BY v.id",
-                    [.text(node)])
+                    [.node(node)])
     }
 
     /// The live node's current record.
-    func current(_ node: String) throws(StoreError) -> Record? {
+    func current(_ node: NodeID) throws(StoreError) -> Record? {
         if isHeadless(node) { return nil }
-        return try records("FROM view_current c JOIN versions v ON v.row = c.row WHERE c.node = ?", [.text(node)]).first
+        return try records("FROM view_current c JOIN versions v ON v.row = c.row WHERE c.node = ?", [.node(node)]).first
     }
 
     /// Every live node's current record (the whole-tree scan after an upgrade only).
@@ -253,7 +250,7 @@ final class Replica {
     /// taken from another node) do not count: counters are per node.
     ///
     /// Also returns what it read that `add` of the record reads again (`Known`).
-    func lineage(node: String, parents: [String], device: String) throws(StoreError) -> (Lineage, Known) {
+    func lineage(node: NodeID, parents: [VersionID], device: String) throws(StoreError) -> (Lineage, Known) {
         var lineage = Lineage()
         var known = Known()
         for id in parents {
@@ -266,7 +263,7 @@ final class Replica {
         // The highest dot this device gave the node is also kept (`own_dots`): heads alone
         // can lose it (a version rolled back after a power loss whose parent was pruned
         // leaves the node without heads here while other devices hold its dots).
-        var highest = try db.rows("SELECT dot FROM own_dots WHERE node = ?", [.text(node)]) { $0.int(0) }.first ?? 0
+        var highest = try db.rows("SELECT dot FROM own_dots WHERE node = ?", [.node(node)]) { $0.int(0) }.first ?? 0
         let heads = try heads(node)
         known.heads = heads
         for head in heads {
@@ -275,7 +272,7 @@ final class Replica {
         }
         // Capped so the record stays valid (only a hostile context gets near it).
         lineage.dot = min(highest, Lineage.maxCounter - 1) + 1
-        try db.query("REPLACE INTO own_dots(node, dot) VALUES(?, ?)", [.text(node), .int(lineage.dot)])
+        try db.query("REPLACE INTO own_dots(node, dot) VALUES(?, ?)", [.node(node), .int(lineage.dot)])
         // A context past the limit (a hostile parent's) could not be read back anywhere:
         // the record goes without lineage, superseding by its parents only.
         guard lineage.itemCount <= Lineage.maxItems else { return (Lineage(), known) }
@@ -287,7 +284,7 @@ final class Replica {
     /// insert into `versions` only): the parents found (by id) and the node's heads.
     /// Each save read them twice (issue 26, the work tests' count).
     struct Known {
-        var parents: [String: Record] = [:]
+        var parents: [VersionID: Record] = [:]
         var heads: [Record]?
     }
 
@@ -302,22 +299,22 @@ final class Replica {
             work += 1
             var found = known.parents[p].map { (row: $0.row, node: $0.node) }
             if found == nil {
-                found = try db.rows("SELECT row, file_id FROM versions WHERE id = ? AND local = 0", [.text(p)]) {
-                    (row: $0.int(0), node: $0.text(1))
+                found = try db.rows("SELECT row, file_id FROM versions WHERE id = ? AND local = 0", [.id(p)]) {
+                    (row: $0.int(0), node: $0.nodeID(1))
                 }.first
             }
             if let parent = found {
                 if parent.node == r.node {
-                    try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.text(r.node), .int(parent.row)])
+                    try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.node(r.node), .int(parent.row)])
                 }
             } else {
-                try db.query("INSERT OR IGNORE INTO view_awaited(id, node) VALUES(?, ?)", [.text(p), .text(r.node)])
+                try db.query("INSERT OR IGNORE INTO view_awaited(id, node) VALUES(?, ?)", [.id(p), .node(r.node)])
                 memo?.noneAwaited = false
             }
         }
         let awaitedBy = try awaiting(r.id)
-        if !awaitedBy.isEmpty { try db.query("DELETE FROM view_awaited WHERE id = ?", [.text(r.id)]) }
-        var superseded = awaitedBy.contains(where: { $0.utf8.elementsEqual(r.node.utf8) })
+        if !awaitedBy.isEmpty { try db.query("DELETE FROM view_awaited WHERE id = ?", [.id(r.id)]) }
+        var superseded = awaitedBy.contains(r.node)
         // By lineage: the heads this record's context holds go; a head whose context holds
         // this record's dot supersedes it (the records between may be pruned). Heads are
         // enough: a record superseded by another is held by every context that holds that one.
@@ -328,19 +325,19 @@ final class Replica {
         if let knownHeads = known.heads { heads = knownHeads } else { heads = try self.heads(r.node) }
         for head in heads {
             if r.covers(head) {
-                try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.text(r.node), .int(head.row)])
+                try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.node(r.node), .int(head.row)])
             } else {
                 if head.covers(r) { superseded = true }
                 left.append(head)
             }
         }
         if !superseded {
-            try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.text(r.node), .int(r.row)])
-            memo?.headless.remove(NameKey(r.node))
+            try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.node(r.node), .int(r.row)])
+            memo?.headless.remove(r.node)
             if !left.contains(where: { $0.row == r.row }) { left.append(r) }
         }
         let live = left.filter { !$0.isTombstone }
-        memo?.liveHeads[NameKey(r.node)] = live
+        memo?.liveHeads[r.node] = live
         let (changed, conflicts, current, alone) = try recompute(r.node, liveHeads: live, hadNoCurrent: wasHeadless)
         try conflictsChanged(conflicts + [r.path])
         return (changed, current?.row == r.row, current?.row == r.row && alone)
@@ -349,12 +346,12 @@ final class Replica {
     /// The nodes whose records named `id` as a parent before it arrived. Records seldom
     /// come before their parents: while none waits (asked once per `remembering`), this
     /// is not asked of each record.
-    private func awaiting(_ id: String) throws(StoreError) -> [String] {
+    private func awaiting(_ id: VersionID) throws(StoreError) -> [NodeID] {
         if memo != nil && memo?.noneAwaited == nil {
             memo?.noneAwaited = try db.rows("SELECT 1 FROM view_awaited LIMIT 1", []) { $0.int(0) }.isEmpty
         }
         if memo?.noneAwaited == true { return [] }
-        return try db.rows("SELECT node FROM view_awaited WHERE id = ?", [.text(id)]) { $0.text(0) }
+        return try db.rows("SELECT node FROM view_awaited WHERE id = ?", [.id(id)]) { $0.nodeID(0) }
     }
 
     private func conflictsChanged(_ paths: [String]) throws(StoreError) {
@@ -369,14 +366,14 @@ final class Replica {
     /// its parents stay superseded. Returns the paths whose view may have changed.
     func remove(_ r: Record) throws(StoreError) -> [String] {
         viewChanged()
-        memo?.liveHeads[NameKey(r.node)] = nil
-        memo?.headless.remove(NameKey(r.node)) // its parents may become heads again
-        try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.text(r.node), .int(r.row)])
+        memo?.liveHeads[r.node] = nil
+        memo?.headless.remove(r.node) // its parents may become heads again
+        try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.node(r.node), .int(r.row)])
         if db.changes == 0 { return [] }
-        let others = try records("FROM versions v WHERE v.file_id = ? AND v.local = 0 AND v.row != ?", [.text(r.node), .int(r.row)])
+        let others = try records("FROM versions v WHERE v.file_id = ? AND v.local = 0 AND v.row != ?", [.node(r.node), .int(r.row)])
         let named = Set(others.flatMap(\.parents))
         for parent in others where r.parents.contains(parent.id) && !named.contains(parent.id) && !others.contains(where: { $0.covers(parent) }) {
-            try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.text(r.node), .int(parent.row)])
+            try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.node(r.node), .int(parent.row)])
         }
         var (changed, conflicts, _, _) = try recompute(r.node)
         changed += withAncestors(r.path)
@@ -393,23 +390,23 @@ final class Replica {
     /// `hadNoCurrent`: the caller knows the node had no current record.
     /// Also returns the current record, and whether it became current here and is the only
     /// live node at its path with nothing below (false when not known).
-    private func recompute(_ node: String, liveHeads known: [Record]? = nil, hadNoCurrent: Bool = false) throws(StoreError)
+    private func recompute(_ node: NodeID, liveHeads known: [Record]? = nil, hadNoCurrent: Bool = false) throws(StoreError)
         -> (changed: [String], conflicts: [String], current: Record?, alone: Bool) {
         let old = hadNoCurrent ? nil
-            : try db.rows("SELECT row, path FROM view_current WHERE node = ?", [.text(node)]) { (row: $0.int(0), path: $0.text(1)) }.first
+            : try db.rows("SELECT row, path FROM view_current WHERE node = ?", [.node(node)]) { (row: $0.int(0), path: $0.text(1)) }.first
         let heads: [Record]
         if let known { heads = known } else { heads = try liveHeads(node) }
         let new = heads.max { $1.beats($0) }
         if let old, let new, old.row == new.row { return (withAncestors(new.path), [new.path], new, false) }
         var changed: [String] = [], conflicts: [String] = []
         if let old {
-            try db.query("DELETE FROM view_current WHERE node = ?", [.text(node)])
+            try db.query("DELETE FROM view_current WHERE node = ?", [.node(node)])
             conflicts += [old.path] + (try count(old.path, nodes: -1).crossed)
             changed += withAncestors(old.path)
         }
         var alone = false
         if let new {
-            try db.query("INSERT INTO view_current(node, row, path) VALUES(?, ?, ?)", [.text(node), .int(new.row), .text(new.path)])
+            try db.query("INSERT INTO view_current(node, row, path) VALUES(?, ?, ?)", [.node(node), .int(new.row), .text(new.path)])
             let (crossed, here) = try count(new.path, nodes: 1)
             conflicts += [new.path] + crossed
             changed += withAncestors(new.path)
@@ -476,8 +473,8 @@ final class Replica {
 
     private func workOutState(at path: String) throws(StoreError) -> (shown: Shown, conflicts: [Record]) {
         let here = try currentRecords(at: path)
-        let dirs = here.filter { $0.node.hasPrefix("dir:") }
-        let others = here.filter { !$0.node.hasPrefix("dir:") }
+        let dirs = here.filter { $0.node.isDirectory }
+        let others = here.filter { !$0.node.isDirectory }
         var otherHeads: [Record] = []
         for r in others { otherHeads += try liveHeads(r.node) }
         var isDirectory = !dirs.isEmpty

@@ -100,18 +100,53 @@ final class SQLiteDatabase {
     /// statement text to prepare (a device joining takes in a million records).
     func rows<T>(in keys: [String], before: [SQLValue] = [], _ sql: (String) -> String,
                  _ map: (SQLRow) throws(StoreError) -> T) throws(StoreError) -> [T] {
+        try rows(in: keys.map { SQLValue.text($0) }, before: before, sql, map)
+    }
+
+    func rows<T>(in keys: [SQLValue], before: [SQLValue] = [], _ sql: (String) -> String,
+                 _ map: (SQLRow) throws(StoreError) -> T) throws(StoreError) -> [T] {
         let page = 256
         let text = sql(Array(repeating: "?", count: page).joined(separator: ","))
         var result: [T] = []
         for start in stride(from: 0, to: keys.count, by: page) {
             let part = keys[start..<min(keys.count, start + page)]
-            let params = before + (Array(part) + Array(repeating: part.last!, count: page - part.count)).map { SQLValue.text($0) }
+            let params = before + Array(part) + Array(repeating: part.last!, count: page - part.count)
             result += try rows(text, params, map)
         }
         return result
     }
 
     var lastInsertRowID: Int64 { sqlite3_last_insert_rowid(db) }
+
+    /// Defines `name(x)` on this connection, a deterministic SQL function of one value: a
+    /// text that `transform` maps to bytes becomes that blob; anything else (another text,
+    /// a blob, NULL) is returned as it is. For the store's upgrades (format 13: ids as
+    /// bytes), which rewrite columns in one statement each.
+    func defineTextToBlob(_ name: String, _ transform: @escaping (String) -> [UInt8]?) throws(StoreError) {
+        final class Box { let transform: (String) -> [UInt8]?; init(_ t: @escaping (String) -> [UInt8]?) { transform = t } }
+        let box = Unmanaged.passRetained(Box(transform)).toOpaque()
+        let rc = sqlite3_create_function_v2(db, name, 1, SQLITE_UTF8 | SQLITE_DETERMINISTIC, box, { context, count, values in
+            guard count == 1, let value = values?[0] else { return }
+            guard sqlite3_value_type(value) == SQLITE_TEXT, let text = sqlite3_value_text(value),
+                  let user = sqlite3_user_data(context) else {
+                sqlite3_result_value(context, value)
+                return
+            }
+            let string = String(decoding: UnsafeBufferPointer(start: text, count: Int(sqlite3_value_bytes(value))), as: UTF8.self)
+            guard let bytes = Unmanaged<Box>.fromOpaque(user).takeUnretainedValue().transform(string) else {
+                sqlite3_result_value(context, value)
+                return
+            }
+            if bytes.isEmpty {
+                sqlite3_result_zeroblob(context, 0)
+            } else {
+                bytes.withUnsafeBytes { sqlite3_result_blob(context, $0.baseAddress, Int32($0.count), sqliteTransient) }
+            }
+        }, nil, nil, { user in
+            if let user { Unmanaged<Box>.fromOpaque(user).release() }
+        })
+        guard rc == SQLITE_OK else { throw .database("defining \(name): \(errorMessage)") }
+    }
 
     /// Virtual-machine steps of every statement run so far: a measure of rows read that
     /// does not depend on timing. Tests assert that operations stay proportional to their
@@ -332,6 +367,8 @@ struct SQLRow {
 
     func int(_ column: Int32) -> Int64 { sqlite3_column_int64(statement, column) }
     func isNull(_ column: Int32) -> Bool { sqlite3_column_type(statement, column) == SQLITE_NULL }
+    func isText(_ column: Int32) -> Bool { sqlite3_column_type(statement, column) == SQLITE_TEXT }
+    func isBlob(_ column: Int32) -> Bool { sqlite3_column_type(statement, column) == SQLITE_BLOB }
     func text(_ column: Int32) -> String {
         guard let p = sqlite3_column_text(statement, column) else { return "" }
         return String(cString: p)

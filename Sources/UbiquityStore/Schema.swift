@@ -1,7 +1,9 @@
+import UbiquitySystem
+
 /// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
 /// by a newer program is refused rather than misread.
 enum Schema {
-    static let formatVersion = 12
+    static let formatVersion = 13
 
     static let statements = [
         """
@@ -12,7 +14,7 @@ enum Schema {
             id INTEGER PRIMARY KEY, kind INTEGER NOT NULL, mode INTEGER NOT NULL,
             uid INTEGER NOT NULL, gid INTEGER NOT NULL, size INTEGER NOT NULL,
             atime INTEGER NOT NULL, mtime INTEGER NOT NULL, ctime INTEGER NOT NULL,
-            rdev INTEGER NOT NULL, target TEXT, file_id TEXT, head INTEGER, allocated INTEGER,
+            rdev INTEGER NOT NULL, target TEXT, file_id BLOB, head INTEGER, allocated INTEGER,
             nlink INTEGER NOT NULL DEFAULT 0, parent INTEGER, name TEXT, absent INTEGER NOT NULL DEFAULT 0,
             keep INTEGER NOT NULL DEFAULT 0, used INTEGER NOT NULL DEFAULT 0)
         """,
@@ -25,10 +27,14 @@ enum Schema {
         "CREATE INDEX IF NOT EXISTS entries_inode ON entries(inode)",
         // Versions are append-only. `chunks` is ChunkList.encoded. `durable` = 1 once a
         // durability barrier has run after the version was written (Store.markDurable).
+        // Ids are bytes (format 13, `IDs.swift`): `id` 16 bytes, `file_id` the history's 16
+        // (the text `dir:<path>` / `link:<path>` for a directory's or symlink's record),
+        // `parents` their ids one after another. Stores upgraded from format 12 keep the
+        // TEXT declarations, which store bytes as bytes all the same.
         """
         CREATE TABLE IF NOT EXISTS versions(
-            row INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, file_id TEXT NOT NULL,
-            parents TEXT NOT NULL, device_id TEXT NOT NULL, device_name TEXT NOT NULL,
+            row INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE, file_id BLOB NOT NULL,
+            parents BLOB NOT NULL, device_id TEXT NOT NULL, device_name TEXT NOT NULL,
             committed INTEGER NOT NULL, mtime INTEGER NOT NULL, mode INTEGER NOT NULL,
             size INTEGER NOT NULL, tombstone INTEGER NOT NULL, local INTEGER NOT NULL,
             path TEXT NOT NULL, chunks BLOB NOT NULL, durable INTEGER NOT NULL DEFAULT 0,
@@ -42,7 +48,7 @@ enum Schema {
         // last path it had before it was deleted.
         """
         CREATE TABLE IF NOT EXISTS histories(
-            file_id TEXT PRIMARY KEY, path TEXT NOT NULL, live INTEGER NOT NULL)
+            file_id BLOB PRIMARY KEY, path TEXT NOT NULL, live INTEGER NOT NULL)
         """,
         "CREATE INDEX IF NOT EXISTS histories_path ON histories(path)",
         // The directories the histories' paths make (format 3): `leaves` histories are shown
@@ -67,12 +73,12 @@ enum Schema {
         // (in a rewritten journal of their author) does not bring them back. `seen`: the
         // author's journal generation they were last known to be in (Store+Journal).
         """
-        CREATE TABLE IF NOT EXISTS pruned_records(id TEXT PRIMARY KEY, device TEXT NOT NULL,
+        CREATE TABLE IF NOT EXISTS pruned_records(id BLOB PRIMARY KEY, device TEXT NOT NULL,
                                                   seen INTEGER NOT NULL) WITHOUT ROWID
         """,
         "CREATE INDEX IF NOT EXISTS pruned_records_seen ON pruned_records(device, seen)",
         // Format 6: the highest dot this device gave each node's records (Replica.lineage).
-        "CREATE TABLE IF NOT EXISTS own_dots(node TEXT PRIMARY KEY, dot INTEGER NOT NULL) WITHOUT ROWID",
+        "CREATE TABLE IF NOT EXISTS own_dots(node BLOB PRIMARY KEY, dot INTEGER NOT NULL) WITHOUT ROWID",
         // Format 4: the primary name's directory and the link count, so inodes load one at a time.
         "CREATE INDEX IF NOT EXISTS inodes_unlinked ON inodes(id) WHERE nlink = 0",
         "CREATE INDEX IF NOT EXISTS inodes_head ON inodes(head) WHERE head IS NOT NULL",
@@ -128,6 +134,8 @@ extension Schema {
             let exists = { (table: String) throws(StoreError) -> Bool in
                 try db.rows("SELECT count(*) FROM sqlite_master WHERE name = ?", [.text(table)], { $0.int(0) }).first == 1
             }
+            let format = try exists("settings")
+                ? try db.rows("SELECT value FROM settings WHERE key = 'format'", []) { Int($0.text(0)) }.first ?? nil : nil
             let hadInodes = try exists("inodes"), hadVersions = try exists("versions")
             let hadHistories = try exists("histories"), hadDirectories = try exists("history_dirs")
             let hadView = try exists("view_current"), hadPending = try exists("pending")
@@ -142,6 +150,8 @@ extension Schema {
                 }
             }
             for statement in statements { try db.execute(statement) }
+            // Format 13: ids as bytes, before anything below reads a record.
+            if let format, format < 13 { try convertIDsToBytes(db) }
             // Format 12: the totals start from one sum over the files (the triggers keep them).
             if !hadTotals { try Store.recountContentTotals(db) }
             if hadInodes && !hadLinks { try Store.computeLinks(db) }
@@ -157,5 +167,37 @@ extension Schema {
                 try db.execute("UPDATE pruned_records SET seen = 0")
             }
         }
+    }
+}
+
+extension Schema {
+    /// Format 13: record ids, history ids and lists of parents as bytes (`IDs.swift`):
+    /// rewrites every column that holds one, in the upgrade's transaction. A value already
+    /// in bytes, or a directory's or symlink's node (`dir:`/`link:` text), stays as it is,
+    /// so running it again changes nothing. Timed in the README ("Store size and gc").
+    static func convertIDsToBytes(_ db: SQLiteDatabase) throws(StoreError) {
+        try db.defineTextToBlob("ubq_id") { ID128(hex: $0)?.bytes }
+        try db.defineTextToBlob("ubq_ids") { text in
+            var bytes: [UInt8] = []
+            for part in text.split(separator: ",") {
+                guard let id = ID128(hex: part) else { return nil }
+                bytes += id.bytes
+            }
+            return bytes
+        }
+        let count = try db.rows("SELECT count(*) FROM versions", []) { $0.int(0) }.first ?? 0
+        log("ubiquity: upgrading the store to format 13 (ids as bytes): \(count) versions")
+        let start = ContinuousClock.now
+        try db.execute("UPDATE versions SET id = ubq_id(id), file_id = ubq_id(file_id), parents = ubq_ids(parents)")
+        for (table, columns) in [("inodes", ["file_id"]), ("histories", ["file_id"]), ("view_heads", ["node"]),
+                                 ("view_awaited", ["id", "node"]), ("view_current", ["node"]), ("own_dots", ["node"]),
+                                 ("pruned_records", ["id"])] {
+            let assignments = columns.map { "\($0) = ubq_id(\($0))" }.joined(separator: ", ")
+            try db.execute("UPDATE \(table) SET \(assignments)")
+        }
+        // The rows shrank: pages the indexes no longer use go back to the filesystem (a
+        // store made at format 5 or later; older ones reuse them).
+        try db.execute("PRAGMA incremental_vacuum")
+        log("ubiquity: upgraded the store to format 13 in \(start.duration(to: .now).components.seconds) s")
     }
 }

@@ -7,32 +7,32 @@ extension Store {
     /// Shows history `fileID` at `path`. `live`: whether a live file has it (nil: keep
     /// what is recorded, 1 for a new row). `keepExisting`: leave a history that is already
     /// placed where it is.
-    func placeHistory(_ fileID: String, path: String, live: Bool?, keepExisting: Bool = false) throws(StoreError) {
+    func placeHistory(_ fileID: FileID, path: String, live: Bool?, keepExisting: Bool = false) throws(StoreError) {
         var old = takingIn?.histories[fileID]
         if old == nil {
-            old = try db.rows("SELECT path, live FROM histories WHERE file_id = ?", [.text(fileID)]) { (path: $0.text(0), live: $0.int(1) != 0) }.first
+            old = try db.rows("SELECT path, live FROM histories WHERE file_id = ?", [.id(fileID)]) { (path: $0.text(0), live: $0.int(1) != 0) }.first
         }
         if old != nil && keepExisting { return }
         let newLive = live ?? old?.live ?? true
         takingIn?.histories[fileID] = (path, newLive)
         if let old, old.path.utf8.elementsEqual(path.utf8) {
-            if old.live != newLive { try db.query("UPDATE histories SET live = ? WHERE file_id = ?", [.int(newLive ? 1 : 0), .text(fileID)]) }
+            if old.live != newLive { try db.query("UPDATE histories SET live = ? WHERE file_id = ?", [.int(newLive ? 1 : 0), .id(fileID)]) }
             return
         }
         if let old { try countHistoryPath(old.path, by: -1) }
-        try db.query("REPLACE INTO histories(file_id, path, live) VALUES(?, ?, ?)", [.text(fileID), .text(path), .int(newLive ? 1 : 0)])
+        try db.query("REPLACE INTO histories(file_id, path, live) VALUES(?, ?, ?)", [.id(fileID), .text(path), .int(newLive ? 1 : 0)])
         try countHistoryPath(path, by: 1)
     }
 
     /// Moves where a history is shown (after a rename, a save, a remote record).
-    public func setHistory(_ fileID: String, path: String, live: Bool) throws(StoreError) {
+    public func setHistory(_ fileID: FileID, path: String, live: Bool) throws(StoreError) {
         try placeHistory(fileID, path: path, live: live)
     }
 
     /// Marks a history as having no live file (it stays shown at its last path).
-    public func retireHistory(_ fileID: String) throws(StoreError) {
+    public func retireHistory(_ fileID: FileID) throws(StoreError) {
         takingIn?.histories[fileID] = nil
-        try db.query("UPDATE histories SET live = 0 WHERE file_id = ?", [.text(fileID)])
+        try db.query("UPDATE histories SET live = 0 WHERE file_id = ?", [.id(fileID)])
     }
 
     /// Stops showing a history under .versions/ (its versions stay in the database).
@@ -44,25 +44,25 @@ extension Store {
     /// the step, one more live node at the temp path for each save (which every later
     /// save there had to count for conflicts). Returns false when the history has more
     /// than that version, or it was uploaded or is being uploaded: the caller keeps it.
-    public func withdrawUnsentHistory(_ fileID: String) throws(StoreError) -> Bool {
-        let rows = try db.rows("SELECT row, id, device_id, uploaded, local FROM versions WHERE file_id = ? LIMIT 2", [.text(fileID)]) {
-            (row: $0.int(0), id: $0.text(1), device: $0.text(2), uploaded: $0.int(3) != 0, local: $0.int(4) != 0)
+    public func withdrawUnsentHistory(_ fileID: FileID) throws(StoreError) -> Bool {
+        let rows = try db.rows("SELECT row, id, device_id, uploaded, local FROM versions WHERE file_id = ? LIMIT 2", [.id(fileID)]) {
+            (row: $0.int(0), id: $0.versionID(1), device: $0.text(2), uploaded: $0.int(3) != 0, local: $0.int(4) != 0)
         }
         guard rows.count == 1, let only = rows.first, only.device == deviceID, !only.uploaded, !only.local,
               !uploadsInFlight.contains(only.id), let record = try replica.record(id: only.id) else { return false }
         try db.transaction { () throws(StoreError) in
             try db.query("DELETE FROM versions WHERE row = ?", [.int(only.row)])
             _ = try replica.remove(record)
-            try db.query("DELETE FROM own_dots WHERE node = ?", [.text(fileID)])
+            try db.query("DELETE FROM own_dots WHERE node = ?", [.node(.file(fileID))])
             try dropHistory(fileID)
         }
         return true
     }
 
-    public func dropHistory(_ fileID: String) throws(StoreError) {
+    public func dropHistory(_ fileID: FileID) throws(StoreError) {
         takingIn?.histories[fileID] = nil
-        guard let path = try db.rows("SELECT path FROM histories WHERE file_id = ?", [.text(fileID)], { $0.text(0) }).first else { return }
-        try db.query("DELETE FROM histories WHERE file_id = ?", [.text(fileID)])
+        guard let path = try db.rows("SELECT path FROM histories WHERE file_id = ?", [.id(fileID)], { $0.text(0) }).first else { return }
+        try db.query("DELETE FROM histories WHERE file_id = ?", [.id(fileID)])
         try countHistoryPath(path, by: -1)
     }
 
@@ -80,8 +80,8 @@ extension Store {
     }
 
     /// The histories shown at `path`.
-    public func histories(at path: String) throws(StoreError) -> [String] {
-        try db.rows("SELECT file_id FROM histories WHERE path = ?", [.text(path)]) { $0.text(0) }
+    public func histories(at path: String) throws(StoreError) -> [FileID] {
+        try db.rows("SELECT file_id FROM histories WHERE path = ?", [.text(path)]) { $0.fileID(0) }
     }
 
     /// Adds `delta` to the counts of `path` and its ancestors in `history_dirs`; a name

@@ -7,7 +7,7 @@ extension Store {
     /// the intent log, and the batch notes its sequence (`intent_applied`), so the next open
     /// knows whether the batch made it to the database. Without group commit (a store used
     /// outside a mount) the version is committed already and nothing is logged.
-    func secure(_ id: InodeNumber, content: ChunkList, path: String, version: String) throws(StoreError) {
+    func secure(_ id: InodeNumber, content: ChunkList, path: String, version: VersionID) throws(StoreError) {
         guard db.batching, let inode = try node(id)?.inode else { return }
         do {
             try append(Intent(sequence: 0, version: version, path: path, mode: inode.mode, uid: inode.uid, gid: inode.gid,

@@ -33,18 +33,18 @@ extension Store {
 
     // MARK: other devices' records this device pruned
 
-    func isPrunedRecord(_ id: String) throws(StoreError) -> Bool {
-        try !db.rows("SELECT 1 FROM pruned_records WHERE id = ?", [.text(id)], { _ in true }).isEmpty
+    func isPrunedRecord(_ id: VersionID) throws(StoreError) -> Bool {
+        try !db.rows("SELECT 1 FROM pruned_records WHERE id = ?", [.id(id)], { _ in true }).isEmpty
     }
 
     /// Prune calls this for each record it drops. Another device's record is remembered
     /// (with the generation of its author's journal this device reads now), so that it is
     /// skipped when that journal is read again from the start. This device's own records
     /// count towards rewriting its journal (`journalCheckpointDue`) once they are in it.
-    func notePruned(id: String, device: String, uploaded: Bool) throws(StoreError) {
+    func notePruned(id: VersionID, device: String, uploaded: Bool) throws(StoreError) {
         if device != deviceID {
             try db.query("REPLACE INTO pruned_records(id, device, seen) VALUES(?, ?, ?)",
-                         [.text(id), .text(device), .int(try peerPosition(device).generation)])
+                         [.id(id), .text(device), .int(try peerPosition(device).generation)])
         } else if uploaded {
             try addToSetting(Self.journalDroppedKey, 1)
         }
@@ -53,12 +53,13 @@ extension Store {
     /// Of `ids`, read in generation `generation` of `device`'s journal, those this store
     /// holds or pruned: a reader skips them. A pruned one is marked as still present in
     /// that generation.
-    public func knownRecords(_ ids: [String], device: String, generation: Int64) throws(StoreError) -> Set<String> {
-        var known: Set<String> = []
+    public func knownRecords(_ ids: [VersionID], device: String, generation: Int64) throws(StoreError) -> Set<VersionID> {
+        var known: Set<VersionID> = []
+        let keys = ids.map { SQLValue.id($0) }
         try db.transaction { () throws(StoreError) in
-            known.formUnion(try db.rows(in: ids, { "SELECT id FROM versions WHERE local = 0 AND id IN (\($0))" }) { $0.text(0) })
-            for id in try db.rows(in: ids, { "SELECT id FROM pruned_records WHERE id IN (\($0))" }, { $0.text(0) }) where !known.contains(id) {
-                try db.query("UPDATE pruned_records SET seen = ? WHERE id = ? AND device = ?", [.int(generation), .text(id), .text(device)])
+            known.formUnion(try db.rows(in: keys, { "SELECT id FROM versions WHERE local = 0 AND id IN (\($0))" }) { $0.versionID(0) })
+            for id in try db.rows(in: keys, { "SELECT id FROM pruned_records WHERE id IN (\($0))" }, { $0.versionID(0) }) where !known.contains(id) {
+                try db.query("UPDATE pruned_records SET seen = ? WHERE id = ? AND device = ?", [.int(generation), .id(id), .text(device)])
                 known.insert(id)
             }
         }

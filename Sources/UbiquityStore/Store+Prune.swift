@@ -6,7 +6,7 @@ extension Store {
     /// One pruned version, for the report.
     public struct PrunedVersion: Sendable {
         public var row: Int64
-        public var id: String
+        public var id: VersionID
         public var path: String
         public var committed: Nanos
         public var size: Int64
@@ -17,18 +17,18 @@ extension Store {
         /// Histories of deleted files that lost their last version (gone from .versions/).
         public var histories = 0
         /// The last history looked at: the next page starts after it (nil: done).
-        public var resumeAfter: String?
+        public var resumeAfter: FileID?
         public init() {}
     }
 
     /// Prunes (or with `dryRun`, only lists) the versions of up to `limit` histories after
     /// `after` (in file id order) that `policy` does not keep at `now`. `under`: only
     /// histories shown at that path or below it ("" for all).
-    public func prune(policy: RetentionPolicy, now: Nanos, under: String = "", after: String? = nil,
+    public func prune(policy: RetentionPolicy, now: Nanos, under: String = "", after: FileID? = nil,
                       limit: Int = 50, dryRun: Bool) throws(StoreError) -> PruneResult {
         var result = PruneResult()
         let page = try db.rows("SELECT file_id, path, live FROM histories WHERE file_id > ? ORDER BY file_id LIMIT ?",
-                               [.text(after ?? ""), .int(Int64(limit))]) { (id: $0.text(0), path: $0.text(1), live: $0.int(2) != 0) }
+                               [after.map { .id($0) } ?? .blob([]), .int(Int64(limit))]) { (id: $0.fileID(0), path: $0.text(1), live: $0.int(2) != 0) }
         result.resumeAfter = page.count == limit ? page.last?.id : nil
         if policy.keepEverything { return result }
         try db.transaction { () throws(StoreError) in
@@ -43,24 +43,24 @@ extension Store {
         root.isEmpty || path.utf8.elementsEqual(root.utf8) || path.utf8.starts(with: (root + "/").utf8)
     }
 
-    private func prune(history fileID: String, live: Bool, policy: RetentionPolicy, now: Nanos, dryRun: Bool,
+    private func prune(history fileID: FileID, live: Bool, policy: RetentionPolicy, now: Nanos, dryRun: Bool,
                        into result: inout PruneResult) throws(StoreError) {
         struct Row {
-            var row: Int64, id: String, committed: Nanos, tombstone: Bool, meta: Bool, uploaded: Bool, path: String, size: Int64
+            var row: Int64, id: VersionID, committed: Nanos, tombstone: Bool, meta: Bool, uploaded: Bool, path: String, size: Int64
             var device: String
             var content: Bool { !tombstone && !meta }
         }
         let rows = try db.rows("""
             SELECT row, committed, tombstone, meta, uploaded, device_id, path, size, id FROM versions
             WHERE file_id = ? AND local = 0
-            """, [.text(fileID)]) {
-            Row(row: $0.int(0), id: $0.text(8), committed: $0.int(1), tombstone: $0.int(2) != 0, meta: $0.int(3) != 0,
+            """, [.id(fileID)]) {
+            Row(row: $0.int(0), id: $0.versionID(8), committed: $0.int(1), tombstone: $0.int(2) != 0, meta: $0.int(3) != 0,
                 uploaded: $0.int(4) != 0 || $0.text(5) != deviceID, path: $0.text(6), size: $0.int(7), device: $0.text(5))
         }
         // Never pruned: the node's heads (its current version, unresolved conflicts, its
         // tombstone), what an inode shows or a new file continues, and records of this
         // device's own not yet in the backing directory.
-        var protected = Set(try db.rows("SELECT row FROM view_heads WHERE node = ?", [.text(fileID)]) { $0.int(0) })
+        var protected = Set(try db.rows("SELECT row FROM view_heads WHERE node = ?", [.id(fileID)]) { $0.int(0) })
         for row in rows where !row.uploaded { protected.insert(row.row) }
         for row in rows where try !db.rows("SELECT 1 FROM inodes WHERE head = ? AND nlink > 0 LIMIT 1", [.int(row.row)], { _ in true }).isEmpty {
             protected.insert(row.row)
@@ -89,7 +89,7 @@ extension Store {
         if !live && remaining == 0 {
             try dropHistory(fileID)
             // Its heads (tombstones, never pruned) hold every dot this device gave it.
-            try db.query("DELETE FROM own_dots WHERE node = ?", [.text(fileID)])
+            try db.query("DELETE FROM own_dots WHERE node = ?", [.id(fileID)])
         }
     }
 }
@@ -115,14 +115,14 @@ extension Store {
                     SELECT row, file_id, committed, path, size, tombstone, meta, id, device_id, uploaded FROM versions
                     WHERE local = 0 AND row > ? ORDER BY row LIMIT 500
                     """, [.int(last)]) {
-                    (row: $0.int(0), id: $0.text(7), node: $0.text(1), committed: $0.int(2), path: $0.text(3), size: $0.int(4),
+                    (row: $0.int(0), id: $0.versionID(7), node: $0.nodeID(1), committed: $0.int(2), path: $0.text(3), size: $0.int(4),
                      content: $0.int(5) == 0 && $0.int(6) == 0, device: $0.text(8), uploaded: $0.int(9) != 0)
                 }
                 guard let end = page.last?.row else { break }
                 for v in page where dropped.count < limit && covered < bytes {
                     last = v.row
                     if continued.contains(v.row) { continue }
-                    if try !db.rows("SELECT 1 FROM view_heads WHERE node = ? AND row = ?", [.text(v.node), .int(v.row)], { _ in true }).isEmpty { continue }
+                    if try !db.rows("SELECT 1 FROM view_heads WHERE node = ? AND row = ?", [.node(v.node), .int(v.row)], { _ in true }).isEmpty { continue }
                     if try !db.rows("SELECT 1 FROM inodes WHERE head = ? AND nlink > 0 LIMIT 1", [.int(v.row)], { _ in true }).isEmpty { continue }
                     try db.query("DELETE FROM versions WHERE row = ?", [.int(v.row)])
                     try notePruned(id: v.id, device: v.device, uploaded: v.uploaded)

@@ -108,7 +108,7 @@ extension Store {
                     guard filter.matches(path) else { return }
                     let head = r.isNull(6) ? nil : r.int(6)
                     var item = try queryItem(path: path, size: r.int(3), mtime: r.int(4), ctime: r.int(5), head: head,
-                                             fileID: r.isNull(7) ? nil : r.text(7), conflicted: conflicted.contains(NameKey(path)))
+                                             fileID: r.optionalFileID(7), conflicted: conflicted.contains(NameKey(path)))
                     item.downloaded = DownloadState(allocated: r.isNull(8) ? r.int(3) : r.int(8), absent: r.int(9))
                     try body(item)
                 default: break
@@ -129,7 +129,7 @@ extension Store {
         return item
     }
 
-    private func queryItem(path: String, size: Int64, mtime: Nanos, ctime: Nanos, head: Int64?, fileID: String?,
+    private func queryItem(path: String, size: Int64, mtime: Nanos, ctime: Nanos, head: Int64?, fileID: FileID?,
                            conflicted: Bool) throws(StoreError) -> QueryItem {
         var state = QueryItem.SyncState.pending
         if let head, let (device, uploaded, local) = try db.rows("SELECT device_id, uploaded, local FROM versions WHERE row = ?",
@@ -139,7 +139,7 @@ extension Store {
         if LocalOnly.contains(path) { state = .localOnly }
         if conflicted { state = .conflict }
         var created = ctime
-        if let fileID, let first = try db.rows("SELECT min(committed) FROM versions WHERE file_id = ?", [.text(fileID)], {
+        if let fileID, let first = try db.rows("SELECT min(committed) FROM versions WHERE file_id = ?", [.id(fileID)], {
             $0.isNull(0) ? nil : $0.int(0)
         }).first ?? nil {
             created = first

@@ -34,7 +34,7 @@ extension Store {
             SELECT row, id, file_id, parents, device_id, uploaded, local, kind, tombstone, path, mtime, device_id, mode, target
             FROM versions WHERE durable = 0 ORDER BY row DESC
             """, []) { r in
-            (record: Replica.Record(row: r.int(0), id: r.text(1), node: r.text(2), parents: splitIDs(r.text(3)),
+            (record: Replica.Record(row: r.int(0), id: r.versionID(1), node: r.nodeID(2), parents: r.versionIDs(3),
                                     kind: NodeKind(rawValue: r.int(7)) ?? .file, isTombstone: r.int(8) != 0,
                                     mtime: r.int(10), device: r.text(11), path: r.text(9),
                                     mode: UInt32(truncatingIfNeeded: r.int(12)), target: r.isNull(13) ? nil : r.text(13)),
@@ -85,7 +85,7 @@ extension Store {
             var parents: [(row: Int64, committed: Nanos)] = []
             for id in record.parents {
                 parents += try db.rows("SELECT row, committed FROM versions WHERE id = ? AND file_id = ?",
-                                       [.text(id), .text(record.node)]) { ($0.int(0), $0.int(1)) }
+                                       [.id(id), .node(record.node)]) { ($0.int(0), $0.int(1)) }
             }
             let parent = parents.max { $0.committed < $1.committed }?.row
             try db.query("DELETE FROM versions WHERE row = ?", [.int(record.row)])
@@ -102,8 +102,9 @@ extension Store {
                 if let previous { inode.mtime = previous.mtime }
                 try save(inode)
             }
-            if try db.rows("SELECT 1 FROM versions WHERE file_id = ? AND local = 0 LIMIT 1", [.text(record.node)], { _ in true }).isEmpty {
-                try dropHistory(record.node)
+            if let fileID = record.node.fileID,
+               try db.rows("SELECT 1 FROM versions WHERE file_id = ? AND local = 0 LIMIT 1", [.id(fileID)], { _ in true }).isEmpty {
+                try dropHistory(fileID)
             }
             if showing.isEmpty { return "its current version still (the lost one was an older version)" }
             return previous.map { "its version \($0.id) of \(isoTime($0.committed))" } ?? "no content (it had no earlier version)"

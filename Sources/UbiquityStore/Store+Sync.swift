@@ -31,7 +31,7 @@ struct TakeInMemo {
     var shown: [Int64: Store.ShownFile] = [:]
     /// Where each history is placed and whether it is live, as `placeHistory` left it
     /// (`retireHistory` and `dropHistory` forget it).
-    var histories: [String: (path: String, live: Bool)] = [:]
+    var histories: [FileID: (path: String, live: Bool)] = [:]
     /// What histories placed or moved add to or take from the directories above them
     /// under `.versions/`, written once at the slice's end (`Store.writeHistoryDirectories`).
     var historyDirectories: [HistoryName: Int64] = [:]
@@ -104,7 +104,7 @@ extension Store {
             cache.removeAll()
             try? changed.reload(parse: { InodeNumber($0) })
             for set in [vacated, recheck, unreconciled] { try? set.reload(parse: NameKey.init) }
-            for set in [orphaned, held] { try? set.reload(parse: { $0 }) }
+            for set in [orphaned, held] { try? set.reload(parse: { FileID(hex: $0) }) }
             throw error
         }
     }
@@ -122,7 +122,7 @@ extension Store {
         // path is its first name, which need not be the name that went (t-differential
         // seed 935078509 left such records shown).
         for node in try orphaned.removeSome(limit) where !held.contains(node) {
-            guard let current = try replica.current(node), current.kind == .file else { continue }
+            guard let current = try replica.current(.file(node)), current.kind == .file else { continue }
             try recordRemoval(of: current)
         }
         if !orphaned.isEmpty { return true }
@@ -167,7 +167,7 @@ extension Store {
     /// The whole-tree form of `recordLocalChanges` (once, after an upgrade from a store
     /// before format 4, which kept its change set in memory only).
     private func recordAllLocalChanges() throws(StoreError) {
-        var seenFiles: Set<String> = []
+        var seenFiles: Set<FileID> = []
         var seenPaths: Set<NameKey> = []
         try forEachNamedInode { (inode) throws(StoreError) in
             guard let seen = try recordChange(of: inode) else { return }
@@ -182,7 +182,7 @@ extension Store {
         var shown: [Replica.Record] = []
         for record in try replica.allCurrent() where try isShown(record) { shown.append(record) }
         for record in shown {
-            let present = record.kind == .file ? seenFiles.contains(record.node) : seenPaths.contains(NameKey(record.path))
+            let present = record.kind == .file ? record.node.fileID.map(seenFiles.contains) == true : seenPaths.contains(NameKey(record.path))
             if present { continue }
             // A path still queued for reconcile is not shown yet; a record of this device's
             // own that the tree lacks was deleted (an editor's temp file renamed over a
@@ -237,7 +237,7 @@ extension Store {
     /// does and logs a `sync-scan check:` line for anything that walk would still record.
     /// It costs a walk of the tree per step, so it is never on by default.
     private func verifyIncrementalScan() throws(StoreError) {
-        var seenFiles: Set<String> = []
+        var seenFiles: Set<FileID> = []
         var seenPaths: Set<NameKey> = []
         try forEachNamedInode { (inode) throws(StoreError) in
             guard let path = path(of: inode.id), !LocalOnly.contains(path) else { return }
@@ -245,8 +245,8 @@ extension Store {
             case .file:
                 guard let node = inode.fileID else { return }
                 seenFiles.insert(node)
-                if let row = inode.head, let head = try db.rows("SELECT path, local, file_id FROM versions WHERE row = ?", [.int(row)], { (path: $0.text(0), local: $0.int(1) != 0, node: $0.text(2)) }).first,
-                   !head.local, head.node == node, !head.path.utf8.elementsEqual(path.utf8) {
+                if let row = inode.head, let head = try db.rows("SELECT path, local, file_id FROM versions WHERE row = ?", [.int(row)], { (path: $0.text(0), local: $0.int(1) != 0, node: $0.nodeID(2)) }).first,
+                   !head.local, head.node == .file(node), !head.path.utf8.elementsEqual(path.utf8) {
                     log("sync-scan check: file \(path) (inode \(inode.id)) has head path \(head.path)")
                 }
             case .directory:
@@ -259,16 +259,16 @@ extension Store {
             }
         }
         for record in try replica.allCurrent() where try isShown(record) {
-            let present = record.kind == .file ? seenFiles.contains(record.node) : seenPaths.contains(NameKey(record.path))
+            let present = record.kind == .file ? record.node.fileID.map(seenFiles.contains) == true : seenPaths.contains(NameKey(record.path))
             if !present {
-                let holders = try db.rows("SELECT id FROM inodes WHERE file_id = ?", [.text(record.node)]) { InodeNumber(bitPattern: $0.int(0)) }
+                let holders = try db.rows("SELECT id FROM inodes WHERE file_id = ?", [.node(record.node)]) { InodeNumber(bitPattern: $0.int(0)) }
                     .map { "inode \($0) nlink \(inode($0)?.nlink ?? 0) path \(path(of: $0) ?? "nil")" }
-                log("sync-scan check: shown but missing: \(record.kind) \(record.path) node \(record.node.prefix(12)) device \(record.device == deviceID ? "own" : "other") holders \(holders)")
+                log("sync-scan check: shown but missing: \(record.kind) \(record.path) node \(record.node.description.prefix(12)) device \(record.device == deviceID ? "own" : "other") holders \(holders)")
             }
         }
     }
 
-    enum Seen { case file(String), path(String) }
+    enum Seen { case file(FileID), path(String) }
 
     /// Records `inode`'s state if the view does not show it yet; returns how the tree
     /// shows it (nil: a node that does not sync).
@@ -276,7 +276,7 @@ extension Store {
         guard let path = path(of: inode.id) else { return nil }
         if LocalOnly.contains(path) {
             // Moved to a local-only name: for the other devices the file is gone.
-            if inode.kind == .file, let node = inode.fileID, let current = try replica.current(node), !LocalOnly.contains(current.path) {
+            if inode.kind == .file, let node = inode.fileID, let current = try replica.current(.file(node)), !LocalOnly.contains(current.path) {
                 try recordRemoval(of: current)
             }
             return nil
@@ -293,12 +293,12 @@ extension Store {
             // Only a directory record of its own keeps it shown: one implied by the nodes
             // below it goes when they go (t-differential seed 394416407 lost a directory
             // whose files moved out after the scan had passed it).
-            if try replica.current(Replica.dirNode(path)) != nil, case .directory(let mode) = try replica.state(at: path).shown,
+            if try replica.current(.directory(path)) != nil, case .directory(let mode) = try replica.state(at: path).shown,
                mode == inode.mode & 0o7777 { return .path(path) }
-            try recordNode(Replica.dirNode(path), kind: .directory, path: path, mode: inode.mode & 0o7777, mtime: inode.mtime)
+            try recordNode(.directory(path), kind: .directory, path: path, mode: inode.mode & 0o7777, mtime: inode.mtime)
             return .path(path)
         case .symlink:
-            let node = Replica.linkNode(path)
+            let node = NodeID.symlink(path)
             if let current = try replica.current(node), current.target == inode.target,
                case .node(let shown) = try replica.state(at: path).shown, shown.id == current.id { return .path(path) }
             try recordNode(node, kind: .symlink, path: path, mode: 0o777, mtime: inode.mtime, target: inode.target)
@@ -315,7 +315,7 @@ extension Store {
     private func presentLocally(_ record: Replica.Record) -> Bool {
         guard let (_, _, id) = locate(record.path), let inode = inode(id), !LocalOnly.contains(record.path) else { return false }
         switch record.kind {
-        case .file: return inode.kind == .file && inode.fileID == record.node
+        case .file: return inode.kind == .file && inode.fileID.map { NodeID.file($0) } == record.node
         default:
             if inode.kind == .directory { return true }
             return inode.kind == .symlink && path(of: id)?.utf8.elementsEqual(record.path.utf8) == true
@@ -340,14 +340,14 @@ extension Store {
     private func recordFileMetadata(_ inode: Inode, path: String) throws(StoreError) {
         guard let row = inode.head,
               let head = try db.rows("SELECT id, file_id, path, mode, mtime, xattrs, local FROM versions WHERE row = ?", [.int(row)], {
-                  (id: $0.text(0), node: $0.text(1), path: $0.text(2), mode: UInt32($0.int(3)), mtime: $0.int(4),
+                  (id: $0.versionID(0), node: $0.nodeID(1), path: $0.text(2), mode: UInt32($0.int(3)), mtime: $0.int(4),
                    xattrs: $0.isNull(5) ? [] : $0.blob(5), local: $0.int(6) != 0)
               }).first,
-              !head.local, head.node == inode.fileID else { return }
+              !head.local, let fileID = inode.fileID, head.node == .file(fileID) else { return }
         let xattrs = try currentXattrs(inode.id)
         if head.path.utf8.elementsEqual(path.utf8) && head.mode == inode.mode && head.mtime == inode.mtime
             && head.xattrs == XattrCodec.encode(xattrs) { return }
-        let record = SyncRecord(id: newRecordID(), node: head.node, kind: .file, parents: [head.id],
+        let record = SyncRecord(id: .new(), node: head.node, kind: .file, parents: [head.id],
                                 deviceID: deviceID, deviceName: deviceName, committed: clock(), mtime: inode.mtime,
                                 mode: inode.mode, isTombstone: false, isMeta: true, path: path,
                                 chunks: try chunkList(row: row), xattrs: xattrs)
@@ -355,21 +355,21 @@ extension Store {
         var updated = inode
         updated.head = newRow
         try save(updated)
-        try setHistory(head.node, path: path, live: true)
+        try setHistory(fileID, path: path, live: true)
     }
 
     /// A record of a directory or symlink node, or a tombstone of any node, descending
     /// from all its heads.
-    private func recordNode(_ node: String, kind: NodeKind, path: String, mode: UInt32, mtime: Nanos,
+    private func recordNode(_ node: NodeID, kind: NodeKind, path: String, mode: UInt32, mtime: Nanos,
                             target: String? = nil, tombstone: Bool = false) throws(StoreError) {
         let parents = try replica.heads(node).map(\.id).sorted()
         if tombstone, try replica.liveHeads(node).isEmpty { return }
-        let record = SyncRecord(id: newRecordID(), node: node, kind: kind, parents: parents, deviceID: deviceID,
+        let record = SyncRecord(id: .new(), node: node, kind: kind, parents: parents, deviceID: deviceID,
                                 deviceName: deviceName, committed: clock(), mtime: mtime, mode: mode,
                                 isTombstone: tombstone, isMeta: false, path: path, target: tombstone ? nil : target)
         _ = try insert(record, from: .here)
-        if tombstone && kind == .file {
-            try retireHistory(node)
+        if tombstone, let fileID = node.fileID {
+            try retireHistory(fileID)
         }
     }
 
@@ -393,7 +393,7 @@ extension Store {
     @discardableResult
     public func addRemote(_ records: [SyncRecord], checked: Bool = false) throws(StoreError) -> Int {
         var added = 0
-        var seen: Set<String> = []
+        var seen: Set<VersionID> = []
         try standaloneStep { () throws(StoreError) in
             try replica.deferringConflicts { () throws(StoreError) in
             for record in records where record.deviceID != deviceID && seen.insert(record.id).inserted {
@@ -447,8 +447,8 @@ extension Store {
                    chunks, target, xattrs, row, lineage
             FROM versions WHERE \(condition) AND local = 0 AND device_id = ? AND row > ? ORDER BY row LIMIT ?
             """, [.text(deviceID), .int(after), .int(Int64(limit))]) { r in
-            var record = SyncRecord(id: r.text(0), node: r.text(1), kind: NodeKind(rawValue: r.int(2)) ?? .file,
-                        parents: splitIDs(r.text(3)), deviceID: r.text(4), deviceName: r.text(5), committed: r.int(6),
+            var record = SyncRecord(id: r.versionID(0), node: r.nodeID(1), kind: NodeKind(rawValue: r.int(2)) ?? .file,
+                        parents: r.versionIDs(3), deviceID: r.text(4), deviceName: r.text(5), committed: r.int(6),
                         mtime: r.int(7), mode: UInt32(r.int(8)), isTombstone: r.int(9) != 0, isMeta: r.int(10) != 0,
                         path: r.text(11), chunks: ChunkList(encoded: r.blob(12)) ?? ChunkList(),
                         target: r.isNull(13) ? nil : r.text(13), xattrs: r.isNull(14) ? [] : XattrCodec.decode(r.blob(14)))
@@ -461,9 +461,9 @@ extension Store {
         (try? db.rows("SELECT count(*) FROM versions WHERE uploaded = 0 AND local = 0 AND device_id = ?", [.text(deviceID)]) { Int($0.int(0)) }.first) ?? 0
     }
 
-    public func markUploaded(_ ids: [String]) throws(StoreError) {
+    public func markUploaded(_ ids: [VersionID]) throws(StoreError) {
         try db.transaction { () throws(StoreError) in
-            for id in ids { try db.query("UPDATE versions SET uploaded = 1 WHERE id = ?", [.text(id)]) }
+            for id in ids { try db.query("UPDATE versions SET uploaded = 1 WHERE id = ?", [.id(id)]) }
             try addToSetting(Self.journalRecordsKey, Int64(ids.count))
         }
         uploadsInFlight.subtract(ids)
@@ -552,7 +552,7 @@ extension Store {
             try vacated.remove(NameKey(path))
             changes.entries.append(EntryName(parent: parent, name: name))
             if try node(id)?.inode.nlink == 0 { changes.unlinked.append(id) }
-            if inode.kind == .file, let node = inode.fileID, try replica.current(node) == nil {
+            if inode.kind == .file, let node = inode.fileID, try replica.current(.file(node)) == nil {
                 try retireHistory(node)
             }
         }
@@ -584,7 +584,7 @@ extension Store {
                 case .node(let record) where record.kind == .file:
                     guard let file = try shownFile(record) else { deferred.insert(NameKey(path)); continue }
                     let id = try create(parent: parent, name: name, kind: .file, mode: 0o644, uid: getuid(), gid: getgid(),
-                                        fileID: record.node, touchingParent: false) { apply(file, of: record, to: &$0) }.id
+                                        fileID: record.node.fileID, touchingParent: false) { apply(file, of: record, to: &$0) }.id
                     try finishShowing(file, of: record, on: id)
                     touch(parent, directory: false)
                 case .node(let record):
@@ -620,7 +620,7 @@ extension Store {
     }
 
     private func apply(_ file: ShownFile, of record: Replica.Record, to inode: inout Inode) {
-        inode.fileID = record.node
+        inode.fileID = record.node.fileID
         inode.head = record.row
         inode.size = file.content.totalSize
         inode.allocated = file.content.storedBytes
@@ -644,7 +644,7 @@ extension Store {
     /// The xattrs and the history of a file just shown.
     private func finishShowing(_ file: ShownFile, of record: Replica.Record, on id: InodeNumber) throws(StoreError) {
         for entry in XattrCodec.decode(file.xattrs) { try setXattr(id, "user." + entry.name, entry.value) }
-        try setHistory(record.node, path: record.path, live: true)
+        if let fileID = record.node.fileID { try setHistory(fileID, path: record.path, live: true) }
     }
 
     private func matches(_ inode: Inode, _ shown: Replica.Shown) -> Bool {
@@ -652,7 +652,7 @@ extension Store {
         case .none: return false
         case .directory: return inode.kind == .directory
         case .node(let record):
-            if record.kind == .file { return inode.kind == .file && inode.fileID == record.node }
+            if record.kind == .file { return inode.kind == .file && inode.fileID.map { NodeID.file($0) } == record.node }
             return inode.kind == .symlink && inode.target == record.target
         }
     }
@@ -679,7 +679,7 @@ extension Store {
     private func isUnrecordedMove(_ inode: Inode, to path: String) throws(StoreError) -> Bool {
         guard inode.kind == .file, let row = inode.head, let node = inode.fileID else { return false }
         let recorded = try db.rows("SELECT path FROM versions WHERE row = ? AND local = 0 AND file_id = ?",
-                                   [.int(row), .text(node)]) { $0.text(0) }.first
+                                   [.int(row), .id(node)]) { $0.text(0) }.first
         return recorded.map { !$0.utf8.elementsEqual(path.utf8) } ?? false
     }
 
@@ -718,10 +718,10 @@ extension Store {
     public func totalConflicts() throws(StoreError) -> Int { try replica.totalConflicts() }
 
     /// `rm` of a conflict version: a tombstone that descends from it (it stays in history).
-    public func discardConflict(_ id: String) throws(StoreError) {
-        guard let record = try replica.record(id: id) else { throw .noSuchVersion(id) }
+    public func discardConflict(_ id: VersionID) throws(StoreError) {
+        guard let record = try replica.record(id: id) else { throw .noSuchVersion(id.hex) }
         let now = clock()
-        let tombstone = SyncRecord(id: newRecordID(), node: record.node, kind: record.kind, parents: [id],
+        let tombstone = SyncRecord(id: .new(), node: record.node, kind: record.kind, parents: [id],
                                    deviceID: deviceID, deviceName: deviceName, committed: now, mtime: now, mode: 0,
                                    isTombstone: true, isMeta: false, path: record.path)
         try db.transaction { () throws(StoreError) in _ = try insert(tombstone, from: .here) }
@@ -729,14 +729,14 @@ extension Store {
 
     /// `mv` of a conflict version onto its file: the file's next version gets its content
     /// (descending from both), and the conflict is resolved.
-    public func takeConflict(_ id: String, path: String) throws(StoreError) {
-        guard let taken = try replica.record(id: id), let conflict = try version(row: taken.row) else { throw .noSuchVersion(id) }
+    public func takeConflict(_ id: VersionID, path: String) throws(StoreError) {
+        guard let taken = try replica.record(id: id), let conflict = try version(row: taken.row) else { throw .noSuchVersion(id.hex) }
         guard case .node(let current) = try replica.state(at: path).shown, current.kind == .file,
-              let (_, _, ino) = locate(path), let inode = inode(ino), inode.fileID == current.node else {
+              let (_, _, ino) = locate(path), let inode = inode(ino), inode.fileID.map({ NodeID.file($0) }) == current.node else {
             throw .noSuchVersion("no file at \(path) to take \(id) into")
         }
         let now = clock()
-        let record = SyncRecord(id: newRecordID(), node: current.node, kind: .file,
+        let record = SyncRecord(id: .new(), node: current.node, kind: .file,
                                 parents: taken.node == current.node ? [current.id, taken.id] : [current.id],
                                 deviceID: deviceID, deviceName: deviceName, committed: now, mtime: now,
                                 mode: conflict.mode, isTombstone: false, isMeta: false, path: path,
@@ -756,8 +756,6 @@ extension Store {
         }
     }
 }
-
-func splitIDs(_ text: String) -> [String] { text.split(separator: ",").map(String.init) }
 
 /// "a/b/c" -> ("a/b", "c"); "c" -> ("", "c").
 func splitPath(_ path: String) -> (String, String)? {

@@ -39,7 +39,7 @@ extension Store {
         var inode = Inode(id: InodeNumber(r.int(0)), kind: kind, mode: UInt32(truncatingIfNeeded: r.int(2)),
                           uid: UInt32(truncatingIfNeeded: r.int(3)), gid: UInt32(truncatingIfNeeded: r.int(4)),
                           size: checkedSize(r.int(5)), time: 0, rdev: UInt64(bitPattern: r.int(9)),
-                          target: r.isNull(10) ? nil : r.text(10), fileID: r.isNull(11) ? nil : r.text(11))
+                          target: r.isNull(10) ? nil : r.text(10), fileID: r.optionalFileID(11))
         inode.atime = r.int(6); inode.mtime = r.int(7); inode.ctime = r.int(8)
         inode.head = r.isNull(12) ? nil : r.int(12)
         // Stores before format 3 have no allocation: the size (no holes) is right for them.
@@ -192,12 +192,12 @@ extension Store {
     /// version this way: one write); `touchingParent: false` leaves the parent's times and
     /// link count to the caller (`touchDirectory`, once for many entries).
     public func create(parent: InodeNumber, name: String, kind: NodeKind, mode: UInt32, uid: UInt32, gid: UInt32,
-                       rdev: UInt64 = 0, target: String? = nil, fileID: String? = nil, touchingParent: Bool = true,
+                       rdev: UInt64 = 0, target: String? = nil, fileID: FileID? = nil, touchingParent: Bool = true,
                        prepare: (inout Inode) -> Void = { _ in }) throws(StoreError) -> Inode {
         let id = nextInode
         var inode = Inode(id: id, kind: kind, mode: mode, uid: uid, gid: gid,
                           size: Int64(target.map(NameCodec.byteCount) ?? 0), time: clock(), rdev: rdev, target: target,
-                          fileID: kind == .file ? fileID ?? newRecordID() : nil)
+                          fileID: kind == .file ? fileID ?? .new() : nil)
         inode.nlink = kind == .directory ? 2 : 1
         prepare(&inode)
         let node = TreeNode(inode: inode, link: EntryRef(parent: parent, name: name))
@@ -372,7 +372,7 @@ extension Store {
             .int(Int64(bitPattern: inode.id)), .int(inode.kind.rawValue), .int(Int64(inode.mode)), .int(Int64(inode.uid)),
             .int(Int64(inode.gid)), .int(inode.size), .int(inode.atime), .int(inode.mtime), .int(inode.ctime),
             .int(Int64(bitPattern: inode.rdev)), inode.target.map { .text($0) } ?? .null,
-            inode.fileID.map { .text($0) } ?? .null, inode.head.map { .int($0) } ?? .null, .int(inode.allocated),
+            inode.fileID.map { .id($0) } ?? .null, inode.head.map { .int($0) } ?? .null, .int(inode.allocated),
             .int(Int64(inode.nlink)), node.link.map { .int(Int64(bitPattern: $0.parent)) } ?? .null,
             node.link.map { .text($0.name) } ?? .null, .int(inode.absent), .int(inode.keep.rawValue),
         ]

@@ -7,8 +7,7 @@ extension Store {
     static let versionColumns = "row, id, file_id, parents, device_id, device_name, committed, mtime, mode, size, tombstone, local, path"
 
     static func version(from r: SQLRow) -> Version {
-        Version(row: r.int(0), id: r.text(1), fileID: r.text(2),
-                parents: r.text(3).split(separator: ",").map(String.init),
+        Version(row: r.int(0), id: r.versionID(1), node: r.nodeID(2), parents: r.versionIDs(3),
                 deviceID: r.text(4), deviceName: r.text(5), committed: r.int(6), mtime: r.int(7),
                 mode: UInt32(r.int(8)), size: r.int(9), isTombstone: r.int(10) != 0, isLocal: r.int(11) != 0,
                 path: r.text(12))
@@ -21,7 +20,7 @@ extension Store {
     ///   - written: when the file's bytes last changed, if after its inode says (its mtime,
     ///     and its ctime unless that is later): set in the same inode write as the head.
     @discardableResult
-    public func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool, versionID: String? = nil,
+    public func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool, versionID: VersionID? = nil,
                        written: Nanos? = nil) throws(StoreError) -> Version {
         guard var inode = try node(id)?.inode, let fileID = inode.fileID else { throw .noSuchVersion("inode \(id) is not a file") }
         if let written {
@@ -29,7 +28,7 @@ extension Store {
             inode.ctime = max(inode.ctime, written) // a chmod after the write keeps its later ctime
         }
         let previous = try headVersion(inode.head ?? continuedParents[id])
-        let record = SyncRecord(id: versionID ?? newRecordID(), node: fileID, kind: .file,
+        let record = SyncRecord(id: versionID ?? .new(), node: .file(fileID), kind: .file,
                                 parents: previous.flatMap { $0.isLocal ? nil : [$0.id] } ?? [],
                                 deviceID: deviceID, deviceName: deviceName, committed: clock(), mtime: inode.mtime,
                                 mode: inode.mode, isTombstone: false, isMeta: false, path: path, chunks: content,
@@ -54,7 +53,7 @@ extension Store {
         continuedParents[id] = nil
         try secure(id, content: content, path: path, version: record.id)
         // What `version(row:)` would read back, without the read.
-        return Version(row: row, id: record.id, fileID: fileID, parents: record.parents, deviceID: deviceID,
+        return Version(row: row, id: record.id, node: record.node, parents: record.parents, deviceID: deviceID,
                        deviceName: deviceName, committed: record.committed, mtime: record.mtime, mode: record.mode,
                        size: record.size, isTombstone: false, isLocal: local, path: path)
     }
@@ -62,13 +61,13 @@ extension Store {
     /// Records that a file's last name is gone: a tombstone version (kept in its history).
     /// It descends from every live head of the file, so deleting a file in conflict
     /// deletes it, rather than bringing a conflict version back as the file.
-    public func commitTombstone(fileID: String, head: Int64?, path: String) throws(StoreError) {
+    public func commitTombstone(fileID: FileID, head: Int64?, path: String) throws(StoreError) {
         let previous = try headVersion(head)
-        var parents = try replica.liveHeads(fileID).map(\.id)
+        var parents = try replica.liveHeads(.file(fileID)).map(\.id)
         if let previous, !previous.isLocal, !parents.contains(previous.id) { parents.append(previous.id) }
         guard !parents.isEmpty else { return }
         let now = clock()
-        let tombstone = SyncRecord(id: newRecordID(), node: fileID, kind: .file, parents: parents.sorted(),
+        let tombstone = SyncRecord(id: .new(), node: .file(fileID), kind: .file, parents: parents.sorted(),
                                    deviceID: deviceID, deviceName: deviceName, committed: now, mtime: now,
                                    mode: previous?.mode ?? 0o644, isTombstone: true, isMeta: false, path: path)
         try db.transaction { () throws(StoreError) in
@@ -79,7 +78,7 @@ extension Store {
 
     /// Gives inode `id` the history `fileID` (rename over an existing file continues the
     /// target's history). Its next commit becomes a child of `head`.
-    public func adoptHistory(_ id: InodeNumber, fileID: String, head: Int64?) throws(StoreError) {
+    public func adoptHistory(_ id: InodeNumber, fileID: FileID, head: Int64?) throws(StoreError) {
         guard var inode = try node(id)?.inode else { return }
         // The history the inode leaves has no file any more (the sync step tombstones it
         // unless it is already dead or continued elsewhere).
@@ -93,19 +92,19 @@ extension Store {
 
     /// A new, empty file continues the history `fileID`: its first commit becomes a child
     /// of `parent`, but its content stays its own (empty), unlike `adoptHistory`.
-    public func continueHistory(_ id: InodeNumber, fileID: String, parent: Int64?) throws(StoreError) {
+    public func continueHistory(_ id: InodeNumber, fileID: FileID, parent: Int64?) throws(StoreError) {
         try adoptHistory(id, fileID: fileID, head: nil)
         continuedParents[id] = parent
     }
 
     /// A file's versions, oldest first (tombstones and local versions excluded); with
     /// `committed`, only those committed in that range (an index range scan).
-    public func versions(of fileID: String, committed range: ClosedRange<Nanos> = .min ... .max) throws(StoreError) -> [Version] {
+    public func versions(of fileID: FileID, committed range: ClosedRange<Nanos> = .min ... .max) throws(StoreError) -> [Version] {
         try db.rows("""
             SELECT \(Store.versionColumns) FROM versions
             WHERE file_id = ? AND committed >= ? AND committed <= ? AND tombstone = 0 AND local = 0 AND meta = 0
             ORDER BY committed, id
-            """, [.text(fileID), .int(range.lowerBound), .int(range.upperBound)], Store.version(from:))
+            """, [.id(fileID), .int(range.lowerBound), .int(range.upperBound)], Store.version(from:))
     }
 
     func headVersion(_ row: Int64?) throws(StoreError) -> Version? {
@@ -117,8 +116,8 @@ extension Store {
         try db.rows("SELECT \(Store.versionColumns) FROM versions WHERE row = ?", [.int(row)], Store.version(from:)).first
     }
 
-    public func version(id: String) throws(StoreError) -> Version? {
-        try db.rows("SELECT \(Store.versionColumns) FROM versions WHERE id = ?", [.text(id)], Store.version(from:)).first
+    public func version(id: VersionID) throws(StoreError) -> Version? {
+        try db.rows("SELECT \(Store.versionColumns) FROM versions WHERE id = ?", [.id(id)], Store.version(from:)).first
     }
 
     public func chunkList(row: Int64) throws(StoreError) -> ChunkList {
@@ -130,8 +129,8 @@ extension Store {
     }
 
     /// Every version's row and chunk list (fsck, gc).
-    public func allChunkLists(_ body: (Int64, String, ChunkList?) throws(StoreError) -> Void) throws(StoreError) {
-        let rows = try db.rows("SELECT row, id, chunks FROM versions", []) { ($0.int(0), $0.text(1), $0.blob(2)) }
+    public func allChunkLists(_ body: (Int64, VersionID, ChunkList?) throws(StoreError) -> Void) throws(StoreError) {
+        let rows = try db.rows("SELECT row, id, chunks FROM versions", []) { ($0.int(0), $0.versionID(1), $0.blob(2)) }
         for (row, id, blob) in rows { try body(row, id, ChunkList(encoded: blob)) }
     }
 
@@ -160,7 +159,7 @@ extension Store {
                 INSERT INTO versions(id, file_id, parents, device_id, device_name, committed, mtime, mode, size, tombstone,
                                      local, path, chunks, kind, target, xattrs, meta, uploaded, lineage)
                 VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-                """, [.text(r.id), .text(r.node), .text(r.parents.joined(separator: ",")), .text(r.deviceID),
+                """, [.id(r.id), .node(r.node), .ids(r.parents), .text(r.deviceID),
                       .text(r.deviceName), .int(r.committed), .int(r.mtime), .int(Int64(r.mode)), .int(r.size),
                       .int(r.isTombstone ? 1 : 0), .int(local ? 1 : 0), .text(r.path), .blob(r.chunks.encoded),
                       .int(r.kind.rawValue), r.target.map { .text($0) } ?? .null, .blob(XattrCodec.encode(r.xattrs)),
@@ -177,11 +176,11 @@ extension Store {
             // Another device's file is listed under .versions/ from the start, even when it
             // never shows here as a file (a conflict that lost its path, say).
             // (A record can arrive after a tombstone that descends from it: simulation seed 39.)
-            if remote && r.kind == .file && !r.isTombstone {
+            if remote && r.kind == .file && !r.isTombstone, let fileID = r.node.fileID {
                 if isCurrent {
-                    try placeHistory(r.node, path: r.path, live: nil)
+                    try placeHistory(fileID, path: r.path, live: nil)
                 } else {
-                    try placeHistory(r.node, path: r.path, live: false, keepExisting: true)
+                    try placeHistory(fileID, path: r.path, live: false, keepExisting: true)
                 }
             }
             // Another device's record: reconcile makes the tree show the view there. One of

@@ -23,9 +23,9 @@ extension Store {
 
     /// A history that no live file shows at `path` (its file was deleted or renamed to a
     /// local-only name): a new file there continues it. Returns its id and newest version.
-    public func deadHistory(at path: String) throws(StoreError) -> (fileID: String, head: Int64?)? {
-        guard let fileID = try db.rows("SELECT file_id FROM histories WHERE path = ? AND live = 0 LIMIT 1", [.text(path)], { $0.text(0) }).first else { return nil }
-        let head = try db.rows("SELECT row FROM versions WHERE file_id = ? AND local = 0 ORDER BY committed DESC, row DESC LIMIT 1", [.text(fileID)]) { $0.int(0) }.first
+    public func deadHistory(at path: String) throws(StoreError) -> (fileID: FileID, head: Int64?)? {
+        guard let fileID = try db.rows("SELECT file_id FROM histories WHERE path = ? AND live = 0 LIMIT 1", [.text(path)], { $0.fileID(0) }).first else { return nil }
+        let head = try db.rows("SELECT row FROM versions WHERE file_id = ? AND local = 0 ORDER BY committed DESC, row DESC LIMIT 1", [.id(fileID)]) { $0.int(0) }.first
         return (fileID, head)
     }
 }

@@ -31,7 +31,7 @@ public final class Store: @unchecked Sendable {
     var nextInode: InodeNumber = 2
     /// Records `pendingUploads` handed to the sync engine and not marked uploaded yet:
     /// `withdrawUnsentHistory` leaves them alone.
-    var uploadsInFlight: Set<String> = []
+    var uploadsInFlight: Set<VersionID> = []
     /// Saves not yet in a committed batch (Store+Intents), and the last sequence given.
     let intents: IntentLog
     var intentSequence: Int64 = 0
@@ -62,8 +62,8 @@ public final class Store: @unchecked Sendable {
     let vacated: PendingSet<NameKey>
     let recheck: PendingSet<NameKey>
     let unreconciled: PendingSet<NameKey>
-    let orphaned: PendingSet<String>
-    let held: PendingSet<String>
+    let orphaned: PendingSet<FileID>
+    let held: PendingSet<FileID>
     /// Set by an upgrade from a store before format 4, which kept no change set: the
     /// first sync step looks at the whole tree once.
     var needsFullScan: Bool
@@ -140,6 +140,10 @@ public final class Store: @unchecked Sendable {
         if let format = try get("format").flatMap({ Int($0) }), format > Schema.formatVersion {
             throw .unsupportedFormat("the store \(directory) has format \(format); this ubiquity understands up to \(Schema.formatVersion): upgrade ubiquity")
         }
+        // Read-only opens upgrade nothing, and before format 13 every id was text.
+        if readOnly, let format = try get("format").flatMap({ Int($0) }), format < 13 {
+            throw .unsupportedFormat("the store \(directory) has format \(format): mount it once so that this ubiquity upgrades it to format \(Schema.formatVersion)")
+        }
         if !readOnly { try set("format", String(Schema.formatVersion)) }
         if let id = try get("device_id") {
             deviceID = id
@@ -162,8 +166,8 @@ public final class Store: @unchecked Sendable {
         vacated = try PendingSet(.vacated, db: db, load: load, key: name, parse: NameKey.init)
         recheck = try PendingSet(.recheck, db: db, load: load, key: name, parse: NameKey.init)
         unreconciled = try PendingSet(.unreconciled, db: db, load: load, key: name, parse: NameKey.init)
-        orphaned = try PendingSet(.orphaned, db: db, load: load, key: { $0 }, parse: { $0 })
-        held = try PendingSet(.held, db: db, load: load, key: { $0 }, parse: { $0 })
+        orphaned = try PendingSet(.orphaned, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
+        held = try PendingSet(.held, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
         needsFullScan = try get("full_scan") == "1"
         // Read-only inspection (status, fsck) reads what it needs from the database; only
         // a store that serves a mount holds the tree and the synced view in memory.

@@ -1,11 +1,11 @@
 /// One record as it travels between devices (docs/FORMAT.md): a version of a file, a
 /// directory or a symlink, or a tombstone. Locally each is a row of the versions table.
 public struct SyncRecord: Sendable, Equatable {
-    public var id: String
-    /// The history id of a file; `dir:<path>` / `link:<path>` for directories and symlinks.
-    public var node: String
+    public var id: VersionID
+    /// The history id of a file; the path of a directory or symlink.
+    public var node: NodeID
     public var kind: NodeKind
-    public var parents: [String]
+    public var parents: [VersionID]
     public var deviceID: String
     public var deviceName: String
     public var committed: Nanos
@@ -30,7 +30,7 @@ public struct SyncRecord: Sendable, Equatable {
     /// Its dot and the dots it descends from (backing format 4; empty in older records).
     public var lineage = Lineage()
 
-    public init(id: String, node: String, kind: NodeKind, parents: [String], deviceID: String, deviceName: String,
+    public init(id: VersionID, node: NodeID, kind: NodeKind, parents: [VersionID], deviceID: String, deviceName: String,
                 committed: Nanos, mtime: Nanos, mode: UInt32, isTombstone: Bool, isMeta: Bool, path: String,
                 chunks: ChunkList = ChunkList(), target: String? = nil, xattrs: [XattrEntry] = []) {
         self.id = id; self.node = node; self.kind = kind; self.parents = parents; self.deviceID = deviceID

@@ -17,11 +17,11 @@ public enum RecordCodec {
     /// previous dot), small chunks as their bytes in `chunks` (`=<hex>`), and a 128-bit
     /// checksum: a tiny file's version is about 300 bytes instead of 460 (docs/FORMAT.md).
     public static func encode(_ r: SyncRecord) -> String {
-        var fields: [(String, String)] = [("id", r.id)]
+        var fields: [(String, String)] = [("id", r.id.hex)]
         if r.kind != .file { fields.append(("kind", kindName(r.kind))) }
-        if r.kind == .file { fields.append(("node", r.node)) }
+        if r.kind == .file { fields.append(("node", r.node.description)) }
         fields += [
-            ("parents", r.parents.joined(separator: ",")), ("name", percent(r.deviceName)),
+            ("parents", r.parents.map(\.hex).joined(separator: ",")), ("name", percent(r.deviceName)),
             ("committed", String(r.committed)), ("mtime", String(r.mtime)), ("mode", String(r.mode & 0o7777)),
         ]
         if r.isTombstone { fields.append(("tomb", "1")) }
@@ -84,8 +84,7 @@ public enum RecordCodec {
             guard let value = Int64(try field(key)) else { throw Rejection("\(key) is not a number") }
             return value
         }
-        let id = try field("id")
-        guard Hex.isLowercase(id, count: 32) else { throw Rejection("bad id") }
+        guard let id = VersionID(hex: try field("id")) else { throw Rejection("bad id") }
         let device = f["device"] ?? journalDevice
         guard device == journalDevice else { throw Rejection("device \(device.prefix(40)) writes in the journal of \(journalDevice)") }
         let kind: NodeKind
@@ -95,8 +94,9 @@ public enum RecordCodec {
         case "link": kind = .symlink
         default: throw Rejection("unknown kind")
         }
-        let parents = try field("parents").split(separator: ",").map(String.init)
-        guard parents.count <= maxParents, parents.allSatisfy({ Hex.isLowercase($0, count: 32) }) else { throw Rejection("bad parents") }
+        let parentText = try field("parents").split(separator: ",")
+        let parents = parentText.compactMap { VersionID(hex: $0) }
+        guard parents.count <= maxParents, parents.count == parentText.count else { throw Rejection("bad parents") }
         guard let path = unpercent(try field("path")) else { throw Rejection("path is not valid percent-encoded UTF-8") }
         if let reason = SyncPath.problem(path) { throw Rejection("path \(printable(path)): \(reason)") }
         guard let name = unpercent(try field("name")) else { throw Rejection("bad device name") }
@@ -104,14 +104,13 @@ public enum RecordCodec {
         guard (0...0o7777).contains(mode) else { throw Rejection("mode out of range") }
         let tomb = f["tomb"] ?? "0"
         guard tomb == "0" || tomb == "1" else { throw Rejection("tomb is not 0 or 1") }
-        var record = SyncRecord(id: id, node: "", kind: kind, parents: parents, deviceID: device, deviceName: name,
+        var record = SyncRecord(id: id, node: .directory(path), kind: kind, parents: parents, deviceID: device, deviceName: name,
                                 committed: try int("committed"), mtime: try int("mtime"), mode: UInt32(mode),
                                 isTombstone: tomb == "1", isMeta: f["meta"] == "1", path: path)
         switch kind {
         case .file:
-            let node = try field("node")
-            guard Hex.isLowercase(node, count: 32) else { throw Rejection("bad node") }
-            record.node = node
+            guard let node = FileID(hex: try field("node")) else { throw Rejection("bad node") }
+            record.node = .file(node)
             let chunkText = try field("chunks")
             for item in chunkText.split(separator: ",") {
                 if item.first == "=" {
@@ -170,9 +169,9 @@ public enum RecordCodec {
                 }
             }
         case .directory:
-            record.node = "dir:" + path
+            record.node = .directory(path)
         default:
-            record.node = "link:" + path
+            record.node = .symlink(path)
             guard let target = unpercent(try field("target")), !target.isEmpty || record.isTombstone,
                   NameCodec.byteCount(target) < 4096, !target.utf8.contains(0) else { throw Rejection("bad symlink target") }
             record.target = record.isTombstone ? nil : target

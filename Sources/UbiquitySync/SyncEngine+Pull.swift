@@ -238,7 +238,7 @@ extension SyncEngine {
         if records.isEmpty { return true }
         let ids = records.map(\.id)
         let held = try shared.withLock { (store) throws(StoreError) in try store.knownRecords(ids, device: device, generation: generation) }
-        var taken: Set<String> = []
+        var taken: Set<VersionID> = []
         let fresh = records.filter { !held.contains($0.id) && taken.insert($0.id).inserted }
         var places: [ChunkID: ChunkPlace] = [:]
         for record in records { places.merge(record.places) { a, _ in a } }

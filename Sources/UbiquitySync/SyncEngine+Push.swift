@@ -151,7 +151,7 @@ extension SyncEngine {
     /// Writes the next segment of this device's log. Its name is reserved in the store
     /// first: after a crash the next session finds out whether it landed (`startLog`), so
     /// a seq is never skipped (readers would wait for it) nor written twice.
-    func writeSegment(_ lines: [String], ids: [String]) throws(StoreError) {
+    func writeSegment(_ lines: [String], ids: [VersionID]) throws(StoreError) {
         // A reservation left by a failed PUT is settled first: its name is reused, or it
         // landed and a new seq follows.
         var name = try settleReservation()

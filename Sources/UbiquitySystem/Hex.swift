@@ -74,19 +74,3 @@ public func randomHex(bytes: Int) -> String {
     while raw.count < bytes { withUnsafeBytes(of: rng.next()) { raw += $0 } }
     return Hex.encode(raw.prefix(bytes))
 }
-
-/// A new id of 16 bytes as lowercase hex whose first 6 bytes are the wall-clock time in
-/// milliseconds (big-endian) and the other 10 random: the id of a record or of a file's
-/// history. Ids made later sort later, so the indexes they key take new rows near their
-/// end: a device taking in another's records (a join) adds to a few pages per index
-/// instead of dirtying pages all over every B-tree at each commit. Readers still treat an
-/// id as 32 opaque hex digits (docs/FORMAT.md); 80 random bits keep two made in the same
-/// millisecond apart.
-public func newRecordID() -> String {
-    var ts = timespec()
-    clock_gettime(CLOCK_REALTIME, &ts)
-    let millis = UInt64(max(0, ts.tv_sec)) &* 1000 &+ UInt64(max(0, ts.tv_nsec) / 1_000_000)
-    var raw = [UInt8](repeating: 0, count: 6)
-    for i in 0..<6 { raw[i] = UInt8(truncatingIfNeeded: millis >> (8 * (5 - i))) }
-    return Hex.encode(raw) + randomHex(bytes: 10)
-}

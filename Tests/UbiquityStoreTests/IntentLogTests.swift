@@ -200,7 +200,7 @@ import UbiquitySystem
         var list = ChunkList()
         list.append(ChunkID(hashing: [1, 2, 3]), size: 3)
         list.appendHole(1 << 40)
-        let intent = Intent(sequence: 42, version: "00112233445566778899aabbccddeeff", path: "dir/naïve name", mode: 0o4755,
+        let intent = Intent(sequence: 42, version: VersionID(hex: "00112233445566778899aabbccddeeff")!, path: "dir/naïve name", mode: 0o4755,
                             uid: 1000, gid: 100, mtime: -5, content: list, chunkBytes: [ChunkID(hashing: [1, 2, 3]): [1, 2, 3]])
         #expect(IntentLog.decode(IntentLog.encode(intent)) == intent)
         var damaged = IntentLog.encode(intent)

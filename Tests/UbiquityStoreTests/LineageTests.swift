@@ -67,10 +67,10 @@ import TestSupport
         let f = try store.create(parent: Store.rootInode, name: "a.txt", kind: .file, mode: 0o644, uid: 1, gid: 1)
         for _ in 0..<3 { try store.commit(f.id, content: ChunkList(), path: "a.txt", local: false) }
         let node = try #require(store.inode(f.id)?.fileID)
-        #expect(try store.replica.current(node)?.lineage.dot == 3)
+        #expect(try store.replica.current(.file(node))?.lineage.dot == 3)
         try store.db.execute("DELETE FROM view_heads")
         try store.db.execute("DELETE FROM versions")
-        #expect(try store.replica.lineage(node: node, parents: [], device: store.deviceID).0.dot == 4)
+        #expect(try store.replica.lineage(node: .file(node), parents: [], device: store.deviceID).0.dot == 4)
     }
 
     /// A parent whose context is at the limit (hostile): the record that continues it goes
@@ -80,7 +80,7 @@ import TestSupport
         defer { dir.cleanup() }
         let store = try Store(directory: dir.path, deviceName: "one")
         let other = "00000000000000aa"
-        var record = SyncRecord(id: String(repeating: "a", count: 32), node: String(repeating: "b", count: 32), kind: .file,
+        var record = SyncRecord(id: VersionID(hex: String(repeating: "a", count: 32))!, node: .file(FileID(hex: String(repeating: "b", count: 32))!), kind: .file,
                                 parents: [], deviceID: other, deviceName: "x", committed: 1, mtime: 1, mode: 0o644,
                                 isTombstone: false, isMeta: false, path: "f")
         record.lineage.dot = 1

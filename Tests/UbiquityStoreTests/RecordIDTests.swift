@@ -1,15 +1,16 @@
 import Glibc
 import Testing
 import UbiquitySystem
+import UbiquityStore
 
-/// Record and history ids (`newRecordID`): 32 lowercase hex digits that begin with the
+/// Record and history ids (`ID128.new`): 32 lowercase hex digits that begin with the
 /// time in milliseconds, so ids made later sort later (the indexes they key grow at their
 /// end), and are unique within a millisecond.
 @Suite struct RecordIDTests {
     @Test func idsMadeLaterSortLaterAndNeverRepeat() {
         var ids: [String] = []
         for _ in 0..<5 {
-            ids.append(newRecordID())
+            ids.append(VersionID.new().hex)
             usleep(2000)
         }
         #expect(ids == ids.sorted(), "\(ids)")
@@ -21,7 +22,7 @@ import UbiquitySystem
         let made = Int64(ids.last!.prefix(12), radix: 16)!
         #expect(made <= now && now - made < 1000, "\(made) \(now)")
         // Many in the same millisecond: all different.
-        let burst = (0..<5_000).map { _ in newRecordID() }
+        let burst = (0..<5_000).map { _ in FileID.new() }
         #expect(Set(burst).count == burst.count)
     }
 }

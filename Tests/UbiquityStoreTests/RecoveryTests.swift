@@ -26,7 +26,7 @@ import UbiquitySystem
         let old = [UInt8](repeating: 1, count: 3000), lost = [UInt8](repeating: 2, count: 3000)
         let smallLost = Array("never reached the disk".utf8), kept = Array("written, not yet durable".utf8)
         var a: InodeNumber = 0, b: InodeNumber = 0, c: InodeNumber = 0
-        var aFile = "", durableID = ""
+        var aFile = FileID.zero, durableID = VersionID.zero
         do {
             let store = try Store(directory: dir.path, deviceName: "test")
             a = try store.create(parent: Store.rootInode, name: "a", kind: .file, mode: 0o644, uid: 0, gid: 0).id
@@ -51,7 +51,7 @@ import UbiquitySystem
         let store = try Store(directory: dir.path)
         #expect(store.recovery.checked == 3)
         #expect(store.recovery.rolledBack.count == 2, "\(store.recovery.rolledBack)")
-        #expect(store.recovery.rolledBack.contains { $0.hasPrefix("a: ") && $0.contains(durableID) })
+        #expect(store.recovery.rolledBack.contains { $0.hasPrefix("a: ") && $0.contains(durableID.hex) })
         #expect(store.recovery.rolledBack.contains { $0.hasPrefix("b: ") && $0.contains("no content") })
         #expect(store.recovery.damaged.isEmpty)
         #expect(try Self.read(store, a) == old)
@@ -62,7 +62,7 @@ import UbiquitySystem
         #expect(try store.versions(of: aFile).map(\.id) == [durableID])
         // The synced view agrees: a's current record is the durable version, and only
         // records whose bytes exist are offered for upload.
-        #expect(try store.replica.current(aFile)?.id == durableID)
+        #expect(try store.replica.current(.file(aFile))?.id == durableID)
         #expect(try store.pendingUploads(limit: 100).filter { $0.kind == .file }.map(\.path).sorted() == ["a", "c"])
         #expect(try Fsck.run(store: store).problems.isEmpty)
     }
@@ -74,7 +74,7 @@ import UbiquitySystem
         defer { dir.cleanup() }
         let first = [UInt8](repeating: 1, count: 3000), lost = [UInt8](repeating: 2, count: 3000)
         let last = [UInt8](repeating: 3, count: 3000)
-        var a: InodeNumber = 0, file = "", lastID = ""
+        var a: InodeNumber = 0, file = FileID.zero, lastID = VersionID.zero
         do {
             let store = try Store(directory: dir.path, deviceName: "test")
             a = try store.create(parent: Store.rootInode, name: "a", kind: .file, mode: 0o644, uid: 0, gid: 0).id
@@ -91,7 +91,7 @@ import UbiquitySystem
         #expect(store.recovery.rolledBack.count == 1)
         #expect(store.recovery.rolledBack.first?.contains("current version still") == true, "\(store.recovery.rolledBack)")
         #expect(try Self.read(store, a) == last)
-        #expect(try store.replica.heads(file).map(\.id) == [lastID])
+        #expect(try store.replica.heads(.file(file)).map(\.id) == [lastID])
         #expect(try store.totalConflicts() == 0)
         #expect(try Fsck.run(store: store).problems.isEmpty)
     }

@@ -12,8 +12,8 @@ import UbiquitySystem
     static func sample(path: String = "notes/a.txt") -> SyncRecord {
         var chunks = ChunkList()
         chunks.append(ChunkID(hashing: Array("hello".utf8)), size: 5)
-        return SyncRecord(id: String(repeating: "a", count: 32), node: String(repeating: "b", count: 32), kind: .file,
-                          parents: [String(repeating: "c", count: 32)], deviceID: device, deviceName: "lap top, 1",
+        return SyncRecord(id: VersionID(hex: String(repeating: "a", count: 32))!, node: .file(FileID(hex: String(repeating: "b", count: 32))!),
+                          kind: .file, parents: [VersionID(hex: String(repeating: "c", count: 32))!], deviceID: device, deviceName: "lap top, 1",
                           committed: 1, mtime: 2, mode: 0o644, isTombstone: false, isMeta: false, path: path,
                           chunks: chunks, xattrs: [XattrEntry(name: "color:x", value: [0, 255])])
     }
@@ -46,7 +46,7 @@ import UbiquitySystem
             #expect(decoded == record)
         }
         var link = Self.sample(path: "l")
-        link.kind = .symlink; link.node = "link:l"; link.chunks = ChunkList(); link.target = "../x y"; link.xattrs = []
+        link.kind = .symlink; link.node = .symlink("l"); link.chunks = ChunkList(); link.target = "../x y"; link.xattrs = []
         #expect(try Self.decode(RecordCodec.encode(link)).get() == link)
         link.isTombstone = true; link.target = nil
         #expect(try Self.decode(RecordCodec.encode(link)).get() == link)

@@ -23,7 +23,7 @@ import UbiquitySystem
     }
 
     /// Records `d` has made and not sent, as lines of a segment (small chunks inline).
-    static func pendingLines(_ d: SimDevice) throws -> (ids: [String], bytes: [UInt8]) {
+    static func pendingLines(_ d: SimDevice) throws -> (ids: [VersionID], bytes: [UInt8]) {
         try d.engine.cycle(pushPull: false)
         let records = try d.fs.meta.withLock { (m) throws(StoreError) in try m.store.pendingUploads(limit: 1000) }
         var bytes: [UInt8] = []

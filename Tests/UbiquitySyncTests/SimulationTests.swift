@@ -75,13 +75,13 @@ import UbiquitySystem
         _ = try d.directory("c d", create: true)
         let link = try d.fs.symlink(target: "x", parent: Store.rootInode, name: "a", caller: d.me)
         d.cycle()
-        #expect(try d.store.replica.current(Replica.dirNode("c d")) != nil)
+        #expect(try d.store.replica.current(.directory("c d")) != nil)
         try d.fs.rmdir(parent: Store.rootInode, name: "c d")
         _ = try d.fs.link(link.ino, parent: Store.rootInode, name: "c d")
         d.cycle()
-        #expect(try d.store.replica.current(Replica.dirNode("c d")) == nil)
-        #expect(try d.store.replica.current(Replica.linkNode("a"))?.target == "x")
-        #expect(try d.store.replica.current(Replica.linkNode("c d")) == nil) // a local second name
+        #expect(try d.store.replica.current(.directory("c d")) == nil)
+        #expect(try d.store.replica.current(.symlink("a"))?.target == "x")
+        #expect(try d.store.replica.current(.symlink("c d")) == nil) // a local second name
     }
 
     /// Seeds that broke the incremental sync step (the change set instead of a walk of
@@ -234,7 +234,7 @@ final class SimDevice {
         fs.meta.withLock { m in
             var result: [String: [String]] = [:]
             for path in (try? m.store.conflictedPaths()) ?? ["<error>"] {
-                result[path] = (try? m.store.replica.state(at: path).conflicts.map(\.id).sorted()) ?? ["<error>"]
+                result[path] = (try? m.store.replica.state(at: path).conflicts.map(\.id.hex).sorted()) ?? ["<error>"]
             }
             return result
         }
@@ -315,7 +315,7 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
             var policy = RetentionPolicy.standard
             policy.apply(keepWithin: 1, keepDeletedWithin: 1)
             let report = try d.fs.prune(policy: policy, now: d.store.clock(), dryRun: false)
-            pruned.formUnion(report.versions.map(\.id))
+            pruned.formUnion(report.versions.map(\.id.hex))
             prunedOn.insert(d.name)
             for id in d.fs.chunks.allChunkIDs() { try d.fs.chunks.setLastUse(id, seconds: time(nil) - 3600) }
             _ = try d.fs.collectGarbage(grace: 0)
@@ -376,13 +376,13 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
                     guard let state = try? dev.store.replica.state(at: key) else { views += "\n  \(dev.name): no state"; continue }
                     let local = dev.store.locate(key).flatMap { dev.store.inode($0.2) }
                     if case .node(let r) = state.shown {
-                        let rows = (try? dev.store.db.rows("SELECT row, id, parents, device_name, tombstone, meta, path FROM versions WHERE file_id = ? ORDER BY row", [.text(r.node)]) { "\($0.int(0)) \($0.text(1).prefix(6)) p=\($0.text(2).split(separator: ",").map { $0.prefix(6) }) \($0.text(3)) t=\($0.int(4)) m=\($0.int(5)) \($0.text(6))" }) ?? []
+                        let rows = (try? dev.store.db.rows("SELECT row, id, parents, device_name, tombstone, meta, path FROM versions WHERE file_id = ? ORDER BY row", [.node(r.node)]) { "\($0.int(0)) \($0.versionID(1).hex.prefix(6)) p=\($0.versionIDs(2).map { $0.hex.prefix(6) }) \($0.text(3)) t=\($0.int(4)) m=\($0.int(5)) \($0.text(6))" }) ?? []
                         views += "\n    " + rows.joined(separator: "\n    ")
                     }
                     let total = (try? dev.store.db.rows("SELECT count(*), sum(uploaded) FROM versions WHERE local = 0", []) { "\($0.int(0)) records, \($0.int(1)) uploaded" }.first) ?? ""
                     views += "\n  \(dev.name): \(total)"
                     for r in (try? dev.store.replica.currentRecords(atOrBelow: key)) ?? [] {
-                        views += "\n    node \(r.node.prefix(6)) current \(r.id.prefix(6)) mtime \(r.mtime) heads \(((try? dev.store.replica.heads(r.node)) ?? []).map { "\($0.id.prefix(6))/\($0.isTombstone)" })"
+                        views += "\n    node \(r.node.description.prefix(6)) current \(r.id.hex.prefix(6)) mtime \(r.mtime) heads \(((try? dev.store.replica.heads(r.node)) ?? []).map { "\($0.id.hex.prefix(6))/\($0.isTombstone)" })"
                     }
                     views += "\n  \(dev.name) \(key): shown \(state.shown) conflicts \(state.conflicts.map(\.id)) local \(String(describing: local?.fileID)) unreconciled \(dev.store.unreconciled.contains(NameKey(key)))"
                 }
@@ -434,7 +434,7 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
     for d in devices {
         try d.fs.meta.withLock { (m) throws(StoreError) in
             for id in try m.store.db.rows("SELECT id FROM versions WHERE device_id = ? AND tombstone = 0 AND local = 0 AND kind = 1 AND meta = 0",
-                                          [.text(m.store.deviceID)], { $0.text(0) }) where !pruned.contains(id) { committed.insert(id) }
+                                          [.text(m.store.deviceID)], { $0.versionID(0).hex }) where !pruned.contains(id) { committed.insert(id) }
         }
         let fsck = try d.fs.meta.withLock { (m) throws(StoreError) in try Fsck.run(store: m.store) }
         if !fsck.problems.isEmpty {
@@ -445,7 +445,7 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
         let missing = try d.fs.meta.withLock { (m) throws(StoreError) -> [String] in
             var missing: [String] = []
             for id in committed {
-                guard let node = try m.store.replica.record(id: id)?.node else { missing.append(id); continue }
+                guard let node = try m.store.replica.record(id: VersionID(hex: id) ?? .zero)?.node else { missing.append(id); continue }
                 // A device that pruned may have dropped the copy of a version that shows
                 // only through another history (the rename case below): the record stays.
                 if prunedOn.contains(d.name) { continue }
@@ -454,7 +454,7 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
                 if try m.store.db.rows("""
                     SELECT count(*) FROM versions v JOIN histories h ON v.file_id = h.file_id
                     WHERE v.file_id = ? OR v.chunks = (SELECT chunks FROM versions WHERE id = ?)
-                    """, [.text(node), .text(id)], { $0.int(0) }).first == 0 {
+                    """, [.node(node), .id(VersionID(hex: id) ?? .zero)], { $0.int(0) }).first == 0 {
                     missing.append(id)
                 }
             }
@@ -464,12 +464,12 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
             let detail = devices.map { x in
                 x.fs.meta.withLock { m in
                     missing.map { id in
-                        let r = try? m.store.replica.record(id: id)
-                        let h = (try? m.store.db.rows("SELECT path, live FROM histories WHERE file_id = ?", [.text(r?.node ?? "")]) { "\($0.text(0)) live=\($0.int(1))" }) ?? []
-                        let rows = (try? m.store.db.rows("SELECT id, parents, tombstone, meta, uploaded, device_name FROM versions WHERE file_id = ? ORDER BY row", [.text(r?.node ?? "")]) {
-                            "\($0.text(0).prefix(6)) p=\($0.text(1).split(separator: ",").map { $0.prefix(6) }) t=\($0.int(2)) m=\($0.int(3)) up=\($0.int(4)) \($0.text(5))"
+                        let r = try? m.store.replica.record(id: VersionID(hex: id) ?? .zero)
+                        let h = (try? m.store.db.rows("SELECT path, live FROM histories WHERE file_id = ?", [r.map { .node($0.node) } ?? .null]) { "\($0.text(0)) live=\($0.int(1))" }) ?? []
+                        let rows = (try? m.store.db.rows("SELECT id, parents, tombstone, meta, uploaded, device_name FROM versions WHERE file_id = ? ORDER BY row", [r.map { .node($0.node) } ?? .null]) {
+                            "\($0.versionID(0).hex.prefix(6)) p=\($0.versionIDs(1).map { $0.hex.prefix(6) }) t=\($0.int(2)) m=\($0.int(3)) up=\($0.int(4)) \($0.text(5))"
                         }) ?? []
-                        return "\(x.name): \(id) node=\(r?.node ?? "-") path=\(r?.path ?? "-") dev=\(r?.device ?? "-") history=\(h)\n    " + rows.joined(separator: "\n    ")
+                        return "\(x.name): \(id) node=\(r.map { $0.node.description } ?? "-") path=\(r?.path ?? "-") dev=\(r?.device ?? "-") history=\(h)\n    " + rows.joined(separator: "\n    ")
                     }.joined(separator: "\n")
                 }
             }

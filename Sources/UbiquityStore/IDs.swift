@@ -1,0 +1,173 @@
+import Glibc
+import UbiquitySystem
+
+/// The 16 bytes of a record id or a history id. Records spell them as 32 lowercase hex
+/// digits (docs/FORMAT.md); the store keeps the bytes (store format 13: half the size in
+/// the versions row and in every index that holds one). Compared as bytes, which is the
+/// order of the digits.
+public struct ID128: Hashable, Comparable, Sendable {
+    public let high: UInt64
+    public let low: UInt64
+
+    public init(high: UInt64, low: UInt64) { self.high = high; self.low = low }
+
+    /// Exactly 32 lowercase hex digits (the only spelling records use).
+    public init?(hex: some StringProtocol) {
+        guard Hex.isLowercase(hex, count: 32), let bytes = Hex.decode(hex) else { return nil }
+        self.init(bytes: bytes)
+    }
+
+    /// Exactly 16 bytes, big-endian.
+    public init?(bytes: some Collection<UInt8>) {
+        guard bytes.count == 16 else { return nil }
+        var high: UInt64 = 0, low: UInt64 = 0
+        for (i, b) in bytes.enumerated() {
+            if i < 8 { high = high << 8 | UInt64(b) } else { low = low << 8 | UInt64(b) }
+        }
+        self.init(high: high, low: low)
+    }
+
+    public var bytes: [UInt8] {
+        (0..<16).map { i in UInt8(truncatingIfNeeded: (i < 8 ? high : low) >> (8 * (7 - i % 8))) }
+    }
+
+    public var hex: String { Hex.encode(bytes) }
+
+    public static func < (a: ID128, b: ID128) -> Bool { (a.high, a.low) < (b.high, b.low) }
+
+    /// A new id whose first 6 bytes are the wall-clock time in milliseconds and the other
+    /// 10 random: ids made later sort later, so the indexes they key take new rows near
+    /// their end (a join adds to a few pages per index instead of dirtying pages all over
+    /// every B-tree); 80 random bits keep two made in the same millisecond apart. Readers
+    /// treat an id as opaque.
+    public static func new() -> ID128 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        let millis = UInt64(max(0, ts.tv_sec)) &* 1000 &+ UInt64(max(0, ts.tv_nsec) / 1_000_000)
+        var rng = SystemRandomNumberGenerator()
+        let random = rng.next() as UInt64, more = rng.next() as UInt64
+        return ID128(high: millis << 16 | random >> 48, low: more)
+    }
+}
+
+/// What a record id and a history id share; they are two types so that one cannot be
+/// passed for the other.
+public protocol ID128Wrapper: Hashable, Comparable, Sendable, CustomStringConvertible {
+    var value: ID128 { get }
+    init(_ value: ID128)
+}
+
+extension ID128Wrapper {
+    public init?(hex: some StringProtocol) {
+        guard let value = ID128(hex: hex) else { return nil }
+        self.init(value)
+    }
+    public static func new() -> Self { Self(ID128.new()) }
+    /// All zero bits: what a damaged column reads as (no id is made so).
+    public static var zero: Self { Self(ID128(high: 0, low: 0)) }
+    /// Its 32 lowercase hex digits, as records, names and logs spell it.
+    public var description: String { value.hex }
+    public var hex: String { value.hex }
+    public static func < (a: Self, b: Self) -> Bool { a.value < b.value }
+}
+
+/// A record's global id (a version of a file, a tombstone, a directory's or symlink's record).
+public struct VersionID: ID128Wrapper {
+    public let value: ID128
+    public init(_ value: ID128) { self.value = value }
+}
+
+/// A file's history id: what its versions share, kept across renames.
+public struct FileID: ID128Wrapper {
+    public let value: ID128
+    public init(_ value: ID128) { self.value = value }
+}
+
+/// What a record is a record of: a file's history, or a directory or symlink, whose
+/// identity is its path (two devices that both make `photos/` make one directory).
+/// Paths compare and hash as bytes: two names that differ only in Unicode normalization
+/// are two nodes (Swift's `String` equality would make them one).
+public enum NodeID: Hashable, Sendable, CustomStringConvertible {
+    case file(FileID)
+    case directory(String)
+    case symlink(String)
+
+    public init(kind: NodeKind, file: FileID?, path: String) {
+        switch kind {
+        case .directory: self = .directory(path)
+        case .symlink: self = .symlink(path)
+        default: self = file.map { .file($0) } ?? .directory(path)
+        }
+    }
+
+    public var fileID: FileID? {
+        if case .file(let id) = self { return id }
+        return nil
+    }
+
+    public var isDirectory: Bool {
+        if case .directory = self { return true }
+        return false
+    }
+
+    /// The spelling of records before format 13 of the store and in logs: the history
+    /// id's hex digits, `dir:<path>` or `link:<path>`.
+    public var description: String {
+        switch self {
+        case .file(let id): id.hex
+        case .directory(let path): "dir:" + path
+        case .symlink(let path): "link:" + path
+        }
+    }
+
+    public static func == (a: NodeID, b: NodeID) -> Bool {
+        switch (a, b) {
+        case (.file(let x), .file(let y)): x == y
+        case (.directory(let x), .directory(let y)), (.symlink(let x), .symlink(let y)): x.utf8.elementsEqual(y.utf8)
+        default: false
+        }
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        switch self {
+        case .file(let id): hasher.combine(0); hasher.combine(id)
+        case .directory(let path): hasher.combine(1); for b in path.utf8 { hasher.combine(b) }
+        case .symlink(let path): hasher.combine(2); for b in path.utf8 { hasher.combine(b) }
+        }
+    }
+}
+
+// MARK: in the database
+
+/// Store format 13: ids are 16-byte blobs; a list of parents is their concatenation; a
+/// node is its history id's blob, or the text `dir:<path>` / `link:<path>`. A column that
+/// does not hold what it should reads as the zero id (and a parent list of the wrong
+/// length as none): the store is this program's own, and fsck checks it.
+extension SQLValue {
+    static func id(_ id: some ID128Wrapper) -> SQLValue { .blob(id.value.bytes) }
+    static func ids(_ ids: [VersionID]) -> SQLValue { .blob(ids.flatMap(\.value.bytes)) }
+    static func node(_ node: NodeID) -> SQLValue {
+        if case .file(let id) = node { return .id(id) }
+        return .text(node.description)
+    }
+}
+
+extension SQLRow {
+    func id128(_ column: Int32) -> ID128 { ID128(bytes: blob(column)) ?? ID128(high: 0, low: 0) }
+    func versionID(_ column: Int32) -> VersionID { VersionID(id128(column)) }
+    func fileID(_ column: Int32) -> FileID { FileID(id128(column)) }
+    func optionalFileID(_ column: Int32) -> FileID? { isNull(column) ? nil : fileID(column) }
+    func versionIDs(_ column: Int32) -> [VersionID] {
+        let bytes = blob(column)
+        guard bytes.count % 16 == 0 else { return [] }
+        return stride(from: 0, to: bytes.count, by: 16).compactMap { ID128(bytes: bytes[$0..<$0 + 16]).map(VersionID.init) }
+    }
+    func nodeID(_ column: Int32) -> NodeID {
+        if isText(column) {
+            let text = self.text(column)
+            if text.hasPrefix("dir:") { return .directory(String(text.dropFirst(4))) }
+            if text.hasPrefix("link:") { return .symlink(String(text.dropFirst(5))) }
+        }
+        return .file(fileID(column))
+    }
+}

@@ -1,0 +1,101 @@
+import Testing
+import TestSupport
+@testable import UbiquityStore
+import UbiquitySystem
+
+extension SQLRow {
+    /// A column as tests print it: ids (bytes) as hex, NULL as "-".
+    func shown(_ column: Int32) -> String {
+        if isNull(column) { return "-" }
+        if isBlob(column) { return "x" + Hex.encode(blob(column)) }
+        return text(column)
+    }
+}
+
+/// Store format 13 keeps record ids, history ids and parent lists as bytes. A format-12
+/// store (every id as 32 hex digits, parents comma-separated) is rewritten at open, in the
+/// upgrade's transaction, and shows exactly what it showed before.
+@Suite struct BinaryIDUpgradeTests {
+    /// Every column that holds an id, as rows of text.
+    static func dump(_ store: Store) throws -> [String] {
+        var lines: [String] = []
+        for (table, columns) in [("versions", "row, id, file_id, parents, path"), ("inodes", "id, file_id, head"),
+                                 ("histories", "file_id, path, live"), ("view_heads", "node, row"),
+                                 ("view_awaited", "id, node"), ("view_current", "node, row, path"), ("own_dots", "node, dot"),
+                                 ("pruned_records", "id, device, seen")] {
+            let n = Int32(columns.split(separator: ",").count)
+            lines += try store.db.rows("SELECT \(columns) FROM \(table) ORDER BY 1, 2", []) { r in
+                "\(table): " + (0..<n).map { r.shown($0) }.joined(separator: " ")
+            }
+        }
+        return lines
+    }
+
+    /// Back to how format 12 wrote ids: 32 lowercase hex digits, parents joined by commas.
+    static func writeAsFormat12(_ store: Store) throws {
+        let rows = try store.db.rows("SELECT row, id, file_id, parents FROM versions", []) {
+            (row: $0.int(0), id: $0.versionID(1), node: $0.nodeID(2), parents: $0.versionIDs(3))
+        }
+        for r in rows {
+            try store.db.query("UPDATE versions SET id = ?, file_id = ?, parents = ? WHERE row = ?",
+                               [.text(r.id.hex), .text(r.node.description), .text(r.parents.map(\.hex).joined(separator: ",")), .int(r.row)])
+        }
+        for (table, column) in [("inodes", "file_id"), ("histories", "file_id"), ("view_heads", "node"), ("view_awaited", "id"),
+                                ("view_awaited", "node"), ("view_current", "node"), ("own_dots", "node"), ("pruned_records", "id")] {
+            try store.db.execute("UPDATE \(table) SET \(column) = lower(hex(\(column))) WHERE typeof(\(column)) = 'blob'")
+        }
+        try store.db.execute("UPDATE settings SET value = '12' WHERE key = 'format'")
+    }
+
+    @Test func aFormat12StoreGetsItsIdsAsBytesAndShowsTheSame() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        var before: [String] = [], versions: [Version] = [], hexDump: [String] = []
+        var fileID = FileID.zero, last = VersionID.zero
+        let other = "ffffffffffffffff"
+        do {
+            let store = try Store(directory: dir.path, deviceName: "old")
+            let d = try store.create(parent: Store.rootInode, name: "docs", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+            let f = try store.create(parent: d.id, name: "a.txt", kind: .file, mode: 0o644, uid: 1, gid: 1)
+            _ = try store.create(parent: Store.rootInode, name: "l", kind: .symlink, mode: 0o777, uid: 1, gid: 1, target: "docs")
+            fileID = try #require(f.fileID)
+            let first = try store.commit(f.id, content: ChunkList(), path: "docs/a.txt", local: false)
+            last = try store.commit(f.id, content: ChunkList(), path: "docs/a.txt", local: false).id
+            try store.recordLocalChanges(busy: [])
+            // Another device's conflicting edit of the first version, and a record whose
+            // parent has not arrived (awaited).
+            let remote = { (id: VersionID, node: FileID, parents: [VersionID], path: String) in
+                SyncRecord(id: id, node: .file(node), kind: .file, parents: parents, deviceID: other, deviceName: "other",
+                           committed: 1, mtime: 1, mode: 0o644, isTombstone: false, isMeta: false, path: path)
+            }
+            try store.addRemote([remote(.new(), fileID, [first.id], "docs/a.txt"), remote(.new(), .new(), [.new(), .new()], "notes/b.txt")])
+            try store.notePruned(id: .new(), device: other, uploaded: true)
+            #expect(try store.totalConflicts() == 1)
+            before = try Self.dump(store)
+            let rows = try store.db.rows("SELECT row FROM versions ORDER BY row", []) { $0.int(0) }
+            versions = try rows.compactMap { (row) throws(StoreError) in try store.version(row: row) }
+            try Self.writeAsFormat12(store)
+            hexDump = try Self.dump(store)
+        }
+        // The format-12 spelling: no id in bytes anywhere.
+        #expect(!hexDump.contains { $0.contains(" x") || $0.contains(": x") }, "\(hexDump)")
+        #expect(hexDump.contains { $0.hasPrefix("versions: ") && $0.contains(",") }, "two parents, comma-separated")
+
+        let store = try Store(directory: dir.path)
+        #expect(try store.setting("format") == "13")
+        #expect(try Self.dump(store) == before)
+        let rows = try store.db.rows("SELECT row FROM versions ORDER BY row", []) { $0.int(0) }
+        #expect(try rows.compactMap { (row) throws(StoreError) in try store.version(row: row) } == versions)
+        #expect(try store.db.rows("SELECT count(*) FROM versions WHERE typeof(id) != 'blob' OR typeof(parents) != 'blob'", []) { $0.int(0) }.first == 0)
+        #expect(try store.db.rows("SELECT count(*) FROM versions WHERE typeof(file_id) = 'text' AND file_id NOT LIKE 'dir:%' AND file_id NOT LIKE 'link:%'", []) { $0.int(0) }.first == 0)
+        // The history goes on from where it was.
+        let docs = try #require(store.child(Store.rootInode, "docs"))
+        let file = try #require(store.child(docs, "a.txt"))
+        let next = try store.commit(file, content: ChunkList(), path: "docs/a.txt", local: false)
+        #expect(next.parents == [last])
+        #expect(try store.versions(of: fileID).count == 4) // two saves, the other device's, this one
+        #expect(try store.replica.current(.file(fileID))?.id == next.id)
+        #expect(try store.conflictedPaths() == ["docs/a.txt"])
+        #expect(try Fsck.run(store: store).problems.isEmpty)
+    }
+}
