@@ -34,7 +34,7 @@ enum Schema {
         """
         CREATE TABLE IF NOT EXISTS versions(
             row INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE, file_id BLOB NOT NULL,
-            parents BLOB NOT NULL, device_id TEXT NOT NULL, device_name TEXT NOT NULL,
+            parents BLOB NOT NULL, device INTEGER NOT NULL,
             committed INTEGER NOT NULL, mtime INTEGER NOT NULL, mode INTEGER NOT NULL,
             size INTEGER NOT NULL, tombstone INTEGER NOT NULL, local INTEGER NOT NULL,
             path TEXT NOT NULL, chunks BLOB NOT NULL, durable INTEGER NOT NULL DEFAULT 0,
@@ -95,6 +95,8 @@ enum Schema {
         "CREATE INDEX IF NOT EXISTS inodes_cached ON inodes(used, id) WHERE \(Store.evictableCondition)",
         // The pinned files, whose chunks an eviction of another file leaves.
         "CREATE INDEX IF NOT EXISTS inodes_pinned ON inodes(id) WHERE keep = 1",
+        // Format 13: the devices that made versions, by number (`Store+Devices`).
+        Store.devicesSchema,
     ] + Store.contentTotalsSchema
         + Replica.schema // format 4: the synced view (Replica)
         + Store.kvSchema // format 8: the key-value store
@@ -140,18 +142,25 @@ extension Schema {
             let hadHistories = try exists("histories"), hadDirectories = try exists("history_dirs")
             let hadView = try exists("view_current"), hadPending = try exists("pending")
             let hadPlaces = try exists("chunk_places"), hadTotals = try exists("content_totals")
-            var hadLinks = false
+            var hadLinks = false, versionsBefore13 = false
             // A table must have its new columns before an index on one of them is made.
             for table in ["versions", "inodes", "sync_peers"] where try exists(table) {
                 let columns = Set(try db.rows("PRAGMA table_info(\(table))", []) { $0.text(1) })
                 if table == "inodes" { hadLinks = columns.contains("nlink") }
+                if table == "versions" { versionsBefore13 = columns.contains("device_id") }
                 for (t, name, type) in addedColumns where t == table && !columns.contains(name) {
                     try db.execute("ALTER TABLE \(table) ADD COLUMN \(name) \(type)")
                 }
             }
+            // Format 13: the versions table is copied into its new layout (below); its old
+            // indexes go with it.
+            if versionsBefore13 {
+                for index in ["versions_file", "versions_pending", "versions_upload"] { try db.execute("DROP INDEX IF EXISTS \(index)") }
+                try db.execute("ALTER TABLE versions RENAME TO versions_12")
+            }
             for statement in statements { try db.execute(statement) }
-            // Format 13: ids as bytes, before anything below reads a record.
-            if let format, format < 13 { try convertIDsToBytes(db) }
+            // Format 13: ids as bytes and devices by number, before anything below reads a record.
+            if versionsBefore13 || (format ?? 13) < 13 { try convertToFormat13(db, copyingVersions: versionsBefore13) }
             // Format 12: the totals start from one sum over the files (the triggers keep them).
             if !hadTotals { try Store.recountContentTotals(db) }
             if hadInodes && !hadLinks { try Store.computeLinks(db) }
@@ -171,11 +180,14 @@ extension Schema {
 }
 
 extension Schema {
-    /// Format 13: record ids, history ids and lists of parents as bytes (`IDs.swift`):
-    /// rewrites every column that holds one, in the upgrade's transaction. A value already
-    /// in bytes, or a directory's or symlink's node (`dir:`/`link:` text), stays as it is,
-    /// so running it again changes nothing. Timed in the README ("Store size and gc").
-    static func convertIDsToBytes(_ db: SQLiteDatabase) throws(StoreError) {
+    /// Format 13: record ids, history ids and lists of parents as bytes (`IDs.swift`), and
+    /// each version's device by number (`Store+Devices`), in the upgrade's transaction.
+    /// `copyingVersions`: the old versions table (renamed `versions_12`) is copied into the
+    /// new one in row order, converted, and dropped, which leaves its B-trees packed. The
+    /// other tables' id columns are rewritten in place; a value already in bytes, or a
+    /// directory's or symlink's node (`dir:`/`link:` text), stays as it is, so running it
+    /// again changes nothing. Timed in the README ("Store size and gc").
+    static func convertToFormat13(_ db: SQLiteDatabase, copyingVersions: Bool) throws(StoreError) {
         try db.defineTextToBlob("ubq_id") { ID128(hex: $0)?.bytes }
         try db.defineTextToBlob("ubq_ids") { text in
             var bytes: [UInt8] = []
@@ -185,10 +197,22 @@ extension Schema {
             }
             return bytes
         }
-        let count = try db.rows("SELECT count(*) FROM versions", []) { $0.int(0) }.first ?? 0
-        log("ubiquity: upgrading the store to format 13 (ids as bytes): \(count) versions")
         let start = ContinuousClock.now
-        try db.execute("UPDATE versions SET id = ubq_id(id), file_id = ubq_id(file_id), parents = ubq_ids(parents)")
+        if copyingVersions {
+            let count = try db.rows("SELECT count(*) FROM versions_12", []) { $0.int(0) }.first ?? 0
+            log("ubiquity: upgrading the store to format 13 (ids as bytes, devices by number): \(count) versions")
+            try db.execute("INSERT OR IGNORE INTO devices(device_id, device_name) SELECT DISTINCT device_id, device_name FROM versions_12")
+            try db.execute("""
+                INSERT INTO versions(row, id, file_id, parents, device, committed, mtime, mode, size, tombstone, local, path,
+                                     chunks, durable, kind, target, xattrs, meta, uploaded, lineage)
+                SELECT o.row, ubq_id(o.id), ubq_id(o.file_id), ubq_ids(o.parents), d.number, o.committed, o.mtime, o.mode,
+                       o.size, o.tombstone, o.local, o.path, o.chunks, o.durable, o.kind, o.target, o.xattrs, o.meta,
+                       o.uploaded, o.lineage
+                FROM versions_12 o JOIN devices d ON d.device_id = o.device_id AND d.device_name = o.device_name
+                ORDER BY o.row
+                """)
+            try db.execute("DROP TABLE versions_12")
+        }
         for (table, columns) in [("inodes", ["file_id"]), ("histories", ["file_id"]), ("view_heads", ["node"]),
                                  ("view_awaited", ["id", "node"]), ("view_current", ["node"]), ("own_dots", ["node"]),
                                  ("pruned_records", ["id"])] {

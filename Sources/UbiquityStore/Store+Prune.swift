@@ -51,7 +51,7 @@ extension Store {
             var content: Bool { !tombstone && !meta }
         }
         let rows = try db.rows("""
-            SELECT row, committed, tombstone, meta, uploaded, device_id, path, size, id FROM versions
+            SELECT row, committed, tombstone, meta, uploaded, device_id, path, size, id FROM \(Store.versionsWithDevices)
             WHERE file_id = ? AND local = 0
             """, [.id(fileID)]) {
             Row(row: $0.int(0), id: $0.versionID(8), committed: $0.int(1), tombstone: $0.int(2) != 0, meta: $0.int(3) != 0,
@@ -112,7 +112,7 @@ extension Store {
         try db.transaction { () throws(StoreError) in
             while dropped.count < limit && covered < bytes {
                 let page = try db.rows("""
-                    SELECT row, file_id, committed, path, size, tombstone, meta, id, device_id, uploaded FROM versions
+                    SELECT row, file_id, committed, path, size, tombstone, meta, id, device_id, uploaded FROM \(Store.versionsWithDevices)
                     WHERE local = 0 AND row > ? ORDER BY row LIMIT 500
                     """, [.int(last)]) {
                     (row: $0.int(0), id: $0.versionID(7), node: $0.nodeID(1), committed: $0.int(2), path: $0.text(3), size: $0.int(4),

@@ -132,7 +132,7 @@ extension Store {
     private func queryItem(path: String, size: Int64, mtime: Nanos, ctime: Nanos, head: Int64?, fileID: FileID?,
                            conflicted: Bool) throws(StoreError) -> QueryItem {
         var state = QueryItem.SyncState.pending
-        if let head, let (device, uploaded, local) = try db.rows("SELECT device_id, uploaded, local FROM versions WHERE row = ?",
+        if let head, let (device, uploaded, local) = try db.rows("SELECT device_id, uploaded, local FROM \(Store.versionsWithDevices) WHERE row = ?",
                                                                    [.int(head)], { ($0.text(0), $0.int(1) != 0, $0.int(2) != 0) }).first {
             state = local ? .localOnly : device != deviceID ? .remote : uploaded ? .uploaded : .pending
         }

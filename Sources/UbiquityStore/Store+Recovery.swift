@@ -32,7 +32,7 @@ extension Store {
         var report = RecoveryReport()
         let pending = try db.rows("""
             SELECT row, id, file_id, parents, device_id, uploaded, local, kind, tombstone, path, mtime, device_id, mode, target
-            FROM versions WHERE durable = 0 ORDER BY row DESC
+            FROM \(Store.versionsWithDevices) WHERE durable = 0 ORDER BY row DESC
             """, []) { r in
             (record: Replica.Record(row: r.int(0), id: r.versionID(1), node: r.nodeID(2), parents: r.versionIDs(3),
                                     kind: NodeKind(rawValue: r.int(7)) ?? .file, isTombstone: r.int(8) != 0,

@@ -445,7 +445,7 @@ extension Store {
         try db.rows("""
             SELECT id, file_id, kind, parents, device_id, device_name, committed, mtime, mode, tombstone, meta, path,
                    chunks, target, xattrs, row, lineage
-            FROM versions WHERE \(condition) AND local = 0 AND device_id = ? AND row > ? ORDER BY row LIMIT ?
+            FROM \(Store.versionsWithDevices) WHERE \(condition) AND local = 0 AND device_id = ? AND row > ? ORDER BY row LIMIT ?
             """, [.text(deviceID), .int(after), .int(Int64(limit))]) { r in
             var record = SyncRecord(id: r.versionID(0), node: r.nodeID(1), kind: NodeKind(rawValue: r.int(2)) ?? .file,
                         parents: r.versionIDs(3), deviceID: r.text(4), deviceName: r.text(5), committed: r.int(6),
@@ -458,7 +458,7 @@ extension Store {
     }
 
     public var pendingUploadCount: Int {
-        (try? db.rows("SELECT count(*) FROM versions WHERE uploaded = 0 AND local = 0 AND device_id = ?", [.text(deviceID)]) { Int($0.int(0)) }.first) ?? 0
+        (try? db.rows("SELECT count(*) FROM \(Store.versionsWithDevices) WHERE uploaded = 0 AND local = 0 AND device_id = ?", [.text(deviceID)]) { Int($0.int(0)) }.first) ?? 0
     }
 
     public func markUploaded(_ ids: [VersionID]) throws(StoreError) {

@@ -5,6 +5,8 @@ import UbiquitySystem
 /// which is never listed or synced.
 extension Store {
     static let versionColumns = "row, id, file_id, parents, device_id, device_name, committed, mtime, mode, size, tombstone, local, path"
+    /// The versions table with each row's device (id and name) by its number (format 13).
+    static let versionsWithDevices = "versions JOIN devices ON number = device"
 
     static func version(from r: SQLRow) -> Version {
         Version(row: r.int(0), id: r.versionID(1), node: r.nodeID(2), parents: r.versionIDs(3),
@@ -101,7 +103,7 @@ extension Store {
     /// `committed`, only those committed in that range (an index range scan).
     public func versions(of fileID: FileID, committed range: ClosedRange<Nanos> = .min ... .max) throws(StoreError) -> [Version] {
         try db.rows("""
-            SELECT \(Store.versionColumns) FROM versions
+            SELECT \(Store.versionColumns) FROM \(Store.versionsWithDevices)
             WHERE file_id = ? AND committed >= ? AND committed <= ? AND tombstone = 0 AND local = 0 AND meta = 0
             ORDER BY committed, id
             """, [.id(fileID), .int(range.lowerBound), .int(range.upperBound)], Store.version(from:))
@@ -113,11 +115,11 @@ extension Store {
     }
 
     public func version(row: Int64) throws(StoreError) -> Version? {
-        try db.rows("SELECT \(Store.versionColumns) FROM versions WHERE row = ?", [.int(row)], Store.version(from:)).first
+        try db.rows("SELECT \(Store.versionColumns) FROM \(Store.versionsWithDevices) WHERE row = ?", [.int(row)], Store.version(from:)).first
     }
 
     public func version(id: VersionID) throws(StoreError) -> Version? {
-        try db.rows("SELECT \(Store.versionColumns) FROM versions WHERE id = ?", [.id(id)], Store.version(from:)).first
+        try db.rows("SELECT \(Store.versionColumns) FROM \(Store.versionsWithDevices) WHERE id = ?", [.id(id)], Store.version(from:)).first
     }
 
     public func chunkList(row: Int64) throws(StoreError) -> ChunkList {
@@ -156,11 +158,10 @@ extension Store {
             let (lineage, known) = origin == .here ? try replica.lineage(node: r.node, parents: r.parents, device: r.deviceID)
                                                    : (r.lineage, Replica.Known())
             try db.query("""
-                INSERT INTO versions(id, file_id, parents, device_id, device_name, committed, mtime, mode, size, tombstone,
+                INSERT INTO versions(id, file_id, parents, device, committed, mtime, mode, size, tombstone,
                                      local, path, chunks, kind, target, xattrs, meta, uploaded, lineage)
-                VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-                """, [.id(r.id), .node(r.node), .ids(r.parents), .text(r.deviceID),
-                      .text(r.deviceName), .int(r.committed), .int(r.mtime), .int(Int64(r.mode)), .int(r.size),
+                VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                """, [.id(r.id), .node(r.node), .ids(r.parents), .int(try deviceNumber(r.deviceID, name: r.deviceName)), .int(r.committed), .int(r.mtime), .int(Int64(r.mode)), .int(r.size),
                       .int(r.isTombstone ? 1 : 0), .int(local ? 1 : 0), .text(r.path), .blob(r.chunks.encoded),
                       .int(r.kind.rawValue), r.target.map { .text($0) } ?? .null, .blob(XattrCodec.encode(r.xattrs)),
                       .int(r.isMeta ? 1 : 0), .int(remote ? 1 : 0), local ? .null : lineage.stored(device: r.deviceID).map { .text($0) } ?? .null])

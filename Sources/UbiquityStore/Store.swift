@@ -28,6 +28,8 @@ public final class Store: @unchecked Sendable {
     /// Files that continue a history but have no version yet: the version their first
     /// commit descends from (kept in memory only; losing it in a crash only loses the link).
     var continuedParents: [InodeNumber: Int64] = [:]
+    /// This device's number in `devices`, with its name of this open (nil: read-only).
+    var ownDeviceNumber: Int64?
     var nextInode: InodeNumber = 2
     /// Records `pendingUploads` handed to the sync engine and not marked uploaded yet:
     /// `withdrawUnsentHistory` leaves them alone.
@@ -169,6 +171,10 @@ public final class Store: @unchecked Sendable {
         orphaned = try PendingSet(.orphaned, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
         held = try PendingSet(.held, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
         needsFullScan = try get("full_scan") == "1"
+        if !readOnly {
+            let number = try db.transaction { () throws(StoreError) -> Int64 in try deviceNumber(deviceID, name: self.deviceName) }
+            ownDeviceNumber = number
+        }
         // Read-only inspection (status, fsck) reads what it needs from the database; only
         // a store that serves a mount holds the tree and the synced view in memory.
         if !readOnly { try loadTree() }

@@ -19,27 +19,49 @@ extension SQLRow {
     /// Every column that holds an id, as rows of text.
     static func dump(_ store: Store) throws -> [String] {
         var lines: [String] = []
-        for (table, columns) in [("versions", "row, id, file_id, parents, path"), ("inodes", "id, file_id, head"),
+        for (table, columns) in [("versions", "row, id, file_id, parents, path, device_id, device_name"), ("inodes", "id, file_id, head"),
                                  ("histories", "file_id, path, live"), ("view_heads", "node, row"),
                                  ("view_awaited", "id, node"), ("view_current", "node, row, path"), ("own_dots", "node, dot"),
                                  ("pruned_records", "id, device, seen")] {
             let n = Int32(columns.split(separator: ",").count)
-            lines += try store.db.rows("SELECT \(columns) FROM \(table) ORDER BY 1, 2", []) { r in
+            let from = table == "versions" ? (try store.db.rows("SELECT 1 FROM pragma_table_info('versions') WHERE name = 'device_id'", []) { _ in true }.isEmpty ? Store.versionsWithDevices : "versions") : table
+            lines += try store.db.rows("SELECT \(columns) FROM \(from) ORDER BY 1, 2", []) { r in
                 "\(table): " + (0..<n).map { r.shown($0) }.joined(separator: " ")
             }
         }
         return lines
     }
 
-    /// Back to how format 12 wrote ids: 32 lowercase hex digits, parents joined by commas.
+    /// Back to how format 12 wrote versions: the table as it was declared, ids as 32
+    /// lowercase hex digits, parents joined by commas, the device's id and name in each row.
     static func writeAsFormat12(_ store: Store) throws {
-        let rows = try store.db.rows("SELECT row, id, file_id, parents FROM versions", []) {
-            (row: $0.int(0), id: $0.versionID(1), node: $0.nodeID(2), parents: $0.versionIDs(3))
+        try store.db.execute("""
+            CREATE TABLE versions_12(
+                row INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, file_id TEXT NOT NULL,
+                parents TEXT NOT NULL, device_id TEXT NOT NULL, device_name TEXT NOT NULL,
+                committed INTEGER NOT NULL, mtime INTEGER NOT NULL, mode INTEGER NOT NULL,
+                size INTEGER NOT NULL, tombstone INTEGER NOT NULL, local INTEGER NOT NULL,
+                path TEXT NOT NULL, chunks BLOB NOT NULL, durable INTEGER NOT NULL DEFAULT 0,
+                kind INTEGER NOT NULL DEFAULT 1, target TEXT, xattrs BLOB, meta INTEGER NOT NULL DEFAULT 0,
+                uploaded INTEGER NOT NULL DEFAULT 0, lineage TEXT)
+            """)
+        let rows = try store.db.rows("SELECT row, id, file_id, parents, device_id, device_name FROM \(Store.versionsWithDevices)", []) {
+            (row: $0.int(0), id: $0.versionID(1), node: $0.nodeID(2), parents: $0.versionIDs(3), device: $0.text(4), name: $0.text(5))
         }
         for r in rows {
-            try store.db.query("UPDATE versions SET id = ?, file_id = ?, parents = ? WHERE row = ?",
-                               [.text(r.id.hex), .text(r.node.description), .text(r.parents.map(\.hex).joined(separator: ",")), .int(r.row)])
+            try store.db.query("""
+                INSERT INTO versions_12 SELECT row, ?, ?, ?, ?, ?, committed, mtime, mode, size, tombstone, local, path, chunks,
+                                               durable, kind, target, xattrs, meta, uploaded, lineage
+                FROM versions WHERE row = ?
+                """, [.text(r.id.hex), .text(r.node.description), .text(r.parents.map(\.hex).joined(separator: ",")),
+                      .text(r.device), .text(r.name), .int(r.row)])
         }
+        try store.db.execute("DROP TABLE versions")
+        try store.db.execute("DROP TABLE devices")
+        try store.db.execute("ALTER TABLE versions_12 RENAME TO versions")
+        try store.db.execute("CREATE INDEX versions_file ON versions(file_id, committed)")
+        try store.db.execute("CREATE INDEX versions_pending ON versions(durable) WHERE durable = 0")
+        try store.db.execute("CREATE INDEX versions_upload ON versions(uploaded) WHERE uploaded = 0")
         for (table, column) in [("inodes", "file_id"), ("histories", "file_id"), ("view_heads", "node"), ("view_awaited", "id"),
                                 ("view_awaited", "node"), ("view_current", "node"), ("own_dots", "node"), ("pruned_records", "id")] {
             try store.db.execute("UPDATE \(table) SET \(column) = lower(hex(\(column))) WHERE typeof(\(column)) = 'blob'")
@@ -83,6 +105,11 @@ extension SQLRow {
 
         let store = try Store(directory: dir.path)
         #expect(try store.setting("format") == "13")
+        // The versions table in its new layout: the device by number, no copy left behind.
+        let columns = try store.db.rows("SELECT name FROM pragma_table_info('versions')", []) { $0.text(0) }
+        #expect(columns.contains("device") && !columns.contains("device_id") && !columns.contains("device_name"))
+        #expect(try store.db.rows("SELECT count(*) FROM sqlite_master WHERE name = 'versions_12'", []) { $0.int(0) }.first == 0)
+        #expect(try store.db.rows("SELECT count(*) FROM devices", []) { $0.int(0) }.first == 2)
         #expect(try Self.dump(store) == before)
         let rows = try store.db.rows("SELECT row FROM versions ORDER BY row", []) { $0.int(0) }
         #expect(try rows.compactMap { (row) throws(StoreError) in try store.version(row: row) } == versions)

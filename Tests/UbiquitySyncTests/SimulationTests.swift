@@ -376,7 +376,7 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
                     guard let state = try? dev.store.replica.state(at: key) else { views += "\n  \(dev.name): no state"; continue }
                     let local = dev.store.locate(key).flatMap { dev.store.inode($0.2) }
                     if case .node(let r) = state.shown {
-                        let rows = (try? dev.store.db.rows("SELECT row, id, parents, device_name, tombstone, meta, path FROM versions WHERE file_id = ? ORDER BY row", [.node(r.node)]) { "\($0.int(0)) \($0.versionID(1).hex.prefix(6)) p=\($0.versionIDs(2).map { $0.hex.prefix(6) }) \($0.text(3)) t=\($0.int(4)) m=\($0.int(5)) \($0.text(6))" }) ?? []
+                        let rows = (try? dev.store.db.rows("SELECT row, id, parents, device_name, tombstone, meta, path FROM \(Store.versionsWithDevices) WHERE file_id = ? ORDER BY row", [.node(r.node)]) { "\($0.int(0)) \($0.versionID(1).hex.prefix(6)) p=\($0.versionIDs(2).map { $0.hex.prefix(6) }) \($0.text(3)) t=\($0.int(4)) m=\($0.int(5)) \($0.text(6))" }) ?? []
                         views += "\n    " + rows.joined(separator: "\n    ")
                     }
                     let total = (try? dev.store.db.rows("SELECT count(*), sum(uploaded) FROM versions WHERE local = 0", []) { "\($0.int(0)) records, \($0.int(1)) uploaded" }.first) ?? ""
@@ -433,7 +433,7 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
     var committed: Set<String> = []
     for d in devices {
         try d.fs.meta.withLock { (m) throws(StoreError) in
-            for id in try m.store.db.rows("SELECT id FROM versions WHERE device_id = ? AND tombstone = 0 AND local = 0 AND kind = 1 AND meta = 0",
+            for id in try m.store.db.rows("SELECT id FROM \(Store.versionsWithDevices) WHERE device_id = ? AND tombstone = 0 AND local = 0 AND kind = 1 AND meta = 0",
                                           [.text(m.store.deviceID)], { $0.versionID(0).hex }) where !pruned.contains(id) { committed.insert(id) }
         }
         let fsck = try d.fs.meta.withLock { (m) throws(StoreError) in try Fsck.run(store: m.store) }
@@ -466,7 +466,7 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
                     missing.map { id in
                         let r = try? m.store.replica.record(id: VersionID(hex: id) ?? .zero)
                         let h = (try? m.store.db.rows("SELECT path, live FROM histories WHERE file_id = ?", [r.map { .node($0.node) } ?? .null]) { "\($0.text(0)) live=\($0.int(1))" }) ?? []
-                        let rows = (try? m.store.db.rows("SELECT id, parents, tombstone, meta, uploaded, device_name FROM versions WHERE file_id = ? ORDER BY row", [r.map { .node($0.node) } ?? .null]) {
+                        let rows = (try? m.store.db.rows("SELECT id, parents, tombstone, meta, uploaded, device_name FROM \(Store.versionsWithDevices) WHERE file_id = ? ORDER BY row", [r.map { .node($0.node) } ?? .null]) {
                             "\($0.versionID(0).hex.prefix(6)) p=\($0.versionIDs(1).map { $0.hex.prefix(6) }) t=\($0.int(2)) m=\($0.int(3)) up=\($0.int(4)) \($0.text(5))"
                         }) ?? []
                         return "\(x.name): \(id) node=\(r.map { $0.node.description } ?? "-") path=\(r?.path ?? "-") dev=\(r?.device ?? "-") history=\(h)\n    " + rows.joined(separator: "\n    ")
