@@ -141,8 +141,8 @@ public enum NodeID: Hashable, Sendable, CustomStringConvertible {
 
 /// Store format 13: ids are 16-byte blobs; a list of parents is their concatenation; a
 /// node is its history id's blob, or the text `dir:<path>` / `link:<path>`. A column that
-/// does not hold what it should reads as the zero id (and a parent list of the wrong
-/// length as none): the store is this program's own, and fsck checks it.
+/// does not hold what it should reads as the zero id (and a parent list that is not
+/// 16-byte ids as none) rather than stopping the daemon: the store is this program's own.
 extension SQLValue {
     static func id(_ id: some ID128Wrapper) -> SQLValue { .blob(id.value.bytes) }
     static func ids(_ ids: [VersionID]) -> SQLValue { .blob(ids.flatMap(\.value.bytes)) }
@@ -159,14 +159,16 @@ extension SQLRow {
     func optionalFileID(_ column: Int32) -> FileID? { isNull(column) ? nil : fileID(column) }
     func versionIDs(_ column: Int32) -> [VersionID] {
         let bytes = blob(column)
-        guard bytes.count % 16 == 0 else { return [] }
+        guard isBlob(column), bytes.count % 16 == 0 else { return [] }
         return stride(from: 0, to: bytes.count, by: 16).compactMap { ID128(bytes: bytes[$0..<$0 + 16]).map(VersionID.init) }
     }
     func nodeID(_ column: Int32) -> NodeID {
         if isText(column) {
-            let text = self.text(column)
-            if text.hasPrefix("dir:") { return .directory(String(text.dropFirst(4))) }
-            if text.hasPrefix("link:") { return .symlink(String(text.dropFirst(5))) }
+            // By bytes: `String.hasPrefix` compares characters, and a path that begins
+            // with a combining mark makes one character of it and the colon.
+            let bytes = blob(column)
+            if bytes.starts(with: "dir:".utf8) { return .directory(String(decoding: bytes.dropFirst(4), as: UTF8.self)) }
+            if bytes.starts(with: "link:".utf8) { return .symlink(String(decoding: bytes.dropFirst(5), as: UTF8.self)) }
         }
         return .file(fileID(column))
     }

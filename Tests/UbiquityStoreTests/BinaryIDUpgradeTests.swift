@@ -69,6 +69,30 @@ extension SQLRow {
         try store.db.execute("UPDATE settings SET value = '12' WHERE key = 'format'")
     }
 
+    /// Regression (review of format 13): a directory or symlink whose path begins with a
+    /// combining mark read back as a file node of the zero id (`"dir:" + "\u{301}a"` does
+    /// not have the prefix "dir:" as Swift compares characters), so each record of it left
+    /// its parent a head: a conflict on every change.
+    @Test func aNodeWhosePathBeginsWithACombiningMarkReadsBackAsItself() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "one")
+        let name = "\u{301}a"
+        let d = try store.create(parent: Store.rootInode, name: name, kind: .directory, mode: 0o755, uid: 1, gid: 1)
+        _ = try store.create(parent: Store.rootInode, name: "\u{200D}l", kind: .symlink, mode: 0o777, uid: 1, gid: 1, target: "x")
+        try store.recordLocalChanges(busy: [])
+        var inode = try #require(store.inode(d.id))
+        inode.mode = 0o700
+        try store.update(inode)
+        try store.recordLocalChanges(busy: [])
+        #expect(try store.replica.heads(.directory(name)).count == 1)
+        #expect(try store.replica.current(.directory(name))?.mode == 0o700)
+        #expect(try store.replica.current(.symlink("\u{200D}l"))?.target == "x")
+        #expect(try store.totalConflicts() == 0)
+        let nodes = try store.db.rows("SELECT file_id FROM versions", []) { $0.nodeID(0) }
+        #expect(Set(nodes) == [.directory(name), .symlink("\u{200D}l")])
+    }
+
     @Test func aFormat12StoreGetsItsIdsAsBytesAndShowsTheSame() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
