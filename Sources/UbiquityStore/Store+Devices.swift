@@ -11,15 +11,19 @@ extension Store {
     /// The number of `id` with `name`, added (in the caller's transaction) the first time
     /// it is met. This device's own is looked up once, at open (`ownDeviceNumber`), in a
     /// transaction of its own, so a rollback never leaves a number remembered that the
-    /// database lost; other devices' are looked up each time (their records come in
-    /// slices, one indexed lookup each).
+    /// database lost; other devices' are remembered for one pull slice (`TakeInMemo`, one
+    /// transaction), else looked up each time.
     func deviceNumber(_ id: String, name: String) throws(StoreError) -> Int64 {
         if let own = ownDeviceNumber, id == deviceID, name.utf8.elementsEqual(deviceName.utf8) { return own }
-        if let number = try db.rows("SELECT number FROM devices WHERE device_id = ? AND device_name = ?",
-                                    [.text(id), .text(name)], { $0.int(0) }).first {
-            return number
+        let key = NameKey(id + "\u{0}" + name) // ids are hex: the first NUL ends the id
+        if let known = takingIn?.devices[key] { return known }
+        var number = try db.rows("SELECT number FROM devices WHERE device_id = ? AND device_name = ?",
+                                 [.text(id), .text(name)], { $0.int(0) }).first
+        if number == nil {
+            try db.query("INSERT INTO devices(device_id, device_name) VALUES(?, ?)", [.text(id), .text(name)])
+            number = db.lastInsertRowID
         }
-        try db.query("INSERT INTO devices(device_id, device_name) VALUES(?, ?)", [.text(id), .text(name)])
-        return db.lastInsertRowID
+        takingIn?.devices[key] = number
+        return number ?? 0
     }
 }

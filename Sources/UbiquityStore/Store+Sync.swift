@@ -35,6 +35,9 @@ struct TakeInMemo {
     /// What histories placed or moved add to or take from the directories above them
     /// under `.versions/`, written once at the slice's end (`Store.writeHistoryDirectories`).
     var historyDirectories: [HistoryName: Int64] = [:]
+    /// Other devices' numbers in `devices` (`Store.deviceNumber`), by id and name: a
+    /// slice's records come from few devices. Gone with the slice's transaction.
+    var devices: [NameKey: Int64] = [:]
 }
 
 /// A row of `history_dirs`: a name under `.versions/` and the directory it is in,
