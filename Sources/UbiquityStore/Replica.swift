@@ -147,6 +147,8 @@ final class Replica {
     // MARK: reading records
 
     private static let columns = "v.row, v.id, v.file_id, v.parents, v.kind, v.tombstone, v.mtime, device_id, v.path, v.mode, v.target, v.lineage"
+    /// Each record's device id by its number (store format 13; `Store.versionsWithDevices`).
+    private static let device = "JOIN devices ON number = v.device"
 
     private func records(_ sql: String, _ params: [SQLValue]) throws(StoreError) -> [Record] {
         let found = try db.rows("SELECT \(Self.columns) \(sql)", params) { r in
@@ -161,13 +163,13 @@ final class Replica {
 
     /// The record with this id (nil: none, or a local version, which is no record).
     func record(id: VersionID) throws(StoreError) -> Record? {
-        try records("FROM versions v JOIN devices ON number = v.device WHERE v.id = ? AND v.local = 0", [.id(id)]).first
+        try records("FROM versions v \(Self.device) WHERE v.id = ? AND v.local = 0", [.id(id)]).first
     }
 
     /// The records at any of `paths` (tests).
     func records(atPaths paths: [String]) throws(StoreError) -> [Record] {
         var result: [Record] = []
-        for path in paths { result += try records("FROM versions v JOIN devices ON number = v.device WHERE v.path = ? AND v.local = 0", [.text(path)]) }
+        for path in paths { result += try records("FROM versions v \(Self.device) WHERE v.path = ? AND v.local = 0", [.text(path)]) }
         return result
     }
 
@@ -185,30 +187,30 @@ final class Replica {
     /// The node's heads: records no record of the node descends from.
     func heads(_ node: NodeID) throws(StoreError) -> [Record] {
         if isHeadless(node) { return [] }
-        return try records("FROM view_heads h JOIN versions v ON v.row = h.row JOIN devices ON number = v.device WHERE h.node = ? ORDER BY v.id", [.node(node)])
+        return try records("FROM view_heads h JOIN versions v ON v.row = h.row \(Self.device) WHERE h.node = ? ORDER BY v.id", [.node(node)])
     }
 
     func liveHeads(_ node: NodeID) throws(StoreError) -> [Record] {
         if let known = memo?.liveHeads[node] { return known }
         if isHeadless(node) { return [] }
-        return try records("FROM view_heads h JOIN versions v ON v.row = h.row JOIN devices ON number = v.device WHERE h.node = ? AND v.tombstone = 0 ORDER BY v.id",
+        return try records("FROM view_heads h JOIN versions v ON v.row = h.row \(Self.device) WHERE h.node = ? AND v.tombstone = 0 ORDER BY v.id",
                     [.node(node)])
     }
 
     /// The live node's current record.
     func current(_ node: NodeID) throws(StoreError) -> Record? {
         if isHeadless(node) { return nil }
-        return try records("FROM view_current c JOIN versions v ON v.row = c.row JOIN devices ON number = v.device WHERE c.node = ?", [.node(node)]).first
+        return try records("FROM view_current c JOIN versions v ON v.row = c.row \(Self.device) WHERE c.node = ?", [.node(node)]).first
     }
 
     /// Every live node's current record (the whole-tree scan after an upgrade only).
     func allCurrent() throws(StoreError) -> [Record] {
-        try records("FROM view_current c JOIN versions v ON v.row = c.row JOIN devices ON number = v.device", [])
+        try records("FROM view_current c JOIN versions v ON v.row = c.row \(Self.device)", [])
     }
 
     /// The current records of live nodes at exactly `path`, by node.
     private func currentRecords(at path: String) throws(StoreError) -> [Record] {
-        try records("FROM view_current c JOIN versions v ON v.row = c.row JOIN devices ON number = v.device WHERE c.path = ? ORDER BY c.node", [.text(path)])
+        try records("FROM view_current c JOIN versions v ON v.row = c.row \(Self.device) WHERE c.path = ? ORDER BY c.node", [.text(path)])
     }
 
     /// The current records of live nodes at `path` or below it.
@@ -234,7 +236,7 @@ final class Replica {
         try db.transaction { () throws(StoreError) in
             var last: Int64 = 0
             while true {
-                let page = try replica.records("FROM versions v JOIN devices ON number = v.device WHERE v.local = 0 AND v.row > ? ORDER BY v.row LIMIT 10000", [.int(last)])
+                let page = try replica.records("FROM versions v \(Self.device) WHERE v.local = 0 AND v.row > ? ORDER BY v.row LIMIT 10000", [.int(last)])
                 guard let end = page.last else { return }
                 for record in page { _ = try replica.add(record) }
                 last = end.row
@@ -370,7 +372,7 @@ final class Replica {
         memo?.headless.remove(r.node) // its parents may become heads again
         try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.node(r.node), .int(r.row)])
         if db.changes == 0 { return [] }
-        let others = try records("FROM versions v JOIN devices ON number = v.device WHERE v.file_id = ? AND v.local = 0 AND v.row != ?", [.node(r.node), .int(r.row)])
+        let others = try records("FROM versions v \(Self.device) WHERE v.file_id = ? AND v.local = 0 AND v.row != ?", [.node(r.node), .int(r.row)])
         let named = Set(others.flatMap(\.parents))
         for parent in others where r.parents.contains(parent.id) && !named.contains(parent.id) && !others.contains(where: { $0.covers(parent) }) {
             try db.query("INSERT OR IGNORE INTO view_heads(node, row) VALUES(?, ?)", [.node(r.node), .int(parent.row)])
