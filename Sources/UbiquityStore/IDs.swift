@@ -11,6 +11,9 @@ public struct ID128: Hashable, Comparable, Sendable {
 
     public init(high: UInt64, low: UInt64) { self.high = high; self.low = low }
 
+    /// All zero bits: what a damaged column or frame reads as (no id is made so).
+    public static let zero = ID128(high: 0, low: 0)
+
     /// Exactly 32 lowercase hex digits (the only spelling records use).
     public init?(hex: some StringProtocol) {
         guard Hex.isLowercase(hex, count: 32), let bytes = Hex.decode(hex) else { return nil }
@@ -63,8 +66,7 @@ extension ID128Wrapper {
         self.init(value)
     }
     public static func new() -> Self { Self(ID128.new()) }
-    /// All zero bits: what a damaged column reads as (no id is made so).
-    public static var zero: Self { Self(ID128(high: 0, low: 0)) }
+    public static var zero: Self { Self(ID128.zero) }
     /// Its 32 lowercase hex digits, as records, names and logs spell it.
     public var description: String { value.hex }
     public var hex: String { value.hex }
@@ -91,14 +93,6 @@ public enum NodeID: Hashable, Sendable, CustomStringConvertible {
     case file(FileID)
     case directory(String)
     case symlink(String)
-
-    public init(kind: NodeKind, file: FileID?, path: String) {
-        switch kind {
-        case .directory: self = .directory(path)
-        case .symlink: self = .symlink(path)
-        default: self = file.map { .file($0) } ?? .directory(path)
-        }
-    }
 
     public var fileID: FileID? {
         if case .file(let id) = self { return id }
@@ -153,13 +147,14 @@ extension SQLValue {
 }
 
 extension SQLRow {
-    func id128(_ column: Int32) -> ID128 { ID128(bytes: blob(column)) ?? ID128(high: 0, low: 0) }
+    func id128(_ column: Int32) -> ID128 { ID128(bytes: blob(column)) ?? .zero }
     func versionID(_ column: Int32) -> VersionID { VersionID(id128(column)) }
     func fileID(_ column: Int32) -> FileID { FileID(id128(column)) }
     func optionalFileID(_ column: Int32) -> FileID? { isNull(column) ? nil : fileID(column) }
     func versionIDs(_ column: Int32) -> [VersionID] {
+        guard isBlob(column) else { return [] }
         let bytes = blob(column)
-        guard isBlob(column), bytes.count % 16 == 0 else { return [] }
+        guard bytes.count % 16 == 0 else { return [] }
         return stride(from: 0, to: bytes.count, by: 16).compactMap { ID128(bytes: bytes[$0..<$0 + 16]).map(VersionID.init) }
     }
     func nodeID(_ column: Int32) -> NodeID {

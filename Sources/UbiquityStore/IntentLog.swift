@@ -175,7 +175,7 @@ final class IntentLog {
             small[id] = Array(bytes)
         }
         guard at == b.count, let path = String(validating: pathBytes, as: UTF8.self) else { return nil }
-        return Intent(sequence: Int64(bitPattern: sequence), version: VersionID(ID128(bytes: version) ?? ID128(high: 0, low: 0)), path: path, mode: mode, uid: uid, gid: gid,
+        return Intent(sequence: Int64(bitPattern: sequence), version: VersionID(ID128(bytes: version) ?? .zero), path: path, mode: mode, uid: uid, gid: gid,
                       mtime: Int64(bitPattern: mtime), content: content, chunkBytes: small)
     }
 
