@@ -104,9 +104,12 @@ extension FileSystem {
             }
             guard let page else { break }
             for (row, list) in lists {
-                for (id, size) in list.chunks {
-                    marked.insert(id)
-                    sizes[id] = size
+                // Inline chunks (store format 14) are content too, in the space report, but
+                // nothing in the chunk store keeps them.
+                for i in 0..<list.count where !list.isHole(i) {
+                    let id = list.ids[i]
+                    if !list.isInline(i) { marked.insert(id) }
+                    sizes[id] = Int(list.size(i))
                     if current.contains(row) {
                         shown.insert(id)
                     } else if prunable.contains(row) {

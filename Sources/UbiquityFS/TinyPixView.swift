@@ -57,10 +57,6 @@ enum TinyPixView {
     }
 
     private static func put(_ bytes: [UInt8], _ chunks: ChunkStore) throws(StoreError) -> ChunkList {
-        let id = ChunkID(hashing: bytes)
-        try chunks.put(id, bytes)
-        var list = ChunkList()
-        list.append(id, size: bytes.count)
-        return list
+        try chunks.listOfOneChunk(bytes)
     }
 }

@@ -272,16 +272,38 @@ public final class ChunkStore: Sendable {
         return bytes
     }
 
-    /// The whole content of a small list (holes as zeros), verified. Lists larger than
+    /// The list of `bytes` as one chunk (at most `maxChunkSize`; none when empty): inline
+    /// when it is small enough, else stored here.
+    public func listOfOneChunk(_ bytes: [UInt8]) throws(StoreError) -> ChunkList {
+        precondition(bytes.count <= Self.maxChunkSize)
+        var list = ChunkList()
+        guard !bytes.isEmpty else { return list }
+        try withBytes(bytes) { (raw) throws(StoreError) in
+            try list.append(raw) { (id, chunk) throws(StoreError) in try put(id, chunk) }
+        }
+        return list
+    }
+
+    /// The bytes of piece `i` of `list` (not a hole), verified: from the list when it
+    /// keeps them inline, else from this store; when not here, fetched (`fetching`) or
+    /// `missingChunk` (a reader under the filesystem's lock). Every reader of a piece's
+    /// bytes comes here.
+    public func read(piece i: Int, of list: ChunkList, fetching: Bool = true) throws(StoreError) -> [UInt8] {
+        if let bytes = list.inline[list.ids[i]] { return bytes }
+        let bytes = fetching ? try read(list.ids[i], size: Int(list.size(i))) : try read(list.ids[i])
+        guard Int64(bytes.count) == list.size(i) else { throw .corruptChunk(list.ids[i]) }
+        return bytes
+    }
+
+    /// The whole content of a small list (holes as zeros), verified, never fetched (its
+    /// callers hold the filesystem's lock: `missingChunk` instead). Lists larger than
     /// `limit` are refused: callers use this for small files only (TinyPix pictures).
     public func bytes(of list: ChunkList, limit: Int) throws(StoreError) -> [UInt8] {
         guard list.totalSize <= Int64(limit) else { throw .io(errno: EFBIG, "content of \(list.totalSize) bytes read whole") }
         var out: [UInt8] = []
         for i in 0..<list.count {
             if list.isHole(i) { out += [UInt8](repeating: 0, count: Int(list.size(i))); continue }
-            let chunk = try read(list.ids[i])
-            guard Int64(chunk.count) == list.size(i) else { throw .corruptChunk(list.ids[i]) }
-            out += chunk
+            out += try read(piece: i, of: list, fetching: false)
         }
         return out
     }

@@ -11,6 +11,8 @@ final class ChunkWriter: @unchecked Sendable {
     private enum Slot {
         case pending
         case stored(ChunkID, Int)
+        /// At most `ChunkList.inlineLimit` bytes: kept in the list, never stored.
+        case inline([UInt8])
         case failed([UInt8], StoreError)
     }
 
@@ -30,6 +32,10 @@ final class ChunkWriter: @unchecked Sendable {
 
     /// Queues a chunk (its bytes, copied by the caller).
     func submit(_ bytes: [UInt8]) {
+        if bytes.count <= ChunkList.inlineLimit {
+            slots.withLock { $0.append(.inline(bytes)) }
+            return
+        }
         room.wait()
         let index = slots.withLock { s -> Int in s.append(.pending); return s.count - 1 }
         queue.async { [self] in
@@ -58,7 +64,13 @@ final class ChunkWriter: @unchecked Sendable {
         try retry()
         return slots.withLock { s in
             var list = ChunkList()
-            for slot in s { if case .stored(let id, let size) = slot { list.append(id, size: size) } }
+            for slot in s {
+                switch slot {
+                case .stored(let id, let size): list.append(id, size: size)
+                case .inline(let bytes): list.appendInline(bytes)
+                case .pending, .failed: break
+                }
+            }
             return list
         }
     }

@@ -149,7 +149,7 @@ public final class FileContent: @unchecked Sendable {
             let end = min(baseEnd, range.upperBound.addingClamped(window))
             var wants: [ChunkWant] = []
             repeat {
-                if !s.base.isHole(i) { wants.append(ChunkWant(id: s.base.ids[i], size: Int(s.base.size(i)))) }
+                if let want = s.base.stored(i) { wants.append(want) }
                 i += 1
             } while i < s.base.count && s.base.offsets[i] < end
             return wants
@@ -175,7 +175,7 @@ public final class FileContent: @unchecked Sendable {
             while i < s.base.count && s.base.offsets[i] < baseEnd {
                 // A chunk a punch or later writes hide is not needed (nor its verification).
                 let part = max(s.base.offsets[i], offset)..<min(s.base.offsets[i + 1], baseEnd)
-                if !s.base.isHole(i) && !Self.hidden(s, part) { wants.append(ChunkWant(id: s.base.ids[i], size: Int(s.base.size(i)))) }
+                if let want = s.base.stored(i), !Self.hidden(s, part) { wants.append(want) }
                 i += 1
             }
             // Sequential reading: the next chunks (4 MiB) ahead, read and verified, or
@@ -189,7 +189,7 @@ public final class FileContent: @unchecked Sendable {
             if offset == s.lastReadEnd || (offset == 0 && s.lastReadEnd < 0) {
                 let limit = min(s.baseLimit, s.base.totalSize, end + Self.readAhead)
                 while i < s.base.count && ahead.count < 64 && s.base.offsets[i] < limit {
-                    if !s.base.isHole(i) { ahead.append(ChunkWant(id: s.base.ids[i], size: Int(s.base.size(i)))) }
+                    if let want = s.base.stored(i) { ahead.append(want) }
                     i += 1
                 }
                 toEnd = i >= s.base.count || s.base.offsets[i] >= min(s.baseLimit, s.base.totalSize)
@@ -561,10 +561,9 @@ public final class FileContent: @unchecked Sendable {
             let length = try withBytes(window) { (raw) throws(StoreError) -> Int in
                 let piece = UnsafeRawBufferPointer(rebasing: raw[from..<from + want])
                 let length = chunker.cut(piece)
-                let chunk = UnsafeRawBufferPointer(rebasing: piece[0..<length])
-                let id = ChunkID(hashing: chunk)
-                try chunks.putWritten(id, chunk, announce: announce)
-                list.append(id, size: length)
+                try list.append(UnsafeRawBufferPointer(rebasing: piece[0..<length])) { (id, chunk) throws(StoreError) in
+                    try chunks.putWritten(id, chunk, announce: announce)
+                }
                 return length
             }
             pos += Int64(length)
@@ -591,8 +590,7 @@ public final class FileContent: @unchecked Sendable {
                 if !s.base.isHole(i) && !Self.hidden(s, want) {
                     // Fetched here when not local (a rewrite of a file not downloaded): under
                     // this file's lock only, never the filesystem's.
-                    let bytes = try chunks.read(s.base.ids[i], size: Int(s.base.size(i)))
-                    guard Int64(bytes.count) == s.base.size(i) else { throw .corruptChunk(s.base.ids[i]) }
+                    let bytes = try chunks.read(piece: i, of: s.base)
                     copies.append((bytes, Int(want.lowerBound - chunkRange.lowerBound), Int(want.lowerBound - offset)..<Int(want.upperBound - offset)))
                 }
                 i += 1

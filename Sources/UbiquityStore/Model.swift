@@ -112,15 +112,29 @@ public struct Version: Sendable, Equatable {
 public let maxFileSize: Int64 = 1 << 62
 
 /// A version's content: its pieces in order. A piece is a stored chunk (named by its
-/// hash) or a *hole*, a run of zero bytes of any length that is stored nowhere, so a
-/// sparse file costs what was written, not what was claimed.
+/// hash), an *inline* chunk (at most `inlineLimit` bytes, kept in the list itself: a tiny
+/// file's content lives in its version row, store format 14), or a *hole*, a run of zero
+/// bytes of any length that is stored nowhere, so a sparse file costs what was written,
+/// not what was claimed. An inline chunk is named by its hash too, so lists, records and
+/// the backing store see the same ids whichever way a device keeps the bytes.
 public struct ChunkList: Sendable, Equatable {
+    /// Chunks up to this size are kept in the list (`appendInline`). At 64 bytes a copy per
+    /// version never costs more than a shared chunk would: a row of small.sqlite (about 54
+    /// bytes besides the content) plus the 32-byte hash in every list naming it.
+    public static let inlineLimit = 64
+
     /// ids[i] is piece i's chunk, or `ChunkID.hole`.
     public private(set) var ids: [ChunkID] = []
     /// offsets[i] is where piece i starts; offsets.last is the total size.
     public private(set) var offsets: [Int64] = [0]
+    /// The bytes of the inline chunks, by id (an id's bytes are the same wherever it is).
+    public private(set) var inline: [ChunkID: [UInt8]] = [:]
 
     public init() {}
+
+    /// Equal when they name the same pieces: whether a chunk's bytes are kept inline or in
+    /// the chunk store is how a device keeps them, not what the content is.
+    public static func == (a: ChunkList, b: ChunkList) -> Bool { a.ids == b.ids && a.offsets == b.offsets }
 
     public var count: Int { ids.count }
     public var totalSize: Int64 { offsets.last! }
@@ -128,10 +142,18 @@ public struct ChunkList: Sendable, Equatable {
     public func size(_ i: Int) -> Int64 { offsets[i + 1] - offsets[i] }
     public func range(_ i: Int) -> Range<Int64> { offsets[i]..<offsets[i + 1] }
     public func isHole(_ i: Int) -> Bool { ids[i] == .hole }
+    public func isInline(_ i: Int) -> Bool { inline[ids[i]] != nil }
 
-    /// The stored chunks with their sizes, holes left out (fsck, uploads, downloads).
+    /// Piece i as the chunk store has it: nil for a hole or an inline chunk, which no
+    /// store, fetch, download, eviction or gc ever needs.
+    public func stored(_ i: Int) -> ChunkWant? {
+        isHole(i) || isInline(i) ? nil : ChunkWant(id: ids[i], size: Int(size(i)))
+    }
+
+    /// The chunks kept in the chunk store with their sizes, holes and inline chunks left
+    /// out (fsck, uploads, downloads, eviction, gc).
     public var chunks: [(id: ChunkID, size: Int)] {
-        (0..<count).compactMap { i in isHole(i) ? nil : (ids[i], Int(size(i))) }
+        (0..<count).compactMap { i in stored(i).map { ($0.id, $0.size) } }
     }
 
     /// Bytes held in chunks (the file's size less its holes).
@@ -148,6 +170,34 @@ public struct ChunkList: Sendable, Equatable {
         offsets.append(totalSize + Int64(size))
     }
 
+    /// Appends a chunk of 1...`inlineLimit` bytes kept in the list.
+    public mutating func appendInline(_ bytes: [UInt8]) {
+        precondition(!bytes.isEmpty && bytes.count <= Self.inlineLimit)
+        let id = ChunkID(hashing: bytes)
+        append(id, size: bytes.count)
+        inline[id] = bytes
+    }
+
+    /// Appends a chunk, inline when it is small enough (every writer's one rule), else
+    /// stored by `store` (which returns its id).
+    public mutating func append<E: Error>(_ bytes: UnsafeRawBufferPointer, storedBy store: (ChunkID, UnsafeRawBufferPointer) throws(E) -> Void) throws(E) {
+        if bytes.count <= Self.inlineLimit {
+            appendInline(Array(bytes))
+        } else {
+            let id = ChunkID(hashing: bytes)
+            try store(id, bytes)
+            append(id, size: bytes.count)
+        }
+    }
+
+    /// Keeps inline those of `bytes` (a record's small chunks, checked against their ids)
+    /// that are pieces of this list of at most `inlineLimit` bytes.
+    public mutating func keepInline(_ bytes: [ChunkID: [UInt8]]) {
+        for i in 0..<count where !isHole(i) && size(i) <= Int64(Self.inlineLimit) {
+            if let b = bytes[ids[i]], Int64(b.count) == size(i) { inline[ids[i]] = b }
+        }
+    }
+
     /// Appends `length` zero bytes, joining a hole that ends the list.
     public mutating func appendHole(_ length: Int64) {
         guard length > 0 else { return }
@@ -160,9 +210,14 @@ public struct ChunkList: Sendable, Equatable {
         }
     }
 
-    /// Appends piece `i` of `other` (a chunk or a hole).
+    /// Appends piece `i` of `other` (a chunk, inline or stored, or a hole).
     public mutating func append(pieceOf other: ChunkList, at i: Int) {
-        if other.isHole(i) { appendHole(other.size(i)) } else { append(other.ids[i], size: Int(other.size(i))) }
+        if other.isHole(i) {
+            appendHole(other.size(i))
+        } else {
+            append(other.ids[i], size: Int(other.size(i)))
+            if let bytes = other.inline[other.ids[i]] { inline[other.ids[i]] = bytes }
+        }
     }
 
     /// The index of the piece containing byte `offset` (offset < totalSize).
@@ -175,10 +230,16 @@ public struct ChunkList: Sendable, Equatable {
         return lo
     }
 
-    /// Serialized form (the versions table's `chunks` column): per piece 36 bytes. A chunk
-    /// is its 32 digest bytes and its size as 4 bytes little-endian (1...4 MiB). A hole
-    /// (store format 3) is its length as 8 bytes little-endian, 24 zero bytes and a size
-    /// field of 0, which no chunk has, so lists from older stores decode unchanged.
+    /// Marks an inline entry in its 4-byte size field (chunk sizes stay below 2^23).
+    private static let inlineFlag: UInt32 = 1 << 31
+
+    /// Serialized form (the versions table's `chunks` column, the intent log). Every entry
+    /// ends in a 4-byte little-endian size field, so a list is read from its end:
+    /// - a stored chunk: its 32 digest bytes, then its size (1...4 MiB);
+    /// - a hole (store format 3): its length as 8 bytes little-endian, 24 zero bytes, then
+    ///   a size field of 0, which no chunk has;
+    /// - an inline chunk (store format 14): its n bytes, then n with the top bit set.
+    /// Lists written before format 14 (36-byte entries only) read unchanged.
     public var encoded: [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(ids.count * 36)
@@ -186,6 +247,9 @@ public struct ChunkList: Sendable, Equatable {
             if isHole(i) {
                 withUnsafeBytes(of: size(i).littleEndian) { out += $0 }
                 out += [UInt8](repeating: 0, count: 28)
+            } else if let bytes = inline[ids[i]] {
+                out += bytes
+                withUnsafeBytes(of: (Self.inlineFlag | UInt32(bytes.count)).littleEndian) { out += $0 }
             } else {
                 out += ids[i].raw
                 withUnsafeBytes(of: UInt32(size(i)).littleEndian) { out += $0 }
@@ -197,21 +261,45 @@ public struct ChunkList: Sendable, Equatable {
     /// Decodes `encoded`; nil for anything malformed (a bad length, a chunk size out of
     /// range, a total over `maxFileSize`): the bytes come from disk and are not trusted.
     public init?(encoded: [UInt8]) {
-        guard encoded.count % 36 == 0 else { return nil }
-        var i = 0
-        while i < encoded.count {
-            let size = Int(encoded[i + 32]) | Int(encoded[i + 33]) << 8 | Int(encoded[i + 34]) << 16 | Int(encoded[i + 35]) << 24
-            if size == 0 {
+        // Read from the end, entry by entry, then appended in order.
+        enum Entry { case chunk(ChunkID, Int), inline([UInt8]), hole(Int64) }
+        var entries: [Entry] = []
+        var end = encoded.count
+        while end > 0 {
+            guard end >= 4 else { return nil }
+            let field = UInt32(encoded[end - 4]) | UInt32(encoded[end - 3]) << 8 | UInt32(encoded[end - 2]) << 16 | UInt32(encoded[end - 1]) << 24
+            if field & Self.inlineFlag != 0 {
+                let n = Int(field & ~Self.inlineFlag)
+                guard n >= 1, n <= Self.inlineLimit, end - 4 >= n else { return nil }
+                entries.append(.inline(Array(encoded[end - 4 - n..<end - 4])))
+                end -= 4 + n
+                continue
+            }
+            guard end >= 36 else { return nil }
+            let i = end - 36
+            if field == 0 {
                 var length: Int64 = 0
                 for k in 0..<8 { length |= Int64(encoded[i + k]) << (8 * k) }
-                guard length > 0, length <= maxFileSize - totalSize, encoded[i + 8..<i + 32].allSatisfy({ $0 == 0 }) else { return nil }
-                appendHole(length)
+                guard length > 0, encoded[i + 8..<i + 32].allSatisfy({ $0 == 0 }) else { return nil }
+                entries.append(.hole(length))
             } else {
-                guard let id = ChunkID(raw: encoded[i..<i + 32]), id != .hole, size <= ChunkStore.maxChunkSize,
-                      Int64(size) <= maxFileSize - totalSize else { return nil }
-                append(id, size: size)
+                guard let id = ChunkID(raw: encoded[i..<i + 32]), id != .hole, field <= UInt32(ChunkStore.maxChunkSize) else { return nil }
+                entries.append(.chunk(id, Int(field)))
             }
-            i += 36
+            end = i
+        }
+        for entry in entries.reversed() {
+            switch entry {
+            case .chunk(let id, let size):
+                guard Int64(size) <= maxFileSize - totalSize else { return nil }
+                append(id, size: size)
+            case .inline(let bytes):
+                guard Int64(bytes.count) <= maxFileSize - totalSize else { return nil }
+                appendInline(bytes)
+            case .hole(let length):
+                guard length <= maxFileSize - totalSize else { return nil }
+                appendHole(length)
+            }
         }
     }
 }

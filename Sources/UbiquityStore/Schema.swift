@@ -3,7 +3,7 @@ import UbiquitySystem
 /// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
 /// by a newer program is refused rather than misread.
 enum Schema {
-    static let formatVersion = 13
+    static let formatVersion = 14
 
     static let statements = [
         """
@@ -25,7 +25,8 @@ enum Schema {
             PRIMARY KEY(parent, name)) WITHOUT ROWID
         """,
         "CREATE INDEX IF NOT EXISTS entries_inode ON entries(inode)",
-        // Versions are append-only. `chunks` is ChunkList.encoded. `durable` = 1 once a
+        // Versions are append-only. `chunks` is ChunkList.encoded (format 14: a chunk of at
+        // most 64 bytes is kept there, its bytes in place of its hash). `durable` = 1 once a
         // durability barrier has run after the version was written (Store.markDurable).
         // Ids are bytes (format 13, `IDs.swift`): `id` 16 bytes, `file_id` the history's 16
         // (the text `dir:<path>` / `link:<path>` for a directory's or symlink's record),

@@ -61,15 +61,14 @@ struct SequentialStream {
         var at = tailStart
         while at < tail.count {
             let start = at, end = min(tail.count, at + chunker.maxSize)
-            let (id, length) = try withBytes(tail) { (raw) throws(StoreError) -> (ChunkID, Int) in
+            let length = try withBytes(tail) { (raw) throws(StoreError) -> Int in
                 let window = UnsafeRawBufferPointer(rebasing: raw[start..<end])
                 let length = chunker.cut(window)
-                let chunk = UnsafeRawBufferPointer(rebasing: window[0..<length])
-                let id = ChunkID(hashing: chunk)
-                try store.putWritten(id, chunk, announce: announce)
-                return (id, length)
+                try list.append(UnsafeRawBufferPointer(rebasing: window[0..<length])) { (id, chunk) throws(StoreError) in
+                    try store.putWritten(id, chunk, announce: announce)
+                }
+                return length
             }
-            list.append(id, size: length)
             at += length
         }
         return list

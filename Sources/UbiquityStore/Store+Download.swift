@@ -18,11 +18,10 @@ extension Store {
     func absentBytes(_ list: ChunkList) -> Int64 {
         var local: [ChunkID: Bool] = [:]
         var total: Int64 = 0
-        for i in 0..<list.count where !list.isHole(i) {
-            let id = list.ids[i]
+        for (id, size) in list.chunks {
             let here = local[id] ?? chunks.isLocal(id)
             local[id] = here
-            if !here { total += list.size(i) }
+            if !here { total += Int64(size) }
         }
         return total
     }

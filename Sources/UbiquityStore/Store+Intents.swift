@@ -37,11 +37,12 @@ extension Store {
         let content = try chunkList(row: head)
         guard content.storedBytes <= Self.durableFrameLimit else { return nil }
         var bytes: [ChunkID: [UInt8]] = [:]
-        for i in 0..<content.count where !content.isHole(i) {
+        for (id, _) in content.chunks {
             // A chunk of a file not downloaded stays where it is (no fetch under the
-            // filesystem's lock): the barrier makes such a save durable instead.
-            guard chunks.isLocal(content.ids[i]) else { return nil }
-            bytes[content.ids[i]] = try chunks.read(content.ids[i])
+            // filesystem's lock): the barrier makes such a save durable instead. (Inline
+            // chunks travel in the frame's list.)
+            guard chunks.isLocal(id) else { return nil }
+            bytes[id] = try chunks.read(id)
         }
         // Its path now (a rename since the save is not in the version yet).
         try append(Intent(sequence: 0, version: version.id, path: path(of: id) ?? version.path, mode: inode.mode,
@@ -107,13 +108,12 @@ extension Store {
         for (id, bytes) in intent.chunkBytes where ChunkID(hashing: bytes) == id {
             try chunks.put(id, bytes)
         }
-        for i in 0..<intent.content.count where !intent.content.isHole(i) {
+        for (id, _) in intent.content.chunks {
             // A chunk of a file not downloaded (its place in the backing store is known)
             // is fetched when read, as it was before the save.
-            let id = intent.content.ids[i]
             if chunks.contains(id) { continue }
             guard try chunkPlaces([id])[id] != nil else {
-                log("ubiquity: \(intent.path): version saved at \(intent.mtime / 1_000_000_000) not recovered: chunk \(intent.content.ids[i]) is missing (it was never fsynced and the power went); rolled back to the version before it")
+                log("ubiquity: \(intent.path): version saved at \(intent.mtime / 1_000_000_000) not recovered: chunk \(id) is missing (it was never fsynced and the power went); rolled back to the version before it")
                 return false
             }
         }

@@ -65,10 +65,10 @@ extension Store {
 
     /// The first problem with a chunk of the list, nil when every chunk reads back whole.
     private func damage(in list: ChunkList) -> String? {
-        for i in 0..<list.count where !list.isHole(i) {
+        for (id, size) in list.chunks {
             do throws(StoreError) {
-                let bytes = try chunks.read(list.ids[i])
-                if Int64(bytes.count) != list.size(i) { return "chunk \(list.ids[i]) has \(bytes.count) bytes, not \(list.size(i))" }
+                let bytes = try chunks.read(id)
+                if bytes.count != size { return "chunk \(id) has \(bytes.count) bytes, not \(size)" }
             } catch {
                 // Not here but in the backing store (files on demand): remote, not damage.
                 if case .missingChunk(let id) = error, (try? chunkPlaces([id]))?[id] != nil { continue }

@@ -168,6 +168,8 @@ public enum RecordCodec {
                     throw Rejection("chunk \(i) names carried bytes of another size")
                 }
             }
+            // The tiniest stay in the list (and so in the version row), never in a store.
+            record.chunks.keepInline(record.inline)
         case .directory:
             record.node = .directory(path)
         default:
@@ -205,7 +207,8 @@ public enum RecordCodec {
     }
 
     /// `<sha256>:<size>` per chunk, `hole:<length>` per hole (backing format 2), and
-    /// `=<hex bytes>` for the first occurrence of a chunk in `inline` (format 4), and
+    /// `=<hex bytes>` for the first occurrence of a chunk in `inline` or kept inline by the
+    /// list (format 4), and
     /// `@<pack>:<offset>` after the first occurrence of a chunk in `places` (format 5).
     static func chunkItems(_ list: ChunkList, inline: [ChunkID: [UInt8]] = [:], places: [ChunkID: ChunkPlace] = [:]) -> String {
         var written: Set<ChunkID> = []
@@ -213,7 +216,7 @@ public enum RecordCodec {
             if list.isHole(i) { return "hole:\(list.size(i))" }
             let id = list.ids[i]
             let first = written.insert(id).inserted
-            if let bytes = inline[id], first { return "=" + Hex.encode(bytes) }
+            if first, let bytes = inline[id] ?? list.inline[id] { return "=" + Hex.encode(bytes) }
             if first, let place = places[id] { return "\(id.hex):\(list.size(i))@\(place.pack):\(place.offset)" }
             return "\(id.hex):\(list.size(i))"
         }.joined(separator: ",")

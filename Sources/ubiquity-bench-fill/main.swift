@@ -45,12 +45,7 @@ do throws(StoreError) {
 
     var pool: [ChunkList] = []
     for i in 0..<1000 {
-        let bytes = Array("content \(i)\n".utf8)
-        let id = ChunkID(hashing: bytes)
-        try store.chunks.put(id, bytes)
-        var list = ChunkList()
-        list.append(id, size: bytes.count)
-        pool.append(list)
+        pool.append(try store.chunks.listOfOneChunk(Array("content \(i)\n".utf8)))
     }
     var operations = 0
     func save(_ id: InodeNumber, _ path: String, _ k: Int, content: ChunkList? = nil) throws(StoreError) {
@@ -74,12 +69,7 @@ do throws(StoreError) {
         let id = try file(directory, name)
         if small {
             for v in 0..<hotVersions {
-                let bytes = smallContent(i, v)
-                let chunk = ChunkID(hashing: bytes)
-                try store.chunks.put(chunk, bytes)
-                var list = ChunkList()
-                list.append(chunk, size: bytes.count)
-                try save(id, dirName + "/" + name, 0, content: list)
+                try save(id, dirName + "/" + name, 0, content: try store.chunks.listOfOneChunk(smallContent(i, v)))
             }
         } else {
             let versions = i % 5 == 0 ? 6 : 1

@@ -26,23 +26,25 @@ import UbiquitySystem
 
     @Test func pruneThenGcFreesOldVersionsAndKeepsTheCurrentOnes() throws {
         let h = try Harness()
-        for i in 0..<10 { try h.save("a.txt", "a version \(i)") }
-        for i in 0..<5 { try h.save("b.txt", "b version \(i)") }
-        try h.save("gone.txt", "deleted soon")
+        // 64 bytes of padding: each content is a chunk of its own (over the inline limit).
+        let pad = String(repeating: ".", count: 64)
+        for i in 0..<10 { try h.save("a.txt", "a version \(i)" + pad) }
+        for i in 0..<5 { try h.save("b.txt", "b version \(i)" + pad) }
+        try h.save("gone.txt", "deleted soon" + pad)
         try h.fs.unlink(parent: Store.rootInode, name: "gone.txt")
         try Self.uploadAll(h)
         #expect(try h.versionNames("a.txt").count == 10)
         let before = Self.chunkFiles(h)
         let dry = try h.fs.prune(policy: Self.strict, now: nowNanos() + 1_000_000_000, dryRun: true)
         #expect(dry.versions.count == 9 + 4 + 1 && dry.histories == 1)
-        // gc measures the space (`ubiquity status`): every content is 11 or 12 bytes.
+        // gc measures the space (`ubiquity status`): every content is 75 or 76 bytes.
         let measured = try h.fs.collectGarbage(grace: 3_600_000_000_000, policy: Self.strict)
         #expect(measured.chunksDeleted == 0)
-        #expect(measured.currentBytes == 2 * 11)
-        #expect(measured.historyBytes == 9 * 11 + 4 * 11 + 12)
+        #expect(measured.currentBytes == 2 * 75)
+        #expect(measured.historyBytes == 9 * 75 + 4 * 75 + 76)
         #expect(measured.prunableBytes == measured.historyBytes)
         let space = try #require(try h.fs.meta.withLock { (m) throws(StoreError) in try m.store.setting("space") })
-        #expect(space.contains("history=155 prunable=155"), "\(space)")
+        #expect(space.contains("history=1051 prunable=1051"), "\(space)")
         #expect(try h.versionNames("a.txt").count == 10)
         let pruned = try h.fs.prune(policy: Self.strict, now: nowNanos() + 1_000_000_000, dryRun: false)
         #expect(pruned.versions.count == 14)
@@ -53,15 +55,31 @@ import UbiquitySystem
         let gc = try h.fs.collectGarbage(grace: 0)
         #expect(gc.chunksDeleted == 14 && gc.bytesFreed > 0)
         #expect(Self.chunkFiles(h) == 2)
-        #expect(try h.read("a.txt") == "a version 9")
-        #expect(try h.read("b.txt") == "b version 4")
+        #expect(try h.read("a.txt") == "a version 9" + pad)
+        #expect(try h.read("b.txt") == "b version 4" + pad)
         #expect(try h.fs.collectGarbage(grace: 0).chunksDeleted == 0)
         let fsck = try h.fs.meta.withLock { (m) throws(StoreError) in try Fsck.run(store: m.store) }
         #expect(fsck.problems.isEmpty, "\(fsck.problems)")
     }
 
-    /// Both kinds of chunk: a file (over SmallChunks.limit) and a row.
-    @Test(arguments: [3_000, 20]) func gcKeepsWhatIsRecentOrOpen(size: Int) throws {
+    /// Tiny contents live in their version rows (store format 14): prune takes them with
+    /// their versions, gc has nothing of them to sweep, and the space report counts them.
+    @Test func tinyContentsGoWithTheirVersions() throws {
+        let h = try Harness()
+        for i in 0..<10 { try h.save("a.txt", "a version \(i)") }
+        try Self.uploadAll(h)
+        #expect(Self.chunkFiles(h) == 0)
+        let measured = try h.fs.collectGarbage(grace: 3_600_000_000_000, policy: Self.strict)
+        #expect(measured.currentBytes == 11 && measured.historyBytes == 9 * 11 && measured.prunableBytes == 9 * 11)
+        #expect(try h.fs.prune(policy: Self.strict, now: nowNanos() + 1_000_000_000, dryRun: false).versions.count == 9)
+        #expect(try h.fs.collectGarbage(grace: 0).chunksDeleted == 0)
+        #expect(try h.read("a.txt") == "a version 9")
+        let fsck = try h.fs.meta.withLock { (m) throws(StoreError) in try Fsck.run(store: m.store) }
+        #expect(fsck.problems.isEmpty, "\(fsck.problems)")
+    }
+
+    /// Both kinds of chunk: a file (over SmallChunks.limit) and a row (over the inline limit).
+    @Test(arguments: [3_000, 200]) func gcKeepsWhatIsRecentOrOpen(size: Int) throws {
         let h = try Harness()
         try h.save("a.txt", String(repeating: "o", count: size))
         try h.save("a.txt", String(repeating: "n", count: size))
@@ -91,7 +109,8 @@ import UbiquitySystem
         let h = try Harness()
         // 300 garbage chunks, written an hour ago as far as their times say: rows and
         // (every third, over SmallChunks.limit) files.
-        let contents = (0..<300).map { "garbage \($0) \(rng.next())" + ($0 % 3 == 0 ? String(repeating: "+", count: 3_000) : "") }
+        // (Over the inline limit, 64 bytes: an inline content is no chunk to lose.)
+        let contents = (0..<300).map { "garbage \($0) \(rng.next())" + String(repeating: "+", count: $0 % 3 == 0 ? 3_000 : 64) }
         for text in contents {
             let bytes = Array(text.utf8)
             let id = ChunkID(hashing: bytes)

@@ -128,7 +128,7 @@ extension SQLRow {
         #expect(hexDump.contains { $0.hasPrefix("versions: ") && $0.contains(",") }, "two parents, comma-separated")
 
         let store = try Store(directory: dir.path)
-        #expect(try store.setting("format") == "13")
+        #expect(try store.setting("format") == String(Schema.formatVersion))
         // The versions table in its new layout: the device by number, no copy left behind.
         let columns = try store.db.rows("SELECT name FROM pragma_table_info('versions')", []) { $0.text(0) }
         #expect(columns.contains("device") && !columns.contains("device_id") && !columns.contains("device_name"))

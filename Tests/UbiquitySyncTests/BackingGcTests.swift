@@ -396,16 +396,18 @@ import UbiquitySystem
     @Test func aCheckpointGoesOnPastAChunkDamagedHere() throws {
         let world = World()
         let a = try world.device("a")
-        try a.save("small.txt", "tiny content")
+        // 100 bytes: a row of small.sqlite (64 bytes or fewer would be in the version row).
+        let small = "tiny content" + String(repeating: ".", count: 88)
+        try a.save("small.txt", small)
         try a.save("other.txt", "other content")
         a.cycle()
-        let id = ChunkID(hashing: Array("tiny content".utf8))
+        let id = ChunkID(hashing: Array(small.utf8))
         #expect(a.fs.chunks.sweep(id, unusedSince: .max) != nil) // lost here
         let checkpoint = try #require(try a.engine.checkpointJournal(force: true))
         #expect(checkpoint.records == 2)
         let key = Backing.checkpointKey(a.store.deviceID, seq: checkpoint.seq, part: Backing.partName(0))
         let text = try #require(world.store.text(key.path))
-        #expect(text.contains(id.hex + ":12"))
+        #expect(text.contains(id.hex + ":100"))
         #expect(text.contains("chunks==" + Hex.encode(Array("other content".utf8))))
         #expect(world.store.text(Backing.checkpointKey(a.store.deviceID, seq: checkpoint.seq, part: "end").path) == "parts=1 records=2\n")
     }
