@@ -311,6 +311,18 @@ extension FileSystem.PruneReport {
 extension FileSystem {
     /// The daemon's own prune and gc, once per `Options.maintenanceInterval` (the time of
     /// the last run is kept in the store, so short sessions add up). Logs what it did.
+    /// Gives the metadata database's free pages back to the filesystem when there are many
+    /// (`Store.hasMuchFreeSpace`), a step of 32 pages per hold of the lock (the maintenance
+    /// loop, every 10 s).
+    public func compactIfMuchFree() {
+        do {
+            guard try withMeta({ (m) throws(StoreError) in try m.store.hasMuchFreeSpace() }) else { return }
+            while try withMetaSlice({ (m) throws(StoreError) in try m.store.compactDatabaseStep() }) {}
+        } catch {
+            log("ubiquity: giving free pages of the store back: \(error)")
+        }
+    }
+
     public func maintainIfDue(now: Nanos = nowNanos()) {
         let interval = options.maintenanceInterval
         guard interval > 0 else { return }

@@ -113,6 +113,7 @@ public final class FUSESession: @unchecked Sendable {
             fs.relieveSpacePressure()
             fs.keepCacheLimit()
             fs.barrierIfNeeded()
+            fs.compactIfMuchFree()
             fs.maintainIfDue()
             return true
         }
