@@ -309,8 +309,6 @@ extension FileSystem.PruneReport {
 
 
 extension FileSystem {
-    /// The daemon's own prune and gc, once per `Options.maintenanceInterval` (the time of
-    /// the last run is kept in the store, so short sessions add up). Logs what it did.
     /// Gives the metadata database's free pages back to the filesystem when there are many
     /// (`Store.hasMuchFreeSpace`), a step of 32 pages per hold of the lock (the maintenance
     /// loop, every 10 s).
@@ -323,6 +321,8 @@ extension FileSystem {
         }
     }
 
+    /// The daemon's own prune and gc, once per `Options.maintenanceInterval` (the time of
+    /// the last run is kept in the store, so short sessions add up). Logs what it did.
     public func maintainIfDue(now: Nanos = nowNanos()) {
         let interval = options.maintenanceInterval
         guard interval > 0 else { return }

@@ -289,7 +289,10 @@ public final class ChunkStore: Sendable {
     /// `missingChunk` (a reader under the filesystem's lock). Every reader of a piece's
     /// bytes comes here.
     public func read(piece i: Int, of list: ChunkList, fetching: Bool = true) throws(StoreError) -> [UInt8] {
-        if let bytes = list.inline[list.ids[i]] { return bytes }
+        if let bytes = list.inline[list.ids[i]] {
+            guard Int64(bytes.count) == list.size(i) else { throw .corruptChunk(list.ids[i]) }
+            return bytes
+        }
         let bytes = fetching ? try read(list.ids[i], size: Int(list.size(i))) : try read(list.ids[i])
         guard Int64(bytes.count) == list.size(i) else { throw .corruptChunk(list.ids[i]) }
         return bytes

@@ -301,5 +301,12 @@ public struct ChunkList: Sendable, Equatable {
                 appendHole(length)
             }
         }
+        // A piece named by an inline chunk's id is that chunk: the same size (a damaged row
+        // naming it with another size would have a reader copy past its bytes).
+        if !inline.isEmpty {
+            for i in 0..<count where !isHole(i) {
+                if let bytes = inline[ids[i]], Int64(bytes.count) != size(i) { return nil }
+            }
+        }
     }
 }

@@ -26,11 +26,14 @@ extension Store {
 
     /// Whether the metadata database holds many free pages: at least 256 and a 32nd of the
     /// file (what a sync step's consumed change set, an upload's marks or a prune leave).
-    /// Two PRAGMA reads. `FileSystem.compactIfMuchFree` gives them back then: SQLite
+    /// Three PRAGMA reads. `FileSystem.compactIfMuchFree` gives them back then: SQLite
     /// reuses free pages, but a store that just took in or recorded thousands of changes
     /// kept 5.6 % of its size free for good (a fill of 500,000 versions: 19 B per version).
     public func hasMuchFreeSpace() throws(StoreError) -> Bool {
         let value = { (pragma: String) throws(StoreError) -> Int64 in try self.db.rows("PRAGMA \(pragma)", []) { $0.int(0) }.first ?? 0 }
+        // Only an incremental auto-vacuum database (made at format 5 or later) can give
+        // pages back; an older one reuses them.
+        guard try value("auto_vacuum") == 2 else { return false }
         let free = try value("freelist_count"), pages = try value("page_count")
         return free >= 256 && free * 32 >= pages
     }

@@ -67,6 +67,13 @@ import UbiquitySystem
         #expect(ChunkList(encoded: entry([1, 2], field: flag | 3)) == nil, "longer than what precedes it")
         #expect(ChunkList(encoded: [1, 2, 3] + entry([9, 9], field: flag | 2)) == nil, "a ragged start")
         #expect(ChunkList(encoded: entry([5, 6], field: flag | 2))?.inline.values.first == [5, 6])
+        // Review finding: a stored entry naming an inline chunk's id with another size; a
+        // reader would have copied 100 bytes out of 10.
+        let ten = [UInt8](repeating: 65, count: 10)
+        var stored = ChunkID(hashing: ten).raw
+        withUnsafeBytes(of: UInt32(100).littleEndian) { stored += $0 }
+        #expect(ChunkList(encoded: stored + entry(ten, field: flag | 10)) == nil)
+        #expect(ChunkList(encoded: entry(ten, field: flag | 10) + stored) == nil)
     }
 
     /// Through the write path (FileContent, a chunker that cuts tiny pieces): every piece

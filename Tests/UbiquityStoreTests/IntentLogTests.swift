@@ -59,11 +59,15 @@ import UbiquitySystem
         let f = try store.create(parent: d, name: "f", kind: .file, mode: 0o640, uid: 0, gid: 0).id
         try Self.save(store, f, "d/f", small)
         try Self.save(store, old, "old", big)
+        // A tiny content kept in its list (store format 14): the frame's list carries it.
+        let t = try store.create(parent: d, name: "tiny", kind: .file, mode: 0o644, uid: 0, gid: 0).id
+        try store.commit(t, content: try store.chunks.listOfOneChunk(Array("tiny".utf8)), path: "d/tiny", local: false)
         let copy = Self.killed(dir)
         defer { copy.cleanup() }
 
         let reopened = try Store(directory: copy.path)
-        #expect(reopened.recoveredSaves.sorted() == ["d/f", "old"])
+        #expect(reopened.recoveredSaves.sorted() == ["d/f", "d/tiny", "old"])
+        #expect(try Self.content(reopened, "d/tiny") == Array("tiny".utf8))
         #expect(try Self.content(reopened, "d/f") == small)
         #expect(try Self.content(reopened, "old") == big)
         #expect(Self.inode(reopened, "d").flatMap { reopened.inode($0)?.kind } == .directory)
@@ -200,9 +204,11 @@ import UbiquitySystem
         var list = ChunkList()
         list.append(ChunkID(hashing: [1, 2, 3]), size: 3)
         list.appendHole(1 << 40)
+        list.appendInline([9, 8, 7])
         let intent = Intent(sequence: 42, version: VersionID(hex: "00112233445566778899aabbccddeeff")!, path: "dir/naïve name", mode: 0o4755,
                             uid: 1000, gid: 100, mtime: -5, content: list, chunkBytes: [ChunkID(hashing: [1, 2, 3]): [1, 2, 3]])
         #expect(IntentLog.decode(IntentLog.encode(intent)) == intent)
+        #expect(IntentLog.decode(IntentLog.encode(intent))?.content.inline == [ChunkID(hashing: [9, 8, 7]): [9, 8, 7]])
         var damaged = IntentLog.encode(intent)
         damaged.removeLast()
         #expect(IntentLog.decode(damaged) == nil)

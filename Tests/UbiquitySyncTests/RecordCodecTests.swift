@@ -63,7 +63,15 @@ import UbiquitySystem
         let line = RecordCodec.encode(record)
         #expect(line.contains(" chunks==68656c6c6f "))
         #expect(!line.contains(id.hex))
-        #expect(try Self.decode(line).get() == record)
+        let decoded = try Self.decode(line).get()
+        #expect(decoded == record)
+        // Store format 14: a chunk of at most 64 bytes lands in the list itself.
+        #expect(decoded.chunks.inline == [id: hello] && decoded.chunks.chunks.isEmpty)
+        // A list keeping it inline (a version row) writes it the same way.
+        var fromRow = Self.sample()
+        fromRow.chunks = ChunkList()
+        fromRow.chunks.appendInline(hello)
+        #expect(RecordCodec.encode(fromRow) == line)
         let body = String(line.dropFirst(36).dropLast())
         for bad in ["==68656c6c", "==zz", "==", "==" + String(repeating: "00", count: 1025), "==6", "=68656c6c6f",
                     "==68656c6c6f,\(id.hex):4"] { // the same chunk again with another size
@@ -75,7 +83,7 @@ import UbiquitySystem
         }
         // Format 3's inline key.
         let format3 = body.split(separator: " ").map { $0.hasPrefix("chunks=") ? "chunks=\(id.hex):5" : String($0) }.joined(separator: " ")
-        #expect(try Self.decode(Self.signed(format3 + " inline=0:68656c6c6f")).get() == record)
+        #expect(try Self.decode(Self.signed(format3 + " inline=0:68656c6c6f")).get().chunks.inline == [id: hello])
         for (bad, why) in [("inline=0:68656c6c6e", "do not match"), ("inline=1:68656c6c6f", "bad inline"),
                            ("inline=0:68656c6c", "bad inline"), ("inline=0:zz", "bad inline"),
                            ("inline=0:68656c6c6f,0:68656c6c6f", "bad inline")] {
