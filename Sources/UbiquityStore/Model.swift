@@ -179,7 +179,7 @@ public struct ChunkList: Sendable, Equatable {
     }
 
     /// Appends a chunk, inline when it is small enough (every writer's one rule), else
-    /// stored by `store` (which returns its id).
+    /// handed to `store` with its id (which stores it).
     public mutating func append<E: Error>(_ bytes: UnsafeRawBufferPointer, storedBy store: (ChunkID, UnsafeRawBufferPointer) throws(E) -> Void) throws(E) {
         if bytes.count <= Self.inlineLimit {
             appendInline(Array(bytes))

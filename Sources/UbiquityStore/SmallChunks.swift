@@ -2,7 +2,8 @@ import CSQLite
 import Glibc
 import UbiquitySystem
 
-/// Chunks of at most `SmallChunks.limit` bytes, kept as rows of one SQLite database
+/// Chunks of at most `SmallChunks.limit` bytes (and more than `ChunkList.inlineLimit`,
+/// which their lists keep since store format 14), kept as rows of one SQLite database
 /// (`chunks/small.sqlite`, local store format 5; keyed by id since format 6) instead of
 /// one file each. A file costs a whole filesystem block (4 KiB on ext4) and an inode for a
 /// 20-byte version; a row costs its bytes plus about 60 (id, time, B-tree).

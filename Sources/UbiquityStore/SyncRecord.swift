@@ -21,7 +21,8 @@ public struct SyncRecord: Sendable, Equatable {
     public var xattrs: [XattrEntry]
     /// The bytes of small chunks, carried inside the record instead of as objects
     /// (backing format 3); filled by the sender, checked against their ids by the codec.
-    /// Never stored in the versions table (the chunks are).
+    /// Not stored as such: the chunks are (those of at most `ChunkList.inlineLimit` bytes
+    /// kept in `chunks` itself, store format 14; the codec puts them there).
     public var inline: [ChunkID: [UInt8]] = [:]
     /// Where its chunks that are not inline are in the backing store's packs (backing
     /// format 5): filled by the sender from the store's `chunk_places`, read from the
