@@ -101,6 +101,32 @@ public struct DirectoryStore: BackingStore {
         return ObjectListing(objects: Array(found.prefix(want)), more: more)
     }
 
+    /// What a name in a directory could be, judged from the name alone: a file key that
+    /// may be listed, a directory that may hold keys to list. Only these are looked at
+    /// (lstat) and sorted, so a LIST after a cursor costs the names after it, not every
+    /// entry of the directory (the log's idle poll lists a few of its thousands).
+    struct Candidate: Equatable {
+        let name: String
+        let asFile: Bool
+        let asDirectory: Bool
+    }
+
+    static func candidates(_ names: [String], directory: String, prefix: String, after: String?) -> [Candidate] {
+        var result: [Candidate] = []
+        for name in names where !name.hasPrefix(tempPrefix) {
+            let fileKey = directory + name
+            let directoryKey = fileKey + "/"
+            let asFile = fileKey.hasPrefix(prefix) && (after.map { $0.utf8.lexicographicallyPrecedes(fileKey.utf8) } ?? true)
+            // Enter only where keys can match the prefix and some may come after `after`:
+            // every key below starts with `directoryKey`, so all of them sort before
+            // `after` when `directoryKey` does and `after` is not below it.
+            let asDirectory = (directoryKey.hasPrefix(prefix) || prefix.hasPrefix(directoryKey))
+                && (after.map { $0.hasPrefix(directoryKey) || !directoryKey.utf8.lexicographicallyPrecedes($0.utf8) } ?? true)
+            if asFile || asDirectory { result.append(Candidate(name: name, asFile: asFile, asDirectory: asDirectory)) }
+        }
+        return result
+    }
+
     private func walk(directory: String, prefix: String, after: String?, into found: inout [ObjectInfo], want: Int) throws(BackingError) {
         let full = directory.isEmpty ? root : root + "/" + directory.dropLast()
         let names: [String]
@@ -108,31 +134,26 @@ public struct DirectoryStore: BackingStore {
             if error.code == ENOENT || error.code == ENOTDIR { return }
             throw Self.classify(error)
         }
-        var entries: [(sortKey: String, name: String, isDirectory: Bool)] = []
-        for name in names where !name.hasPrefix(Self.tempPrefix) {
+        var entries: [(sortKey: String, size: Int64?)] = [] // size nil: a directory
+        for candidate in Self.candidates(names, directory: directory, prefix: prefix, after: after) {
             var st = Glibc.stat()
-            guard lstat(full + "/" + name, &st) == 0 else { continue } // gone meanwhile
+            guard lstat(full + "/" + candidate.name, &st) == 0 else { continue } // gone meanwhile
             let kind = st.st_mode & S_IFMT
-            if kind == S_IFDIR { entries.append((name + "/", name, true)) } else if kind == S_IFREG { entries.append((name, name, false)) }
+            if kind == S_IFDIR && candidate.asDirectory {
+                entries.append((candidate.name + "/", nil))
+            } else if kind == S_IFREG && candidate.asFile {
+                entries.append((candidate.name, Int64(st.st_size)))
+            }
         }
         entries.sort { $0.sortKey.utf8.lexicographicallyPrecedes($1.sortKey.utf8) }
         for entry in entries {
             if found.count >= want { return }
             let key = directory + entry.sortKey
-            if entry.isDirectory {
-                // Enter only where keys can match the prefix and some may come after `after`.
-                guard key.hasPrefix(prefix) || prefix.hasPrefix(key) else { continue }
-                // Every key below starts with `key`: all of them sort before `after` when `key`
-                // does and `after` is not below it.
-                if let after, !after.hasPrefix(key), key.utf8.lexicographicallyPrecedes(after.utf8) { continue }
-                try walk(directory: key, prefix: prefix, after: after, into: &found, want: want)
-            } else {
-                guard key.hasPrefix(prefix) else { continue }
-                if let after, !after.utf8.lexicographicallyPrecedes(key.utf8) { continue }
+            if let size = entry.size {
                 guard let bk = BackingKey(key) else { continue }
-                var st = Glibc.stat()
-                guard statPath(root + "/" + key, &st) == 0 else { continue }
-                found.append(ObjectInfo(key: bk, size: Int64(st.st_size)))
+                found.append(ObjectInfo(key: bk, size: size))
+            } else {
+                try walk(directory: key, prefix: prefix, after: after, into: &found, want: want)
             }
         }
     }

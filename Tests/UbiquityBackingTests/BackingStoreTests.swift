@@ -41,6 +41,35 @@ import TestSupport
         #expect(try store.get(BackingKey(checked: "big"), range: 190..<300) == [UInt8](repeating: 7, count: 10))
     }
 
+    /// The log's idle poll lists after a cursor near its end: the directory store looks
+    /// (lstat, sort) only at names that can come after it, so the poll's work follows the
+    /// new segments, not the log's length (it was every entry of `log/`).
+    @Test func aListingAfterACursorLooksOnlyAtTheNamesAfterIt() throws {
+        for count in [100, 1_000] {
+            let names = (0..<count).map { pad(String(1_000 + $0), 13) + "-00000000000000aa-" + pad(String($0 + 1, radix: 16), 16) }.shuffled()
+            let last = pad(String(1_000 + count - 5), 13)
+            let looked = DirectoryStore.candidates(names, directory: "log/", prefix: "log/", after: "log/" + last)
+            #expect(looked.count == 5, "\(count) names: looked at \(looked.count)")
+            // Outside the prefix nothing is looked at; a directory on the way is.
+            #expect(DirectoryStore.candidates(names, directory: "", prefix: "objects/", after: nil).isEmpty)
+            #expect(DirectoryStore.candidates(["log", "objects", "a"], directory: "", prefix: "log/", after: "log/" + last)
+                == [.init(name: "log", asFile: false, asDirectory: true)])
+        }
+        // Through a real directory: the same keys as a listing of everything, filtered.
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = DirectoryStore(root: dir.path)
+        for i in 0..<50 { try store.put(BackingKey(checked: "log/" + pad(String(i), 4)), [UInt8(i)]) }
+        try store.put(BackingKey(checked: "log-x"), [1])
+        try store.put(BackingKey(checked: "log/0030-dir/deeper"), [2])
+        let all = try store.listAll(prefix: "").map(\.key.path)
+        let after = try store.list(prefix: "log/", after: BackingKey(checked: "log/0030"), limit: 100)
+        #expect(after.objects.map(\.key.path) == all.filter { $0.hasPrefix("log/") && $0 > "log/0030" })
+        #expect(after.objects.first?.key.path == "log/0030-dir/deeper" && after.objects.first?.size == 1)
+    }
+
+    private func pad(_ text: String, _ width: Int) -> String { String(repeating: "0", count: max(0, width - text.count)) + text }
+
     @Test func keysAreChecked() {
         for bad in ["", "/a", "a/", "a//b", ".", "a/./b", "../a", "a/..", "a\u{0}b", String(repeating: "x", count: 1025)] {
             #expect(BackingKey(bad) == nil, "\(bad.prefix(20))")
