@@ -13,6 +13,8 @@ public final class MemoryStore: BackingStore {
         public var requests: [String: Int] = [:]
         public var bytesUp: Int64 = 0
         public var bytesDown: Int64 = 0
+        /// Keys LIST answers returned (what a reader parses; on S3, the pages it pays for).
+        public var keysListed = 0
         public var total: Int { requests.values.reduce(0, +) }
         public func of(_ op: Operation) -> Int { requests[op.rawValue, default: 0] }
     }
@@ -82,7 +84,9 @@ public final class MemoryStore: BackingStore {
             s.objects.filter { entry in entry.key.path.hasPrefix(prefix) && (after.map { $0 < entry.key } ?? true) }
                 .map { ObjectInfo(key: $0.key, size: Int64($0.value.count)) }
         }.sorted { $0.key < $1.key }
-        return ObjectListing(objects: Array(keys.prefix(want)), more: keys.count > want)
+        let page = Array(keys.prefix(want))
+        state.withLock { $0.counts.keysListed += page.count }
+        return ObjectListing(objects: page, more: keys.count > want)
     }
 
     public func delete(_ key: BackingKey) throws(BackingError) {

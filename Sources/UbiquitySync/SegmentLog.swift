@@ -116,61 +116,134 @@ public enum SegmentLog {
         /// The listed size of each segment returned (a reader skips one no writer could
         /// have made without reading it).
         public var sizes: [SegmentName: Int64] = [:]
+        /// The last segment this look listed (nil: none; never one named far ahead of the
+        /// reader's clock): where the next look may start (`start(after:quietSeconds:)`)
+        /// once everything returned is applied.
+        public var lastKey: BackingKey?
+        /// Whether it listed the whole skew window (false: only after `since`).
+        public var listedWindow = true
+    }
+
+    /// How often a reader that looks `since` its last key lists the whole skew window all
+    /// the same, for a segment that landed behind a key it had already listed (a writer
+    /// whose clock lags, or whose upload took long) and that no later segment of its
+    /// device has shown yet as a gap.
+    public static let windowSeconds: Double = 60
+
+    /// While the log moves, a segment named just before the last one listed may still be
+    /// landing (two writers in the same second; an upload of a few seconds): a look starts
+    /// this far before the last key's time until that key has stood this long.
+    public static let settleMs: Int64 = 10_000
+
+    /// Where a look that is not of the whole window starts (its `since`): `lastKey`, the
+    /// last segment listed, once it has stood `settleMs` (`quietSeconds`: since the reader
+    /// first listed it); before that, `settleMs` before its time.
+    public static func start(after lastKey: BackingKey, quietSeconds: Double) -> BackingKey {
+        guard quietSeconds * 1000 < Double(settleMs), let name = SegmentName(key: lastKey) else { return lastKey }
+        return BackingKey(checked: prefix + SegmentName.timeText(max(0, name.time - settleMs)))
     }
 
     /// `now`: the reader's clock (ms). A `<t>` further ahead of it than the skew window
     /// (a broken clock, a hostile name) does not move the cursor there: every later
     /// segment would be named after it and the listing window would skip the log.
-    public static func look(_ store: any BackingStore, after cursor: Cursor, exclude: String? = nil,
+    ///
+    /// `since`: the last key a previous look listed, all of whose segments were applied:
+    /// the listing starts after it, so a poll of a quiet log lists nothing however many
+    /// segments the window holds (after a big upload, thousands: every poll used to list
+    /// and parse them all). A segment that landed behind it shows as a gap in its device's
+    /// `<seq>` once a later one comes: the whole window is then listed before any full
+    /// listing of the log; one with no later segment waits for the next look of the whole
+    /// window (`windowSeconds`).
+    public static func look(_ store: any BackingStore, after cursor: Cursor, exclude: String? = nil, since: BackingKey? = nil,
                             now: Int64 = Int64(Glibc.time(nil)) &* 1000) throws(BackingError) -> Look {
         let ceiling = now.addingClamped(skewWindowMs)
         let from = max(0, min(cursor.listedUpTo, ceiling) - skewWindowMs)
         let start = BackingKey(checked: prefix + SegmentName.timeText(from))
-        var found: [SegmentName] = []
-        var sizes: [SegmentName: Int64] = [:]
-        var highest = min(cursor.listedUpTo, ceiling)
-        var after: BackingKey? = start
-        while true {
-            let page = try store.list(prefix: prefix, after: after, limit: 1000)
-            for info in page.objects {
-                guard let name = SegmentName(key: info.key) else { continue } // strays are not ours
-                sizes[name] = info.size
-                highest = max(highest, min(name.time, ceiling))
-                if name.device == exclude { continue }
-                if name.seq > cursor.applied[name.device, default: 0] { found.append(name) }
+        if let since, start < since {
+            let recent = try list(store, from: since, cursor: cursor, ceiling: ceiling, exclude: exclude)
+            let groups = grouped(recent.found)
+            if groups.allSatisfy({ contiguous($0.names, after: cursor.applied[$0.device, default: 0]) }) {
+                var look = Look(segments: [], cursor: cursor, blocked: [], sizes: recent.sizes, lastKey: recent.lastKey,
+                                listedWindow: false)
+                look.cursor.listedUpTo = recent.highest
+                for (device, names) in groups {
+                    look.segments += once(names)
+                    if let last = names.last { look.cursor.applied[device] = last.seq }
+                }
+                return look
             }
-            guard page.more, let last = page.objects.last else { break }
-            after = last.key
         }
+        let listed = try list(store, from: start, cursor: cursor, ceiling: ceiling, exclude: exclude)
+        var look = Look(segments: [], cursor: cursor, blocked: [], sizes: listed.sizes, lastKey: listed.lastKey)
+        look.cursor.listedUpTo = listed.highest
         // Per device in seq order; a gap means a segment outside the window (its author's
         // clock lags): fetch that device's names whole and take what is missing.
-        var byDevice: [String: [SegmentName]] = [:]
-        for name in found { byDevice[name.device, default: []].append(name) }
-        var result: [SegmentName] = []
-        var blocked: Set<String> = []
-        var next = cursor
-        for device in byDevice.keys.sorted() {
-            var names = byDevice[device]!.sorted { $0.seq < $1.seq }
+        for (device, listedNames) in grouped(listed.found) {
+            var names = listedNames
             let have = cursor.applied[device, default: 0]
-            let contiguous = names.enumerated().allSatisfy { $0.element.seq == have + UInt64($0.offset) + 1 }
-            if !contiguous {
+            if !contiguous(names, after: have) {
                 let all = try store.listAll(prefix: prefix).compactMap { info in SegmentName(key: info.key).map { ($0, info.size) } }
-                for (name, size) in all where name.device == device { sizes[name] = size }
+                for (name, size) in all where name.device == device { look.sizes[name] = size }
                 names = all.map(\.0).filter { $0.device == device && $0.seq > have }.sorted { $0.seq < $1.seq }
                 // Take only the contiguous run; a later segment waits for the missing one.
                 var run: [SegmentName] = []
                 for n in names where n.seq == have + UInt64(run.count) + 1 { run.append(n) }
-                if run.isEmpty && !names.isEmpty { blocked.insert(device) }
+                if run.isEmpty && !names.isEmpty { look.blocked.insert(device) }
                 names = run
             }
-            // Segments of one seq seen twice (never written so, but not trusted) count once.
-            var seen = Set<UInt64>()
-            names = names.filter { seen.insert($0.seq).inserted }
-            result += names
-            if let last = names.last { next.applied[device] = last.seq }
+            names = once(names)
+            look.segments += names
+            if let last = names.last { look.cursor.applied[device] = last.seq }
         }
-        next.listedUpTo = highest
-        return Look(segments: result, cursor: next, blocked: blocked, sizes: sizes)
+        return look
+    }
+
+    /// One listing of the log from `from` to its end.
+    private struct Listing {
+        var found: [SegmentName] = []
+        var sizes: [SegmentName: Int64] = [:]
+        var highest: Int64
+        var lastKey: BackingKey?
+    }
+
+    private static func list(_ store: any BackingStore, from: BackingKey, cursor: Cursor, ceiling: Int64,
+                             exclude: String?) throws(BackingError) -> Listing {
+        var listing = Listing(highest: min(cursor.listedUpTo, ceiling))
+        var after: BackingKey? = from
+        while true {
+            let page = try store.list(prefix: prefix, after: after, limit: 1000)
+            for info in page.objects {
+                guard let name = SegmentName(key: info.key) else { continue } // strays are not ours
+                // Not past a name from the future (a broken clock, a hostile name): the
+                // next look would start after it and miss what comes before it.
+                if name.time <= ceiling { listing.lastKey = info.key }
+                listing.sizes[name] = info.size
+                listing.highest = max(listing.highest, min(name.time, ceiling))
+                if name.device == exclude { continue }
+                if name.seq > cursor.applied[name.device, default: 0] { listing.found.append(name) }
+            }
+            guard page.more, let last = page.objects.last else { break }
+            after = last.key
+        }
+        return listing
+    }
+
+    /// Segments by device (devices in order), each device's by `<seq>`.
+    private static func grouped(_ names: [SegmentName]) -> [(device: String, names: [SegmentName])] {
+        var byDevice: [String: [SegmentName]] = [:]
+        for name in names { byDevice[name.device, default: []].append(name) }
+        return byDevice.keys.sorted().map { ($0, byDevice[$0]!.sorted { $0.seq < $1.seq }) }
+    }
+
+    /// Whether `names` (in seq order) follow on from `have`, one by one.
+    private static func contiguous(_ names: [SegmentName], after have: UInt64) -> Bool {
+        names.enumerated().allSatisfy { $0.element.seq == have + UInt64($0.offset) + 1 }
+    }
+
+    /// Segments of one seq seen twice (never written so, but not trusted) count once.
+    private static func once(_ names: [SegmentName]) -> [SegmentName] {
+        var seen = Set<UInt64>()
+        return names.filter { seen.insert($0.seq).inserted }
     }
 
     /// Every segment of one device (a full listing of the log, filtered: only on a gap).

@@ -122,6 +122,8 @@ extension SyncEngine {
                 try savePosition(segment.device, cursor: cursor)
             }
         }
+        // Everything the look returned is applied: the next look lists only after it.
+        memory.resumable = look.blocked.isEmpty && look.segments.allSatisfy { $0.seq <= cursor.applied[$0.device, default: 0] }
         let listed = max(cursor.listedUpTo, look.cursor.listedUpTo)
         // Written only when it moved: a quiet poll writes nothing to the store.
         if listed != cursor.listedUpTo {
@@ -148,10 +150,24 @@ extension SyncEngine {
     /// Seconds without a look at the log after which `devices/` is listed again.
     static let rescanAfter: Int64 = 12 * 3_600
 
+    /// Lists the log after the last key listed, or its whole skew window once a minute
+    /// (`SegmentLog.windowSeconds`) and whenever the last look left something unapplied.
     private func lookAtLog(_ cursor: SegmentLog.Cursor) throws(StoreError) -> SegmentLog.Look {
-        try backing.call("list log/") { () throws(BackingError) in
-            try SegmentLog.look(backing.store, after: cursor, exclude: backing.deviceID)
+        let clock = bootSecondsDouble()
+        var since: BackingKey?
+        if memory.resumable, clock - memory.windowListedAt < SegmentLog.windowSeconds, let key = memory.listedKey {
+            since = SegmentLog.start(after: key, quietSeconds: clock - memory.listedKeySince)
         }
+        memory.resumable = false // until what this look returns is applied
+        let look = try backing.call("list log/") { () throws(BackingError) in
+            try SegmentLog.look(backing.store, after: cursor, exclude: backing.deviceID, since: since)
+        }
+        if look.listedWindow { memory.windowListedAt = clock }
+        if let key = look.lastKey, key != memory.listedKey {
+            memory.listedKey = key
+            memory.listedKeySince = clock
+        }
+        return look
     }
 
     /// The cursor: in memory, loaded from the store (setting `log_listed` and the

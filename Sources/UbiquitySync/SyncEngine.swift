@@ -119,6 +119,14 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         var scanDevices = true
         /// Boot second of the last look at the log.
         var lastPull: Int64?
+        /// Where the next look at the log may start (`SegmentLog.start(after:quietSeconds:)`):
+        /// the last segment listed and since when (boot seconds); whether everything the
+        /// last look returned was applied (else the next lists the whole window); when a
+        /// look last listed the whole skew window.
+        var listedKey: BackingKey?
+        var listedKeySince: Double = 0
+        var resumable = false
+        var windowListedAt = -Double.infinity
         /// The key-value generation of each device as last read.
         var keyValueSeen: [String: UInt64] = [:]
         /// Packs found present and not fossils, with the boot second of the check.

@@ -22,6 +22,8 @@ import UbiquityBacking
         var writers = [Device(id: "00000000000000a1", clockSkew: 0), Device(id: "00000000000000b2", clockSkew: 120_000),
                        Device(id: "00000000000000c3", clockSkew: -3 * 3_600_000)]
         var reader = SegmentLog.Cursor()
+        var lastKey: BackingKey?
+        var looks = 0
         var taken: [String: [UInt64]] = [:]
         var now: Int64 = 1_795_000_000_000
         for _ in 0..<400 {
@@ -34,9 +36,13 @@ import UbiquityBacking
                 let t = SegmentLog.time(now: now + writers[w].clockSkew, cursor: writers[w].cursor)
                 try store.put(SegmentLog.SegmentName(time: t, device: writers[w].id, seq: writers[w].seq).key, [1])
             } else {
-                let (segments, next) = try SegmentLog.poll(store, after: reader)
-                for s in segments { taken[s.device, default: []].append(s.seq) }
-                reader = next
+                // As the sync engine reads: after the last key listed, the whole window
+                // every few looks (or when a gap shows).
+                looks += 1
+                let look = try SegmentLog.look(store, after: reader, since: looks % 4 == 0 ? nil : lastKey, now: now)
+                for s in look.segments { taken[s.device, default: []].append(s.seq) }
+                reader = look.cursor
+                lastKey = look.lastKey ?? lastKey
             }
         }
         let (rest, _) = try SegmentLog.poll(store, after: reader)
@@ -57,6 +63,62 @@ import UbiquityBacking
         (segments, cursor) = try SegmentLog.poll(store, after: cursor)
         #expect(segments.isEmpty && store.counts.total == 1, "\(store.counts)")
         #expect(SegmentLog.Cursor(text: cursor.text) == cursor)
+    }
+
+    /// After a burst (a big upload: thousands of segments in the skew window), a look
+    /// after the last key lists nothing however many the window holds; a segment that
+    /// lands behind that key is found by the next look of the whole window, or at once
+    /// when a later segment of its device shows the gap.
+    @Test func aQuietLogAfterABurstCostsOneEmptyList() throws {
+        let store = MemoryStore()
+        let a = "00000000000000a1", b = "00000000000000b2"
+        let now: Int64 = 1_795_000_000_000
+        for seq in 1...2_500 as ClosedRange<UInt64> {
+            try store.put(SegmentLog.SegmentName(time: now - 60_000 + Int64(seq), device: a, seq: seq).key, [])
+        }
+        let first = try SegmentLog.look(store, after: SegmentLog.Cursor(), now: now)
+        #expect(first.segments.count == 2_500 && first.listedWindow)
+        store.resetCounts()
+        let quiet = try SegmentLog.look(store, after: first.cursor, since: first.lastKey, now: now)
+        #expect(quiet.segments.isEmpty && !quiet.listedWindow && quiet.lastKey == nil)
+        #expect(store.counts.total == 1 && store.counts.keysListed == 0, "\(store.counts)")
+        let window = try SegmentLog.look(store, after: first.cursor, now: now)
+        #expect(window.segments.isEmpty && store.counts.keysListed == 2_500, "the whole window: \(store.counts)")
+
+        // b's first segment lands behind the last key listed: not seen after it...
+        try store.put(SegmentLog.SegmentName(time: now - 59_000, device: b, seq: 1).key, [])
+        var look = try SegmentLog.look(store, after: quiet.cursor, since: first.lastKey, now: now)
+        #expect(look.segments.isEmpty)
+        // ...until its next one comes after it: the gap sends the look over the window.
+        try store.put(SegmentLog.SegmentName(time: now + 1_000, device: b, seq: 2).key, [])
+        store.resetCounts()
+        look = try SegmentLog.look(store, after: quiet.cursor, since: first.lastKey, now: now)
+        #expect(look.segments.map(\.seq) == [1, 2] && look.listedWindow && look.blocked.isEmpty)
+        #expect(store.counts.of(.list) == 4, "one after the key, three pages of the window: \(store.counts)")
+        // A name from far in the future is listed but is not where the next look starts.
+        try store.put(SegmentLog.SegmentName(time: now + 86_400_000, device: b, seq: 3).key, [])
+        let future = try SegmentLog.look(store, after: look.cursor, since: look.lastKey, now: now)
+        #expect(future.segments.map(\.seq) == [3] && future.lastKey == nil)
+    }
+
+    /// A look starts after the last segment listed once it has stood `settleMs`; before
+    /// that, `settleMs` before its time (a segment of another writer named in the same
+    /// second may still land behind it).
+    @Test func aLookStartsBeforeAKeyThatHasNotSettled() throws {
+        let store = MemoryStore()
+        let a = "00000000000000a1", b = "00000000000000b2"
+        let now: Int64 = 1_795_000_000_000
+        try store.put(SegmentLog.SegmentName(time: now, device: b, seq: 1).key, [])
+        let first = try SegmentLog.look(store, after: SegmentLog.Cursor(), now: now)
+        let key = try #require(first.lastKey)
+        #expect(SegmentLog.start(after: key, quietSeconds: 30) == key)
+        let early = SegmentLog.start(after: key, quietSeconds: 1)
+        #expect(early.path == "log/" + SegmentLog.SegmentName.timeText(now - SegmentLog.settleMs))
+        // a's segment of the same millisecond lands after b's was listed: found from
+        // the unsettled start, not from the key.
+        try store.put(SegmentLog.SegmentName(time: now, device: a, seq: 1).key, [])
+        #expect(try SegmentLog.look(store, after: first.cursor, since: key, now: now).segments.isEmpty)
+        #expect(try SegmentLog.look(store, after: first.cursor, since: early, now: now).segments.map(\.device) == [a])
     }
 
     @Test func aLaggingWriterThatDidNotPollIsFoundByItsGap() throws {
