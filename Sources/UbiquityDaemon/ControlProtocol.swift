@@ -302,12 +302,12 @@ public struct ControlKeyChange: Codable, Equatable, Sendable {
     public var old: AnyPropertyList?
     public var new: AnyPropertyList?
     public var deleted: Bool
-    public var device: String
+    public var device: DeviceID
     public var name: String
     public var timeMillis: Int64
 
     public init(key: String, type: String, old: AnyPropertyList?, new: AnyPropertyList?, deleted: Bool,
-                device: String, name: String, timeMillis: Int64) {
+                device: DeviceID, name: String, timeMillis: Int64) {
         self.key = key
         self.type = type
         self.old = old
@@ -338,7 +338,7 @@ public struct ControlKeyChange: Codable, Equatable, Sendable {
         try c.encodeIfPresent(old, forKey: .old)
         try c.encodeIfPresent(new, forKey: .new)
         try c.encode(deleted, forKey: .deleted)
-        try c.encode(device, forKey: .device)
+        try c.encode(device.hex, forKey: .device)
         try c.encode(name, forKey: .name)
         try c.encode(ISODate.format(millis: timeMillis), forKey: .time)
     }
@@ -350,7 +350,7 @@ public struct ControlKeyChange: Codable, Equatable, Sendable {
         old = try c.decodeIfPresent(AnyPropertyList.self, forKey: .old)
         new = try c.decodeIfPresent(AnyPropertyList.self, forKey: .new)
         deleted = try c.decode(Bool.self, forKey: .deleted)
-        device = try c.decode(String.self, forKey: .device)
+        device = try c.decodeDevice(.device)
         name = try c.decode(String.self, forKey: .name)
         timeMillis = try c.decodeTime(.time)
     }
@@ -364,5 +364,14 @@ extension KeyedDecodingContainer {
             throw DecodingError.dataCorruptedError(forKey: key, in: self, debugDescription: "not an ISO 8601 time: \(text)")
         }
         return millis
+    }
+
+    /// A device id: its 16 lowercase hex digits.
+    func decodeDevice(_ key: Key) throws -> DeviceID {
+        let text = try decode(String.self, forKey: key)
+        guard let device = DeviceID(hex: text) else {
+            throw DecodingError.dataCorruptedError(forKey: key, in: self, debugDescription: "not a device id: \(text)")
+        }
+        return device
     }
 }

@@ -251,7 +251,7 @@ extension FileSystem {
                 return Array(type.name.utf8)
             case KeyValueDoor.deviceAttribute:
                 guard let current else { throw .noData }
-                return Array(current.stamp.device.utf8)
+                return Array(current.stamp.device.hex.utf8)
             case KeyValueDoor.timeAttribute:
                 guard let current else { throw .noData }
                 return Array(ISODate.format(millis: current.stamp.time / 1_000_000).utf8)

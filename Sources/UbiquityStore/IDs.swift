@@ -85,6 +85,40 @@ public struct FileID: ID128Wrapper {
     public init(_ value: ID128) { self.value = value }
 }
 
+/// A device's id: 64 random bits, made once per store (`Store.deviceID`). Everything
+/// that writes one spells it as 16 lowercase hex digits: records, segment and backing key
+/// names, the store's text columns, logs, status, JSON (docs/FORMAT.md); it is parsed
+/// from that text only where it comes in. Kept as the number: the digits are fixed-width,
+/// so the number's order is the digits' order, which the conflict winner rule and the
+/// key-value stamps compare (docs/FORMAT.md: "device ids compared as bytes").
+public struct DeviceID: Hashable, Comparable, Sendable, CustomStringConvertible {
+    private let value: UInt64
+
+    private init(value: UInt64) { self.value = value }
+
+    /// Exactly 16 lowercase hex digits (the only spelling there is).
+    public init?(hex: some StringProtocol) {
+        guard Hex.isLowercase(hex, count: 16), let value = UInt64(hex, radix: 16) else { return nil }
+        self.init(value: value)
+    }
+
+    /// A new id: 64 bits from the system's generator, as device ids always were.
+    public static func new() -> DeviceID {
+        var rng = SystemRandomNumberGenerator()
+        return DeviceID(value: rng.next())
+    }
+
+    /// All zero bits: what a damaged text column reads as (no id is made so, but for a
+    /// chance of one in 2^64).
+    static let zero = DeviceID(value: 0)
+
+    /// Its 16 lowercase hex digits, as records, names and logs spell it.
+    public var hex: String { withUnsafeBytes(of: value.bigEndian) { Hex.encode($0) } }
+    public var description: String { hex }
+
+    public static func < (a: DeviceID, b: DeviceID) -> Bool { a.value < b.value }
+}
+
 /// What a record is a record of: a file's history, or a directory or symlink, whose
 /// identity is its path (two devices that both make `photos/` make one directory).
 /// Paths compare and hash as bytes: two names that differ only in Unicode normalization
@@ -144,6 +178,8 @@ extension SQLValue {
         if case .file(let id) = node { return .id(id) }
         return .text(node.description)
     }
+    /// Device ids stay text in the store (`devices`, `sync_peers`, `pruned_records`, `kv`).
+    static func device(_ id: DeviceID) -> SQLValue { .text(id.hex) }
 }
 
 extension SQLRow {
@@ -157,6 +193,7 @@ extension SQLRow {
         guard bytes.count % 16 == 0 else { return [] }
         return stride(from: 0, to: bytes.count, by: 16).compactMap { ID128(bytes: bytes[$0..<$0 + 16]).map(VersionID.init) }
     }
+    func deviceID(_ column: Int32) -> DeviceID { DeviceID(hex: text(column)) ?? .zero }
     func nodeID(_ column: Int32) -> NodeID {
         if isText(column) {
             // By bytes: `String.hasPrefix` compares characters, and a path that begins

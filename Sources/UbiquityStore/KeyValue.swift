@@ -104,11 +104,11 @@ public struct KVEntry: Equatable, Sendable {
 /// seeing another always wins over it, whatever the clocks say), then the device id.
 public struct KVStamp: Comparable, Hashable, Sendable {
     public var time: Int64
-    public var device: String
+    public var device: DeviceID
     /// The device's human name when it wrote (shown to watchers; not part of the order).
     public var deviceName: String
 
-    public init(time: Int64, device: String, deviceName: String = "") {
+    public init(time: Int64, device: DeviceID, deviceName: String = "") {
         self.time = time
         self.device = device
         self.deviceName = deviceName
@@ -119,7 +119,7 @@ public struct KVStamp: Comparable, Hashable, Sendable {
 
     public static func < (a: KVStamp, b: KVStamp) -> Bool {
         if a.time != b.time { return a.time < b.time }
-        return a.device.utf8.lexicographicallyPrecedes(b.device.utf8)
+        return a.device < b.device
     }
 }
 

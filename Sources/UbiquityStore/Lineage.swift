@@ -17,7 +17,7 @@ public struct Lineage: Sendable, Equatable {
     public var dot: Int64 = 0
     /// Per device: the highest counter in the context, and the ranges of counters below it
     /// not in it, sorted and disjoint.
-    public var context: [String: Entry] = [:]
+    public var context: [DeviceID: Entry] = [:]
 
     public struct Entry: Sendable, Equatable {
         public var max: Int64
@@ -34,13 +34,13 @@ public struct Lineage: Sendable, Equatable {
     public var isEmpty: Bool { dot == 0 }
 
     /// Whether the context holds the dot.
-    public func contains(device: String, counter: Int64) -> Bool {
+    public func contains(device: DeviceID, counter: Int64) -> Bool {
         guard counter > 0, let entry = context[device], counter <= entry.max else { return false }
         return !entry.missing.contains { $0.contains(counter) }
     }
 
     /// Adds a dot to the context.
-    public mutating func insert(device: String, counter: Int64) {
+    public mutating func insert(device: DeviceID, counter: Int64) {
         guard counter > 0 else { return }
         var entry = context[device] ?? Entry(max: 0)
         if counter > entry.max {
@@ -59,7 +59,7 @@ public struct Lineage: Sendable, Equatable {
     }
 
     /// Adds every dot of another context.
-    public mutating func formUnion(_ other: [String: Entry]) {
+    public mutating func formUnion(_ other: [DeviceID: Entry]) {
         for (device, b) in other {
             guard let a = context[device] else { context[device] = b; continue }
             // Missing from the union: missing from the higher side, and from the lower
@@ -86,9 +86,9 @@ public struct Lineage: Sendable, Equatable {
     /// The context as a record and the versions table carry it:
     /// `<device>:<max>[:<lo>-<hi>...]` items separated by `,`, devices in byte order.
     public var contextText: String {
-        context.keys.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }.map { device in
+        context.keys.sorted().map { device in
             let entry = context[device]!
-            return ([device, String(entry.max)] + entry.missing.map { "\($0.lowerBound)-\($0.upperBound)" }).joined(separator: ":")
+            return ([device.hex, String(entry.max)] + entry.missing.map { "\($0.lowerBound)-\($0.upperBound)" }).joined(separator: ":")
         }.joined(separator: ",")
     }
 
@@ -101,15 +101,14 @@ public struct Lineage: Sendable, Equatable {
 
     /// Parses `contextText`; nil if malformed (devices not 16 lowercase hex digits, not in
     /// order, counters out of range, ranges not sorted, disjoint and below the max).
-    public static func parseContext(_ text: Substring) -> [String: Entry]? {
-        var result: [String: Entry] = [:]
+    public static func parseContext(_ text: Substring) -> [DeviceID: Entry]? {
+        var result: [DeviceID: Entry] = [:]
         if text.isEmpty { return result }
-        var previous: Substring?
+        var previous: DeviceID?
         var items = 0
         for item in text.split(separator: ",", omittingEmptySubsequences: false) {
             let parts = item.split(separator: ":", omittingEmptySubsequences: false)
-            guard parts.count >= 2, Hex.isLowercase(String(parts[0]), count: 16),
-                  previous.map({ $0.utf8.lexicographicallyPrecedes(parts[0].utf8) }) ?? true,
+            guard parts.count >= 2, let device = DeviceID(hex: parts[0]), previous.map({ $0 < device }) ?? true,
                   let max = counter(parts[1]) else { return nil }
             items += parts.count - 1
             guard items <= maxItems else { return nil }
@@ -122,8 +121,8 @@ public struct Lineage: Sendable, Equatable {
                 missing.append(lo...hi)
                 floor = hi + 1
             }
-            result[String(parts[0])] = Entry(max: max, missing: missing)
-            previous = parts[0]
+            result[device] = Entry(max: max, missing: missing)
+            previous = device
         }
         return result
     }
@@ -138,29 +137,29 @@ public struct Lineage: Sendable, Equatable {
     /// The lineage of a record of `device` that continues that device's own previous
     /// record of the node and nothing else: the common case, which journal lines and the
     /// versions table write as the dot alone.
-    public static func linear(device: String, dot: Int64) -> [String: Entry] {
+    public static func linear(device: DeviceID, dot: Int64) -> [DeviceID: Entry] {
         dot > 1 ? [device: Entry(max: dot - 1)] : [:]
     }
 
-    public func isLinear(device: String) -> Bool { context == Self.linear(device: device, dot: dot) }
+    public func isLinear(device: DeviceID) -> Bool { context == Self.linear(device: device, dot: dot) }
 
     /// The versions table's `lineage` column for a record of `device`: `<dot>` when linear,
     /// else `<dot>;<context>` (NULL when empty).
-    func stored(device: String) -> String? {
+    func stored(device: DeviceID) -> String? {
         isEmpty ? nil : isLinear(device: device) ? String(dot) : "\(dot);\(contextText)"
     }
 
     /// The `lineage` column as read from a row (NULL: none). One that does not parse
     /// (only a damaged database holds one: this program stores only what it can read
     /// back) is logged and read as none, so the record supersedes by its parents only.
-    static func column(_ text: String?, device: String) -> Lineage {
+    static func column(_ text: String?, device: DeviceID) -> Lineage {
         guard let text else { return Lineage() }
         if let lineage = Lineage(stored: text, device: device) { return lineage }
         log("ubiquity: a version's lineage \(text.prefix(80)) does not parse (damaged database?); read as none")
         return Lineage()
     }
 
-    init?(stored: String, device: String) {
+    init?(stored: String, device: DeviceID) {
         guard let semicolon = stored.firstIndex(of: ";") else {
             guard let dot = Self.counter(Substring(stored)) else { return nil }
             self.dot = dot

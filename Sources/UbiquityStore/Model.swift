@@ -6,7 +6,7 @@
 /// - History (`FileID`): the identity a file's versions share. It survives renames, and a
 ///   rename over an existing file continues the target's history.
 /// - Inode: a live node of the tree (file, directory, symlink, fifo) with its attributes.
-/// - Device: one mount of one store; it has a stable random id and a human name.
+/// - Device: one mount of one store; it has a stable random id (`DeviceID`) and a human name.
 /// - Local-only: a file under a `.nosync` name or an editor scratch file; its content is
 ///   stored (latest only) but never kept as history nor synced.
 
@@ -93,7 +93,7 @@ public struct Version: Sendable, Equatable {
     /// read by row).
     public let node: NodeID
     public let parents: [VersionID]
-    public let deviceID: String
+    public let deviceID: DeviceID
     public let deviceName: String
     /// When it was committed (its name sorts by this).
     public let committed: Nanos

@@ -23,7 +23,7 @@ final class Replica {
         let kind: NodeKind
         let isTombstone: Bool
         let mtime: Nanos
-        let device: String
+        let device: DeviceID
         let path: String
         /// A directory record's mode (the view needs it; file records' attributes are read
         /// from their version row when shown).
@@ -41,7 +41,7 @@ final class Replica {
         /// The winner rule: later mtime, then greater device id, then greater record id.
         func beats(_ other: Record) -> Bool {
             if mtime != other.mtime { return mtime > other.mtime }
-            if device != other.device { return device.utf8.lexicographicallyPrecedes(other.device.utf8) == false }
+            if device != other.device { return other.device < device }
             return other.id < id
         }
     }
@@ -154,8 +154,8 @@ final class Replica {
         let found = try db.rows("SELECT \(Self.columns) \(sql)", params) { r in
             Record(row: r.int(0), id: r.versionID(1), node: r.nodeID(2), parents: r.versionIDs(3),
                    kind: NodeKind(rawValue: r.int(4)) ?? .file, isTombstone: r.int(5) != 0, mtime: r.int(6),
-                   device: r.text(7), path: r.text(8), mode: UInt32(truncatingIfNeeded: r.int(9)),
-                   target: r.isNull(10) ? nil : r.text(10), lineage: Lineage.column(r.isNull(11) ? nil : r.text(11), device: r.text(7)))
+                   device: r.deviceID(7), path: r.text(8), mode: UInt32(truncatingIfNeeded: r.int(9)),
+                   target: r.isNull(10) ? nil : r.text(10), lineage: Lineage.column(r.isNull(11) ? nil : r.text(11), device: r.deviceID(7)))
         }
         work += found.count
         return found
@@ -252,7 +252,7 @@ final class Replica {
     /// taken from another node) do not count: counters are per node.
     ///
     /// Also returns what it read that `add` of the record reads again (`Known`).
-    func lineage(node: NodeID, parents: [VersionID], device: String) throws(StoreError) -> (Lineage, Known) {
+    func lineage(node: NodeID, parents: [VersionID], device: DeviceID) throws(StoreError) -> (Lineage, Known) {
         var lineage = Lineage()
         var known = Known()
         for id in parents {

@@ -23,7 +23,7 @@ public final class SharedStore: Sendable {
     private let waiting = Atomic<Int>(0)
     public let chunks: ChunkStore
     public let directory: String
-    public let deviceID: String
+    public let deviceID: DeviceID
     public let deviceName: String
     /// The store's clock (tests inject one before sharing the store).
     public let clock: @Sendable () -> Nanos

@@ -13,14 +13,14 @@ extension Store {
     /// transaction of its own, so a rollback never leaves a number remembered that the
     /// database lost; other devices' are remembered for one pull slice (`TakeInMemo`, one
     /// transaction), else looked up each time.
-    func deviceNumber(_ id: String, name: String) throws(StoreError) -> Int64 {
+    func deviceNumber(_ id: DeviceID, name: String) throws(StoreError) -> Int64 {
         if let own = ownDeviceNumber, id == deviceID, name.utf8.elementsEqual(deviceName.utf8) { return own }
-        let key = NameKey(id + "\u{0}" + name) // ids are hex: the first NUL ends the id
+        let key = NameKey(id.hex + "\u{0}" + name) // ids are hex: the first NUL ends the id
         if let known = takingIn?.devices[key] { return known }
         var number = try db.rows("SELECT number FROM devices WHERE device_id = ? AND device_name = ?",
-                                 [.text(id), .text(name)], { $0.int(0) }).first
+                                 [.device(id), .text(name)], { $0.int(0) }).first
         if number == nil {
-            try db.query("INSERT INTO devices(device_id, device_name) VALUES(?, ?)", [.text(id), .text(name)])
+            try db.query("INSERT INTO devices(device_id, device_name) VALUES(?, ?)", [.device(id), .text(name)])
             number = db.lastInsertRowID
         }
         takingIn?.devices[key] = number

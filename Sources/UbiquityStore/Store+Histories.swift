@@ -46,7 +46,7 @@ extension Store {
     /// than that version, or it was uploaded or is being uploaded: the caller keeps it.
     public func withdrawUnsentHistory(_ fileID: FileID) throws(StoreError) -> Bool {
         let rows = try db.rows("SELECT row, id, device_id, uploaded, local FROM \(Store.versionsWithDevices) WHERE file_id = ? LIMIT 2", [.id(fileID)]) {
-            (row: $0.int(0), id: $0.versionID(1), device: $0.text(2), uploaded: $0.int(3) != 0, local: $0.int(4) != 0)
+            (row: $0.int(0), id: $0.versionID(1), device: $0.deviceID(2), uploaded: $0.int(3) != 0, local: $0.int(4) != 0)
         }
         guard rows.count == 1, let only = rows.first, only.device == deviceID, !only.uploaded, !only.local,
               !uploadsInFlight.contains(only.id), let record = try replica.record(id: only.id) else { return false }

@@ -13,22 +13,24 @@ extension Store {
         }
     }
 
-    public func peerPosition(_ device: String) throws(StoreError) -> JournalPosition {
-        try db.rows("SELECT generation, offset FROM sync_peers WHERE device = ?", [.text(device)]) {
+    public func peerPosition(_ device: DeviceID) throws(StoreError) -> JournalPosition {
+        try db.rows("SELECT generation, offset FROM sync_peers WHERE device = ?", [.device(device)]) {
             JournalPosition(generation: $0.int(0), offset: $0.int(1))
         }.first ?? JournalPosition(generation: 0, offset: 0)
     }
 
-    /// Every device's position (the sync engine loads its cursor from them).
-    public func peerPositions() throws(StoreError) -> [(device: String, position: JournalPosition)] {
-        try db.rows("SELECT device, generation, offset FROM sync_peers", []) {
-            ($0.text(0), JournalPosition(generation: $0.int(1), offset: $0.int(2)))
-        }
+    /// Every device's position (the sync engine loads its cursor from them). A row whose
+    /// device is not a device id (only a damaged database holds one) is left out: that
+    /// device is read from its start again.
+    public func peerPositions() throws(StoreError) -> [(device: DeviceID, position: JournalPosition)] {
+        try db.rows("SELECT device, generation, offset FROM sync_peers", []) { row in
+            DeviceID(hex: row.text(0)).map { ($0, JournalPosition(generation: row.int(1), offset: row.int(2))) }
+        }.compactMap { $0 }
     }
 
-    public func setPeerPosition(_ device: String, _ position: JournalPosition) throws(StoreError) {
+    public func setPeerPosition(_ device: DeviceID, _ position: JournalPosition) throws(StoreError) {
         try db.query("REPLACE INTO sync_peers(device, offset, generation) VALUES(?, ?, ?)",
-                     [.text(device), .int(position.offset), .int(position.generation)])
+                     [.device(device), .int(position.offset), .int(position.generation)])
     }
 
     // MARK: other devices' records this device pruned
@@ -41,10 +43,10 @@ extension Store {
     /// (with the generation of its author's journal this device reads now), so that it is
     /// skipped when that journal is read again from the start. This device's own records
     /// count towards rewriting its journal (`journalCheckpointDue`) once they are in it.
-    func notePruned(id: VersionID, device: String, uploaded: Bool) throws(StoreError) {
+    func notePruned(id: VersionID, device: DeviceID, uploaded: Bool) throws(StoreError) {
         if device != deviceID {
             try db.query("REPLACE INTO pruned_records(id, device, seen) VALUES(?, ?, ?)",
-                         [.id(id), .text(device), .int(try peerPosition(device).generation)])
+                         [.id(id), .device(device), .int(try peerPosition(device).generation)])
         } else if uploaded {
             try addToSetting(Self.journalDroppedKey, 1)
         }
@@ -53,13 +55,13 @@ extension Store {
     /// Of `ids`, read in generation `generation` of `device`'s journal, those this store
     /// holds or pruned: a reader skips them. A pruned one is marked as still present in
     /// that generation.
-    public func knownRecords(_ ids: [VersionID], device: String, generation: Int64) throws(StoreError) -> Set<VersionID> {
+    public func knownRecords(_ ids: [VersionID], device: DeviceID, generation: Int64) throws(StoreError) -> Set<VersionID> {
         var known: Set<VersionID> = []
         let keys = ids.map { SQLValue.id($0) }
         try db.transaction { () throws(StoreError) in
             known.formUnion(try db.rows(in: keys, { "SELECT id FROM versions WHERE local = 0 AND id IN (\($0))" }) { $0.versionID(0) })
             for id in try db.rows(in: keys, { "SELECT id FROM pruned_records WHERE id IN (\($0))" }, { $0.versionID(0) }) where !known.contains(id) {
-                try db.query("UPDATE pruned_records SET seen = ? WHERE id = ? AND device = ?", [.int(generation), .id(id), .text(device)])
+                try db.query("UPDATE pruned_records SET seen = ? WHERE id = ? AND device = ?", [.int(generation), .id(id), .device(device)])
                 known.insert(id)
             }
         }
@@ -71,8 +73,8 @@ extension Store {
     /// there are gone from the backing directory for good and need not be remembered.
     /// Returns how many were forgotten.
     @discardableResult
-    public func forgetPrunedRecords(of device: String, before generation: Int64) throws(StoreError) -> Int {
-        try db.query("DELETE FROM pruned_records WHERE device = ? AND seen < ?", [.text(device), .int(generation)])
+    public func forgetPrunedRecords(of device: DeviceID, before generation: Int64) throws(StoreError) -> Int {
+        try db.query("DELETE FROM pruned_records WHERE device = ? AND seen < ?", [.device(device), .int(generation)])
         return db.changes
     }
 

@@ -31,7 +31,7 @@ extension Store {
 
     private static func kvEntry(_ r: SQLRow) -> KVEntry? {
         guard let type = KVType(rawValue: Int(r.int(1))) else { return nil }
-        return KVEntry(key: r.text(0), type: type, value: r.blob(2), stamp: KVStamp(time: r.int(3), device: r.text(4), deviceName: r.text(6)),
+        return KVEntry(key: r.text(0), type: type, value: r.blob(2), stamp: KVStamp(time: r.int(3), device: r.deviceID(4), deviceName: r.text(6)),
                        isTombstone: r.int(5) != 0)
     }
 
@@ -133,7 +133,7 @@ extension Store {
     /// The entries this device wrote that still win (tombstones included): what it
     /// publishes in the backing directory.
     public func kvOwnEntries() throws(StoreError) -> [KVEntry] {
-        try db.rows("SELECT \(Self.kvColumns) FROM kv WHERE device = ? ORDER BY key", [.text(deviceID)], Self.kvEntry).compactMap { $0 }
+        try db.rows("SELECT \(Self.kvColumns) FROM kv WHERE device = ? ORDER BY key", [.device(deviceID)], Self.kvEntry).compactMap { $0 }
     }
 
     /// Whether this device's entries changed since they were last published.
@@ -168,7 +168,7 @@ extension Store {
 
     private func kvWrite(_ e: KVEntry) throws(StoreError) {
         try db.query("REPLACE INTO kv(\(Self.kvColumns)) VALUES(?,?,?,?,?,?,?)",
-                     [.text(e.key), .int(Int64(e.type.rawValue)), .blob(e.value), .int(e.stamp.time), .text(e.stamp.device),
+                     [.text(e.key), .int(Int64(e.type.rawValue)), .blob(e.value), .int(e.stamp.time), .device(e.stamp.device),
                       .int(e.isTombstone ? 1 : 0), .text(e.stamp.deviceName)])
         if e.stamp.device == deviceID { try setSetting("kv_dirty", String((Int64(try kvUnpublished() ?? "") ?? 0) &+ 1)) }
     }

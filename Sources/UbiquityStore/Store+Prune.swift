@@ -47,7 +47,7 @@ extension Store {
                        into result: inout PruneResult) throws(StoreError) {
         struct Row {
             var row: Int64, id: VersionID, committed: Nanos, tombstone: Bool, meta: Bool, uploaded: Bool, path: String, size: Int64
-            var device: String
+            var device: DeviceID
             var content: Bool { !tombstone && !meta }
         }
         let rows = try db.rows("""
@@ -55,7 +55,7 @@ extension Store {
             WHERE file_id = ? AND local = 0
             """, [.id(fileID)]) {
             Row(row: $0.int(0), id: $0.versionID(8), committed: $0.int(1), tombstone: $0.int(2) != 0, meta: $0.int(3) != 0,
-                uploaded: $0.int(4) != 0 || $0.text(5) != deviceID, path: $0.text(6), size: $0.int(7), device: $0.text(5))
+                uploaded: $0.int(4) != 0 || $0.deviceID(5) != deviceID, path: $0.text(6), size: $0.int(7), device: $0.deviceID(5))
         }
         // Never pruned: the node's heads (its current version, unresolved conflicts, its
         // tombstone), what an inode shows or a new file continues, and records of this
@@ -116,7 +116,7 @@ extension Store {
                     WHERE local = 0 AND row > ? ORDER BY row LIMIT 500
                     """, [.int(last)]) {
                     (row: $0.int(0), id: $0.versionID(7), node: $0.nodeID(1), committed: $0.int(2), path: $0.text(3), size: $0.int(4),
-                     content: $0.int(5) == 0 && $0.int(6) == 0, device: $0.text(8), uploaded: $0.int(9) != 0)
+                     content: $0.int(5) == 0 && $0.int(6) == 0, device: $0.deviceID(8), uploaded: $0.int(9) != 0)
                 }
                 guard let end = page.last?.row else { break }
                 for v in page where dropped.count < limit && covered < bytes {

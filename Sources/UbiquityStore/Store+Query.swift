@@ -133,7 +133,7 @@ extension Store {
                            conflicted: Bool) throws(StoreError) -> QueryItem {
         var state = QueryItem.SyncState.pending
         if let head, let (device, uploaded, local) = try db.rows("SELECT device_id, uploaded, local FROM \(Store.versionsWithDevices) WHERE row = ?",
-                                                                   [.int(head)], { ($0.text(0), $0.int(1) != 0, $0.int(2) != 0) }).first {
+                                                                   [.int(head)], { ($0.deviceID(0), $0.int(1) != 0, $0.int(2) != 0) }).first {
             state = local ? .localOnly : device != deviceID ? .remote : uploaded ? .uploaded : .pending
         }
         if LocalOnly.contains(path) { state = .localOnly }

@@ -36,9 +36,9 @@ extension Store {
             """, []) { r in
             (record: Replica.Record(row: r.int(0), id: r.versionID(1), node: r.nodeID(2), parents: r.versionIDs(3),
                                     kind: NodeKind(rawValue: r.int(7)) ?? .file, isTombstone: r.int(8) != 0,
-                                    mtime: r.int(10), device: r.text(11), path: r.text(9),
+                                    mtime: r.int(10), device: r.deviceID(11), path: r.text(9),
                                     mode: UInt32(truncatingIfNeeded: r.int(12)), target: r.isNull(13) ? nil : r.text(13)),
-             mine: r.text(4) == deviceID, uploaded: r.int(5) != 0, local: r.int(6) != 0)
+             mine: r.deviceID(4) == deviceID, uploaded: r.int(5) != 0, local: r.int(6) != 0)
         }
         if pending.isEmpty { return report }
         log("ubiquity: recovery: \(pending.count) version(s) written since the last durability barrier (an unclean stop): checking their chunks")

@@ -449,19 +449,19 @@ extension Store {
             SELECT id, file_id, kind, parents, device_id, device_name, committed, mtime, mode, tombstone, meta, path,
                    chunks, target, xattrs, row, lineage
             FROM \(Store.versionsWithDevices) WHERE \(condition) AND local = 0 AND device_id = ? AND row > ? ORDER BY row LIMIT ?
-            """, [.text(deviceID), .int(after), .int(Int64(limit))]) { r in
+            """, [.device(deviceID), .int(after), .int(Int64(limit))]) { r in
             var record = SyncRecord(id: r.versionID(0), node: r.nodeID(1), kind: NodeKind(rawValue: r.int(2)) ?? .file,
-                        parents: r.versionIDs(3), deviceID: r.text(4), deviceName: r.text(5), committed: r.int(6),
+                        parents: r.versionIDs(3), deviceID: r.deviceID(4), deviceName: r.text(5), committed: r.int(6),
                         mtime: r.int(7), mode: UInt32(r.int(8)), isTombstone: r.int(9) != 0, isMeta: r.int(10) != 0,
                         path: r.text(11), chunks: ChunkList(encoded: r.blob(12)) ?? ChunkList(),
                         target: r.isNull(13) ? nil : r.text(13), xattrs: r.isNull(14) ? [] : XattrCodec.decode(r.blob(14)))
-            record.lineage = Lineage.column(r.isNull(16) ? nil : r.text(16), device: r.text(4))
+            record.lineage = Lineage.column(r.isNull(16) ? nil : r.text(16), device: r.deviceID(4))
             return (r.int(15), record)
         }
     }
 
     public var pendingUploadCount: Int {
-        (try? db.rows("SELECT count(*) FROM \(Store.versionsWithDevices) WHERE uploaded = 0 AND local = 0 AND device_id = ?", [.text(deviceID)]) { Int($0.int(0)) }.first) ?? 0
+        (try? db.rows("SELECT count(*) FROM \(Store.versionsWithDevices) WHERE uploaded = 0 AND local = 0 AND device_id = ?", [.device(deviceID)]) { Int($0.int(0)) }.first) ?? 0
     }
 
     public func markUploaded(_ ids: [VersionID]) throws(StoreError) {

@@ -10,7 +10,7 @@ extension Store {
 
     static func version(from r: SQLRow) -> Version {
         Version(row: r.int(0), id: r.versionID(1), node: r.nodeID(2), parents: r.versionIDs(3),
-                deviceID: r.text(4), deviceName: r.text(5), committed: r.int(6), mtime: r.int(7),
+                deviceID: r.deviceID(4), deviceName: r.text(5), committed: r.int(6), mtime: r.int(7),
                 mode: UInt32(r.int(8)), size: r.int(9), isTombstone: r.int(10) != 0, isLocal: r.int(11) != 0,
                 path: r.text(12))
     }

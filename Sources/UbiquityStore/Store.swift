@@ -15,7 +15,7 @@ import UbiquitySystem
 public final class Store: @unchecked Sendable {
     public let directory: String
     public let chunks: ChunkStore
-    public let deviceID: String
+    public let deviceID: DeviceID
     public private(set) var deviceName: String
     let db: SQLiteDatabase
     private let lockFD: Int32
@@ -147,13 +147,16 @@ public final class Store: @unchecked Sendable {
             throw .unsupportedFormat("the store \(directory) has format \(format): mount it once so that this ubiquity upgrades it to format \(Schema.formatVersion)")
         }
         if !readOnly { try set("format", String(Schema.formatVersion)) }
-        if let id = try get("device_id") {
+        if let text = try get("device_id") {
+            guard let id = DeviceID(hex: text) else {
+                throw .database("\(directory) has a damaged device id \(String(reflecting: String(text.prefix(40))))")
+            }
             deviceID = id
         } else if readOnly {
             throw .database("\(directory) has no device id: not a ubiquity store")
         } else {
-            deviceID = randomHex(bytes: 8)
-            try set("device_id", deviceID)
+            deviceID = DeviceID.new()
+            try set("device_id", deviceID.hex)
         }
         if let deviceName, !readOnly {
             self.deviceName = deviceName

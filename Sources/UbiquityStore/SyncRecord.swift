@@ -6,7 +6,7 @@ public struct SyncRecord: Sendable, Equatable {
     public var node: NodeID
     public var kind: NodeKind
     public var parents: [VersionID]
-    public var deviceID: String
+    public var deviceID: DeviceID
     public var deviceName: String
     public var committed: Nanos
     public var mtime: Nanos
@@ -31,7 +31,7 @@ public struct SyncRecord: Sendable, Equatable {
     /// Its dot and the dots it descends from (backing format 4; empty in older records).
     public var lineage = Lineage()
 
-    public init(id: VersionID, node: NodeID, kind: NodeKind, parents: [VersionID], deviceID: String, deviceName: String,
+    public init(id: VersionID, node: NodeID, kind: NodeKind, parents: [VersionID], deviceID: DeviceID, deviceName: String,
                 committed: Nanos, mtime: Nanos, mode: UInt32, isTombstone: Bool, isMeta: Bool, path: String,
                 chunks: ChunkList = ChunkList(), target: String? = nil, xattrs: [XattrEntry] = []) {
         self.id = id; self.node = node; self.kind = kind; self.parents = parents; self.deviceID = deviceID

@@ -25,7 +25,7 @@ struct Backing {
     static let formatKey = BackingKey(checked: "FORMAT")
 
     let store: any BackingStore
-    let deviceID: String
+    let deviceID: DeviceID
 
     var location: String { store.location }
     /// Whether objects go through an `EncryptedStore` (the daemon unlocked the container).
@@ -118,8 +118,8 @@ struct Backing {
     // MARK: devices/: checkpoints and key-value files
 
     /// `devices/<device>/checkpoint-<seq>/<part>` (8 digits) and `.../end`, written last.
-    static func checkpointKey(_ device: String, seq: UInt64, part: String) -> BackingKey {
-        BackingKey(checked: "devices/\(device)/checkpoint-\(SegmentLog.SegmentName.seqText(seq))/\(part)")
+    static func checkpointKey(_ device: DeviceID, seq: UInt64, part: String) -> BackingKey {
+        BackingKey(checked: "devices/\(device.hex)/checkpoint-\(SegmentLog.SegmentName.seqText(seq))/\(part)")
     }
 
     static func partName(_ n: Int) -> String {
@@ -127,23 +127,23 @@ struct Backing {
         return String(repeating: "0", count: max(0, 8 - digits.count)) + digits
     }
 
-    static func keyValueKey(_ device: String, generation: UInt64) -> BackingKey {
-        BackingKey(checked: "devices/\(device)/keyvalue-\(SegmentLog.SegmentName.seqText(generation))")
+    static func keyValueKey(_ device: DeviceID, generation: UInt64) -> BackingKey {
+        BackingKey(checked: "devices/\(device.hex)/keyvalue-\(SegmentLog.SegmentName.seqText(generation))")
     }
 
     /// What `devices/` holds: per device its complete checkpoints (seq → parts) and its
     /// key-value generations, and the keys left by format 4 (journals) there.
     struct Devices {
-        var checkpoints: [String: [UInt64: Int]] = [:]
-        var keyValues: [String: [UInt64]] = [:]
+        var checkpoints: [DeviceID: [UInt64: Int]] = [:]
+        var keyValues: [DeviceID: [UInt64]] = [:]
         var legacyJournals: [BackingKey] = []
         var ignored: [String] = []
         /// Keys of checkpoints without their `end` (being written, or left by a crash).
-        var partial: [String: [UInt64: [BackingKey]]] = [:]
+        var partial: [DeviceID: [UInt64: [BackingKey]]] = [:]
 
-        var devices: Set<String> { Set(checkpoints.keys).union(keyValues.keys) }
+        var devices: Set<DeviceID> { Set(checkpoints.keys).union(keyValues.keys) }
 
-        func newestCheckpoint(of device: String) -> (seq: UInt64, parts: Int)? {
+        func newestCheckpoint(of device: DeviceID) -> (seq: UInt64, parts: Int)? {
             checkpoints[device]?.max { $0.key < $1.key }.map { ($0.key, $0.value) }
         }
     }
@@ -152,14 +152,13 @@ struct Backing {
     func devices() throws(StoreError) -> Devices {
         let all = try call("list devices/") { () throws(BackingError) in try store.listAll(prefix: "devices/") }
         var result = Devices()
-        var parts: [String: [UInt64: (count: Int, end: Int?, keys: [BackingKey], tooBig: Bool)]] = [:]
+        var parts: [DeviceID: [UInt64: (count: Int, end: Int?, keys: [BackingKey], tooBig: Bool)]] = [:]
         for info in all {
             let components = info.key.path.split(separator: "/")
-            guard components.count >= 3, Hex.isLowercase(String(components[1]), count: 16) else {
+            guard components.count >= 3, let device = DeviceID(hex: components[1]) else {
                 if components.count >= 2 { result.ignored.append(String(components[1])) }
                 continue
             }
-            let device = String(components[1])
             let name = components[2]
             if components.count == 3 {
                 if name.hasPrefix("keyvalue-"), let gen = UInt64(name.dropFirst("keyvalue-".count), radix: 16) {
@@ -198,12 +197,12 @@ struct Backing {
     }
 
     /// Lines of a checkpoint part (nil: gone, rewritten meanwhile).
-    func checkpointPart(_ device: String, seq: UInt64, part: Int) throws(StoreError) -> [UInt8]? {
+    func checkpointPart(_ device: DeviceID, seq: UInt64, part: Int) throws(StoreError) -> [UInt8]? {
         try object(Self.checkpointKey(device, seq: seq, part: Self.partName(part)))
     }
 
     /// The checkpoint's `end`: its part count, which must match the listing.
-    func checkpointEnd(_ device: String, seq: UInt64) throws(StoreError) -> (parts: Int, records: Int64)? {
+    func checkpointEnd(_ device: DeviceID, seq: UInt64) throws(StoreError) -> (parts: Int, records: Int64)? {
         guard let bytes = try object(Self.checkpointKey(device, seq: seq, part: "end")) else { return nil }
         let text = String(decoding: bytes.prefix(200), as: UTF8.self)
         var fields: [String: Int64] = [:]
@@ -243,7 +242,7 @@ struct Backing {
     }
 
     /// Deletes a checkpoint: its `end` first (readers then see it as incomplete), then the parts.
-    func deleteCheckpoint(_ device: String, seq: UInt64, parts: Int) throws(StoreError) {
+    func deleteCheckpoint(_ device: DeviceID, seq: UInt64, parts: Int) throws(StoreError) {
         try delete(Self.checkpointKey(device, seq: seq, part: "end"))
         for part in 0..<parts { try delete(Self.checkpointKey(device, seq: seq, part: Self.partName(part))) }
     }

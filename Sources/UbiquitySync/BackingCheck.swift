@@ -26,7 +26,9 @@ public enum BackingCheck {
     public static func run(store: any BackingStore, full: Bool = false,
                            progress: ((String, Int, Int) -> Void)? = nil) throws(StoreError) -> Report {
         var report = Report()
-        let backing = Backing(store: store, deviceID: "")
+        // A check writes nothing, and only writing uses the backing's own device id: a new
+        // one, which names no device there.
+        let backing = Backing(store: store, deviceID: .new())
         guard let bytes = try backing.object(Backing.formatKey) else {
             report.problems.append("FORMAT is missing: not a backing store (or an empty one)")
             return report
@@ -75,7 +77,7 @@ public enum BackingCheck {
             }
             progress?("packs", i + 1, packList.count)
         }
-        func checkLines(_ bytes: [UInt8], device: String, source: String) {
+        func checkLines(_ bytes: [UInt8], device: DeviceID, source: String) {
             var lines = bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false)
             if lines.last?.isEmpty == true { lines.removeLast() } else if !lines.isEmpty {
                 report.problems.append("\(source): does not end with a newline")
@@ -129,7 +131,7 @@ public enum BackingCheck {
         }
         // Segments: names, contiguity per device (from its checkpoint on), lines.
         let log = try backing.call("list log/") { () throws(BackingError) in try store.listAll(prefix: "log/") }
-        var seqs: [String: [UInt64]] = [:]
+        var seqs: [DeviceID: [UInt64]] = [:]
         for (i, info) in log.enumerated() {
             guard let name = SegmentLog.SegmentName(key: info.key) else {
                 report.problems.append("\(info.key): not a segment name")

@@ -142,11 +142,11 @@ struct BackingCollector {
     /// packs its records name.
     private struct Named {
         var chunks: [String: [Int64: Int64]] = [:]
-        var byDevice: [String: Set<String>] = [:]
+        var byDevice: [DeviceID: Set<String>] = [:]
     }
 
     /// The packs `device`'s records name: its newest checkpoint and its segments after it.
-    private func references(of device: String, devices: Backing.Devices, segments: [SegmentLog.SegmentName],
+    private func references(of device: DeviceID, devices: Backing.Devices, segments: [SegmentLog.SegmentName],
                             into named: inout Named, report: inout Report) throws(StoreError) {
         let checkpoint = devices.newestCheckpoint(of: device)
         func take(_ bytes: [UInt8]) {
@@ -202,7 +202,7 @@ struct BackingCollector {
         for (seq, keys) in devices.partial[me] ?? [:] where seq < newest.seq {
             for key in keys { try backing.delete(key) }
         }
-        let legacy = devices.legacyJournals.filter { $0.path.hasPrefix("devices/\(me)/") }
+        let legacy = devices.legacyJournals.filter { $0.path.hasPrefix("devices/\(me.hex)/") }
         for key in legacy { try backing.delete(key) }
         report.legacyDeleted += legacy.count
         // Format 4's objects go once no device's format-4 journal is left.

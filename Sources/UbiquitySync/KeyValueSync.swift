@@ -27,7 +27,7 @@ enum KeyValueCodec {
     }
 
     /// The entries of `device`'s file, and why each rejected line was rejected.
-    static func decode(_ bytes: [UInt8], device: String) -> (entries: [KVEntry], rejected: [String]) {
+    static func decode(_ bytes: [UInt8], device: DeviceID) -> (entries: [KVEntry], rejected: [String]) {
         var entries: [KVEntry] = [], rejected: [String] = []
         var lines = bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false)
         // A file is written whole and renamed into place: it ends with a newline.
@@ -44,7 +44,7 @@ enum KeyValueCodec {
         return (entries, rejected)
     }
 
-    private static func entry(_ line: [UInt8], device: String) -> Result<KVEntry, RecordCodec.Rejection> {
+    private static func entry(_ line: [UInt8], device: DeviceID) -> Result<KVEntry, RecordCodec.Rejection> {
         guard line.count > 36, line.starts(with: Array("K1 ".utf8)), line[35] == 0x20 else {
             return .failure(RecordCodec.Rejection("not a K1 line"))
         }
@@ -93,7 +93,7 @@ extension SyncEngine {
         }
     }
 
-    private func pullKeyValues(of device: String, generation: UInt64) throws(StoreError) {
+    private func pullKeyValues(of device: DeviceID, generation: UInt64) throws(StoreError) {
         let key = Backing.keyValueKey(device, generation: generation)
         guard let bytes = try backing.object(key) else { return } // replaced meanwhile
         guard bytes.count <= KeyValueCodec.maxFileSize else {

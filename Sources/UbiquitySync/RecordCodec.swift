@@ -45,7 +45,7 @@ public enum RecordCodec {
     }
 
     /// Decodes one line (without its `\n`) from the journal of device `journalDevice`.
-    public static func decode(_ line: ArraySlice<UInt8>, journalDevice: String) -> Result<SyncRecord, Rejection> {
+    public static func decode(_ line: ArraySlice<UInt8>, journalDevice: DeviceID) -> Result<SyncRecord, Rejection> {
         let bytes = Array(line)
         // U1 (formats 1-3): 64 hex digits of checksum; U2 (format 4): 32.
         let digits = bytes.starts(with: Array("U1 ".utf8)) ? 64 : bytes.starts(with: Array("U2 ".utf8)) ? 32 : 0
@@ -75,7 +75,7 @@ public enum RecordCodec {
         init(_ description: String) { self.description = description }
     }
 
-    private static func record(_ f: [String: String], journalDevice: String) throws(Rejection) -> SyncRecord {
+    private static func record(_ f: [String: String], journalDevice: DeviceID) throws(Rejection) -> SyncRecord {
         func field(_ key: String) throws(Rejection) -> String {
             guard let value = f[key] else { throw Rejection("missing key \(key)") }
             return value
@@ -85,8 +85,11 @@ public enum RecordCodec {
             return value
         }
         guard let id = VersionID(hex: try field("id")) else { throw Rejection("bad id") }
-        let device = f["device"] ?? journalDevice
-        guard device == journalDevice else { throw Rejection("device \(device.prefix(40)) writes in the journal of \(journalDevice)") }
+        // The journal's device is the record's; a `device` key may only repeat it.
+        if let device = f["device"], device != journalDevice.hex {
+            throw Rejection("device \(device.prefix(40)) writes in the journal of \(journalDevice)")
+        }
+        let device = journalDevice
         let kind: NodeKind
         switch f["kind"] ?? "file" {
         case "file": kind = .file

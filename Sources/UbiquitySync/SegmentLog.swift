@@ -1,5 +1,6 @@
 import Glibc
 import UbiquityBacking
+import UbiquityStore
 import UbiquitySystem
 
 /// The log of backing format 5 (docs/FORMAT.md, "Backing format 5"): every device's
@@ -21,19 +22,18 @@ public enum SegmentLog {
     public struct SegmentName: Hashable, Comparable, Sendable {
         /// Author's clock, ms since the epoch (13 digits: until the year 2286).
         public let time: Int64
-        /// 16 lowercase hex digits.
-        public let device: String
+        public let device: DeviceID
         /// 1, 2, ... per device.
         public let seq: UInt64
 
-        public init(time: Int64, device: String, seq: UInt64) {
+        public init(time: Int64, device: DeviceID, seq: UInt64) {
             self.time = time
             self.device = device
             self.seq = seq
         }
 
         public var key: BackingKey {
-            BackingKey(checked: SegmentLog.prefix + Self.timeText(time) + "-" + device + "-" + Self.seqText(seq))
+            BackingKey(checked: SegmentLog.prefix + Self.timeText(time) + "-" + device.hex + "-" + Self.seqText(seq))
         }
 
         static func timeText(_ t: Int64) -> String {
@@ -51,9 +51,9 @@ public enum SegmentLog {
             guard key.path.hasPrefix(SegmentLog.prefix) else { return nil }
             let parts = key.path.dropFirst(SegmentLog.prefix.count).split(separator: "-", omittingEmptySubsequences: false)
             guard parts.count == 3, parts[0].count == 13, parts[0].allSatisfy({ $0.isASCII && $0.isNumber }),
-                  let time = Int64(parts[0]), Hex.isLowercase(String(parts[1]), count: 16),
+                  let time = Int64(parts[0]), let device = DeviceID(hex: parts[1]),
                   Hex.isLowercase(String(parts[2]), count: 16), let seq = UInt64(parts[2], radix: 16), seq >= 1 else { return nil }
-            self.init(time: time, device: String(parts[1]), seq: seq)
+            self.init(time: time, device: device, seq: seq)
         }
 
         public static func < (a: SegmentName, b: SegmentName) -> Bool { a.key < b.key }
@@ -63,13 +63,13 @@ public enum SegmentLog {
     /// highest segment applied. Stored as text in the store (opaque to everything else).
     public struct Cursor: Equatable, Sendable {
         public var listedUpTo: Int64 = 0
-        public var applied: [String: UInt64] = [:]
+        public var applied: [DeviceID: UInt64] = [:]
 
         public init() {}
 
         /// `t=<ms>;<device>=<seq hex>,...` (devices sorted).
         public var text: String {
-            "t=\(listedUpTo);" + applied.keys.sorted().map { "\($0)=\(String(applied[$0]!, radix: 16))" }.joined(separator: ",")
+            "t=\(listedUpTo);" + applied.keys.sorted().map { "\($0.hex)=\(String(applied[$0]!, radix: 16))" }.joined(separator: ",")
         }
 
         /// Parses `text`; nil when it does not parse (the caller starts over from the
@@ -82,9 +82,9 @@ public enum SegmentLog {
             if rest.isEmpty { return }
             for item in rest.split(separator: ",", omittingEmptySubsequences: false) {
                 let pair = item.split(separator: "=", omittingEmptySubsequences: false)
-                guard pair.count == 2, Hex.isLowercase(String(pair[0]), count: 16), applied[String(pair[0])] == nil,
+                guard pair.count == 2, let device = DeviceID(hex: pair[0]), applied[device] == nil,
                       let seq = UInt64(pair[1], radix: 16) else { return nil }
-                applied[String(pair[0])] = seq
+                applied[device] = seq
             }
         }
     }
@@ -101,7 +101,7 @@ public enum SegmentLog {
     /// devices one after another), and the cursor once they are applied. Costs one LIST (a page per
     /// 1,000 keys in the window), plus one LIST of a device's own segments where its
     /// sequence shows a gap. `exclude`: this device (it does not read its own log).
-    public static func poll(_ store: any BackingStore, after cursor: Cursor, exclude: String? = nil) throws(BackingError) -> (segments: [SegmentName], cursor: Cursor) {
+    public static func poll(_ store: any BackingStore, after cursor: Cursor, exclude: DeviceID? = nil) throws(BackingError) -> (segments: [SegmentName], cursor: Cursor) {
         let result = try look(store, after: cursor, exclude: exclude)
         return (result.segments, result.cursor)
     }
@@ -112,7 +112,7 @@ public enum SegmentLog {
     public struct Look: Sendable {
         public var segments: [SegmentName]
         public var cursor: Cursor
-        public var blocked: Set<String>
+        public var blocked: Set<DeviceID>
         /// The listed size of each segment returned (a reader skips one no writer could
         /// have made without reading it).
         public var sizes: [SegmentName: Int64] = [:]
@@ -154,7 +154,7 @@ public enum SegmentLog {
     /// `<seq>` once a later one comes: the whole window is then listed before any full
     /// listing of the log; one with no later segment waits for the next look of the whole
     /// window (`windowSeconds`).
-    public static func look(_ store: any BackingStore, after cursor: Cursor, exclude: String? = nil, since: BackingKey? = nil,
+    public static func look(_ store: any BackingStore, after cursor: Cursor, exclude: DeviceID? = nil, since: BackingKey? = nil,
                             now: Int64 = Int64(Glibc.time(nil)) &* 1000) throws(BackingError) -> Look {
         let ceiling = now.addingClamped(skewWindowMs)
         let from = max(0, min(cursor.listedUpTo, ceiling) - skewWindowMs)
@@ -207,7 +207,7 @@ public enum SegmentLog {
     }
 
     private static func list(_ store: any BackingStore, from: BackingKey, cursor: Cursor, ceiling: Int64,
-                             exclude: String?) throws(BackingError) -> Listing {
+                             exclude: DeviceID?) throws(BackingError) -> Listing {
         var listing = Listing(highest: min(cursor.listedUpTo, ceiling))
         var after: BackingKey? = from
         while true {
@@ -229,8 +229,8 @@ public enum SegmentLog {
     }
 
     /// Segments by device (devices in order), each device's by `<seq>`.
-    private static func grouped(_ names: [SegmentName]) -> [(device: String, names: [SegmentName])] {
-        var byDevice: [String: [SegmentName]] = [:]
+    private static func grouped(_ names: [SegmentName]) -> [(device: DeviceID, names: [SegmentName])] {
+        var byDevice: [DeviceID: [SegmentName]] = [:]
         for name in names { byDevice[name.device, default: []].append(name) }
         return byDevice.keys.sorted().map { ($0, byDevice[$0]!.sorted { $0.seq < $1.seq }) }
     }
@@ -247,7 +247,7 @@ public enum SegmentLog {
     }
 
     /// Every segment of one device (a full listing of the log, filtered: only on a gap).
-    static func segments(of device: String, in store: any BackingStore) throws(BackingError) -> [SegmentName] {
+    static func segments(of device: DeviceID, in store: any BackingStore) throws(BackingError) -> [SegmentName] {
         try store.listAll(prefix: prefix).compactMap { SegmentName(key: $0.key) }.filter { $0.device == device }
     }
 }

@@ -49,7 +49,7 @@ extension SyncEngine {
         for device in look.blocked.sorted() {
             logOnce("ubiquity: sync: device \(device): segment \(cursor.applied[device, default: 0] + 1) is missing from the log and no checkpoint covers it; its later records wait")
         }
-        var stopped: Set<String> = []
+        var stopped: Set<DeviceID> = []
         var next = 0
         while next < look.segments.count {
             let name = look.segments[next]
@@ -175,7 +175,7 @@ extension SyncEngine {
     private func loadCursor() throws(StoreError) -> SegmentLog.Cursor {
         if let cursor = memory.cursor { return cursor }
         var cursor = SegmentLog.Cursor()
-        var generations: [String: Int64] = [:]
+        var generations: [DeviceID: Int64] = [:]
         try shared.withLock { (store) throws(StoreError) in
             cursor.listedUpTo = max(0, try store.setting(Self.listedKey).flatMap { Int64($0) } ?? 0)
             for (device, position) in try store.peerPositions() {
@@ -190,11 +190,11 @@ extension SyncEngine {
 
     /// The generation (checkpoint seq + 1) `device`'s records are read in: pruned records
     /// met there are marked with it (Store+Journal).
-    private func generation(of device: String) throws(StoreError) -> Int64 {
+    private func generation(of device: DeviceID) throws(StoreError) -> Int64 {
         memory.generations[device] ?? 0
     }
 
-    private func savePosition(_ device: String, cursor: SegmentLog.Cursor) throws(StoreError) {
+    private func savePosition(_ device: DeviceID, cursor: SegmentLog.Cursor) throws(StoreError) {
         let position = Store.JournalPosition(generation: memory.generations[device] ?? 0,
                                              offset: Int64(clamping: cursor.applied[device, default: 0]))
         try shared.withLock { (store) throws(StoreError) in
@@ -207,7 +207,7 @@ extension SyncEngine {
 
     /// Reads `device`'s checkpoint `seq` whole; true when it was (false: rewritten
     /// meanwhile, or a record waits: the next cycle tries again).
-    private func readCheckpoint(of device: String, seq: UInt64, parts: Int, cursor: inout SegmentLog.Cursor) throws(StoreError) -> Bool {
+    private func readCheckpoint(of device: DeviceID, seq: UInt64, parts: Int, cursor: inout SegmentLog.Cursor) throws(StoreError) -> Bool {
         guard let end = try backing.checkpointEnd(device, seq: seq), end.parts == parts else { return false }
         let generation = Int64(clamping: seq) + 1
         // Stored at once: a prune while the checkpoint is read must remember what it drops
@@ -240,7 +240,7 @@ extension SyncEngine {
     /// named by where they came from) this store does not hold, in order, a slice per
     /// hold of the store's lock. Returns false when one waits (a chunk could not be
     /// fetched): those before it are in, it and those after are read again next cycle.
-    func apply(_ parts: [(source: String, lines: [ArraySlice<UInt8>])], of device: String, generation: Int64) throws(StoreError) -> Bool {
+    func apply(_ parts: [(source: String, lines: [ArraySlice<UInt8>])], of device: DeviceID, generation: Int64) throws(StoreError) -> Bool {
         var records: [SyncRecord] = []
         for part in parts {
             for (n, decoded) in Self.decode(part.lines, of: device).enumerated() {
@@ -289,7 +289,7 @@ extension SyncEngine {
 
     /// Lines decoded on every core, in order: checking each line's checksum and hashing
     /// its carried chunks was a third of a device's first sync on one core.
-    static func decode(_ lines: [ArraySlice<UInt8>], of device: String) -> [Result<SyncRecord, RecordCodec.Rejection>] {
+    static func decode(_ lines: [ArraySlice<UInt8>], of device: DeviceID) -> [Result<SyncRecord, RecordCodec.Rejection>] {
         let piece = 256
         guard lines.count > piece else { return lines.map { RecordCodec.decode($0, journalDevice: device) } }
         let starts = Array(stride(from: 0, to: lines.count, by: piece))

@@ -69,7 +69,7 @@ extension SyncEngine {
         return nil
     }
 
-    static func reservedName(_ text: String, device: String) -> SegmentLog.SegmentName? {
+    static func reservedName(_ text: String, device: DeviceID) -> SegmentLog.SegmentName? {
         let parts = text.split(separator: "-")
         guard parts.count == 2, let t = Int64(parts[0]), let seq = UInt64(parts[1]), seq >= 1 else { return nil }
         return SegmentLog.SegmentName(time: t, device: device, seq: seq)

@@ -113,7 +113,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         /// The log cursor (loaded from the store on first use).
         var cursor: SegmentLog.Cursor?
         /// Per device, the generation (checkpoint seq + 1) its records are read in.
-        var generations: [String: Int64] = [:]
+        var generations: [DeviceID: Int64] = [:]
         /// `devices/` must be listed again (first cycle, activity, a gap, back from
         /// offline, a long time since the last look at the log).
         var scanDevices = true
@@ -128,7 +128,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         var resumable = false
         var windowListedAt = -Double.infinity
         /// The key-value generation of each device as last read.
-        var keyValueSeen: [String: UInt64] = [:]
+        var keyValueSeen: [DeviceID: UInt64] = [:]
         /// Packs found present and not fossils, with the boot second of the check.
         var verifiedPacks: [String: Int64] = [:]
         /// Packs this device's last gc found less than half named (BackingCollector):
@@ -137,7 +137,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         /// This device's segments and their recovery after a crash (SyncEngine+Push).
         var logReady = false
         /// Per device, the segment whose record waits, when to try it again and the wait.
-        var waiting: [String: (seq: UInt64, next: Double, delay: Double)] = [:]
+        var waiting: [DeviceID: (seq: UInt64, next: Double, delay: Double)] = [:]
         /// Pending records at the last cycle, and since when some have been waiting
         /// (boot seconds): a burst is pushed in full segments (SyncEngine+Push).
         var lastPending = 0
@@ -270,7 +270,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             error=\(s.lastError)
             backing=\(backing.location)
             device=\(deviceName)
-            device-id=\(backing.deviceID)
+            device-id=\(backing.deviceID.hex)
 
             """
         if let metered = backing.store.find(MeteredStore.self) {

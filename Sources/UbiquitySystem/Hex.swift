@@ -65,7 +65,7 @@ public enum Hex {
     }
 }
 
-/// `bytes` random bytes as lowercase hex (ids of devices and versions); one generator call
+/// `bytes` random bytes as lowercase hex (temporary file names, pack names); one generator call
 /// per 8 bytes (each is a getrandom system call).
 public func randomHex(bytes: Int) -> String {
     var rng = SystemRandomNumberGenerator()

@@ -325,7 +325,7 @@ struct KVWatch: ParsableCommand {
                 case nil: "(none)"
                 }
             }
-            let device = change.name.isEmpty ? change.device : change.name
+            let device = change.name.isEmpty ? change.device.hex : change.name
             return "\(change.key): \(text(change.old)) -> \(change.deleted ? "(deleted)" : text(change.new)) (\(device))"
         default: return line
         }

@@ -31,13 +31,13 @@ import UbiquityStore
         .fileEvent(.conflict, path: "notes.txt", file: ControlFile(path: "notes.txt", size: 0, mtimeMillis: -1000, createdMillis: 0, state: "conflict")),
         .fileEvent(.removed, path: "Documents/a.txt", file: nil),
         .keyValueChanged(ControlKeyChange(key: "theme", type: "string", old: nil, new: AnyPropertyList(.string("dark")),
-                                          deleted: false, device: "d1", name: "alpha", timeMillis: 1_764_000_000_000)),
+                                          deleted: false, device: DeviceID(hex: "00000000000000d1")!, name: "alpha", timeMillis: 1_764_000_000_000)),
         .keyValueChanged(ControlKeyChange(key: "gone", type: "integer", old: AnyPropertyList(.integer(-7)), new: nil,
-                                          deleted: true, device: "d2", name: "", timeMillis: 0)),
+                                          deleted: true, device: DeviceID(hex: "00000000000000d2")!, name: "", timeMillis: 0)),
         .keyValueChanged(ControlKeyChange(
             key: "all", type: "dictionary", old: AnyPropertyList(.array([.double(1.5), .bool(true), .date(1000), .data([0, 255])])),
             new: AnyPropertyList(.dictionary([("a", .array([])), ("b", .dictionary([])), ("c", .string("\u{1}\t/"))])),
-            deleted: false, device: "d3", name: "beta", timeMillis: 42)),
+            deleted: false, device: DeviceID(hex: "00000000000000d3")!, name: "beta", timeMillis: 42)),
         .progress(files: 3, of: 10, bytes: 1 << 20, ofBytes: 0),
         .result(path: "a/b.txt", result: "refused", bytes: 0, detail: "open for writing, or it has unsaved changes"),
         .finished(files: 10, bytes: 12_345, problems: 1),
@@ -77,9 +77,9 @@ import UbiquityStore
         #expect(try JSONLine.encode(ControlReply.fileEvent(.removed, path: "Documents/a.txt", file: nil))
                 == #"{"event":"removed","path":"Documents/a.txt"}"#)
         #expect(try JSONLine.encode(Self.replies[9])
-                == #"{"event":"changed","key":"theme","type":"string","new":"dark","deleted":false,"device":"d1","name":"alpha","time":"2025-11-24T16:00:00.000Z"}"#)
+                == #"{"event":"changed","key":"theme","type":"string","new":"dark","deleted":false,"device":"00000000000000d1","name":"alpha","time":"2025-11-24T16:00:00.000Z"}"#)
         #expect(try JSONLine.encode(Self.replies[10])
-                == #"{"event":"changed","key":"gone","type":"integer","old":-7,"deleted":true,"device":"d2","name":"","time":"1970-01-01T00:00:00.000Z"}"#)
+                == #"{"event":"changed","key":"gone","type":"integer","old":-7,"deleted":true,"device":"00000000000000d2","name":"","time":"1970-01-01T00:00:00.000Z"}"#)
     }
 
     static let hostile: [String] = [
@@ -120,7 +120,8 @@ import UbiquityStore
     @Test func hostileReplyIsADecodingError() {
         for line in [#"{"event":"gathered"}"#, #"{"event":"gathered","count":"3"}"#, #"{"path":"a"}"#,
                      #"{"event":"added","path":"a","state":"x"}"#, #"{"event":"exploded"}"#, #"{"path":"a","size":1,"mtime":"yesterday","created":"2025-11-24T16:00:00Z","state":"x"}"#,
-                     #"{"event":"changed","key":"k"}"#, "[", "", #"{"error":false}"#] {
+                     #"{"event":"changed","key":"k"}"#, "[", "", #"{"error":false}"#,
+                     #"{"event":"changed","key":"k","type":"string","deleted":true,"device":"D1","name":"","time":"1970-01-01T00:00:00.000Z"}"#] {
             #expect(throws: DecodingError.self, "\(line)") { try JSONLine.decode(ControlReply.self, from: line.utf8) }
         }
     }

@@ -10,7 +10,7 @@ import Testing
         // Ids as `ID128.new` makes them in one millisecond: the same first 12 digits.
         let ids = [0x1111, 0x2222, 0x3333].map { VersionID(ID128(high: 0x019a_c3f0_1234_0000 | $0, low: UInt64($0) * 77)) }
         let versions = ids.map { id in
-            Version(row: 1, id: id, node: .file(.zero), parents: [], deviceID: "0123456789abcdef", deviceName: "laptop",
+            Version(row: 1, id: id, node: .file(.zero), parents: [], deviceID: DeviceID(hex: "0123456789abcdef")!, deviceName: "laptop",
                     committed: 1_795_800_000_123_000_000, mtime: 0, mode: 0o644, size: 0, isTombstone: false, isLocal: false,
                     path: "a.txt")
         }

@@ -98,7 +98,7 @@ extension SQLRow {
         defer { dir.cleanup() }
         var before: [String] = [], versions: [Version] = [], hexDump: [String] = []
         var fileID = FileID.zero, last = VersionID.zero
-        let other = "ffffffffffffffff"
+        let other = DeviceID(hex: "ffffffffffffffff")!
         do {
             let store = try Store(directory: dir.path, deviceName: "old")
             let d = try store.create(parent: Store.rootInode, name: "docs", kind: .directory, mode: 0o755, uid: 1, gid: 1)

@@ -115,7 +115,7 @@ import UbiquitySystem
         let seed = UInt64(environment("UBQ_SEED") ?? "") ?? UInt64(time(nil))
         print("KeyValueTests.mergeIsOrderIndependentAndCausal seed \(seed) (replay: UBQ_SEED=\(seed))")
         var rng = SplitMix64(seed: seed)
-        let devices = ["1111111111111111", "2222222222222222", "3333333333333333"]
+        let devices = ["1111111111111111", "2222222222222222", "3333333333333333"].map { DeviceID(hex: $0)! }
         var writes: [KVEntry] = []
         var used: Set<KVStamp> = [] // a device never gives two writes one stamp
         for i in 0..<60 {
@@ -150,13 +150,13 @@ import UbiquitySystem
         let store = try Store(directory: dir.path, deviceName: "late")
         let future = nowNanos() + 3_600_000_000_000
         _ = try store.kvMerge([KVEntry(key: "x", type: .string, value: Array("ahead".utf8),
-                                       stamp: KVStamp(time: future, device: "ffffffffffffffff"), isTombstone: false)])
+                                       stamp: KVStamp(time: future, device: DeviceID(hex: "ffffffffffffffff")!), isTombstone: false)])
         let mine = try store.kvSet("x", type: .string, content: Array("after".utf8), limits: KVLimits())
         #expect(mine.stamp.time > future)
         #expect(try store.kvEntry("x")?.value == Array("after".utf8))
         // A peer's value that is not in canonical form is refused, not stored.
         let merged = try store.kvMerge([KVEntry(key: "y", type: .integer, value: Array(" 3".utf8),
-                                                stamp: KVStamp(time: future, device: "ffffffffffffffff"), isTombstone: false)])
+                                                stamp: KVStamp(time: future, device: DeviceID(hex: "ffffffffffffffff")!), isTombstone: false)])
         #expect(merged.rejected.count == 1 && merged.changes.isEmpty)
         #expect(try store.kvEntry("y") == nil)
     }
@@ -184,12 +184,12 @@ import UbiquitySystem
         #expect(try !store.kvNeedsPublishing)
         // Another device's win takes the key out of this device's own entries.
         _ = try store.kvMerge([KVEntry(key: "color", type: .integer, value: Array("1\n".utf8),
-                                       stamp: KVStamp(time: nowNanos() + 1_000_000_000_000, device: "ffffffffffffffff"),
+                                       stamp: KVStamp(time: nowNanos() + 1_000_000_000_000, device: DeviceID(hex: "ffffffffffffffff")!),
                                        isTombstone: false)])
         #expect(try store.kvOwnEntries().map(\.key) == ["other"])
         // A stamp more than 30 days ahead (a broken clock) is refused: it would win forever.
         let far = try store.kvMerge([KVEntry(key: "color", type: .integer, value: Array("9\n".utf8),
-                                             stamp: KVStamp(time: nowNanos() + 31 * 86_400 * 1_000_000_000, device: "eeeeeeeeeeeeeeee"),
+                                             stamp: KVStamp(time: nowNanos() + 31 * 86_400 * 1_000_000_000, device: DeviceID(hex: "eeeeeeeeeeeeeeee")!),
                                              isTombstone: false)])
         #expect(far.changes.isEmpty && far.rejected.count == 1)
         #expect(try store.kvEntry("color")?.value == Array("1\n".utf8))

@@ -6,7 +6,7 @@ import TestSupport
 /// dots inserted or united into it, whatever the order; its text round-trips and hostile
 /// text is refused.
 @Suite struct LineageTests {
-    static let devices = ["0000000000000001", "00000000000000aa", "ffffffffffffffff"]
+    static let devices = ["0000000000000001", "00000000000000aa", "ffffffffffffffff"].map { DeviceID(hex: $0)! }
 
     /// A random set of dots, built as a Lineage by inserts and unions in random order,
     /// against a plain set. Prints its seed.
@@ -79,7 +79,7 @@ import TestSupport
         let dir = TempDirectory()
         defer { dir.cleanup() }
         let store = try Store(directory: dir.path, deviceName: "one")
-        let other = "00000000000000aa"
+        let other = DeviceID(hex: "00000000000000aa")!
         var record = SyncRecord(id: VersionID(hex: String(repeating: "a", count: 32))!, node: .file(FileID(hex: String(repeating: "b", count: 32))!), kind: .file,
                                 parents: [], deviceID: other, deviceName: "x", committed: 1, mtime: 1, mode: 0o644,
                                 isTombstone: false, isMeta: false, path: "f")

@@ -189,7 +189,7 @@ import UbiquitySystem
             // Another device edited the first version too (a conflict), and named a parent
             // this device has not seen yet (awaited).
             let other = { (id: String, node: String, parents: [String], path: String) in
-                SyncRecord(id: VersionID(hex: id)!, node: .file(FileID(hex: node)!), kind: .file, parents: parents.map { VersionID(hex: $0)! }, deviceID: "ffffffffffffffff", deviceName: "other",
+                SyncRecord(id: VersionID(hex: id)!, node: .file(FileID(hex: node)!), kind: .file, parents: parents.map { VersionID(hex: $0)! }, deviceID: DeviceID(hex: "ffffffffffffffff")!, deviceName: "other",
                            committed: 1, mtime: 1, mode: 0o644, isTombstone: false, isMeta: false, path: path)
             }
             try store.addRemote([other(String(repeating: "a", count: 32), f.fileID!.hex, [first.id.hex], "docs/a.txt"),
@@ -227,7 +227,7 @@ import UbiquitySystem
     @Test func formatFiveStoreIsUpgraded() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
-        let device = "00000000000000aa"
+        let device = DeviceID(hex: "00000000000000aa")!
         do {
             let store = try Store(directory: dir.path, deviceName: "old")
             let f = try store.create(parent: Store.rootInode, name: "a.txt", kind: .file, mode: 0o644, uid: 1, gid: 1)

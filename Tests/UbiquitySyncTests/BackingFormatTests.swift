@@ -10,7 +10,7 @@ import UbiquitySystem
 /// format 5, a newer one is refused and left as it is, one older than format 4 is
 /// refused (format 4 itself is upgraded by the engine: UpgradeTests).
 @Suite struct BackingFormatTests {
-    static let device = "0123456789abcdef"
+    static let device = DeviceID(hex: "0123456789abcdef")!
 
     @Test func anEmptyStoreGetsFormat5() throws {
         let store = MemoryStore()

@@ -85,15 +85,15 @@ import UbiquityStore
         let store = MemoryStore()
         _ = try KeyRing(store).create(passphrase: Array("p".utf8), cost: KeyRingTests.cheap)
         let key = try KeyRing(store).open(passphrase: Array("p".utf8)).key
-        #expect(try Backing(store: EncryptedStore(store, key: key), deviceID: "0123456789abcdef").open() == 6)
-        #expect(throws: StoreError.self) { try Backing(store: store, deviceID: "0123456789abcdef").open() }
+        #expect(try Backing(store: EncryptedStore(store, key: key), deviceID: DeviceID(hex: "0123456789abcdef")!).open() == 6)
+        #expect(throws: StoreError.self) { try Backing(store: store, deviceID: DeviceID(hex: "0123456789abcdef")!).open() }
         try store.put(Backing.formatKey, Array("ubiquity-backing 5\n".utf8))
-        #expect(throws: StoreError.self) { try Backing(store: EncryptedStore(store, key: key), deviceID: "0123456789abcdef").open() }
-        #expect(try Backing(store: store, deviceID: "0123456789abcdef").open() == 5)
+        #expect(throws: StoreError.self) { try Backing(store: EncryptedStore(store, key: key), deviceID: DeviceID(hex: "0123456789abcdef")!).open() }
+        #expect(try Backing(store: store, deviceID: DeviceID(hex: "0123456789abcdef")!).open() == 5)
 
         // An empty store opened encrypted says so in FORMAT.
         let empty = MemoryStore()
-        #expect(try Backing(store: EncryptedStore(empty, key: key), deviceID: "0123456789abcdef").open() == nil)
+        #expect(try Backing(store: EncryptedStore(empty, key: key), deviceID: DeviceID(hex: "0123456789abcdef")!).open() == nil)
         #expect(try empty.get(Backing.formatKey) == Array("ubiquity-backing 6\n".utf8))
     }
 
@@ -108,11 +108,11 @@ import UbiquityStore
             try? store.put(Backing.formatKey, Array("ubiquity-backing 6\n".utf8)) // the other device, first
             return .exists(key?.path ?? "")
         }
-        #expect(throws: StoreError.self) { try Backing(store: store, deviceID: "0123456789abcdef").open() }
+        #expect(throws: StoreError.self) { try Backing(store: store, deviceID: DeviceID(hex: "0123456789abcdef")!).open() }
 
         // A store that answers "exists" yet has nothing to read: an error, not a loop.
         let liar = MemoryStore()
         liar.setFault { op, key in op == .put && key == Backing.formatKey ? .exists("FORMAT") : nil }
-        #expect(throws: StoreError.self) { try Backing(store: liar, deviceID: "0123456789abcdef").open() }
+        #expect(throws: StoreError.self) { try Backing(store: liar, deviceID: DeviceID(hex: "0123456789abcdef")!).open() }
     }
 }

@@ -10,7 +10,7 @@ import UbiquitySystem
 /// line rejected with a reason, never half-applied), and two devices that set the same
 /// key while one is cut off end with the same winner.
 @Suite struct KeyValueSyncTests {
-    static let device = "0123456789abcdef"
+    static let device = DeviceID(hex: "0123456789abcdef")!
 
     @Test func filesRoundTripAndBadLinesAreRejected() throws {
         let entries = [
@@ -25,7 +25,8 @@ import UbiquitySystem
         #expect(decoded == entries)
         #expect(decoded.first?.stamp.deviceName == "lap top")
         // Entries are the file's device's, whatever a line says.
-        #expect(KeyValueCodec.decode(bytes, device: "ffffffffffffffff").entries.allSatisfy { $0.stamp.device == "ffffffffffffffff" })
+        let other = DeviceID(hex: "ffffffffffffffff")!
+        #expect(KeyValueCodec.decode(bytes, device: other).entries.allSatisfy { $0.stamp.device == other })
 
         // One byte of the first entry's line changed ("type=string" -> "type=strinG").
         var changed = bytes

@@ -7,7 +7,7 @@ import UbiquitySystem
 /// Journal lines are untrusted input from a shared directory: every hostile or damaged
 /// line must be rejected with a reason, never crash, never name a path outside the tree.
 @Suite struct RecordCodecTests {
-    static let device = "0123456789abcdef"
+    static let device = DeviceID(hex: "0123456789abcdef")!
 
     static func sample(path: String = "notes/a.txt") -> SyncRecord {
         var chunks = ChunkList()
@@ -18,7 +18,7 @@ import UbiquitySystem
                           chunks: chunks, xattrs: [XattrEntry(name: "color:x", value: [0, 255])])
     }
 
-    static func decode(_ line: String, device: String = device) -> Result<SyncRecord, RecordCodec.Rejection> {
+    static func decode(_ line: String, device: DeviceID = device) -> Result<SyncRecord, RecordCodec.Rejection> {
         RecordCodec.decode(Array(line.utf8.dropLast())[...], journalDevice: device)
     }
 
@@ -122,7 +122,7 @@ import UbiquitySystem
     /// them is an older one; a bad one, or one whose context holds its own dot, is refused.
     @Test func lineageRoundTripsAndIsChecked() throws {
         var record = Self.sample()
-        record.lineage.insert(device: "00000000000000aa", counter: 3)
+        record.lineage.insert(device: DeviceID(hex: "00000000000000aa")!, counter: 3)
         record.lineage.insert(device: Self.device, counter: 1)
         record.lineage.insert(device: Self.device, counter: 4)
         record.lineage.dot = 5
@@ -199,7 +199,7 @@ import UbiquitySystem
         // Another device's record in this journal: impersonation.
         let body = String(line.dropFirst(36).dropLast()) + " device=\(Self.device)"
         #expect(try Self.decode(Self.signed(body)).get() == Self.sample())
-        guard case .failure = Self.decode(Self.signed(body), device: "fedcba9876543210") else { Issue.record("accepted another device's record"); return }
+        guard case .failure = Self.decode(Self.signed(body), device: DeviceID(hex: "fedcba9876543210")!) else { Issue.record("accepted another device's record"); return }
     }
 
     @Test func rejectsHostilePaths() {

@@ -1,13 +1,14 @@
 import Testing
 import TestSupport
 import UbiquityBacking
+import UbiquityStore
 @testable import UbiquitySync
 
 /// The format-5 log: one LIST per poll, every segment taken once and in its device's
 /// order, whatever the authors' clocks say.
 @Suite struct SegmentLogTests {
     struct Device {
-        let id: String
+        let id: DeviceID
         var clockSkew: Int64
         var seq: UInt64 = 0
         var cursor = SegmentLog.Cursor()
@@ -19,12 +20,13 @@ import UbiquityBacking
         var gen = SplitMix64(seed: seed)
         let store = MemoryStore()
         // Three writers (one lagging 3 hours), one reader.
-        var writers = [Device(id: "00000000000000a1", clockSkew: 0), Device(id: "00000000000000b2", clockSkew: 120_000),
-                       Device(id: "00000000000000c3", clockSkew: -3 * 3_600_000)]
+        var writers = [Device(id: DeviceID(hex: "00000000000000a1")!, clockSkew: 0),
+                       Device(id: DeviceID(hex: "00000000000000b2")!, clockSkew: 120_000),
+                       Device(id: DeviceID(hex: "00000000000000c3")!, clockSkew: -3 * 3_600_000)]
         var reader = SegmentLog.Cursor()
         var lastKey: BackingKey?
         var looks = 0
-        var taken: [String: [UInt64]] = [:]
+        var taken: [DeviceID: [UInt64]] = [:]
         var now: Int64 = 1_795_000_000_000
         for _ in 0..<400 {
             now += Int64(gen.int(0..<5000))
@@ -55,7 +57,7 @@ import UbiquityBacking
     @Test func anIdlePollIsOneList() throws {
         let store = MemoryStore()
         for seq in 1...50 as ClosedRange<UInt64> {
-            try store.put(SegmentLog.SegmentName(time: 1_000_000 + Int64(seq), device: "00000000000000a1", seq: seq).key, [])
+            try store.put(SegmentLog.SegmentName(time: 1_000_000 + Int64(seq), device: DeviceID(hex: "00000000000000a1")!, seq: seq).key, [])
         }
         var (segments, cursor) = try SegmentLog.poll(store, after: SegmentLog.Cursor())
         #expect(segments.count == 50)
@@ -71,7 +73,7 @@ import UbiquityBacking
     /// when a later segment of its device shows the gap.
     @Test func aQuietLogAfterABurstCostsOneEmptyList() throws {
         let store = MemoryStore()
-        let a = "00000000000000a1", b = "00000000000000b2"
+        let a = DeviceID(hex: "00000000000000a1")!, b = DeviceID(hex: "00000000000000b2")!
         let now: Int64 = 1_795_000_000_000
         for seq in 1...2_500 as ClosedRange<UInt64> {
             try store.put(SegmentLog.SegmentName(time: now - 60_000 + Int64(seq), device: a, seq: seq).key, [])
@@ -106,7 +108,7 @@ import UbiquityBacking
     /// second may still land behind it).
     @Test func aLookStartsBeforeAKeyThatHasNotSettled() throws {
         let store = MemoryStore()
-        let a = "00000000000000a1", b = "00000000000000b2"
+        let a = DeviceID(hex: "00000000000000a1")!, b = DeviceID(hex: "00000000000000b2")!
         let now: Int64 = 1_795_000_000_000
         try store.put(SegmentLog.SegmentName(time: now, device: b, seq: 1).key, [])
         let first = try SegmentLog.look(store, after: SegmentLog.Cursor(), now: now)
@@ -123,7 +125,7 @@ import UbiquityBacking
 
     @Test func aLaggingWriterThatDidNotPollIsFoundByItsGap() throws {
         let store = MemoryStore()
-        let a = "00000000000000a1", b = "00000000000000b2"
+        let a = DeviceID(hex: "00000000000000a1")!, b = DeviceID(hex: "00000000000000b2")!
         try store.put(SegmentLog.SegmentName(time: 10_000_000, device: a, seq: 1).key, [])
         var (_, cursor) = try SegmentLog.poll(store, after: SegmentLog.Cursor())
         // b writes seq 1 far behind the window, then seq 2 within it.
@@ -136,7 +138,7 @@ import UbiquityBacking
     }
 
     @Test func namesAndCursorsParseStrictly() {
-        let name = SegmentLog.SegmentName(time: 1_795_000_000_123, device: "0123456789abcdef", seq: 42)
+        let name = SegmentLog.SegmentName(time: 1_795_000_000_123, device: DeviceID(hex: "0123456789abcdef")!, seq: 42)
         #expect(name.key.path == "log/1795000000123-0123456789abcdef-000000000000002a")
         #expect(SegmentLog.SegmentName(key: name.key) == name)
         for bad in ["log/x", "log/1795000000123-0123456789ABCDEF-000000000000002a", "log/179500000012-0123456789abcdef-000000000000002a",

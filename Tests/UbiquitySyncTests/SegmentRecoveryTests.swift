@@ -13,7 +13,7 @@ import UbiquitySystem
 /// again; if not, it is written with the same seq. No seq is ever skipped or written twice.
 @Suite struct SegmentRecoveryTests {
     /// Every seq of `device`'s segments in the log, in order, repeats included.
-    static func seqs(_ store: any BackingStore, _ device: String) -> [UInt64] {
+    static func seqs(_ store: any BackingStore, _ device: DeviceID) -> [UInt64] {
         store.keys("log/").compactMap { SegmentLog.SegmentName(key: BackingKey(checked: $0)) }
             .filter { $0.device == device }.map(\.seq).sorted()
     }

@@ -224,7 +224,7 @@ final class SimDevice {
         fs.meta.withLock { m in
             var result: [String: String] = [:]
             for e in (try? m.store.kvEntries()) ?? [] {
-                result[e.key] = String(decoding: e.value, as: UTF8.self) + " by " + e.stamp.device
+                result[e.key] = String(decoding: e.value, as: UTF8.self) + " by " + e.stamp.device.hex
             }
             return result
         }
@@ -434,7 +434,7 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
     for d in devices {
         try d.fs.meta.withLock { (m) throws(StoreError) in
             for id in try m.store.db.rows("SELECT id FROM \(Store.versionsWithDevices) WHERE device_id = ? AND tombstone = 0 AND local = 0 AND kind = 1 AND meta = 0",
-                                          [.text(m.store.deviceID)], { $0.versionID(0).hex }) where !pruned.contains(id) { committed.insert(id) }
+                                          [.device(m.store.deviceID)], { $0.versionID(0).hex }) where !pruned.contains(id) { committed.insert(id) }
         }
         let fsck = try d.fs.meta.withLock { (m) throws(StoreError) in try Fsck.run(store: m.store) }
         if !fsck.problems.isEmpty {
@@ -469,7 +469,7 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
                         let rows = (try? m.store.db.rows("SELECT id, parents, tombstone, meta, uploaded, device_name FROM \(Store.versionsWithDevices) WHERE file_id = ? ORDER BY row", [r.map { .node($0.node) } ?? .null]) {
                             "\($0.versionID(0).hex.prefix(6)) p=\($0.versionIDs(1).map { $0.hex.prefix(6) }) t=\($0.int(2)) m=\($0.int(3)) up=\($0.int(4)) \($0.text(5))"
                         }) ?? []
-                        return "\(x.name): \(id) node=\(r.map { $0.node.description } ?? "-") path=\(r?.path ?? "-") dev=\(r?.device ?? "-") history=\(h)\n    " + rows.joined(separator: "\n    ")
+                        return "\(x.name): \(id) node=\(r.map { $0.node.description } ?? "-") path=\(r?.path ?? "-") dev=\(r?.device.hex ?? "-") history=\(h)\n    " + rows.joined(separator: "\n    ")
                     }.joined(separator: "\n")
                 }
             }
