@@ -77,15 +77,15 @@ extension Store {
     public func noteUses(_ uses: some Collection<(key: InodeNumber, value: Nanos)>) throws(StoreError) {
         guard !uses.isEmpty else { return }
         try db.transaction { () throws(StoreError) in
-            for (ino, time) in uses where ino <= InodeNumber(Int64.max) {
-                try db.query("UPDATE inodes SET used = max(used, ?) WHERE id = ?", [.int(time), .int(Int64(ino))])
+            for (ino, time) in uses where ino.fitsColumn {
+                try db.query("UPDATE inodes SET used = max(used, ?) WHERE id = ?", [.int(time), .inode(ino)])
             }
         }
     }
 
     /// The pinned files (an index: the cost is in proportion to them).
     public func pinnedFiles() throws(StoreError) -> [InodeNumber] {
-        try db.rows("SELECT id FROM inodes INDEXED BY inodes_pinned WHERE keep = 1", []) { InodeNumber(bitPattern: $0.int(0)) }
+        try db.rows("SELECT id FROM inodes INDEXED BY inodes_pinned WHERE keep = 1", []) { $0.inode(0) }
     }
 
     /// Files the cache limit may evict, least recently used first, after `after` (a
@@ -94,8 +94,8 @@ extension Store {
         try db.rows("""
             SELECT used, id FROM inodes INDEXED BY inodes_cached WHERE \(Self.evictableCondition)
               AND (used > ? OR (used = ? AND id > ?)) ORDER BY used, id LIMIT ?
-            """, [.int(after.used), .int(after.used), .int(Int64(bitPattern: after.ino)), .int(Int64(limit))]) { r in
-            (r.int(0), InodeNumber(bitPattern: r.int(1)))
+            """, [.int(after.used), .int(after.used), .inode(after.ino), .int(Int64(limit))]) { r in
+            (r.int(0), r.inode(1))
         }
     }
 }
