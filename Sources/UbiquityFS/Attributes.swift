@@ -3,7 +3,7 @@ import UbiquityStore
 
 /// What getattr reports; the FUSE layer copies it into `struct stat`.
 public struct Attributes: Sendable, Equatable {
-    public var ino: UInt64
+    public var ino: InodeNumber
     /// Full st_mode: file type bits and permission bits.
     public var mode: UInt32
     public var nlink: UInt32
@@ -47,7 +47,7 @@ public struct Attributes: Sendable, Equatable {
         ctime = inode.ctime
     }
 
-    init(virtual ino: UInt64, directory: Bool, size: Int64, time: Nanos, uid: UInt32, gid: UInt32) {
+    init(virtual ino: InodeNumber, directory: Bool, size: Int64, time: Nanos, uid: UInt32, gid: UInt32) {
         self.ino = ino
         mode = directory ? UInt32(S_IFDIR) | 0o555 : UInt32(S_IFREG) | 0o444
         nlink = directory ? 2 : 1

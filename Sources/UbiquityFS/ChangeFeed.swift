@@ -218,14 +218,14 @@ extension FileSystem {
 extension FileSystem.Meta {
     /// The path of the entry `name` in directory `parent` (a hard link's other names
     /// have their own paths).
-    func childPath(_ parent: UInt64, _ name: String) -> String? {
+    func childPath(_ parent: InodeNumber, _ name: String) -> String? {
         guard let dir = store.path(of: parent) else { return nil }
         return dir.isEmpty ? name : dir + "/" + name
     }
 
     /// The paths of the regular files at `parent`/`name`: itself, or those below it when
     /// it is a directory (at most 10,000: a watcher of a bigger move sees its first ones).
-    func filePaths(_ parent: UInt64, _ name: String) -> Set<String> {
+    func filePaths(_ parent: InodeNumber, _ name: String) -> Set<String> {
         guard !VirtualViews.isVirtual(parent), let id = store.child(parent, name), let inode = store.inode(id),
               let path = childPath(parent, name) else { return [] }
         if inode.kind == .file { return [path] }

@@ -80,7 +80,7 @@ extension FileSystem {
 
     /// `ranOut`: every candidate was looked at.
     private func walkLeastRecentlyUsed(until enough: () -> Bool) -> (files: Int, bytes: Int64, ranOut: Bool) {
-        var cursor: (used: Nanos, ino: InodeNumber) = (Nanos.min, 0)
+        var cursor: (used: Nanos, ino: InodeNumber) = (Nanos.min, .zero)
         var files = 0, freed: Int64 = 0
         // Chunks pinned and open files use stay, whichever file they are evicted for.
         guard let inUse = try? chunksInUse() else { return (0, 0, false) }

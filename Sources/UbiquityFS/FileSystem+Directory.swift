@@ -14,7 +14,7 @@ public enum RenameFlags {
 }
 
 extension FileSystem {
-    public func mkdir(parent: UInt64, name: String, mode: UInt32, caller: Caller) throws(Errno) -> Attributes {
+    public func mkdir(parent: InodeNumber, name: String, mode: UInt32, caller: Caller) throws(Errno) -> Attributes {
         try meta.withLock { (m) throws(Errno) -> Attributes in
             let inode = try m.makeNode(parent: parent, name: name, kind: .directory, mode: mode, caller: caller)
             m.lookups[inode.id, default: 0] += 1
@@ -23,7 +23,7 @@ extension FileSystem {
     }
 
     /// mknod: fifos and sockets only (device nodes make no sense in a synced container).
-    public func mknod(parent: UInt64, name: String, mode: UInt32, rdev: UInt64, caller: Caller) throws(Errno) -> Attributes {
+    public func mknod(parent: InodeNumber, name: String, mode: UInt32, rdev: UInt64, caller: Caller) throws(Errno) -> Attributes {
         // Device nodes are stored with their rdev, like ext4 (the kernel checks CAP_MKNOD).
         guard let kind = NodeKindBits.kind(mode: mode), kind.isLocalNode || kind == .file else { throw .invalid }
         if kind == .file {
@@ -39,7 +39,7 @@ extension FileSystem {
         }
     }
 
-    public func symlink(target: String, parent: UInt64, name: String, caller: Caller) throws(Errno) -> Attributes {
+    public func symlink(target: String, parent: InodeNumber, name: String, caller: Caller) throws(Errno) -> Attributes {
         guard NameCodec.byteCount(target) <= 4095 else { throw .nameTooLong }
         return try meta.withLock { (m) throws(Errno) -> Attributes in
             let inode = try m.makeNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, target: target)
@@ -48,7 +48,7 @@ extension FileSystem {
         }
     }
 
-    public func link(_ ino: UInt64, parent: UInt64, name: String) throws(Errno) -> Attributes {
+    public func link(_ ino: InodeNumber, parent: InodeNumber, name: String) throws(Errno) -> Attributes {
         try meta.withLock { (m) throws(Errno) -> Attributes in
             try m.checkNewName(parent: parent, name: name)
             guard let inode = m.store.inode(ino) else { throw .notFound }
@@ -59,7 +59,7 @@ extension FileSystem {
         }
     }
 
-    public func unlink(parent: UInt64, name: String) throws(Errno) {
+    public func unlink(parent: InodeNumber, name: String) throws(Errno) {
         if parent == KeyValueDoor.root { return try kvUnlink(parent: parent, name: name) }
         if VirtualViews.isVirtual(parent) { return try discardConflict(parent: parent, name: name) }
         try meta.withLock { (m) throws(Errno) in
@@ -71,7 +71,7 @@ extension FileSystem {
         }
     }
 
-    public func rmdir(parent: UInt64, name: String) throws(Errno) {
+    public func rmdir(parent: InodeNumber, name: String) throws(Errno) {
         try meta.withLock { (m) throws(Errno) in
             let (id, inode) = try m.existing(parent: parent, name: name)
             guard inode.kind == .directory else { throw .notDirectory }
@@ -83,7 +83,7 @@ extension FileSystem {
     /// rename(2)/renameat2(2). Renaming a file keeps its history; renaming a file over an
     /// existing file continues the *target's* history with the source's content, which is
     /// how editors' "write temp, rename over" saves stay one history.
-    public func rename(parent: UInt64, name: String, newParent: UInt64, newName: String, flags: UInt32) throws(Errno) {
+    public func rename(parent: InodeNumber, name: String, newParent: InodeNumber, newName: String, flags: UInt32) throws(Errno) {
         guard flags & ~(RenameFlags.noReplace | RenameFlags.exchange) == 0,
               flags != RenameFlags.noReplace | RenameFlags.exchange else { throw .invalid }
         // Keys are not files: mv falls back to copy and remove.
@@ -113,7 +113,7 @@ extension FileSystem {
         }
     }
 
-    private func renameLocked(_ m: inout Meta, parent: UInt64, name: String, newParent: UInt64, newName: String,
+    private func renameLocked(_ m: inout Meta, parent: InodeNumber, name: String, newParent: InodeNumber, newName: String,
                               flags: UInt32) throws(Errno) {
         if VirtualViews.isVirtual(parent) || VirtualViews.isVirtual(newParent) {
             throw .readOnly
@@ -206,8 +206,8 @@ extension FileSystem {
 
     // MARK: readdir
 
-    public func opendir(_ ino: UInt64) throws(Errno) -> UInt64 {
-        try meta.withLock { (m) throws(Errno) -> UInt64 in
+    public func opendir(_ ino: InodeNumber) throws(Errno) -> HandleID {
+        try meta.withLock { (m) throws(Errno) -> HandleID in
             if !VirtualViews.isVirtual(ino) {
                 guard let dir = m.store.inode(ino) else { throw .notFound }
                 guard dir.kind == .directory else { throw .notDirectory }
@@ -220,7 +220,7 @@ extension FileSystem {
     /// directory changes. A read from offset 0 (the first, or one after rewinddir) takes
     /// a new snapshot: POSIX wants every entry that exists at the rewind (found by
     /// t-hostile.py). (Listing at opendir as well read every directory twice.)
-    public func readdir(_ handle: UInt64, fromStart: Bool = false) throws(Errno) -> [DirectoryEntry] {
+    public func readdir(_ handle: HandleID, fromStart: Bool = false) throws(Errno) -> [DirectoryEntry] {
         try meta.withLock { (m) throws(Errno) -> [DirectoryEntry] in
             guard case .directory(let ino, let entries) = m.handles[handle] else { throw .badHandle }
             if !fromStart, let entries { return entries }
@@ -231,7 +231,7 @@ extension FileSystem {
     }
 
     /// readdirplus hands the kernel an entry reference for each listed node.
-    public func noteLookups(_ inos: [UInt64]) {
+    public func noteLookups(_ inos: [InodeNumber]) {
         guard !inos.isEmpty else { return }
         meta.withLock { m in
             for ino in inos {
@@ -246,7 +246,7 @@ extension FileSystem {
         }
     }
 
-    public func releasedir(_ handle: UInt64) {
+    public func releasedir(_ handle: HandleID) {
         _ = handles.removeValue(forKey: handle)
     }
 }
@@ -263,7 +263,7 @@ extension FileSystem.Meta {
     mutating func pruneViews() {
         let handles = self.handles.values
         views.pruneUnreferenced {
-            var pinned: Set<UInt64> = []
+            var pinned: Set<InodeNumber> = []
             for case .directory(_, let entries?) in handles {
                 for entry in entries where VirtualViews.isVirtual(entry.attributes.ino) { pinned.insert(entry.attributes.ino) }
             }
@@ -272,10 +272,10 @@ extension FileSystem.Meta {
     }
 
     /// The entries of directory `ino` (control entries at the root), with attributes.
-    mutating func listing(_ ino: UInt64, showVersions: Bool) throws(Errno) -> [DirectoryEntry] {
+    mutating func listing(_ ino: InodeNumber, showVersions: Bool) throws(Errno) -> [DirectoryEntry] {
         if ino == KeyValueDoor.root {
             // Open key files and open listings of .kv keep their keys' numbers.
-            var pinned: Set<UInt64> = []
+            var pinned: Set<InodeNumber> = []
             for handle in handles.values {
                 switch handle {
                 case .directory(KeyValueDoor.root, let entries?): pinned.formUnion(entries.map(\.attributes.ino))
@@ -300,7 +300,7 @@ extension FileSystem.Meta {
         return list
     }
 
-    func existing(parent: UInt64, name: String) throws(Errno) -> (InodeNumber, Inode) {
+    func existing(parent: InodeNumber, name: String) throws(Errno) -> (InodeNumber, Inode) {
         if VirtualViews.isVirtual(parent) || (parent == Store.rootInode && VirtualViews.rootNames.contains(name)) { throw .readOnly }
         guard let dir = store.inode(parent) else { throw .notFound }
         guard dir.kind == .directory else { throw .notDirectory }
@@ -308,7 +308,7 @@ extension FileSystem.Meta {
         return (id, inode)
     }
 
-    func checkNewName(parent: UInt64, name: String) throws(Errno) {
+    func checkNewName(parent: InodeNumber, name: String) throws(Errno) {
         if VirtualViews.isVirtual(parent) { throw .readOnly }
         if parent == Store.rootInode && VirtualViews.rootNames.contains(name) { throw .exists }
         try checkName(name)
@@ -318,7 +318,7 @@ extension FileSystem.Meta {
         if store.child(parent, name) != nil { throw .exists }
     }
 
-    mutating func makeNode(parent: UInt64, name: String, kind: NodeKind, mode: UInt32, caller: Caller,
+    mutating func makeNode(parent: InodeNumber, name: String, kind: NodeKind, mode: UInt32, caller: Caller,
                            rdev: UInt64 = 0, target: String? = nil) throws(Errno) -> Inode {
         try checkNewName(parent: parent, name: name)
         // A set-group-ID directory passes its group on (and, to directories, the bit).
@@ -342,7 +342,7 @@ extension FileSystem.Meta {
 
     /// Removes one name. A file whose last name goes gets a tombstone in its history
     /// (unless its history continues under another inode: rename over).
-    mutating func removeName(parent: UInt64, name: String, id: InodeNumber, historyContinues: Bool = false) throws(Errno) {
+    mutating func removeName(parent: InodeNumber, name: String, id: InodeNumber, historyContinues: Bool = false) throws(Errno) {
         let path = store.path(of: id) ?? name
         let before = store.inode(id)!
         let after = try storeCall { () throws(StoreError) in try store.removeEntry(parent: parent, name: name, id: id) }

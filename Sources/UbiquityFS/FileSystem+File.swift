@@ -45,7 +45,7 @@ enum Handle {
     /// A read-only view (a version under .versions/).
     case view(content: FileContent)
     /// An open directory: the listing snapshot of its last read from offset 0 (nil before).
-    case directory(ino: UInt64, entries: [DirectoryEntry]?)
+    case directory(ino: InodeNumber, entries: [DirectoryEntry]?)
     /// A key file under `.kv/` (FileSystem+KeyValue).
     case keyValue(KeyValueOpen)
 }
@@ -60,9 +60,9 @@ public struct OpenFlags: Sendable {
 extension FileSystem {
     // MARK: create, open, release
 
-    public func create(parent: UInt64, name: String, mode: UInt32, flags: OpenFlags, caller: Caller) throws(Errno) -> (Attributes, UInt64) {
+    public func create(parent: InodeNumber, name: String, mode: UInt32, flags: OpenFlags, caller: Caller) throws(Errno) -> (Attributes, HandleID) {
         if parent == KeyValueDoor.root { return try kvCreate(parent: parent, name: name, flags: flags) }
-        let (attributes, handle, open) = try meta.withLock { (m) throws(Errno) -> (Attributes, UInt64, OpenFile) in
+        let (attributes, handle, open) = try meta.withLock { (m) throws(Errno) -> (Attributes, HandleID, OpenFile) in
             let inode = try m.makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller)
             let open = try m.openFile(inode.id)
             open.handles = 1
@@ -78,7 +78,7 @@ extension FileSystem {
 
     /// Whether the kernel may keep a file's page cache across opens: not for TinyPix
     /// views, whose grid is normalized at each commit (what was written as `X` reads `#`).
-    public func keepsCache(_ handle: UInt64) -> Bool {
+    public func keepsCache(_ handle: HandleID) -> Bool {
         switch handles[handle] {
         case .file(_, let open, _): return !open.isTinyPix
         case .keyValue: return false // another device may have set it since
@@ -86,16 +86,16 @@ extension FileSystem {
         }
     }
 
-    public func open(_ ino: UInt64, flags: OpenFlags) throws(Errno) -> UInt64 {
+    public func open(_ ino: InodeNumber, flags: OpenFlags) throws(Errno) -> HandleID {
         if KeyValueDoor.owns(ino) { return try kvOpen(ino, flags: flags) }
         if VirtualViews.isVirtual(ino) {
             if flags.writable || flags.truncates { throw .readOnly }
-            return try meta.withLock { (m) throws(Errno) -> UInt64 in
+            return try meta.withLock { (m) throws(Errno) -> HandleID in
                 let content = try m.views.content(ino, store: m.store)
                 return m.register(.view(content: content))
             }
         }
-        let (handle, open) = try meta.withLock { (m) throws(Errno) -> (UInt64, OpenFile) in
+        let (handle, open) = try meta.withLock { (m) throws(Errno) -> (HandleID, OpenFile) in
             guard let inode = m.store.inode(ino) else { throw .notFound }
             guard inode.kind == .file else { throw inode.kind == .directory ? .isDirectory : .invalid }
             let open = try m.openFile(ino)
@@ -116,14 +116,14 @@ extension FileSystem {
     /// and the version exists when close() returns), but not for a truncation alone —
     /// a shell's `> file` closes a dup'ed descriptor right after open(O_TRUNC), and that
     /// must not become an empty version. Release commits whatever is left.
-    public func flush(_ handle: UInt64) throws(Errno) {
+    public func flush(_ handle: HandleID) throws(Errno) {
         if let kv = keyValueHandle(handle) { return try kvFlush(kv) }
         guard let (ino, open) = try fileHandle(handle), open.content.hasWrites,
               state.withLock({ _ in open.handles }) == 1 else { return }
         try commit(ino, open)
     }
 
-    public func release(_ handle: UInt64) throws(Errno) {
+    public func release(_ handle: HandleID) throws(Errno) {
         let removed = handles.removeValue(forKey: handle)
         if case .keyValue(let kv) = removed { return kvRelease(kv) }
         guard case .file(let ino, let open, let writable) = removed else { return }
@@ -151,7 +151,7 @@ extension FileSystem {
     /// fsync(2): commit, then make the save durable: a file of up to 1 MiB by one frame of
     /// the intent log and its fdatasync (outside the metadata lock, so concurrent fsyncs
     /// share the disk flush), anything else by the durability barrier.
-    public func fsync(_ handle: UInt64) throws(Errno) {
+    public func fsync(_ handle: HandleID) throws(Errno) {
         if let kv = keyValueHandle(handle) { return try kvFlush(kv) } // applied is durable
         if let (ino, open) = try fileHandle(handle) {
             try commit(ino, open)
@@ -173,7 +173,7 @@ extension FileSystem {
 
     // MARK: data
 
-    public func read(_ handle: UInt64, offset: Int64, count: Int) throws(Errno) -> [UInt8] {
+    public func read(_ handle: HandleID, offset: Int64, count: Int) throws(Errno) -> [UInt8] {
         let content: FileContent
         switch handles[handle] {
         case .file(_, let open, _): content = open.content
@@ -184,7 +184,7 @@ extension FileSystem {
         return try storeCall { () throws(StoreError) in try content.read(offset: offset, count: count) }
     }
 
-    public func write(_ handle: UInt64, offset: Int64, data: UnsafeRawBufferPointer) throws(Errno) -> Int {
+    public func write(_ handle: HandleID, offset: Int64, data: UnsafeRawBufferPointer) throws(Errno) -> Int {
         let open: OpenFile
         switch handles[handle] {
         case .file(_, let file, true): open = file
@@ -209,7 +209,7 @@ extension FileSystem {
     /// - COLLAPSE_RANGE, INSERT_RANGE, UNSHARE_RANGE, WRITE_ZEROES and anything unknown:
     ///   EOPNOTSUPP (callers fall back to writing).
     /// ctime changes, and mtime whenever the content or the size does (as ext4).
-    public func fallocate(_ handle: UInt64, mode: Int32, offset: Int64, length: Int64) throws(Errno) {
+    public func fallocate(_ handle: HandleID, mode: Int32, offset: Int64, length: Int64) throws(Errno) {
         let keepSize = mode & Linux.fallocKeepSize != 0
         let kind = mode & ~Linux.fallocKeepSize
         guard kind == 0 || kind == Linux.fallocPunchHole || kind == Linux.fallocZeroRange else { throw .notSupported }
@@ -254,7 +254,7 @@ extension FileSystem {
 
     /// lseek(2) with SEEK_DATA or SEEK_HOLE (the kernel handles the other whences):
     /// holes are the runs no write and no chunk covers. ENXIO at or past the end.
-    public func seek(_ handle: UInt64, offset: Int64, data: Bool) throws(Errno) -> Int64 {
+    public func seek(_ handle: HandleID, offset: Int64, data: Bool) throws(Errno) -> Int64 {
         let content: FileContent
         switch handles[handle] {
         case .file(_, let open, _): content = open.content
@@ -405,12 +405,12 @@ extension FileSystem {
         autosaveDue.ring()
     }
 
-    private func keyValueHandle(_ handle: UInt64) -> KeyValueOpen? {
+    private func keyValueHandle(_ handle: HandleID) -> KeyValueOpen? {
         if case .keyValue(let open) = handles[handle] { return open }
         return nil
     }
 
-    private func fileHandle(_ handle: UInt64, forWriting: Bool = false) throws(Errno) -> (InodeNumber, OpenFile)? {
+    private func fileHandle(_ handle: HandleID, forWriting: Bool = false) throws(Errno) -> (InodeNumber, OpenFile)? {
         switch handles[handle] {
         case .file(let ino, let open, let writable):
             if forWriting && !writable { throw .badHandle }
@@ -422,7 +422,7 @@ extension FileSystem {
 }
 
 extension FileSystem.Meta {
-    mutating func register(_ handle: Handle) -> UInt64 {
+    mutating func register(_ handle: Handle) -> HandleID {
         if case .file(let ino, _, true) = handle { busy.writers(ino, 1) }
         return handles.register(handle)
     }

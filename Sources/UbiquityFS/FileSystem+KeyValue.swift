@@ -11,9 +11,9 @@ import UbiquitySystem
 /// Nothing here is cached by the kernel (zero timeouts, no page cache kept): a value
 /// another device set shows at the next read.
 struct KeyValueDoor {
-    static let root = VirtualViews.base + 2
+    static let root = VirtualViews.base.advanced(by: 2)
     /// Key files are numbered from here, apart from the history views' nodes.
-    static let keyBase: UInt64 = 1 << 57
+    static let keyBase = InodeNumber(rawValue: 1 << 57)
     static let typeAttribute = "user.ubiquity.kv.type"
     static let deviceAttribute = "user.ubiquity.kv.device"
     static let timeAttribute = "user.ubiquity.kv.time"
@@ -22,25 +22,25 @@ struct KeyValueDoor {
     static let usageAttribute = "user.ubiquity.kv.usage"
     static let name = ".kv"
 
-    static func owns(_ ino: UInt64) -> Bool { ino == root || ino >= keyBase }
+    static func owns(_ ino: InodeNumber) -> Bool { ino == root || ino >= keyBase }
 
     /// Key files' numbers (see NodeNumbering).
     private var files = NodeNumbering<String>(first: keyBase)
 
-    mutating func number(_ key: String) -> UInt64 { files.number(key) }
+    mutating func number(_ key: String) -> InodeNumber { files.number(key) }
 
-    func key(_ ino: UInt64) -> String? { files.key(ino) }
+    func key(_ ino: InodeNumber) -> String? { files.key(ino) }
 
     /// The key's number if it has one (without giving it one).
-    func existingNumber(_ key: String) -> UInt64? { files.existingNumber(key) }
+    func existingNumber(_ key: String) -> InodeNumber? { files.existingNumber(key) }
 
-    mutating func referenced(_ ino: UInt64) { files.referenced(ino) }
+    mutating func referenced(_ ino: InodeNumber) { files.referenced(ino) }
 
-    mutating func forget(_ ino: UInt64, count: UInt64) { files.forget(ino, count: count) }
+    mutating func forget(_ ino: InodeNumber, count: UInt64) { files.forget(ino, count: count) }
 
     /// Drops key numbers the kernel holds no reference to, once there are many (a listing
     /// numbers every key; keys come and go).
-    mutating func pruneUnreferenced(pinned: () -> Set<UInt64>) {
+    mutating func pruneUnreferenced(pinned: () -> Set<InodeNumber>) {
         files.pruneUnreferenced(limit: 4096, pinned: pinned)
     }
 }
@@ -74,7 +74,7 @@ extension FileSystem {
 
     // MARK: nodes
 
-    func kvLookup(parent: UInt64, name: String) throws(Errno) -> Attributes {
+    func kvLookup(parent: InodeNumber, name: String) throws(Errno) -> Attributes {
         try meta.withLock { (m) throws(Errno) -> Attributes in
             if parent == Store.rootInode { return m.kvAttributes(KeyValueDoor.root, entry: nil) }
             guard parent == KeyValueDoor.root else { throw .notFound }
@@ -89,10 +89,10 @@ extension FileSystem {
 
     // MARK: files
 
-    func kvCreate(parent: UInt64, name: String, flags: OpenFlags) throws(Errno) -> (Attributes, UInt64) {
+    func kvCreate(parent: InodeNumber, name: String, flags: OpenFlags) throws(Errno) -> (Attributes, HandleID) {
         guard parent == KeyValueDoor.root else { throw .readOnly }
         do throws(KVError) { try KeyValues.check(key: name, limits: kvLimits) } catch { throw StoreError.keyValue(error).errno }
-        return try meta.withLock { (m) throws(Errno) -> (Attributes, UInt64) in
+        return try meta.withLock { (m) throws(Errno) -> (Attributes, HandleID) in
             let current = try storeCall { () throws(StoreError) in try m.store.kvEntry(name) }.flatMap { $0.isTombstone ? nil : $0 }
             if current != nil && flags.raw & O_EXCL != 0 { throw .exists }
             let open = KeyValueOpen(key: name, writable: true, buffer: [], type: current?.type)
@@ -107,8 +107,8 @@ extension FileSystem {
         }
     }
 
-    func kvOpen(_ ino: UInt64, flags: OpenFlags) throws(Errno) -> UInt64 {
-        try meta.withLock { (m) throws(Errno) -> UInt64 in
+    func kvOpen(_ ino: InodeNumber, flags: OpenFlags) throws(Errno) -> HandleID {
+        try meta.withLock { (m) throws(Errno) -> HandleID in
             if ino == KeyValueDoor.root { throw .isDirectory }
             guard let key = m.kv.key(ino) else { throw .notFound }
             let current = try storeCall { () throws(StoreError) in try m.store.kvEntry(key) }.flatMap { $0.isTombstone ? nil : $0 }
@@ -180,7 +180,7 @@ extension FileSystem {
     }
 
     /// truncate(2) of a key file: the open handles' pending values, or the stored value at once.
-    func kvTruncate(_ ino: UInt64, to size: Int64) throws(Errno) {
+    func kvTruncate(_ ino: InodeNumber, to size: Int64) throws(Errno) {
         guard size >= 0 else { throw .invalid }
         guard size <= Int64(kvLimits.maxValueBytes) else { throw .fileTooBig }
         let open: [KeyValueOpen] = try meta.withLock { (m) throws(Errno) -> [KeyValueOpen] in
@@ -213,7 +213,7 @@ extension FileSystem {
         requestSyncSoon()
     }
 
-    func kvUnlink(parent: UInt64, name: String) throws(Errno) {
+    func kvUnlink(parent: InodeNumber, name: String) throws(Errno) {
         guard parent == KeyValueDoor.root else { throw .readOnly }
         try meta.withLock { (m) throws(Errno) in
             let removed = try storeCall { () throws(StoreError) -> Bool in
@@ -226,7 +226,7 @@ extension FileSystem {
 
     // MARK: xattrs
 
-    func kvGetxattr(_ ino: UInt64, name: String) throws(Errno) -> [UInt8] {
+    func kvGetxattr(_ ino: InodeNumber, name: String) throws(Errno) -> [UInt8] {
         try meta.withLock { (m) throws(Errno) -> [UInt8] in
             if ino == KeyValueDoor.root {
                 let l = kvLimits
@@ -262,13 +262,13 @@ extension FileSystem {
 
     /// Only the type is listed (it is the one a copy can set back); the key's device and
     /// time and the door's limits and usage are status, readable by name (issue 22).
-    func kvListxattr(_ ino: UInt64) throws(Errno) -> [String] {
+    func kvListxattr(_ ino: InodeNumber) throws(Errno) -> [String] {
         ino == KeyValueDoor.root ? [] : [KeyValueDoor.typeAttribute]
     }
 
     /// Setting the type: while the key is open for writing, the type its value takes at
     /// close; otherwise the stored value is converted now (EINVAL if it does not parse).
-    func kvSetxattr(_ ino: UInt64, name: String, value: [UInt8]) throws(Errno) {
+    func kvSetxattr(_ ino: InodeNumber, name: String, value: [UInt8]) throws(Errno) {
         guard name == KeyValueDoor.typeAttribute else { throw .notSupported }
         guard let text = String(validating: value, as: UTF8.self), let type = KVType(name: text.trimmingWhitespace) else {
             throw .invalid
@@ -304,7 +304,7 @@ extension FileSystem {
 extension FileSystem.Meta {
     /// A key file's attributes from the store (the size an open handle will set shows
     /// only after its close).
-    func kvAttributes(_ ino: UInt64) throws(Errno) -> Attributes {
+    func kvAttributes(_ ino: InodeNumber) throws(Errno) -> Attributes {
         if ino == KeyValueDoor.root { return kvAttributes(ino, entry: nil) }
         guard let key = kv.key(ino) else { throw .notFound }
         let entry = try storeCall { () throws(StoreError) in try store.kvEntry(key) }
@@ -319,7 +319,7 @@ extension FileSystem.Meta {
         return kvAttributes(ino, entry: entry)
     }
 
-    func kvAttributes(_ ino: UInt64, entry: KVEntry?) -> Attributes {
+    func kvAttributes(_ ino: InodeNumber, entry: KVEntry?) -> Attributes {
         let root = store.inode(Store.rootInode)
         let uid = root?.uid ?? 0, gid = root?.gid ?? 0
         if ino == KeyValueDoor.root {

@@ -69,7 +69,7 @@ extension FileSystem {
             let now = meta.withLock { $0.store.clock() }
             prunable = Set(try prune(policy: policy, now: now, dryRun: true).versions.map(\.row))
         }
-        var current: Set<Int64> = [], inode: Int64? = 0
+        var current: Set<Int64> = [], inode: InodeNumber? = .zero
         while let after = inode {
             inode = try withMetaSlice { (m) throws(StoreError) in try m.store.currentVersionRows(afterInode: after, limit: 2_000, into: &current) }
         }
@@ -175,7 +175,7 @@ extension FileSystem {
     public static let gcAttribute = "user.ubiquity.gc"
 
     /// Reads of the maintenance reports, answered without the metadata lock.
-    func maintenanceReport(_ ino: UInt64, name: String) -> [UInt8]? {
+    func maintenanceReport(_ ino: InodeNumber, name: String) -> [UInt8]? {
         guard ino == Store.rootInode else { return nil }
         switch name {
         case Self.pruneAttribute: return Array(reports.withLock { $0.prune }.utf8)

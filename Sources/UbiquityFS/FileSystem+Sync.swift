@@ -19,7 +19,7 @@ extension FileSystem {
     /// finds it from the mount whatever the store's path.
     public func announce(controlSocket path: String) { hooks.withLock { $0.controlSocket = path } }
 
-    func socketAttribute(_ ino: UInt64, name: String) -> [UInt8]? {
+    func socketAttribute(_ ino: InodeNumber, name: String) -> [UInt8]? {
         guard ino == Store.rootInode, name == Self.socketAttribute, let path = hooks.withLock({ $0.controlSocket }) else { return nil }
         return Array(path.utf8)
     }
@@ -55,14 +55,14 @@ extension FileSystem {
 
     /// Reads of the root's sync status attribute, answered without the metadata lock (the
     /// engine takes it during a cycle).
-    func syncStatus(_ ino: UInt64, name: String) -> [UInt8]? {
+    func syncStatus(_ ino: InodeNumber, name: String) -> [UInt8]? {
         guard ino == Store.rootInode, name == Self.syncStatusAttribute, let sync = hooks.withLock({ $0.sync }) else { return nil }
         return Array(sync.statusText().utf8)
     }
 
     /// `setfattr -n user.ubiquity.control -v sync|pause|resume MOUNTPOINT`, and the
     /// maintenance commands (`prune ...`, `gc ...`: FileSystem+Maintenance).
-    func control(_ ino: UInt64, name: String, value: [UInt8]) throws(Errno) -> Bool {
+    func control(_ ino: InodeNumber, name: String, value: [UInt8]) throws(Errno) -> Bool {
         guard name == Self.controlAttribute else { return false }
         guard ino == Store.rootInode else { throw .notPermitted }
         let text = String(decoding: value, as: UTF8.self).trimmingWhitespace
@@ -82,7 +82,7 @@ extension FileSystem {
     // MARK: conflicts through plain tools
 
     /// `rm .conflicts/<path>/<name>`: discards that conflict version.
-    func discardConflict(parent: UInt64, name: String) throws(Errno) {
+    func discardConflict(parent: InodeNumber, name: String) throws(Errno) {
         try meta.withLock { (m) throws(Errno) in
             guard let (path, version) = try m.views.conflictVersion(parent: parent, name: name, store: m.store) else { throw .readOnly }
             try storeCall { () throws(StoreError) in try m.store.discardConflict(version.id) }
@@ -92,7 +92,7 @@ extension FileSystem {
 
     /// `mv .conflicts/<path>/<name> <path>`: makes that version the file's current one.
     /// Moving it anywhere else is EXDEV, so `mv` copies it there and then discards it.
-    func takeConflict(parent: UInt64, name: String, newParent: UInt64, newName: String) throws(Errno) {
+    func takeConflict(parent: InodeNumber, name: String, newParent: InodeNumber, newName: String) throws(Errno) {
         let changes = try meta.withLock { (m) throws(Errno) -> TreeChanges in
             guard let (path, version) = try m.views.conflictVersion(parent: parent, name: name, store: m.store) else { throw .readOnly }
             guard !VirtualViews.isVirtual(newParent), let dir = m.store.path(of: newParent) else { throw Errno(EXDEV) }

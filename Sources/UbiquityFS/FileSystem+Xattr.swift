@@ -27,7 +27,7 @@ extension FileSystem {
         if name == "user." { throw .invalid }
     }
 
-    public func getxattr(_ ino: UInt64, name: String) throws(Errno) -> [UInt8] {
+    public func getxattr(_ ino: InodeNumber, name: String) throws(Errno) -> [UInt8] {
         try Self.checkXattrName(name)
         if KeyValueDoor.owns(ino) { return try kvGetxattr(ino, name: name) }
         // Only user.* names have values, and the kernel asks for security.capability
@@ -59,7 +59,7 @@ extension FileSystem {
         }
     }
 
-    public func listxattr(_ ino: UInt64) throws(Errno) -> [String] {
+    public func listxattr(_ ino: InodeNumber) throws(Errno) -> [String] {
         if KeyValueDoor.owns(ino) { return try kvListxattr(ino) }
         return try meta.withLock { (m) throws(Errno) -> [String] in
             if VirtualViews.isVirtual(ino) { return [] }
@@ -69,7 +69,7 @@ extension FileSystem {
     }
 
     /// flags: XATTR_CREATE (1) fails if it exists, XATTR_REPLACE (2) if it does not.
-    public func setxattr(_ ino: UInt64, name: String, value: [UInt8], flags: Int32) throws(Errno) {
+    public func setxattr(_ ino: InodeNumber, name: String, value: [UInt8], flags: Int32) throws(Errno) {
         try Self.checkXattrName(name)
         if try control(ino, name: name, value: value) { return }
         if KeyValueDoor.owns(ino) { return try kvSetxattr(ino, name: name, value: value) }
@@ -90,7 +90,7 @@ extension FileSystem {
         }
     }
 
-    public func removexattr(_ ino: UInt64, name: String) throws(Errno) {
+    public func removexattr(_ ino: InodeNumber, name: String) throws(Errno) {
         try Self.checkXattrName(name)
         try meta.withLock { (m) throws(Errno) in
             if VirtualViews.isVirtual(ino) { throw .readOnly }

@@ -142,7 +142,7 @@ public final class FileSystem: Sendable {
 
     // MARK: lookup, forget, getattr
 
-    public func lookup(parent: UInt64, name: String) throws(Errno) -> Attributes {
+    public func lookup(parent: InodeNumber, name: String) throws(Errno) -> Attributes {
         if parent == KeyValueDoor.root || (parent == Store.rootInode && name == KeyValueDoor.name) {
             return try kvLookup(parent: parent, name: name)
         }
@@ -164,7 +164,7 @@ public final class FileSystem: Sendable {
 
     /// The kernel dropped `count` references to `ino`. An inode that no name and no open
     /// handle refers to any more is removed from the store.
-    public func forget(_ ino: UInt64, count: UInt64) {
+    public func forget(_ ino: InodeNumber, count: UInt64) {
         meta.withLock { m in
             if KeyValueDoor.owns(ino) { return m.kv.forget(ino, count: count) }
             if VirtualViews.isVirtual(ino) { return m.views.forget(ino, count: count) }
@@ -174,7 +174,7 @@ public final class FileSystem: Sendable {
         }
     }
 
-    public func getattr(_ ino: UInt64) throws(Errno) -> Attributes {
+    public func getattr(_ ino: InodeNumber) throws(Errno) -> Attributes {
         try meta.withLock { (m) throws(Errno) -> Attributes in
             if KeyValueDoor.owns(ino) { return try m.kvAttributes(ino) }
             if VirtualViews.isVirtual(ino) { return try m.views.attributes(ino, store: m.store) }
@@ -196,7 +196,7 @@ public final class FileSystem: Sendable {
 
     public enum TimeChange: Sendable { case now, at(Nanos) }
 
-    public func setattr(_ ino: UInt64, _ changes: AttributeChanges) throws(Errno) -> Attributes {
+    public func setattr(_ ino: InodeNumber, _ changes: AttributeChanges) throws(Errno) -> Attributes {
         if KeyValueDoor.owns(ino) {
             // Modes, owners and times of key files are fixed; only the size changes.
             if let size = changes.size { try kvTruncate(ino, to: size) }
@@ -227,7 +227,7 @@ public final class FileSystem: Sendable {
         }
     }
 
-    public func readlink(_ ino: UInt64) throws(Errno) -> String {
+    public func readlink(_ ino: InodeNumber) throws(Errno) -> String {
         try meta.withLock { (m) throws(Errno) -> String in
             guard let inode = m.store.inode(ino) else { throw .notFound }
             guard inode.kind == .symlink, let target = inode.target else { throw .invalid }

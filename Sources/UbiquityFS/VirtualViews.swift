@@ -11,12 +11,12 @@ import UbiquityStore
 ///     .conflicts/<path>/<name>   an unresolved conflict version of the file at <path>;
 ///                                rm discards it, mv onto <path> takes it (FileSystem+Sync)
 struct VirtualViews {
-    static let base: UInt64 = 1 << 56
+    static let base = InodeNumber(rawValue: 1 << 56)
     static let versionsRoot = base
-    static let conflictsRoot = base + 1
+    static let conflictsRoot = base.advanced(by: 1)
     static let rootNames: Set<String> = [".versions", ".conflicts", KeyValueDoor.name]
 
-    static func isVirtual(_ ino: UInt64) -> Bool { ino >= base }
+    static func isVirtual(_ ino: InodeNumber) -> Bool { ino >= base }
 
     enum Node: Hashable {
         /// A directory of .versions/ mirroring `path` ("" is .versions itself).
@@ -34,23 +34,23 @@ struct VirtualViews {
     }
 
     /// base + 2 is `.kv` (KeyValueDoor); numbers below base + 16 are kept for such roots.
-    private var nodes = NodeNumbering<Node>(first: base + 16, permanent: [
+    private var nodes = NodeNumbering<Node>(first: base.advanced(by: 16), permanent: [
         versionsRoot: .directory(path: ""), conflictsRoot: .conflictDirectory(path: ""),
     ])
     /// Nodes only listed (never referenced) are dropped once there are this many.
     static let unreferencedLimit = 10_000
 
-    mutating func referenced(_ ino: UInt64) { nodes.referenced(ino) }
+    mutating func referenced(_ ino: InodeNumber) { nodes.referenced(ino) }
 
-    mutating func forget(_ ino: UInt64, count: UInt64) { nodes.forget(ino, count: count) }
+    mutating func forget(_ ino: InodeNumber, count: UInt64) { nodes.forget(ino, count: count) }
 
-    mutating func pruneUnreferenced(pinned: () -> Set<UInt64>) {
+    mutating func pruneUnreferenced(pinned: () -> Set<InodeNumber>) {
         nodes.pruneUnreferenced(limit: Self.unreferencedLimit, pinned: pinned)
     }
 
     var nodeCount: Int { nodes.count }
 
-    private mutating func number(_ node: Node) -> UInt64 { nodes.number(node) }
+    private mutating func number(_ node: Node) -> InodeNumber { nodes.number(node) }
 
     // MARK: listing
 
@@ -67,7 +67,7 @@ struct VirtualViews {
         return entries
     }
 
-    mutating func entries(_ ino: UInt64, store: Store) throws(Errno) -> [DirectoryEntry] {
+    mutating func entries(_ ino: InodeNumber, store: Store) throws(Errno) -> [DirectoryEntry] {
         guard let node = nodes.key(ino) else { throw .notFound }
         var result: [DirectoryEntry] = []
         switch node {
@@ -121,7 +121,7 @@ struct VirtualViews {
     }
 
     /// The conflict version `name` in the conflict list `parent`, with the file's path.
-    mutating func conflictVersion(parent: UInt64, name: String, store: Store) throws(Errno) -> (String, Version)? {
+    mutating func conflictVersion(parent: InodeNumber, name: String, store: Store) throws(Errno) -> (String, Version)? {
         guard case .conflictList(let path) = nodes.key(parent) else { return nil }
         guard let (_, version) = try conflicts(at: path, store: store).first(where: { $0.0.utf8.elementsEqual(name.utf8) }) else {
             throw .notFound
@@ -129,7 +129,7 @@ struct VirtualViews {
         return (path, version)
     }
 
-    mutating func lookup(parent: UInt64, name: String, store: Store) throws(Errno) -> Attributes {
+    mutating func lookup(parent: InodeNumber, name: String, store: Store) throws(Errno) -> Attributes {
         if parent == Store.rootInode {
             return try attributes(name == ".versions" ? Self.versionsRoot : Self.conflictsRoot, store: store)
         }
@@ -155,7 +155,7 @@ struct VirtualViews {
         }
     }
 
-    mutating func attributes(_ ino: UInt64, store: Store) throws(Errno) -> Attributes {
+    mutating func attributes(_ ino: InodeNumber, store: Store) throws(Errno) -> Attributes {
         guard let node = nodes.key(ino), let root = store.inode(Store.rootInode) else { throw .notFound }
         switch node {
         case .directory, .history, .conflictDirectory, .conflictList:
@@ -168,7 +168,7 @@ struct VirtualViews {
     }
 
     /// A version's content for reading.
-    func content(_ ino: UInt64, store: Store) throws(Errno) -> FileContent {
+    func content(_ ino: InodeNumber, store: Store) throws(Errno) -> FileContent {
         guard case .version(let row, _, _, let tinypix, _) = nodes.key(ino) else { throw nodes.key(ino) == nil ? .notFound : .isDirectory }
         let list = try storeCall { () throws(StoreError) -> ChunkList in
             let stored = try store.chunkList(row: row)

@@ -30,23 +30,23 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.lookup = { req, parent, cname in
         reply(req) { () throws(Errno) in
-            replyEntry(req, try context(req).fs.lookup(parent: parent, name: try name(cname)))
+            replyEntry(req, try context(req).fs.lookup(parent: inode(parent), name: try name(cname)))
         }
     }
 
     ops.forget = { req, ino, count in
-        context(req).fs.forget(ino, count: count)
+        context(req).fs.forget(inode(ino), count: count)
         fuse_reply_none(req)
     }
 
     ops.forget_multi = { req, count, forgets in
         let fs = context(req).fs
-        for i in 0..<count { fs.forget(forgets![i].ino, count: forgets![i].nlookup) }
+        for i in 0..<count { fs.forget(inode(forgets![i].ino), count: forgets![i].nlookup) }
         fuse_reply_none(req)
     }
 
     ops.getattr = { req, ino, _ in
-        reply(req) { () throws(Errno) in replyAttr(req, try context(req).fs.getattr(ino)) }
+        reply(req) { () throws(Errno) in replyAttr(req, try context(req).fs.getattr(inode(ino))) }
     }
 
     ops.setattr = { req, ino, attr, toSet, _ in
@@ -59,66 +59,66 @@ func makeOperations() -> fuse_lowlevel_ops {
             if toSet & setSize != 0 { changes.size = Int64(st.st_size) }
             if toSet & setAtimeNow != 0 { changes.atime = .now } else if toSet & setAtime != 0 { changes.atime = .at(st.st_atim.nanos) }
             if toSet & setMtimeNow != 0 { changes.mtime = .now } else if toSet & setMtime != 0 { changes.mtime = .at(st.st_mtim.nanos) }
-            replyAttr(req, try context(req).fs.setattr(ino, changes))
+            replyAttr(req, try context(req).fs.setattr(inode(ino), changes))
         }
     }
 
     ops.readlink = { req, ino in
         reply(req) { () throws(Errno) in
-            let target = try context(req).fs.readlink(ino)
+            let target = try context(req).fs.readlink(inode(ino))
             _ = withCName(target) { c, _ in fuse_reply_readlink(req, c) }
         }
     }
 
     ops.mknod = { req, parent, cname, mode, rdev in
         reply(req) { () throws(Errno) in
-            replyEntry(req, try context(req).fs.mknod(parent: parent, name: try name(cname), mode: UInt32(mode), rdev: UInt64(rdev), caller: caller(req)))
+            replyEntry(req, try context(req).fs.mknod(parent: inode(parent), name: try name(cname), mode: UInt32(mode), rdev: UInt64(rdev), caller: caller(req)))
         }
     }
 
     ops.mkdir = { req, parent, cname, mode in
         reply(req) { () throws(Errno) in
-            replyEntry(req, try context(req).fs.mkdir(parent: parent, name: try name(cname), mode: UInt32(mode), caller: caller(req)))
+            replyEntry(req, try context(req).fs.mkdir(parent: inode(parent), name: try name(cname), mode: UInt32(mode), caller: caller(req)))
         }
     }
 
     ops.unlink = { req, parent, cname in
         reply(req) { () throws(Errno) in
-            try context(req).fs.unlink(parent: parent, name: try name(cname))
+            try context(req).fs.unlink(parent: inode(parent), name: try name(cname))
             fuse_reply_err(req, 0)
         }
     }
 
     ops.rmdir = { req, parent, cname in
         reply(req) { () throws(Errno) in
-            try context(req).fs.rmdir(parent: parent, name: try name(cname))
+            try context(req).fs.rmdir(parent: inode(parent), name: try name(cname))
             fuse_reply_err(req, 0)
         }
     }
 
     ops.symlink = { req, target, parent, cname in
         reply(req) { () throws(Errno) in
-            replyEntry(req, try context(req).fs.symlink(target: try UbiquityFUSE.target(target), parent: parent, name: try name(cname), caller: caller(req)))
+            replyEntry(req, try context(req).fs.symlink(target: try UbiquityFUSE.target(target), parent: inode(parent), name: try name(cname), caller: caller(req)))
         }
     }
 
     ops.rename = { req, parent, cname, newParent, newName, flags in
         reply(req) { () throws(Errno) in
-            try context(req).fs.rename(parent: parent, name: try name(cname), newParent: newParent, newName: try name(newName), flags: UInt32(flags))
+            try context(req).fs.rename(parent: inode(parent), name: try name(cname), newParent: inode(newParent), newName: try name(newName), flags: UInt32(flags))
             fuse_reply_err(req, 0)
         }
     }
 
     ops.link = { req, ino, newParent, newName in
         reply(req) { () throws(Errno) in
-            replyEntry(req, try context(req).fs.link(ino, parent: newParent, name: try name(newName)))
+            replyEntry(req, try context(req).fs.link(inode(ino), parent: inode(newParent), name: try name(newName)))
         }
     }
 
     ops.open = { req, ino, fi in
         reply(req) { () throws(Errno) in
-            let handle = try context(req).fs.open(ino, flags: OpenFlags(fi!.pointee.flags))
-            fi!.pointee.fh = handle
+            let handle = try context(req).fs.open(inode(ino), flags: OpenFlags(fi!.pointee.flags))
+            fi!.pointee.fh = handle.rawValue
             // Content changes only through this mount, so the page cache stays valid.
             fi!.pointee.keep_cache = context(req).fs.keepsCache(handle) ? 1 : 0
             fuse_reply_open(req, fi)
@@ -127,9 +127,9 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.create = { req, parent, cname, mode, fi in
         reply(req) { () throws(Errno) in
-            let (attributes, handle) = try context(req).fs.create(parent: parent, name: try name(cname), mode: UInt32(mode),
+            let (attributes, handle) = try context(req).fs.create(parent: inode(parent), name: try name(cname), mode: UInt32(mode),
                                                                   flags: OpenFlags(fi!.pointee.flags), caller: caller(req))
-            fi!.pointee.fh = handle
+            fi!.pointee.fh = handle.rawValue
             fi!.pointee.keep_cache = context(req).fs.keepsCache(handle) ? 1 : 0
             var e = entryParam(attributes)
             fuse_reply_create(req, &e, fi)
@@ -138,7 +138,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.read = { req, _, size, offset, fi in
         reply(req) { () throws(Errno) in
-            let bytes = try context(req).fs.read(fi!.pointee.fh, offset: Int64(offset), count: size)
+            let bytes = try context(req).fs.read(handle(fi), offset: Int64(offset), count: size)
             _ = bytes.withUnsafeBufferPointer { fuse_reply_buf(req, UnsafeRawPointer($0.baseAddress)?.assumingMemoryBound(to: CChar.self), $0.count) }
         }
     }
@@ -146,49 +146,49 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.write = { req, _, buf, size, offset, fi in
         reply(req) { () throws(Errno) in
             let data = UnsafeRawBufferPointer(start: buf, count: size)
-            let written = try context(req).fs.write(fi!.pointee.fh, offset: Int64(offset), data: data)
+            let written = try context(req).fs.write(handle(fi), offset: Int64(offset), data: data)
             fuse_reply_write(req, written)
         }
     }
 
     ops.flush = { req, _, fi in
         reply(req) { () throws(Errno) in
-            try context(req).fs.flush(fi!.pointee.fh)
+            try context(req).fs.flush(handle(fi))
             fuse_reply_err(req, 0)
         }
     }
 
     ops.release = { req, _, fi in
         reply(req) { () throws(Errno) in
-            try context(req).fs.release(fi!.pointee.fh)
+            try context(req).fs.release(handle(fi))
             fuse_reply_err(req, 0)
         }
     }
 
     ops.fsync = { req, _, _, fi in
         reply(req) { () throws(Errno) in
-            try context(req).fs.fsync(fi!.pointee.fh)
+            try context(req).fs.fsync(handle(fi))
             fuse_reply_err(req, 0)
         }
     }
 
     ops.opendir = { req, ino, fi in
         reply(req) { () throws(Errno) in
-            fi!.pointee.fh = try context(req).fs.opendir(ino)
+            fi!.pointee.fh = try context(req).fs.opendir(inode(ino)).rawValue
             fuse_reply_open(req, fi)
         }
     }
 
     ops.readdir = { req, ino, size, offset, fi in
-        reply(req) { () throws(Errno) in try readDirectory(req, ino, size, offset, fi!.pointee.fh, plus: false) }
+        reply(req) { () throws(Errno) in try readDirectory(req, inode(ino), size, offset, handle(fi), plus: false) }
     }
 
     ops.readdirplus = { req, ino, size, offset, fi in
-        reply(req) { () throws(Errno) in try readDirectory(req, ino, size, offset, fi!.pointee.fh, plus: true) }
+        reply(req) { () throws(Errno) in try readDirectory(req, inode(ino), size, offset, handle(fi), plus: true) }
     }
 
     ops.releasedir = { req, _, fi in
-        context(req).fs.releasedir(fi!.pointee.fh)
+        context(req).fs.releasedir(handle(fi))
         fuse_reply_err(req, 0)
     }
 
@@ -219,35 +219,35 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.setxattr = { req, ino, cname, value, size, flags in
         reply(req) { () throws(Errno) in
             let bytes = Array(UnsafeRawBufferPointer(start: value, count: size))
-            try context(req).fs.setxattr(ino, name: try xattrName(cname), value: bytes, flags: flags)
+            try context(req).fs.setxattr(inode(ino), name: try xattrName(cname), value: bytes, flags: flags)
             fuse_reply_err(req, 0)
         }
     }
 
     ops.getxattr = { req, ino, cname, size in
         reply(req) { () throws(Errno) in
-            let value = try context(req).fs.getxattr(ino, name: try xattrName(cname))
+            let value = try context(req).fs.getxattr(inode(ino), name: try xattrName(cname))
             try replyXattr(req, value, size)
         }
     }
 
     ops.listxattr = { req, ino, size in
         reply(req) { () throws(Errno) in
-            let names = try context(req).fs.listxattr(ino)
+            let names = try context(req).fs.listxattr(inode(ino))
             try replyXattr(req, names.flatMap { NameCodec.bytes($0) + [0] }, size)
         }
     }
 
     ops.removexattr = { req, ino, cname in
         reply(req) { () throws(Errno) in
-            try context(req).fs.removexattr(ino, name: try xattrName(cname))
+            try context(req).fs.removexattr(inode(ino), name: try xattrName(cname))
             fuse_reply_err(req, 0)
         }
     }
 
     ops.fallocate = { req, _, mode, offset, length, fi in
         reply(req) { () throws(Errno) in
-            try context(req).fs.fallocate(fi!.pointee.fh, mode: mode, offset: Int64(offset), length: Int64(length))
+            try context(req).fs.fallocate(handle(fi), mode: mode, offset: Int64(offset), length: Int64(length))
             fuse_reply_err(req, 0)
         }
     }
@@ -256,7 +256,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         reply(req) { () throws(Errno) in
             // The kernel sends only SEEK_DATA and SEEK_HOLE; it handles the others itself.
             guard whence == Linux.seekData || whence == Linux.seekHole else { throw .invalid }
-            let result = try context(req).fs.seek(fi!.pointee.fh, offset: Int64(offset), data: whence == Linux.seekData)
+            let result = try context(req).fs.seek(handle(fi), offset: Int64(offset), data: whence == Linux.seekData)
             fuse_reply_lseek(req, off_t(result))
         }
     }
@@ -277,13 +277,13 @@ private func replyXattr(_ req: fuse_req_t?, _ value: [UInt8], _ size: Int) throw
 
 /// Fills one readdir(plus) reply from the listing snapshotted at opendir. Offsets are
 /// positions in that snapshot (1-based, after "." and ".."), so they stay valid.
-private func readDirectory(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ offset: off_t, _ handle: UInt64, plus: Bool) throws(Errno) {
+private func readDirectory(_ req: fuse_req_t?, _ ino: InodeNumber, _ size: Int, _ offset: off_t, _ handle: HandleID, plus: Bool) throws(Errno) {
     let fs = context(req).fs
     // The snapshot is shared, not copied: a call costs the entries it returns, so listing
     // a directory of N entries is O(N), not O(N²).
     let entries = try fs.readdir(handle, fromStart: offset == 0)
     var own: Attributes?
-    var referenced: [UInt64] = []
+    var referenced: [InodeNumber] = []
     var buffer = [CChar](repeating: 0, count: size)
     var used = 0
     var index = max(0, Int(offset))

@@ -19,6 +19,14 @@ func caller(_ req: fuse_req_t?) -> Caller {
     return Caller(uid: ctx.uid, gid: ctx.gid) // the kernel has applied the umask already
 }
 
+/// An inode number from the kernel, as the filesystem types it (the kernel's numbers
+/// are the ones `Attributes.ino` gave it).
+func inode(_ ino: fuse_ino_t) -> InodeNumber { InodeNumber(rawValue: ino) }
+
+/// The handle open or opendir left in `fi->fh`, which the kernel hands back with every
+/// later request on that open file.
+func handle(_ fi: UnsafeMutablePointer<fuse_file_info>?) -> HandleID { HandleID(rawValue: fi!.pointee.fh) }
+
 /// A name from the kernel as a Swift string, byte for byte (NameCodec: any bytes work).
 /// Longer than NAME_MAX (255 bytes): ENAMETOOLONG, as ext4 answers, for lookups too.
 func name(_ c: UnsafePointer<CChar>?) throws(Errno) -> String {
@@ -70,7 +78,7 @@ let cacheTimeout = 300.0
 
 func statBuffer(_ a: Attributes) -> stat {
     var st = stat()
-    st.st_ino = ino_t(a.ino)
+    st.st_ino = ino_t(a.ino.rawValue)
     st.st_mode = mode_t(a.mode)
     st.st_nlink = nlink_t(a.nlink)
     st.st_uid = a.uid
@@ -87,7 +95,7 @@ func statBuffer(_ a: Attributes) -> stat {
 
 func entryParam(_ a: Attributes) -> fuse_entry_param {
     var e = fuse_entry_param()
-    e.ino = a.ino
+    e.ino = a.ino.rawValue
     e.generation = 1
     e.attr = statBuffer(a)
     let timeout = a.cacheSeconds(live: cacheTimeout)

@@ -140,13 +140,13 @@ public final class FUSESession: @unchecked Sendable {
     public func invalidate(_ changes: TreeChanges) {
         notifications.async { [self] in
             guard let session, serving.withLock({ $0 }) else { return }
-            for ino in changes.inodes { _ = fuse_lowlevel_notify_inval_inode(session, fuse_ino_t(ino), 0, 0) }
+            for ino in changes.inodes { _ = fuse_lowlevel_notify_inval_inode(session, ino.rawValue, 0, 0) }
             // Content that arrived or went changes st_blocks only: the attributes (offset -1).
             for ino in changes.downloads where !changes.inodes.contains(ino) {
-                _ = fuse_lowlevel_notify_inval_inode(session, fuse_ino_t(ino), -1, 0)
+                _ = fuse_lowlevel_notify_inval_inode(session, ino.rawValue, -1, 0)
             }
             for entry in changes.entries {
-                _ = withCName(entry.name) { fuse_lowlevel_notify_inval_entry(session, fuse_ino_t(entry.parent), $0, $1) }
+                _ = withCName(entry.name) { fuse_lowlevel_notify_inval_entry(session, entry.parent.rawValue, $0, $1) }
             }
         }
     }

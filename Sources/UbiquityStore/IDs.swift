@@ -165,6 +165,31 @@ public enum NodeID: Hashable, Sendable, CustomStringConvertible {
     }
 }
 
+/// A node's number in the live tree: the kernel's inode number (`fuse_ino_t`), the `id`
+/// of an `inodes` row, and the numbers the filesystem gives its virtual nodes. A type of
+/// its own, so that one cannot be passed for a handle, a size or an offset; `rawValue`
+/// is read only where a number leaves for the kernel or a database column, and made
+/// only where one comes from there (and for the fixed numbers: the root, the virtual
+/// ranges' bases).
+public struct InodeNumber: Hashable, Comparable, Sendable, CustomStringConvertible {
+    public let rawValue: UInt64
+
+    public init(rawValue: UInt64) { self.rawValue = rawValue }
+
+    /// No node's number (to FUSE, an entry of inode 0 is a negative entry; the store
+    /// numbers from the root, 1): where a scan in inode order starts.
+    public static let zero = InodeNumber(rawValue: 0)
+
+    /// The number `n` places after this one (the next to give out; the virtual ranges'
+    /// fixed nodes). Overflow traps, as the arithmetic on the bare number did.
+    public func advanced(by n: UInt64) -> InodeNumber { InodeNumber(rawValue: rawValue + n) }
+
+    public static func < (a: InodeNumber, b: InodeNumber) -> Bool { a.rawValue < b.rawValue }
+
+    /// The decimal number, as logs have always spelled it.
+    public var description: String { String(rawValue) }
+}
+
 // MARK: in the database
 
 /// Store format 13: ids are 16-byte blobs; a list of parents is their concatenation; a
@@ -180,6 +205,15 @@ extension SQLValue {
     }
     /// Device ids stay text in the store (`devices`, `sync_peers`, `pruned_records`, `kv`).
     static func device(_ id: DeviceID) -> SQLValue { .text(id.hex) }
+
+    /// An inode number in an INTEGER column: its 64 bits as SQLite's signed integer.
+    static func inode(_ id: InodeNumber) -> SQLValue { .int(Int64(bitPattern: id.rawValue)) }
+}
+
+extension InodeNumber {
+    /// Whether an `inodes` row can have this number (SQLite's integers are signed): a
+    /// larger one names no row.
+    var fitsColumn: Bool { rawValue <= UInt64(Int64.max) }
 }
 
 extension SQLRow {
@@ -187,6 +221,7 @@ extension SQLRow {
     func versionID(_ column: Int32) -> VersionID { VersionID(id128(column)) }
     func fileID(_ column: Int32) -> FileID { FileID(id128(column)) }
     func optionalFileID(_ column: Int32) -> FileID? { isNull(column) ? nil : fileID(column) }
+    func inode(_ column: Int32) -> InodeNumber { InodeNumber(rawValue: UInt64(bitPattern: int(column))) }
     func versionIDs(_ column: Int32) -> [VersionID] {
         guard isBlob(column) else { return [] }
         let bytes = blob(column)

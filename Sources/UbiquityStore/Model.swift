@@ -10,8 +10,6 @@
 /// - Local-only: a file under a `.nosync` name or an editor scratch file; its content is
 ///   stored (latest only) but never kept as history nor synced.
 
-public typealias InodeNumber = UInt64
-
 public enum NodeKind: Int64, Sendable {
     case file = 1, directory = 2, symlink = 3, fifo = 4, socket = 5, blockDevice = 6, characterDevice = 7
 

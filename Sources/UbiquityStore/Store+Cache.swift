@@ -81,15 +81,15 @@ extension Store {
         // pass (30,000 uses in 10 s of random reads at 1M files) was written by one commit
         // that held the lock for 0.5-1 s.
         try standaloneStep { () throws(StoreError) in
-            for (ino, time) in uses where ino <= InodeNumber(Int64.max) {
-                try db.query("UPDATE inodes SET used = max(used, ?) WHERE id = ?", [.int(time), .int(Int64(ino))])
+            for (ino, time) in uses where ino.fitsColumn {
+                try db.query("UPDATE inodes SET used = max(used, ?) WHERE id = ?", [.int(time), .inode(ino)])
             }
         }
     }
 
     /// The pinned files (an index: the cost is in proportion to them).
     public func pinnedFiles() throws(StoreError) -> [InodeNumber] {
-        try db.rows("SELECT id FROM inodes INDEXED BY inodes_pinned WHERE keep = 1", []) { InodeNumber(bitPattern: $0.int(0)) }
+        try db.rows("SELECT id FROM inodes INDEXED BY inodes_pinned WHERE keep = 1", []) { $0.inode(0) }
     }
 
     /// Files the cache limit may evict, least recently used first, after `after` (a
@@ -98,8 +98,8 @@ extension Store {
         try db.rows("""
             SELECT used, id FROM inodes INDEXED BY inodes_cached WHERE \(Self.evictableCondition)
               AND (used > ? OR (used = ? AND id > ?)) ORDER BY used, id LIMIT ?
-            """, [.int(after.used), .int(after.used), .int(Int64(bitPattern: after.ino)), .int(Int64(limit))]) { r in
-            (r.int(0), InodeNumber(bitPattern: r.int(1)))
+            """, [.int(after.used), .int(after.used), .inode(after.ino), .int(Int64(limit))]) { r in
+            (r.int(0), r.inode(1))
         }
     }
 }

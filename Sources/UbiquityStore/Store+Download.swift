@@ -49,7 +49,7 @@ extension Store {
     /// those evicted by hand, else only the pinned ones.
     public func filesNotDownloaded(after: InodeNumber, limit: Int, everything: Bool) throws(StoreError) -> [InodeNumber] {
         try db.rows("SELECT id FROM inodes WHERE absent > 0 AND id > ? AND \(everything ? "keep != 2" : "keep = 1") ORDER BY id LIMIT ?",
-                    [.int(Int64(bitPattern: after)), .int(Int64(limit))]) { InodeNumber(bitPattern: $0.int(0)) }
+                    [.inode(after), .int(Int64(limit))]) { $0.inode(0) }
     }
 
     /// Sets what this device keeps of file `id` (local state: never synced).

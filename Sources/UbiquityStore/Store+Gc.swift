@@ -40,10 +40,10 @@ extension Store {
 
     /// The version rows files show now (their inodes' heads) of up to `limit` inodes after
     /// inode `after`, for gc's space report; returns the last inode read (nil: done).
-    public func currentVersionRows(afterInode after: Int64, limit: Int, into rows: inout Set<Int64>) throws(StoreError) -> Int64? {
-        var last: Int64?
-        try db.query("SELECT id, head, nlink FROM inodes WHERE id > ? ORDER BY id LIMIT ?", [.int(after), .int(Int64(limit))]) { r in
-            last = r.int(0)
+    public func currentVersionRows(afterInode after: InodeNumber, limit: Int, into rows: inout Set<Int64>) throws(StoreError) -> InodeNumber? {
+        var last: InodeNumber?
+        try db.query("SELECT id, head, nlink FROM inodes WHERE id > ? ORDER BY id LIMIT ?", [.inode(after), .int(Int64(limit))]) { r in
+            last = r.inode(0)
             if !r.isNull(1) && r.int(2) > 0 { rows.insert(r.int(1)) } // a file with a name
         }
         return last

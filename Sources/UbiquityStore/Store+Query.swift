@@ -99,11 +99,11 @@ extension Store {
             try db.query("""
                 SELECT e.name, i.id, i.kind, i.size, i.mtime, i.ctime, i.head, i.file_id, i.allocated, i.absent FROM entries e
                 JOIN inodes i ON i.id = e.inode WHERE e.parent = ? ORDER BY e.name
-                """, [.int(Int64(bitPattern: dir))]) { (r) throws(StoreError) in
+                """, [.inode(dir)]) { (r) throws(StoreError) in
                 let path = prefix.isEmpty ? r.text(0) : prefix + "/" + r.text(0)
                 switch NodeKind(rawValue: r.int(2)) {
                 case .directory:
-                    if filter.mayMatchBelow(path) { subdirectories.append((InodeNumber(bitPattern: r.int(1)), path)) }
+                    if filter.mayMatchBelow(path) { subdirectories.append((r.inode(1), path)) }
                 case .file:
                     guard filter.matches(path) else { return }
                     let head = r.isNull(6) ? nil : r.int(6)

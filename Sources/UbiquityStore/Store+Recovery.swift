@@ -92,7 +92,7 @@ extension Store {
             if !local { _ = try replica.remove(record) }
             let previous = try parent.flatMap { (row) throws(StoreError) in try version(row: row) }
             let content = try parent.map { (row) throws(StoreError) in try chunkList(row: row) } ?? ChunkList()
-            let showing = try db.rows("SELECT id FROM inodes WHERE head = ?", [.int(record.row)], { InodeNumber(bitPattern: $0.int(0)) })
+            let showing = try db.rows("SELECT id FROM inodes WHERE head = ?", [.int(record.row)], { $0.inode(0) })
             for id in showing {
                 guard var inode = try node(id)?.inode else { continue }
                 inode.head = parent

@@ -8,7 +8,7 @@ extension Store {
     /// The file's reserved ranges. A row that does not parse (it never should: this
     /// program writes them) is logged and read as none, not trusted.
     public func reservedRanges(_ id: InodeNumber) throws(StoreError) -> [Range<Int64>] {
-        guard let text = try db.rows("SELECT ranges FROM reserves WHERE inode = ?", [.int(Int64(bitPattern: id))], { $0.text(0) }).first
+        guard let text = try db.rows("SELECT ranges FROM reserves WHERE inode = ?", [.inode(id)], { $0.text(0) }).first
         else { return [] }
         guard let ranges = Self.decodeRanges(text) else {
             log("ubiquity: inode \(id): unreadable reserved ranges '\(text.prefix(80))' ignored")
@@ -22,12 +22,12 @@ extension Store {
             try dropReservedRanges(id)
         } else {
             try db.query("REPLACE INTO reserves(inode, ranges) VALUES(?, ?)",
-                         [.int(Int64(bitPattern: id)), .text(ranges.map { "\($0.lowerBound)-\($0.upperBound)" }.joined(separator: ","))])
+                         [.inode(id), .text(ranges.map { "\($0.lowerBound)-\($0.upperBound)" }.joined(separator: ","))])
         }
     }
 
     func dropReservedRanges(_ id: InodeNumber) throws(StoreError) {
-        try db.query("DELETE FROM reserves WHERE inode = ?", [.int(Int64(bitPattern: id))])
+        try db.query("DELETE FROM reserves WHERE inode = ?", [.inode(id)])
     }
 
     /// "a-b,c-d": sorted, disjoint, non-empty ranges within 0...maxFileSize; nil otherwise.

@@ -105,7 +105,7 @@ extension Store {
             return try standaloneStep { () throws(StoreError) -> T in try replica.deferringConflicts(body) }
         } catch {
             cache.removeAll()
-            try? changed.reload(parse: { InodeNumber($0) })
+            try? changed.reload(parse: Self.changedInode)
             for set in [vacated, recheck, unreconciled] { try? set.reload(parse: NameKey.init) }
             for set in [orphaned, held] { try? set.reload(parse: { FileID(hex: $0) }) }
             throw error
@@ -158,11 +158,11 @@ extension Store {
     /// Calls `body` with every named inode but the root, a page of ids at a time (the
     /// whole-tree scan after an upgrade, and the self-check).
     private func forEachNamedInode(_ body: (Inode) throws(StoreError) -> Void) throws(StoreError) {
-        var last: Int64 = Int64(Store.rootInode)
+        var last = Store.rootInode
         while true {
-            let ids = try db.rows("SELECT id FROM inodes WHERE id > ? AND nlink > 0 ORDER BY id LIMIT 10000", [.int(last)]) { $0.int(0) }
+            let ids = try db.rows("SELECT id FROM inodes WHERE id > ? AND nlink > 0 ORDER BY id LIMIT 10000", [.inode(last)]) { $0.inode(0) }
             guard let end = ids.last else { return }
-            for id in ids { if let inode = try node(InodeNumber(bitPattern: id))?.inode { try body(inode) } }
+            for id in ids { if let inode = try node(id)?.inode { try body(inode) } }
             last = end
         }
     }
@@ -264,7 +264,7 @@ extension Store {
         for record in try replica.allCurrent() where try isShown(record) {
             let present = record.kind == .file ? record.node.fileID.map(seenFiles.contains) == true : seenPaths.contains(NameKey(record.path))
             if !present {
-                let holders = try db.rows("SELECT id FROM inodes WHERE file_id = ?", [.node(record.node)]) { InodeNumber(bitPattern: $0.int(0)) }
+                let holders = try db.rows("SELECT id FROM inodes WHERE file_id = ?", [.node(record.node)]) { $0.inode(0) }
                     .map { "inode \($0) nlink \(inode($0)?.nlink ?? 0) path \(path(of: $0) ?? "nil")" }
                 log("sync-scan check: shown but missing: \(record.kind) \(record.path) node \(record.node.description.prefix(12)) device \(record.device == deviceID ? "own" : "other") holders \(holders)")
             }
@@ -639,7 +639,7 @@ extension Store {
         apply(file, of: record, to: &inode)
         continuedParents[id] = nil
         try update(inode)
-        try db.query("DELETE FROM xattrs WHERE inode = ?", [.int(Int64(id))])
+        try db.query("DELETE FROM xattrs WHERE inode = ?", [.inode(id)])
         try dropReservedRanges(id) // another device's content replaced what they reserved
         try finishShowing(file, of: record, on: id)
     }

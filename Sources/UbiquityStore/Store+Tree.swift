@@ -13,7 +13,7 @@ extension Store {
             try persist(TreeNode(inode: root, link: nil), insert: true)
         }
         let highest = try db.rows("SELECT max(id) FROM inodes", []) { $0.int(0) }.first ?? 1
-        nextInode = InodeNumber(max(highest, 1)) + 1
+        nextInode = InodeNumber(rawValue: UInt64(max(highest, 1))).advanced(by: 1)
         // Inodes no entry names (unlinked while open when the last process stopped) are gone.
         if readOnly { return }
         for id in try db.rows("SELECT id FROM inodes WHERE nlink = 0 AND id != 1", [], { $0.int(0) }) {
@@ -26,8 +26,8 @@ extension Store {
     /// The inode and its primary name, from the cache or SQLite.
     func node(_ id: InodeNumber) throws(StoreError) -> TreeNode? {
         if let hit = cache.get(id) { return hit }
-        guard id <= InodeNumber(Int64.max),
-              let node = try db.rows("SELECT \(Self.inodeColumns) FROM inodes WHERE id = ?", [.int(Int64(id))], Self.treeNode).first
+        guard id.fitsColumn,
+              let node = try db.rows("SELECT \(Self.inodeColumns) FROM inodes WHERE id = ?", [.inode(id)], Self.treeNode).first
         else { return nil }
         let checked = try node.get()
         cache.put(checked)
@@ -36,7 +36,7 @@ extension Store {
 
     private static func treeNode(_ r: SQLRow) -> Result<TreeNode, StoreError> {
         guard let kind = NodeKind(rawValue: r.int(1)) else { return .failure(.database("inode \(r.int(0)) has unknown kind \(r.int(1))")) }
-        var inode = Inode(id: InodeNumber(r.int(0)), kind: kind, mode: UInt32(truncatingIfNeeded: r.int(2)),
+        var inode = Inode(id: r.inode(0), kind: kind, mode: UInt32(truncatingIfNeeded: r.int(2)),
                           uid: UInt32(truncatingIfNeeded: r.int(3)), gid: UInt32(truncatingIfNeeded: r.int(4)),
                           size: checkedSize(r.int(5)), time: 0, rdev: UInt64(bitPattern: r.int(9)),
                           target: r.isNull(10) ? nil : r.text(10), fileID: r.optionalFileID(11))
@@ -47,7 +47,7 @@ extension Store {
         inode.nlink = UInt32(clamping: max(r.int(14), 0))
         inode.absent = min(checkedSize(r.int(17)), inode.allocated)
         inode.keep = KeepPolicy(rawValue: r.int(18)) ?? .automatic
-        let link = r.isNull(15) ? nil : EntryRef(parent: InodeNumber(bitPattern: r.int(15)), name: r.text(16))
+        let link = r.isNull(15) ? nil : EntryRef(parent: r.inode(15), name: r.text(16))
         return .success(TreeNode(inode: inode, link: link))
     }
 
@@ -85,15 +85,15 @@ extension Store {
     /// The entries among `names` in directory `parent`, by name (reconcile looks up a
     /// slice's paths together); by bytes, as names are.
     func children(_ parent: InodeNumber, named names: [String]) throws(StoreError) -> [NameKey: InodeNumber] {
-        let found = try db.rows(in: names, before: [.int(Int64(bitPattern: parent))], { "SELECT name, inode FROM entries WHERE parent = ? AND name IN (\($0))" }) {
-            (name: NameKey($0.text(0)), id: InodeNumber(bitPattern: $0.int(1)))
+        let found = try db.rows(in: names, before: [.inode(parent)], { "SELECT name, inode FROM entries WHERE parent = ? AND name IN (\($0))" }) {
+            (name: NameKey($0.text(0)), id: $0.inode(1))
         }
         return Dictionary(found.map { ($0.name, $0.id) }, uniquingKeysWith: { first, _ in first })
     }
 
     func childID(_ parent: InodeNumber, _ name: String) throws(StoreError) -> InodeNumber? {
-        try db.rows("SELECT inode FROM entries WHERE parent = ? AND name = ?", [.int(Int64(bitPattern: parent)), .text(name)]) {
-            InodeNumber(bitPattern: $0.int(0))
+        try db.rows("SELECT inode FROM entries WHERE parent = ? AND name = ?", [.inode(parent), .text(name)]) {
+            $0.inode(0)
         }.first
     }
 
@@ -101,8 +101,8 @@ extension Store {
     /// SQLite compares text with memcmp).
     public func entries(_ parent: InodeNumber) -> [(name: String, id: InodeNumber)] {
         logged("list \(parent)") { () throws(StoreError) in
-            try db.rows("SELECT name, inode FROM entries WHERE parent = ? ORDER BY name", [.int(Int64(bitPattern: parent))]) {
-                (name: $0.text(0), id: InodeNumber(bitPattern: $0.int(1)))
+            try db.rows("SELECT name, inode FROM entries WHERE parent = ? ORDER BY name", [.inode(parent)]) {
+                (name: $0.text(0), id: $0.inode(1))
             }
         } ?? []
     }
@@ -113,7 +113,7 @@ extension Store {
     public func childInode(_ parent: InodeNumber, _ name: String) -> Inode? {
         logged("look up \(name) in \(parent)") { () throws(StoreError) -> Inode? in
             guard let node = try db.rows("SELECT \(Self.qualifiedInodeColumns) FROM entries e JOIN inodes i ON i.id = e.inode WHERE e.parent = ? AND e.name = ?",
-                                         [.int(Int64(bitPattern: parent)), .text(name)], Self.treeNode).first else { return nil }
+                                         [.inode(parent), .text(name)], Self.treeNode).first else { return nil }
             let checked = try node.get()
             cache.put(checked) // the cache never holds anything SQLite does not
 
@@ -136,7 +136,7 @@ extension Store {
             return try db.rows("""
                 SELECT \(Self.listingColumns), e.name FROM entries e JOIN inodes i ON i.id = e.inode
                 WHERE e.parent = ? ORDER BY e.name
-                """, [.int(Int64(bitPattern: parent))]) { r in (r.text(19), Self.treeNode(r)) }
+                """, [.inode(parent)]) { r in (r.text(19), Self.treeNode(r)) }
             .compactMap { (name, node) in
                 switch node {
                 case .success(let n): return (name: name, inode: n.inode, primaryName: n.link?.name)
@@ -150,7 +150,7 @@ extension Store {
 
     public func isEmptyDirectory(_ id: InodeNumber) -> Bool {
         logged("list \(id)") { () throws(StoreError) in
-            try db.rows("SELECT 1 FROM entries WHERE parent = ? LIMIT 1", [.int(Int64(bitPattern: id))]) { _ in true }.isEmpty
+            try db.rows("SELECT 1 FROM entries WHERE parent = ? LIMIT 1", [.inode(id)]) { _ in true }.isEmpty
         } ?? false
     }
 
@@ -206,7 +206,7 @@ extension Store {
             try insertEntry(parent: parent, name: name, id: id)
             if touchingParent { try touchDirectory(parent, subdirectories: kind == .directory ? 1 : 0) }
         }
-        nextInode += 1
+        nextInode = nextInode.advanced(by: 1)
         inodeTotal = inodeTotal.map { $0 + 1 }
         cache.put(node)
         return inode
@@ -239,7 +239,7 @@ extension Store {
         let gone = EntryRef(parent: parent, name: name)
         let now = clock()
         try treeTransaction { () throws(StoreError) in
-            try db.query("DELETE FROM entries WHERE parent = ? AND name = ?", [.int(Int64(bitPattern: parent)), .text(name)])
+            try db.query("DELETE FROM entries WHERE parent = ? AND name = ?", [.inode(parent), .text(name)])
             try touchDirectory(parent, subdirectories: isDirectory ? -1 : 0)
             // The primary name went: another name (if any) becomes it.
             let next = node.link == gone ? try firstLink(id) : node.link
@@ -254,8 +254,8 @@ extension Store {
     }
 
     private func firstLink(_ id: InodeNumber) throws(StoreError) -> EntryRef? {
-        try db.rows("SELECT parent, name FROM entries WHERE inode = ? ORDER BY parent, name LIMIT 1", [.int(Int64(bitPattern: id))]) {
-            EntryRef(parent: InodeNumber(bitPattern: $0.int(0)), name: $0.text(1))
+        try db.rows("SELECT parent, name FROM entries WHERE inode = ? ORDER BY parent, name LIMIT 1", [.inode(id)]) {
+            EntryRef(parent: $0.inode(0), name: $0.text(1))
         }.first
     }
 
@@ -268,7 +268,7 @@ extension Store {
         let now = clock()
         try treeTransaction { () throws(StoreError) in
             try db.query("UPDATE entries SET parent = ?, name = ? WHERE parent = ? AND name = ?",
-                         [.int(Int64(bitPattern: newParent)), .text(newName), .int(Int64(bitPattern: parent)), .text(name)])
+                         [.inode(newParent), .text(newName), .inode(parent), .text(name)])
             try touchDirectory(parent, subdirectories: -moved)
             if newParent != parent { try touchDirectory(newParent, subdirectories: moved) }
             try modify(id) { node in
@@ -286,8 +286,8 @@ extension Store {
         while let next = pending.popLast() {
             try changed.insert(next)
             try db.query("SELECT e.inode, i.kind FROM entries e JOIN inodes i ON i.id = e.inode WHERE e.parent = ?",
-                         [.int(Int64(bitPattern: next))]) { (r) throws(StoreError) in
-                let child = InodeNumber(bitPattern: r.int(0))
+                         [.inode(next)]) { (r) throws(StoreError) in
+                let child = r.inode(0)
                 if r.int(1) == NodeKind.directory.rawValue { pending.append(child) } else { try changed.insert(child) }
             }
         }
@@ -304,9 +304,9 @@ extension Store {
         let now = clock()
         try treeTransaction { () throws(StoreError) in
             try db.query("UPDATE entries SET inode = ? WHERE parent = ? AND name = ?",
-                         [.int(Int64(bitPattern: b)), .int(Int64(bitPattern: parentA)), .text(nameA)])
+                         [.inode(b), .inode(parentA), .text(nameA)])
             try db.query("UPDATE entries SET inode = ? WHERE parent = ? AND name = ?",
-                         [.int(Int64(bitPattern: a)), .int(Int64(bitPattern: parentB)), .text(nameB)])
+                         [.inode(a), .inode(parentB), .text(nameB)])
             try touchDirectory(parentA, subdirectories: delta)
             try touchDirectory(parentB, subdirectories: -delta)
             // Both swapped nodes changed status, as a renamed one does (ext4 stamps both).
@@ -332,8 +332,8 @@ extension Store {
     public func forget(_ id: InodeNumber) throws(StoreError) {
         guard let node = try node(id), node.inode.nlink == 0, id != Store.rootInode else { return }
         try treeTransaction { () throws(StoreError) in
-            try db.query("DELETE FROM inodes WHERE id = ?", [.int(Int64(bitPattern: id))])
-            try db.query("DELETE FROM xattrs WHERE inode = ?", [.int(Int64(bitPattern: id))])
+            try db.query("DELETE FROM inodes WHERE id = ?", [.inode(id)])
+            try db.query("DELETE FROM xattrs WHERE inode = ?", [.inode(id)])
             try dropReservedRanges(id)
         }
         cache.remove(id)
@@ -347,7 +347,7 @@ extension Store {
     private func insertEntry(parent: InodeNumber, name: String, id: InodeNumber) throws(StoreError) {
         if tracksChanges { try changed.insert(id) }
         try db.query("INSERT INTO entries(parent, name, inode) VALUES(?, ?, ?)",
-                     [.int(Int64(bitPattern: parent)), .text(name), .int(Int64(bitPattern: id))])
+                     [.inode(parent), .text(name), .inode(id)])
     }
 
     /// A directory's entries changed: new mtime and ctime; `subdirectories` more (or fewer)
@@ -369,11 +369,11 @@ extension Store {
         let inode = node.inode
         if tracksChanges { try changed.insert(inode.id) }
         let values: [SQLValue] = [
-            .int(Int64(bitPattern: inode.id)), .int(inode.kind.rawValue), .int(Int64(inode.mode)), .int(Int64(inode.uid)),
+            .inode(inode.id), .int(inode.kind.rawValue), .int(Int64(inode.mode)), .int(Int64(inode.uid)),
             .int(Int64(inode.gid)), .int(inode.size), .int(inode.atime), .int(inode.mtime), .int(inode.ctime),
             .int(Int64(bitPattern: inode.rdev)), inode.target.map { .text($0) } ?? .null,
             inode.fileID.map { .id($0) } ?? .null, inode.head.map { .int($0) } ?? .null, .int(inode.allocated),
-            .int(Int64(inode.nlink)), node.link.map { .int(Int64(bitPattern: $0.parent)) } ?? .null,
+            .int(Int64(inode.nlink)), node.link.map { .inode($0.parent) } ?? .null,
             node.link.map { .text($0.name) } ?? .null, .int(inode.absent), .int(inode.keep.rawValue),
         ]
         try db.query(insert ? Self.insertInode : Self.upsertInode, values)

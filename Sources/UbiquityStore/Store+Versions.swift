@@ -39,7 +39,7 @@ extension Store {
             // A local file keeps only its latest version; never drop one that another inode
             // still shows (t-differential.py seed 105 left a hard link pointing at nothing).
             if let previous, previous.isLocal,
-               try db.rows("SELECT 1 FROM inodes WHERE head = ? AND id != ? LIMIT 1", [.int(previous.row), .int(Int64(bitPattern: id))], { _ in true }).isEmpty {
+               try db.rows("SELECT 1 FROM inodes WHERE head = ? AND id != ? LIMIT 1", [.int(previous.row), .inode(id)], { _ in true }).isEmpty {
                 try db.query("DELETE FROM versions WHERE row = ?", [.int(previous.row)])
             }
             let row = try insert(record, from: local ? .hereLocalOnly : .here)
@@ -203,7 +203,7 @@ extension Store {
 
     /// The inode's user xattrs as a record carries them.
     func currentXattrs(_ id: InodeNumber) throws(StoreError) -> [XattrEntry] {
-        try db.rows("SELECT name, value FROM xattrs WHERE inode = ? ORDER BY name", [.int(Int64(id))]) {
+        try db.rows("SELECT name, value FROM xattrs WHERE inode = ? ORDER BY name", [.inode(id)]) {
             XattrEntry(name: String($0.text(0).dropFirst(5)), value: $0.blob(1))
         }
     }

@@ -1,21 +1,21 @@
 /// User extended attributes (`user.*`), stored with the inode. Not versioned.
 extension Store {
     public func xattr(_ id: InodeNumber, _ name: String) throws(StoreError) -> [UInt8]? {
-        try db.rows("SELECT value FROM xattrs WHERE inode = ? AND name = ?", [.int(Int64(id)), .text(name)]) { $0.blob(0) }.first
+        try db.rows("SELECT value FROM xattrs WHERE inode = ? AND name = ?", [.inode(id), .text(name)]) { $0.blob(0) }.first
     }
 
     public func xattrNames(_ id: InodeNumber) throws(StoreError) -> [String] {
-        try db.rows("SELECT name FROM xattrs WHERE inode = ? ORDER BY name", [.int(Int64(id))]) { $0.text(0) }
+        try db.rows("SELECT name FROM xattrs WHERE inode = ? ORDER BY name", [.inode(id)]) { $0.text(0) }
     }
 
     public func setXattr(_ id: InodeNumber, _ name: String, _ value: [UInt8]) throws(StoreError) {
-        try db.query("REPLACE INTO xattrs(inode, name, value) VALUES(?, ?, ?)", [.int(Int64(id)), .text(name), .blob(value)])
+        try db.query("REPLACE INTO xattrs(inode, name, value) VALUES(?, ?, ?)", [.inode(id), .text(name), .blob(value)])
         try changed.insert(id)
     }
 
     /// Returns whether the attribute existed.
     public func removeXattr(_ id: InodeNumber, _ name: String) throws(StoreError) -> Bool {
-        try db.query("DELETE FROM xattrs WHERE inode = ? AND name = ?", [.int(Int64(id)), .text(name)])
+        try db.query("DELETE FROM xattrs WHERE inode = ? AND name = ?", [.inode(id), .text(name)])
         let removed = db.changes > 0
         try changed.insert(id)
         return removed

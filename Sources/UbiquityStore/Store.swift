@@ -30,7 +30,7 @@ public final class Store: @unchecked Sendable {
     var continuedParents: [InodeNumber: Int64] = [:]
     /// This device's number in `devices`, with its name of this open (nil: read-only).
     var ownDeviceNumber: Int64?
-    var nextInode: InodeNumber = 2
+    var nextInode = Store.rootInode.advanced(by: 1)
     /// Records `pendingUploads` handed to the sync engine and not marked uploaded yet:
     /// `withdrawUnsentHistory` leaves them alone.
     var uploadsInFlight: Set<VersionID> = []
@@ -57,6 +57,9 @@ public final class Store: @unchecked Sendable {
     /// - `held`: file nodes that inodes recorded by the current pass hold (the pass runs
     ///   in slices; an orphaned history one of them holds is not removed).
     let changed: PendingSet<InodeNumber>
+    /// `changed`'s keys in the `pending` table: inode numbers in decimal.
+    static func changedKey(_ id: InodeNumber) -> String { String(id.rawValue) }
+    static func changedInode(_ key: String) -> InodeNumber? { UInt64(key).map(InodeNumber.init(rawValue:)) }
     /// Checkpoints of meta.sqlite's WAL from a connection of their own (mounted stores).
     private let checkpointer: WALCheckpointer
     /// What the recovery at open found (Store+Recovery); empty after a clean stop.
@@ -78,7 +81,8 @@ public final class Store: @unchecked Sendable {
     /// Timestamps of everything the store records; tests inject a clock.
     public var clock: @Sendable () -> Nanos = nowNanos
 
-    public static let rootInode: InodeNumber = 1
+    /// The root directory: FUSE_ROOT_ID, the number the kernel asks for first.
+    public static let rootInode = InodeNumber(rawValue: 1)
 
     /// Opens (creating if needed) the store at `directory`, taking its lock.
     /// - Parameter deviceName: replaces the stored device name when given.
@@ -167,7 +171,7 @@ public final class Store: @unchecked Sendable {
         self.db = db
         replica = Replica(db: db)
         let name = { (key: NameKey) in key.name }, load = !readOnly
-        changed = try PendingSet(.inode, db: db, load: load, key: { String($0) }, parse: { InodeNumber($0) })
+        changed = try PendingSet(.inode, db: db, load: load, key: Self.changedKey, parse: Self.changedInode)
         vacated = try PendingSet(.vacated, db: db, load: load, key: name, parse: NameKey.init)
         recheck = try PendingSet(.recheck, db: db, load: load, key: name, parse: NameKey.init)
         unreconciled = try PendingSet(.unreconciled, db: db, load: load, key: name, parse: NameKey.init)

@@ -117,7 +117,7 @@ final class Downloader: @unchecked Sendable {
     }
 
     private func walkFiles() -> Outcome {
-        var after: InodeNumber = 0
+        var after = InodeNumber.zero
         var failed = false
         // With a cache limit, files that do not fit in the room left are passed over. A
         // walk that passed some over is not made again (but for pinned files) until the

@@ -29,7 +29,7 @@ import UbiquitySystem
             removeTree(dir)
         }
 
-        func save(_ name: String, _ text: String, in parent: UInt64 = Store.rootInode) throws {
+        func save(_ name: String, _ text: String, in parent: InodeNumber = Store.rootInode) throws {
             let (a, h) = try fs.create(parent: parent, name: name, mode: 0o644, flags: OpenFlags(O_WRONLY), caller: me)
             _ = a
             let bytes = Array(text.utf8)

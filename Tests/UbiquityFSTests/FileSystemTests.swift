@@ -27,9 +27,9 @@ final class Harness {
 
     /// Writes a whole file the way `echo > file` does: open/create, write, close.
     @discardableResult
-    func save(_ name: String, _ text: String, in parent: UInt64 = Store.rootInode) throws -> UInt64 {
-        let handle: UInt64
-        let ino: UInt64
+    func save(_ name: String, _ text: String, in parent: InodeNumber = Store.rootInode) throws -> InodeNumber {
+        let handle: HandleID
+        let ino: InodeNumber
         if let existing = try? fs.lookup(parent: parent, name: name) {
             ino = existing.ino
             handle = try fs.open(ino, flags: OpenFlags(O_WRONLY | O_TRUNC))
@@ -44,7 +44,7 @@ final class Harness {
         return ino
     }
 
-    func read(_ name: String, in parent: UInt64 = Store.rootInode) throws -> String {
+    func read(_ name: String, in parent: InodeNumber = Store.rootInode) throws -> String {
         let ino = try fs.lookup(parent: parent, name: name).ino
         let h = try fs.open(ino, flags: OpenFlags(O_RDONLY))
         defer { try? fs.release(h) }
@@ -102,7 +102,7 @@ final class Harness {
         h.fs.meta.withLock { m in
             #expect(!m.store.db.hasOpenBatch, "the uses wait in the batch")
             #expect(m.store.db.standaloneCommits - before == 3)
-            let used = (try? m.store.db.rows("SELECT count(*) FROM inodes WHERE used > 0 AND id IN (\(inodes.map { String($0) }.joined(separator: ",")))", []) { $0.int(0) }.first) ?? 0
+            let used = (try? m.store.db.rows("SELECT count(*) FROM inodes WHERE used > 0 AND id IN (\(inodes.map { String($0.rawValue) }.joined(separator: ",")))", []) { $0.int(0) }.first) ?? 0
             #expect(used == Int64(count))
         }
     }

@@ -25,7 +25,7 @@ import UbiquitySystem
         defer { dir.cleanup() }
         let old = [UInt8](repeating: 1, count: 3000), lost = [UInt8](repeating: 2, count: 3000)
         let smallLost = Array("never reached the disk".utf8), kept = Array("written, not yet durable".utf8)
-        var a: InodeNumber = 0, b: InodeNumber = 0, c: InodeNumber = 0
+        var a = InodeNumber.zero, b = InodeNumber.zero, c = InodeNumber.zero
         var aFile = FileID.zero, durableID = VersionID.zero
         do {
             let store = try Store(directory: dir.path, deviceName: "test")
@@ -74,7 +74,7 @@ import UbiquitySystem
         defer { dir.cleanup() }
         let first = [UInt8](repeating: 1, count: 3000), lost = [UInt8](repeating: 2, count: 3000)
         let last = [UInt8](repeating: 3, count: 3000)
-        var a: InodeNumber = 0, file = FileID.zero, lastID = VersionID.zero
+        var a = InodeNumber.zero, file = FileID.zero, lastID = VersionID.zero
         do {
             let store = try Store(directory: dir.path, deviceName: "test")
             a = try store.create(parent: Store.rootInode, name: "a", kind: .file, mode: 0o644, uid: 0, gid: 0).id

@@ -128,7 +128,7 @@ import UbiquitySystem
         _ = try store.removeEntry(parent: Store.rootInode, name: "a.txt")
         #expect(store.contentTotals() == ContentTotals(files: 2, size: 13, allocated: 13, absent: 0, absentFiles: 0))
         #expect(store.inode(c.id)?.size == 0)
-        #expect(try store.evictionCandidates(after: (0, 0), limit: 10).isEmpty) // b.txt is small: it came inline
+        #expect(try store.evictionCandidates(after: (0, .zero), limit: 10).isEmpty) // b.txt is small: it came inline
     }
 
     @Test func formatTwoStoreIsUpgraded() throws {

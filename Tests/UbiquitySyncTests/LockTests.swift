@@ -128,7 +128,7 @@ import UbiquitySystem
         return try readAll(in: dir, on: d)
     }
 
-    static func readAll(in dir: UInt64, on d: SimDevice) throws -> [[UInt8]] {
+    static func readAll(in dir: InodeNumber, on d: SimDevice) throws -> [[UInt8]] {
         let handle = try d.fs.opendir(dir)
         defer { d.fs.releasedir(handle) }
         return try d.fs.readdir(handle).filter { $0.name != "." && $0.name != ".." }.map { entry in

@@ -109,7 +109,7 @@ import UbiquitySystem
         store.setFault { op, key in
             guard op == .get, key.hasPrefix("log/"), saved.withLock({ done in defer { done = true }; return !done }) else { return nil }
             var dir = Store.rootInode
-            for name in ["t", "a", "b"] { dir = (try? fs.mkdir(parent: dir, name: name, mode: 0o755, caller: me).ino) ?? 0 }
+            for name in ["t", "a", "b"] { dir = (try? fs.mkdir(parent: dir, name: name, mode: 0o755, caller: me).ino) ?? .zero }
             guard let handle = try? fs.create(parent: dir, name: "deep.txt", mode: 0o644, flags: OpenFlags(O_WRONLY), caller: me).1 else { return nil }
             _ = try? Array("deep".utf8).withUnsafeBytes { try fs.write(handle, offset: 0, data: $0) }
             try? fs.release(handle)

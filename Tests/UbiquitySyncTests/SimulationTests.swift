@@ -155,7 +155,7 @@ final class SimDevice {
 
     func cycle() { try? engine.cycle(pushPull: !paused) }
 
-    func directory(_ path: String, create: Bool) throws -> UInt64? {
+    func directory(_ path: String, create: Bool) throws -> InodeNumber? {
         var ino = Store.rootInode
         for component in path.split(separator: "/").map(String.init) {
             if let a = try? fs.lookup(parent: ino, name: component) {
@@ -173,7 +173,7 @@ final class SimDevice {
     func save(_ path: String, _ text: String) throws {
         let (dir, name) = splitPath(path)!
         guard let parent = try directory(dir, create: true) else { return }
-        let handle: UInt64
+        let handle: HandleID
         if let existing = try? fs.lookup(parent: parent, name: name) {
             guard existing.mode & UInt32(S_IFMT) == UInt32(S_IFREG) else { return }
             handle = try fs.open(existing.ino, flags: OpenFlags(O_WRONLY | O_TRUNC))
@@ -187,7 +187,7 @@ final class SimDevice {
     /// Every file, directory and symlink: path -> what it is and holds.
     func tree() throws -> [String: String] {
         var result: [String: String] = [:]
-        func walk(_ ino: UInt64, _ prefix: String) throws {
+        func walk(_ ino: InodeNumber, _ prefix: String) throws {
             let h = try fs.opendir(ino)
             defer { fs.releasedir(h) }
             for entry in try fs.readdir(h) where entry.name != "." && entry.name != ".." {
@@ -423,7 +423,7 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
         let files = devices[2].fs.meta.withLock { m -> [String] in
             (try? m.store.db.rows("SELECT id, size, allocated, absent, keep, used, head FROM inodes WHERE kind = 1", []) { r in
                 let chunks: [String] = ((try? m.store.chunkList(row: r.int(6))).map { $0.chunks.map { "\($0.id.hex.prefix(6)):\($0.size):\(m.store.chunks.isLocal($0.id))" } }) ?? []
-                return "\(m.store.path(of: InodeNumber(r.int(0))) ?? "?") \(r.int(0)) size \(r.int(1)) allocated \(r.int(2)) absent \(r.int(3)) keep \(r.int(4)) used \(r.int(5)) \(chunks)"
+                return "\(m.store.path(of: r.inode(0)) ?? "?") \(r.int(0)) size \(r.int(1)) allocated \(r.int(2)) absent \(r.int(3)) keep \(r.int(4)) used \(r.int(5)) \(chunks)"
             }) ?? []
         }
         Issue.record("dev2 keeps \(here) bytes of contents, more than its cache limit of 3,000, \(context)\n\(files.joined(separator: "\n"))\ntrace:\n\(trace.suffix(30).joined(separator: "\n"))")
