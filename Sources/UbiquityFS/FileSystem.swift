@@ -124,9 +124,13 @@ public final class FileSystem: Sendable {
     /// was too short on a busy machine: the woken request was not scheduled in time,
     /// and one read waited 0.7 s behind the 120 slices of a pass writing 30,000 uses.
     func withMetaSlice<T>(_ body: (inout Meta) throws(StoreError) -> T) throws(Errno) -> T {
-        let start = Self.monotonicMicroseconds()
-        defer { usleep(UInt32(max(200, min(Self.monotonicMicroseconds() - start, 50_000)))) }
-        return try withMeta(body)
+        var held: Int64 = 0 // µs, from inside the hold (not the wait for the lock)
+        defer { usleep(UInt32(max(200, min(held, 50_000)))) }
+        return try withMeta { (m) throws(StoreError) -> T in
+            let start = Self.monotonicMicroseconds()
+            defer { held = Self.monotonicMicroseconds() - start }
+            return try body(&m)
+        }
     }
 
     static func monotonicMicroseconds() -> Int64 {

@@ -135,12 +135,16 @@ public enum SegmentLog {
     /// this far before the last key's time until that key has stood this long.
     public static let settleMs: Int64 = 10_000
 
-    /// Where a look that is not of the whole window starts (its `since`): `lastKey`, the
-    /// last segment listed, once it has stood `settleMs` (`quietSeconds`: since the reader
-    /// first listed it); before that, `settleMs` before its time.
+    /// Where a look that is not of the whole window starts (its `since`): at the time of
+    /// `lastKey`, the last segment listed, once it has stood `settleMs` (`quietSeconds`:
+    /// since the reader first listed it); before that, `settleMs` before it. At its time,
+    /// not after it: a writer names its segments after the newest `<t>` it listed while
+    /// its own clock is behind, so a peer whose clock runs ahead has others' segments
+    /// named with its `<t>`, and those of a device whose id sorts lower land behind its key.
     public static func start(after lastKey: BackingKey, quietSeconds: Double) -> BackingKey {
-        guard quietSeconds * 1000 < Double(settleMs), let name = SegmentName(key: lastKey) else { return lastKey }
-        return BackingKey(checked: prefix + SegmentName.timeText(max(0, name.time - settleMs)))
+        guard let name = SegmentName(key: lastKey) else { return lastKey }
+        let settled = quietSeconds * 1000 >= Double(settleMs)
+        return BackingKey(checked: prefix + SegmentName.timeText(max(0, name.time - (settled ? 0 : settleMs))))
     }
 
     /// `now`: the reader's clock (ms). A `<t>` further ahead of it than the skew window

@@ -123,7 +123,12 @@ extension SyncEngine {
             }
         }
         // Everything the look returned is applied: the next look lists only after it.
-        memory.resumable = look.blocked.isEmpty && look.segments.allSatisfy { $0.seq <= cursor.applied[$0.device, default: 0] }
+        // (A device waiting out a back-off does not count: the look when its wait is due
+        // lists the whole window, `lookAtLog`.)
+        let finished = bootSecondsDouble()
+        memory.resumable = look.blocked.isEmpty && look.segments.allSatisfy { segment in
+            segment.seq <= cursor.applied[segment.device, default: 0] || memory.waiting[segment.device].map { $0.next > finished } == true
+        }
         let listed = max(cursor.listedUpTo, look.cursor.listedUpTo)
         // Written only when it moved: a quiet poll writes nothing to the store.
         if listed != cursor.listedUpTo {
@@ -151,11 +156,13 @@ extension SyncEngine {
     static let rescanAfter: Int64 = 12 * 3_600
 
     /// Lists the log after the last key listed, or its whole skew window once a minute
-    /// (`SegmentLog.windowSeconds`) and whenever the last look left something unapplied.
+    /// (`SegmentLog.windowSeconds`), whenever the last look left something unapplied, and
+    /// when a segment that waits (`backOff`) is due again.
     private func lookAtLog(_ cursor: SegmentLog.Cursor) throws(StoreError) -> SegmentLog.Look {
         let clock = bootSecondsDouble()
         var since: BackingKey?
-        if memory.resumable, clock - memory.windowListedAt < SegmentLog.windowSeconds, let key = memory.listedKey {
+        if memory.resumable, clock - memory.windowListedAt < SegmentLog.windowSeconds, let key = memory.listedKey,
+           !memory.waiting.values.contains(where: { $0.next <= clock }) {
             since = SegmentLog.start(after: key, quietSeconds: clock - memory.listedKeySince)
         }
         memory.resumable = false // until what this look returns is applied

@@ -81,9 +81,12 @@ import UbiquityStore
         let first = try SegmentLog.look(store, after: SegmentLog.Cursor(), now: now)
         #expect(first.segments.count == 2_500 && first.listedWindow)
         store.resetCounts()
-        let quiet = try SegmentLog.look(store, after: first.cursor, since: first.lastKey, now: now)
-        #expect(quiet.segments.isEmpty && !quiet.listedWindow && quiet.lastKey == nil)
-        #expect(store.counts.total == 1 && store.counts.keysListed == 0, "\(store.counts)")
+        // As the engine starts it once the last key has stood: at that key's time.
+        let settled = SegmentLog.start(after: try #require(first.lastKey), quietSeconds: 60)
+        let quiet = try SegmentLog.look(store, after: first.cursor, since: settled, now: now)
+        #expect(quiet.segments.isEmpty && !quiet.listedWindow && quiet.lastKey == first.lastKey)
+        #expect(store.counts.total == 1 && store.counts.keysListed == 1, "only the last key again: \(store.counts)")
+        store.resetCounts()
         let window = try SegmentLog.look(store, after: first.cursor, now: now)
         #expect(window.segments.isEmpty && store.counts.keysListed == 2_500, "the whole window: \(store.counts)")
 
@@ -103,9 +106,11 @@ import UbiquityStore
         #expect(future.segments.map(\.seq) == [3] && future.lastKey == nil)
     }
 
-    /// A look starts after the last segment listed once it has stood `settleMs`; before
+    /// A look starts at the last segment's time once it has stood `settleMs`; before
     /// that, `settleMs` before its time (a segment of another writer named in the same
-    /// second may still land behind it).
+    /// second may still land behind it). At its time, not after its key: a writer whose
+    /// clock is behind names its segments with the newest time it listed, a peer's whose
+    /// clock runs ahead, and a lower device id sorts them behind that peer's key.
     @Test func aLookStartsBeforeAKeyThatHasNotSettled() throws {
         let store = MemoryStore()
         let a = DeviceID(hex: "00000000000000a1")!, b = DeviceID(hex: "00000000000000b2")!
@@ -113,7 +118,7 @@ import UbiquityStore
         try store.put(SegmentLog.SegmentName(time: now, device: b, seq: 1).key, [])
         let first = try SegmentLog.look(store, after: SegmentLog.Cursor(), now: now)
         let key = try #require(first.lastKey)
-        #expect(SegmentLog.start(after: key, quietSeconds: 30) == key)
+        #expect(SegmentLog.start(after: key, quietSeconds: 30).path == "log/" + SegmentLog.SegmentName.timeText(now))
         let early = SegmentLog.start(after: key, quietSeconds: 1)
         #expect(early.path == "log/" + SegmentLog.SegmentName.timeText(now - SegmentLog.settleMs))
         // a's segment of the same millisecond lands after b's was listed: found from
@@ -121,6 +126,18 @@ import UbiquityStore
         try store.put(SegmentLog.SegmentName(time: now, device: a, seq: 1).key, [])
         #expect(try SegmentLog.look(store, after: first.cursor, since: key, now: now).segments.isEmpty)
         #expect(try SegmentLog.look(store, after: first.cursor, since: early, now: now).segments.map(\.device) == [a])
+
+        // b's clock runs two minutes ahead; a names its next segments with b's time (the
+        // newest it listed) long after b's key has settled: found from the settled start.
+        let ahead = now + 120_000
+        try store.put(SegmentLog.SegmentName(time: ahead, device: b, seq: 2).key, [])
+        var cursor = try SegmentLog.look(store, after: first.cursor, now: now).cursor
+        let aheadKey = SegmentLog.SegmentName(time: ahead, device: b, seq: 2).key
+        try store.put(SegmentLog.SegmentName(time: ahead, device: a, seq: 2).key, [])
+        let late = try SegmentLog.look(store, after: cursor, since: SegmentLog.start(after: aheadKey, quietSeconds: 60), now: now)
+        #expect(late.segments.map(\.device) == [a] && !late.listedWindow)
+        cursor = late.cursor
+        #expect(cursor.applied[a] == 2)
     }
 
     @Test func aLaggingWriterThatDidNotPollIsFoundByItsGap() throws {
