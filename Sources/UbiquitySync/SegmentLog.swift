@@ -151,38 +151,37 @@ public enum SegmentLog {
     /// (a broken clock, a hostile name) does not move the cursor there: every later
     /// segment would be named after it and the listing window would skip the log.
     ///
-    /// `since`: the last key a previous look listed, all of whose segments were applied:
-    /// the listing starts after it, so a poll of a quiet log lists nothing however many
-    /// segments the window holds (after a big upload, thousands: every poll used to list
-    /// and parse them all). A segment that landed behind it shows as a gap in its device's
-    /// `<seq>` once a later one comes: the whole window is then listed before any full
-    /// listing of the log; one with no later segment waits for the next look of the whole
-    /// window (`windowSeconds`).
+    /// `since`: where the listing starts instead of the window (`start(after:quietSeconds:)`
+    /// of the last segment a previous look listed, all of whose segments were applied), so
+    /// a poll of a quiet log lists only the keys of one `<t>` however many segments the
+    /// window holds (after a big upload, thousands: every poll used to list and parse them
+    /// all). A segment that landed behind it shows as a gap in its device's `<seq>` once a
+    /// later one comes: the whole window is then listed before any full listing of the
+    /// log; one with no later segment waits for the next look of the whole window
+    /// (`windowSeconds`).
     public static func look(_ store: any BackingStore, after cursor: Cursor, exclude: DeviceID? = nil, since: BackingKey? = nil,
                             now: Int64 = Int64(Glibc.time(nil)) &* 1000) throws(BackingError) -> Look {
         let ceiling = now.addingClamped(skewWindowMs)
         let from = max(0, min(cursor.listedUpTo, ceiling) - skewWindowMs)
         let start = BackingKey(checked: prefix + SegmentName.timeText(from))
+        // After `since` when that listing shows no gap (the next look's start), else the
+        // whole window.
+        var listed: Listing?
         if let since, start < since {
             let recent = try list(store, from: since, cursor: cursor, ceiling: ceiling, exclude: exclude)
-            let groups = grouped(recent.found)
-            if groups.allSatisfy({ contiguous($0.names, after: cursor.applied[$0.device, default: 0]) }) {
-                var look = Look(segments: [], cursor: cursor, blocked: [], sizes: recent.sizes, lastKey: recent.lastKey,
-                                listedWindow: false)
-                look.cursor.listedUpTo = recent.highest
-                for (device, names) in groups {
-                    look.segments += once(names)
-                    if let last = names.last { look.cursor.applied[device] = last.seq }
-                }
-                return look
+            if grouped(recent.found).allSatisfy({ contiguous($0.names, after: cursor.applied[$0.device, default: 0]) }) {
+                listed = recent
             }
         }
-        let listed = try list(store, from: start, cursor: cursor, ceiling: ceiling, exclude: exclude)
-        var look = Look(segments: [], cursor: cursor, blocked: [], sizes: listed.sizes, lastKey: listed.lastKey)
-        look.cursor.listedUpTo = listed.highest
+        let listedWindow = listed == nil
+        let listing: Listing
+        if let listed { listing = listed } else { listing = try list(store, from: start, cursor: cursor, ceiling: ceiling, exclude: exclude) }
+        var look = Look(segments: [], cursor: cursor, blocked: [], sizes: listing.sizes, lastKey: listing.lastKey,
+                        listedWindow: listedWindow)
+        look.cursor.listedUpTo = listing.highest
         // Per device in seq order; a gap means a segment outside the window (its author's
         // clock lags): fetch that device's names whole and take what is missing.
-        for (device, listedNames) in grouped(listed.found) {
+        for (device, listedNames) in grouped(listing.found) {
             var names = listedNames
             let have = cursor.applied[device, default: 0]
             if !contiguous(names, after: have) {

@@ -122,7 +122,7 @@ extension SyncEngine {
                 try savePosition(segment.device, cursor: cursor)
             }
         }
-        // Everything the look returned is applied: the next look lists only after it.
+        // Everything the look returned is applied: the next look starts from its last key.
         // (A device waiting out a back-off does not count: the look when its wait is due
         // lists the whole window, `lookAtLog`.)
         let finished = bootSecondsDouble()
@@ -155,7 +155,7 @@ extension SyncEngine {
     /// Seconds without a look at the log after which `devices/` is listed again.
     static let rescanAfter: Int64 = 12 * 3_600
 
-    /// Lists the log after the last key listed, or its whole skew window once a minute
+    /// Lists the log from the last segment listed (`SegmentLog.start`), or its whole skew window once a minute
     /// (`SegmentLog.windowSeconds`), whenever the last look left something unapplied, and
     /// when a segment that waits (`backOff`) is due again.
     private func lookAtLog(_ cursor: SegmentLog.Cursor) throws(StoreError) -> SegmentLog.Look {
