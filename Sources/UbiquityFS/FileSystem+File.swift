@@ -95,14 +95,16 @@ extension FileSystem {
                 return m.register(.view(content: content))
             }
         }
-        let (handle, open) = try meta.withLock { (m) throws(Errno) -> (HandleID, OpenFile) in
+        let (handle, open, size) = try meta.withLock { (m) throws(Errno) -> (HandleID, OpenFile, Int64) in
             guard let inode = m.store.inode(ino) else { throw .notFound }
             guard inode.kind == .file else { throw inode.kind == .directory ? .isDirectory : .invalid }
             let open = try m.openFile(ino)
             open.handles += 1
-            return (m.register(.file(ino: ino, open: open, writable: flags.writable)), open)
+            return (m.register(.file(ino: ino, open: open, writable: flags.writable)), open, inode.size)
         }
-        uses.withLock { $0[ino] = nowNanos() }
+        // A writer may make a small file big; a reader of a small one leaves nothing the
+        // cache limit could evict.
+        if flags.writable || Store.usesMatter(size: size) { uses.withLock { $0[ino] = nowNanos() } }
         if flags.truncates && flags.writable {
             try storeCall { () throws(StoreError) in try open.content.truncate(0) }
             noteWritten(open)

@@ -8,6 +8,10 @@ extension Store {
     /// Files the cache limit may evict: regular, named, not pinned, with more than the bytes
     /// records carry inline, and some of their content here. The index and its query share it.
     static let evictableCondition = "kind = 1 AND nlink > 0 AND keep != 1 AND size > \(inlineChunkLimit) AND absent < coalesce(allocated, size)"
+    /// The size part of `evictableCondition`: a file this small keeps its bytes in its
+    /// records, so when it was used never matters and is not written (a first read of each
+    /// of a million small files wrote two pages of `inodes` apiece).
+    public static func usesMatter(size: Int64) -> Bool { size > Int64(inlineChunkLimit) }
 
     static let contentTotalsSchema = [
         """
