@@ -351,10 +351,7 @@ extension FileSystem.Meta {
                 // The old inode may still be open; give it a fresh, detached identity.
                 try storeCall { () throws(StoreError) in try store.adoptHistory(id, fileID: .new(), head: nil) }
             } else if !LocalOnly.contains(path) {
-                try storeCall { () throws(StoreError) in
-                    if try store.tombstoneWaitsForTheStep(fileID: fileID, path: path) { return }
-                    try store.commitTombstone(fileID: fileID, head: before.head, path: path)
-                }
+                try storeCall { () throws(StoreError) in try store.commitTombstone(fileID: fileID, head: before.head, path: path) }
             }
         }
         if after?.nlink == 0 { noteUnlinked(id) }

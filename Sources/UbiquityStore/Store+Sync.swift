@@ -93,7 +93,6 @@ extension Store {
             needsFullScan = false
             return false
         }
-        stepsRun = true
         guard !changed.isEmpty || !vacated.isEmpty || !recheck.isEmpty || !orphaned.isEmpty else { return false }
         return try syncStep { () throws(StoreError) -> Bool in try recordChanges(limit: Self.changesPerSlice) }
     }
@@ -335,22 +334,6 @@ extension Store {
         }
     }
 
-    /// Whether deleting the file `fileID` at `path` needs no tombstone now: the next sync
-    /// step writes it, as it does for what a removed directory held (`vacated`: a record of
-    /// this device's own that the view shows and the tree lost). True only when that step
-    /// runs on this store (a mount with a backing store; `stepsRun`) and the view shows
-    /// this device's own version of it at `path`. Another device's version, or one shown
-    /// elsewhere, is tombstoned at the unlink: the step keeps those for reconcile. A
-    /// tombstone written at the unlink was a third of a delete's work (issue 26); the step
-    /// writes its tombstones in slices, one transaction each. If another device's edit of
-    /// the file arrives first, the step finds that edit shown and reconcile brings it back,
-    /// as an edit concurrent with a delete does.
-    public func tombstoneWaitsForTheStep(fileID: FileID, path: String) throws(StoreError) -> Bool {
-        guard stepsRun, let current = try replica.current(.file(fileID)), current.kind == .file, !current.isTombstone,
-              current.device == deviceID, current.path.utf8.elementsEqual(path.utf8) else { return false }
-        return try isShown(current)
-    }
-
     /// A tombstone for a node the view showed but the tree lost.
     private func recordRemoval(of record: Replica.Record) throws(StoreError) {
         try recordNode(record.node, kind: record.kind, path: record.path, mode: 0, mtime: clock(), tombstone: true)
@@ -382,9 +365,8 @@ extension Store {
     /// from all its heads.
     private func recordNode(_ node: NodeID, kind: NodeKind, path: String, mode: UInt32, mtime: Nanos,
                             target: String? = nil, tombstone: Bool = false) throws(StoreError) {
-        let heads = try replica.heads(node)
-        if tombstone, !heads.contains(where: { !$0.isTombstone }) { return } // dead already
-        let parents = heads.map(\.id).sorted()
+        let parents = try replica.heads(node).map(\.id).sorted()
+        if tombstone, try replica.liveHeads(node).isEmpty { return }
         let record = SyncRecord(id: .new(), node: node, kind: kind, parents: parents, deviceID: deviceID,
                                 deviceName: deviceName, committed: clock(), mtime: mtime, mode: mode,
                                 isTombstone: tombstone, isMeta: false, path: path, target: tombstone ? nil : target)

@@ -76,10 +76,6 @@ public final class Store: @unchecked Sendable {
     /// view, so the next sync step would only find those inodes unchanged (a device
     /// joining 100,000 files looked at each of them again).
     var tracksChanges = true
-    /// Set when the first sync step runs on this store (a mount with a backing store): from
-    /// then on, a file of this device's own that is deleted is tombstoned by the next step
-    /// (`tombstoneWaitsForTheStep`), not at the unlink.
-    var stepsRun = false
     /// What a pull slice wrote that it reads again, while `takeIn` runs (nil otherwise).
     var takingIn: TakeInMemo?
     /// Timestamps of everything the store records; tests inject a clock.
