@@ -45,15 +45,7 @@ import UbiquitySystem
         try b.engine.cycle(pushPull: true)
 
         let fs = a.fs
-        let deleted = Locked(false)
-        store.setFault { op, key in
-            guard op == .get, key.hasPrefix("log/"), deleted.withLock({ done in defer { done = true }; return !done }) else { return nil }
-            try? fs.unlink(parent: Store.rootInode, name: "f.txt")
-            return nil
-        }
-        try a.engine.cycle(pushPull: true)
-        store.setFault(nil)
-        #expect(deleted.withLock { $0 }, "no peer segment was read")
+        try PullRaceTests.cycle(a, store: store) { try? fs.unlink(parent: Store.rootInode, name: "f.txt") }
         try PullRaceTests.settle([a, b])
         #expect(try a.tree() == ["f.txt": "file edited on b"])
         #expect(try b.tree() == ["f.txt": "file edited on b"])

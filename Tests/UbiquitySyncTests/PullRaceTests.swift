@@ -23,17 +23,25 @@ import UbiquitySystem
         return (a, b, store)
     }
 
-    static func cycleRenaming(_ a: SimDevice, _ from: String, to: String, store: RecordingStore) throws {
-        let fs = a.fs
-        let renamed = Locked(false)
+    /// A cycle of `d` that runs `change` during the GET of the first peer segment it
+    /// reads: between the cycle's sync step and the reconcile of what that segment held.
+    static func cycle(_ d: SimDevice, store: RecordingStore, changingDuringThePull change: @escaping @Sendable () -> Void) throws {
+        let ran = Locked(false)
         store.setFault { op, key in
-            guard op == .get, key.hasPrefix("log/"), renamed.withLock({ done in defer { done = true }; return !done }) else { return nil }
-            try? fs.rename(parent: Store.rootInode, name: from, newParent: Store.rootInode, newName: to, flags: 0)
+            guard op == .get, key.hasPrefix("log/"), ran.withLock({ done in defer { done = true }; return !done }) else { return nil }
+            change()
             return nil
         }
         defer { store.setFault(nil) }
-        try a.engine.cycle(pushPull: true)
-        #expect(renamed.withLock { $0 }, "no peer segment was read")
+        try d.engine.cycle(pushPull: true)
+        #expect(ran.withLock { $0 }, "no peer segment was read")
+    }
+
+    static func cycleRenaming(_ a: SimDevice, _ from: String, to: String, store: RecordingStore) throws {
+        let fs = a.fs
+        try cycle(a, store: store) {
+            try? fs.rename(parent: Store.rootInode, name: from, newParent: Store.rootInode, newName: to, flags: 0)
+        }
     }
 
     static func settle(_ devices: [SimDevice]) throws {
@@ -105,19 +113,13 @@ import UbiquitySystem
         try a.engine.cycle(pushPull: true)
 
         let (fs, me) = (c.fs, c.me)
-        let saved = Locked(false)
-        store.setFault { op, key in
-            guard op == .get, key.hasPrefix("log/"), saved.withLock({ done in defer { done = true }; return !done }) else { return nil }
+        try Self.cycle(c, store: store) {
             var dir = Store.rootInode
             for name in ["t", "a", "b"] { dir = (try? fs.mkdir(parent: dir, name: name, mode: 0o755, caller: me).ino) ?? .zero }
-            guard let handle = try? fs.create(parent: dir, name: "deep.txt", mode: 0o644, flags: OpenFlags(O_WRONLY), caller: me).1 else { return nil }
+            guard let handle = try? fs.create(parent: dir, name: "deep.txt", mode: 0o644, flags: OpenFlags(O_WRONLY), caller: me).1 else { return }
             _ = try? Array("deep".utf8).withUnsafeBytes { try fs.write(handle, offset: 0, data: $0) }
             try? fs.release(handle)
-            return nil
         }
-        try c.engine.cycle(pushPull: true)
-        store.setFault(nil)
-        #expect(saved.withLock { $0 }, "no peer segment was read")
 
         try a.engine.cycle(pushPull: true)
         #expect(try a.tree()["t/a/b/deep.txt"] == "file deep")
