@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <stdio.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 #include "CUbiquity.h"
 
@@ -24,3 +25,8 @@ const int ubq_falloc_punch_hole = FALLOC_FL_PUNCH_HOLE;
 const int ubq_falloc_zero_range = FALLOC_FL_ZERO_RANGE;
 
 pid_t ubq_gettid(void) { return gettid(); }
+
+long long ubq_filesystem_type(const char *path) {
+    struct statfs st;
+    return statfs(path, &st) == 0 ? (long long)st.f_type : -1;
+}

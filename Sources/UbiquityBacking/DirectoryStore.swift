@@ -11,6 +11,9 @@ public struct DirectoryStore: BackingStore {
     /// larger file in a shared directory is damage, not something to load.
     public let maxObjectSize: Int64
     static let tempPrefix = ".tmp-"
+    /// The names of the directories listed, kept between LISTs where inotify sees every
+    /// change (shared by the copies of this value).
+    let listings: DirectoryListings
 
     /// `root` relative to the working directory is made absolute here (the helpers below
     /// build absolute paths).
@@ -24,6 +27,7 @@ public struct DirectoryStore: BackingStore {
         }
         self.root = absolute.count > 1 && absolute.hasSuffix("/") ? String(absolute.dropLast()) : absolute
         self.maxObjectSize = maxObjectSize
+        listings = DirectoryListings(root: self.root)
     }
 
     public var location: String { root }
@@ -127,13 +131,32 @@ public struct DirectoryStore: BackingStore {
         return result
     }
 
+    /// Of `names` in byte order, those that `candidates` may keep for a LIST after `after`:
+    /// every name from `after`'s own (its part below `directory`) on, and the names before
+    /// it that are prefixes of it (a directory `x` holds keys after `x/y`, and sorts before
+    /// it). Any other name before it differs from it at a byte that is smaller, so neither
+    /// the name nor a key below it comes after `after`. The log's poll then costs the
+    /// segments after the cursor, not all of a day's.
+    static func mayFollow(_ names: [String], directory: String, after: String?) -> [String] {
+        guard let after, after.utf8.starts(with: directory.utf8) else { return names }
+        let own = Array(after.utf8.dropFirst(directory.utf8.count))
+        let from = DirectoryListings.firstNotBefore(own, in: names)
+        var result: [String] = []
+        for length in 1..<max(1, own.count) {
+            let i = DirectoryListings.firstNotBefore(own[..<length], in: names)
+            if i < from && names[i].utf8.elementsEqual(own[..<length]) { result.append(names[i]) }
+        }
+        return result + names[from...]
+    }
+
     private func walk(directory: String, prefix: String, after: String?, into found: inout [ObjectInfo], want: Int) throws(BackingError) {
         let full = directory.isEmpty ? root : root + "/" + directory.dropLast()
-        let names: [String]
-        do { names = try directoryEntries(full) } catch {
+        let listed: (names: [String], sorted: Bool)
+        do { listed = try listings.names(full) } catch {
             if error.code == ENOENT || error.code == ENOTDIR { return }
             throw Self.classify(error)
         }
+        let names = listed.sorted ? Self.mayFollow(listed.names, directory: directory, after: after) : listed.names
         var entries: [(sortKey: String, size: Int64?)] = [] // size nil: a directory
         for candidate in Self.candidates(names, directory: directory, prefix: prefix, after: after) {
             var st = Glibc.stat()

@@ -178,3 +178,22 @@ public func makeDirectories(_ path: String, mode: mode_t = 0o755) throws(SystemE
         try makeDirectory(prefix, mode: mode)
     }
 }
+
+/// Whether `path` is on a filesystem whose every change is made through this machine's
+/// kernel (ext4, XFS, Btrfs, tmpfs, F2FS, ZFS, FAT, exFAT, NTFS), so that inotify sees
+/// them all. Not NFS, SMB, FUSE (sshfs), overlayfs or anything unknown: there another
+/// machine (or a lower layer) changes files without an event.
+public func changesAreAllLocal(_ path: String) -> Bool {
+    let local: Set<Int64> = [
+        0xEF53,     // ext2/3/4
+        0x5846_5342, // XFS
+        0x9123_683E, // Btrfs
+        0x0102_1994, // tmpfs
+        0xF2F5_2010, // F2FS
+        0x2FC1_2FC1, // ZFS
+        0x4D44,     // FAT
+        0x2011_BAB0, // exFAT
+        0x7366_746E, // NTFS (ntfs3)
+    ]
+    return local.contains(Int64(ubq_filesystem_type(path)))
+}

@@ -3,6 +3,7 @@ import Synchronization
 import Testing
 import TestSupport
 @testable import UbiquityBacking
+import UbiquitySystem
 
 @Suite struct BackingStoreTests {
     @Test(arguments: [41, UInt64.random(in: 100...UInt64.max)])
@@ -66,6 +67,107 @@ import TestSupport
         let after = try store.list(prefix: "log/", after: BackingKey(checked: "log/0030"), limit: 100)
         #expect(after.objects.map(\.key.path) == all.filter { $0.hasPrefix("log/") && $0 > "log/0030" })
         #expect(after.objects.first?.key.path == "log/0030-dir/deeper" && after.objects.first?.size == 1)
+    }
+
+    /// A directory store on a local disk keeps the names of the directories it lists
+    /// (inotify) instead of reading them again at every LIST. Random puts and deletes
+    /// through it, through another store on the same directory (another device) and
+    /// behind both (files and directories made, renamed over, moved away and removed; the
+    /// whole directory swapped with another) between random LISTs: every LIST equals what a store that reads everything sees,
+    /// and a LIST after only such changes reads no directory.
+    @Test(arguments: [43, UInt64.random(in: 100...UInt64.max)])
+    func keptListingsFollowEveryChange(seed: UInt64) throws {
+        print("BackingStoreTests.keptListingsFollowEveryChange seed \(seed)")
+        var rng = SplitMix64(seed: seed)
+        let dir = TempDirectory()
+        defer { dir.cleanup(); removeTree(dir.path + "-spare") }
+        let store = DirectoryStore(root: dir.path), other = DirectoryStore(root: dir.path)
+        let names = ["log/a", "log/b", "log/a-b", "log/a/x", "log/c/d/e", "log/é", "packs/p1", "x"]
+        func listAll(_ s: DirectoryStore, after: String?) throws -> [String] {
+            var keys: [String] = []
+            var cursor = after.map { BackingKey(checked: $0) }
+            while true {
+                let page = try s.list(prefix: "", after: cursor, limit: 3)
+                keys += page.objects.map(\.key.path)
+                guard page.more, let last = page.objects.last else { return keys }
+                cursor = last.key
+            }
+        }
+        _ = try listAll(store, after: nil)
+        for step in 0..<400 {
+            let name = names.randomElement(using: &rng)!
+            let path = dir.path + "/" + name
+            switch rng.next() % 8 {
+            case 0: try? store.put(BackingKey(checked: name), [1])
+            case 1: try? other.put(BackingKey(checked: name), [2])
+            case 2: try? store.delete(BackingKey(checked: name))
+            case 3: _ = unlink(path)
+            case 4: // a directory appears or goes, with what it holds
+                let top = dir.path + "/" + name.split(separator: "/").prefix(2).joined(separator: "/")
+                removeTree(top)
+            case 5: // moved away and back under another name
+                let moved = dir.path + "/moved-\(step)"
+                if rename(path, moved) == 0 { _ = rename(moved, dir.path + "/" + names.randomElement(using: &rng)!) }
+            case 6: _ = mkdir(dir.path + "/log/newdir-\(step % 3)", 0o755)
+            default: // the whole directory swapped with another one (no event reaches the watches below it)
+                let spare = dir.path + "-spare", aside = dir.path + "-aside"
+                _ = mkdir(spare, 0o755)
+                _ = mkdir(spare + "/log", 0o755)
+                if rng.next() % 2 == 0 { close(open(spare + "/log/s\(step)", O_WRONLY | O_CREAT, 0o644)) }
+                #expect(rename(dir.path, aside) == 0 && rename(spare, dir.path) == 0 && rename(aside, spare) == 0)
+            }
+            let after = rng.next() % 2 == 0 ? nil : names.randomElement(using: &rng)!
+            let kept = try listAll(store, after: after)
+            let fresh = try listAll(DirectoryStore(root: dir.path), after: after)
+            #expect(kept == fresh, "step \(step), after \(after ?? "nil"): kept \(kept), fresh \(fresh)")
+        }
+        // Nothing changed: no directory read; a change by another store: none either.
+        let reads = store.listings.reads
+        _ = try listAll(store, after: nil)
+        try other.put(BackingKey(checked: "log/late"), [3])
+        #expect(try listAll(store, after: "log/b").contains("log/late"))
+        #expect(store.listings.reads == reads, "a kept listing reads no directory")
+    }
+
+    /// More events than inotify queues (16,384 here) between two LISTs: the listings are
+    /// read again, not trusted.
+    @Test func anOverflowedQueueReadsTheDirectoryAgain() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = DirectoryStore(root: dir.path)
+        try store.put(BackingKey(checked: "log/first"), [1])
+        #expect(try store.listAll(prefix: "log/").count == 1)
+        let limit = ((try? readFile("/proc/sys/fs/inotify/max_queued_events", limit: 64)) ?? nil)
+            .flatMap { Int(String(decoding: $0.filter { $0 >= 48 && $0 <= 57 }, as: UTF8.self)) } ?? 16_384
+        for i in 0...(limit / 2 + 1) { // a create and a delete event each, and the last one stays
+            let path = dir.path + "/log/f\(i)"
+            close(open(path, O_WRONLY | O_CREAT, 0o644))
+            if i <= limit / 2 { unlink(path) }
+        }
+        let reads = store.listings.reads
+        #expect(try store.listAll(prefix: "log/").map(\.key.path) == ["log/f\(limit / 2 + 1)", "log/first"])
+        #expect(store.listings.reads > reads, "read again after the overflow")
+    }
+
+    /// `mayFollow` drops only names no key after the cursor can be at or below: the
+    /// candidates of the kept (sorted) names equal those of all names, for random names
+    /// and cursors.
+    @Test(arguments: [44, UInt64.random(in: 100...UInt64.max)])
+    func namesBeforeTheCursorAreSkippedOnlyWhenNothingAfterItIsThere(seed: UInt64) {
+        print("BackingStoreTests.namesBeforeTheCursorAreSkippedOnlyWhenNothingAfterItIsThere seed \(seed)")
+        var rng = SplitMix64(seed: seed)
+        let alphabet = ["a", "b", "-", ".", "0", "z", "é"]
+        func word() -> String { (0..<Int(1 + rng.next() % 4)).map { _ in alphabet.randomElement(using: &rng)! }.joined() }
+        for _ in 0..<2_000 {
+            let names = Array(Set((0..<Int(rng.next() % 12)).map { _ in word() })).sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+            let directory = rng.next() % 3 == 0 ? "" : "d/"
+            let after = rng.next() % 5 == 0 ? nil : directory + word() + (rng.next() % 3 == 0 ? "/" + word() : "")
+            let prefix = rng.next() % 4 == 0 ? directory + "a" : directory
+            let kept = DirectoryStore.mayFollow(names, directory: directory, after: after)
+            let all = DirectoryStore.candidates(names, directory: directory, prefix: prefix, after: after)
+            let some = DirectoryStore.candidates(kept, directory: directory, prefix: prefix, after: after)
+            #expect(Set(all.map(\.name)) == Set(some.map(\.name)), "names \(names), after \(after ?? "nil"), prefix \(prefix)")
+        }
     }
 
     private func pad(_ text: String, _ width: Int) -> String { String(repeating: "0", count: max(0, width - text.count)) + text }

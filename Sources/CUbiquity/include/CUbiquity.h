@@ -27,6 +27,9 @@ extern const int ubq_seek_data;
 extern const int ubq_seek_hole;
 
 
+/// statfs(2)'s f_type of the filesystem holding `path` (its magic number), or -1.
+long long ubq_filesystem_type(const char *path);
+
 /// gettid(2): the calling thread's id (for setpriority of one thread).
 pid_t ubq_gettid(void);
 
