@@ -26,7 +26,11 @@ const int ubq_falloc_zero_range = FALLOC_FL_ZERO_RANGE;
 
 pid_t ubq_gettid(void) { return gettid(); }
 
-long long ubq_filesystem_type(const char *path) {
+long long ubq_filesystem_type(int fd) {
     struct statfs st;
-    return statfs(path, &st) == 0 ? (long long)st.f_type : -1;
+    return fstatfs(fd, &st) == 0 ? (long long)st.f_type : -1;
+}
+
+int ubq_rename_exchange(const char *a, const char *b) {
+    return renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE);
 }

@@ -27,7 +27,7 @@ public struct DirectoryStore: BackingStore {
         }
         self.root = absolute.count > 1 && absolute.hasSuffix("/") ? String(absolute.dropLast()) : absolute
         self.maxObjectSize = maxObjectSize
-        listings = DirectoryListings(root: self.root)
+        listings = DirectoryListings()
     }
 
     public var location: String { root }

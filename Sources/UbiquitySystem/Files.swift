@@ -157,6 +157,10 @@ public func makeAnonymousFile(in directory: String) throws(SystemError) -> Int32
 public func directoryEntries(_ path: String) throws(SystemError) -> [String] {
     guard let dir = opendir(path) else { throw .last("list \(path)") }
     defer { closedir(dir) }
+    return names(in: dir)
+}
+
+private func names(in dir: OpaquePointer) -> [String] {
     var names: [String] = []
     while let entry = readdir(dir) {
         let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
@@ -179,11 +183,12 @@ public func makeDirectories(_ path: String, mode: mode_t = 0o755) throws(SystemE
     }
 }
 
-/// Whether `path` is on a filesystem whose every change is made through this machine's
-/// kernel (ext4, XFS, Btrfs, tmpfs, F2FS, ZFS, FAT, exFAT, NTFS), so that inotify sees
-/// them all. Not NFS, SMB, FUSE (sshfs), overlayfs or anything unknown: there another
-/// machine (or a lower layer) changes files without an event.
-public func changesAreAllLocal(_ path: String) -> Bool {
+/// Whether the directory open as `fd` is on a filesystem whose every change is made
+/// through this machine's kernel (ext4, XFS, Btrfs, tmpfs, F2FS, ZFS), so that inotify
+/// sees them all. Not NFS, SMB, FUSE (sshfs), overlayfs or anything unknown: there another
+/// machine (or a lower layer) changes files without an event. Not FAT, exFAT or NTFS
+/// either: names there match in any case, and an event may spell one as its caller did.
+public func changesAreAllLocal(fd: Int32) -> Bool {
     let local: Set<Int64> = [
         0xEF53,     // ext2/3/4
         0x5846_5342, // XFS
@@ -191,9 +196,24 @@ public func changesAreAllLocal(_ path: String) -> Bool {
         0x0102_1994, // tmpfs
         0xF2F5_2010, // F2FS
         0x2FC1_2FC1, // ZFS
-        0x4D44,     // FAT
-        0x2011_BAB0, // exFAT
-        0x7366_746E, // NTFS (ntfs3)
     ]
-    return local.contains(Int64(ubq_filesystem_type(path)))
+    return local.contains(Int64(ubq_filesystem_type(fd)))
+}
+
+/// The names in the directory open as `fd` (no `.` and `..`); `fd` stays open.
+public func directoryEntries(fd: Int32) throws(SystemError) -> [String] {
+    let copy = dup(fd)
+    guard copy >= 0 else { throw .last("dup") }
+    guard let dir = fdopendir(copy) else {
+        let error = SystemError.last("fdopendir")
+        close(copy)
+        throw error
+    }
+    defer { closedir(dir) }
+    return names(in: dir)
+}
+
+/// renameat2(RENAME_EXCHANGE): `a` and `b` swap places.
+public func exchangePaths(_ a: String, _ b: String) throws(SystemError) {
+    guard ubq_rename_exchange(a, b) == 0 else { throw .last("exchange \(a) and \(b)") }
 }

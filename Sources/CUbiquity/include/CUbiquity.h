@@ -27,8 +27,11 @@ extern const int ubq_seek_data;
 extern const int ubq_seek_hole;
 
 
-/// statfs(2)'s f_type of the filesystem holding `path` (its magic number), or -1.
-long long ubq_filesystem_type(const char *path);
+/// fstatfs(2)'s f_type of the filesystem holding `fd` (its magic number), or -1.
+long long ubq_filesystem_type(int fd);
+
+/// renameat2(RENAME_EXCHANGE): `a` and `b` swap places (both must exist).
+int ubq_rename_exchange(const char *a, const char *b);
 
 /// gettid(2): the calling thread's id (for setpriority of one thread).
 pid_t ubq_gettid(void);
