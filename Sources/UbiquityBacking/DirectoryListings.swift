@@ -70,6 +70,9 @@ final class DirectoryListings: @unchecked Sendable {
         var fd: Int32?
         var listings: [Int32: Listing] = [:]
         var watches: [String: Int32] = [:]
+        /// Directories found on a filesystem whose changes inotify may not see: read at
+        /// every LIST without trying again (an NFS poll pays no extra stat, open, fstatfs).
+        var unwatchable: Set<String> = []
         /// Directories read whole (for the tests: a kept listing reads none).
         var reads = 0
     }
@@ -103,8 +106,10 @@ final class DirectoryListings: @unchecked Sendable {
     func names(_ path: String) throws(SystemError) -> (names: [String], sorted: Bool) {
         // What the path names now, before the events are taken in: a listing of another
         // directory is not used.
-        let here = Identity(path: path)
-        if let kept = state.withLock({ s in Self.kept(path, here, &s) }) { return (kept, true) }
+        if state.withLock({ $0.fd != -1 && !$0.unwatchable.contains(path) }) {
+            let here = Identity(path: path)
+            if let kept = state.withLock({ s in Self.kept(path, here, &s) }) { return (kept, true) }
+        }
         // Not kept: read here, outside the lock (a slow disk holds no other LIST).
         state.withLock { $0.reads += 1 }
         return (try directoryEntries(path), false)
@@ -126,6 +131,7 @@ final class DirectoryListings: @unchecked Sendable {
         guard directory >= 0 else { return nil }
         guard let identity = Identity(fd: directory), changesAreAllLocal(fd: directory) else {
             close(directory)
+            if s.unwatchable.count < 4 * maxWatched { s.unwatchable.insert(path) }
             return nil
         }
         let mask = UInt32(IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
@@ -159,36 +165,36 @@ final class DirectoryListings: @unchecked Sendable {
 
     /// Applies every queued event to the listings.
     private static func drain(_ fd: Int32, _ s: inout State) {
-        var buffer = [UInt8](repeating: 0, count: 64 << 10)
-        while true {
-            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { return } // EAGAIN: nothing more
-            apply(buffer[..<n], &s)
+        // On the stack, not zeroed: a poll with no events costs one read(2).
+        withUnsafeTemporaryAllocation(byteCount: 16 << 10, alignment: 8) { buffer in
+            while true {
+                let n = read(fd, buffer.baseAddress, buffer.count)
+                if n < 0 && errno == EINTR { continue }
+                guard n > 0 else { return } // EAGAIN: nothing more
+                apply(UnsafeRawBufferPointer(rebasing: buffer[..<n]), &s)
+            }
         }
     }
 
     /// Events as the kernel writes them: wd, mask, cookie and name length (4 bytes each,
     /// in this machine's byte order), then the name padded with NULs. Every length is
     /// checked against the bytes read.
-    static func events(_ bytes: ArraySlice<UInt8>) -> [(wd: Int32, mask: UInt32, name: String)] {
+    static func events(_ raw: UnsafeRawBufferPointer) -> [(wd: Int32, mask: UInt32, name: String)] {
         var result: [(Int32, UInt32, String)] = []
-        bytes.withUnsafeBytes { raw in
-            var at = 0
-            while raw.count - at >= 16 {
-                let wd = raw.loadUnaligned(fromByteOffset: at, as: Int32.self)
-                let mask = raw.loadUnaligned(fromByteOffset: at + 4, as: UInt32.self)
-                let length = Int(raw.loadUnaligned(fromByteOffset: at + 12, as: UInt32.self))
-                guard length <= raw.count - at - 16 else { break }
-                let name = raw[(at + 16)..<(at + 16 + length)].prefix { $0 != 0 }
-                result.append((wd, mask, String(decoding: name, as: UTF8.self)))
-                at += 16 + length
-            }
+        var at = 0
+        while raw.count - at >= 16 {
+            let wd = raw.loadUnaligned(fromByteOffset: at, as: Int32.self)
+            let mask = raw.loadUnaligned(fromByteOffset: at + 4, as: UInt32.self)
+            let length = Int(raw.loadUnaligned(fromByteOffset: at + 12, as: UInt32.self))
+            guard length <= raw.count - at - 16 else { break }
+            let name = raw[(at + 16)..<(at + 16 + length)].prefix { $0 != 0 }
+            result.append((wd, mask, String(decoding: name, as: UTF8.self)))
+            at += 16 + length
         }
         return result
     }
 
-    private static func apply(_ bytes: ArraySlice<UInt8>, _ s: inout State) {
+    private static func apply(_ bytes: UnsafeRawBufferPointer, _ s: inout State) {
         for event in events(bytes) {
             if event.mask & UInt32(IN_Q_OVERFLOW) != 0 {
                 // Events were lost: nothing kept can be trusted.
