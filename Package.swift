@@ -4,7 +4,7 @@
 //   CUbiquity          Linux calls Swift's Glibc module hides (_GNU_SOURCE): a few C lines
 //   UbiquitySystem   POSIX helpers every layer shares: EINTR loops, atomic writes, the mount table
 //   TinyPix          pure codec: 8 bytes <-> ASCII grid
-//   UbiquityCrypto   the container key, sealing objects, key files (issue 25); no I/O
+//   UbiquityCrypto   the container key, sealing objects, key files; no I/O
 //   UbiquityStore    chunks, metadata database, versions, the synced view; no FUSE, no kernel inodes
 //   UbiquityBacking  the storage seam: a backing store protocol and its implementations
 //                    (directory, S3, memory with faults, encryption over any), one

@@ -6,7 +6,7 @@
 #   scripts/bench-s3.sh                    # every row
 #   BENCH_ROWS="big small" scripts/bench-s3.sh
 #
-# Rows (README, "Benchmarks: S3"):
+# Rows (docs/BENCHMARKS.md, S3):
 #   big       a 1 GiB file: `cp` into a fresh mount + `ubiquity sync` (returns once it is
 #             uploaded), against `rclone copy` (Debian) and `aws s3 cp` (PyPI) of it
 #   small     10,000 files of 1 KiB: the same against `rclone copy` of the tree; and

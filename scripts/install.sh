@@ -9,8 +9,13 @@
 #   scripts/install.sh --uninstall         stop and disable every ubiquity@ unit, then
 #                                          remove the binary and the unit file
 #
-# Files: ~/.local/bin/ubiquity (the unit runs it from there) and
-# ${XDG_CONFIG_HOME:-~/.config}/systemd/user/ubiquity@.service. Never touched: your data
+# Files: ~/.local/bin/ubiquity (the unit runs it from there),
+# ${XDG_CONFIG_HOME:-~/.config}/systemd/user/ubiquity@.service, the man page
+# ~/.local/share/man/man1/ubiquity.1 (man finds it through ~/.local/bin in PATH), and
+# completions that bash-completion, zsh and fish read:
+# ~/.local/share/bash-completion/completions/ubiquity,
+# ~/.local/share/zsh/site-functions/_ubiquity (add that folder to zsh's fpath) and
+# ~/.local/share/fish/vendor_completions.d/ubiquity.fish. Never touched: your data
 # (~/.local/share/ubiquity/) and your settings (~/.config/ubiquity/NAME.env).
 set -euo pipefail
 
@@ -24,6 +29,11 @@ bin_dir=$HOME/.local/bin
 unit_dir=${XDG_CONFIG_HOME:-$HOME/.config}/systemd/user
 bin=$bin_dir/ubiquity
 unit=$unit_dir/ubiquity@.service
+share=${XDG_DATA_HOME:-$HOME/.local/share}
+manual=$share/man/man1/ubiquity.1
+bash_completion=$share/bash-completion/completions/ubiquity
+zsh_completion=$share/zsh/site-functions/_ubiquity
+fish_completion=$share/fish/vendor_completions.d/ubiquity.fish
 
 mode=install enable=
 while [ $# -gt 0 ]; do
@@ -76,6 +86,7 @@ install_all() {
 
 	put "$src" "$bin" 755
 	put "$repo/systemd/ubiquity@.service" "$unit" 644
+	install_help "$bin"
 
 	command -v fusermount3 >/dev/null ||
 		say "warning: fusermount3 not found; mounting needs it: sudo apt-get install fuse3"
@@ -107,6 +118,26 @@ install_all() {
 	fi
 }
 
+# install_help BIN: the man page and the shell completions, both generated from BIN's
+# argument parser, so they always match the installed binary.
+install_help() {
+	local tmp shell
+	tmp=$(mktemp -d)
+	for shell in bash zsh fish; do
+		"$1" --generate-completion-script "$shell" >"$tmp/$shell" || die "$1 cannot write its $shell completions"
+	done
+	put "$tmp/bash" "$bash_completion" 644
+	put "$tmp/zsh" "$zsh_completion" 644
+	put "$tmp/fish" "$fish_completion" 644
+	if "$repo/scripts/manual.sh" "$1" "$tmp" 2>"$tmp/manual.log"; then
+		put "$tmp/ubiquity.1" "$manual" 644
+	else
+		say "warning: no man page: $(tail -n 1 "$tmp/manual.log")"
+	fi
+	rm -rf "$tmp"
+	command -v man >/dev/null || say "note: 'man' is not installed (sudo apt-get install man-db); 'ubiquity --help' says the same"
+}
+
 uninstall_all() {
 	# Instances: those the manager knows, plus those enabled (links in *.wants/ dirs).
 	local -a units=() links=()
@@ -128,7 +159,7 @@ uninstall_all() {
 		fi
 	fi
 	local f removed=
-	for f in "$unit" "$bin"; do
+	for f in "$unit" "$bin" "$manual" "$bash_completion" "$zsh_completion" "$fish_completion"; do
 		if [ -e "$f" ]; then
 			rm -f "$f"
 			say "removed $f"

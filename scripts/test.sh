@@ -2,7 +2,8 @@
 # The one test entry point: README and CI run exactly this. Installs the Debian packages
 # it needs that are missing (sudo unless root), builds with every warning an error (set in
 # Package.swift) and with every import checked against the declared target dependencies,
-# then runs the unit tests (swift test), the real-mount scenarios and the systemd test.
+# then runs the unit tests (swift test), the documentation checks (README commands, links,
+# help text, man page and completions), the real-mount scenarios and the systemd test.
 # Under CI=true a test that cannot mount FUSE fails instead of skipping.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ export UBIQUITY="${UBIQUITY:-$(swift build --show-bin-path)/ubiquity}"
 scripts/sweep-test-mounts.sh
 # A real S3 server on loopback (radosgw, scripts/s3-server.sh) for the S3 tests, stopped at
 # the end whatever happens. UBIQUITY_S3_BUCKET already set: use that bucket instead (AWS,
-# MinIO, R2: README, "Running the S3 tests elsewhere").
+# MinIO, R2: docs/TESTING.md).
 if [[ -z ${UBIQUITY_S3_BUCKET:-} ]]; then
   s3dir=$(mktemp -d /tmp/ubiquity-s3.XXXXXX)
   trap 'scripts/s3-server.sh stop "$s3dir"' EXIT
@@ -27,5 +28,6 @@ if [[ -z ${UBIQUITY_S3_BUCKET:-} ]]; then
   export UBQ_S3_SERVER_DIR=$s3dir
 fi
 swift test "${strict[@]}"
+IntegrationTests/docs/run.sh
 IntegrationTests/mount/run.sh
 IntegrationTests/systemd/run.sh

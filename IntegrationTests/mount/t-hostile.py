@@ -260,7 +260,7 @@ INTENDED = {
         "reference's.",
 }
 
-# Ubiquity's documented maximum file size (README, "Files: sizes, holes, special files").
+# Ubiquity's documented maximum file size (docs/ARCHITECTURE.md, "POSIX details").
 # None would mean "not documented": the "max-file-size" rule would then only require the
 # mount's answers to be consistent with one limit.
 MOUNT_MAX_FILE_SIZE = 2**62

@@ -13,7 +13,7 @@ source "$(dirname "$0")/lib.sh"
 
 s3_backing faults
 if [[ -z ${UBQ_S3_SERVER_DIR:-} ]]; then
-  # Another server (README, "Running the S3 tests elsewhere"): this scenario stops and
+  # Another server (docs/TESTING.md): this scenario stops and
   # starts the loopback server's gateway and proxies plain http on loopback.
   [[ ${CI:-} != true ]] || fail "UBQ_S3_SERVER_DIR unset: scripts/test.sh names the loopback server's directory"
   skip "needs the loopback S3 server of scripts/test.sh (UBQ_S3_SERVER_DIR)"
@@ -62,6 +62,9 @@ for mode in 503 reset stall; do
   if [[ $mode != stall ]]; then
     wait_eq offline "alpha's sync state while the proxy answers $mode" state_of "$A" state
     assert_ne "" "$(state_of "$A" error)" "alpha's sync error while the proxy answers $mode"
+    # The error keeps its kind from the backing store to the status line.
+    assert_eq retryable "$(state_of "$A" error-kind)" "the kind of alpha's sync error while the proxy answers $mode"
+    assert_contains "$(ubq status)" "error (retryable):" "ubiquity status while the proxy answers $mode"
   else
     sleep 2
   fi

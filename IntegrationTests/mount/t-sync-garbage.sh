@@ -417,7 +417,7 @@ assert_file_content "$A/offline-a.txt" offline-a "a new file on alpha while offl
 assert_file_content "$A/f.txt" three "an edit on alpha while offline"
 assert_eq 1 "$(version_count_at "$A" offline-a.txt)" "versions of offline-a.txt (saved locally)"
 assert_eq 0 "$(xattr "$A/offline-a.txt" user.ubiquity.uploaded)" "user.ubiquity.uploaded of a file saved while offline"
-# README ("Syncing"): `ubiquity sync` fails with exit status 1 when the backing
+# README ("Sync and conflicts"): `ubiquity sync` fails with exit status 1 when the backing
 # directory cannot be reached.
 rc=0
 out=$(timeout -k 5 30 "$UBIQUITY" sync "$A" 2>&1) || rc=$?

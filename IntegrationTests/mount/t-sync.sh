@@ -143,7 +143,7 @@ setfattr -n user.color -v red "$A/$f"
 wait_eq red "user.color of $f on beta" xattr "$B/$f" user.color
 setfattr -n user.bin -v 0x00ff0a "$A/$f"
 wait_eq 0x00ff0a "user.bin (binary value) of $f on beta" xattr_hex "$B/$f" user.bin
-# Directories' xattrs are not synced (README: sync, "What syncs").
+# Directories' xattrs are not synced (README, "Sync and conflicts").
 wait_same_tree "$A" "$B" "trees after the metadata changes"
 step "... and their changes: xattr removed, symlink deleted and retargeted, mode again"
 setfattr -x user.color "$A/$f"

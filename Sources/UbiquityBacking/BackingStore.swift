@@ -1,4 +1,4 @@
-/// The storage seam (issue 23): everything that leaves or enters a device goes through a
+/// The storage seam: everything that leaves or enters a device goes through a
 /// `BackingStore`, whatever holds it (a shared directory, an S3 bucket, memory in tests).
 /// The protocol is small on purpose, in the spirit of restic's backend and JuiceFS's
 /// object storage: whole immutable objects under keys, no append, rename or lock.

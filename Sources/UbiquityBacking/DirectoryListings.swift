@@ -3,9 +3,8 @@ import UbiquitySystem
 
 /// The names in the directories a `DirectoryStore` lists, kept by inotify instead of read
 /// again at every LIST. A device polls the log every 0.5 s while anything is active, and
-/// `log/` holds every segment of the last day (thousands after a big import: 2,051 after
-/// a million files went up): reading and filtering all its names was 44 % of a mount's CPU
-/// while a file was saved every half second (perf, 1,000,000-file container). Kept
+/// `log/` holds every segment of the last day (thousands after a big import): reading and
+/// filtering all its names at every poll would take a large share of a mount's CPU. Kept
 /// listings cost the names that changed since the last LIST.
 ///
 /// Only for a directory on a filesystem where inotify sees every change

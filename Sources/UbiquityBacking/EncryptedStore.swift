@@ -1,6 +1,6 @@
 import UbiquityCrypto
 
-/// An encrypted container's objects (issue 25), sealed on their way out and opened on
+/// An encrypted container's objects, sealed on their way out and opened on
 /// their way in: the one place the sync engine's bytes meet the crypto, as JuiceFS wraps
 /// its object storage with an encryptor. Sync, gc, repair and the key-value exchange see
 /// plaintext and do not change; the store below sees only sealed blocks (`Sealer`: 64 KiB

@@ -1,6 +1,6 @@
 import Crypto
 
-/// The key of an encrypted container (issue 25): 32 random bytes, made once when the
+/// The key of an encrypted container: 32 random bytes, made once when the
 /// container is created and stored in the backing store only wrapped by passphrase keys
 /// (`KeyFile`). It never seals anything itself: each use has its own key derived from it
 /// (HKDF-SHA256, a label per use), so a key for one use says nothing of another's.

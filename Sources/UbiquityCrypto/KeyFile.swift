@@ -34,8 +34,8 @@ public struct ScryptCost: Sendable, Equatable {
     }
 
     /// The cost for this machine: r = 8, p = 1 and the largest N whose derivation takes at
-    /// most `seconds` here (measured: each doubling of N doubles the time), at least 2^15
-    /// (what scrypt's authors advise for interactive logins), at most 2^20.
+    /// most `seconds` here (one derivation is timed; each doubling of N doubles the time),
+    /// at least 2^15 (what scrypt's authors advise for interactive logins), at most 2^20.
     public static func tuned(seconds: Double = 0.5, clock: () -> Double) throws(CryptoFailure) -> ScryptCost {
         var n = 1 << 14
         let salt = [UInt8](repeating: 0, count: 16)

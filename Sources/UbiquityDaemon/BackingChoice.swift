@@ -24,18 +24,18 @@ public enum BackingChoice {
             for name in awsVariables { if let value = Paths.env(name) { environment[name] = value } }
             let settings: S3Settings
             do { settings = try S3Settings.resolve(url: text, environment: environment, home: Paths.env("HOME") ?? "/") } catch {
-                throw CLIError("--backing \(text): \(error)")
+                throw DaemonError.setting("--backing \(text): \(error)")
             }
             let s3: S3Store
-            do { s3 = try S3Store(settings: settings) } catch { throw CLIError("--backing \(text): \(error)") }
+            do { s3 = try S3Store(settings: settings) } catch { throw DaemonError.setting("--backing \(text): \(error)") }
             if check {
                 do { try RetryingStore(s3, attempts: 3).checkAccess(s3) } catch {
-                    throw CLIError("--backing \(text) (endpoint \(settings.endpoint.host):\(settings.endpoint.port), region \(settings.region)): \(error)")
+                    throw DaemonError.backing("--backing \(text) (endpoint \(settings.endpoint.host):\(settings.endpoint.port), region \(settings.region))", error)
                 }
             }
             base = s3
         } else if isURL(text) {
-            throw CLIError("--backing \(text): not a backing store this version knows: give a directory or s3://BUCKET[/PREFIX]")
+            throw DaemonError.setting("--backing \(text): not a backing store this version knows: give a directory or s3://BUCKET[/PREFIX]")
         } else {
             base = DirectoryStore(root: Paths.absolute(text))
         }

@@ -5,7 +5,7 @@ import UbiquityStore
 import UbiquitySync
 import UbiquitySystem
 
-/// Unlocking an encrypted container (issue 25), for `mount`, `init`, `key` and `fsck`:
+/// Unlocking an encrypted container, for `mount`, `init`, `key` and `fsck`:
 /// the one place that decides from FORMAT whether a passphrase is needed, asks for it and
 /// turns it into the container key.
 public enum ContainerUnlock {
@@ -48,7 +48,7 @@ public enum ContainerUnlock {
             return try create(ring, source: source)
         case .plain:
             if encrypt {
-                throw CLIError("\(clear.location) is a container already, not encrypted: encryption is chosen when a backing store is first used (mount it without --encrypt, or give an empty one)")
+                throw DaemonError.encryption("\(clear.location) is a container already, not encrypted: encryption is chosen when a backing store is first used (mount it without --encrypt, or give an empty one)")
             }
             return nil
         case .encrypted:
@@ -76,7 +76,7 @@ public enum ContainerUnlock {
             return Unlocked(key: key, keyID: id)
         } catch {
             if error == .wrongPassphrase { throw Refused(description: "\(ring.store.location): \(error)") }
-            throw CLIError("\(error)")
+            throw DaemonError.encryption("\(error)")
         }
     }
 
@@ -86,13 +86,13 @@ public enum ContainerUnlock {
     /// passphrase is asked and scrypt runs once, here, where the terminal is.
     public static func handOff(_ unlocked: Unlocked) throws -> Int32 {
         var fds: [Int32] = [0, 0]
-        guard pipe(&fds) == 0 else { throw CLIError("pipe: \(errnoText(errno))") }
+        guard pipe(&fds) == 0 else { throw DaemonError.system("pipe", errno: errno) }
         let text = Array((Hex.encode(unlocked.key.bytesForHandOff) + " " + unlocked.keyID + "\n").utf8)
         let written = text.withUnsafeBytes { write(fds[1], $0.baseAddress, $0.count) }
         close(fds[1])
         guard written == text.count else {
             close(fds[0])
-            throw CLIError("cannot hand the key to the daemon: \(errnoText(errno))")
+            throw DaemonError.system("cannot hand the key to the daemon", errno: errno)
         }
         return fds[0]
     }
@@ -103,7 +103,7 @@ public enum ContainerUnlock {
         let bytes = try PassphraseSource.readToEnd(fd, what: "--key-fd")
         let parts = String(decoding: bytes, as: UTF8.self).split(whereSeparator: { $0 == " " || $0 == "\n" })
         guard parts.count == 2, let raw = Hex.decode(parts[0]), let key = ContainerKey(bytes: raw), Hex.isLowercase(parts[1], count: 16) else {
-            throw CLIError("--key-fd: not a container key")
+            throw DaemonError.encryption("--key-fd: not a container key")
         }
         return Unlocked(key: key, keyID: String(parts[1]))
     }

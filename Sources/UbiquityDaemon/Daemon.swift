@@ -121,7 +121,7 @@ extension Daemon {
             fsOptions.retention = try Paths.retentionPolicy(container: c.container, settings: c.retentionSettings)
             fsOptions.kvLimits = try Paths.keyValueLimits(container: c.container, settings: c.keyValueLimitSettings)
             if let every = c.maintenanceEvery {
-                guard let interval = RetentionPolicy.duration(every) else { throw CLIError("--maintenance-every \(every): not a duration") }
+                guard let interval = RetentionPolicy.duration(every) else { throw DaemonError.setting("--maintenance-every \(every): not a duration") }
                 fsOptions.maintenanceInterval = interval
             }
             // From here on the store is used only through the filesystem's `SharedStore`.
@@ -167,7 +167,7 @@ extension Daemon {
             log("ubiquity: unmounted \(mp) (loop status \(status)); pending saves committed")
         } catch {
             ready.failed("\(error)")
-            throw CLIError("\(error)")
+            throw DaemonError.from(error)
         }
     }
 }
@@ -181,7 +181,7 @@ func checkEncryption(store: Store, backing: String, unlocked: ContainerUnlock.Un
         try store.setSetting("encrypted_backing", backing)
         try store.setSetting("encryption", "aes-256-gcm, key \(unlocked.keyID)")
     } else if try store.setting("encrypted_backing") == backing {
-        throw CLIError("\(backing) was an encrypted container when this device last synced with it, and now says it is not: nothing is mounted (if you replaced it with a plain container on purpose, use a new store or a new backing path)")
+        throw DaemonError.encryption("\(backing) was an encrypted container when this device last synced with it, and now says it is not: nothing is mounted (if you replaced it with a plain container on purpose, use a new store or a new backing path)")
     } else {
         try store.setSetting("encryption", "none")
     }
@@ -197,7 +197,7 @@ public func makeDirectoriesForCLI(_ path: String) throws {
     for c in path.split(separator: "/") {
         prefix += "/" + c
         if mkdir(prefix, 0o755) != 0 && errno != EEXIST {
-            throw CLIError("cannot create \(prefix): \(errnoText(errno))")
+            throw DaemonError.system("cannot create \(prefix)", errno: errno)
         }
     }
 }
@@ -208,12 +208,12 @@ public func makeDirectoriesForCLI(_ path: String) throws {
 public enum Daemon {
     public static func spawnAndWait(arguments: [String], logPath: String, mountpoint: String) throws {
         var fds: [Int32] = [0, 0]
-        guard pipe(&fds) == 0 else { throw CLIError("pipe: \(errnoText(errno))") }
+        guard pipe(&fds) == 0 else { throw DaemonError.system("pipe", errno: errno) }
         let (readFD, writeFD) = (fds[0], fds[1])
         _ = fcntl(readFD, F_SETFD, FD_CLOEXEC)
         try makeDirectoriesForCLI(String(logPath[..<logPath.lastIndex(of: "/")!]))
         let logFD = open(logPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
-        guard logFD >= 0 else { throw CLIError("cannot open log \(logPath): \(errnoText(errno))") }
+        guard logFD >= 0 else { throw DaemonError.system("cannot open log \(logPath)", errno: errno) }
         let nullFD = open("/dev/null", O_RDONLY | O_CLOEXEC)
 
         let exe = (try? readLink("/proc/self/exe")) ?? arguments[0]
@@ -234,7 +234,7 @@ public enum Daemon {
         posix_spawn_file_actions_destroy(&actions)
         posix_spawnattr_destroy(&attr)
         close(writeFD); close(logFD); close(nullFD)
-        guard rc == 0 else { throw CLIError("cannot start the mount daemon: \(errnoText(rc))") }
+        guard rc == 0 else { throw DaemonError.system("cannot start the mount daemon", errno: rc) }
 
         var reply: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 4096)
@@ -253,15 +253,15 @@ public enum Daemon {
         }
         var status: Int32 = 0
         waitpid(pid, &status, 0)
-        if text.hasPrefix("ERR ") { throw CLIError(String(text.dropFirst(4))) }
-        throw CLIError("the mount daemon exited before mounting; see \(logPath)")
+        if text.hasPrefix("ERR ") { throw DaemonError.daemon(String(text.dropFirst(4))) }
+        throw DaemonError.daemon("the mount daemon exited before mounting; see \(logPath)")
     }
 }
 
 public func readLink(_ path: String) throws -> String {
     var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
     let n = readlink(path, &buffer, buffer.count - 1)
-    guard n > 0 else { throw CLIError("readlink \(path)") }
+    guard n > 0 else { throw DaemonError.system("readlink \(path)", errno: errno) }
     return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
 

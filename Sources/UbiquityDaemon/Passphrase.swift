@@ -1,7 +1,7 @@
 import Glibc
 import UbiquitySystem
 
-/// Where an encrypted container's passphrase comes from (issue 25), never from argv:
+/// Where an encrypted container's passphrase comes from, never from argv:
 /// `--password-file` (a file, a FIFO or `/dev/fd/N`), `--password-command` (its standard
 /// output, as restic's), systemd's credentials (`LoadCredential=ubiquity-passphrase:…` or
 /// `LoadCredentialEncrypted=`, read from `$CREDENTIALS_DIRECTORY`), or a prompt on the
@@ -37,7 +37,7 @@ public struct PassphraseSource: Sendable {
             let first = try tty.prompt("\(purpose): ")
             if confirm {
                 let again = try tty.prompt("Again, to be sure: ")
-                guard first == again else { throw CLIError("the two passphrases differ: nothing was changed") }
+                guard first == again else { throw DaemonError.passphrase("the two passphrases differ: nothing was changed") }
             }
             raw = first
         } else {
@@ -45,14 +45,14 @@ public struct PassphraseSource: Sendable {
         }
         var bytes = Array(raw.prefix { $0 != UInt8(ascii: "\n") })
         if bytes.last == UInt8(ascii: "\r") { bytes.removeLast() }
-        guard !bytes.isEmpty else { throw CLIError("\(purpose): an empty passphrase") }
+        guard !bytes.isEmpty else { throw DaemonError.passphrase("\(purpose): an empty passphrase") }
         return Passphrase(bytes: bytes)
     }
 
     /// Reads to the end (a FIFO has no size), at most `maxLength` bytes.
     static func readStream(path: String, what: String) throws -> [UInt8] {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw CLIError("\(what): \(errnoText(errno))") }
+        guard fd >= 0 else { throw DaemonError.system(what, errno: errno) }
         defer { close(fd) }
         return try readToEnd(fd, what: what)
     }
@@ -63,10 +63,10 @@ public struct PassphraseSource: Sendable {
         while true {
             let n = Glibc.read(fd, &buffer, buffer.count)
             if n < 0 && errno == EINTR { continue }
-            guard n >= 0 else { throw CLIError("\(what): \(errnoText(errno))") }
+            guard n >= 0 else { throw DaemonError.system(what, errno: errno) }
             if n == 0 { return out }
             out += buffer[0..<n]
-            guard out.count <= maxLength else { throw CLIError("\(what): more than \(maxLength) bytes: not a passphrase") }
+            guard out.count <= maxLength else { throw DaemonError.passphrase("\(what): more than \(maxLength) bytes: not a passphrase") }
         }
     }
 
@@ -74,7 +74,7 @@ public struct PassphraseSource: Sendable {
     /// command may ask on the terminal itself).
     static func run(_ command: String) throws -> [UInt8] {
         var fds: [Int32] = [0, 0]
-        guard pipe(&fds) == 0 else { throw CLIError("pipe: \(errnoText(errno))") }
+        guard pipe(&fds) == 0 else { throw DaemonError.system("pipe", errno: errno) }
         _ = fcntl(fds[0], F_SETFD, FD_CLOEXEC)
         _ = fcntl(fds[1], F_SETFD, FD_CLOEXEC) // dup2 into 1 clears it there
         var actions = posix_spawn_file_actions_t()
@@ -88,13 +88,13 @@ public struct PassphraseSource: Sendable {
         posix_spawn_file_actions_destroy(&actions)
         close(fds[1])
         defer { close(fds[0]) }
-        guard rc == 0 else { throw CLIError("--password-command: cannot start /bin/sh: \(errnoText(rc))") }
+        guard rc == 0 else { throw DaemonError.system("--password-command: cannot start /bin/sh", errno: rc) }
         let output = Result { try readToEnd(fds[0], what: "--password-command") }
         if case .failure = output { kill(pid, SIGTERM) }
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
         let bytes = try output.get()
-        guard status == 0 else { throw CLIError("--password-command exited with status \((status >> 8) & 0xff)") }
+        guard status == 0 else { throw DaemonError.passphrase("--password-command exited with status \((status >> 8) & 0xff)") }
         return bytes
     }
 }
@@ -141,7 +141,7 @@ struct Terminal {
             if n < 0 && errno == EINTR { continue }
             if n <= 0 || byte == UInt8(ascii: "\n") { break }
             line.append(byte)
-            guard line.count <= PassphraseSource.maxLength else { throw CLIError("more than \(PassphraseSource.maxLength) bytes: not a passphrase") }
+            guard line.count <= PassphraseSource.maxLength else { throw DaemonError.passphrase("more than \(PassphraseSource.maxLength) bytes: not a passphrase") }
         }
         return line
     }

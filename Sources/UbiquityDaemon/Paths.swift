@@ -56,19 +56,19 @@ public enum Paths {
         func apply(_ key: String, _ value: String, _ source: String) throws {
             switch key {
             case "download":
-                guard let m = DownloadMode(rawValue: value) else { throw CLIError("\(source): download = \(value): expected all or on-demand") }
+                guard let m = DownloadMode(rawValue: value) else { throw DaemonError.setting("\(source): download = \(value): expected all or on-demand") }
                 result.mode = m
             case "fetch-timeout":
-                guard let t = Double(value), t >= 1, t <= 3600 else { throw CLIError("\(source): fetch-timeout = \(value): expected seconds from 1 to 3600") }
+                guard let t = Double(value), t >= 1, t <= 3600 else { throw DaemonError.setting("\(source): fetch-timeout = \(value): expected seconds from 1 to 3600") }
                 result.fetchTimeout = t
             case "cache-size":
                 if value == "none" { result.cacheSize = nil; break }
                 guard let bytes = RetentionPolicy.size(value), bytes > 0 else {
-                    throw CLIError("\(source): cache-size = \(value): expected a size such as 500M, 20G or 1T, or none")
+                    throw DaemonError.setting("\(source): cache-size = \(value): expected a size such as 500M, 20G or 1T, or none")
                 }
                 result.cacheSize = bytes
             default:
-                throw CLIError("\(source): unknown setting `\(key)` (known: download, fetch-timeout, cache-size)")
+                throw DaemonError.setting("\(source): unknown setting `\(key)` (known: download, fetch-timeout, cache-size)")
             }
         }
         do {
@@ -77,7 +77,7 @@ public enum Paths {
                     try apply(setting.key, setting.value, "\(file) line \(setting.line)")
                 }
             }
-        } catch let error as CLIError { throw error } catch { throw CLIError("\(file): \(error)") }
+        } catch let error as DaemonError { throw error } catch { throw DaemonError.setting("\(file): \(error)") }
         if let mode { try apply("download", mode, "--download") }
         if let fetchTimeout { try apply("fetch-timeout", String(fetchTimeout), "--fetch-timeout") }
         if let cacheSize { try apply("cache-size", cacheSize, "--cache-size") }
@@ -99,9 +99,9 @@ public enum Paths {
                 try policy.set(parts[0], parts[1])
             }
         } catch let error as StoreError {
-            throw CLIError("\(file): \(error)")
+            throw DaemonError.setting("\(file): \(error)")
         } catch {
-            throw CLIError("\(file): \(error)")
+            throw DaemonError.setting("\(file): \(error)")
         }
         return policy
     }
@@ -120,7 +120,7 @@ public enum Paths {
             }
             return limits
         } catch {
-            throw CLIError("\(file): \(error)")
+            throw DaemonError.setting("\(file): \(error)")
         }
     }
 
@@ -164,8 +164,3 @@ public enum Paths {
     }
 }
 
-/// Errors printed as "ubiquity: message" with exit status 1.
-public struct CLIError: Error, CustomStringConvertible {
-    public let description: String
-    public init(_ message: String) { description = message }
-}

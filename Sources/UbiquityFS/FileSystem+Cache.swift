@@ -29,8 +29,8 @@ extension FileSystem {
         for (n, start) in stride(from: 0, to: sorted.count, by: Self.usesPerHold).enumerated() {
             // Each use dirties pages of its own: 16 slices put about 32 MiB in the WAL. A
             // checkpoint here, off the lock, keeps the serving connection's automatic one
-            // (at 64 MiB, in the committing hold: 0.6 s of every request waiting, measured
-            // at 1M files) from running in a slice.
+            // (at 64 MiB, in the committing hold, where every request waits for it) from
+            // running in a slice.
             if n > 0 && n % 16 == 0 { checkpointInBackground() }
             let slice = sorted[start..<min(start + Self.usesPerHold, sorted.count)]
             do { try withMetaSlice { (m) throws(StoreError) in try m.store.noteUses(slice) } } catch {

@@ -188,7 +188,7 @@ extension FileSystem {
                 // worth showing of its own: its one version becomes the target's newest.
                 // A source with a longer history keeps it, shown at its old path.
                 // Only a history this device made: another device's file keeps its own
-                // (simulation seed 20 lost a synced file's only version from .versions/).
+                // (else a synced file's only version leaves .versions/: simulation seed 20).
                 if let old = source.fileID {
                     let versions = try m.store.versions(of: old)
                     if versions.count <= 1 && versions.allSatisfy({ $0.deviceID == m.store.deviceID }) {
@@ -218,8 +218,8 @@ extension FileSystem {
 
     /// The listing snapshot taken by the first read: offsets stay stable while the
     /// directory changes. A read from offset 0 (the first, or one after rewinddir) takes
-    /// a new snapshot: POSIX wants every entry that exists at the rewind (found by
-    /// t-hostile.py). (Listing at opendir as well read every directory twice.)
+    /// a new snapshot: POSIX wants every entry that exists at the rewind (t-hostile.py
+    /// checks it). Nothing is listed at opendir: that would read every directory twice.
     public func readdir(_ handle: HandleID, fromStart: Bool = false) throws(Errno) -> [DirectoryEntry] {
         try meta.withLock { (m) throws(Errno) -> [DirectoryEntry] in
             guard case .directory(let ino, let entries) = m.handles[handle] else { throw .badHandle }

@@ -200,7 +200,7 @@ extension FileSystem {
         return data.count
     }
 
-    /// fallocate(2), as Linux means it (issue 22):
+    /// fallocate(2), as Linux means it:
     /// - mode 0 and KEEP_SIZE reserve the range: the space a write of its holes needs is
     ///   checked now (ENOSPC when the store's filesystem or its size-limit cannot take it),
     ///   and the holes count in st_blocks. Mode 0 extends the size. The store keeps no
@@ -240,18 +240,13 @@ extension FileSystem {
         if contentChanged { autosaveDue.ring() }
     }
 
-    /// ENOSPC unless the store can take `bytes` more: what the store's filesystem has
-    /// free beyond min-free (and beyond the reserve file, when it is released), and what
-    /// its size-limit leaves.
+    /// ENOSPC unless the store can take `bytes` more: exactly what statfs reports as
+    /// available (`writableBytes`), so `df` and fallocate agree.
     func checkSpace(for bytes: Int64) throws(Errno) {
         guard bytes > 0 else { return }
-        let directory = store.directory
-        if let (free, total) = Self.freeSpace(of: directory) {
-            var available = free - options.retention.minFree.bytes(ofFilesystem: total)
-            if access(directory + "/reserve", F_OK) != 0 { available -= Self.reserveBytes }
-            if bytes > available { throw .noSpace }
-        }
-        if let limit = options.retention.sizeLimit, bytes > limit - storeBytes() { throw .noSpace }
+        var st = statvfs()
+        guard statvfs(store.directory, &st) == 0 else { return }
+        if bytes > writableBytes(st) { throw .noSpace }
     }
 
     /// lseek(2) with SEEK_DATA or SEEK_HOLE (the kernel handles the other whences):
@@ -263,7 +258,7 @@ extension FileSystem {
         case .view(let view): content = view
         default: throw .badHandle
         }
-        // A negative offset is ENXIO, as on ext4 (found by t-hostile.py).
+        // A negative offset is ENXIO, as on ext4 (t-hostile.py checks it).
         guard offset >= 0, let result = content.seek(data: data, from: offset) else { throw .noSuchAddress }
         return result
     }
@@ -303,8 +298,8 @@ extension FileSystem {
                     var stored = list
                     if open.isTinyPix { stored = try TinyPixView.stored(from: list, chunks: chunks, path: path) }
                     // A saved file survives a crash of this process once this returns: the
-                    // store logs the save (IntentLog) until the batch commits (found by the
-                    // systemd test: SIGKILL right after a write lost the file).
+                    // store logs the save (IntentLog) until the batch commits, so a SIGKILL
+                    // right after a write does not lose the file (the systemd test checks it).
                     let written = open.takePendingMTime()
                     do throws(StoreError) {
                         try m.store.commit(ino, content: stored, path: path, local: LocalOnly.contains(path), written: written)

@@ -261,7 +261,7 @@ extension FileSystem {
     }
 
     /// Only the type is listed (it is the one a copy can set back); the key's device and
-    /// time and the door's limits and usage are status, readable by name (issue 22).
+    /// time and the door's limits and usage are status, readable by name.
     func kvListxattr(_ ino: InodeNumber) throws(Errno) -> [String] {
         ino == KeyValueDoor.root ? [] : [KeyValueDoor.typeAttribute]
     }

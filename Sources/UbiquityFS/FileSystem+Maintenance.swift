@@ -43,6 +43,10 @@ extension FileSystem {
         public var prunableBytes: Int64 = 0
         /// Disk space of the chunk files kept (small chunks are in their database).
         public var chunkFileBytes: Int64 = 0
+        /// Unreferenced chunks kept because they were written or used within `grace`.
+        public var held = GraceHeld()
+        /// The grace this gc ran with.
+        public var grace: Nanos = 0
 
         /// The store setting `space` that `ubiquity status` prints.
         func spaceSetting(at time: Nanos) -> String {
@@ -128,13 +132,14 @@ extension FileSystem {
         // claimed just after the mark began may carry a time a little before it.
         let margin = max(grace, Self.minimumGrace)
         let unusedSince = markStart.subtractingClamped(margin)
+        report.grace = margin
         // In batches: the small chunks' rows of a batch go in one transaction, which a
         // save's small chunk waits for; 128 rows keep that wait short.
         var start = 0
         while start < ids.count {
             let batch = ids[start..<min(start + 128, ids.count)]
             report.chunksChecked += batch.count
-            let freed = chunks.sweep(batch.filter { !marked.contains($0) }, unusedSince: unusedSince)
+            let freed = chunks.sweep(batch.filter { !marked.contains($0) }, unusedSince: unusedSince, held: &report.held)
             report.chunksDeleted += freed.count
             report.bytesFreed += freed.values.reduce(0, +)
             start += batch.count
@@ -188,8 +193,8 @@ extension FileSystem {
     /// it may hold spaces) and `gc [grace=D]`, written to the control attribute. The run
     /// starts in a thread of its own and the write returns at once: while a setxattr is
     /// answered the kernel holds the mount root's inode lock, so a run answered when done
-    /// stalled every path lookup through the root for all of it (11 s for a gc of 500,000
-    /// chunks). The report attribute says when it is done. EBUSY while one runs. False for
+    /// would stall every path lookup through the root for all of it (seconds, for a gc of
+    /// many chunks). The report attribute says when it is done. EBUSY while one runs. False for
     /// text that is not a maintenance command.
     func maintenanceControl(_ text: String) throws(Errno) -> Bool {
         var text = Substring(text)
@@ -286,9 +291,21 @@ extension FileSystem {
 
 extension FileSystem.GcReport {
     public var summary: String {
-        "gc: read \(versionsRead) versions, checked \(chunksChecked) chunks, deleted \(chunksDeleted) (\(byteText(bytesFreed)) freed); "
+        var text = "gc: read \(versionsRead) versions, checked \(chunksChecked) chunks, deleted \(chunksDeleted) (\(byteText(bytesFreed)) freed); "
             + "content: \(byteText(currentBytes)) current, \(byteText(historyBytes)) only in history, "
             + "\(byteText(prunableBytes)) of it prunable by the retention policy"
+        if let line = graceLine { text += "\n" + line }
+        return text
+    }
+
+    /// What the grace held back, and when a gc frees it: nil when it held nothing.
+    public var graceLine: String? {
+        guard held.chunks > 0 else { return nil }
+        let chunkWord = held.chunks == 1 ? "chunk" : "chunks"
+        let window = RetentionPolicy.durationText(grace)
+        let freeAfter = held.lastUse == .max ? "a gc once their times are in the past" : "a gc after \(isoTime(held.lastUse.addingClamped(grace)))"
+        return "gc: \(held.chunks) \(chunkWord) (\(byteText(held.bytes))) unreferenced but written or used in the last \(window): "
+            + "\(freeAfter) frees them, or now with `--grace 1s`"
     }
 }
 

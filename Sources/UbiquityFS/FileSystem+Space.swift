@@ -34,6 +34,21 @@ extension FileSystem {
         return nil
     }
 
+    /// What writes can still use, from the store filesystem's `st`: its free space for
+    /// this user beyond min-free (and beyond the reserve file while it is released), at
+    /// most what size-limit leaves, rounded down to whole blocks of `f_bsize`. statfs
+    /// reports it as `f_bavail` and the space check refuses past it, as ext4 leaves its
+    /// reserved blocks out of both.
+    func writableBytes(_ st: statvfs) -> Int64 {
+        let unit = Int64(clamping: st.f_frsize), block = max(Int64(clamping: st.f_bsize), 1)
+        let free = Int64(clamping: st.f_bavail).multipliedClamped(by: unit)
+        let total = Int64(clamping: st.f_blocks).multipliedClamped(by: unit)
+        var available = free.subtractingClamped(options.retention.minFree.bytes(ofFilesystem: total))
+        if access(store.directory + "/reserve", F_OK) != 0 { available = available.subtractingClamped(Self.reserveBytes) }
+        if let limit = options.retention.sizeLimit { available = min(available, limit.subtractingClamped(storeBytes())) }
+        return max(available, 0) / block * block
+    }
+
     /// Free bytes (for this user) and total bytes of the filesystem holding `path`, from
     /// statvfs (clamped: the kernel's numbers are unsigned).
     static func freeSpace(of path: String) -> (free: Int64, total: Int64)? {

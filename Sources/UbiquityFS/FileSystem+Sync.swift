@@ -53,6 +53,17 @@ extension FileSystem {
         }
     }
 
+    public static let committedAttribute = "user.ubiquity.committed"
+
+    /// A read of the root's `user.ubiquity.committed` commits the group-commit batch and
+    /// answers the time: a process that reads the store's database after it (`ubiquity
+    /// status`) sees every change the mount made before the read. EIO if the commit fails.
+    func committedAttribute(_ ino: InodeNumber, name: String) throws(Errno) -> [UInt8]? {
+        guard ino == Store.rootInode, name == Self.committedAttribute else { return nil }
+        try storeCall { () throws(StoreError) in try withStoreSnapshot { () throws(StoreError) in } }
+        return Array(isoTime(nowNanos()).utf8)
+    }
+
     /// Reads of the root's sync status attribute, answered without the metadata lock (the
     /// engine takes it during a cycle).
     func syncStatus(_ ino: InodeNumber, name: String) -> [UInt8]? {

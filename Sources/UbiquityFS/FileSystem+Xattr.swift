@@ -7,8 +7,7 @@ import UbiquityStore
 ///
 /// listxattr returns only what setxattr takes back: the user's own attributes. Status
 /// attributes are readable by name only (as CephFS's virtual `ceph.*`), so `cp -a`,
-/// `rsync -aX` and `tar --xattrs` neither copy stale status out nor fail copying it back
-/// in (issue 22).
+/// `rsync -aX` and `tar --xattrs` neither copy stale status out nor fail copying it back in.
 extension FileSystem {
     static let statusPrefix = "user.ubiquity."
 
@@ -22,7 +21,7 @@ extension FileSystem {
            KeyValueDoor.limitsAttribute, KeyValueDoor.usageAttribute]
 
     /// A namespace prefix with nothing after it ("user.") is no name: EINVAL, as the
-    /// kernel's own xattr handlers answer on ext4 (found by t-hostile.py).
+    /// kernel's own xattr handlers answer on ext4 (t-hostile.py checks it).
     static func checkXattrName(_ name: String) throws(Errno) {
         if name == "user." { throw .invalid }
     }
@@ -36,6 +35,7 @@ extension FileSystem {
         if let status = syncStatus(ino, name: name) ?? maintenanceReport(ino, name: name) ?? socketAttribute(ino, name: name) {
             return status
         }
+        if let committed = try committedAttribute(ino, name: name) { return committed }
         var downloadChanged = TreeChanges()
         defer {
             // The look refreshed a stale download state (content another file's download

@@ -120,9 +120,9 @@ public final class FileSystem: Sendable {
     /// One slice of long work (prune, gc, space pressure, uses) under the metadata lock,
     /// then a pause as long as the slice held it (0.2 to 50 ms): a pthread mutex is not
     /// fair, and a loop that takes it again at once can keep a waiting FUSE request out
-    /// for the whole loop (a gc of 500,000 chunks held a read for 11 s). A fixed 0.2 ms
-    /// was too short on a busy machine: the woken request was not scheduled in time,
-    /// and one read waited 0.7 s behind the 120 slices of a pass writing 30,000 uses.
+    /// for the whole loop (seconds, for a gc of many chunks). The pause grows with the
+    /// hold: a fixed 0.2 ms is too short on a busy machine, where the woken request is not
+    /// scheduled in time and a read waits behind slice after slice.
     func withMetaSlice<T>(_ body: (inout Meta) throws(StoreError) -> T) throws(Errno) -> T {
         var held: Int64 = 0 // µs, from inside the hold (not the wait for the lock)
         defer { usleep(UInt32(max(200, min(held, 50_000)))) }
@@ -244,7 +244,8 @@ public final class FileSystem: Sendable {
         public var files: UInt64, filesFree: UInt64, nameMax: UInt64
     }
 
-    /// Space is the store's filesystem's; inode counts are ours.
+    /// Space is the store's filesystem's, with what writes may use as available (min-free,
+    /// the reserve and size-limit left out: `writableBytes`); inode counts are ours.
     public func statfs() throws(Errno) -> FilesystemStats {
         let directory = store.directory
         let count = store.withLock { $0.inodeCount }
@@ -256,8 +257,9 @@ public final class FileSystem: Sendable {
             let (bytes, overflow) = count.multipliedReportingOverflow(by: fragment)
             return overflow ? count / max(block / max(fragment, 1), 1) : bytes / block
         }
+        let available = UInt64(writableBytes(st)) / block
         return FilesystemStats(blockSize: block, blocks: blocks(UInt64(st.f_blocks)),
-                               blocksFree: blocks(UInt64(st.f_bfree)), blocksAvailable: blocks(UInt64(st.f_bavail)),
+                               blocksFree: blocks(UInt64(st.f_bfree)), blocksAvailable: available,
                                files: UInt64(count) + UInt64(st.f_ffree), filesFree: UInt64(st.f_ffree), nameMax: 255)
     }
 }

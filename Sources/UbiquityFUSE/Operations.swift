@@ -20,7 +20,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         // asynchronously skips the page-cache invalidation that follows a direct write
         // (generic_file_direct_write invalidates only when the write returns done), so
         // pages a concurrent buffered reader brought in during the write stay cached with
-        // the bytes it replaced (issue 22, IntegrationTests/mount/direct-io-check.c).
+        // the bytes it replaced (IntegrationTests/mount/direct-io-check.c).
         // Done synchronously, the kernel drops those pages before the write completes.
         conn.pointee.want &= ~UInt32(FUSE_CAP_ASYNC_DIO)
         // Read ahead up to 1 MiB per request once the mount's read_ahead_kb allows it

@@ -72,7 +72,7 @@ func reply(_ req: fuse_req_t?, _ body: () throws(Errno) -> Void) {
 /// node comes through the kernel, except what sync and conflict resolution change, and
 /// those send `notify_inval_inode`/`_entry` for exactly what they changed
 /// (`FUSESession.invalidate`). So the kernel may keep names and attributes long: a
-/// `tar -x` or `git clone` looks up each directory once, not once a second (1 s before).
+/// `tar -x` or `git clone` looks up each directory once, not once a second.
 /// Not forever: the bound limits what a missed invalidation could ever show.
 let cacheTimeout = 300.0
 
@@ -116,7 +116,7 @@ func replyAttr(_ req: fuse_req_t?, _ a: Attributes) {
 
 extension timespec {
     /// Floor division: times before 1970 need tv_nsec in 0..<1e9 with a smaller tv_sec
-    /// (found by t-differential.py, seed 1018991498).
+    /// (t-differential.py seed 1018991498 checks it).
     init(_ nanos: Nanos) {
         var seconds = nanos / 1_000_000_000
         var rest = nanos % 1_000_000_000

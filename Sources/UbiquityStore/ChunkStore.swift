@@ -40,8 +40,8 @@ public final class ChunkStore: Sendable {
     /// Told of each chunk file this device's writes made (`putWritten`): the sync engine
     /// uploads them while the file is still being written.
     public typealias WrittenObserver = @Sendable (ChunkID, UnsafeRawBufferPointer) -> Void
-    /// Boxed: a closure kept in a generic `Locked` was wrapped in a new reabstraction
-    /// thunk at every read (perf showed chains of them costing more than the copy).
+    /// Boxed: a closure kept in a generic `Locked` is wrapped in a new reabstraction
+    /// thunk at every read, and chains of them cost more than the copy.
     private final class ObserverBox: Sendable {
         let call: WrittenObserver
         init(_ call: @escaping WrittenObserver) { self.call = call }
@@ -128,10 +128,17 @@ public final class ChunkStore: Sendable {
 
     /// `sweep` of many chunks: the small ones' rows go in one transaction.
     public func sweep(_ ids: [ChunkID], unusedSince cutoff: Nanos) -> [ChunkID: Int64] {
-        var freed = small.sweep(ids, unusedSince: cutoff)
+        var held = GraceHeld()
+        return sweep(ids, unusedSince: cutoff, held: &held)
+    }
+
+    /// `sweep` that also counts in `held` the chunks it kept because they were written or
+    /// claimed at or after `cutoff` (gc's report says what its grace holds back).
+    public func sweep(_ ids: [ChunkID], unusedSince cutoff: Nanos, held: inout GraceHeld) -> [ChunkID: Int64] {
+        var freed = small.sweep(ids, unusedSince: cutoff, held: &held)
         cache.withLock { c in for id in freed.keys { c.remove(id) } }
         for id in ids {
-            if let file = sweepFile(id, unusedSince: cutoff) { freed[id, default: 0] += file }
+            if let file = sweepFile(id, unusedSince: cutoff, held: &held) { freed[id, default: 0] += file }
         }
         return freed
     }
@@ -168,7 +175,7 @@ public final class ChunkStore: Sendable {
     /// Disk space of the small chunks' database (the files are counted by walking them).
     public var smallChunkBytes: Int64 { small.diskBytes }
 
-    private func sweepFile(_ id: ChunkID, unusedSince cutoff: Nanos) -> Int64? {
+    private func sweepFile(_ id: ChunkID, unusedSince cutoff: Nanos, held: inout GraceHeld) -> Int64? {
         let p = path(of: id)
         return claims.withLock { _ -> Int64? in
             var st = stat()
@@ -177,9 +184,14 @@ public final class ChunkStore: Sendable {
             // that does not fit in nanoseconds counts as recent, so it is kept.
             let (seconds, overflow) = Nanos(st.st_mtim.tv_sec).multipliedReportingOverflow(by: 1_000_000_000)
             let (mtime, overflow2) = seconds.addingReportingOverflow(Nanos(st.st_mtim.tv_nsec))
-            guard !overflow, !overflow2, mtime < cutoff, unlink(p) == 0 else { return nil }
+            let bytes = Int64(st.st_blocks).multipliedClamped(by: 512)
+            guard !overflow, !overflow2, mtime < cutoff else {
+                held.add(bytes: bytes, lastUse: overflow || overflow2 ? .max : mtime)
+                return nil
+            }
+            guard unlink(p) == 0 else { return nil }
             cache.withLock { $0.remove(id) }
-            return Int64(st.st_blocks) * 512
+            return bytes
         }
     }
 
@@ -225,7 +237,7 @@ public final class ChunkStore: Sendable {
         }
         // Start writing it to disk now (no wait): the durability barrier before records
         // leave (`sync`) then finds little left to flush, instead of every chunk of a
-        // 1 GiB copy at once (0.9 s of a 1.9 s push, strace).
+        // 1 GiB copy at once (a large part of the push's time).
         if writeback { startWriteback(fd) }
         // close can report a late write error (NFS, quota): never publish such a chunk.
         if close(fd) != 0 {
@@ -249,12 +261,12 @@ public final class ChunkStore: Sendable {
 
     /// `put` of bytes the caller has just verified against `id` (a fetch): they also go
     /// in the cache of verified chunks, so the read that asked for them does not hash
-    /// them a second time (a quarter of the daemon's CPU in a cold read of a file not
-    /// here, perf). The new file's writeback is left to the kernel: what was fetched is
+    /// them a second time (hashing is much of the daemon's CPU in a cold read of a file
+    /// not here). The new file's writeback is left to the kernel: what was fetched is
     /// a copy of bytes the backing store keeps, no barrier waits for it before a record
-    /// leaves, and starting it at once wrote every fetched byte in the reader's way
-    /// (sync_file_range was 8 % of the daemon's CPU in a cold 1 GiB read, and the disk
-    /// the packs are read from took the writes meanwhile).
+    /// leaves, and starting it at once would write every fetched byte in the reader's way
+    /// (sync_file_range costs CPU, and the writes compete with the reads of the packs
+    /// when those are on the same disk).
     public func putVerified(_ id: ChunkID, _ bytes: [UInt8]) throws(StoreError) {
         _ = try withBytes(bytes) { (raw) throws(StoreError) in try store(id, raw, writeback: false) }
         cache.withLock { $0.put(id, bytes) }
@@ -357,7 +369,7 @@ public final class ChunkStore: Sendable {
     /// Those of `wants` that are neither verified in memory nor stored here, in order.
     /// The cache is asked once for the batch, and a chunk a flight is fetching is not
     /// looked for on disk (a stat and a SQLite query per chunk of the window at every
-    /// request of a sequential reader showed in the profile of a cold read).
+    /// request of a sequential reader would weigh on a cold read).
     private func notHere(_ wants: [ChunkWant]) -> [ChunkWant] {
         let uncached = cache.withLock { c in wants.filter { !c.contains($0.id) } }
         if uncached.isEmpty { return [] }
@@ -526,7 +538,7 @@ struct ChunkCache {
 
     /// A sixty-fourth of the machine's memory, at least 64 MiB and at most 512 MiB (384
     /// MiB on a 24 GiB machine): a file read at random then hashes each chunk once, not
-    /// once per read (a 128 MiB file read in 4 KiB pieces against a 64 MiB cache hashed
+    /// once per read (a 128 MiB file read in 4 KiB pieces against a 64 MiB cache hashes
     /// 64 KiB for half of its reads).
     static var defaultCapacity: Int {
         let pages = sysconf(Int32(_SC_PHYS_PAGES)), size = sysconf(Int32(_SC_PAGESIZE))
@@ -570,4 +582,28 @@ func withBytes<R>(_ bytes: [UInt8], _ body: (UnsafeRawBufferPointer) throws(Stor
         do throws(StoreError) { result = .success(try body(raw)) } catch { result = .failure(error) }
     }
     return try result.get()
+}
+
+/// Chunks a sweep kept although no version names them, because they were written or
+/// claimed within gc's grace (a save in progress may be about to name them).
+public struct GraceHeld: Sendable, Equatable {
+    public var chunks = 0
+    public var bytes: Int64 = 0
+    /// The latest write or claim among them: a gc with the same grace after this time
+    /// plus the grace frees them all (unless they are used again).
+    public var lastUse: Nanos = 0
+
+    public init() {}
+
+    mutating func add(bytes: Int64, lastUse: Nanos) {
+        chunks += 1
+        self.bytes = self.bytes.addingClamped(max(bytes, 0))
+        self.lastUse = max(self.lastUse, lastUse)
+    }
+
+    mutating func merge(_ other: GraceHeld) {
+        chunks += other.chunks
+        bytes = bytes.addingClamped(other.bytes)
+        lastUse = max(lastUse, other.lastUse)
+    }
 }

@@ -183,9 +183,9 @@ public final class FileContent: @unchecked Sendable {
             var ahead: [ChunkWant] = []
             var toEnd = false
             // A first read at the start is sequential too (as the kernel's read-ahead takes
-            // it): a file read from its start asked the backing store twice, its first
+            // it): else a file read from its start asks the backing store twice, its first
             // 128 KiB and then the rest (three GETs, not one or two, when the file
-            // straddled two packs: OnDemandTests failed when the layout fell so).
+            // straddles two packs; OnDemandTests checks it).
             if offset == s.lastReadEnd || (offset == 0 && s.lastReadEnd < 0) {
                 let limit = min(s.baseLimit, s.base.totalSize, end + Self.readAhead)
                 while i < s.base.count && ahead.count < 64 && s.base.offsets[i] < limit {
@@ -467,8 +467,8 @@ public final class FileContent: @unchecked Sendable {
     /// stay in memory until their commit anyway): the bytes staged so far move into it.
     /// Or when the first write of a preallocated file (fallocate, then written from its
     /// start: fio's default, databases, downloaders) starts at 0 and it holds nothing but
-    /// holes: the stream starts empty and the rest of the file stays a hole (issue 26: such
-    /// writes were staged and read back at the commit, 72-96 MiB/s against dd's 130-155).
+    /// holes: the stream starts empty and the rest of the file stays a hole (staging such
+    /// writes and reading them back at the commit would cost a good part of their speed).
     private func startStream(_ s: inout State, at offset: Int64) throws(StoreError) {
         if offset == 0, s.size >= Int64(StagingBuffer.memoryLimit), s.baseStored == 0, s.dirty.isEmpty, s.zeroed.isEmpty {
             s.stream = SequentialStream(startingWith: [], store: chunks, announce: announce)
@@ -543,7 +543,7 @@ public final class FileContent: @unchecked Sendable {
             }
             // A chunk holds data only: it ends where the data does (a hole nobody wrote, a
             // punched range), so zeros after a write stay a hole and cost nothing (a cut
-            // that ran on into them stored a 256 KiB chunk for a 4 KiB write: t-limits).
+            // that ran on into them would store a 256 KiB chunk for a 4 KiB write: t-limits).
             let limit = min(s.size, pos + Int64(chunker.maxSize))
             var dataEnd = pos
             while dataEnd < limit {
@@ -578,7 +578,7 @@ public final class FileContent: @unchecked Sendable {
         let end = offset + min(Int64(count), s.size - offset)
         // The base chunks under the range first (each verified); then every byte of `out`
         // is written once: copied from them, or zeroed where none is (zeroing it all before
-        // the copy showed in the profile of a cold read).
+        // the copy would write it twice, a cost a cold read feels).
         var copies: [(bytes: [UInt8], from: Int, into: Range<Int>)] = []
         let baseEnd = min(end, s.baseLimit, s.base.totalSize)
         if offset < baseEnd {

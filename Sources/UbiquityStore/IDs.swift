@@ -102,7 +102,7 @@ public struct DeviceID: Hashable, Comparable, Sendable, CustomStringConvertible 
         self.init(value: value)
     }
 
-    /// A new id: 64 bits from the system's generator, as device ids always were.
+    /// A new id: 64 bits from the system's generator.
     public static func new() -> DeviceID {
         var rng = SystemRandomNumberGenerator()
         return DeviceID(value: rng.next())
@@ -181,12 +181,12 @@ public struct InodeNumber: Hashable, Comparable, Sendable, CustomStringConvertib
     public static let zero = InodeNumber(rawValue: 0)
 
     /// The number `n` places after this one (the next to give out; the virtual ranges'
-    /// fixed nodes). Overflow traps, as the arithmetic on the bare number did.
+    /// fixed nodes). Overflow traps.
     public func advanced(by n: UInt64) -> InodeNumber { InodeNumber(rawValue: rawValue + n) }
 
     public static func < (a: InodeNumber, b: InodeNumber) -> Bool { a.rawValue < b.rawValue }
 
-    /// The decimal number, as logs have always spelled it.
+    /// The decimal number, as logs spell it.
     public var description: String { String(rawValue) }
 }
 

@@ -24,8 +24,8 @@ struct Intent: Equatable {
 /// metadata batch, one frame each, appended with a single write(2).
 ///
 /// Why: a save must survive a crash of the daemon when close() returns. Committing the
-/// SQLite batch at every close did that but wrote about 24 pages (96 KiB of WAL) per saved
-/// file, most of the cost of creating a small file. An appended frame of a few hundred
+/// SQLite batch at every close would do that but writes about 24 pages (96 KiB of WAL) per
+/// saved file, most of the cost of creating a small file. An appended frame of a few hundred
 /// bytes in the page cache survives a process crash just as well; the batch then commits
 /// with the group commit (every 100 ms) and the log is emptied. Power loss is a separate
 /// guarantee (fsync, the durability barrier) and the log plays no part in it.

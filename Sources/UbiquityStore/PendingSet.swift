@@ -89,10 +89,10 @@ final class PendingSet<Element: Hashable> {
 
     /// Runs `body`, which the caller runs inside one transaction, writing the members it
     /// adds only at its end, and only those still in the set then: a pull slice queues each
-    /// path its records changed and reconciles them in the same transaction, so the rows
-    /// were written and deleted unseen (one statement per record of a join). What is left
-    /// (paths reconcile deferred) is written in that transaction, as before. When `body`
-    /// throws, the transaction rolls back and the caller reloads the set.
+    /// path its records changed and reconciles them in the same transaction, so rows
+    /// written for them at once would be deleted unseen (one statement per record of a
+    /// join). What is left (paths reconcile deferred) is written in that transaction all
+    /// the same. When `body` throws, the transaction rolls back and the caller reloads the set.
     func holdingWrites<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         if held != nil { return try body() }
         held = []

@@ -111,8 +111,8 @@ final class Replica {
     /// Runs `body` (one transaction: its rollback throws out of here) with what the view's
     /// tables said remembered: a pull slice counts the conflicts at each path its records
     /// touched and then reconciles those same paths; the state at a new file's path is
-    /// worked out from what adding its record just wrote, not read back (a join took 22
-    /// statements per record, 3 of them these).
+    /// worked out from what adding its record just wrote, not read back (reading them
+    /// back would be several statements more per record of a join).
     func remembering<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         memo = Memo()
         defer { memo = nil }
@@ -133,8 +133,9 @@ final class Replica {
 
     /// Runs `body` (a batch of records added or removed, inside the caller's transaction)
     /// and updates the conflict counts of the paths it touched once, at the end. Per record
-    /// it was quadratic: 1,000 editor saves leave 1,000 temp-file nodes at one path until
-    /// the sync step tombstones them, and each tombstone recounted all those still there.
+    /// it would be quadratic: 1,000 editor saves leave 1,000 temp-file nodes at one path
+    /// until the sync step tombstones them, and each tombstone would recount all those
+    /// still there.
     func deferringConflicts<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         if deferredConflicts != nil { return try body() } // nested: the outer call updates
         deferredConflicts = []
@@ -284,7 +285,7 @@ final class Replica {
     /// What `lineage` read of the view for a record this device makes, for its `add` in
     /// the same transaction, with nothing changed in the view between the two (its
     /// insert into `versions` only): the parents found (by id) and the node's heads.
-    /// Each save read them twice (issue 26, the work tests' count).
+    /// So a save reads them once, not twice (the work tests count it).
     struct Known {
         var parents: [VersionID: Record] = [:]
         var heads: [Record]?

@@ -125,7 +125,16 @@ extension RetentionPolicy {
         return overflow ? nil : value
     }
 
-    /// Reads a policy from the text of a retention file (README, "History and space"):
+    /// A duration as `duration` reads it, in the largest unit that divides it ("1h",
+    /// "90s", "2w"); nanoseconds that are not whole seconds round down.
+    public static func durationText(_ nanos: Nanos) -> String {
+        let units: [(String, Nanos)] = [("w", week), ("d", day), ("h", hour), ("m", 60_000_000_000), ("s", 1_000_000_000)]
+        let seconds = max(nanos, 0) / 1_000_000_000 * 1_000_000_000
+        for (name, size) in units where seconds >= size && seconds % size == 0 { return "\(seconds / size)\(name)" }
+        return "\(seconds / 1_000_000_000)s"
+    }
+
+    /// Reads a policy from the text of a retention file (README, "Versions and retention"):
     /// `key = value` lines, `#` comments. Unknown keys and bad values are errors naming the
     /// line, so a typo never silently keeps (or drops) history.
     public init(configuration text: String) throws(StoreError) {

@@ -166,8 +166,8 @@ final class SQLiteDatabase {
 
     /// Group commit: when on, changes accumulate in one open transaction that
     /// `commitBatch()` commits (the filesystem does so every 100 ms, at every saved
-    /// version and at every fsync). One SQLite commit per create or unlink was most of
-    /// their cost. A crash of the process loses at most the metadata-only changes (mkdir,
+    /// version and at every fsync). One SQLite commit per create or unlink would be most
+    /// of their cost. A crash of the process loses at most the metadata-only changes (mkdir,
     /// unlink, rename, chmod) of the last 100 ms, never a saved file, never consistency.
     var batching = false
     private var batchOpen = false
@@ -178,8 +178,8 @@ final class SQLiteDatabase {
 
     /// Runs one statement (atomic by itself: SQLite undoes a statement that fails) in the
     /// open batch, or opening one, with no savepoint around it: a savepoint journals every
-    /// page the statement touches to a temp file first (2.4 GB of them while a device
-    /// joined 100,000 small files, one per chunk put).
+    /// page the statement touches to a temp file first (gigabytes of them while a device
+    /// joins a container of many small files: one statement per chunk put).
     func statement(_ sql: String, _ params: [SQLValue]) throws(StoreError) {
         if batching && !batchOpen && depth == 0 { try openBatch() }
         try query(sql, params)
@@ -188,14 +188,14 @@ final class SQLiteDatabase {
     /// Opens the group-commit batch, its journals in memory. Every metadata operation in
     /// the batch is a savepoint, and SQLite spills a savepoint's journal to a temporary file
     /// in /var/tmp past 64 KiB; a spilled journal is not emptied when the savepoint is
-    /// released, so once a batch passed 64 KiB each create, save and unlink wrote every page
-    /// it changed there (26 pwrites per 1 KiB file created, a new file per batch: issue 26,
-    /// strace). In memory, each operation's journal is emptied at its release. Only the
+    /// released, so once a batch passes 64 KiB each create, save and unlink writes every page
+    /// it changes there (a pwrite per page, dozens per small file created, and a new file
+    /// per batch). In memory, each operation's journal is emptied at its release. Only the
     /// batch: a big step (`standalone`, a migration, a barrier's UPDATE of every version
     /// a join took in) keeps SQLite's default and spills, so its journal never holds the
-    /// table in memory. (Process-wide, `SQLITE_CONFIG_STMTJRNL_SPILL` did the same for every
-    /// transaction, and SQLite 3.40 failed a big UPDATE with SQLITE_FULL at thresholds from
-    /// 256 KiB to 4 MiB.)
+    /// table in memory. (`SQLITE_CONFIG_STMTJRNL_SPILL` is no substitute: it is process-wide,
+    /// so it changes every transaction, and SQLite 3.40 fails a big UPDATE with SQLITE_FULL
+    /// at thresholds from 256 KiB to 4 MiB.)
     private func openBatch() throws(StoreError) {
         try journalsInMemory(true)
         try execute("BEGIN IMMEDIATE")
@@ -246,7 +246,7 @@ final class SQLiteDatabase {
     }
 
     /// A savepoint's statement, prepared once: every metadata operation inside the
-    /// group-commit batch is a savepoint (two or three nested), and `execute` parsed
+    /// group-commit batch is a savepoint (two or three nested), and `execute` would parse
     /// "SAVEPOINT op" and "RELEASE op" anew each time, two dozen parses per editor save.
     private func control(_ sql: String) throws(StoreError) {
         let statement = try prepared(sql)
@@ -271,9 +271,9 @@ final class SQLiteDatabase {
     static let walSizeLimit = 4 << 20
 
     /// WAL bytes past which a commit of the serving connection checkpoints by itself (and
-    /// fsyncs, on the committing thread). SQLite's 1,000 pages were met by every slice of
-    /// a device joining a container (a 100,000-file join spent a third of its time in
-    /// those fsyncs): the background checkpoints (`WALCheckpointer`, every 5 s) keep the
+    /// fsyncs, on the committing thread). SQLite's default of 1,000 pages is met by every
+    /// slice of a device joining a container, and those fsyncs would take a large part of
+    /// the join: the background checkpoints (`WALCheckpointer`, every 5 s) keep the
     /// WAL short instead, and this bounds it when they fall behind.
     static let autoCheckpointBytes = 64 << 20
 
@@ -299,8 +299,8 @@ final class SQLiteDatabase {
     /// Runs `body` as a transaction of its own (the batch must be committed: the caller
     /// does it), with every transaction inside it flattened into it. A savepoint makes
     /// SQLite journal each page it touches again, to a temporary file: a device taking in
-    /// 20,000 records wrote 57 pages per record that way (profiled, issue 24). Only for
-    /// bodies that let every error through: one that caught an inner failure and went on
+    /// records would write dozens of pages per record that way. Only for bodies that let
+    /// every error through: one that caught an inner failure and went on
     /// would keep that inner transaction's partial writes. Nested in a transaction, it is
     /// an ordinary inner one.
     func standalone<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {

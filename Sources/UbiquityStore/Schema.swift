@@ -187,7 +187,7 @@ extension Schema {
     /// new one in row order, converted, and dropped, which leaves its B-trees packed. The
     /// other tables' id columns are rewritten in place; a value already in bytes, or a
     /// directory's or symlink's node (`dir:`/`link:` text), stays as it is, so running it
-    /// again changes nothing. Timed in the README ("Store size and gc").
+    /// again changes nothing.
     static func convertToFormat13(_ db: SQLiteDatabase, copyingVersions: Bool) throws(StoreError) {
         try db.defineTextToBlob("ubq_id") { ID128(hex: $0)?.bytes }
         try db.defineTextToBlob("ubq_ids") { text in

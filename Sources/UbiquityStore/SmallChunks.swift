@@ -148,14 +148,25 @@ final class SmallChunks: Sendable {
     /// transaction (one commit for the batch, the lock held for the batch only). Returns
     /// the bytes freed per chunk deleted (the chunk and its row's share).
     func sweep(_ ids: [ChunkID], unusedSince cutoff: Nanos) -> [ChunkID: Int64] {
+        var held = GraceHeld()
+        return sweep(ids, unusedSince: cutoff, held: &held)
+    }
+
+    /// `sweep`, counting in `held` the chunks kept because they were used at or after `cutoff`.
+    func sweep(_ ids: [ChunkID], unusedSince cutoff: Nanos, held: inout GraceHeld) -> [ChunkID: Int64] {
         state.withLock { s -> [ChunkID: Int64] in
             guard let db = s.db else { return [:] }
             var freed: [ChunkID: Int64] = [:]
+            var kept = GraceHeld()
             do throws(StoreError) {
                 try db.transaction { () throws(StoreError) in
                 for id in ids {
-                    guard let size = try db.rows("SELECT length(bytes) FROM chunks WHERE id = ? AND used < ?",
-                                                 [.blob(id.raw), .int(cutoff)], { $0.int(0) }).first else { continue }
+                    guard let (size, used) = try db.rows("SELECT length(bytes), used FROM chunks WHERE id = ?",
+                                                         [.blob(id.raw)], { ($0.int(0), $0.int(1)) }).first else { continue }
+                    guard used < cutoff else {
+                        kept.add(bytes: size + 80, lastUse: used)
+                        continue
+                    }
                     try db.query("DELETE FROM chunks WHERE id = ? AND used < ?", [.blob(id.raw), .int(cutoff)])
                     if db.changes > 0 { freed[id] = size + 80 }
                 }
@@ -167,6 +178,7 @@ final class SmallChunks: Sendable {
                 return [:]
             }
             for id in freed.keys { s.uncommitted[id] = nil }
+            held.merge(kept)
             return freed
         }
     }

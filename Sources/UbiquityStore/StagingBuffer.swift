@@ -6,9 +6,9 @@ import UbiquitySystem
 /// file of the staging directory.
 ///
 /// Why memory first: most saves are small (a source file, a config, a git object), and an
-/// anonymous file per save cost a create, a write, a read back and a close on the disk
+/// anonymous file per save costs a create, a write, a read back and a close on the disk
 /// filesystem, about a fifth of the daemon's time per small file created. Memory per open
-/// file stays bounded by the limit; anything bigger goes to disk as before.
+/// file stays bounded by the limit; anything bigger goes to disk.
 /// Used under its FileContent's lock.
 final class StagingBuffer {
     static let memoryLimit = 64 << 10

@@ -9,8 +9,8 @@ extension Store {
     /// records carry inline, and some of their content here. The index and its query share it.
     static let evictableCondition = "kind = 1 AND nlink > 0 AND keep != 1 AND size > \(inlineChunkLimit) AND absent < coalesce(allocated, size)"
     /// The size part of `evictableCondition`: a file this small keeps its bytes in its
-    /// records, so when it was used never matters and is not written (a first read of each
-    /// of a million small files wrote two pages of `inodes` apiece).
+    /// records, so when it was used never matters and is not written (else a first read of
+    /// each of a million small files would write two pages of `inodes` apiece).
     public static func usesMatter(size: Int64) -> Bool { size > Int64(inlineChunkLimit) }
 
     static let contentTotalsSchema = [
@@ -82,8 +82,8 @@ extension Store {
         guard !uses.isEmpty else { return }
         // Committed at once, not left in the group-commit batch: each use dirties a page of
         // its own (inodes all over a big tree), and a batch that gathered the slices of a
-        // pass (30,000 uses in 10 s of random reads at 1M files) was written by one commit
-        // that held the lock for 0.5-1 s.
+        // pass (tens of thousands of uses after random reads over a big tree) would be
+        // written by one commit that holds the lock for up to a second.
         try standaloneStep { () throws(StoreError) in
             for (ino, time) in uses where ino.fitsColumn {
                 try db.query("UPDATE inodes SET used = max(used, ?) WHERE id = ?", [.int(time), .inode(ino)])

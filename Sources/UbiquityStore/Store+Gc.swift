@@ -28,7 +28,7 @@ extension Store {
     /// file (what a sync step's consumed change set, an upload's marks or a prune leave).
     /// Three PRAGMA reads. `FileSystem.compactIfMuchFree` gives them back then: SQLite
     /// reuses free pages, but a store that just took in or recorded thousands of changes
-    /// kept 5.6 % of its size free for good (a fill of 500,000 versions: 19 B per version).
+    /// would otherwise keep a few percent of its size free for good.
     public func hasMuchFreeSpace() throws(StoreError) -> Bool {
         let value = { (pragma: String) throws(StoreError) -> Int64 in try self.db.rows("PRAGMA \(pragma)", []) { $0.int(0) }.first ?? 0 }
         // Only an incremental auto-vacuum database (made at format 5 or later) can give

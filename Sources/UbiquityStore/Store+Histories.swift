@@ -42,7 +42,7 @@ extension Store {
     /// version would be a record now, shown at the temp path to every device, and a
     /// tombstone at the next sync step: three records per save instead of one, and until
     /// the step, one more live node at the temp path for each save (which every later
-    /// save there had to count for conflicts). Returns false when the history has more
+    /// save there would have to count for conflicts). Returns false when the history has more
     /// than that version, or it was uploaded or is being uploaded: the caller keeps it.
     public func withdrawUnsentHistory(_ fileID: FileID) throws(StoreError) -> Bool {
         let rows = try db.rows("SELECT row, id, device_id, uploaded, local FROM \(Store.versionsWithDevices) WHERE file_id = ? LIMIT 2", [.id(fileID)]) {
@@ -88,11 +88,11 @@ extension Store {
     /// whose count drops to zero goes.
     /// While a pull slice runs (`takeIn`), what a history adds to or takes from the
     /// directories above it is summed and written once at the slice's end
-    /// (`writeHistoryDirectories`): the files of a joining device's directory each added
-    /// one to its row (one statement per record). Additions and removals both wait, so a
-    /// row's sum is what applying them one by one leaves (a removal applied at once to a
-    /// row whose additions wait would delete the row and lose itself: the simulation's
-    /// check of rebuilt views found it). The leaf's own row is written at once.
+    /// (`writeHistoryDirectories`), not once per file of a joining device's directory (one
+    /// statement per record). Additions and removals both wait, so a row's sum is what
+    /// applying them one by one leaves (a removal applied at once to a row whose additions
+    /// wait would delete the row and lose itself: the simulation's check of rebuilt views
+    /// catches that). The leaf's own row is written at once.
     private func countHistoryPath(_ path: String, by delta: Int64) throws(StoreError) {
         guard takingIn != nil else { return try Self.countHistoryPath(path, by: delta, in: db) }
         try Self.countHistoryPath(path, by: delta, in: db) { self.takingIn?.historyDirectories[$0, default: 0] += delta }

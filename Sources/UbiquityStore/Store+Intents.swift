@@ -13,8 +13,8 @@ extension Store {
             try append(Intent(sequence: 0, version: version, path: path, mode: inode.mode, uid: inode.uid, gid: inode.gid,
                            mtime: inode.mtime, content: content, chunkBytes: chunks.uncommittedSmallChunks(content.ids)))
         } catch {
-            // No log (a full disk, a save too big for a frame): commit the batch now, as
-            // every save did before the log existed.
+            // No log (a full disk, a save too big for a frame): commit the batch now, so
+            // the save is in the database when close() returns.
             try commitBatch()
         }
     }

@@ -17,7 +17,7 @@ extension Store {
     /// Tombstones kept (newest first): a deleted key's tombstone must outlive the copies
     /// of its value on other devices, and a store that saw many short-lived keys must not
     /// grow without end. A device that was away while more keys than this were deleted
-    /// may bring some of them back (README, "Key-value store").
+    /// may bring some of them back (README, "Key-value store and live queries").
     public static let kvTombstoneLimit = 4096
 
     /// How far ahead of this device's clock another device's stamp may be (30 days).

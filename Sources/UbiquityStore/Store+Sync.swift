@@ -80,9 +80,9 @@ extension Store {
     static let changesPerSlice = 64
 
     /// One slice of `recordLocalChanges`, its own transaction; returns whether more
-    /// remains. The sync engine holds the store's lock for one slice at a time: a
-    /// burst of saves (an editor's 1,000 temp-file renames) made one step of 400 ms during
-    /// which every request waited.
+    /// remains. The sync engine holds the store's lock for one slice at a time: in one
+    /// step, a burst of saves (an editor's 1,000 temp-file renames) would hold it for
+    /// hundreds of milliseconds while every request waits.
     public func recordLocalChangesSlice(busy: Set<InodeNumber>) throws(StoreError) -> Bool {
         guard !readOnly else { return false }
         if needsFullScan {
@@ -122,8 +122,8 @@ extension Store {
         // Histories no inode holds any more (an inode took another history: a rename over
         // a file, a move to a local-only name; the inode was a history's only holder, as
         // every history has one inode). Found by node, not by path: a hard-linked file's
-        // path is its first name, which need not be the name that went (t-differential
-        // seed 935078509 left such records shown).
+        // path is its first name, which need not be the name that went (else such records
+        // stay shown: t-differential seed 935078509).
         for node in try orphaned.removeSome(limit) where !held.contains(node) {
             guard let current = try replica.current(.file(node)), current.kind == .file else { continue }
             try recordRemoval(of: current)
@@ -136,7 +136,7 @@ extension Store {
         // a file continues the target's history, not its own). Another device's file node
         // still there is one this tree never showed (a conflict loser that is now the
         // winner, a file made under a directory removed here): reconcile shows it, so
-        // nothing another device made is lost (simulation seed 187 lost one).
+        // nothing another device made is lost (simulation seed 187).
         // Which records are shown is decided before any tombstone.
         var removed: [Replica.Record] = []
         for key in vacated.members {
@@ -288,14 +288,14 @@ extension Store {
         case .file:
             guard let node = inode.fileID else { return nil }
             // Also for files open for writing: their committed content with today's
-            // path, so the view never keeps a stale path (a stale implied directory
-            // replaced a symlink in t-differential seed 889786859).
+            // path, so the view never keeps a stale path (a stale implied directory could
+            // replace a symlink: t-differential seed 889786859).
             try recordFileMetadata(inode, path: path)
             return .file(node)
         case .directory:
             // Only a directory record of its own keeps it shown: one implied by the nodes
-            // below it goes when they go (t-differential seed 394416407 lost a directory
-            // whose files moved out after the scan had passed it).
+            // below it goes when they go (else a directory whose files move out after the
+            // scan has passed it is lost: t-differential seed 394416407).
             if try replica.current(.directory(path)) != nil, case .directory(let mode) = try replica.state(at: path).shown,
                mode == inode.mode & 0o7777 { return .path(path) }
             try recordNode(.directory(path), kind: .directory, path: path, mode: inode.mode & 0o7777, mtime: inode.mtime)
@@ -314,7 +314,8 @@ extension Store {
     /// Whether the tree has `record`'s node at its path: the same history for a file; a
     /// directory, or a symlink named there by its primary name, for those (as the
     /// whole-tree scan counts them: another name of a hard-linked symlink is local, and
-    /// kept a removed directory's record alive in t-differential seed 308010073).
+    /// counting it would keep a removed directory's record alive: t-differential
+    /// seed 308010073).
     private func presentLocally(_ record: Replica.Record) -> Bool {
         guard let (_, _, id) = locate(record.path), let inode = inode(id), !LocalOnly.contains(record.path) else { return false }
         switch record.kind {
@@ -520,7 +521,7 @@ extension Store {
         }
         func depth(_ p: String) -> Int { p.utf8.reduce(0) { $0 + ($1 == UInt8(ascii: "/") ? 1 : 0) } }
         // The entries at the queued paths, looked up together per directory (one statement
-        // per path was one per record of a join): good for each path's first look, which
+        // per path would be one per record of a join): good for each path's first look, which
         // comes before anything at it or above it changes (deepest paths go first).
         var firstLook: [NameKey: InodeNumber?] = [:]
         var byParent: [NameKey: [(name: String, path: String)]] = [:]
@@ -666,8 +667,8 @@ extension Store {
         switch inode.kind {
         case .file:
             // A hard link's other names are local (a node has one path): never taken away
-            // (t-differential seed 889786859 lost them after a remount changed which name
-            // comes first).
+            // (else they are lost when a remount changes which name comes first:
+            // t-differential seed 889786859).
             return !busy.contains(inode.id) && inode.head != nil && inode.nlink <= 1
         case .directory: return isEmptyDirectory(inode.id)
         case .symlink: return true

@@ -37,7 +37,7 @@ extension Store {
                                 xattrs: local ? [] : try currentXattrs(id))
         let row = try db.transaction { () throws(StoreError) -> Int64 in
             // A local file keeps only its latest version; never drop one that another inode
-            // still shows (t-differential.py seed 105 left a hard link pointing at nothing).
+            // still shows (else a hard link can point at nothing: t-differential.py seed 105).
             if let previous, previous.isLocal,
                try db.rows("SELECT 1 FROM inodes WHERE head = ? AND id != ? LIMIT 1", [.int(previous.row), .inode(id)], { _ in true }).isEmpty {
                 try db.query("DELETE FROM versions WHERE row = ?", [.int(previous.row)])
@@ -190,8 +190,8 @@ extension Store {
             // step checks those paths (`recheck`) and queues the ones the tree does not show.
             // A file version of this device's own that its path now shows (the only node
             // there) needs no check of that path: the tree it was made from has it there,
-            // and whatever changes that later makes a record of its own. Checking it cost a
-            // dozen statements per new file in the sync step (issue 26). Its ancestors, and
+            // and whatever changes that later makes a record of its own. Checking it would
+            // cost a dozen statements per new file in the sync step. Its ancestors, and
             // every tombstone's path, are still checked.
             let shownAsMade = origin == .here && r.kind == .file && !r.isTombstone && isAlone
             for path in changed where !(shownAsMade && path.utf8.elementsEqual(r.path.utf8)) {

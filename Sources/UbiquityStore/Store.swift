@@ -74,7 +74,7 @@ public final class Store: @unchecked Sendable {
     var needsFullScan: Bool
     /// Off while reconcile writes the synced view into the tree: what it writes is the
     /// view, so the next sync step would only find those inodes unchanged (a device
-    /// joining 100,000 files looked at each of them again).
+    /// joining a container would look at each of its files again).
     var tracksChanges = true
     /// What a pull slice wrote that it reads again, while `takeIn` runs (nil otherwise).
     var takingIn: TakeInMemo?
@@ -130,11 +130,10 @@ public final class Store: @unchecked Sendable {
         // stay in memory instead of being read again for every lookup.
         try db.execute("PRAGMA cache_size=-32768")
         // Temporary data (statement journals, sorts) as SQLite keeps it by default: in
-        // memory up to 64 KiB, then in a file. `temp_store=MEMORY` (session 7, to save the
-        // spilled journals' writes) kept every savepoint journal in memory, and a second
-        // device catching up on 100,000 records (slices of 2,000 in one transaction) took
-        // 225-305 s instead of 43 s; a 256 KiB spill threshold was as slow. Measured with
-        // `scripts/bench-scale.sh` and by hand (README, "Scale").
+        // memory up to 64 KiB, then in a file. Keeping every savepoint journal in memory
+        // (`temp_store=MEMORY`, or a spill threshold of 256 KiB) makes a catch-up slice of
+        // thousands of records (one transaction) hold all its journals in RAM, and a device
+        // catching up runs several times slower.
         if !readOnly { try Schema.migrate(db) }
         let get = { (key: String) throws(StoreError) -> String? in
             try db.rows("SELECT value FROM settings WHERE key = ?", [.text(key)]) { $0.text(0) }.first
@@ -351,7 +350,7 @@ struct EntryRef: Equatable {
 
 /// A name as a dictionary key, compared byte for byte. Swift's `String ==` treats
 /// canonically equivalent strings (NFC `é` and NFD `e` + U+0301) as equal, but on Linux they
-/// are two different names that may both exist (found by t-differential.py).
+/// are two different names that may both exist (t-differential.py checks it).
 struct NameKey: Hashable {
     let name: String
     init(_ name: String) { self.name = name }

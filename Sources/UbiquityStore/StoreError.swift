@@ -23,6 +23,9 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     case invalidConfiguration(String)
     /// A key-value write the store's rules or limits refuse; the old value stays.
     case keyValue(KVError)
+    /// The backing store refused or failed a request: what was asked, and whether
+    /// asking again can help (the sync engine retries by itself; the status says which).
+    case backing(BackingFailure)
 
     public var description: String {
         switch self {
@@ -37,8 +40,55 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
         case .invalidContent(let message): return message
         case .invalidConfiguration(let message): return message
         case .keyValue(let error): return error.description
+        case .backing(let failure): return failure.description
         }
     }
+
+    /// Whether trying again later can succeed without anyone changing anything.
+    public var isRetryable: Bool {
+        if case .backing(let failure) = self { return failure.kind == .retryable }
+        return false
+    }
+}
+
+/// A failed request to the backing store, as the layers above the backing seam see it:
+/// the store layer knows no backing store, so the kind travels here, not the type.
+public struct BackingFailure: Error, Equatable, Sendable, CustomStringConvertible {
+    public enum Kind: String, Sendable {
+        /// No object under the key.
+        case notFound = "not-found"
+        /// A put that must not overwrite found an object there.
+        case exists
+        /// A timeout, a reset or refused connection, a 5xx, an answer that made no sense:
+        /// the same request may succeed later.
+        case retryable
+        /// Access denied, no such bucket, a bad key or region, a read-only directory:
+        /// nothing changes until someone changes the settings or the store.
+        case permanent
+    }
+
+    public let kind: Kind
+    /// The request, e.g. "list log/" or "put packs/3f/3f9a...".
+    public let request: String
+    /// The store's answer.
+    public let answer: String
+
+    public init(_ kind: Kind, request: String, answer: String) {
+        self.kind = kind
+        self.request = request
+        self.answer = answer
+    }
+
+    /// What a person can do about it.
+    public var advice: String {
+        switch kind {
+        case .retryable: return "sync retries by itself; the mount keeps working offline meanwhile"
+        case .permanent: return "check the backing store's address, credentials and permissions, then `ubiquity sync`"
+        case .notFound, .exists: return "`ubiquity sync` tries again"
+        }
+    }
+
+    public var description: String { "\(request): \(answer)" }
 }
 
 import Glibc

@@ -275,12 +275,15 @@ struct Backing {
         do { return try body() } catch { throw Self.storeError(error, what) }
     }
 
+    /// The one place a backing store's error becomes the engine's: its kind is kept.
     static func storeError(_ error: BackingError, _ what: String) -> StoreError {
+        let kind: BackingFailure.Kind
         switch error {
-        case .notFound: return .io(errno: ENOENT, "\(what): \(error)")
-        case .exists: return .io(errno: EEXIST, "\(what): \(error)")
-        case .permanent: return .io(errno: EACCES, "\(what): \(error)")
-        case .transient, .garbage: return .io(errno: EIO, "\(what): \(error)")
+        case .notFound: kind = .notFound
+        case .exists: kind = .exists
+        case .permanent: kind = .permanent
+        case .transient, .garbage: kind = .retryable
         }
+        return .backing(BackingFailure(kind, request: what, answer: error.description))
     }
 }

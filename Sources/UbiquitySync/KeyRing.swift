@@ -3,7 +3,7 @@ import UbiquityBacking
 import UbiquityCrypto
 import UbiquitySystem
 
-/// An encrypted container's keys (issue 25): `keys/<id>`, one key file per passphrase,
+/// An encrypted container's keys: `keys/<id>`, one key file per passphrase,
 /// each the container key wrapped under a key derived from its passphrase (`KeyFile`),
 /// in the clear beside FORMAT (a device reads them before it has a key). Any one of them
 /// opens the container, as restic's keys do. Adding a passphrase writes a new object

@@ -2,7 +2,7 @@ import UbiquityBacking
 import UbiquityStore
 import UbiquitySystem
 
-/// Chunks travel in packs (issue 23; backing format 5): many chunks in one object, so
+/// Chunks travel in packs (backing format 5): many chunks in one object, so
 /// 10,000 small files are a handful of PUTs, not 10,000, and a reader fetches one chunk
 /// with a ranged GET of its bytes. The records that name a chunk carry where it is
 /// (`ChunkLocation`: pack, offset, length), so reading needs no index lookup; the index at
@@ -15,7 +15,7 @@ import UbiquitySystem
 ///     count (4 bytes), "UBQPIDX1" (8 bytes)       the trailer
 ///
 /// Pack names are random (128 bits, hex), not derived from the content: two devices never
-/// write the same name, and with encryption (issue 25) a name must reveal nothing.
+/// write the same name, and with encryption a name must reveal nothing.
 public enum Pack {
     static let magic = Array("UBQPACK1".utf8)
     static let indexMagic = Array("UBQPIDX1".utf8)
@@ -93,7 +93,7 @@ public enum Pack {
         }
 
         /// Seals under a fresh random name. Seal where the writer is held alone (a writer
-        /// captured by a closure shares its buffer, and appending the index copied the
+        /// captured by a closure shares its buffer, and appending the index would copy the
         /// whole pack).
         public consuming func seal() -> Sealed {
             let name = Pack.newName()

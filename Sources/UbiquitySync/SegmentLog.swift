@@ -154,8 +154,8 @@ public enum SegmentLog {
     /// `since`: where the listing starts instead of the window (`start(after:quietSeconds:)`
     /// of the last segment a previous look listed, all of whose segments were applied), so
     /// a poll of a quiet log lists only the keys of one `<t>` however many segments the
-    /// window holds (after a big upload, thousands: every poll used to list and parse them
-    /// all). A segment that landed behind it shows as a gap in its device's `<seq>` once a
+    /// window holds (after a big upload, thousands, which every poll would otherwise list
+    /// and parse). A segment that landed behind it shows as a gap in its device's `<seq>` once a
     /// later one comes: the whole window is then listed before any full listing of the
     /// log; one with no later segment waits for the next look of the whole window
     /// (`windowSeconds`).

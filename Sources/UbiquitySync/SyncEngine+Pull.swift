@@ -87,7 +87,7 @@ extension SyncEngine {
             }
             // Catching up: the device's next segments too, taken in together (bigger
             // slices and fewer commits: each commit of a slice rewrites the pages of
-            // indexes its records touched all over, 49 MB a slice in a 100,000-file join).
+            // indexes its records touched all over, tens of megabytes a slice in a big join).
             var group: [(name: SegmentLog.SegmentName, lines: [ArraySlice<UInt8>])] = [(name, lines(bytes))]
             var groupBytes = bytes.count, groupLines = group[0].lines.count
             while next < look.segments.count, memory.waiting[name.device] == nil,
@@ -295,7 +295,7 @@ extension SyncEngine {
     }
 
     /// Lines decoded on every core, in order: checking each line's checksum and hashing
-    /// its carried chunks was a third of a device's first sync on one core.
+    /// its carried chunks is a large part of a device's first sync on one core.
     static func decode(_ lines: [ArraySlice<UInt8>], of device: DeviceID) -> [Result<SyncRecord, RecordCodec.Rejection>] {
         let piece = 256
         guard lines.count > piece else { return lines.map { RecordCodec.decode($0, journalDevice: device) } }

@@ -112,8 +112,7 @@ extension SyncEngine {
             // Taken with every local change made before it recorded: a file saved in a
             // directory made while this cycle's pull waited must not go out without the
             // directory's record (a peer that moved the directory meanwhile would have
-            // no record to tombstone, and the late one would bring it back: the
-            // t-s3-sync flake, PullRaceTests).
+            // no record to tombstone, and the late one would bring it back: PullRaceTests).
             var batch: [SyncRecord] = []
             try withLocalChangesRecorded { (store, _) throws(StoreError) -> TreeChanges in
                 batch = try store.pendingUploads(limit: options.uploadBatch)
@@ -300,7 +299,7 @@ extension SyncEngine {
             }
         }
         // Those that are not here (files on demand) are fetched in one batch, not one by
-        // one below (a chunk that cannot be fetched fails there as it did).
+        // one below (a chunk that cannot be fetched fails below, when it is read).
         let remote = ids.filter { !chunks.isLocal($0) }.compactMap { id in sizes[id].map { ChunkWant(id: id, size: $0) } }
         if !remote.isEmpty { try? chunks.ensureLocal(remote) }
         var writer = Pack.Writer()

@@ -63,7 +63,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         var paused = false
         var offline = false
         var lastSync: Nanos?
-        var lastError = ""
+        /// Why the last cycle failed (nil: it worked).
+        var lastError: StoreError?
         var pending = 0
         var conflicts = 0
         var stopped = false
@@ -99,9 +100,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     /// Uploads the chunks this device writes while they are written (PackStager).
     let stager: PackStager
     /// Whether chunks go up while written: not to a backing directory on the store's own
-    /// disk, where the copy would take half the disk from the writer (a 1 GiB `dd
-    /// conv=fsync` wrote 117-132 MiB/s with it, 305-383 without, passthrough_ll 146-187);
-    /// there they go at the push after the save, a few seconds later.
+    /// disk, where the copy would take half the disk from the writer (a big write then runs
+    /// at less than half its speed); there they go at the push after the save, a few
+    /// seconds later.
     let stagesWhileWriting: Bool
     /// Fetches the contents of files not downloaded (`--download all`; pinned files always).
     let downloader: Downloader
@@ -267,7 +268,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             requests=\(s.requests)
             requests-done=\(s.requestsDone)
             conflicts=\(s.conflicts)
-            error=\(s.lastError)
+            error=\(s.lastError.map { "\($0)" } ?? "")
+            error-kind=\(s.lastError.map(Self.kind) ?? "")
+            error-advice=\(s.lastError.map(Self.advice) ?? "")
             backing=\(backing.location)
             device=\(deviceName)
             device-id=\(backing.deviceID.hex)
@@ -280,6 +283,19 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             text += "backing-last-error=\(m.lastError ?? "")\n"
         }
         return text
+    }
+
+    /// `retryable` (the engine's own retries can end it), `permanent` (someone must
+    /// change the settings or the store) or `local` (this device's disk or database).
+    static func kind(_ error: StoreError) -> String {
+        guard case .backing(let failure) = error else { return "local" }
+        return failure.kind == .retryable ? "retryable" : "permanent"
+    }
+
+    /// What a person can do about the failure.
+    static func advice(_ error: StoreError) -> String {
+        if case .backing(let failure) = error { return failure.advice }
+        return "see the daemon's log; sync tries again at the next cycle"
     }
 
     private func runCycle(pushPull: Bool) {
@@ -387,11 +403,11 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             guard pushPull else { return }
             s.offline = failed != nil
             if let failed {
-                s.lastError = "\(failed)"
+                s.lastError = failed
             } else {
                 s.lastSync = nowNanos()
-                if !s.lastError.isEmpty { log("ubiquity: sync: the backing store works again") }
-                s.lastError = ""
+                if s.lastError != nil { log("ubiquity: sync: the backing store works again") }
+                s.lastError = nil
                 s.logged = s.logged.filter { !$0.hasPrefix("ubiquity: sync: working offline") }
             }
         }

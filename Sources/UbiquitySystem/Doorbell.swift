@@ -2,8 +2,8 @@ import Dispatch
 import Synchronization
 
 /// Tells a background loop that it has work, so that it can sleep without a timeout while
-/// it has none: an idle mount's threads then wake only for the sync poll (the loops
-/// polled every 0.1 s before, 40 wake-ups a second doing nothing).
+/// it has none: an idle mount's threads then wake only for the sync poll (loops that
+/// polled every 0.1 s would wake 40 times a second to do nothing).
 ///
 /// `ring()` is cheap enough for every write: an atomic load while the bell has rung and
 /// the loop has not taken it yet (one semaphore signal per taking, however many rings).

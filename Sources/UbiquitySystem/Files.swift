@@ -40,7 +40,7 @@ public func readFully(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, a
 
 /// Up to `count` bytes at `offset` (fewer only at end of file). The caller bounds `count`.
 /// Not zeroed first: what the read does not fill is never part of the array (zeroing the
-/// bytes the read then fills showed in the profile of a cold read of a file not here).
+/// bytes the read then fills would write them twice, a cost a cold read feels).
 public func readBytes(_ fd: Int32, count: Int, at offset: Int64, path: String) throws(SystemError) -> [UInt8] {
     var failure: SystemError?
     let bytes = [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in

@@ -4,8 +4,8 @@ import Glibc
 public enum Hex {
     public static func encode(_ bytes: some Sequence<UInt8>) -> String {
         // Written straight into the string's storage: ids and inline chunks of every record
-        // go through here (a generic append loop was 5 % of the daemon's CPU in a burst of
-        // small saves).
+        // go through here (a generic append loop costs a visible share of the daemon's CPU
+        // in a burst of small saves).
         let count = bytes.underestimatedCount
         if let exact = bytes.withContiguousStorageIfAvailable({ encode(contiguous: $0) }) { return exact }
         var out: [UInt8] = []

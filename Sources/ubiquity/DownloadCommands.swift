@@ -11,8 +11,8 @@ struct DownloadCommand: ParsableCommand {
         commandName: "download",
         abstract: "Make files' contents local (recursive); returns when they are here.",
         discussion: """
-        Apple's startDownloadingUbiquitousItem. Each PATH is a file or a directory in a \\
-        mount (everything below it). Progress goes to standard error on a terminal; a file \\
+        Apple's startDownloadingUbiquitousItem. Each PATH is a file or a directory in a \
+        mount (everything below it). Progress goes to standard error on a terminal; a file \
         that could not be fetched is named with the reason, and the exit status is 1.
 
           ubiquity download ~/Cloud/Photos
@@ -29,11 +29,11 @@ struct EvictCommand: ParsableCommand {
         commandName: "evict",
         abstract: "Drop the local copies of files whose current version is uploaded (recursive).",
         discussion: """
-        Apple's evictUbiquitousItem. The files stay listed with their sizes; a read fetches \\
-        them again, and the background download (--download all) leaves them alone until \\
-        then. Refused, with the reason, for a file open for writing or with unsaved \\
-        changes, one whose current version is not uploaded yet, a local-only file and a \\
-        pinned one; before it deletes anything it checks that the backing store holds the \\
+        Apple's evictUbiquitousItem. The files stay listed with their sizes; a read fetches \
+        them again, and the background download (--download all) leaves them alone until \
+        then. Refused, with the reason, for a file open for writing or with unsaved \
+        changes, one whose current version is not uploaded yet, a local-only file and a \
+        pinned one; before it deletes anything it checks that the backing store holds the \
         packs. Small chunks (at most 1 KiB) stay: they travel inside records.
 
           ubiquity evict ~/Cloud/Videos/2019

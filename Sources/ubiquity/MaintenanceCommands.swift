@@ -13,7 +13,7 @@ struct PruneCommand: ParsableCommand {
         commandName: "prune",
         abstract: "Drop old versions that the retention policy does not keep.",
         discussion: """
-        The policy (README, "History and space"): every version for 24 hours, then one per \
+        The policy (README, "Versions and retention"): every version for 24 hours, then one per \
         hour for 7 days, one per day for 90 days, one per week after that; a deleted file's \
         history for at least 30 days. Current versions, unresolved conflict versions and \
         versions not yet uploaded are never pruned. Set it per container in \

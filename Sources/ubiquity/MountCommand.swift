@@ -173,7 +173,7 @@ func checkDefaultPlace(_ mp: String) throws {
 ///
 /// Dead is asked with statfs, which always reaches the daemon: stat of the root may be
 /// answered from the kernel's attribute cache (5 minutes) long after the daemon died
-/// (found by the systemd test once the unit stopped clearing dead mounts itself).
+/// (the systemd unit relies on this: it leaves dead mounts to `ubiquity mount`).
 func clearDeadMount(_ mp: String) {
     guard mountEntries().last(where: { $0.mountpoint == mp })?.fstype == "fuse.ubiquity" else { return }
     var fs = statvfs()

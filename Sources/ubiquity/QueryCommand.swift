@@ -11,22 +11,22 @@ struct QueryCommand: ParsableCommand {
         commandName: "query",
         abstract: "List the container's files with their sync state; --watch: then report changes as they happen.",
         discussion: """
-        The listing is one consistent snapshot, streamed as the daemon reads it (a \\
-        100,000-file container is never copied into memory): one line per file, \\
-        STATE  DOWNLOAD  SIZE  MODIFIED  PATH. States: uploaded, pending (saved here, not in \\
-        the backing directory yet), remote (the current version came from another device), \\
-        conflict (see `ubiquity conflicts`), local-only (a name that never syncs). \\
-        DOWNLOAD: current, partial or not-downloaded (files on demand). \\
+        The listing is one consistent snapshot, streamed as the daemon reads it (a \
+        100,000-file container is never copied into memory): one line per file, \
+        STATE  DOWNLOAD  SIZE  MODIFIED  PATH. States: uploaded, pending (saved here, not in \
+        the backing directory yet), remote (the current version came from another device), \
+        conflict (see `ubiquity conflicts`), local-only (a name that never syncs). \
+        DOWNLOAD: current, partial or not-downloaded (files on demand). \
         Hidden files (a name starting with '.') only with --all.
 
-        --watch then prints "-- gathered N" and one line per change as it happens, made \\
-        here or synced from another device: added, changed, removed, conflict, and \\
-        download (only the DOWNLOAD column changed: content arrived or was evicted). A watch \\
-        costs the daemon nothing while nothing changes. (inotify on the mount sees only \\
+        --watch then prints "-- gathered N" and one line per change as it happens, made \
+        here or synced from another device: added, changed, removed, conflict, and \
+        download (only the DOWNLOAD column changed: content arrived or was evicted). A watch \
+        costs the daemon nothing while nothing changes. (inotify on the mount sees only \
         changes made through it: not what sync brings in. This does.)
 
-        --json: one object per line: {"path":...,"size":...,"mtime":...,"created":..., \\
-        "state":...,"downloaded":...}, then {"event":"gathered","count":N}, then events such as \\
+        --json: one object per line: {"path":...,"size":...,"mtime":...,"created":..., \
+        "state":...,"downloaded":...}, then {"event":"gathered","count":N}, then events such as \
         {"event":"added","path":...,...}; {"event":"overflow"} means events were skipped.
 
           ubiquity query                                 # every file

@@ -49,7 +49,11 @@ struct StatusCommand: ParsableCommand {
         for m in mounts {
             print(m.mountpoint)
             print("  store: \(m.source)")
+            // The daemon commits what it holds in its group-commit batch first, so the
+            // counts read from the database below include every save made before this.
+            let committed = try? getXattr(m.mountpoint, FileSystem.committedAttribute)
             if let store = try? Store(directory: m.source, readOnly: true) {
+                print("  as of: " + (committed ?? "\(isoTime(nowNanos())) (the daemon did not commit first: the last 0.1 s of changes may be missing)"))
                 print("  device: \(store.deviceName) (\(store.deviceID))")
                 print("  versions: \(store.versionCount)")
                 if let encryption = (try? store.setting("encryption")) ?? nil { print("  encryption: \(encryption)") }
@@ -99,8 +103,10 @@ func printSpace(_ store: Store) {
 
 /// The daemon's sync status (`user.ubiquity.sync` on the mount point), one `key: value`
 /// line each under "sync:", in the daemon's order; keys this CLI does not know print as
-/// they are. An empty `error` is left out. "sync: unknown" when the daemon does not report
-/// it (one from before sync answers ENODATA), with the reason for any other failure.
+/// they are. A failure prints as `error (KIND): MESSAGE` and what to do about it, where
+/// KIND says whether sync's own retries can end it; empty error fields are left out.
+/// "sync: unknown" when the daemon does not report it (ENODATA), with the reason for any
+/// other failure.
 func printSyncStatus(mountpoint: String) {
     let status: SyncStatus
     do {
@@ -113,11 +119,15 @@ func printSyncStatus(mountpoint: String) {
         return
     }
     print("  sync:")
-    for line in status.lines where line != "error=" {
-        if let eq = line.firstIndex(of: "=") {
-            print("    \(line[..<eq]): \(line[line.index(after: eq)...])")
-        } else {
-            print("    \(line)")
+    for (key, value) in status.fields {
+        switch key {
+        case "error-kind", "error-advice": continue
+        case "error":
+            guard !value.isEmpty else { continue }
+            print("    error (\(status["error-kind"] ?? "unknown kind")): \(value)")
+            if let advice = status["error-advice"], !advice.isEmpty { print("    what to do: \(advice)") }
+        default:
+            print("    \(key): \(value)")
         }
     }
 }

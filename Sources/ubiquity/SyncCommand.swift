@@ -43,7 +43,9 @@ struct SyncCommand: ParsableCommand {
                 status = try SyncStatus.read(mountpoint: mp)
             }
             if let error = status["error"], !error.isEmpty {
-                throw CLIError("sync of \(mp) failed: \(error); \(daemonLogHint(entry))")
+                let kind = status["error-kind"].map { " (\($0))" } ?? ""
+                let advice = status["error-advice"].map { "; \($0)" } ?? ""
+                throw CLIError("sync of \(mp) failed\(kind): \(error)\(advice); \(daemonLogHint(entry))")
             }
         }
         var line = "synced \(mp): \(status.summary)"

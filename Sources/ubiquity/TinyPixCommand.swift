@@ -38,8 +38,7 @@ struct TinyPixCommand: ParsableCommand {
             Examples:
               ubiquity tinypix --new smile.tinypix       create a picture (a diagonal)
               ubiquity tinypix smile.tinypix             show it as a grid
-              ubiquity tinypix --color smile.tinypix     in the tint of the key-value store's
-                                                         selectedColorIndex (0 red, 1 green, 2 blue)
+              ubiquity tinypix --color smile.tinypix     in the container's tint (see --color)
               ubiquity tinypix smile.tinypix > smile.txt
               ubiquity tinypix --encode smile.txt -o smile.tinypix
               ubiquity tinypix --encode - < smile.txt | od -An -tx1

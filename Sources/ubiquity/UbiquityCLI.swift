@@ -6,7 +6,7 @@ struct Ubiquity: ParsableCommand {
         commandName: "ubiquity",
         abstract: "A versioned, synced folder you mount and edit with any tool.",
         discussion: """
-        Every save of a file becomes a version kept in content-addressed chunks; browse them
+        Every save of a file becomes a version kept in content-addressed chunks; browse them \
         under MOUNTPOINT/.versions/. Start with:
 
           ubiquity mount ~/Cloud
@@ -14,10 +14,10 @@ struct Ubiquity: ParsableCommand {
           ls ~/Cloud/.versions/notes.txt/
           ubiquity unmount ~/Cloud
 
-        Devices that share a backing store (a directory or an S3 bucket) sync on their own; `ubiquity sync` waits \
-        for a full cycle, `ubiquity pause`/`resume` switch it off and on, and files edited \
+        Devices that share a backing store (a directory or an S3 bucket) sync on their own; \
+        `ubiquity sync` waits for a full cycle, `ubiquity pause`/`resume` switch it off and on, and files edited \
         on two devices at once show up in `ubiquity conflicts` until `ubiquity resolve` \
-        settles them.
+        settles them. `man ubiquity` has every command; docs/ in the source tree has the rest.
         """,
         subcommands: [MountCommand.self, UnmountCommand.self, StatusCommand.self,
                       SyncCommand.self, PauseCommand.self, ResumeCommand.self,

@@ -7,7 +7,7 @@ import UbiquitySystem
 
 /// S3 against a real server: scripts/test.sh starts radosgw on loopback
 /// (scripts/s3-server.sh) and exports its AWS_* variables and UBIQUITY_S3_BUCKET; to run
-/// these against AWS, MinIO or R2 instead, export those for a bucket of yours (README).
+/// these against AWS, MinIO or R2 instead, export those for a bucket of yours (docs/TESTING.md).
 /// Under CI=true a missing server is a failure, not a skip.
 @Suite struct S3Tests {
     static func settings(prefix: String) throws -> S3Settings? {

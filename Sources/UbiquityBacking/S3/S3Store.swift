@@ -55,8 +55,8 @@ public final class S3Store: BackingStore {
         var configuration = HTTPClient.Configuration(
             tlsConfiguration: tls, redirectConfiguration: .disallow,
             // A server that stops reading a body stalls a PUT as surely as one that never
-            // answers: both sides are bounded (found when a stalled PUT waited out its whole
-            // deadline in CI, where the socket buffers did not hold the body).
+            // answers: both sides are bounded (else a stalled PUT whose body the socket
+            // buffers cannot hold waits out its whole deadline).
             timeout: .init(connect: .seconds(10), read: .seconds(max(1, readTimeout)), write: .seconds(max(1, readTimeout))),
             connectionPool: .init(idleTimeout: .seconds(60)))
         configuration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = max(1, maxConnections)
@@ -169,7 +169,7 @@ public final class S3Store: BackingStore {
         var body: [UInt8]
         /// The code of an error answer's XML document. Only an error carries one: a 2xx
         /// body is data (megabytes of a segment or a pack, random bytes when sealed) and
-        /// is never decoded as text (that cost the encrypted join a fifth of its CPU).
+        /// is never decoded as text (that would cost an encrypted join much of its CPU).
         var errorCode: String? {
             guard status >= 300, !body.isEmpty else { return nil }
             return S3XML.error(String(decoding: body, as: UTF8.self)[...])?.code
@@ -240,8 +240,8 @@ public final class S3Store: BackingStore {
     }
 
     /// Waits for a request at most `seconds`, then cancels it: every call ends, whatever
-    /// the HTTP client's own timers do (in CI runs a request waited minutes past its read
-    /// timeout and deadline behind a proxy that stalled or sent garbage).
+    /// the HTTP client's own timers do (behind a proxy that stalls or sends garbage, a
+    /// request can wait minutes past its read timeout and deadline).
     private static func wait(for task: HTTPClient.Task<HTTPClient.Response>, seconds: Int64, what: String) throws -> HTTPClient.Response {
         let done = DispatchSemaphore(value: 0)
         let result = Mutex<Result<HTTPClient.Response, any Error>?>(nil)
