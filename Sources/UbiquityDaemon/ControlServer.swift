@@ -254,8 +254,8 @@ public final class ControlServer: @unchecked Sendable {
     /// `reply` as one line with its newline. Nothing the server sends fails to encode; were
     /// it to, the client gets an error line instead of nothing.
     static func line(_ reply: ControlReply) -> String {
-        do { return try JSONLine.encode(reply) + "\n" } catch {
-            return PropertyList.dictionary([("error", .string("cannot encode a reply: \(error)"))]).json + "\n"
+        do { return try JSONLines.encode(reply) + "\n" } catch {
+            return (try? JSONLines.encode(ControlReply.error("cannot encode a reply: \(error)"))).map { $0 + "\n" } ?? ""
         }
     }
 
