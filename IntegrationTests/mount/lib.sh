@@ -116,6 +116,30 @@ assert_not_contains() {
   fi
 }
 
+# json_count PATTERN [FILE]: how many lines of FILE (default: standard input) are JSON
+# objects holding every field of PATTERN (a JSON object) with an equal value of the same
+# JSON type; lines that are not JSON are skipped. For the control socket's lines and the
+# CLI's --json output, which are JSON: a test parses them and never relies on key order.
+_UBQ_JSON_COUNT='
+import json, sys
+def same(a, b):
+    if type(a) is not type(b): return False
+    if isinstance(a, dict): return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list): return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+want = json.loads(sys.argv[1])
+n = 0
+for line in (open(sys.argv[2], errors="replace") if len(sys.argv) > 2 else sys.stdin):
+    try: got = json.loads(line)
+    except ValueError: continue
+    if isinstance(got, dict) and all(k in got and same(v, got[k]) for k, v in want.items()): n += 1
+print(n)'
+json_count() { python3 -c "$_UBQ_JSON_COUNT" "$@"; }
+
+# json_has FILE PATTERN: "yes" when a line of FILE matches PATTERN (json_count), else "no"
+# (for wait_eq).
+json_has() { if (($(json_count "$2" "$1") > 0)); then echo yes; else echo no; fi; }
+
 # assert_same_file EXPECTED_FILE ACTUAL_FILE WHAT: byte-exact comparison by sha256.
 assert_same_file() {
   local want got

@@ -238,7 +238,7 @@ watch_out="$ROOT/delta-watch.out"
 "$UBIQUITY" query --mount "$D" --watch --json >"$watch_out" 2>&1 &
 watcher=$!
 on_exit kill "$watcher"
-wait_for "delta's watch's gathered line" grep -qF '"event":"gathered"' "$watch_out"
+wait_eq yes "delta's watch's gathered line" json_has "$watch_out" '{"event":"gathered"}'
 # kill.bin (12 MiB) pinned: twice the limit. The cache limit evicts everything else it
 # may (within one maintenance pass, 10 s), never the pinned file.
 ubq pin "$D/kill.bin" >/dev/null
@@ -246,7 +246,7 @@ assert_eq current "$(xattr "$D/kill.bin" user.ubiquity.downloaded)" "pinned kill
 wait_for -t 30 "delta's cache limit evicting all but the pinned file" bash -c "(( \$(du -s --block-size=1 '$D' | cut -f1) <= 13500000 ))"
 assert_eq current "$(xattr "$D/kill.bin" user.ubiquity.downloaded)" "pinned kill.bin on delta under cache pressure"
 assert_eq not-downloaded "$(xattr "$D/many/d00/f00001.txt" user.ubiquity.downloaded)" "a small file evicted by the cache limit"
-wait_for "a download event in delta's watch" grep -qF '"event":"download"' "$watch_out"
+wait_eq yes "a download event in delta's watch" json_has "$watch_out" '{"event":"download"}'
 assert_same_file "$ROOT/kill.bin" "$D/kill.bin" "pinned kill.bin on delta"
 # Unpinned, it is the least recently used: a read of one.bin (3 MiB) stays, kill.bin goes.
 ubq unpin "$D/kill.bin" >/dev/null

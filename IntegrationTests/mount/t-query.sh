@@ -29,15 +29,18 @@ echo note >"$A/notes.txt"
 echo hidden >"$A/.hidden"
 sync_all
 out=$(ubq query --mount "$B" --json)
-assert_eq 3 "$(grep -c '"state":"remote"' <<<"$out")" "files from alpha listed on beta as remote: $out"
+assert_eq 3 "$(json_count '{"state":"remote"}' <<<"$out")" "files from alpha listed on beta as remote: $out"
 assert_not_contains "$out" ".hidden" "a hidden file without --all"
-assert_contains "$out" '{"event":"gathered","count":3}' "the end of the listing"
-assert_contains "$(ubq query --mount "$B" --all --json)" '"path":".hidden"' "a hidden file with --all"
+assert_eq 1 "$(json_count '{"event":"gathered","count":3}' <<<"$out")" "the end of the listing: $out"
+assert_eq 1 "$(ubq query --mount "$B" --all --json | json_count '{"path":".hidden"}')" "a hidden file with --all"
 docs=$(ubq query --mount "$A" --scope documents --json)
-assert_contains "$docs" '"path":"Documents/sub/p.dat"' "the documents scope"
+assert_eq 1 "$(json_count '{"path":"Documents/sub/p.dat"}' <<<"$docs")" "the documents scope: $docs"
 assert_not_contains "$docs" "notes.txt" "the documents scope leaves out the rest"
 assert_contains "$(ubq query --mount "$A" --scope data)" "notes.txt" "the data scope"
-assert_eq 2 "$(ubq query --mount "$A" --name '*.txt' --json | grep -c '"path"')" "--name '*.txt'"
+txt=$(ubq query --mount "$A" --name '*.txt' --json)
+assert_eq 1 "$(json_count '{"event":"gathered","count":2}' <<<"$txt")" "--name '*.txt': two files: $txt"
+assert_eq 1 "$(json_count '{"path":"notes.txt"}' <<<"$txt")" "--name '*.txt' lists notes.txt: $txt"
+assert_eq 0 "$(json_count '{"path":"Documents/sub/p.dat"}' <<<"$txt")" "--name '*.txt' leaves p.dat out: $txt"
 assert_contains "$(ubq query --mount "$A" --name notes.txt)" "uploaded" "state of alpha's own uploaded file"
 
 step "query --watch on beta: a file created on alpha is reported as added"
@@ -45,13 +48,13 @@ ubq_query_out="$ROOT/query-watch.out"
 "$UBIQUITY" query --mount "$B" --watch --json >"$ubq_query_out" 2>&1 &
 WATCHERS+=($!)
 query_pid=$!
-wait_eq yes "the watch's gathered line" in_file "$ubq_query_out" '"event":"gathered"'
+wait_eq yes "the watch's gathered line" json_has "$ubq_query_out" '{"event":"gathered"}'
 echo new >"$A/Documents/new.txt"
-wait_eq yes "an added event for Documents/new.txt" in_file "$ubq_query_out" '"event":"added","path":"Documents/new.txt"'
+wait_eq yes "an added event for Documents/new.txt" json_has "$ubq_query_out" '{"event":"added","path":"Documents/new.txt"}'
 echo here >"$B/local.txt"
-wait_eq yes "an event for a file made on beta itself" in_file "$ubq_query_out" '"path":"local.txt"'
+wait_eq yes "an event for a file made on beta itself" json_has "$ubq_query_out" '{"path":"local.txt"}'
 rm "$A/Documents/a.txt"
-wait_eq yes "a removed event for Documents/a.txt" in_file "$ubq_query_out" '"event":"removed","path":"Documents/a.txt"'
+wait_eq yes "a removed event for Documents/a.txt" json_has "$ubq_query_out" '{"event":"removed","path":"Documents/a.txt"}'
 
 step "both edit notes.txt while beta is paused: the watch reports the conflict"
 pause_dev "$B"
@@ -60,7 +63,7 @@ sync_dev "$A"
 echo "beta's edit" >"$B/notes.txt"
 resume_dev "$B"
 sync_all
-wait_eq yes "a conflict event for notes.txt" in_file "$ubq_query_out" '"event":"conflict","path":"notes.txt"'
+wait_eq yes "a conflict event for notes.txt" json_has "$ubq_query_out" '{"event":"conflict","path":"notes.txt"}'
 assert_contains "$(ubq query --mount "$B" --name notes.txt)" "conflict" "notes.txt's state in a new query"
 
 step "kv watch on beta: alpha's change is announced with its device, beta's own is not"
@@ -68,12 +71,12 @@ kv_out="$ROOT/kv-watch.out"
 "$UBIQUITY" kv watch --mount "$B" --json >"$kv_out" 2>&1 &
 WATCHERS+=($!)
 kv_pid=$!
-wait_eq yes "kv watch started" in_file "$kv_out" '"event":"watching"'
+wait_eq yes "kv watch started" json_has "$kv_out" '{"event":"watching"}'
 ubq kv set selectedColorIndex 2 --type integer --mount "$B"
 ubq kv set theme dark --mount "$A"
-wait_eq yes "alpha's theme on beta's watch" in_file "$kv_out" '"key":"theme"'
-assert_contains "$(grep theme "$kv_out")" '"new":"dark"' "the new value"
-assert_contains "$(grep theme "$kv_out")" '"name":"alpha"' "the writer's device name"
+wait_eq yes "alpha's theme on beta's watch" json_has "$kv_out" '{"event":"changed","key":"theme"}'
+assert_eq yes "$(json_has "$kv_out" '{"key":"theme","new":"dark","type":"string"}')" "the new value: $(cat "$kv_out")"
+assert_eq yes "$(json_has "$kv_out" '{"key":"theme","name":"alpha"}')" "the writer's device name: $(cat "$kv_out")"
 assert_eq no "$(in_file "$kv_out" selectedColorIndex)" "beta's own change is not announced on beta"
 
 step "the watchers end when beta is unmounted"

@@ -4,19 +4,13 @@ import UbiquitySystem
 /// A client's connection to a ControlServer: one request, then its reply lines.
 public struct ControlConnection {
     public let fd: Int32
-    private let path: String
-    private let request: ControlRequest
 
     /// Connects to the socket at `socketPath` and sends `request` as one JSON line.
     public init(socketPath: String, request: ControlRequest) throws(SystemError) {
         let line: String
-        do { line = try JSONLine.encode(request) } catch {
+        do { line = try JSONLines.encode(request) } catch {
             throw SystemError(EINVAL, "cannot encode the request: \(error)")
         }
-        try self.init(socketPath: socketPath, line: line, request: request)
-    }
-
-    private init(socketPath: String, line: String, request: ControlRequest) throws(SystemError) {
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw .last("socket") }
         do throws(SystemError) {
@@ -36,35 +30,19 @@ public struct ControlConnection {
             throw error
         }
         self.fd = fd
-        path = socketPath
-        self.request = request
     }
 
-    /// Calls `body` with each line the server sends (without its newline) until the
-    /// server closes the connection or `body` returns false.
-    ///
-    /// A daemon started before requests were JSON answers a JSON request with
-    /// `{"error":"unknown request {..."}`: the request is then sent again in the word form
-    /// it knows, on a new connection (closed before this returns), and its lines are the ones
-    /// `body` sees.
-    public func lines(_ body: (String) throws -> Bool) throws {
-        var first = true
-        var retried: ControlConnection?
-        defer { retried?.close() }
-        try Self.readLines(fd) { line in
-            defer { first = false }
-            if first, line.hasPrefix(#"{"error":"unknown request {"#) {
-                retried = try ControlConnection(socketPath: path, line: request.wordLine, request: request)
-                return false
-            }
-            return try body(line)
-        }
-        if let retried { try Self.readLines(retried.fd, body) }
+    /// Calls `body` with each line the server sends (without its newline) and its reply,
+    /// until the server closes the connection or `body` returns false. The reply is nil for
+    /// a line that is not one this version reads (a newer daemon's): the caller may show it
+    /// as it is, or skip it.
+    public func lines(_ body: (_ line: String, _ reply: ControlReply?) throws -> Bool) throws {
+        try Self.readLines(fd) { line in try body(line, try? JSONLines.decode(ControlReply.self, from: line)) }
     }
 
     /// Each reply, decoded (a line that is not a ControlReply ends with DecodingError).
     public func replies(_ body: (ControlReply) throws -> Bool) throws {
-        try lines { line in try body(try JSONLine.decode(ControlReply.self, from: line.utf8)) }
+        try Self.readLines(fd) { line in try body(try JSONLines.decode(ControlReply.self, from: line)) }
     }
 
     private static func readLines(_ fd: Int32, _ body: (String) throws -> Bool) throws {

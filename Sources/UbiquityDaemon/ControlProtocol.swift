@@ -1,20 +1,51 @@
+import FoundationEssentials
 import UbiquityFS
 import UbiquityStore
-import UbiquitySync
 
 // The control socket's protocol (ControlServer, ControlConnection): one request line per
 // connection, then reply lines until the server or the client closes it. Every line is
-// one JSON object (JSONLine); field order is part of the format (scripts match
-// `{"event":"gathered","count":3}` as text), so each type spells its own `encode(to:)`.
+// one JSON object through Foundation's JSONEncoder and JSONDecoder (JSONLines), keys in
+// sorted order; a reader parses the JSON and never relies on the order of the fields.
+
+/// One JSON value per line through Foundation's JSONEncoder / JSONDecoder: the control
+/// socket's lines, and the CLI's `--json` output. Compact, so a line holds no raw newline
+/// (one in a string is `\n`); keys sorted, so one value has one spelling; `/` left as it
+/// is (`"path":"Documents/a.txt"`).
+public enum JSONLines {
+    private static let encoder: JSONEncoder = {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return encoder
+    }()
+    private static let decoder = JSONDecoder()
+
+    /// The JSON text of `value`, without a newline.
+    public static func encode(_ value: some Encodable) throws(EncodingError) -> String {
+        do { return String(decoding: try encoder.encode(value), as: UTF8.self) } catch let error as EncodingError {
+            throw error
+        } catch {
+            throw EncodingError.invalidValue(value, .init(codingPath: [], debugDescription: "\(error)"))
+        }
+    }
+
+    /// `T` from one line of JSON text; DecodingError for text that is not JSON, or not a `T`.
+    public static func decode<T: Decodable>(_ type: T.Type, from line: String) throws(DecodingError) -> T {
+        do { return try decoder.decode(type, from: Data(line.utf8)) } catch let error as DecodingError {
+            throw error
+        } catch {
+            throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "\(error)"))
+        }
+    }
+}
 
 /// What a client asks for: `{"request":"watch-kv"}` or
-/// `{"request":"query","scope":"all","hidden":false,"watch":true,"name":"*.txt"}`.
+/// `{"hidden":false,"name":"*.txt","request":"query","scope":"all","watch":true}`.
 public enum ControlRequest: Codable, Equatable, Sendable {
     /// Remote key-value changes as they arrive.
     case watchKeyValues
     /// A consistent listing, then (with `watch`) file events.
     case query(ControlQuery)
-    /// `{"request":"download","path":"docs"}` (or evict, pin, unpin): the files at or
+    /// `{"path":"docs","request":"download"}` (or evict, pin, unpin): the files at or
     /// below a path of the container, with progress and a result per file that did not go.
     case files(ControlFilesAction, path: String)
 
@@ -48,43 +79,14 @@ public enum ControlRequest: Codable, Equatable, Sendable {
     /// The longest request line the server reads (a name pattern is short).
     public static let maxLineBytes = 4096
 
-    /// A request line: JSON, or the word form daemons before JSON requests spoke
-    /// (`query scope=S name=GLOB hidden=0|1 watch=0|1`, values percent-encoded), which a
-    /// client still sends to such a daemon.
+    /// A request line: one JSON object. Anything else (the word form daemons before JSON
+    /// requests read, `watch-kv` or `query scope=all`, included) is refused.
     public init(line: String) throws(ControlError) {
-        if line.hasPrefix("{") {
-            do { self = try JSONLine.decode(ControlRequest.self, from: line.utf8) } catch {
-                throw ControlError("bad request: \(Self.describe(error))")
-            }
-            return
+        guard line.utf8.first(where: { ![0x20, 0x09, 0x0D].contains($0) }) == UInt8(ascii: "{") else {
+            throw ControlError(#"bad request: not a JSON object (a request is one JSON object per line, such as {"request":"watch-kv"})"#)
         }
-        let words = line.split(separator: " ").map(String.init)
-        guard let verb = words.first else { throw ControlError("empty request") }
-        var options: [String: String] = [:]
-        for word in words.dropFirst() {
-            let parts = word.split(separator: "=", maxSplits: 1).map(String.init)
-            if parts.count == 2 { options[parts[0]] = RecordCodec.unpercent(parts[1]) ?? parts[1] }
-        }
-        switch verb {
-        case "watch-kv": self = .watchKeyValues
-        case "query":
-            self = .query(ControlQuery(scope: options["scope"] ?? "all", name: options["name"],
-                                       hidden: options["hidden"] == "1", watch: options["watch"] == "1"))
-        case let verb where ControlFilesAction(rawValue: verb) != nil:
-            self = .files(ControlFilesAction(rawValue: verb)!, path: options["path"] ?? "")
-        default: throw ControlError("unknown request \(verb)")
-        }
-    }
-
-    /// The word form (for a daemon that predates JSON requests).
-    public var wordLine: String {
-        switch self {
-        case .watchKeyValues: return "watch-kv"
-        case .files(let action, let path): return "\(action.rawValue) path=\(RecordCodec.percent(path))"
-        case .query(let q):
-            var line = "query scope=\(RecordCodec.percent(q.scope)) hidden=\(q.hidden ? 1 : 0) watch=\(q.watch ? 1 : 0)"
-            if let name = q.name { line += " name=" + RecordCodec.percent(name) }
-            return line
+        do { self = try JSONLines.decode(ControlRequest.self, from: line) } catch {
+            throw ControlError("bad request: \(Self.describe(error))")
         }
     }
 
@@ -145,22 +147,23 @@ public enum ControlReply: Codable, Equatable, Sendable {
     case watching
     /// `{"event":"overflow"}`: events came faster than the client read them; some were skipped.
     case overflow
-    /// `{"event":"gathered","count":N}`: the end of a query's listing.
+    /// `{"count":N,"event":"gathered"}`: the end of a query's listing.
     case gathered(count: Int)
-    /// `{"path":...,"size":...,"mtime":...,"created":...,"state":...}`: a file of a listing.
+    /// `{"created":...,"downloaded":...,"mtime":...,"path":...,"size":...,"state":...}`: a
+    /// file of a listing.
     case file(ControlFile)
-    /// `{"event":"added",...}`: a file changed after the listing; `file` is nil for one
+    /// `{...,"event":"added",...}`: a file changed after the listing; `file` is nil for one
     /// that went (`{"event":"removed","path":...}`).
     case fileEvent(ControlFileEvent, path: String, file: ControlFile?)
-    /// `{"event":"changed","key":...}`: another device changed a key.
+    /// `{...,"event":"changed",...,"key":...}`: another device changed a key.
     case keyValueChanged(ControlKeyChange)
-    /// `{"event":"progress","files":3,"of":10,"bytes":..,"ofBytes":..}`: how far a files
+    /// `{"bytes":..,"event":"progress","files":3,"of":10,"ofBytes":..}`: how far a files
     /// request is (bytes fetched, or freed by an eviction; `ofBytes` 0 when not known).
     case progress(files: Int, of: Int, bytes: Int64, ofBytes: Int64)
-    /// `{"event":"result","path":..,"result":"done"|"refused"|"failed","bytes":..,"detail":..}`:
+    /// `{"bytes":..,"detail":..,"event":"result","path":..,"result":"done"|"refused"|"failed"}`:
     /// one file of a files request (each one that did not go, and each eviction).
     case result(path: String, result: String, bytes: Int64, detail: String)
-    /// `{"event":"finished","files":N,"bytes":B,"problems":K}`: the end of a files request.
+    /// `{"bytes":B,"event":"finished","files":N,"problems":K}`: the end of a files request.
     case finished(files: Int, bytes: Int64, problems: Int)
 
     enum CodingKeys: String, CodingKey { case error, event, count, path, key, state, files, of, bytes, ofBytes, result, detail, problems }
@@ -297,7 +300,9 @@ public struct ControlFile: Codable, Equatable, Sendable {
 /// deletion) is left out.
 public struct ControlKeyChange: Codable, Equatable, Sendable {
     public var key: String
-    /// KVType's name: string, integer, double, bool, data, date, array, dictionary.
+    /// KVType's name: string, integer, double, bool, data, date, array, dictionary. The
+    /// key's type after the change (a deletion: the deleted value's); `old` is read as one
+    /// too (a key's type seldom changes).
     public var type: String
     public var old: AnyPropertyList?
     public var new: AnyPropertyList?
@@ -347,8 +352,9 @@ public struct ControlKeyChange: Codable, Equatable, Sendable {
         let c = try decoder.container(keyedBy: CodingKeys.self)
         key = try c.decode(String.self, forKey: .key)
         type = try c.decode(String.self, forKey: .type)
-        old = try c.decodeIfPresent(AnyPropertyList.self, forKey: .old)
-        new = try c.decodeIfPresent(AnyPropertyList.self, forKey: .new)
+        // JSON spells a double such as 2.0 as `2`: the type says which it is.
+        old = try c.decodeIfPresent(AnyPropertyList.self, forKey: .old)?.read(as: type)
+        new = try c.decodeIfPresent(AnyPropertyList.self, forKey: .new)?.read(as: type)
         deleted = try c.decode(Bool.self, forKey: .deleted)
         device = try c.decodeDevice(.device)
         name = try c.decode(String.self, forKey: .name)
@@ -374,4 +380,85 @@ extension KeyedDecodingContainer {
         }
         return device
     }
+}
+
+/// A property-list value as a `Codable` value, for fields that hold any value (a key-value
+/// store's entries): data and dates as one-key objects (`{"$data":"<base64>"}`,
+/// `{"$date":"2026-11-24T08:00:00.000Z"}`), as in the store's text form (PropertyList).
+/// Through JSONEncoder a double that is whole loses its `.0` (`2.0` is written `2`) and
+/// reads back as an integer: a field that knows its type says so (`read(as:)`).
+public struct AnyPropertyList: Codable, Equatable, Sendable {
+    public var value: PropertyList
+    public init(_ value: PropertyList) { self.value = value }
+
+    /// The value read as a value of the type named `typeName` (KVType's name): an integer
+    /// where a double is meant is that double.
+    public func read(as typeName: String) -> AnyPropertyList {
+        guard typeName == KVType.double.name, case .integer(let i) = value else { return self }
+        return AnyPropertyList(.double(Double(i)))
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        switch value {
+        case .string(let s): var c = encoder.singleValueContainer(); try c.encode(s)
+        case .integer(let i): var c = encoder.singleValueContainer(); try c.encode(i)
+        case .double(let d): var c = encoder.singleValueContainer(); try c.encode(d)
+        case .bool(let b): var c = encoder.singleValueContainer(); try c.encode(b)
+        case .data(let bytes):
+            var c = encoder.container(keyedBy: AnyKey.self)
+            try c.encode(Base64.encode(bytes), forKey: AnyKey("$data"))
+        case .date(let millis):
+            var c = encoder.container(keyedBy: AnyKey.self)
+            try c.encode(ISODate.format(millis: millis), forKey: AnyKey("$date"))
+        case .array(let items):
+            var c = encoder.unkeyedContainer()
+            for item in items { try c.encode(AnyPropertyList(item)) }
+        case .dictionary(let pairs):
+            var c = encoder.container(keyedBy: AnyKey.self)
+            for (key, item) in pairs { try c.encode(AnyPropertyList(item), forKey: AnyKey(key)) }
+        }
+    }
+
+    public init(from decoder: any Decoder) throws {
+        if var c = try? decoder.unkeyedContainer() {
+            var items: [PropertyList] = []
+            while !c.isAtEnd { items.append(try c.decode(AnyPropertyList.self).value) }
+            value = .array(items)
+        } else if let c = try? decoder.container(keyedBy: AnyKey.self) {
+            let keys = c.allKeys
+            if keys.count == 1, let key = keys.first, key.stringValue == "$data" || key.stringValue == "$date",
+               let text = try? c.decode(String.self, forKey: key) {
+                if key.stringValue == "$data" {
+                    guard let bytes = Base64.decode(text) else {
+                        throw DecodingError.dataCorruptedError(forKey: key, in: c, debugDescription: "$data is not base64")
+                    }
+                    value = .data(bytes)
+                } else {
+                    guard let millis = ISODate.parse(text) else {
+                        throw DecodingError.dataCorruptedError(forKey: key, in: c, debugDescription: "$date is not an ISO 8601 time")
+                    }
+                    value = .date(millis)
+                }
+                return
+            }
+            var pairs: [(String, PropertyList)] = []
+            for key in keys { pairs.append((key.stringValue, try c.decode(AnyPropertyList.self, forKey: key).value)) }
+            // Keys in byte order, as PropertyList keeps them.
+            value = .dictionary(pairs.sorted { $0.0.utf8.lexicographicallyPrecedes($1.0.utf8) })
+        } else {
+            let c = try decoder.singleValueContainer()
+            if let b = try? c.decode(Bool.self) { value = .bool(b) }
+            else if let i = try? c.decode(Int64.self) { value = .integer(i) }
+            else if let d = try? c.decode(Double.self) { value = .double(d) }
+            else { value = .string(try c.decode(String.self)) }
+        }
+    }
+}
+
+struct AnyKey: CodingKey {
+    var stringValue: String
+    var intValue: Int?
+    init(_ string: String) { stringValue = string }
+    init?(stringValue: String) { self.stringValue = stringValue }
+    init(intValue: Int) { stringValue = String(intValue); self.intValue = intValue }
 }

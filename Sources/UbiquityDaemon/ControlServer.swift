@@ -9,8 +9,8 @@ import UbiquitySystem
 /// and events as they happen. The mount root's `user.ubiquity.socket` names it.
 ///
 /// One request line per connection (ControlRequest), then JSON lines back (ControlReply;
-/// docs: README, "Live queries"). A request the server cannot read is answered with one
-/// `{"error":...}` line. Each connection has its own thread, which sleeps in poll(2) while
+/// docs/ARCHITECTURE.md, "control socket"). A request the server cannot read is answered
+/// with one `{"error":...}` line. Each connection has its own thread, which sleeps in poll(2) while
 /// nothing happens.
 public final class ControlServer: @unchecked Sendable {
     public static let fileName = "control.sock"
@@ -254,8 +254,8 @@ public final class ControlServer: @unchecked Sendable {
     /// `reply` as one line with its newline. Nothing the server sends fails to encode; were
     /// it to, the client gets an error line instead of nothing.
     static func line(_ reply: ControlReply) -> String {
-        do { return try JSONLine.encode(reply) + "\n" } catch {
-            return PropertyList.dictionary([("error", .string("cannot encode a reply: \(error)"))]).json + "\n"
+        do { return try JSONLines.encode(reply) + "\n" } catch {
+            return (try? JSONLines.encode(ControlReply.error("cannot encode a reply: \(error)"))).map { $0 + "\n" } ?? ""
         }
     }
 

@@ -48,14 +48,10 @@ extension StoreError {
             case .keyTooLong: return .nameTooLong
             case .badKey, .badValue: return .invalid
             }
-        case .backing(let failure):
+        case .backing:
             // A request on a file's behalf (a chunk not here) that the backing store
-            // failed: EIO, never a guess at what the file would have held.
-            switch failure.kind {
-            case .notFound: return .notFound
-            case .exists: return Errno(EEXIST)
-            case .permanent, .retryable: return .io
-            }
+            // failed, whatever its kind: the file is there, its bytes could not be had.
+            return .io
         }
     }
 }

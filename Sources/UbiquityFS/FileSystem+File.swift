@@ -245,8 +245,11 @@ extension FileSystem {
     func checkSpace(for bytes: Int64) throws(Errno) {
         guard bytes > 0 else { return }
         var st = statvfs()
-        guard statvfs(store.directory, &st) == 0 else { return }
-        if bytes > writableBytes(st) { throw .noSpace }
+        if statvfs(store.directory, &st) == 0 {
+            if bytes > writableBytes(st) { throw .noSpace }
+        } else if let limit = options.retention.sizeLimit, bytes > limit.subtractingClamped(storeBytes()) {
+            throw .noSpace
+        }
     }
 
     /// lseek(2) with SEEK_DATA or SEEK_HOLE (the kernel handles the other whences):

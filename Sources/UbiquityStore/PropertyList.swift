@@ -5,6 +5,13 @@ import UbiquitySystem
 /// (`{"$data":"<base64>"}`, `{"$date":"2026-11-24T08:00:00.000Z"}`) and integers told from
 /// doubles by their spelling (`2` is an integer, `2.0` a double). JSON has no null; a
 /// property list has none either, so `null` is refused.
+///
+/// Why a hand-written codec and not Foundation's JSONEncoder/JSONDecoder (which the control
+/// socket and the CLI use): this text is stored and synced (docs/FORMAT.md, "Key-value
+/// store"), and it must spell an integer and a double apart. Foundation cannot: its decoder
+/// reads `2.0` (and `1e3`) as an integer, and its encoder writes the double 2.0 as `2`
+/// (PropertyListTests pins both, so a Foundation that changes is noticed). This codec is
+/// used for that stored form only.
 public indirect enum PropertyList: Equatable, Sendable {
     case string(String)
     case integer(Int64)

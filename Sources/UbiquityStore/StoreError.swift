@@ -84,7 +84,7 @@ public struct BackingFailure: Error, Equatable, Sendable, CustomStringConvertibl
         switch kind {
         case .retryable: return "sync retries by itself; the mount keeps working offline meanwhile"
         case .permanent: return "check the backing store's address, credentials and permissions, then `ubiquity sync`"
-        case .notFound, .exists: return "`ubiquity sync` tries again"
+        case .notFound, .exists: return "another device changed the backing store meanwhile; sync tries again by itself"
         }
     }
 

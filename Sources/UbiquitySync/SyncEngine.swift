@@ -285,11 +285,12 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         return text
     }
 
-    /// `retryable` (the engine's own retries can end it), `permanent` (someone must
-    /// change the settings or the store) or `local` (this device's disk or database).
+    /// `retryable` (the engine's own retries can end it: also an object another device
+    /// removed or wrote meanwhile), `permanent` (someone must change the settings or the
+    /// store) or `local` (this device's disk or database).
     static func kind(_ error: StoreError) -> String {
         guard case .backing(let failure) = error else { return "local" }
-        return failure.kind == .retryable ? "retryable" : "permanent"
+        return failure.kind == .permanent ? "permanent" : "retryable"
     }
 
     /// What a person can do about the failure.

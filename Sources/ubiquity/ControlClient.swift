@@ -19,3 +19,13 @@ func connectToDaemon(mountpoint: String, request: ControlRequest) throws -> Cont
 func emitLine(_ text: String) {
     try? writeAll(STDOUT_FILENO, Array((text + "\n").utf8), path: "standard output")
 }
+
+/// Prints `value` as one line of JSON (JSONLines: Foundation's JSONEncoder, keys sorted):
+/// the form of every `--json` output.
+func printJSON(_ value: some Encodable) throws {
+    let line: String
+    do { line = try JSONLines.encode(value) } catch {
+        throw CLIError("cannot write JSON: \(error)")
+    }
+    print(line)
+}

@@ -78,8 +78,8 @@ func runFilesRequest(_ action: ControlFilesAction, _ paths: [String], verb: Stri
         defer { client.close() }
         var failure: String?
         var finished = false
-        try client.lines { line in
-            guard let reply = try? JSONLine.decode(ControlReply.self, from: line.utf8) else { return true }
+        try client.lines { _, reply in
+            guard let reply else { return true }
             switch reply {
             case .error(let message): failure = message; return false
             case .progress(let files, let of, let bytes, let ofBytes):

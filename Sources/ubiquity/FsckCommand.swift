@@ -68,7 +68,9 @@ struct FsckCommand: ParsableCommand {
                 }
             }
             report = try BackingCheck.run(store: store, full: full, progress: progress)
-        } catch let error as CLIError { throw error } catch let exit as ExitCode { throw exit } catch { throw CLIError("\(location): \(error)") }
+        } catch let error as CLIError { throw error } catch let error as DaemonError { throw error } catch let exit as ExitCode {
+            throw exit
+        } catch { throw CLIError("\(location): \(error)") }
         for problem in report.problems { print("BACKING: \(problem)") }
         print("backing store \(location): \(report.summary): " + (report.problems.isEmpty ? "OK" : "\(report.problems.count) problem(s)"))
         return report.problems.count

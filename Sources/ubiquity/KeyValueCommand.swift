@@ -124,10 +124,18 @@ struct KVItem {
 
     var value: PropertyList { KeyValues.propertyList(content, as: type) ?? .data(content) }
 
-    var json: String {
-        "{\"key\":\(PropertyList.string(key).json),\"type\":\"\(type.name)\",\"value\":\(value.json),"
-            + "\"device\":\(PropertyList.string(device).json),\"time\":\(PropertyList.string(time).json)}"
-    }
+    var json: KVJSON { KVJSON(key: key, type: type.name, value: AnyPropertyList(value), device: device, time: time) }
+}
+
+/// One key in `--json` output: `{"device":...,"key":...,"time":...,"type":...,"value":...}`
+/// (`kv get --type` leaves out device and time). The value as a property list in JSON
+/// (AnyPropertyList: data and dates as `{"$data":...}` / `{"$date":...}`).
+struct KVJSON: Encodable {
+    var key: String
+    var type: String
+    var value: AnyPropertyList
+    var device: String?
+    var time: String?
 }
 
 struct KVGet: ParsableCommand {
@@ -165,13 +173,16 @@ struct KVGet: ParsableCommand {
                 throw KVMount.failure("kv get", "\(key) is a \(item?.type.name ?? "?"), not a number: \(other.json)",
                                       code: KVMount.refused)
             }
-            print(mount.json ? "{\"key\":\(PropertyList.string(key).json),\"type\":\"\(wanted.name)\",\"value\":\(value.json)}"
-                             : value.json)
+            if mount.json {
+                try printJSON(KVJSON(key: key, type: wanted.name, value: AnyPropertyList(value)))
+            } else {
+                print(value.json)
+            }
             return
         }
         guard let item else { throw KVMount.failure("kv get", "no such key: \(key)", code: KVMount.noSuchKey) }
         if mount.json {
-            print(item.json)
+            try printJSON(item.json)
         } else {
             try? writeAll(STDOUT_FILENO, item.content, path: "standard output")
         }
@@ -266,7 +277,7 @@ struct KVList: ParsableCommand {
             // A key deleted between the listing and the read is skipped.
             guard let item = try? KVItem.read(dir, key) else { continue }
             if mount.json {
-                print(item.json)
+                try printJSON(item.json)
             } else {
                 var text = item.value.json
                 if text.count > 60 { text = String(text.prefix(57)) + "..." }
@@ -284,9 +295,9 @@ struct KVWatch: ParsableCommand {
         One line per change another device made: KEY: OLD -> NEW (DEVICE). Changes made \
         on this device are not announced (as with iCloud's key-value store). With --json, \
         a first line {"event":"watching"} once the watch is live, then one object per \
-        change: {"event":"changed","key":...,"type":...,"old":...,"new":..., \
-        "deleted":false,"device":...,"name":...,"time":...}; "old" is left out for a new \
-        key and "new" for a deleted one. \
+        change (keys in sorted order): {"deleted":false,"device":...,"event":"changed", \
+        "key":...,"name":...,"new":...,"old":...,"time":...,"type":...}; "old" is left out \
+        for a new key and "new" for a deleted one. \
         A line {"event":"overflow"} means changes came faster than they were read and \
         some were skipped: read the store again with `ubiquity kv list`.
         """)
@@ -300,21 +311,28 @@ struct KVWatch: ParsableCommand {
             throw KVMount.failure("kv watch", "\(error)", code: KVMount.otherFailure)
         }
         defer { client.close() }
-        try client.lines { line in
-            if line.contains("\"event\":\"watching\"") {
+        var failure: String?
+        try client.lines { line, reply in
+            switch reply {
+            case .error(let message)?:
+                failure = message
+                return false
+            case .watching?:
                 // Scripts learn that the watch is live (changes from now on are reported).
                 if mount.json { emitLine(line) } else { printNote("watching \(mp)/.kv for other devices' changes (^C ends)") }
                 return true
+            default:
+                // --json: the daemon's lines as they are (JSONLines already).
+                emitLine(mount.json ? line : reply.flatMap(Self.describe) ?? line)
+                return true
             }
-            if mount.json { emitLine(line); return true }
-            emitLine(Self.describe(line))
-            return true
         }
+        if let failure { throw KVMount.failure("kv watch", failure, code: KVMount.otherFailure) }
     }
 
-    /// "KEY: OLD -> NEW (DEVICE NAME)" from an event line.
-    static func describe(_ line: String) -> String {
-        guard let reply = try? JSONLine.decode(ControlReply.self, from: line.utf8) else { return line }
+    /// "KEY: OLD -> NEW (DEVICE NAME)" for a change; nil for a reply a watch does not send
+    /// (its line is shown as it is).
+    static func describe(_ reply: ControlReply) -> String? {
         switch reply {
         case .overflow: return "(some changes were skipped: run `ubiquity kv list`)"
         case .keyValueChanged(let change):
@@ -327,7 +345,7 @@ struct KVWatch: ParsableCommand {
             }
             let device = change.name.isEmpty ? change.device.hex : change.name
             return "\(change.key): \(text(change.old)) -> \(change.deleted ? "(deleted)" : text(change.new)) (\(device))"
-        default: return line
+        default: return nil
         }
     }
 }

@@ -25,9 +25,10 @@ struct QueryCommand: ParsableCommand {
         costs the daemon nothing while nothing changes. (inotify on the mount sees only \
         changes made through it: not what sync brings in. This does.)
 
-        --json: one object per line: {"path":...,"size":...,"mtime":...,"created":..., \
-        "state":...,"downloaded":...}, then {"event":"gathered","count":N}, then events such as \
-        {"event":"added","path":...,...}; {"event":"overflow"} means events were skipped.
+        --json: one object per line (keys in sorted order): {"created":...,"downloaded":..., \
+        "mtime":...,"path":...,"size":...,"state":...}, then {"count":N,"event":"gathered"}, \
+        then events such as {...,"event":"added",...,"path":...,...}; {"event":"overflow"} \
+        means events were skipped.
 
           ubiquity query                                 # every file
           ubiquity query --scope documents --name '*.tinypix'
@@ -62,25 +63,26 @@ struct QueryCommand: ParsableCommand {
         let client = try connectToDaemon(mountpoint: entry.mountpoint, request: request)
         defer { client.close() }
         var failure: String?
-        try client.lines { line in
-            if line.hasPrefix("{\"error\"") { failure = line; return false }
+        try client.lines { line, reply in
+            if case .error(let message)? = reply { failure = message; return false }
+            // --json: the daemon's lines as they are (JSONLines already).
             if json { emitLine(line); return true }
-            emitLine(Self.describe(line, watching: watch))
+            emitLine(reply.flatMap { Self.describe($0, watching: watch) } ?? line)
             return true
         }
         if let failure { throw CLIError("query failed: \(failure)") }
     }
 
-    /// A line for a person: "STATE  SIZE  MODIFIED  PATH", "-- gathered N", "added PATH".
-    static func describe(_ line: String, watching: Bool) -> String {
-        guard let reply = try? JSONLine.decode(ControlReply.self, from: line.utf8) else { return line }
+    /// A line for a person: "STATE  SIZE  MODIFIED  PATH", "-- gathered N", "added PATH";
+    /// nil for a reply a query does not send (its line is shown as it is).
+    static func describe(_ reply: ControlReply, watching: Bool) -> String? {
         func row(_ f: ControlFile) -> String { "\(f.state)\t\(f.downloaded)\t\(f.size)\t\(ISODate.format(millis: f.mtimeMillis))\t\(f.path)" }
         switch reply {
         case .gathered(let count): return "-- gathered \(count)" + (watching ? " (watching for changes; ^C ends)" : "")
         case .overflow: return "-- some changes were skipped (too many at once): run the query again"
         case .file(let file): return row(file)
         case .fileEvent(let kind, let path, let file): return "\(kind.rawValue)\t" + (file.map(row) ?? "\t\t\t\(path)")
-        case .error, .watching, .keyValueChanged, .progress, .result, .finished: return line
+        case .error, .watching, .keyValueChanged, .progress, .result, .finished: return nil
         }
     }
 }

@@ -127,14 +127,23 @@ import UbiquitySystem
         #expect(try d.replies(.watchKeyValues) { $0 == .watching } == [.watching])
     }
 
-    /// What an older client (the word form) asks is still answered.
-    @Test func wordRequestsAreStillServed() throws {
+    /// The word form older clients sent is refused with one error line; the server goes on.
+    @Test func wordRequestsAreRefused() throws {
         let d = try Daemon()
         try d.save("x.txt", "x")
-        let lines = try d.raw(Array("query scope=all hidden=0 watch=0\n".utf8))
-        #expect(lines.last == #"{"event":"gathered","count":1}"#)
-        // Its end of the connection closed: the watch says it is live, then sees the client gone.
-        #expect(try d.raw(Array("watch-kv\n".utf8)) == [#"{"event":"watching"}"#])
+        for word in ["query scope=all hidden=0 watch=0\n", "watch-kv\n"] {
+            let lines = try d.raw(Array(word.utf8))
+            #expect(lines.count == 1)
+            guard let line = lines.first else { continue }
+            guard case .error(let message) = try JSONLines.decode(ControlReply.self, from: line) else {
+                Issue.record("not an error: \(line)")
+                continue
+            }
+            #expect(message.hasPrefix("bad request: not a JSON object"))
+        }
+        // A JSON request on the raw socket: its lines parse as JSON (keys in any order).
+        let lines = try d.raw(Array(#"{"request":"query","scope":"all"}"#.utf8) + [10])
+        #expect(try lines.last.map { try JSONLines.decode(ControlReply.self, from: $0) } == .gathered(count: 1))
     }
 
     @Test func hostileRequestsGetAnErrorLineAndTheServerGoesOn() throws {
@@ -155,7 +164,7 @@ import UbiquitySystem
             let lines = try d.raw(bytes)
             #expect(lines.count == 1, "\(bytes.prefix(40))")
             guard let line = lines.first else { continue }
-            guard case .error(let message) = try JSONLine.decode(ControlReply.self, from: line.utf8) else {
+            guard case .error(let message) = try JSONLines.decode(ControlReply.self, from: line) else {
                 Issue.record("not an error: \(line)")
                 continue
             }
@@ -164,48 +173,5 @@ import UbiquitySystem
         // A client that says nothing at all and leaves gets nothing, and harms nothing.
         #expect(try d.raw([]) == [])
         #expect(try d.replies(.query(ControlQuery())).last == .gathered(count: 1))
-    }
-}
-
-/// A daemon started before requests were JSON (the binary was upgraded under it) answers
-/// a JSON request with "unknown request {..."; the client asks again in the word form.
-@Suite struct OlderDaemonTests {
-    @Test func theClientFallsBackToTheWordForm() throws {
-        let dir = TempDirectory(prefix: "ubiquity-old-daemon")
-        defer { dir.cleanup() }
-        let path = dir.path + "/control.sock"
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        try withSocketAddress(path) { (addr, len) throws(SystemError) in
-            guard bind(fd, addr, len) == 0, listen(fd, 4) == 0 else { throw .last("bind") }
-        }
-        defer { close(fd) }
-        let received = Locked<[String]>([])
-        // What the old ControlServer sent: the verb (the whole JSON line) escaped.
-        let answers = [#"{"error":"unknown request {\"request\":\"query\",\"scope\":\"all\"}"}"#,
-                       #"{"event":"gathered","count":0}"#]
-        let old = JoinableThread {
-            for answer in answers {
-                let client = accept(fd, nil, nil)
-                guard client >= 0 else { return }
-                var line: [UInt8] = []
-                var byte: UInt8 = 0
-                while recv(client, &byte, 1, 0) == 1 && byte != 10 { line.append(byte) }
-                received.withLock { $0.append(String(decoding: line, as: UTF8.self)) }
-                let reply = Array((answer + "\n").utf8)
-                _ = reply.withUnsafeBytes { send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-                close(client)
-            }
-        }
-        let request = ControlRequest.query(ControlQuery(scope: "all", name: "a b*", hidden: true))
-        let connection = try ControlConnection(socketPath: path, request: request)
-        var replies: [ControlReply] = []
-        try connection.replies { replies.append($0); return true }
-        connection.close()
-        old.join()
-        #expect(replies == [.gathered(count: 0)])
-        let lines = received.withLock { $0 }
-        #expect(lines.count == 2)
-        #expect(lines.first.map { (try? ControlRequest(line: $0)) == request } == true)
-        #expect(lines.last == "query scope=all hidden=1 watch=0 name=a%20b%2A")
     }
 }

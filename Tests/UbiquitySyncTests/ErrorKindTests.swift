@@ -13,7 +13,7 @@ import UbiquitySystem
 @Suite struct ErrorKindTests {
     @Test func everyBackingErrorKeepsItsKind() {
         let cases: [(BackingError, BackingFailure.Kind, Int32)] = [
-            (.notFound("k"), .notFound, ENOENT), (.exists("k"), .exists, EEXIST),
+            (.notFound("k"), .notFound, EIO), (.exists("k"), .exists, EIO),
             (.transient("timeout"), .retryable, EIO), (.garbage("bad XML"), .retryable, EIO),
             (.permanent("AccessDenied"), .permanent, EIO),
         ]
