@@ -24,21 +24,12 @@ public enum DaemonError: Error, CustomStringConvertible {
     /// The daemon started but reported a failure, or exited before mounting.
     case daemon(String)
 
-    /// Whether the same command may succeed later with nothing changed.
-    public var isRetryable: Bool {
-        switch self {
-        case .backing(_, let error): return error.isRetryable
-        case .store(let error): return error.isRetryable
-        default: return false
-        }
-    }
-
     public var description: String {
         switch self {
         case .setting(let text), .encryption(let text), .passphrase(let text), .daemon(let text): return text
         case .backing(let context, let error):
             let advice = error.isRetryable
-                ? "the server may be down or unreachable: try again later, or mount without a first request (it then syncs once the store answers)"
+                ? "the server may be down or unreachable: try again later"
                 : "check the bucket or path, the region, the endpoint and the credentials"
             return "\(context): \(error) (\(error.isRetryable ? "retryable" : "permanent"): \(advice))"
         case .system(let what, let code): return "\(what): \(errnoText(code))"

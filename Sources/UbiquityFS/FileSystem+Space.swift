@@ -61,12 +61,18 @@ extension FileSystem {
     /// The store's size: its databases now, plus its chunk files as last measured (by gc,
     /// or once here when none has) and what was written since.
     func storeBytes() -> Int64 {
-        let (bytes, setting) = store.withLock { s in (s.databaseBytes, (try? s.setting("space")) ?? nil) }
-        let (metadata, small) = bytes
+        let (metadata, small) = store.withLock { $0.databaseBytes }
         let put = chunks.fileBytesPut
-        let measured = space.withLock { s -> Int64? in
-            if s.chunkFiles == nil { s.chunkFiles = setting.flatMap(Self.chunkFileBytes(inSpaceSetting:)) }
-            return s.chunkFiles.map { $0.addingClamped(put.subtractingClamped(s.putAtLastMeasure)) }
+        func measure(_ s: inout SpaceState) -> Int64? { s.chunkFiles.map { $0.addingClamped(put.subtractingClamped(s.putAtLastMeasure)) } }
+        var measured = space.withLock { measure(&$0) }
+        if measured == nil {
+            // The last gc's measure, kept in the store: read once per mount (statfs and
+            // fallocate call this; no SQL statement on their path after that).
+            let setting = store.withLock { (try? $0.setting("space")) ?? nil }
+            measured = space.withLock { s -> Int64? in
+                if s.chunkFiles == nil { s.chunkFiles = setting.flatMap(Self.chunkFileBytes(inSpaceSetting:)) }
+                return measure(&s)
+            }
         }
         let files: Int64
         if let measured {

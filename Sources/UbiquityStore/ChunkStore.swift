@@ -600,10 +600,4 @@ public struct GraceHeld: Sendable, Equatable {
         self.bytes = self.bytes.addingClamped(max(bytes, 0))
         self.lastUse = max(self.lastUse, lastUse)
     }
-
-    mutating func merge(_ other: GraceHeld) {
-        chunks += other.chunks
-        bytes = bytes.addingClamped(other.bytes)
-        lastUse = max(lastUse, other.lastUse)
-    }
 }

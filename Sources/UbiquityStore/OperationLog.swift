@@ -85,7 +85,7 @@ public final class OperationLog: Sendable {
     /// power loss) starts again right after it.
     ///
     /// Segments after the end of the log (after a torn frame, or after a segment that is
-    /// not there) are set aside as `NAME.log.dropped`, never read again and never deleted:
+    /// not there) are set aside as `NAME.log.dropped-TIME`, never read again and never deleted:
     /// after a power loss they hold only frames that were never synced, so dropping them
     /// is what the machine's crash did; anything else (damage) leaves them for a person.
     public init(directory: String, after: LogSequence, segmentBytes: Int64 = OperationLog.defaultSegmentBytes,
@@ -120,7 +120,10 @@ public final class OperationLog: Sendable {
                 broken = true
                 continue
             }
-            let bytes = try StoreError.wrap { () throws(SystemError) in try readFile(segment.path, limit: Int.max) } ?? []
+            // A segment holds at most `segmentBytes` and one more frame; a bigger file is
+            // not one this log wrote, and is refused (EFBIG) before anything is allocated.
+            let limit = Int(self.segmentBytes) + Self.maxPayload + Self.headerBytes + Self.checkBytes
+            let bytes = try StoreError.wrap { () throws(SystemError) in try readFile(segment.path, limit: limit) } ?? []
             var at = 0, sequence = segment.first
             while let frame = Self.frame(in: bytes, at: at, sequence: sequence) {
                 if sequence > after { frames.append((sequence, frame.payload)) }
@@ -150,7 +153,8 @@ public final class OperationLog: Sendable {
         // Segments the last process made may never have had their names flushed.
         s.directoryDirty = true
         for path in doomed { unlink(path) }
-        for path in aside where rename(path, path + ".dropped") != 0 {
+        let stamp = nowNanos()
+        for path in aside where rename(path, path + ".dropped-\(stamp)") != 0 {
             throw .io(errno: errno, "set \(path) aside")
         }
         doomed += aside
@@ -209,12 +213,11 @@ public final class OperationLog: Sendable {
     /// garbage would be lost at the next open, with every frame after it).
     public func append(_ payload: [UInt8]) throws(StoreError) -> LogSequence {
         guard payload.count <= Self.maxPayload else { throw .io(errno: EFBIG, "an operation of \(payload.count) bytes") }
-        let frame = Self.encode(payload)
+        var frame = Self.encode(payload)
         return try state.withLock { (s) throws(StoreError) -> LogSequence in
             if let failed = s.failed { throw .io(errno: EIO, "the operation log \(directory) failed earlier: \(failed)") }
             let sequence = s.next
-            var frame = frame
-            Self.stamp(&frame, sequence)
+            Self.stamp(&frame, sequence) // in place: the frame is not copied under the lock
             if s.open == nil || s.open!.size >= segmentBytes { try startSegment(&s, at: sequence) }
             do throws(SystemError) {
                 try writeAll(s.open!.fd, frame, path: directory)

@@ -157,14 +157,13 @@ final class SmallChunks: Sendable {
         state.withLock { s -> [ChunkID: Int64] in
             guard let db = s.db else { return [:] }
             var freed: [ChunkID: Int64] = [:]
-            var kept = GraceHeld()
             do throws(StoreError) {
                 try db.transaction { () throws(StoreError) in
                 for id in ids {
                     guard let (size, used) = try db.rows("SELECT length(bytes), used FROM chunks WHERE id = ?",
                                                          [.blob(id.raw)], { ($0.int(0), $0.int(1)) }).first else { continue }
                     guard used < cutoff else {
-                        kept.add(bytes: size + 80, lastUse: used)
+                        held.add(bytes: size + 80, lastUse: used)
                         continue
                     }
                     try db.query("DELETE FROM chunks WHERE id = ? AND used < ?", [.blob(id.raw), .int(cutoff)])
@@ -178,7 +177,6 @@ final class SmallChunks: Sendable {
                 return [:]
             }
             for id in freed.keys { s.uncommitted[id] = nil }
-            held.merge(kept)
             return freed
         }
     }

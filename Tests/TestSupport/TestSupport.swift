@@ -33,6 +33,14 @@ public func environment(_ name: String) -> String? {
     return text.isEmpty ? nil : text
 }
 
+/// The seed a random test runs with: environment variable `variable` when set (to replay a
+/// failure), else `seed`; printed with the command that replays it.
+public func replayableSeed(_ seed: UInt64, variable: String, test: String, filter: String) -> UInt64 {
+    let chosen = environment(variable).flatMap(UInt64.init) ?? seed
+    print("\(test) seed \(chosen) (replay: \(variable)=\(chosen) swift test --filter \(filter))")
+    return chosen
+}
+
 /// A fresh temporary directory, removed by `cleanup()` (or when a test drops it).
 public struct TempDirectory: Sendable {
     public let path: String

@@ -77,8 +77,7 @@ import UbiquitySystem
     /// and a LIST after only such changes reads no directory.
     @Test(arguments: [43, UInt64.random(in: 100...UInt64.max)])
     func keptListingsFollowEveryChange(seed: UInt64) throws {
-        let seed = environment("UBQ_LISTING_SEED").flatMap(UInt64.init) ?? seed
-        print("BackingStoreTests.keptListingsFollowEveryChange seed \(seed) (replay: UBQ_LISTING_SEED=\(seed) swift test --filter keptListings)")
+        let seed = replayableSeed(seed, variable: "UBQ_LISTING_SEED", test: "BackingStoreTests.keptListingsFollowEveryChange", filter: "keptListings")
         var rng = SplitMix64(seed: seed)
         let dir = TempDirectory()
         defer { dir.cleanup(); removeTree(dir.path + "-spare") }

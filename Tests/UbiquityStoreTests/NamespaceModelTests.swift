@@ -16,8 +16,7 @@ import UbiquitySystem
 @Suite struct NamespaceModelTests {
     @Test(arguments: [1, 2, UInt64.random(in: 3...UInt64.max)])
     func namespaceAgreesWithTheKernelAndWithReplay(seed: UInt64) throws {
-        let seed = environment("UBQ_NAMESPACE_SEED").flatMap(UInt64.init) ?? seed
-        print("NamespaceModelTests seed \(seed) (replay: UBQ_NAMESPACE_SEED=\(seed) swift test --filter NamespaceModelTests)")
+        let seed = replayableSeed(seed, variable: "UBQ_NAMESPACE_SEED", test: "NamespaceModelTests", filter: "NamespaceModelTests")
         var rng = SplitMix64(seed: seed)
         let temp = TempDirectory(prefix: "ubiquity-namespace")
         defer { temp.cleanup() }
