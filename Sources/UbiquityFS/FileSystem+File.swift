@@ -157,6 +157,8 @@ extension FileSystem {
         if let kv = keyValueHandle(handle) { return try kvFlush(kv) } // applied is durable
         if let (ino, open) = try fileHandle(handle) {
             try commit(ino, open)
+            // The file's name and attributes: in the operation log until folded.
+            try storeCall { () throws(StoreError) in try store.syncTreeLog() }
             if let fd = try withMeta({ (m) throws(StoreError) in try m.store.logDurably(ino) }) {
                 defer { close(fd) }
                 guard fdatasync(fd) == 0 else { throw Errno(errno) }
@@ -374,7 +376,7 @@ extension FileSystem {
     /// loop, every 10 s): what a crash or a power loss leaves for the recovery at the next
     /// mount to check is then at most a few seconds of saves.
     public func barrierIfNeeded() {
-        guard (try? withMeta { (m) throws(StoreError) in try m.store.hasUndurableVersions() }) == true else { return }
+        guard (try? withMeta { (m) throws(StoreError) in try m.store.hasUndurableVersions() || m.store.treeLogNeedsTrim }) == true else { return }
         do { try fsyncDirectory() } catch { log("ubiquity: periodic durability barrier failed: \(error)") }
     }
 

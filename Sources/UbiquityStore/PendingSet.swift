@@ -1,15 +1,21 @@
+/// The pending sets, as the `pending` table's `kind` column numbers them.
+enum PendingKind: Int64 {
+    case inode = 1, vacated = 2, recheck = 3, unreconciled = 4, orphaned = 5
+    /// Store format 7: nodes held by inodes a sliced sync step recorded (`held`).
+    case held = 6
+}
+
 /// A set of things the sync step still has to look at (the local change set, the paths
 /// to reconcile), kept in memory and in the table `pending` (store format 4). Every
 /// change to it is written in the transaction of the change that caused it, so a crash
 /// loses no entry of a committed change and opening a store never has to walk the whole
 /// tree to find what changed. The sync step consumes entries in its own transaction.
 /// Not thread-safe: guarded by whatever guards the store.
+///
+/// While the store's tree overlay is on (`TreeOverlay`), an insert is a change the overlay
+/// holds and the log carries, written by the next fold: `deferInsert` says so.
 final class PendingSet<Element: Hashable> {
-    enum Kind: Int64 {
-        case inode = 1, vacated = 2, recheck = 3, unreconciled = 4, orphaned = 5
-        /// Store format 7: nodes held by inodes a sliced sync step recorded (`held`).
-        case held = 6
-    }
+    typealias Kind = PendingKind
 
     static var schema: String {
         "CREATE TABLE IF NOT EXISTS pending(kind INTEGER NOT NULL, key TEXT NOT NULL, PRIMARY KEY(kind, key)) WITHOUT ROWID"
@@ -45,7 +51,12 @@ final class PendingSet<Element: Hashable> {
         try write(element)
     }
 
+    /// Takes an insert as a change the tree overlay holds (true), or leaves it to be
+    /// written now (false). Set by the store.
+    var deferInsert: ((PendingKind, String) -> Bool)?
+
     private func write(_ element: Element) throws(StoreError) {
+        if let deferInsert, deferInsert(kind, key(element)) { return }
         try db.query("INSERT OR IGNORE INTO pending(kind, key) VALUES(?, ?)", [.int(kind.rawValue), .text(key(element))])
     }
 
@@ -100,6 +111,11 @@ final class PendingSet<Element: Hashable> {
         let result = try body()
         for element in held ?? [] where members.contains(element) { try write(element) }
         return result
+    }
+
+    /// A member the operation log's replay brings back (its row is the fold's to write).
+    func restore(_ text: String, parse: (String) -> Element?) {
+        if let element = parse(text) { members.insert(element) }
     }
 
     /// Reads the set again from SQLite (after a transaction that changed it rolled back).

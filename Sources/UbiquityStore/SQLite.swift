@@ -45,8 +45,72 @@ final class SQLiteDatabase {
         }, retained.toOpaque())
     }
 
+    // MARK: the tree overlay's gate
+
+    /// Called before any statement on a table the tree overlay shadows (`TreeOverlay`):
+    /// the store folds the overlay there, so the statement reads and writes after every
+    /// change the overlay holds. A read that looks at the overlay itself first goes
+    /// around it (`aroundGate`).
+    var beforeTreeStatement: (() throws(StoreError) -> Void)?
+    /// Told of every transaction level that ends (the level, and whether it committed):
+    /// a fold written inside a level that rolls back goes back to the overlay.
+    var levelEnded: ((Int, Bool) -> Void)?
+    private var gateOpen = false
+    private var shadowed: [String: Bool] = [:]
+
+    /// The tables whose rows the overlay may hold newer than SQLite (`content_totals`
+    /// follows `inodes` by triggers).
+    static let overlayTables = ["inodes", "entries", "pending", "content_totals"]
+
+    static func namesOverlayTable(_ sql: String) -> Bool {
+        let words = sql.split { !($0.isLetter || $0.isNumber || $0 == "_") }
+        return words.contains { overlayTables.contains($0.lowercased()) }
+    }
+
+    private func gate(_ sql: String, remember: Bool) throws(StoreError) {
+        guard let hook = beforeTreeStatement, !gateOpen else { return }
+        let names: Bool
+        if let known = shadowed[sql] {
+            names = known
+        } else {
+            names = Self.namesOverlayTable(sql)
+            if remember { shadowed[sql] = names }
+        }
+        guard names else { return }
+        try aroundGate(hook)
+    }
+
+    /// Runs `body` with the gate open: its statements do not fold the overlay (the fold
+    /// itself, and reads that consult the overlay first).
+    func aroundGate<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        if gateOpen { return try body() }
+        gateOpen = true
+        defer { gateOpen = false }
+        return try body()
+    }
+
+    /// Open transactions: the group-commit batch counts as one, each savepoint or
+    /// transaction inside it as one more.
+    var level: Int { (batchOpen ? 1 : 0) + depth }
+    /// Inside a transaction or savepoint (not just the batch): the store writes the tree
+    /// straight to SQLite there, so a rollback undoes it with the rest.
+    var inTransaction: Bool { depth > 0 }
+
+    /// Runs `body` in the open batch or transaction (each of its statements is atomic;
+    /// the caller makes repeating it harmless), else in the batch it opens when batching,
+    /// else in a transaction of its own.
+    func withinTransaction(_ body: () throws(StoreError) -> Void) throws(StoreError) {
+        if depth > 0 || batchOpen { return try body() }
+        if batching {
+            try openBatch()
+            return try body()
+        }
+        try transaction(body)
+    }
+
     /// Runs SQL with no parameters and no results (schema, pragmas, BEGIN/COMMIT).
     func execute(_ sql: String) throws(StoreError) {
+        try gate(sql, remember: false)
         var error: UnsafeMutablePointer<CChar>?
         if sqlite3_exec(db, sql, nil, nil, &error) != SQLITE_OK {
             let message = error.map { String(cString: $0) } ?? "unknown error"
@@ -57,6 +121,7 @@ final class SQLiteDatabase {
 
     /// Runs one statement with parameters, calling `row` for each result row.
     func query(_ sql: String, _ params: [SQLValue] = [], row: (SQLRow) throws(StoreError) -> Void = { _ in }) throws(StoreError) {
+        try gate(sql, remember: true)
         let statement = try prepared(sql)
         statements += 1
         defer {
@@ -220,14 +285,17 @@ final class SQLiteDatabase {
         if batchOpen || depth > 0 {
             try control("SAVEPOINT op")
             depth += 1
+            let opened = level
             defer { depth -= 1 }
             do {
                 let result = try body()
                 try control("RELEASE op")
+                levelEnded?(opened, true)
                 return result
             } catch {
                 try? control("ROLLBACK TO op")
                 try? control("RELEASE op")
+                levelEnded?(opened, false)
                 throw error
             }
         }
@@ -238,9 +306,11 @@ final class SQLiteDatabase {
         do {
             let result = try body()
             try execute("COMMIT")
+            levelEnded?(1, true)
             return result
         } catch {
             try? execute("ROLLBACK")
+            levelEnded?(1, false)
             throw error
         }
     }
@@ -314,9 +384,11 @@ final class SQLiteDatabase {
             let result = try body()
             try execute("COMMIT")
             standaloneCommits += 1
+            levelEnded?(1, true)
             return result
         } catch {
             try? execute("ROLLBACK")
+            levelEnded?(1, false)
             throw error
         }
     }
@@ -327,8 +399,19 @@ final class SQLiteDatabase {
     /// Commits the open batch, if any.
     func commitBatch() throws(StoreError) {
         guard batchOpen else { return }
+        do {
+            try execute("COMMIT")
+        } catch {
+            // A commit that failed may have ended the transaction (an I/O error rolls it
+            // back) or left it open (busy): only an open one is tried again.
+            if sqlite3_get_autocommit(db) != 0 {
+                batchOpen = false
+                levelEnded?(1, false)
+            }
+            throw error
+        }
         batchOpen = false
-        try execute("COMMIT")
+        levelEnded?(1, true)
     }
 
     /// Whether a group-commit batch is open (changes wait for `commitBatch`).
@@ -337,8 +420,10 @@ final class SQLiteDatabase {
     /// Ends the batch without its changes (also after a COMMIT that failed and left the
     /// transaction open; without a transaction it does nothing).
     func rollbackBatch() {
+        let wasOpen = batchOpen
         batchOpen = false
         try? execute("ROLLBACK")
+        if wasOpen { levelEnded?(1, false) }
     }
 
     private var errorMessage: String { String(cString: sqlite3_errmsg(db)) }

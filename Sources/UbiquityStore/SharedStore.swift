@@ -22,6 +22,8 @@ public final class SharedStore: Sendable {
     /// Threads waiting for the lock now (a long step gives way sooner when there are).
     private let waiting = Atomic<Int>(0)
     public let chunks: ChunkStore
+    /// The store's operation log as it opened (thread-safe: synced without the lock).
+    private let treeLog: OperationLog?
     public let directory: String
     public let deviceID: DeviceID
     public let deviceName: String
@@ -37,6 +39,7 @@ public final class SharedStore: Sendable {
         locked = Locked(store)
         unguarded = store
         chunks = store.chunks
+        treeLog = store.treeLog
         directory = store.directory
         deviceID = store.deviceID
         deviceName = store.deviceName
@@ -50,9 +53,15 @@ public final class SharedStore: Sendable {
         waiting.add(1, ordering: .relaxed)
         return try locked.withLock { (store) throws(E) -> T in
             waiting.subtract(1, ordering: .relaxed)
+            // Whatever the body changed in the tree is in the log before the lock goes
+            // (and so before a request's reply): one frame per hold.
+            defer { store.logTreeChanges() }
             return try body(store)
         }
     }
+
+    /// Makes the operation log's frames so far durable (an fsync), without the lock.
+    public func syncTreeLog() throws(StoreError) { _ = try treeLog?.sync() }
 
     /// Durability barrier, part 1 (`Store.syncFiles`), without the lock: a disk flush.
     public func syncFiles() throws(StoreError) { try unguarded.syncFiles() }

@@ -1,8 +1,11 @@
-/// The live tree: inodes and directory entries in SQLite, the inodes of the working set
-/// also in a bounded cache (`InodeCache`). Each inode row carries its link count and its
-/// primary name (`parent`, `name`: the link its path goes through), so resolving an inode
-/// or its path costs a few indexed reads and nothing is loaded at open. Each mutation is
-/// one transaction, so a crash leaves the tree as it was before or after it.
+/// The live tree: inodes and directory entries in SQLite, the changes not folded yet in
+/// the overlay (Store+Overlay), the inodes of the working set also in a bounded cache
+/// (`InodeCache`). Each inode row carries its link count and its primary name (`parent`,
+/// `name`: the link its path goes through), so resolving an inode or its path costs a
+/// few indexed reads and nothing is loaded at open. Reads look at the overlay first and
+/// go to SQLite around the gate for what it does not hold. Each mutation is one log frame
+/// (or, inside a transaction, part of it), so a crash leaves the tree as it was before or
+/// after it.
 extension Store {
     static let inodeColumns = "id, kind, mode, uid, gid, size, atime, mtime, ctime, rdev, target, file_id, head, allocated, nlink, parent, name, absent, keep"
 
@@ -10,7 +13,7 @@ extension Store {
         if try db.rows("SELECT count(*) FROM inodes WHERE id = 1", [], { $0.int(0) }).first == 0 && !readOnly {
             var root = Inode(id: Store.rootInode, kind: .directory, mode: 0o755, uid: getuid(), gid: getgid(), time: clock())
             root.nlink = 2
-            try persist(TreeNode(inode: root, link: nil), insert: true)
+            try persist(TreeNode(inode: root, link: nil))
         }
         let highest = try db.rows("SELECT max(id) FROM inodes", []) { $0.int(0) }.first ?? 1
         nextInode = InodeNumber(rawValue: UInt64(max(highest, 1))).advanced(by: 1)
@@ -25,9 +28,12 @@ extension Store {
 
     /// The inode and its primary name, from the cache or SQLite.
     func node(_ id: InodeNumber) throws(StoreError) -> TreeNode? {
+        if let shadow = overlay.inode(id) { return shadow }
         if let hit = cache.get(id) { return hit }
         guard id.fitsColumn,
-              let node = try db.rows("SELECT \(Self.inodeColumns) FROM inodes WHERE id = ?", [.inode(id)], Self.treeNode).first
+              let node = try db.aroundGate({ () throws(StoreError) in
+                  try db.rows("SELECT \(Self.inodeColumns) FROM inodes WHERE id = ?", [.inode(id)], Self.treeNode)
+              }).first
         else { return nil }
         let checked = try node.get()
         cache.put(checked)
@@ -92,19 +98,40 @@ extension Store {
     }
 
     func childID(_ parent: InodeNumber, _ name: String) throws(StoreError) -> InodeNumber? {
-        try db.rows("SELECT inode FROM entries WHERE parent = ? AND name = ?", [.inode(parent), .text(name)]) {
-            $0.inode(0)
-        }.first
+        if let shadow = overlay.entry(parent, NameKey(name)) { return shadow }
+        return try db.aroundGate { () throws(StoreError) in
+            try db.rows("SELECT inode FROM entries WHERE parent = ? AND name = ?", [.inode(parent), .text(name)]) {
+                $0.inode(0)
+            }.first
+        }
     }
 
     /// Entries of a directory, sorted by name bytes (a stable order for readdir offsets;
     /// SQLite compares text with memcmp).
     public func entries(_ parent: InodeNumber) -> [(name: String, id: InodeNumber)] {
         logged("list \(parent)") { () throws(StoreError) in
-            try db.rows("SELECT name, inode FROM entries WHERE parent = ? ORDER BY name", [.inode(parent)]) {
-                (name: $0.text(0), id: $0.inode(1))
+            let rows = try db.aroundGate { () throws(StoreError) in
+                try db.rows("SELECT name, inode FROM entries WHERE parent = ? ORDER BY name", [.inode(parent)]) {
+                    (name: $0.text(0), id: $0.inode(1))
+                }
             }
+            return try withOverlay(parent, rows, name: \.name) { (name: $0, id: $1) }
         } ?? []
+    }
+
+    /// A directory's rows from SQLite with the overlay's changes to it: its removed and
+    /// replaced names out, its added ones in, by name bytes again.
+    private func withOverlay<Row>(_ parent: InodeNumber, _ rows: [Row], name: (Row) -> String,
+                                  _ make: (String, InodeNumber) throws(StoreError) -> Row?) throws(StoreError) -> [Row] {
+        let added = overlay.addedEntries(parent), removed = overlay.removedNames(parent)
+        guard !added.isEmpty || !removed.isEmpty else { return rows }
+        var merged = rows.filter { row in
+            let key = NameKey(name(row))
+            return !removed.contains(key) && added[key] == nil
+        }
+        for (key, id) in added { if let row = try make(key.name, id) { merged.append(row) } }
+        merged.sort { name($0).utf8.lexicographicallyPrecedes(name($1).utf8) }
+        return merged
     }
 
     /// Entries of a directory with their inodes, by name bytes: one walk of the entries
@@ -112,11 +139,17 @@ extension Store {
     /// The inode entry `name` of `parent` names (a lookup): one query for both.
     public func childInode(_ parent: InodeNumber, _ name: String) -> Inode? {
         logged("look up \(name) in \(parent)") { () throws(StoreError) -> Inode? in
-            guard let node = try db.rows("SELECT \(Self.qualifiedInodeColumns) FROM entries e JOIN inodes i ON i.id = e.inode WHERE e.parent = ? AND e.name = ?",
-                                         [.inode(parent), .text(name)], Self.treeNode).first else { return nil }
-            let checked = try node.get()
-            cache.put(checked) // the cache never holds anything SQLite does not
-
+            if let shadow = overlay.entry(parent, NameKey(name)) {
+                guard let id = shadow else { return nil }
+                return try node(id)?.inode
+            }
+            guard let row = try db.aroundGate({ () throws(StoreError) in
+                try db.rows("SELECT \(Self.qualifiedInodeColumns) FROM entries e JOIN inodes i ON i.id = e.inode WHERE e.parent = ? AND e.name = ?",
+                            [.inode(parent), .text(name)], Self.treeNode)
+            }).first else { return nil }
+            let checked = try row.get()
+            if let shadow = overlay.inode(checked.inode.id) { return shadow?.inode }
+            cache.put(checked) // the cache never holds anything SQLite and the overlay do not
             return checked.inode
         }
     }
@@ -133,24 +166,39 @@ extension Store {
     /// big directory makes no strings it does not need), and never cached.
     public func entriesWithInodes(_ parent: InodeNumber) -> [(name: String, inode: Inode, primaryName: String?)] {
         logged("list \(parent)") { () throws(StoreError) in
-            return try db.rows("""
-                SELECT \(Self.listingColumns), e.name FROM entries e JOIN inodes i ON i.id = e.inode
-                WHERE e.parent = ? ORDER BY e.name
-                """, [.inode(parent)]) { r in (r.text(19), Self.treeNode(r)) }
-            .compactMap { (name, node) in
+            let rows = try db.aroundGate { () throws(StoreError) in
+                try db.rows("""
+                    SELECT \(Self.listingColumns), e.name FROM entries e JOIN inodes i ON i.id = e.inode
+                    WHERE e.parent = ? ORDER BY e.name
+                    """, [.inode(parent)]) { r in (r.text(19), Self.treeNode(r)) }
+            }
+            .compactMap { (name, node) -> (name: String, inode: Inode, primaryName: String?)? in
                 switch node {
-                case .success(let n): return (name: name, inode: n.inode, primaryName: n.link?.name)
+                case .success(let n):
+                    // An inode the overlay changed is listed as it is now.
+                    if let shadow = overlay.inode(n.inode.id) {
+                        return shadow.map { (name: name, inode: $0.inode, primaryName: $0.link?.name) }
+                    }
+                    return (name: name, inode: n.inode, primaryName: n.link?.name)
                 case .failure(let error):
                     log("ubiquity: list \(parent): entry \(name) left out: \(error)") // a damaged row, not a crash
                     return nil
                 }
+            }
+            return try withOverlay(parent, rows, name: \.name) { (name, id) throws(StoreError) in
+                try node(id).map { (name: name, inode: $0.inode, primaryName: $0.link?.name) }
             }
         } ?? []
     }
 
     public func isEmptyDirectory(_ id: InodeNumber) -> Bool {
         logged("list \(id)") { () throws(StoreError) in
-            try db.rows("SELECT 1 FROM entries WHERE parent = ? LIMIT 1", [.inode(id)]) { _ in true }.isEmpty
+            guard overlay.addedEntries(id).isEmpty else { return false }
+            let removed = overlay.removedNames(id)
+            let names = try db.aroundGate { () throws(StoreError) in
+                try db.rows("SELECT name FROM entries WHERE parent = ? LIMIT ?", [.inode(id), .int(Int64(removed.count + 1))]) { $0.text(0) }
+            }
+            return names.allSatisfy { removed.contains(NameKey($0)) }
         } ?? false
     }
 
@@ -169,7 +217,7 @@ extension Store {
 
     /// Runs a tree mutation as one transaction; if it fails, the cache (which may hold
     /// what the rollback undid) starts over from SQLite.
-    private func treeTransaction<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+    func treeTransaction<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         do {
             return try db.transaction(body)
         } catch {
@@ -201,8 +249,8 @@ extension Store {
         inode.nlink = kind == .directory ? 2 : 1
         prepare(&inode)
         let node = TreeNode(inode: inode, link: EntryRef(parent: parent, name: name))
-        try treeTransaction { () throws(StoreError) in
-            try persist(node, insert: true)
+        try treeChange { () throws(StoreError) in
+            try persist(node)
             try insertEntry(parent: parent, name: name, id: id)
             if touchingParent { try touchDirectory(parent, subdirectories: kind == .directory ? 1 : 0) }
         }
@@ -215,7 +263,7 @@ extension Store {
     /// Adds a hard link.
     public func link(_ id: InodeNumber, parent: InodeNumber, name: String) throws(StoreError) {
         let now = clock()
-        try treeTransaction { () throws(StoreError) in
+        try treeChange { () throws(StoreError) in
             try insertEntry(parent: parent, name: name, id: id)
             try touchDirectory(parent)
             try modify(id) { node in
@@ -238,11 +286,13 @@ extension Store {
         let isDirectory = node.inode.kind == .directory
         let gone = EntryRef(parent: parent, name: name)
         let now = clock()
-        try treeTransaction { () throws(StoreError) in
-            try db.query("DELETE FROM entries WHERE parent = ? AND name = ?", [.inode(parent), .text(name)])
+        // The primary name goes: another name, if any, becomes it (a directory has one
+        // name, and so has a file of one link).
+        let next = node.link != gone ? node.link
+            : isDirectory || node.inode.nlink <= 1 ? nil : try firstLink(id, besides: gone)
+        try treeChange { () throws(StoreError) in
+            try record(.removeEntry(parent: parent, name: name))
             try touchDirectory(parent, subdirectories: isDirectory ? -1 : 0)
-            // The primary name went: another name (if any) becomes it.
-            let next = node.link == gone ? try firstLink(id) : node.link
             try modify(id) { node in
                 node.inode.ctime = now
                 // A removed directory has no links at all (so it can be forgotten).
@@ -253,10 +303,10 @@ extension Store {
         return try self.node(id)?.inode
     }
 
-    private func firstLink(_ id: InodeNumber) throws(StoreError) -> EntryRef? {
-        try db.rows("SELECT parent, name FROM entries WHERE inode = ? ORDER BY parent, name LIMIT 1", [.inode(id)]) {
+    private func firstLink(_ id: InodeNumber, besides gone: EntryRef) throws(StoreError) -> EntryRef? {
+        try db.rows("SELECT parent, name FROM entries WHERE inode = ? ORDER BY parent, name LIMIT 2", [.inode(id)]) {
             EntryRef(parent: $0.inode(0), name: $0.text(1))
-        }.first
+        }.first { $0 != gone }
     }
 
     /// Moves an entry. The caller has removed or exchanged any target first.
@@ -266,9 +316,9 @@ extension Store {
         let moved = node.inode.kind == .directory && newParent != parent ? 1 : 0
         let old = EntryRef(parent: parent, name: name), new = EntryRef(parent: newParent, name: newName)
         let now = clock()
-        try treeTransaction { () throws(StoreError) in
-            try db.query("UPDATE entries SET parent = ?, name = ? WHERE parent = ? AND name = ?",
-                         [.inode(newParent), .text(newName), .inode(parent), .text(name)])
+        try treeChange { () throws(StoreError) in
+            try record(.removeEntry(parent: parent, name: name))
+            try record(.putEntry(parent: newParent, name: newName, inode: id))
             try touchDirectory(parent, subdirectories: -moved)
             if newParent != parent { try touchDirectory(newParent, subdirectories: moved) }
             try modify(id) { node in
@@ -302,11 +352,9 @@ extension Store {
         let refA = EntryRef(parent: parentA, name: nameA), refB = EntryRef(parent: parentB, name: nameB)
         let delta = (nodeB.inode.kind == .directory ? 1 : 0) - (nodeA.inode.kind == .directory ? 1 : 0)
         let now = clock()
-        try treeTransaction { () throws(StoreError) in
-            try db.query("UPDATE entries SET inode = ? WHERE parent = ? AND name = ?",
-                         [.inode(b), .inode(parentA), .text(nameA)])
-            try db.query("UPDATE entries SET inode = ? WHERE parent = ? AND name = ?",
-                         [.inode(a), .inode(parentB), .text(nameB)])
+        try treeChange { () throws(StoreError) in
+            try record(.putEntry(parent: parentA, name: nameA, inode: b))
+            try record(.putEntry(parent: parentB, name: nameB, inode: a))
             try touchDirectory(parentA, subdirectories: delta)
             try touchDirectory(parentB, subdirectories: -delta)
             // Both swapped nodes changed status, as a renamed one does (ext4 stamps both).
@@ -319,7 +367,7 @@ extension Store {
 
     /// Saves changed attributes (the link count and names stay the tree's).
     public func update(_ inode: Inode) throws(StoreError) {
-        try treeTransaction { () throws(StoreError) in
+        try treeChange { () throws(StoreError) in
             try modify(inode.id) { node in
                 let nlink = node.inode.nlink
                 node.inode = inode
@@ -331,11 +379,7 @@ extension Store {
     /// Drops an inode that no entry names and nothing has open.
     public func forget(_ id: InodeNumber) throws(StoreError) {
         guard let node = try node(id), node.inode.nlink == 0, id != Store.rootInode else { return }
-        try treeTransaction { () throws(StoreError) in
-            try db.query("DELETE FROM inodes WHERE id = ?", [.inode(id)])
-            try db.query("DELETE FROM xattrs WHERE inode = ?", [.inode(id)])
-            try dropReservedRanges(id)
-        }
+        try treeChange { () throws(StoreError) in try record(.dropInode(id)) }
         cache.remove(id)
         inodeTotal = inodeTotal.map { $0 - 1 }
     }
@@ -346,8 +390,7 @@ extension Store {
 
     private func insertEntry(parent: InodeNumber, name: String, id: InodeNumber) throws(StoreError) {
         if tracksChanges { try changed.insert(id) }
-        try db.query("INSERT INTO entries(parent, name, inode) VALUES(?, ?, ?)",
-                     [.inode(parent), .text(name), .inode(id)])
+        try record(.putEntry(parent: parent, name: name, inode: id))
     }
 
     /// A directory's entries changed: new mtime and ctime; `subdirectories` more (or fewer)
@@ -365,25 +408,16 @@ extension Store {
     /// Saves an inode's attributes; its link count and names stay the tree's.
     func save(_ inode: Inode) throws(StoreError) { try update(inode) }
 
-    func persist(_ node: TreeNode, insert: Bool = false) throws(StoreError) {
-        let inode = node.inode
-        if tracksChanges { try changed.insert(inode.id) }
-        let values: [SQLValue] = [
-            .inode(inode.id), .int(inode.kind.rawValue), .int(Int64(inode.mode)), .int(Int64(inode.uid)),
-            .int(Int64(inode.gid)), .int(inode.size), .int(inode.atime), .int(inode.mtime), .int(inode.ctime),
-            .int(Int64(bitPattern: inode.rdev)), inode.target.map { .text($0) } ?? .null,
-            inode.fileID.map { .id($0) } ?? .null, inode.head.map { .int($0) } ?? .null, .int(inode.allocated),
-            .int(Int64(inode.nlink)), node.link.map { .inode($0.parent) } ?? .null,
-            node.link.map { .text($0.name) } ?? .null, .int(inode.absent), .int(inode.keep.rawValue),
-        ]
-        try db.query(insert ? Self.insertInode : Self.upsertInode, values)
+    func persist(_ node: TreeNode) throws(StoreError) {
+        if tracksChanges { try changed.insert(node.inode.id) }
+        try record(.putInode(node))
     }
 
-    private static let insertInode = "INSERT INTO inodes(\(inodeColumns)) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    static let insertInode = "INSERT INTO inodes(\(inodeColumns)) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
     /// An update in place, not REPLACE: a REPLACE deletes the row first, which would reset
     /// the columns it does not name (`used`) and skip the delete trigger of the content
     /// totals (SQLite fires it for REPLACE only with recursive triggers on).
-    private static let upsertInode = insertInode + " ON CONFLICT(id) DO UPDATE SET "
+    static let upsertInode = insertInode + " ON CONFLICT(id) DO UPDATE SET "
         + inodeColumns.split(separator: ", ").dropFirst()
             .map { "\($0) = excluded.\($0)" }.joined(separator: ", ")
 

@@ -78,6 +78,21 @@ public final class Store: @unchecked Sendable {
     var tracksChanges = true
     /// What a pull slice wrote that it reads again, while `takeIn` runs (nil otherwise).
     var takingIn: TakeInMemo?
+    /// Tree rows changed and logged but not yet in SQLite (Store+Overlay).
+    var overlay = TreeOverlay()
+    /// The operation log the overlay's changes go to (nil: a read-only store, or a log
+    /// that failed: changes then go straight to SQLite until the next open).
+    var treeLog: OperationLog?
+    /// The last frame appended to `treeLog`.
+    var lastLogged = LogSequence.none
+    /// Folds written inside transactions still open, with their level and the last frame
+    /// they cover: a rollback gives their changes back to the overlay.
+    var openFolds: [(level: Int, changes: [TreeChange], through: LogSequence)] = []
+    /// The last frame a committed fold covers: after a durability barrier, the log's
+    /// segments up to it go.
+    var foldedThrough = LogSequence.none
+    /// Tree changes the open replayed from the operation log (status, tests).
+    public private(set) var replayedTreeChanges = 0
     /// Timestamps of everything the store records; tests inject a clock.
     public var clock: @Sendable () -> Nanos = nowNanos
 
@@ -183,7 +198,10 @@ public final class Store: @unchecked Sendable {
         }
         // Read-only inspection (status, fsck) reads what it needs from the database; only
         // a store that serves a mount holds the tree and the synced view in memory.
-        if !readOnly { try loadTree() }
+        if !readOnly {
+            replayedTreeChanges = try openTreeLog()
+            try loadTree()
+        }
         if lock {
             recovery = try recoverUndurableVersions()
             recoveredSaves = try replayIntents()
@@ -199,6 +217,7 @@ public final class Store: @unchecked Sendable {
 
     deinit {
         do { try commitBatch() } catch { log("ubiquity: final metadata commit failed: \(error)") }
+        // A fold that failed stays in the log, for the next open to replay.
         if lockFD >= 0 { close(lockFD) }
     }
 
@@ -229,6 +248,7 @@ public final class Store: @unchecked Sendable {
     /// The intent log keeps its saves until the next durability barrier (`markDurable`):
     /// the ones an fsync made durable through it are not durable in the database yet.
     public func commitBatch() throws(StoreError) {
+        try foldTree()
         // Chunks first: a committed version must never name a row that is not.
         try chunks.commitSmallChunks()
         try noteIntentsApplied()
@@ -330,6 +350,8 @@ public final class Store: @unchecked Sendable {
         // The barrier itself succeeded: a log that could not be cut stays whole (replay
         // skips what the database has), and fsync must not report a failure it did not have.
         do { try intents.dropPrefix(mark.intentBytes) } catch { log("ubiquity: cutting the intent log after a barrier failed (it stays as it is): \(error)") }
+        // Folded tree changes are durable in the index now: their segments go.
+        treeLog?.dropFolded(through: foldedThrough)
     }
 }
 

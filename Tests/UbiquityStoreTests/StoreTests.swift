@@ -25,7 +25,9 @@ import UbiquitySystem
         let store = try Store(directory: dir.path, deviceName: "test")
         store.startBatching()
         let tempStore = { try store.db.rows("PRAGMA temp_store", []) { $0.int(0) }.first }
+        // A create goes to the overlay; its fold opens the batch.
         _ = try store.create(parent: Store.rootInode, name: "a", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+        try store.foldTree()
         #expect(try tempStore() == 2)
         try store.markDurable()
         #expect(try tempStore() == 0)
@@ -34,6 +36,7 @@ import UbiquitySystem
         }
         #expect(try tempStore() == 0)
         _ = try store.create(parent: Store.rootInode, name: "c", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+        try store.foldTree()
         #expect(try tempStore() == 2)
         try store.commitBatch()
     }

@@ -1,0 +1,191 @@
+import Glibc
+import UbiquitySystem
+
+/// The tree's rows written ahead of SQLite: outside a transaction, a change to an inode,
+/// an entry or a pending set goes to the overlay (`TreeOverlay`) and, when the store's
+/// lock is let go, into one frame of the operation log (`log/`); SQLite gets it at the
+/// next fold, in one transaction with the log's mark (`tree_log_mark`).
+///
+/// The rules that keep SQLite and the overlay one tree:
+/// - Any statement on `inodes`, `entries` or `pending` folds the overlay first (the
+///   gate, `SQLiteDatabase.beforeTreeStatement`); reads that look at the overlay first
+///   (`node`, `childID`, listings) go around it.
+/// - Inside a transaction the tree is written straight to SQLite (after the gate's
+///   fold), so a rollback undoes it with the rest; a fold written inside a transaction
+///   that rolls back goes back to the overlay (its frames are in the log).
+/// - A frame holds rows as they are after the change, so writing one twice is harmless:
+///   a fold that failed halfway is simply written again.
+/// - The mark is the last frame appended before the fold (the fold logs what it holds
+///   first), so a crash after the fold's commit replays nothing it wrote.
+extension Store {
+    /// Whether tree writes go to the overlay now.
+    var overlayOn: Bool { treeLog != nil && !db.inTransaction }
+
+    /// Opens the operation log and replays what it holds after the index's mark into the
+    /// overlay, then folds it. Returns how many changes were replayed.
+    func openTreeLog() throws(StoreError) -> Int {
+        let mark = LogSequence(UInt64(try setting(Self.treeLogMarkKey) ?? "") ?? 0)
+        var replayed: [TreeChange] = []
+        let opened = try OperationLog(directory: directory + "/log", after: mark) { (sequence, payload) throws(StoreError) in
+            guard let changes = TreeChange.decode(payload) else {
+                // Whole and checked, but not a frame this version writes: refusing to
+                // open keeps its changes for the ubiquity that wrote them.
+                throw .unsupportedFormat("\(directory)/log: frame \(sequence) is not one this ubiquity can read: upgrade ubiquity")
+            }
+            replayed += changes
+        }
+        treeLog = opened
+        lastLogged = LogSequence(opened.nextSequence.value &- 1)
+        foldedThrough = mark
+        overlay = TreeOverlay(replaying: replayed)
+        for case .pending(let kind, let key) in replayed { restorePending(kind, key) }
+        // Weak: the database and the sets live as long as the store, and the store's
+        // deinit folds by itself (it commits through them after `self` is gone for closures).
+        db.beforeTreeStatement = { [weak self] () throws(StoreError) in try self?.foldTree() }
+        db.levelEnded = { [weak self] level, committed in self?.levelEnded(level, committed: committed) }
+        let deferring = { [weak self] (kind: PendingKind, key: String) -> Bool in self?.deferPending(kind, key) ?? false }
+        changed.deferInsert = deferring
+        vacated.deferInsert = deferring
+        recheck.deferInsert = deferring
+        unreconciled.deferInsert = deferring
+        orphaned.deferInsert = deferring
+        held.deferInsert = deferring
+        if !replayed.isEmpty {
+            try foldTree()
+            log("ubiquity: replayed \(replayed.count) tree changes from \(directory)/log")
+        }
+        return replayed.count
+    }
+
+    static let treeLogMarkKey = "tree_log_mark"
+
+    private func restorePending(_ kind: Int64, _ key: String) {
+        switch PendingKind(rawValue: kind) {
+        case .inode: changed.restore(key, parse: Self.changedInode)
+        case .vacated: vacated.restore(key, parse: NameKey.init)
+        case .recheck: recheck.restore(key, parse: NameKey.init)
+        case .unreconciled: unreconciled.restore(key, parse: NameKey.init)
+        case .orphaned: orphaned.restore(key, parse: { FileID(hex: $0) })
+        case .held: held.restore(key, parse: { FileID(hex: $0) })
+        case nil: break
+        }
+    }
+
+    func deferPending(_ kind: PendingKind, _ key: String) -> Bool {
+        guard overlayOn else { return false }
+        overlay.apply(.pending(kind: kind.rawValue, key: key))
+        return true
+    }
+
+    /// Writes one change: to the overlay when it is on, else to SQLite now.
+    func record(_ change: TreeChange) throws(StoreError) {
+        if overlayOn { overlay.apply(change) } else { try writeRow(change) }
+    }
+
+    /// The one place a tree change becomes SQL.
+    private func writeRow(_ change: TreeChange) throws(StoreError) {
+        switch change {
+        case .putInode(let node):
+            let inode = node.inode
+            try db.query(Self.upsertInode, [
+                .inode(inode.id), .int(inode.kind.rawValue), .int(Int64(inode.mode)), .int(Int64(inode.uid)),
+                .int(Int64(inode.gid)), .int(inode.size), .int(inode.atime), .int(inode.mtime), .int(inode.ctime),
+                .int(Int64(bitPattern: inode.rdev)), inode.target.map { .text($0) } ?? .null,
+                inode.fileID.map { .id($0) } ?? .null, inode.head.map { .int($0) } ?? .null, .int(inode.allocated),
+                .int(Int64(inode.nlink)), node.link.map { .inode($0.parent) } ?? .null,
+                node.link.map { .text($0.name) } ?? .null, .int(inode.absent), .int(inode.keep.rawValue),
+            ])
+        case .dropInode(let id):
+            try db.query("DELETE FROM inodes WHERE id = ?", [.inode(id)])
+            try db.query("DELETE FROM xattrs WHERE inode = ?", [.inode(id)])
+            try dropReservedRanges(id)
+        case .putEntry(let parent, let name, let inode):
+            try db.query("INSERT INTO entries(parent, name, inode) VALUES(?, ?, ?) ON CONFLICT(parent, name) DO UPDATE SET inode = excluded.inode",
+                         [.inode(parent), .text(name), .inode(inode)])
+        case .removeEntry(let parent, let name):
+            try db.query("DELETE FROM entries WHERE parent = ? AND name = ?", [.inode(parent), .text(name)])
+        case .pending(let kind, let key):
+            try db.query("INSERT OR IGNORE INTO pending(kind, key) VALUES(?, ?)", [.int(kind), .text(key)])
+        }
+    }
+
+    /// Appends the overlay's changes not logged yet as one frame (the shared store does
+    /// this each time its lock is let go, so a request's changes are one write(2) and
+    /// are in the log before its reply). A log that fails is given up for the rest of
+    /// this open: what it could not take is folded now, and later changes go straight to
+    /// SQLite (the group commit's durability, as before the log).
+    public func logTreeChanges() {
+        guard overlay.hasUnlogged, let opLog = treeLog else { return }
+        let payload = TreeChange.encode(overlay.takeUnlogged())
+        do {
+            lastLogged = try opLog.append(payload)
+        } catch {
+            log("ubiquity: the operation log failed (\(error)): tree changes go to SQLite directly until the next mount")
+            treeLog = nil
+            do { try foldTree() } catch { log("ubiquity: folding the tree after the log failed: \(error) (the next statement on the tree tries again)") }
+        }
+    }
+
+    /// Writes the overlay's changes to SQLite, logging them first, with the mark of the
+    /// last frame (the gate calls it; so do the group commit and the open).
+    func foldTree() throws(StoreError) {
+        guard !overlay.isEmpty else { return }
+        logTreeChanges()
+        let changes = overlay.changes, through = lastLogged
+        try db.aroundGate { () throws(StoreError) in
+            try db.withinTransaction { () throws(StoreError) in
+                for change in changes { try writeRow(change) }
+                try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(Self.treeLogMarkKey), .text(String(through.value))])
+            }
+        }
+        overlay = TreeOverlay()
+        if db.level > 0 {
+            openFolds.append((db.level, changes, through))
+        } else {
+            foldedThrough = max(foldedThrough, through)
+        }
+    }
+
+    /// A transaction level ended: folds inside it now belong to the level around it (or
+    /// are committed), or, when it rolled back, are the overlay's again, ahead of what it
+    /// holds now.
+    private func levelEnded(_ level: Int, committed: Bool) {
+        guard !openFolds.isEmpty else { return }
+        if committed {
+            for i in openFolds.indices where openFolds[i].level >= level { openFolds[i].level = level - 1 }
+            for fold in openFolds where fold.level == 0 { foldedThrough = max(foldedThrough, fold.through) }
+            openFolds.removeAll { $0.level == 0 }
+            return
+        }
+        let undone = openFolds.filter { $0.level >= level }
+        guard !undone.isEmpty else { return }
+        openFolds.removeAll { $0.level >= level }
+        let unlogged = overlay.changes.count - overlay.unlogged
+        overlay = TreeOverlay(replaying: undone.flatMap(\.changes) + overlay.changes, unlogged: unlogged)
+        cache.removeAll()
+        inodeTotal = nil
+    }
+
+    /// Runs a tree change: in the overlay when it is on (a change that fails halfway is
+    /// taken back out of it), else as one transaction.
+    func treeChange<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        guard overlayOn else { return try treeTransaction(body) }
+        let mark = overlay.changes.count
+        do {
+            return try body()
+        } catch {
+            overlay.rollBack(to: mark)
+            cache.removeAll()
+            inodeTotal = nil
+            throw error
+        }
+    }
+
+    /// Whether the log has segments whose frames are all folded: a durability barrier
+    /// lets them go.
+    public var treeLogNeedsTrim: Bool {
+        guard let opLog = treeLog else { return false }
+        let starts = opLog.segmentStarts
+        return starts.count > 1 && starts[1].value &- 1 <= foldedThrough.value
+    }
+}

@@ -1,0 +1,80 @@
+/// The tree's changes that the operation log holds and the index (SQLite) does not yet:
+/// LevelDB's memtable over its tables. A request changes rows here and in one log frame;
+/// a fold writes them to SQLite later, in one transaction with the log's mark.
+///
+/// Two views of the same changes: `changes` in the order they were made (what the log
+/// carries and the fold writes) and the rows as they are now (`inodes`, `entries`: what
+/// reads look at first; a row here shadows SQLite's, nil meaning removed). A row not here
+/// is as SQLite has it, which is why a read may go to SQLite for it without a fold.
+///
+/// Not thread-safe: the store's lock guards it.
+struct TreeOverlay {
+    private(set) var changes: [TreeChange] = []
+    /// Changes from this index on are not in a log frame yet.
+    private(set) var unlogged = 0
+    private(set) var inodes: [InodeNumber: TreeNode?] = [:]
+    /// By directory, then name: the inode the entry names now, or nil when removed.
+    private(set) var entries: [InodeNumber: [NameKey: InodeNumber]] = [:]
+    private(set) var removedEntries: [InodeNumber: Set<NameKey>] = [:]
+
+    init() {}
+
+    /// An overlay holding `changes` (all of them logged but the last `unlogged`).
+    init(replaying changes: [TreeChange], unlogged: Int = 0) {
+        for change in changes { apply(change) }
+        self.unlogged = self.changes.count - min(max(unlogged, 0), self.changes.count)
+    }
+
+    var isEmpty: Bool { changes.isEmpty }
+    var hasUnlogged: Bool { unlogged < changes.count }
+
+    mutating func apply(_ change: TreeChange) {
+        changes.append(change)
+        switch change {
+        case .putInode(let node): inodes[node.inode.id] = .some(node)
+        case .dropInode(let id): inodes[id] = .some(nil)
+        case .putEntry(let parent, let name, let inode):
+            let key = NameKey(name)
+            entries[parent, default: [:]][key] = inode
+            removedEntries[parent]?.remove(key)
+        case .removeEntry(let parent, let name):
+            let key = NameKey(name)
+            entries[parent]?[key] = nil
+            removedEntries[parent, default: []].insert(key)
+        case .pending: break
+        }
+    }
+
+    /// Takes back the changes after the first `count` (a tree change that failed
+    /// halfway; none of them is logged yet). Rebuilds the rows: failures are rare.
+    mutating func rollBack(to count: Int) {
+        guard count < changes.count else { return }
+        let logged = unlogged
+        self = TreeOverlay(replaying: Array(changes.prefix(count)))
+        unlogged = min(logged, count)
+    }
+
+    /// The changes not logged yet, now counted as logged.
+    mutating func takeUnlogged() -> ArraySlice<TreeChange> {
+        defer { unlogged = changes.count }
+        return changes[unlogged...]
+    }
+
+    /// `.some(node)` or `.some(nil)` (dropped) when the overlay has the inode's row; nil
+    /// when SQLite's row is current.
+    func inode(_ id: InodeNumber) -> TreeNode?? { inodes[id] }
+
+    /// `.some(id)` or `.some(nil)` (removed) when the overlay has the entry; nil when
+    /// SQLite's row is current.
+    func entry(_ parent: InodeNumber, _ name: NameKey) -> InodeNumber?? {
+        if let id = entries[parent]?[name] { return .some(id) }
+        if removedEntries[parent]?.contains(name) == true { return .some(nil) }
+        return nil
+    }
+
+    /// Entries the overlay added to `parent` (and has not removed since).
+    func addedEntries(_ parent: InodeNumber) -> [NameKey: InodeNumber] { entries[parent] ?? [:] }
+
+    /// Names the overlay removed from `parent` (and has not added again).
+    func removedNames(_ parent: InodeNumber) -> Set<NameKey> { removedEntries[parent] ?? [] }
+}
