@@ -502,7 +502,8 @@ final class Replica {
     /// Conflict versions in all: the sum of `view_conflicts`, kept as the setting
     /// `conflicts` by `updateConflicts` (in the same transaction), so it is one row to read.
     func totalConflicts() throws(StoreError) -> Int {
-        Int(try db.rows("SELECT value FROM settings WHERE key = 'conflicts'", []) { Int64($0.text(0)) ?? 0 }.first ?? 0)
+        // The comment names the table the setting sums, so the overlay's gate folds first.
+        Int(try db.rows("SELECT value FROM settings WHERE key = 'conflicts' -- view_conflicts", []) { Int64($0.text(0)) ?? 0 }.first ?? 0)
     }
 
     func conflictCount(at path: String) throws(StoreError) -> Int {

@@ -80,10 +80,16 @@ extension Store {
         let found = try IntentLog.read(path: intents.path)
         let applied = Int64(try setting("intent_applied") ?? "0") ?? 0
         intentSequence = max(applied, found.map(\.sequence).max() ?? 0)
-        var recovered: [String] = []
+        var recovered: [String] = [], restored = false
         for intent in found where intent.sequence > applied {
             do {
-                guard try version(id: intent.version) == nil else { continue } // an fsync's second frame
+                if try version(id: intent.version) != nil {
+                    // Its record came back from the operation log (or an fsync wrote a
+                    // second frame); its small chunks may not have: the batch of
+                    // small.sqlite that held them is what the crash lost.
+                    if try restoreChunks(intent) { restored = true }
+                    continue
+                }
                 if try replay(intent) { recovered.append(intent.path) }
             } catch {
                 log("ubiquity: \(intent.path): the save the intent log kept could not be recorded again: \(error)")
@@ -92,7 +98,7 @@ extension Store {
         if !found.isEmpty {
             try setSetting("intent_applied", String(intentSequence))
             // What was recorded again must be durable before the log that held it goes.
-            if !recovered.isEmpty {
+            if !recovered.isEmpty || restored {
                 try chunks.sync()
                 try markDurable()
             }
@@ -102,6 +108,16 @@ extension Store {
             log("ubiquity: \(path): a save the daemon acknowledged before it stopped was recorded again from the intent log")
         }
         return recovered
+    }
+
+    /// Puts back the chunks the frame carries that are not here; returns whether any was.
+    private func restoreChunks(_ intent: Intent) throws(StoreError) -> Bool {
+        var any = false
+        for (id, bytes) in intent.chunkBytes where !chunks.contains(id) && ChunkID(hashing: bytes) == id {
+            try chunks.put(id, bytes)
+            any = true
+        }
+        return any
     }
 
     private func replay(_ intent: Intent) throws(StoreError) -> Bool {

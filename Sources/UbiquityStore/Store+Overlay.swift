@@ -18,8 +18,10 @@ import UbiquitySystem
 /// - The mark is the last frame appended before the fold (the fold logs what it holds
 ///   first), so a crash after the fold's commit replays nothing it wrote.
 extension Store {
-    /// Whether tree writes go to the overlay now.
-    var overlayOn: Bool { treeLog != nil && !db.inTransaction }
+    /// Whether tree writes go to the overlay now: in a mounted store (one that batches its
+    /// commits; its shared store logs at every release of its lock), outside transactions
+    /// and folds. A store used directly (a command, a test) writes through as before.
+    var overlayOn: Bool { treeLog != nil && db.batching && !db.inTransaction && !folding }
 
     /// Opens the operation log and replays what it holds after the index's mark into the
     /// overlay, then folds it. Returns how many changes were replayed.
@@ -54,6 +56,7 @@ extension Store {
             try foldTree()
             log("ubiquity: replayed \(replayed.count) tree changes from \(directory)/log")
         }
+        nextVersionRow = (try db.rows("SELECT max(row) FROM versions", []) { $0.isNull(0) ? 0 : $0.int(0) }.first ?? 0) + 1
         return replayed.count
     }
 
@@ -73,13 +76,21 @@ extension Store {
 
     func deferPending(_ kind: PendingKind, _ key: String) -> Bool {
         guard overlayOn else { return false }
-        overlay.apply(.pending(kind: kind.rawValue, key: key))
+        addToOverlay(.pending(kind: kind.rawValue, key: key))
         return true
     }
 
     /// Writes one change: to the overlay when it is on, else to SQLite now.
     func record(_ change: TreeChange) throws(StoreError) {
-        if overlayOn { overlay.apply(change) } else { try writeRow(change) }
+        if overlayOn { addToOverlay(change) } else { try writeRow(change) }
+    }
+
+    /// The first change of an empty overlay rings the group commit's doorbell, as the
+    /// first statement of a batch does: its loop folds and commits 100 ms later, so the
+    /// overlay (and the log a mount would replay) holds at most that much.
+    private func addToOverlay(_ change: TreeChange) {
+        if overlay.isEmpty { db.batchOpened?.ring() }
+        overlay.apply(change)
     }
 
     /// The one place a tree change becomes SQL.
@@ -106,6 +117,18 @@ extension Store {
             try db.query("DELETE FROM entries WHERE parent = ? AND name = ?", [.inode(parent), .text(name)])
         case .pending(let kind, let key):
             try db.query("INSERT OR IGNORE INTO pending(kind, key) VALUES(?, ?)", [.int(kind), .text(key)])
+        // A version folded twice (a fold that failed halfway, written again) is there once.
+        case .save(let v):
+            guard try !versionExists(v.id) else { return }
+            let record = SyncRecord(id: v.id, node: .file(v.fileID), kind: .file, parents: v.parents, deviceID: deviceID,
+                                    deviceName: v.deviceName, committed: v.committed, mtime: v.mtime, mode: v.mode,
+                                    isTombstone: false, isMeta: false, path: v.path, chunks: v.chunks, xattrs: v.xattrs)
+            _ = try insert(record, from: .here, row: v.row)
+        case .tombstone(let row, let id, let fileID, let head, let path, let committed):
+            guard try !versionExists(id) else { return }
+            try writeTombstone(row: row, id: id, fileID: fileID, head: head, path: path, committed: committed)
+        case .history(let fileID, let path, let live):
+            try placeHistory(fileID, path: path, live: live)
         }
     }
 
@@ -132,6 +155,8 @@ extension Store {
         guard !overlay.isEmpty else { return }
         logTreeChanges()
         let changes = overlay.changes, through = lastLogged
+        folding = true
+        defer { folding = false }
         try db.aroundGate { () throws(StoreError) in
             try db.withinTransaction { () throws(StoreError) in
                 for change in changes { try writeRow(change) }

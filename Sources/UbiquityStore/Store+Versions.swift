@@ -35,6 +35,29 @@ extension Store {
                                 deviceID: deviceID, deviceName: deviceName, committed: clock(), mtime: inode.mtime,
                                 mode: inode.mode, isTombstone: false, isMeta: false, path: path, chunks: content,
                                 xattrs: local ? [] : try currentXattrs(id))
+        if overlayOn && !local && previous?.isLocal != true {
+            // Into the overlay and the log: the record enters SQLite and the synced view
+            // when it is folded.
+            let row = nextVersionRow
+            nextVersionRow += 1
+            let saved = SavedVersion(row: row, id: record.id, fileID: fileID, parents: record.parents, deviceName: deviceName,
+                                     committed: record.committed, mtime: record.mtime, mode: record.mode, path: path,
+                                     chunks: content, xattrs: record.xattrs)
+            try treeChange { () throws(StoreError) in
+                try self.record(.save(saved))
+                inode.head = row
+                inode.size = content.totalSize
+                inode.allocated = content.storedBytes
+                inode.absent = inode.absent > 0 ? absentBytes(content) : 0
+                try save(inode)
+                try self.record(.history(fileID, path: path, live: true))
+            }
+            continuedParents[id] = nil
+            try secure(id, content: content, path: path, version: record.id)
+            return Version(row: row, id: record.id, node: record.node, parents: record.parents, deviceID: deviceID,
+                           deviceName: deviceName, committed: record.committed, mtime: record.mtime, mode: record.mode,
+                           size: record.size, isTombstone: false, isLocal: false, path: path)
+        }
         let row = try db.transaction { () throws(StoreError) -> Int64 in
             // A local file keeps only its latest version; never drop one that another inode
             // still shows (else a hard link can point at nothing: t-differential.py seed 105).
@@ -64,18 +87,35 @@ extension Store {
     /// It descends from every live head of the file, so deleting a file in conflict
     /// deletes it, rather than bringing a conflict version back as the file.
     public func commitTombstone(fileID: FileID, head: Int64?, path: String) throws(StoreError) {
+        // A file whose head is a version of its own here has a tombstone for sure (that
+        // head is a parent): it goes to the overlay, its parents worked out at the fold.
+        if overlayOn, let head, let previous = try headVersion(head), !previous.isLocal {
+            let row = nextVersionRow
+            nextVersionRow += 1
+            try record(.tombstone(row: row, id: .new(), fileID: fileID, head: head, path: path, committed: clock()))
+            return
+        }
+        try writeTombstone(row: nil, id: .new(), fileID: fileID, head: head, path: path, committed: clock())
+    }
+
+    /// The tombstone's record: it descends from the file's live heads and `head`; none (a
+    /// file never saved), no tombstone.
+    func writeTombstone(row: Int64?, id: VersionID, fileID: FileID, head: Int64?, path: String, committed: Nanos) throws(StoreError) {
         let previous = try headVersion(head)
         var parents = try replica.liveHeads(.file(fileID)).map(\.id)
         if let previous, !previous.isLocal, !parents.contains(previous.id) { parents.append(previous.id) }
         guard !parents.isEmpty else { return }
-        let now = clock()
-        let tombstone = SyncRecord(id: .new(), node: .file(fileID), kind: .file, parents: parents.sorted(),
-                                   deviceID: deviceID, deviceName: deviceName, committed: now, mtime: now,
+        let tombstone = SyncRecord(id: id, node: .file(fileID), kind: .file, parents: parents.sorted(),
+                                   deviceID: deviceID, deviceName: deviceName, committed: committed, mtime: committed,
                                    mode: previous?.mode ?? 0o644, isTombstone: true, isMeta: false, path: path)
         try db.transaction { () throws(StoreError) in
-            _ = try insert(tombstone, from: .here)
+            _ = try insert(tombstone, from: .here, row: row)
             try placeHistory(fileID, path: path, live: false)
         }
+    }
+
+    func versionExists(_ id: VersionID) throws(StoreError) -> Bool {
+        try !db.rows("SELECT 1 FROM versions WHERE id = ?", [.id(id)]) { _ in true }.isEmpty
     }
 
     /// Gives inode `id` the history `fileID` (rename over an existing file continues the
@@ -84,7 +124,7 @@ extension Store {
         guard var inode = try node(id)?.inode else { return }
         // The history the inode leaves has no file any more (the sync step tombstones it
         // unless it is already dead or continued elsewhere).
-        try db.transaction { () throws(StoreError) in
+        try treeChange { () throws(StoreError) in
             if let old = inode.fileID, old != fileID { try orphaned.insert(old) }
             inode.fileID = fileID
             inode.head = head
@@ -115,7 +155,12 @@ extension Store {
     }
 
     public func version(row: Int64) throws(StoreError) -> Version? {
-        try db.rows("SELECT \(Store.versionColumns) FROM \(Store.versionsWithDevices) WHERE row = ?", [.int(row)], Store.version(from:)).first
+        if let saved = overlay.saves[row] {
+            return Version(row: row, id: saved.id, node: .file(saved.fileID), parents: saved.parents, deviceID: deviceID,
+                           deviceName: saved.deviceName, committed: saved.committed, mtime: saved.mtime, mode: saved.mode,
+                           size: saved.chunks.totalSize, isTombstone: false, isLocal: false, path: saved.path)
+        }
+        return try db.rows("SELECT \(Store.versionColumns) FROM \(Store.versionsWithDevices) WHERE row = ?", [.int(row)], Store.version(from:)).first
     }
 
     public func version(id: VersionID) throws(StoreError) -> Version? {
@@ -123,6 +168,7 @@ extension Store {
     }
 
     public func chunkList(row: Int64) throws(StoreError) -> ChunkList {
+        if let saved = overlay.saves[row] { return saved.chunks }
         guard let blob = try db.rows("SELECT chunks FROM versions WHERE row = ?", [.int(row)], { $0.blob(0) }).first else {
             throw .noSuchVersion("version row \(row)")
         }
@@ -152,20 +198,22 @@ extension Store {
 
     /// Appends a version row (every record goes through here) and adds it to the synced
     /// view in the same transaction; the paths it may change are queued for `reconcile`.
-    func insert(_ r: SyncRecord, from origin: Origin) throws(StoreError) -> Int64 {
+    /// `row`: the row the overlay gave it (nil: SQLite's next).
+    func insert(_ r: SyncRecord, from origin: Origin, row given: Int64? = nil) throws(StoreError) -> Int64 {
         let local = origin == .hereLocalOnly, remote = origin == .otherDevice
         return try db.transaction { () throws(StoreError) -> Int64 in
             let (lineage, known) = origin == .here ? try replica.lineage(node: r.node, parents: r.parents, device: r.deviceID)
                                                    : (r.lineage, Replica.Known())
             try db.query("""
-                INSERT INTO versions(id, file_id, parents, device, committed, mtime, mode, size, tombstone,
+                INSERT INTO versions(row, id, file_id, parents, device, committed, mtime, mode, size, tombstone,
                                      local, path, chunks, kind, target, xattrs, meta, uploaded, lineage)
-                VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-                """, [.id(r.id), .node(r.node), .ids(r.parents), .int(try deviceNumber(r.deviceID, name: r.deviceName)), .int(r.committed), .int(r.mtime), .int(Int64(r.mode)), .int(r.size),
+                VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                """, [given.map { .int($0) } ?? .null, .id(r.id), .node(r.node), .ids(r.parents), .int(try deviceNumber(r.deviceID, name: r.deviceName)), .int(r.committed), .int(r.mtime), .int(Int64(r.mode)), .int(r.size),
                       .int(r.isTombstone ? 1 : 0), .int(local ? 1 : 0), .text(r.path), .blob(r.chunks.encoded),
                       .int(r.kind.rawValue), r.target.map { .text($0) } ?? .null, .blob(XattrCodec.encode(r.xattrs)),
                       .int(r.isMeta ? 1 : 0), .int(remote ? 1 : 0), local ? .null : lineage.stored(device: r.deviceID).map { .text($0) } ?? .null])
             let row = db.lastInsertRowID
+            nextVersionRow = max(nextVersionRow, row + 1)
             if local { return row }
             if remote && r.kind == .file && !r.isTombstone && takingIn != nil {
                 takingIn?.shown[row] = ShownFile(content: r.chunks, mode: r.mode, mtime: r.mtime, xattrs: XattrCodec.encode(r.xattrs))

@@ -23,9 +23,28 @@ extension Store {
 
     /// A history that no live file shows at `path` (its file was deleted or renamed to a
     /// local-only name): a new file there continues it. Returns its id and newest version.
+    /// Reads the overlay first and SQLite around the gate (a create asks this, and must
+    /// not fold): a history the overlay placed is where the overlay says.
     public func deadHistory(at path: String) throws(StoreError) -> (fileID: FileID, head: Int64?)? {
-        guard let fileID = try db.rows("SELECT file_id FROM histories WHERE path = ? AND live = 0 LIMIT 1", [.text(path)], { $0.fileID(0) }).first else { return nil }
-        let head = try db.rows("SELECT row FROM versions WHERE file_id = ? AND local = 0 ORDER BY committed DESC, row DESC LIMIT 1", [.id(fileID)]) { $0.int(0) }.first
-        return (fileID, head)
+        var found = overlay.historiesAt[NameKey(path)]?.first { overlay.histories[$0]?.live == false }
+        if found == nil {
+            let shown = try db.aroundGate { () throws(StoreError) in
+                try db.rows("SELECT file_id FROM histories WHERE path = ? AND live = 0 LIMIT 8", [.text(path)], { $0.fileID(0) })
+            }
+            found = shown.first { overlay.histories[$0] == nil }
+            if found == nil && shown.count == 8 {
+                // Every one the page showed was moved by the overlay: ask with it folded.
+                try foldTree()
+                found = try db.rows("SELECT file_id FROM histories WHERE path = ? AND live = 0 LIMIT 1", [.text(path)], { $0.fileID(0) }).first
+            }
+        }
+        guard let fileID = found else { return nil }
+        let stored = try db.aroundGate { () throws(StoreError) in
+            try db.rows("SELECT row, committed FROM versions WHERE file_id = ? AND local = 0 ORDER BY committed DESC, row DESC LIMIT 1",
+                        [.id(fileID)]) { (row: $0.int(0), committed: $0.int(1)) }.first
+        }
+        guard let newer = overlay.newest[fileID] else { return (fileID, stored?.row) }
+        guard let stored, (stored.committed, stored.row) > (newer.committed, newer.row) else { return (fileID, newer.row) }
+        return (fileID, stored.row)
     }
 }

@@ -91,6 +91,12 @@ public final class Store: @unchecked Sendable {
     /// The last frame a committed fold covers: after a durability barrier, the log's
     /// segments up to it go.
     var foldedThrough = LogSequence.none
+    /// The row the next version saved into the overlay takes (rows are given here, so a
+    /// save can name its row before it is folded; SQLite's own choice for a row written
+    /// directly is always past them, as the gate folds first).
+    var nextVersionRow: Int64 = 1
+    /// Set while the overlay is folded: what the fold writes goes to SQLite.
+    var folding = false
     /// Tree changes the open replayed from the operation log (status, tests).
     public private(set) var replayedTreeChanges = 0
     /// Timestamps of everything the store records; tests inject a clock.

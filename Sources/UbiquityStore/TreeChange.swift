@@ -12,6 +12,14 @@ enum TreeChange: Equatable {
     case removeEntry(parent: InodeNumber, name: String)
     /// A member of the pending set `kind` (PendingSet.Kind), by its key text.
     case pending(kind: Int64, key: String)
+    /// A new version of a file saved here, with the row it takes; its record enters the
+    /// synced view when it is folded.
+    case save(SavedVersion)
+    /// A file's last name went: its tombstone, with the row it takes. Its parents (the
+    /// file's live heads) are worked out when it is folded, in order.
+    case tombstone(row: Int64, id: VersionID, fileID: FileID, head: Int64?, path: String, committed: Nanos)
+    /// Where a history is shown under `.versions/`, and whether a file lives there.
+    case history(FileID, path: String, live: Bool)
 
     static func == (a: TreeChange, b: TreeChange) -> Bool {
         switch (a, b) {
@@ -20,9 +28,28 @@ enum TreeChange: Equatable {
         case (.putEntry(let p, let n, let i), .putEntry(let q, let m, let j)): return p == q && NameKey(n) == NameKey(m) && i == j
         case (.removeEntry(let p, let n), .removeEntry(let q, let m)): return p == q && NameKey(n) == NameKey(m)
         case (.pending(let k, let x), .pending(let l, let y)): return k == l && NameKey(x) == NameKey(y)
+        case (.save(let x), .save(let y)): return x == y
+        case (.tombstone(let r, let i, let f, let h, let p, let c), .tombstone(let r2, let i2, let f2, let h2, let p2, let c2)):
+            return r == r2 && i == i2 && f == f2 && h == h2 && NameKey(p) == NameKey(p2) && c == c2
+        case (.history(let f, let p, let l), .history(let f2, let p2, let l2)): return f == f2 && NameKey(p) == NameKey(p2) && l == l2
         default: return false
         }
     }
+}
+
+/// A version saved on this device, as the operation log carries it until it is folded.
+struct SavedVersion: Equatable {
+    var row: Int64
+    var id: VersionID
+    var fileID: FileID
+    var parents: [VersionID]
+    var deviceName: String
+    var committed: Nanos
+    var mtime: Nanos
+    var mode: UInt32
+    var path: String
+    var chunks: ChunkList
+    var xattrs: [XattrEntry]
 }
 
 /// A frame's payload: a version byte, a u32 count, then the changes, each a tag byte and
@@ -36,7 +63,9 @@ extension TreeChange {
     static let maxString = 64 << 10
     static let frameVersion: UInt8 = 1
 
-    private enum Tag: UInt8 { case putInode = 1, dropInode, putEntry, removeEntry, pending }
+    private enum Tag: UInt8 { case putInode = 1, dropInode, putEntry, removeEntry, pending, save, tombstone, history }
+    /// A chunk list or the xattrs of one save.
+    static let maxBlob = OperationLog.maxPayload
 
     static func encode(_ changes: some Collection<TreeChange>) -> [UInt8] {
         var w = PayloadWriter()
@@ -82,6 +111,16 @@ extension TreeChange {
             w.byte(Tag.removeEntry.rawValue); w.inode(parent); w.string(name)
         case .pending(let kind, let key):
             w.byte(Tag.pending.rawValue); w.i64(kind); w.string(key)
+        case .save(let v):
+            w.byte(Tag.save.rawValue); w.i64(v.row); w.id(v.id.value); w.id(v.fileID.value)
+            w.u32(UInt32(v.parents.count)); for parent in v.parents { w.id(parent.value) }
+            w.string(v.deviceName); w.i64(v.committed); w.i64(v.mtime); w.u32(v.mode); w.string(v.path)
+            w.bytes(v.chunks.encoded); w.bytes(XattrCodec.encode(v.xattrs))
+        case .tombstone(let row, let id, let fileID, let head, let path, let committed):
+            w.byte(Tag.tombstone.rawValue); w.i64(row); w.id(id.value); w.id(fileID.value); w.optional(head) { $0.i64($1) }
+            w.string(path); w.i64(committed)
+        case .history(let fileID, let path, let live):
+            w.byte(Tag.history.rawValue); w.id(fileID.value); w.string(path); w.byte(live ? 1 : 0)
         }
     }
 
@@ -124,6 +163,27 @@ extension TreeChange {
         case .pending:
             guard let kind = r.i64(), PendingKind(rawValue: kind) != nil, let key = r.string() else { return nil }
             return .pending(kind: kind, key: key)
+        case .save:
+            guard let row = r.i64(), let id = r.id(), let fileID = r.id(), let count = r.u32(),
+                  Int(count) <= r.remaining / 16 else { return nil }
+            var parents: [VersionID] = []
+            for _ in 0..<count {
+                guard let parent = r.id() else { return nil }
+                parents.append(VersionID(parent))
+            }
+            guard let deviceName = r.string(), let committed = r.i64(), let mtime = r.i64(), let mode = r.u32(),
+                  let path = r.string(), let list = r.bytes(limit: maxBlob), let chunks = ChunkList(encoded: list),
+                  let xattrs = r.bytes(limit: maxBlob) else { return nil }
+            return .save(SavedVersion(row: row, id: VersionID(id), fileID: FileID(fileID), parents: parents,
+                                      deviceName: deviceName, committed: committed, mtime: mtime, mode: mode & 0o7777,
+                                      path: path, chunks: chunks, xattrs: XattrCodec.decode(xattrs)))
+        case .tombstone:
+            guard let row = r.i64(), let id = r.id(), let fileID = r.id(), let head = r.optional({ $0.i64() }),
+                  let path = r.string(), let committed = r.i64() else { return nil }
+            return .tombstone(row: row, id: VersionID(id), fileID: FileID(fileID), head: head, path: path, committed: committed)
+        case .history:
+            guard let fileID = r.id(), let path = r.string(), let live = r.byte(), live <= 1 else { return nil }
+            return .history(FileID(fileID), path: path, live: live == 1)
         }
     }
 }
@@ -137,6 +197,7 @@ private struct PayloadWriter {
     mutating func inode(_ v: InodeNumber) { u64(v.rawValue) }
     mutating func bytes(_ v: [UInt8]) { u32(UInt32(v.count)); out += v }
     mutating func string(_ v: String) { bytes(Array(v.utf8)) }
+    mutating func id(_ v: ID128) { u64(v.high); u64(v.low) }
     mutating func optional<T>(_ v: T?, _ body: (inout PayloadWriter, T) -> Void) {
         if let v { byte(1); body(&self, v) } else { byte(0) }
     }
@@ -159,6 +220,10 @@ private struct PayloadReader {
     mutating func u64() -> UInt64? { take(8).map { $0.reversed().reduce(UInt64(0)) { $0 << 8 | UInt64($1) } } }
     mutating func i64() -> Int64? { u64().map { Int64(bitPattern: $0) } }
     mutating func inode() -> InodeNumber? { u64().map { InodeNumber(rawValue: $0) } }
+    mutating func id() -> ID128? {
+        guard let high = u64(), let low = u64() else { return nil }
+        return ID128(high: high, low: low)
+    }
     mutating func bytes(limit: Int) -> [UInt8]? {
         guard let n = u32(), n <= UInt32(limit), let slice = take(Int(n)) else { return nil }
         return Array(slice)

@@ -16,6 +16,15 @@ struct TreeOverlay {
     /// By directory, then name: the inode the entry names now, or nil when removed.
     private(set) var entries: [InodeNumber: [NameKey: InodeNumber]] = [:]
     private(set) var removedEntries: [InodeNumber: Set<NameKey>] = [:]
+    /// Saves not folded, by row; tombstones' rows (their records are made at the fold).
+    private(set) var saves: [Int64: SavedVersion] = [:]
+    private(set) var tombstoneRows: Set<Int64> = []
+    /// Each history's newest version here (saves and tombstones), for a new file that
+    /// continues it.
+    private(set) var newest: [FileID: (row: Int64, committed: Nanos)] = [:]
+    /// Where histories are shown now, and the histories shown at each path.
+    private(set) var histories: [FileID: (path: String, live: Bool)] = [:]
+    private(set) var historiesAt: [NameKey: Set<FileID>] = [:]
 
     init() {}
 
@@ -42,7 +51,27 @@ struct TreeOverlay {
             entries[parent]?[key] = nil
             removedEntries[parent, default: []].insert(key)
         case .pending: break
+        case .save(let version):
+            saves[version.row] = version
+            noteNewest(version.fileID, row: version.row, committed: version.committed)
+        case .tombstone(let row, _, let fileID, _, let path, let committed):
+            tombstoneRows.insert(row)
+            noteNewest(fileID, row: row, committed: committed)
+            placeHistory(fileID, path: path, live: false)
+        case .history(let fileID, let path, let live):
+            placeHistory(fileID, path: path, live: live)
         }
+    }
+
+    private mutating func noteNewest(_ fileID: FileID, row: Int64, committed: Nanos) {
+        if let known = newest[fileID], (known.committed, known.row) > (committed, row) { return }
+        newest[fileID] = (row, committed)
+    }
+
+    private mutating func placeHistory(_ fileID: FileID, path: String, live: Bool) {
+        if let old = histories[fileID] { historiesAt[NameKey(old.path)]?.remove(fileID) }
+        histories[fileID] = (path, live)
+        historiesAt[NameKey(path), default: []].insert(fileID)
     }
 
     /// Takes back the changes after the first `count` (a tree change that failed

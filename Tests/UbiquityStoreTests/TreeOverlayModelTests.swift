@@ -22,6 +22,10 @@ import UbiquitySystem
         var nodes: [InodeNumber: Node] = [Store.rootInode: Node(kind: .directory, mode: 0o755)]
         /// Inodes changed since the store was made: the change set must hold each.
         var touched: Set<InodeNumber> = []
+        /// Each file's saved content and how many versions it has; tombstones written.
+        var content: [InodeNumber: ChunkList] = [:]
+        var versions: [InodeNumber: Int] = [:]
+        var tombstones = 0
 
         var directories: [InodeNumber] { nodes.filter { $0.value.kind == .directory }.map(\.key).sorted { $0.rawValue < $1.rawValue } }
 
@@ -80,6 +84,14 @@ import UbiquitySystem
             #expect(inode.kind == node.kind && inode.mode == node.mode, "\(context): inode \(id): \(inode.kind) \(inode.mode) against \(node.kind) \(node.mode)")
             #expect(inode.nlink == model.nlink(id), "\(context): inode \(id) nlink \(inode.nlink) against \(model.nlink(id))")
         }
+        for (id, expected) in model.content {
+            guard let inode = store.inode(id), let head = inode.head else {
+                Issue.record("\(context): file \(id) has no version")
+                continue
+            }
+            #expect((try? store.chunkList(row: head)) == expected, "\(context): file \(id)'s content")
+            #expect(inode.size == expected.totalSize, "\(context): file \(id)'s size")
+        }
         let missing = model.touched.filter { model.nodes[$0] != nil && !store.changed.contains($0) }
         #expect(missing.isEmpty, "\(context): changed inodes not in the change set: \(missing.sorted { $0.rawValue < $1.rawValue })")
     }
@@ -92,7 +104,15 @@ import UbiquitySystem
         let name = names[rng.int(0..<names.count)]
         let key = NameKey(name)
         let existing = model.nodes[dir]!.children[key]
-        switch rng.int(0..<8) {
+        switch rng.int(0..<10) {
+        case 8, 9: // a save: a new version of a file (a tiny content, kept in its list)
+            guard let id = existing, model.nodes[id]?.kind == .file, let path = store.path(of: id) else { return }
+            var list = ChunkList()
+            list.appendInline(rng.bytes(1 + rng.int(0..<40)))
+            _ = try store.commit(id, content: list, path: path, local: false)
+            model.content[id] = list
+            model.versions[id, default: 0] += 1
+            model.touched.insert(id)
         case 0, 1: // create
             guard existing == nil else { return }
             let kind: NodeKind = [.file, .directory, .symlink][rng.int(0..<3)]
@@ -104,10 +124,20 @@ import UbiquitySystem
             model.touched.formUnion([inode.id])
         case 2: // unlink or rmdir
             guard let id = existing, let node = model.nodes[id], node.children.isEmpty else { return }
+            let path = store.path(of: id) ?? name
+            let before = store.inode(id)
             let after = try store.removeEntry(parent: dir, name: name)
             model.nodes[dir]!.children[key] = nil
+            // The last name of a saved file: its tombstone, as the filesystem writes it.
+            if after?.nlink == 0, let before, let fileID = before.fileID, before.head != nil {
+                try store.commitTombstone(fileID: fileID, head: before.head, path: path)
+                model.tombstones += 1
+            }
             if after?.nlink == 0 { try store.forget(id) }
-            _ = model.collect()
+            for gone in model.collect() {
+                model.content[gone] = nil
+                model.versions[gone] = nil
+            }
         case 3: // rename to a free name
             guard let id = existing else { return }
             let to = dirs[rng.int(0..<dirs.count)], toName = names[rng.int(0..<names.count)]
@@ -229,7 +259,13 @@ import UbiquitySystem
             if round % 50 == 0 { Self.check(store, model, context) }
         }
         Self.check(store, model, "seed \(seed) at the end")
-        print("TreeOverlayModelTests seed \(seed): \(crashes) crashes, \(replayed) changes replayed, \(model.nodes.count) inodes")
+        for (id, count) in model.versions {
+            let fileID = try #require(store.inode(id)?.fileID)
+            #expect(try store.versions(of: fileID).count == count, "seed \(seed): file \(id)'s versions")
+        }
+        let tombstones = try store.db.rows("SELECT count(*) FROM versions WHERE tombstone = 1", []) { Int($0.int(0)) }.first
+        #expect(tombstones == model.tombstones, "seed \(seed): tombstones")
+        print("TreeOverlayModelTests seed \(seed): \(crashes) crashes, \(replayed) changes replayed, \(model.nodes.count) inodes, \(model.versions.values.reduce(0, +)) versions, \(model.tombstones) tombstones")
         #expect(crashes > 0 && replayed > 0, "seed \(seed): the run must crash and replay")
     }
 }
