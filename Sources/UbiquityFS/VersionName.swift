@@ -16,19 +16,27 @@ enum VersionName {
     }
 
     /// Names for a history's versions (oldest first); a name that repeats (two commits in
-    /// one millisecond) gets the version id's last 8 digits appended, so each is unique and
-    /// stable. Not its first: ids begin with the time in milliseconds (`ID128.new`), which
-    /// two such versions share.
+    /// one millisecond) gets the commit's nanoseconds within that millisecond appended
+    /// (six digits), so the names still sort in commit order, and, should those repeat too,
+    /// the version id's last 8 digits, so each is unique and stable. Not the id's first:
+    /// ids begin with the time in milliseconds (`ID128.new`), which such versions share.
     static func names(_ versions: [Version], extension ext: String) -> [String] {
         var seen: Set<String> = []
         return versions.map { v in
             var name = make(v, extension: ext)
             if seen.contains(name) {
-                name = String(name.dropLast(ext.count)) + "~" + v.id.hex.suffix(8) + ext
+                let base = String(name.dropLast(ext.count)) + "~" + pad6(Int(v.committed % 1_000_000))
+                name = base + ext
+                if seen.contains(name) { name = base + "-" + v.id.hex.suffix(8) + ext }
             }
             seen.insert(name)
             return name
         }
+    }
+
+    private static func pad6(_ n: Int) -> String {
+        let digits = String(max(0, n))
+        return String(repeating: "0", count: max(0, 6 - digits.count)) + digits
     }
 
     /// The millisecond (since the epoch) a version name starts with, or nil when the name

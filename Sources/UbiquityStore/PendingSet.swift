@@ -120,9 +120,10 @@ final class PendingSet<Element: Hashable> {
 
     /// Reads the set again from SQLite (after a transaction that changed it rolled back).
     func reload(parse: (String) -> Element?) throws(StoreError) {
-        members = []
+        var loaded: Set<Element> = []
         for text in try db.rows("SELECT key FROM pending WHERE kind = ?", [.int(kind.rawValue)], { $0.text(0) }) {
-            if let element = parse(text) { members.insert(element) }
+            if let element = parse(text) { loaded.insert(element) }
         }
+        members = loaded
     }
 }

@@ -61,7 +61,11 @@ public final class SharedStore: Sendable {
     }
 
     /// Makes the operation log's frames so far durable (an fsync), without the lock.
-    public func syncTreeLog() throws(StoreError) { _ = try treeLog?.sync() }
+    /// A log the store gave up (it failed) is not synced: its changes are in SQLite.
+    public func syncTreeLog() throws(StoreError) {
+        guard let treeLog, withLock({ $0.treeLog != nil }) else { return }
+        _ = try treeLog.sync()
+    }
 
     /// Durability barrier, part 1 (`Store.syncFiles`), without the lock: a disk flush.
     public func syncFiles() throws(StoreError) { try unguarded.syncFiles() }

@@ -110,6 +110,17 @@ extension Store {
         return recovered
     }
 
+    /// For each save of the intent log whose version the database has (the operation
+    /// log replayed it), the small chunks the frame carries that are not here.
+    func restoreChunksOfLoggedSaves() throws(StoreError) {
+        let applied = Int64(try setting("intent_applied") ?? "0") ?? 0
+        var restored = false
+        for intent in try IntentLog.read(path: intents.path) where intent.sequence > applied {
+            if try version(id: intent.version) != nil, try restoreChunks(intent) { restored = true }
+        }
+        if restored { try chunks.sync() }
+    }
+
     /// Puts back the chunks the frame carries that are not here; returns whether any was.
     private func restoreChunks(_ intent: Intent) throws(StoreError) -> Bool {
         var any = false

@@ -26,6 +26,9 @@ extension Store {
     /// Opens the operation log and replays what it holds after the index's mark into the
     /// overlay, then folds it. Returns how many changes were replayed.
     func openTreeLog() throws(StoreError) -> Int {
+        // Opening deletes the segments up to the mark: the mark (a commit the last process
+        // may have left in the page cache) must be on the disk first.
+        try db.execute("PRAGMA wal_checkpoint(FULL)")
         let mark = LogSequence(UInt64(try setting(Self.treeLogMarkKey) ?? "") ?? 0)
         var replayed: [TreeChange] = []
         let opened = try OperationLog(directory: directory + "/log", after: mark) { (sequence, payload) throws(StoreError) in
@@ -137,8 +140,24 @@ extension Store {
     /// are in the log before its reply). A log that fails is given up for the rest of
     /// this open: what it could not take is folded now, and later changes go straight to
     /// SQLite (the group commit's durability, as before the log).
-    public func logTreeChanges() {
+    ///
+    /// Writes that went straight to SQLite (a local-only save, an xattr, the histories an
+    /// editor's save adopts) wait in the group commit's batch, which a crash loses: when
+    /// the batch is open, it is committed (the overlay folded into it first) before a
+    /// change is logged, so no logged change survives a crash that the writes it may
+    /// depend on did not.
+    public func logTreeChanges() { logTreeChanges(committingFirst: true) }
+
+    private func logTreeChanges(committingFirst: Bool) {
         guard overlay.hasUnlogged, let opLog = treeLog else { return }
+        if committingFirst && db.hasOpenBatch && !db.inTransaction {
+            do {
+                try commitBatch()
+                return
+            } catch {
+                log("ubiquity: committing the batch before logging failed: \(error) (the change is logged; the batch commits later)")
+            }
+        }
         let payload = TreeChange.encode(overlay.takeUnlogged())
         do {
             lastLogged = try opLog.append(payload)
@@ -153,7 +172,7 @@ extension Store {
     /// last frame (the gate calls it; so do the group commit and the open).
     func foldTree() throws(StoreError) {
         guard !overlay.isEmpty else { return }
-        logTreeChanges()
+        logTreeChanges(committingFirst: false)
         let changes = overlay.changes, through = lastLogged
         folding = true
         defer { folding = false }

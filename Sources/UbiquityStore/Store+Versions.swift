@@ -154,13 +154,20 @@ extension Store {
         return try version(row: row)
     }
 
+    /// A version row does not change once written: one the overlay does not hold is read
+    /// around the gate (opening a file must not fold); a tombstone it holds is folded first.
     public func version(row: Int64) throws(StoreError) -> Version? {
         if let saved = overlay.saves[row] {
             return Version(row: row, id: saved.id, node: .file(saved.fileID), parents: saved.parents, deviceID: deviceID,
                            deviceName: saved.deviceName, committed: saved.committed, mtime: saved.mtime, mode: saved.mode,
                            size: saved.chunks.totalSize, isTombstone: false, isLocal: false, path: saved.path)
         }
-        return try db.rows("SELECT \(Store.versionColumns) FROM \(Store.versionsWithDevices) WHERE row = ?", [.int(row)], Store.version(from:)).first
+        if overlay.tombstoneRows.contains(row) { try foldTree() }
+        return try db.aroundGate { () throws(StoreError) in try versionRow(row) }
+    }
+
+    private func versionRow(_ row: Int64) throws(StoreError) -> Version? {
+        try db.rows("SELECT \(Store.versionColumns) FROM \(Store.versionsWithDevices) WHERE row = ?", [.int(row)], Store.version(from:)).first
     }
 
     public func version(id: VersionID) throws(StoreError) -> Version? {
@@ -169,7 +176,10 @@ extension Store {
 
     public func chunkList(row: Int64) throws(StoreError) -> ChunkList {
         if let saved = overlay.saves[row] { return saved.chunks }
-        guard let blob = try db.rows("SELECT chunks FROM versions WHERE row = ?", [.int(row)], { $0.blob(0) }).first else {
+        if overlay.tombstoneRows.contains(row) { try foldTree() }
+        guard let blob = try db.aroundGate({ () throws(StoreError) in
+            try db.rows("SELECT chunks FROM versions WHERE row = ?", [.int(row)], { $0.blob(0) })
+        }).first else {
             throw .noSuchVersion("version row \(row)")
         }
         guard let list = ChunkList(encoded: blob) else { throw .database("version row \(row) has a malformed chunk list") }

@@ -209,6 +209,10 @@ public final class Store: @unchecked Sendable {
             try loadTree()
         }
         if lock {
+            // Small chunks of saves the operation log brought back are in the intent log
+            // (the crash took small.sqlite's batch): back first, or the check below
+            // would roll those saves back.
+            try restoreChunksOfLoggedSaves()
             recovery = try recoverUndurableVersions()
             recoveredSaves = try replayIntents()
         }

@@ -58,9 +58,9 @@ struct SavedVersion: Equatable {
 /// left and against the field's limit, and every kind against the kinds there are, so a
 /// frame's bytes cannot make it trap or allocate without bound.
 extension TreeChange {
-    /// Names, symlink targets and pending keys (paths): up to 4 UTF-8 bytes for each of
-    /// 4,096 bytes of a path in the string form (NameCodec), and a path of those.
-    static let maxString = 64 << 10
+    /// Names, symlink targets, paths and pending keys: a path may be thousands of names
+    /// deep, so as long as a payload may be (every read is also bounded by what is left).
+    static let maxString = OperationLog.maxPayload
     static let frameVersion: UInt8 = 1
 
     private enum Tag: UInt8 { case putInode = 1, dropInode, putEntry, removeEntry, pending, save, tombstone, history }

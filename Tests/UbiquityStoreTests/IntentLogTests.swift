@@ -124,6 +124,53 @@ import UbiquitySystem
         #expect(try Self.content(reopened, "f") == Array("first".utf8))
     }
 
+    /// kill -9 after a small file's save and a rename: the save's chunk was in
+    /// small.sqlite's open batch (lost), its bytes in the intent log, its record and the
+    /// rename in the operation log. The chunk comes back before the recovery checks the
+    /// save, so the file shows the save at its new name and the old name stays gone.
+    @Test func aLoggedSaveOfASmallFileSurvivesAKillWithItsRename() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "test")
+        store.startBatching()
+        let f = try Self.file(store, "a")
+        let bytes = [UInt8](repeating: 42, count: 1500)
+        try store.commit(f, content: try store.chunks.listOfOneChunk(bytes), path: "a", local: false)
+        store.logTreeChanges()
+        try store.moveEntry(from: Store.rootInode, "a", to: Store.rootInode, "b")
+        store.logTreeChanges()
+        let copy = Self.killed(dir)
+        defer { copy.cleanup() }
+        let reopened = try Store(directory: copy.path)
+        #expect(reopened.recovery.rolledBack.isEmpty, "\(reopened.recovery)")
+        #expect(reopened.recoveredSaves.isEmpty)
+        #expect(reopened.child(Store.rootInode, "a") == nil)
+        #expect(try Self.content(reopened, "b") == bytes)
+    }
+
+    /// A write that went straight to SQLite (a local-only file's save, in a transaction)
+    /// waits in the batch; a change logged after it commits the batch first, so a kill
+    /// cannot keep the rename and lose the version the inode names.
+    @Test func aLoggedChangeCommitsTheDirectWritesBeforeIt() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "test")
+        store.startBatching()
+        let f = try Self.file(store, "a")
+        store.logTreeChanges()
+        var list = ChunkList()
+        list.appendInline(Array("local".utf8))
+        _ = try store.commit(f, content: list, path: "a", local: true)
+        #expect(store.db.hasOpenBatch)
+        try store.moveEntry(from: Store.rootInode, "a", to: Store.rootInode, "b")
+        store.logTreeChanges()
+        #expect(!store.db.hasOpenBatch, "the batch was committed before the frame")
+        let copy = Self.killed(dir)
+        defer { copy.cleanup() }
+        let reopened = try Store(directory: copy.path)
+        #expect(try Self.content(reopened, "b") == Array("local".utf8))
+    }
+
     @Test func aTornFrameEndsTheLogAndMissingChunksAreSkipped() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }

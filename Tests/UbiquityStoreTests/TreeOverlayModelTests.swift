@@ -204,6 +204,11 @@ import UbiquitySystem
             _ = TreeChange.decode(damaged)
             _ = TreeChange.decode(rng.bytes(rng.int(0..<64)))
         }
+        // A path longer than 64 KiB (thousands of names deep) round-trips: a frame the
+        // encoder writes, the decoder reads.
+        let deep = String(repeating: "d/", count: 40_000) + "f"
+        let long: [TreeChange] = [.pending(kind: PendingKind.vacated.rawValue, key: deep), .history(.new(), path: deep, live: false)]
+        #expect(TreeChange.decode(TreeChange.encode(long)) == long)
         // A count of four billion changes in a short frame is refused, not reserved.
         #expect(TreeChange.decode([TreeChange.frameVersion, 0xff, 0xff, 0xff, 0xff, 2]) == nil)
     }
