@@ -156,9 +156,10 @@ extension FileSystem {
     public func fsync(_ handle: HandleID) throws(Errno) {
         if let kv = keyValueHandle(handle) { return try kvFlush(kv) } // applied is durable
         if let (ino, open) = try fileHandle(handle) {
+            // The intent frame carries the save and its path (replay finds or makes the
+            // file there), so the operation log needs no flush of its own here; anything
+            // else takes the barrier, which folds the log into the synced database.
             try commit(ino, open)
-            // The file's name and attributes: in the operation log until folded.
-            try storeCall { () throws(StoreError) in try store.syncTreeLog() }
             if let fd = try withMeta({ (m) throws(StoreError) in try m.store.logDurably(ino) }) {
                 defer { close(fd) }
                 guard fdatasync(fd) == 0 else { throw Errno(errno) }

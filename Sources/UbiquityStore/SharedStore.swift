@@ -22,8 +22,6 @@ public final class SharedStore: Sendable {
     /// Threads waiting for the lock now (a long step gives way sooner when there are).
     private let waiting = Atomic<Int>(0)
     public let chunks: ChunkStore
-    /// The store's operation log as it opened (thread-safe: synced without the lock).
-    private let treeLog: OperationLog?
     public let directory: String
     public let deviceID: DeviceID
     public let deviceName: String
@@ -39,7 +37,6 @@ public final class SharedStore: Sendable {
         locked = Locked(store)
         unguarded = store
         chunks = store.chunks
-        treeLog = store.treeLog
         directory = store.directory
         deviceID = store.deviceID
         deviceName = store.deviceName
@@ -61,11 +58,6 @@ public final class SharedStore: Sendable {
     }
 
     /// Makes the operation log's frames so far durable (an fsync), without the lock.
-    /// A log the store gave up (it failed) is not synced: its changes are in SQLite.
-    public func syncTreeLog() throws(StoreError) {
-        guard let treeLog, withLock({ $0.treeLog != nil }) else { return }
-        _ = try treeLog.sync()
-    }
 
     /// Durability barrier, part 1 (`Store.syncFiles`), without the lock: a disk flush.
     public func syncFiles() throws(StoreError) { try unguarded.syncFiles() }
