@@ -206,8 +206,7 @@ extension Store {
         openFolds.removeAll { $0.level >= level }
         let unlogged = overlay.changes.count - overlay.unlogged
         overlay = TreeOverlay(replaying: undone.flatMap(\.changes) + overlay.changes, unlogged: unlogged)
-        cache.removeAll()
-        inodeTotal = nil
+        forgetCachedTree()
     }
 
     /// Runs a tree change: in the overlay when it is on (a change that fails halfway is
@@ -219,8 +218,7 @@ extension Store {
             return try body()
         } catch {
             overlay.rollBack(to: mark)
-            cache.removeAll()
-            inodeTotal = nil
+            forgetCachedTree()
             throw error
         }
     }

@@ -221,10 +221,16 @@ extension Store {
         do {
             return try db.transaction(body)
         } catch {
-            cache.removeAll()
-            inodeTotal = nil
+            forgetCachedTree()
             throw error
         }
+    }
+
+    /// After a rollback: what memory kept of the tree (inodes, the count) may hold what
+    /// was undone, so it is read again from SQLite and the overlay.
+    func forgetCachedTree() {
+        cache.removeAll()
+        inodeTotal = nil
     }
 
     /// Loads, changes and saves one inode.

@@ -7,6 +7,7 @@ import UbiquitySystem
 ///     chunks/xx/<sha>  immutable chunk files named by their SHA-256
 ///     staging/         bytes written to open files since their last commit
 ///     intent.log       saves acknowledged since the last metadata commit (IntentLog)
+///     log/             tree changes and saves not yet folded into meta.sqlite (Store+Overlay)
 ///     lock             held (flock) by the one process using the store
 ///
 /// Not thread-safe: a store that threads share (a mount) is wrapped once in a
@@ -281,8 +282,7 @@ public final class Store: @unchecked Sendable {
     /// nothing else, `kvCommitted` committed it first).
     func abandonBatch() {
         db.rollbackBatch()
-        cache.removeAll()
-        inodeTotal = nil
+        forgetCachedTree()
     }
 
     /// Staging holds only uncommitted bytes of open files; after a restart nothing is open.
