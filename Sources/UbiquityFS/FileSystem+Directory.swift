@@ -189,14 +189,7 @@ extension FileSystem {
                 // A source with a longer history keeps it, shown at its old path.
                 // Only a history this device made: another device's file keeps its own
                 // (else a synced file's only version leaves .versions/: simulation seed 20).
-                if let old = source.fileID {
-                    let versions = try m.store.versions(of: old)
-                    if versions.count <= 1 && versions.allSatisfy({ $0.deviceID == m.store.deviceID }) {
-                        if try !m.store.withdrawUnsentHistory(old) { try m.store.dropHistory(old) }
-                    } else {
-                        try m.store.retireHistory(old)
-                    }
-                }
+                if let old = source.fileID { try m.store.endHistoryRenamedOver(old) }
                 try m.store.adoptHistory(sourceID, fileID: continued.fileID, head: continued.head)
                 try m.store.commit(sourceID, content: content, path: m.store.path(of: sourceID) ?? newName, local: false)
             }

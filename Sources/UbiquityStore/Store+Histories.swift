@@ -24,9 +24,20 @@ extension Store {
         try countHistoryPath(path, by: 1)
     }
 
-    /// Moves where a history is shown (after a rename, a save, a remote record).
+    /// Moves where a history is shown (after a rename, a save, a remote record). With the
+    /// overlay on, a change goes there (a rename folds nothing); where the history is shown
+    /// already (what the overlay holds, else SQLite's row, read around the gate: only
+    /// folds and transactions write it) nothing is written at all.
     public func setHistory(_ fileID: FileID, path: String, live: Bool) throws(StoreError) {
-        try placeHistory(fileID, path: path, live: live)
+        guard overlayOn else { return try placeHistory(fileID, path: path, live: live) }
+        var shown = overlay.histories[fileID]
+        if shown == nil {
+            shown = try db.aroundGate { () throws(StoreError) in
+                try db.rows("SELECT path, live FROM histories WHERE file_id = ?", [.id(fileID)]) { (path: $0.text(0), live: $0.int(1) != 0) }.first
+            }
+        }
+        if let shown, shown.live == live, shown.path.utf8.elementsEqual(path.utf8) { return }
+        try record(.history(fileID, path: path, live: live))
     }
 
     /// Marks a history as having no live file (it stays shown at its last path).
@@ -57,6 +68,35 @@ extension Store {
             try dropHistory(fileID)
         }
         return true
+    }
+
+    /// What becomes of the history of a file renamed over another file whose history it
+    /// continues (an editor's atomic save, `sed -i`): a history of one version this device
+    /// made goes (`withdrawUnsentHistory`), or only leaves `.versions/` when that version
+    /// was sent; a longer history, or another device's, stays shown at its old path.
+    /// A history whose one version is a save the overlay still holds (the usual case: the
+    /// temp file was written and renamed within the group commit's interval) is withdrawn
+    /// there, so the rename folds nothing: the fold then writes neither the save nor its
+    /// history (`foldTree`).
+    public func endHistoryRenamedOver(_ fileID: FileID) throws(StoreError) {
+        if overlayOn, let only = overlay.onlySave(of: fileID), try !hasIndexedVersions(fileID) {
+            try record(.withdraw(row: only.row, id: only.id, fileID: fileID))
+            return
+        }
+        let versions = try versions(of: fileID)
+        if versions.count <= 1 && versions.allSatisfy({ $0.deviceID == deviceID }) {
+            if try !withdrawUnsentHistory(fileID) { try dropHistory(fileID) }
+        } else {
+            try retireHistory(fileID)
+        }
+    }
+
+    /// Whether SQLite holds a version of history `fileID`: rows there never change, so
+    /// this reads around the gate.
+    private func hasIndexedVersions(_ fileID: FileID) throws(StoreError) -> Bool {
+        try db.aroundGate { () throws(StoreError) -> Bool in
+            try !db.rows("SELECT 1 FROM versions WHERE file_id = ? LIMIT 1", [.id(fileID)]) { _ in true }.isEmpty
+        }
     }
 
     public func dropHistory(_ fileID: FileID) throws(StoreError) {

@@ -81,7 +81,7 @@ extension Store {
         let applied = Int64(try setting("intent_applied") ?? "0") ?? 0
         intentSequence = max(applied, found.map(\.sequence).max() ?? 0)
         var recovered: [String] = [], restored = false
-        for intent in found where intent.sequence > applied {
+        for intent in found where intent.sequence > applied && !withdrawnAtOpen.contains(intent.version) {
             do {
                 if try version(id: intent.version) != nil {
                     // Its record came back from the operation log (or an fsync wrote a

@@ -43,6 +43,7 @@ extension Store {
         lastLogged = LogSequence(opened.nextSequence.value &- 1)
         foldedThrough = mark
         overlay = TreeOverlay(replaying: replayed)
+        for case .withdraw(_, let id, _) in replayed { withdrawnAtOpen.insert(id) }
         for case .pending(let kind, let key) in replayed { restorePending(kind, key) }
         // Weak: the database and the sets live as long as the store, and the store's
         // deinit folds by itself (it commits through them after `self` is gone for closures).
@@ -132,6 +133,10 @@ extension Store {
             try writeTombstone(row: row, id: id, fileID: fileID, head: head, path: path, committed: committed)
         case .history(let fileID, let path, let live):
             try placeHistory(fileID, path: path, live: live)
+        // The save was not written (`foldTree`), or, folded before the withdrawal (which
+        // the fold's order makes unlikely), goes as `withdrawUnsentHistory` lets it.
+        case .withdraw(_, _, let fileID):
+            if try !withdrawUnsentHistory(fileID) { try dropHistory(fileID) }
         }
     }
 
@@ -178,7 +183,20 @@ extension Store {
         defer { folding = false }
         try db.aroundGate { () throws(StoreError) in
             try db.withinTransaction { () throws(StoreError) in
-                for change in changes { try writeRow(change) }
+                // A save withdrawn in the same fold is not written, nor where its history is
+                // shown: the withdrawal then only makes sure no history row is left.
+                var withdrawn: (rows: Set<Int64>, histories: Set<FileID>) = ([], [])
+                for case .withdraw(let row, _, let fileID) in changes {
+                    withdrawn.rows.insert(row)
+                    withdrawn.histories.insert(fileID)
+                }
+                for change in changes {
+                    switch change {
+                    case .save(let v) where withdrawn.rows.contains(v.row): continue
+                    case .history(let fileID, _, _) where withdrawn.histories.contains(fileID): continue
+                    default: try writeRow(change)
+                    }
+                }
                 try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(Self.treeLogMarkKey), .text(String(through.value))])
             }
         }
@@ -231,3 +249,4 @@ extension Store {
         return starts.count > 1 && starts[1].value &- 1 <= foldedThrough.value
     }
 }
+

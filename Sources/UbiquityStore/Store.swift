@@ -98,6 +98,9 @@ public final class Store: @unchecked Sendable {
     var nextVersionRow: Int64 = 1
     /// Set while the overlay is folded: what the fold writes goes to SQLite.
     var folding = false
+    /// Saves the operation log's replay withdrew (an editor's temp file renamed over the
+    /// file it saved): their frames in the intent log are not saves to record again.
+    var withdrawnAtOpen: Set<VersionID> = []
     /// Tree changes the open replayed from the operation log (status, tests).
     public private(set) var replayedTreeChanges = 0
     /// Timestamps of everything the store records; tests inject a clock.

@@ -20,6 +20,9 @@ enum TreeChange: Equatable {
     case tombstone(row: Int64, id: VersionID, fileID: FileID, head: Int64?, path: String, committed: Nanos)
     /// Where a history is shown under `.versions/`, and whether a file lives there.
     case history(FileID, path: String, live: Bool)
+    /// A history whose one version is an unsent save (`row`, record `id`) goes altogether:
+    /// an editor's temp file renamed over the file it saves (`Store.endHistoryRenamedOver`).
+    case withdraw(row: Int64, id: VersionID, fileID: FileID)
 
     static func == (a: TreeChange, b: TreeChange) -> Bool {
         switch (a, b) {
@@ -32,6 +35,7 @@ enum TreeChange: Equatable {
         case (.tombstone(let r, let i, let f, let h, let p, let c), .tombstone(let r2, let i2, let f2, let h2, let p2, let c2)):
             return r == r2 && i == i2 && f == f2 && h == h2 && NameKey(p) == NameKey(p2) && c == c2
         case (.history(let f, let p, let l), .history(let f2, let p2, let l2)): return f == f2 && NameKey(p) == NameKey(p2) && l == l2
+        case (.withdraw(let r, let i, let f), .withdraw(let r2, let i2, let f2)): return r == r2 && i == i2 && f == f2
         default: return false
         }
     }
@@ -63,7 +67,7 @@ extension TreeChange {
     static let maxString = OperationLog.maxPayload
     static let frameVersion: UInt8 = 1
 
-    private enum Tag: UInt8 { case putInode = 1, dropInode, putEntry, removeEntry, pending, save, tombstone, history }
+    private enum Tag: UInt8 { case putInode = 1, dropInode, putEntry, removeEntry, pending, save, tombstone, history, withdraw }
     /// A chunk list or the xattrs of one save.
     static let maxBlob = OperationLog.maxPayload
 
@@ -121,6 +125,8 @@ extension TreeChange {
             w.string(path); w.i64(committed)
         case .history(let fileID, let path, let live):
             w.byte(Tag.history.rawValue); w.id(fileID.value); w.string(path); w.byte(live ? 1 : 0)
+        case .withdraw(let row, let id, let fileID):
+            w.byte(Tag.withdraw.rawValue); w.i64(row); w.id(id.value); w.id(fileID.value)
         }
     }
 
@@ -184,6 +190,9 @@ extension TreeChange {
         case .history:
             guard let fileID = r.id(), let path = r.string(), let live = r.byte(), live <= 1 else { return nil }
             return .history(FileID(fileID), path: path, live: live == 1)
+        case .withdraw:
+            guard let row = r.i64(), let id = r.id(), let fileID = r.id() else { return nil }
+            return .withdraw(row: row, id: VersionID(id), fileID: FileID(fileID))
         }
     }
 }

@@ -19,6 +19,8 @@ struct TreeOverlay {
     /// Saves not folded, by row; tombstones' rows (their records are made at the fold).
     private(set) var saves: [Int64: SavedVersion] = [:]
     private(set) var tombstoneRows: Set<Int64> = []
+    /// Each history's versions here (saves and tombstones), by row.
+    private var rowsOf: [FileID: Set<Int64>] = [:]
     /// Each history's newest version here (saves and tombstones), for a new file that
     /// continues it.
     private(set) var newest: [FileID: (row: Int64, committed: Nanos)] = [:]
@@ -53,14 +55,29 @@ struct TreeOverlay {
         case .pending: break
         case .save(let version):
             saves[version.row] = version
+            rowsOf[version.fileID, default: []].insert(version.row)
             noteNewest(version.fileID, row: version.row, committed: version.committed)
         case .tombstone(let row, _, let fileID, _, let path, let committed):
             tombstoneRows.insert(row)
+            rowsOf[fileID, default: []].insert(row)
             noteNewest(fileID, row: row, committed: committed)
             placeHistory(fileID, path: path, live: false)
         case .history(let fileID, let path, let live):
             placeHistory(fileID, path: path, live: live)
+        case .withdraw(let row, _, let fileID):
+            saves[row] = nil
+            rowsOf[fileID]?.remove(row)
+            if rowsOf[fileID]?.isEmpty == true { rowsOf[fileID] = nil }
+            if newest[fileID]?.row == row { newest[fileID] = nil }
+            if let old = histories.removeValue(forKey: fileID) { historiesAt[NameKey(old.path)]?.remove(fileID) }
         }
+    }
+
+    /// The one version of history `fileID` here when it is a save (a tombstone or a second
+    /// version: nil).
+    func onlySave(of fileID: FileID) -> SavedVersion? {
+        guard let rows = rowsOf[fileID], rows.count == 1, let row = rows.first else { return nil }
+        return saves[row]
     }
 
     private mutating func noteNewest(_ fileID: FileID, row: Int64, committed: Nanos) {

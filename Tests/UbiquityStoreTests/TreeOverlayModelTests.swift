@@ -26,6 +26,8 @@ import UbiquitySystem
         var content: [InodeNumber: ChunkList] = [:]
         var versions: [InodeNumber: Int] = [:]
         var tombstones = 0
+        /// Histories of temp files an editor's save renamed over a file: gone altogether.
+        var withdrawn: [FileID] = []
 
         var directories: [InodeNumber] { nodes.filter { $0.value.kind == .directory }.map(\.key).sorted { $0.rawValue < $1.rawValue } }
 
@@ -104,7 +106,35 @@ import UbiquitySystem
         let name = names[rng.int(0..<names.count)]
         let key = NameKey(name)
         let existing = model.nodes[dir]!.children[key]
-        switch rng.int(0..<10) {
+        switch rng.int(0..<12) {
+        case 10, 11: // an editor's save: a temp file saved once, renamed over a saved file, as the filesystem does it
+            guard let target = existing, model.nodes[target]?.kind == .file, model.versions[target, default: 0] > 0,
+                  model.names(of: target) == 1, let before = store.inode(target), let continued = before.fileID,
+                  model.nodes[dir]!.children[NameKey("~" + name)] == nil else { return }
+            let temp = try store.create(parent: dir, name: "~" + name, kind: .file, mode: 0o600, uid: 1, gid: 1, target: nil)
+            var list = ChunkList()
+            list.appendInline(rng.bytes(1 + rng.int(0..<40)))
+            _ = try store.commit(temp.id, content: list, path: try #require(store.path(of: temp.id)), local: false)
+            store.logTreeChanges()
+            // Sometimes folded before the rename (the group commit came in between).
+            if rng.int(0..<4) == 0 { try store.foldTree() }
+            _ = try store.removeEntry(parent: dir, name: name)
+            try store.adoptHistory(target, fileID: .new(), head: nil)
+            try store.forget(target)
+            try store.moveEntry(from: dir, "~" + name, to: dir, name)
+            let old = try #require(temp.fileID)
+            try store.endHistoryRenamedOver(old)
+            try store.adoptHistory(temp.id, fileID: continued, head: before.head)
+            _ = try store.commit(temp.id, content: list, path: try #require(store.path(of: temp.id)), local: false)
+            model.nodes[target] = nil
+            model.nodes[temp.id] = Node(kind: .file, mode: 0o600)
+            model.nodes[dir]!.children[key] = temp.id
+            model.content[temp.id] = list
+            model.content[target] = nil
+            model.versions[temp.id] = model.versions[target, default: 0] + 1
+            model.versions[target] = nil
+            model.touched.insert(temp.id)
+            model.withdrawn.append(old)
         case 8, 9: // a save: a new version of a file (a tiny content, kept in its list)
             guard let id = existing, model.nodes[id]?.kind == .file, let path = store.path(of: id) else { return }
             var list = ChunkList()
@@ -194,6 +224,7 @@ import UbiquitySystem
             .putEntry(parent: Store.rootInode, name: "a b", inode: InodeNumber(rawValue: 42)),
             .removeEntry(parent: InodeNumber(rawValue: 5), name: "x"),
             .pending(kind: PendingKind.vacated.rawValue, key: "dir/file"),
+            .withdraw(row: 77, id: .new(), fileID: .new()),
         ]
         let frame = TreeChange.encode(changes)
         #expect(TreeChange.decode(frame) == changes, "seed \(seed)")
@@ -270,7 +301,12 @@ import UbiquitySystem
         }
         let tombstones = try store.db.rows("SELECT count(*) FROM versions WHERE tombstone = 1", []) { Int($0.int(0)) }.first
         #expect(tombstones == model.tombstones, "seed \(seed): tombstones")
-        print("TreeOverlayModelTests seed \(seed): \(crashes) crashes, \(replayed) changes replayed, \(model.nodes.count) inodes, \(model.versions.values.reduce(0, +)) versions, \(model.tombstones) tombstones")
+        for old in model.withdrawn {
+            let left = try store.db.rows("SELECT (SELECT count(*) FROM versions WHERE file_id = ?1) + (SELECT count(*) FROM histories WHERE file_id = ?1)",
+                                         [.id(old)]) { $0.int(0) }.first
+            #expect(left == 0, "seed \(seed): a withdrawn history left \(left ?? -1) rows")
+        }
+        print("TreeOverlayModelTests seed \(seed): \(crashes) crashes, \(replayed) changes replayed, \(model.nodes.count) inodes, \(model.versions.values.reduce(0, +)) versions, \(model.tombstones) tombstones, \(model.withdrawn.count) withdrawn")
         #expect(crashes > 0 && replayed > 0, "seed \(seed): the run must crash and replay")
     }
 }
