@@ -81,9 +81,12 @@ extension Store {
         let applied = Int64(try setting("intent_applied") ?? "0") ?? 0
         intentSequence = max(applied, found.map(\.sequence).max() ?? 0)
         var recovered: [String] = [], restored = false
-        for intent in found where intent.sequence > applied && !withdrawnAtOpen.contains(intent.version) {
+        for intent in found where intent.sequence > applied {
             do {
-                if try version(id: intent.version) != nil {
+                // A withdrawn save (an editor's temp file) is not recorded again; its
+                // chunks are put back, as the save that took its content may need them.
+                let logged = try withdrawnAtOpen.contains(intent.version) ? true : version(id: intent.version) != nil
+                if logged {
                     // Its record came back from the operation log (or an fsync wrote a
                     // second frame); its small chunks may not have: the batch of
                     // small.sqlite that held them is what the crash lost.
@@ -95,8 +98,12 @@ extension Store {
                 log("ubiquity: \(intent.path): the save the intent log kept could not be recorded again: \(error)")
             }
         }
-        if !found.isEmpty {
-            try setSetting("intent_applied", String(intentSequence))
+        if !found.isEmpty || !withdrawnAtOpen.isEmpty {
+            try db.transaction { () throws(StoreError) in
+                try setSetting("intent_applied", String(intentSequence))
+                try db.query("DELETE FROM settings WHERE key = ?", [.text(Self.withdrawnKey)])
+            }
+            withdrawnAtOpen = []
             // What was recorded again must be durable before the log that held it goes.
             if !recovered.isEmpty || restored {
                 try chunks.sync()
@@ -116,7 +123,8 @@ extension Store {
         let applied = Int64(try setting("intent_applied") ?? "0") ?? 0
         var restored = false
         for intent in try IntentLog.read(path: intents.path) where intent.sequence > applied {
-            if try version(id: intent.version) != nil, try restoreChunks(intent) { restored = true }
+            let logged = try withdrawnAtOpen.contains(intent.version) ? true : version(id: intent.version) != nil
+            if logged, try restoreChunks(intent) { restored = true }
         }
         if restored { try chunks.sync() }
     }

@@ -43,7 +43,16 @@ extension Store {
         lastLogged = LogSequence(opened.nextSequence.value &- 1)
         foldedThrough = mark
         overlay = TreeOverlay(replaying: replayed)
-        for case .withdraw(_, let id, _) in replayed { withdrawnAtOpen.insert(id) }
+        // The replay's withdrawals are kept in `settings` before the fold moves the mark
+        // past their frames, until the intent log's replay has run (`replayIntents`): an
+        // open killed between the two must not record those saves again.
+        withdrawnAtOpen = Set((try setting(Self.withdrawnKey) ?? "").split(separator: ",").compactMap { VersionID(hex: String($0)) })
+        var withdrawn = withdrawnAtOpen
+        for case .withdraw(_, let id, _) in replayed { withdrawn.insert(id) }
+        if withdrawn != withdrawnAtOpen {
+            withdrawnAtOpen = withdrawn
+            try setSetting(Self.withdrawnKey, withdrawn.map(\.hex).sorted().joined(separator: ","))
+        }
         for case .pending(let kind, let key) in replayed { restorePending(kind, key) }
         // Weak: the database and the sets live as long as the store, and the store's
         // deinit folds by itself (it commits through them after `self` is gone for closures).
@@ -65,6 +74,8 @@ extension Store {
     }
 
     static let treeLogMarkKey = "tree_log_mark"
+    /// Saves withdrawn by frames an open folded, until the intent log's replay has run.
+    static let withdrawnKey = "withdrawn_at_open"
 
     private func restorePending(_ kind: Int64, _ key: String) {
         switch PendingKind(rawValue: kind) {
