@@ -139,6 +139,18 @@ extension Store {
                                     deviceName: v.deviceName, committed: v.committed, mtime: v.mtime, mode: v.mode,
                                     isTombstone: false, isMeta: false, path: v.path, chunks: v.chunks, xattrs: v.xattrs)
             _ = try insert(record, from: .here, row: v.row)
+        case .localSave(let v, let inode, let replaces):
+            guard try !versionExists(v.id) else { return }
+            // A local file keeps only its latest version; one another inode still shows
+            // stays (else a hard link can point at nothing: t-differential.py seed 105).
+            if let replaces {
+                try db.query("DELETE FROM versions WHERE row = ?1 AND local = 1 AND NOT EXISTS (SELECT 1 FROM inodes WHERE head = ?1 AND id != ?2)",
+                             [.int(replaces), .inode(inode)])
+            }
+            let record = SyncRecord(id: v.id, node: .file(v.fileID), kind: .file, parents: v.parents, deviceID: deviceID,
+                                    deviceName: v.deviceName, committed: v.committed, mtime: v.mtime, mode: v.mode,
+                                    isTombstone: false, isMeta: false, path: v.path, chunks: v.chunks, xattrs: [])
+            _ = try insert(record, from: .hereLocalOnly, row: v.row)
         case .tombstone(let row, let id, let fileID, let head, let path, let committed):
             guard try !versionExists(id) else { return }
             try writeTombstone(row: row, id: id, fileID: fileID, head: head, path: path, committed: committed)
@@ -204,6 +216,7 @@ extension Store {
                 for change in changes {
                     switch change {
                     case .save(let v) where withdrawn.rows.contains(v.row): continue
+                    case .localSave(let v, _, _) where withdrawn.rows.contains(v.row): continue
                     case .history(let fileID, _, _) where withdrawn.histories.contains(fileID): continue
                     default: try writeRow(change)
                     }

@@ -35,28 +35,32 @@ extension Store {
                                 deviceID: deviceID, deviceName: deviceName, committed: clock(), mtime: inode.mtime,
                                 mode: inode.mode, isTombstone: false, isMeta: false, path: path, chunks: content,
                                 xattrs: local ? [] : try currentXattrs(id))
-        if overlayOn && !local && previous?.isLocal != true {
+        if overlayOn && (local || previous?.isLocal != true) {
             // Into the overlay and the log: the record enters SQLite and the synced view
-            // when it is folded.
+            // when it is folded (a local file's version only SQLite, replacing the last).
             let row = nextVersionRow
             nextVersionRow += 1
             let saved = SavedVersion(row: row, id: record.id, fileID: fileID, parents: record.parents, deviceName: deviceName,
                                      committed: record.committed, mtime: record.mtime, mode: record.mode, path: path,
                                      chunks: content, xattrs: record.xattrs)
             try treeChange { () throws(StoreError) in
-                try self.record(.save(saved))
+                if local {
+                    try self.record(.localSave(saved, inode: id, replaces: previous.flatMap { $0.isLocal ? $0.row : nil }))
+                } else {
+                    try self.record(.save(saved))
+                }
                 inode.head = row
                 inode.size = content.totalSize
                 inode.allocated = content.storedBytes
                 inode.absent = inode.absent > 0 ? absentBytes(content) : 0
                 try save(inode)
-                try self.record(.history(fileID, path: path, live: true))
+                if !local { try self.record(.history(fileID, path: path, live: true)) }
             }
             continuedParents[id] = nil
             try secure(id, content: content, path: path, version: record.id)
             return Version(row: row, id: record.id, node: record.node, parents: record.parents, deviceID: deviceID,
                            deviceName: deviceName, committed: record.committed, mtime: record.mtime, mode: record.mode,
-                           size: record.size, isTombstone: false, isLocal: false, path: path)
+                           size: record.size, isTombstone: false, isLocal: local, path: path)
         }
         let row = try db.transaction { () throws(StoreError) -> Int64 in
             // A local file keeps only its latest version; never drop one that another inode
@@ -160,7 +164,7 @@ extension Store {
         if let saved = overlay.saves[row] {
             return Version(row: row, id: saved.id, node: .file(saved.fileID), parents: saved.parents, deviceID: deviceID,
                            deviceName: saved.deviceName, committed: saved.committed, mtime: saved.mtime, mode: saved.mode,
-                           size: saved.chunks.totalSize, isTombstone: false, isLocal: false, path: saved.path)
+                           size: saved.chunks.totalSize, isTombstone: false, isLocal: overlay.localRows.contains(row), path: saved.path)
         }
         if overlay.tombstoneRows.contains(row) { try foldTree() }
         return try db.aroundGate { () throws(StoreError) in try versionRow(row) }

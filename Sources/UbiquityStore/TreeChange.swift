@@ -20,6 +20,10 @@ enum TreeChange: Equatable {
     case tombstone(row: Int64, id: VersionID, fileID: FileID, head: Int64?, path: String, committed: Nanos)
     /// Where a history is shown under `.versions/`, and whether a file lives there.
     case history(FileID, path: String, live: Bool)
+    /// A version of a local-only file saved here (never a record): the row it takes, the
+    /// inode saved, and the local version it replaces, which goes when it is folded unless
+    /// another inode shows it.
+    case localSave(SavedVersion, inode: InodeNumber, replaces: Int64?)
     /// A history whose one version is an unsent save (`row`, record `id`) goes altogether:
     /// an editor's temp file renamed over the file it saves (`Store.endHistoryRenamedOver`).
     case withdraw(row: Int64, id: VersionID, fileID: FileID)
@@ -32,6 +36,7 @@ enum TreeChange: Equatable {
         case (.removeEntry(let p, let n), .removeEntry(let q, let m)): return p == q && NameKey(n) == NameKey(m)
         case (.pending(let k, let x), .pending(let l, let y)): return k == l && NameKey(x) == NameKey(y)
         case (.save(let x), .save(let y)): return x == y
+        case (.localSave(let x, let i, let r), .localSave(let y, let j, let q)): return x == y && i == j && r == q
         case (.tombstone(let r, let i, let f, let h, let p, let c), .tombstone(let r2, let i2, let f2, let h2, let p2, let c2)):
             return r == r2 && i == i2 && f == f2 && h == h2 && NameKey(p) == NameKey(p2) && c == c2
         case (.history(let f, let p, let l), .history(let f2, let p2, let l2)): return f == f2 && NameKey(p) == NameKey(p2) && l == l2
@@ -67,7 +72,7 @@ extension TreeChange {
     static let maxString = OperationLog.maxPayload
     static let frameVersion: UInt8 = 1
 
-    private enum Tag: UInt8 { case putInode = 1, dropInode, putEntry, removeEntry, pending, save, tombstone, history, withdraw }
+    private enum Tag: UInt8 { case putInode = 1, dropInode, putEntry, removeEntry, pending, save, tombstone, history, withdraw, localSave }
     /// A chunk list or the xattrs of one save.
     static let maxBlob = OperationLog.maxPayload
 
@@ -116,10 +121,9 @@ extension TreeChange {
         case .pending(let kind, let key):
             w.byte(Tag.pending.rawValue); w.i64(kind); w.string(key)
         case .save(let v):
-            w.byte(Tag.save.rawValue); w.i64(v.row); w.id(v.id.value); w.id(v.fileID.value)
-            w.u32(UInt32(v.parents.count)); for parent in v.parents { w.id(parent.value) }
-            w.string(v.deviceName); w.i64(v.committed); w.i64(v.mtime); w.u32(v.mode); w.string(v.path)
-            w.bytes(v.chunks.encoded); w.bytes(XattrCodec.encode(v.xattrs))
+            w.byte(Tag.save.rawValue); v.write(to: &w)
+        case .localSave(let v, let inode, let replaces):
+            w.byte(Tag.localSave.rawValue); v.write(to: &w); w.inode(inode); w.optional(replaces) { $0.i64($1) }
         case .tombstone(let row, let id, let fileID, let head, let path, let committed):
             w.byte(Tag.tombstone.rawValue); w.i64(row); w.id(id.value); w.id(fileID.value); w.optional(head) { $0.i64($1) }
             w.string(path); w.i64(committed)
@@ -170,19 +174,10 @@ extension TreeChange {
             guard let kind = r.i64(), PendingKind(rawValue: kind) != nil, let key = r.string() else { return nil }
             return .pending(kind: kind, key: key)
         case .save:
-            guard let row = r.i64(), let id = r.id(), let fileID = r.id(), let count = r.u32(),
-                  Int(count) <= r.remaining / 16 else { return nil }
-            var parents: [VersionID] = []
-            for _ in 0..<count {
-                guard let parent = r.id() else { return nil }
-                parents.append(VersionID(parent))
-            }
-            guard let deviceName = r.string(), let committed = r.i64(), let mtime = r.i64(), let mode = r.u32(),
-                  let path = r.string(), let list = r.bytes(limit: maxBlob), let chunks = ChunkList(encoded: list),
-                  let xattrs = r.bytes(limit: maxBlob) else { return nil }
-            return .save(SavedVersion(row: row, id: VersionID(id), fileID: FileID(fileID), parents: parents,
-                                      deviceName: deviceName, committed: committed, mtime: mtime, mode: mode & 0o7777,
-                                      path: path, chunks: chunks, xattrs: XattrCodec.decode(xattrs)))
+            return SavedVersion.read(&r).map { .save($0) }
+        case .localSave:
+            guard let v = SavedVersion.read(&r), let inode = r.inode(), let replaces = r.optional({ $0.i64() }) else { return nil }
+            return .localSave(v, inode: inode, replaces: replaces)
         case .tombstone:
             guard let row = r.i64(), let id = r.id(), let fileID = r.id(), let head = r.optional({ $0.i64() }),
                   let path = r.string(), let committed = r.i64() else { return nil }
@@ -194,6 +189,31 @@ extension TreeChange {
             guard let row = r.i64(), let id = r.id(), let fileID = r.id() else { return nil }
             return .withdraw(row: row, id: VersionID(id), fileID: FileID(fileID))
         }
+    }
+}
+
+extension SavedVersion {
+    fileprivate func write(to w: inout PayloadWriter) {
+        w.i64(row); w.id(id.value); w.id(fileID.value)
+        w.u32(UInt32(parents.count)); for parent in parents { w.id(parent.value) }
+        w.string(deviceName); w.i64(committed); w.i64(mtime); w.u32(mode); w.string(path)
+        w.bytes(chunks.encoded); w.bytes(XattrCodec.encode(xattrs))
+    }
+
+    fileprivate static func read(_ r: inout PayloadReader) -> SavedVersion? {
+        guard let row = r.i64(), let id = r.id(), let fileID = r.id(), let count = r.u32(),
+              Int(count) <= r.remaining / 16 else { return nil }
+        var parents: [VersionID] = []
+        for _ in 0..<count {
+            guard let parent = r.id() else { return nil }
+            parents.append(VersionID(parent))
+        }
+        guard let deviceName = r.string(), let committed = r.i64(), let mtime = r.i64(), let mode = r.u32(),
+              let path = r.string(), let list = r.bytes(limit: TreeChange.maxBlob), let chunks = ChunkList(encoded: list),
+              let xattrs = r.bytes(limit: TreeChange.maxBlob) else { return nil }
+        return SavedVersion(row: row, id: VersionID(id), fileID: FileID(fileID), parents: parents,
+                            deviceName: deviceName, committed: committed, mtime: mtime, mode: mode & 0o7777,
+                            path: path, chunks: chunks, xattrs: XattrCodec.decode(xattrs))
     }
 }
 

@@ -19,6 +19,8 @@ struct TreeOverlay {
     /// Saves not folded, by row; tombstones' rows (their records are made at the fold).
     private(set) var saves: [Int64: SavedVersion] = [:]
     private(set) var tombstoneRows: Set<Int64> = []
+    /// The rows of `saves` that are local-only files' versions.
+    private(set) var localRows: Set<Int64> = []
     /// Each history's versions here (saves and tombstones), by row.
     private var rowsOf: [FileID: Set<Int64>] = [:]
     /// Each history's newest version here (saves and tombstones), for a new file that
@@ -57,6 +59,11 @@ struct TreeOverlay {
             saves[version.row] = version
             rowsOf[version.fileID, default: []].insert(version.row)
             noteNewest(version.fileID, row: version.row, committed: version.committed)
+        // Not a history's newest: a local version is never one a new file continues.
+        case .localSave(let version, _, _):
+            saves[version.row] = version
+            localRows.insert(version.row)
+            rowsOf[version.fileID, default: []].insert(version.row)
         case .tombstone(let row, _, let fileID, _, let path, let committed):
             tombstoneRows.insert(row)
             rowsOf[fileID, default: []].insert(row)
@@ -66,6 +73,7 @@ struct TreeOverlay {
             placeHistory(fileID, path: path, live: live)
         case .withdraw(let row, _, let fileID):
             saves[row] = nil
+            localRows.remove(row)
             rowsOf[fileID]?.remove(row)
             if rowsOf[fileID]?.isEmpty == true { rowsOf[fileID] = nil }
             if newest[fileID]?.row == row { newest[fileID] = nil }

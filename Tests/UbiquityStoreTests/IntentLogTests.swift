@@ -148,9 +148,9 @@ import UbiquitySystem
         #expect(try Self.content(reopened, "b") == bytes)
     }
 
-    /// A write that went straight to SQLite (a local-only file's save, in a transaction)
-    /// waits in the batch; a change logged after it commits the batch first, so a kill
-    /// cannot keep the rename and lose the version the inode names.
+    /// A write that went straight to SQLite (a synced save over a local version, in a
+    /// transaction) waits in the batch; a change logged after it commits the batch first,
+    /// so a kill cannot keep the rename and lose the version the inode names.
     @Test func aLoggedChangeCommitsTheDirectWritesBeforeIt() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
@@ -158,9 +158,15 @@ import UbiquitySystem
         store.startBatching()
         let f = try Self.file(store, "a")
         store.logTreeChanges()
-        var list = ChunkList()
-        list.appendInline(Array("local".utf8))
-        _ = try store.commit(f, content: list, path: "a", local: true)
+        var local = ChunkList()
+        local.appendInline(Array("local".utf8))
+        _ = try store.commit(f, content: local, path: "a", local: true)
+        store.logTreeChanges()
+        #expect(!store.db.hasOpenBatch, "a local-only file's save goes to the overlay")
+        try store.commitBatch()
+        var synced = ChunkList()
+        synced.appendInline(Array("synced".utf8))
+        _ = try store.commit(f, content: synced, path: "a", local: false)
         #expect(store.db.hasOpenBatch)
         try store.moveEntry(from: Store.rootInode, "a", to: Store.rootInode, "b")
         store.logTreeChanges()
@@ -168,7 +174,7 @@ import UbiquitySystem
         let copy = Self.killed(dir)
         defer { copy.cleanup() }
         let reopened = try Store(directory: copy.path)
-        #expect(try Self.content(reopened, "b") == Array("local".utf8))
+        #expect(try Self.content(reopened, "b") == Array("synced".utf8))
     }
 
     @Test func aTornFrameEndsTheLogAndMissingChunksAreSkipped() throws {

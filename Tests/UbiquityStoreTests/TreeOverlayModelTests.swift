@@ -26,7 +26,9 @@ import UbiquitySystem
         var content: [InodeNumber: ChunkList] = [:]
         var versions: [InodeNumber: Int] = [:]
         var tombstones = 0
-        /// Histories of temp files an editor's save renamed over a file: gone altogether.
+        /// Histories of temp files an editor's save renamed over a file: no record and no
+        /// history left (a local-only temp's version folded before the rename stays, as
+        /// local versions do until prune).
         var withdrawn: [FileID] = []
 
         var directories: [InodeNumber] { nodes.filter { $0.value.kind == .directory }.map(\.key).sorted { $0.rawValue < $1.rawValue } }
@@ -61,7 +63,8 @@ import UbiquitySystem
         }
     }
 
-    static let names = ["a", "b", "c", "d", "\u{e9}", "e\u{301}", "long name.txt"]
+    /// "n.swp" is local-only (an editor's scratch name): its saves are local versions.
+    static let names = ["a", "b", "c", "d", "\u{e9}", "e\u{301}", "long name.txt", "n.swp"]
 
     static func check(_ store: Store, _ model: Model, _ context: String) {
         var seen: Set<InodeNumber> = []
@@ -108,20 +111,24 @@ import UbiquitySystem
         let existing = model.nodes[dir]!.children[key]
         switch rng.int(0..<12) {
         case 10, 11: // an editor's save: a temp file saved once, renamed over a saved file, as the filesystem does it
+            // The temp name syncs ("~name") or is local-only ("name.swp", as gedit's is).
+            let tempName = rng.int(0..<2) == 0 ? "~" + name : name + ".swp"
             guard let target = existing, model.nodes[target]?.kind == .file, model.versions[target, default: 0] > 0,
                   model.names(of: target) == 1, let before = store.inode(target), let continued = before.fileID,
-                  model.nodes[dir]!.children[NameKey("~" + name)] == nil else { return }
-            let temp = try store.create(parent: dir, name: "~" + name, kind: .file, mode: 0o600, uid: 1, gid: 1, target: nil)
+                  let targetPath = store.path(of: target), !LocalOnly.contains(targetPath),
+                  model.nodes[dir]!.children[NameKey(tempName)] == nil else { return }
+            let temp = try store.create(parent: dir, name: tempName, kind: .file, mode: 0o600, uid: 1, gid: 1, target: nil)
             var list = ChunkList()
             list.appendInline(rng.bytes(1 + rng.int(0..<40)))
-            _ = try store.commit(temp.id, content: list, path: try #require(store.path(of: temp.id)), local: false)
+            let tempPath = try #require(store.path(of: temp.id))
+            _ = try store.commit(temp.id, content: list, path: tempPath, local: LocalOnly.contains(tempPath))
             store.logTreeChanges()
             // Sometimes folded before the rename (the group commit came in between).
             if rng.int(0..<4) == 0 { try store.foldTree() }
             _ = try store.removeEntry(parent: dir, name: name)
             try store.adoptHistory(target, fileID: .new(), head: nil)
             try store.forget(target)
-            try store.moveEntry(from: dir, "~" + name, to: dir, name)
+            try store.moveEntry(from: dir, tempName, to: dir, name)
             let old = try #require(temp.fileID)
             try store.endHistoryRenamedOver(old)
             try store.adoptHistory(temp.id, fileID: continued, head: before.head)
@@ -139,9 +146,10 @@ import UbiquitySystem
             guard let id = existing, model.nodes[id]?.kind == .file, let path = store.path(of: id) else { return }
             var list = ChunkList()
             list.appendInline(rng.bytes(1 + rng.int(0..<40)))
-            _ = try store.commit(id, content: list, path: path, local: false)
+            let local = LocalOnly.contains(path)
+            _ = try store.commit(id, content: list, path: path, local: local)
             model.content[id] = list
-            model.versions[id, default: 0] += 1
+            if !local { model.versions[id, default: 0] += 1 }
             model.touched.insert(id)
         case 0, 1: // create
             guard existing == nil else { return }
@@ -156,10 +164,16 @@ import UbiquitySystem
             guard let id = existing, let node = model.nodes[id], node.children.isEmpty else { return }
             let path = store.path(of: id) ?? name
             let before = store.inode(id)
+            // A local version as the head of a file at a synced name (moved there without
+            // the filesystem's new version): whether it gets a tombstone depends on the
+            // view, which the model does not keep; left out.
+            let headIsLocal = try before?.head.flatMap { (row) throws(StoreError) in try store.version(row: row) }?.isLocal == true
+            if headIsLocal && !LocalOnly.contains(path) && model.names(of: id) == 1 { return }
             let after = try store.removeEntry(parent: dir, name: name)
             model.nodes[dir]!.children[key] = nil
-            // The last name of a saved file: its tombstone, as the filesystem writes it.
-            if after?.nlink == 0, let before, let fileID = before.fileID, before.head != nil {
+            // The last name of a saved file: its tombstone, as the filesystem writes it
+            // (none at a local-only name).
+            if after?.nlink == 0, let before, let fileID = before.fileID, before.head != nil, !LocalOnly.contains(path) {
                 try store.commitTombstone(fileID: fileID, head: before.head, path: path)
                 model.tombstones += 1
             }
@@ -225,6 +239,9 @@ import UbiquitySystem
             .removeEntry(parent: InodeNumber(rawValue: 5), name: "x"),
             .pending(kind: PendingKind.vacated.rawValue, key: "dir/file"),
             .withdraw(row: 77, id: .new(), fileID: .new()),
+            .localSave(SavedVersion(row: 78, id: .new(), fileID: .new(), parents: [.new()], deviceName: "d", committed: 5, mtime: 6,
+                                    mode: 0o600, path: "x/n.swp", chunks: ChunkList(), xattrs: []),
+                       inode: InodeNumber(rawValue: 42), replaces: 12),
         ]
         let frame = TreeChange.encode(changes)
         #expect(TreeChange.decode(frame) == changes, "seed \(seed)")
@@ -303,7 +320,7 @@ import UbiquitySystem
         let tombstones = try store.db.rows("SELECT count(*) FROM versions WHERE tombstone = 1", []) { Int($0.int(0)) }.first
         #expect(tombstones == model.tombstones, "seed \(seed): tombstones")
         for old in model.withdrawn {
-            let left = try store.db.rows("SELECT (SELECT count(*) FROM versions WHERE file_id = ?1) + (SELECT count(*) FROM histories WHERE file_id = ?1)",
+            let left = try store.db.rows("SELECT (SELECT count(*) FROM versions WHERE file_id = ?1 AND local = 0) + (SELECT count(*) FROM histories WHERE file_id = ?1)",
                                          [.id(old)]) { $0.int(0) }.first
             #expect(left == 0, "seed \(seed): a withdrawn history left \(left ?? -1) rows")
         }

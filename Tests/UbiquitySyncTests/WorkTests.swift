@@ -245,12 +245,12 @@ import TestSupport
             #expect(try fs.read(try fs.open(try fs.lookup(parent: dir, name: "file0.txt").ino, flags: OpenFlags(O_RDONLY)),
                                 offset: 0, count: 2000) == data)
         }
-        // Measured: create 4 statements (40 steps), delete 0, editor save 60 (3,052) through
-        // a local-only temp and 6 (58) through a synced one (its save withdrawn in the
+        // Measured: create 4 statements (40 steps), delete 0, editor save 4 (36) through a
+        // local-only temp and 6 (58) through a synced one (the temp's save withdrawn in the
         // overlay: the rename folds nothing). Before saves and tombstones went to the
         // operation log: 28, 29 and 60; the work moved to the fold (`foldWorkIsBounded`).
         let bounds = ["create1": Cost(statements: 5, steps: 80), "delete1": Cost(statements: 0, steps: 0),
-                      "editor save1": Cost(statements: 64, steps: 3300), "editor save via a synced temp1": Cost(statements: 7, steps: 80)]
+                      "editor save1": Cost(statements: 5, steps: 60), "editor save via a synced temp1": Cost(statements: 7, steps: 80)]
         for (label, bound) in bounds {
             let c = costs[label]!
             print("work of \(label.dropLast()): \(c.map { "\($0.statements) statements, \($0.steps) steps" }) at 200 and 2000 files")
