@@ -124,6 +124,18 @@ final class ChunkFetcher: Sendable {
                 waitFor.append((want.id, flight))
             }
         }
+        // A chunk a flight brought between the caller's look (it was in flight: not here)
+        // and the lock above (the flight had ended) is here now: asking for it again would
+        // be a second request for the same bytes.
+        if !launch.isEmpty {
+            let arrived = launch.indices.filter { chunks.isLocal(launch[$0].id) }
+            if !arrived.isEmpty {
+                end(arrived.map { (launch[$0], launched[$0], nil) }, fetched: false)
+                let here = Set(arrived)
+                launch = launch.indices.filter { !here.contains($0) }.map { launch[$0] }
+                launched = launched.indices.filter { !here.contains($0) }.map { launched[$0] }
+            }
+        }
         if !launch.isEmpty {
             let slots = self.slots
             let flights = Dictionary(uniqueKeysWithValues: zip(launch.map(\.id), zip(launch, launched)))
@@ -162,8 +174,9 @@ final class ChunkFetcher: Sendable {
     }
 
     /// Ends flights, each once, in one hold of the lock: its chunk is here (`failure`
-    /// nil) or did not come.
-    private func end(_ items: [(ChunkWant, Flight, String?)]) {
+    /// nil) or did not come. `fetched`: the chunks came from the source (the statistics
+    /// count them).
+    private func end(_ items: [(ChunkWant, Flight, String?)], fetched: Bool = true) {
         let ended = state.withLock { s -> [Flight] in
             var ended: [Flight] = []
             for (want, flight, failure) in items where !flight.ended {
@@ -173,7 +186,7 @@ final class ChunkFetcher: Sendable {
                     flight.failure = failure
                     s.failedFetches += 1
                     s.lastFailure = failure
-                } else {
+                } else if fetched {
                     s.lastFailure = nil
                     s.fetchedChunks += 1
                     s.fetchedBytes += Int64(want.size)
