@@ -128,12 +128,14 @@ final class ChunkFetcher: Sendable {
         // and the lock above (the flight had ended) is here now: asking for it again would
         // be a second request for the same bytes.
         if !launch.isEmpty {
-            let arrived = launch.indices.filter { chunks.isLocal(launch[$0].id) }
-            if !arrived.isEmpty {
-                end(arrived.map { (launch[$0], launched[$0], nil) }, fetched: false)
-                let here = Set(arrived)
-                launch = launch.indices.filter { !here.contains($0) }.map { launch[$0] }
-                launched = launched.indices.filter { !here.contains($0) }.map { launched[$0] }
+            var here: [(ChunkWant, Flight, String?)] = [], missing: [(ChunkWant, Flight)] = []
+            for (want, flight) in zip(launch, launched) {
+                if chunks.isLocal(want.id) { here.append((want, flight, nil)) } else { missing.append((want, flight)) }
+            }
+            if !here.isEmpty {
+                end(here, fetched: false)
+                launch = missing.map(\.0)
+                launched = missing.map(\.1)
             }
         }
         if !launch.isEmpty {

@@ -57,8 +57,6 @@ public final class SharedStore: Sendable {
         }
     }
 
-    /// Makes the operation log's frames so far durable (an fsync), without the lock.
-
     /// Durability barrier, part 1 (`Store.syncFiles`), without the lock: a disk flush.
     public func syncFiles() throws(StoreError) { try unguarded.syncFiles() }
 

@@ -25,18 +25,12 @@ extension Store {
     }
 
     /// Moves where a history is shown (after a rename, a save, a remote record). With the
-    /// overlay on, a change goes there (a rename folds nothing); where the history is shown
-    /// already (what the overlay holds, else SQLite's row, read around the gate: only
-    /// folds and transactions write it) nothing is written at all.
+    /// overlay on, the change goes there (a rename reads and writes no SQLite; the fold's
+    /// `placeHistory` writes nothing for a history already shown there), unless the
+    /// overlay shows it there already (an editor's save placed it a moment before).
     public func setHistory(_ fileID: FileID, path: String, live: Bool) throws(StoreError) {
         guard overlayOn else { return try placeHistory(fileID, path: path, live: live) }
-        var shown = overlay.histories[fileID]
-        if shown == nil {
-            shown = try db.aroundGate { () throws(StoreError) in
-                try db.rows("SELECT path, live FROM histories WHERE file_id = ?", [.id(fileID)]) { (path: $0.text(0), live: $0.int(1) != 0) }.first
-            }
-        }
-        if let shown, shown.live == live, shown.path.utf8.elementsEqual(path.utf8) { return }
+        if let shown = overlay.histories[fileID], shown.live == live, shown.path.utf8.elementsEqual(path.utf8) { return }
         try record(.history(fileID, path: path, live: live))
     }
 

@@ -83,10 +83,7 @@ extension Store {
         var recovered: [String] = [], restored = false
         for intent in found where intent.sequence > applied {
             do {
-                // A withdrawn save (an editor's temp file) is not recorded again; its
-                // chunks are put back, as the save that took its content may need them.
-                let logged = try withdrawnAtOpen.contains(intent.version) ? true : version(id: intent.version) != nil
-                if logged {
+                if try isLogged(intent) {
                     // Its record came back from the operation log (or an fsync wrote a
                     // second frame); its small chunks may not have: the batch of
                     // small.sqlite that held them is what the crash lost.
@@ -123,10 +120,17 @@ extension Store {
         let applied = Int64(try setting("intent_applied") ?? "0") ?? 0
         var restored = false
         for intent in try IntentLog.read(path: intents.path) where intent.sequence > applied {
-            let logged = try withdrawnAtOpen.contains(intent.version) ? true : version(id: intent.version) != nil
-            if logged, try restoreChunks(intent) { restored = true }
+            if try isLogged(intent), try restoreChunks(intent) { restored = true }
         }
         if restored { try chunks.sync() }
+    }
+
+    /// Whether the operation log's replay accounted for this save: its version is in the
+    /// database, or it was withdrawn (an editor's temp file, whose content another save
+    /// took: not recorded again, but its chunks are put back, as that save may need them).
+    private func isLogged(_ intent: Intent) throws(StoreError) -> Bool {
+        if withdrawnAtOpen.contains(intent.version) { return true }
+        return try version(id: intent.version) != nil
     }
 
     /// Puts back the chunks the frame carries that are not here; returns whether any was.

@@ -273,4 +273,3 @@ extension Store {
         return starts.count > 1 && starts[1].value &- 1 <= foldedThrough.value
     }
 }
-
