@@ -83,6 +83,26 @@ final class Replica {
     /// Paths whose conflict count is due at the end of `deferringConflicts` (nil: none
     /// deferred, each change updates its paths at once).
     private var deferredConflicts: [String]?
+    /// The `below` of the directories a `deferringConflicts` batch changed, kept here and
+    /// written once per directory at its end (nil outside one): a fold of 1,000 deletes in
+    /// one directory, or a join of its 1,000 files, writes that directory's row and each
+    /// of its ancestors' once, not 1,000 times.
+    private var summedBelow: [NameKey: SummedBelow]?
+    /// Set when a savepoint rolled back inside such a batch (an error caught there): the
+    /// sums may hold what it undid, so the batch's end works out the `below` of every
+    /// directory it touched from the table instead (`rolledBack`).
+    private var summedBelowUnsure = false
+    /// Every directory whose `below` the batch changed, written or not.
+    private var belowTouched: [NameKey: String] = [:]
+
+    private struct SummedBelow {
+        let path: String
+        let parent: String
+        /// Not written yet.
+        var delta: Int64
+        /// What the table says plus `delta`.
+        var now: Int64
+    }
     /// Paths that gained a conflict version since `takeNewConflicts` (for watchers).
     private var newConflicts: [String] = []
     /// What the view's tables said, kept while `remembering` (nil otherwise). Each entry
@@ -119,8 +139,10 @@ final class Replica {
         return try body()
     }
 
-    private func viewChanged() {
-        memo?.states = [:]
+    /// The view changed at `paths` (nil: anywhere): what `state(at:)` remembered there goes.
+    private func viewChanged(at paths: [String]? = nil) {
+        guard let paths else { memo?.states = [:]; return }
+        for path in paths { memo?.states[NameKey(path)] = nil }
     }
 
     /// The paths that gained a conflict version since the last call.
@@ -136,11 +158,20 @@ final class Replica {
     /// it would be quadratic: 1,000 editor saves leave 1,000 temp-file nodes at one path
     /// until the sync step tombstones them, and each tombstone would recount all those
     /// still there.
+    /// The directories' `below` counts are summed over the batch the same way (`count`).
     func deferringConflicts<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         if deferredConflicts != nil { return try body() } // nested: the outer call updates
         deferredConflicts = []
-        defer { deferredConflicts = nil }
+        summedBelow = [:]
+        defer {
+            deferredConflicts = nil
+            summedBelow = nil
+            summedBelowUnsure = false
+            belowTouched = [:]
+        }
         let result = try body()
+        try writeSummedBelow()
+        if summedBelowUnsure { try recountBelow(belowTouched.values) }
         try updateConflicts(deferredConflicts ?? [])
         return result
     }
@@ -216,6 +247,7 @@ final class Replica {
 
     /// The current records of live nodes at `path` or below it.
     func currentRecords(atOrBelow path: String) throws(StoreError) -> [Record] {
+        try writeSummedBelow()
         var result: [Record] = []
         var pending = [path]
         while let next = pending.popLast() {
@@ -296,7 +328,6 @@ final class Replica {
     /// and whether it is then the only live node at its path, with nothing below it (so
     /// its path shows it).
     func add(_ r: Record, known: Known = Known()) throws(StoreError) -> (changed: [String], isCurrent: Bool, isAlone: Bool) {
-        viewChanged()
         let wasHeadless = isHeadless(r.node) // so it had no current record either
         for p in r.parents {
             work += 1
@@ -342,8 +373,17 @@ final class Replica {
         let live = left.filter { !$0.isTombstone }
         memo?.liveHeads[r.node] = live
         let (changed, conflicts, current, alone) = try recompute(r.node, liveHeads: live, hadNoCurrent: wasHeadless)
+        // What this changes is the node's old and new paths (its current record, its
+        // conflicts) and whether the directories above them have anything below.
+        viewChanged(at: changed)
+        let isAlone = current?.row == r.row && alone
+        if isAlone && !r.node.isDirectory {
+            // What `state(at:)` would read back: the only node there, nothing below, and its
+            // other live heads as conflicts.
+            memo?.states[NameKey(r.path)] = (.node(r), sortedConflicts(live.filter { $0.id != r.id }))
+        }
         try conflictsChanged(conflicts + [r.path])
-        return (changed, current?.row == r.row, current?.row == r.row && alone)
+        return (changed, current?.row == r.row, isAlone)
     }
 
     /// The nodes whose records named `id` as a parent before it arrived. Records seldom
@@ -422,31 +462,86 @@ final class Replica {
     /// with none at or below it leaves `view_paths`. Returns the ancestors whose `below`
     /// went from 0 to 1 or from 1 to 0, and the path's own counts afterwards.
     private func count(_ path: String, nodes delta: Int) throws(StoreError) -> (crossed: [String], here: (nodes: Int64, below: Int64)) {
-        var path = Substring(path)
-        var nodes = delta, below = 0
+        work += 1
+        let row = try db.rows(Self.addToPath, [.text(path), .text(Self.parent(of: path)), .int(Int64(delta)), .int(0)]) {
+            (nodes: $0.int(0), below: $0.int(1))
+        }.first ?? (nodes: 0, below: 0)
+        // A row deleted here while its summed `below` is not written is made again then.
+        if delta < 0 { try db.query(Self.dropEmptyPath, [.text(path)]) }
+        let here = (nodes: row.nodes, below: summedBelow?[NameKey(path)]?.now ?? row.below)
+        memo?.below[NameKey(path)] = here.below
         var crossed: [String] = []
-        var here: (nodes: Int64, below: Int64)?
-        while true {
+        var ancestor = Self.parent(of: path)
+        while !ancestor.isEmpty {
             work += 1
-            let parent = path.lastIndex(of: "/").map { path[..<$0] } ?? ""
-            let now = try db.rows("""
-                INSERT INTO view_paths(path, parent, nodes, below) VALUES(?, ?, ?, ?)
-                ON CONFLICT(path) DO UPDATE SET nodes = nodes + excluded.nodes, below = below + excluded.below
-                RETURNING nodes, below
-                """, [.text(String(path)), .text(String(parent)), .int(Int64(nodes)), .int(Int64(below))]) {
-                    (nodes: $0.int(0), below: $0.int(1))
-                }.first ?? (nodes: 0, below: 0)
-            if here == nil { here = now }
-            memo?.below[NameKey(String(path))] = now.below
-            if below != 0 && now.below == (delta > 0 ? 1 : 0) { crossed.append(String(path)) }
-            if delta < 0 {
-                try db.query("DELETE FROM view_paths WHERE path = ? AND nodes <= 0 AND below <= 0", [.text(String(path))])
-            }
-            if parent.isEmpty { return (crossed, here ?? now) }
-            path = parent
-            nodes = 0
-            below = delta
+            let now = try addBelow(ancestor, Int64(delta))
+            memo?.below[NameKey(ancestor)] = now
+            if now == (delta > 0 ? 1 : 0) { crossed.append(ancestor) }
+            ancestor = Self.parent(of: ancestor)
         }
+        return (crossed, here)
+    }
+
+    /// Adds `delta` to the `below` of `path` (a directory of the view): to the batch's sum
+    /// when one is open, else to the table now. Returns the new `below`.
+    private func addBelow(_ path: String, _ delta: Int64) throws(StoreError) -> Int64 {
+        let key = NameKey(path)
+        if summedBelow != nil {
+            var entry: SummedBelow
+            if let known = summedBelow?[key] {
+                entry = known
+            } else {
+                let stored = try db.rows("SELECT below FROM view_paths WHERE path = ?", [.text(path)]) { $0.int(0) }.first ?? 0
+                entry = SummedBelow(path: path, parent: Self.parent(of: path), delta: 0, now: stored)
+            }
+            entry.delta += delta
+            entry.now += delta
+            summedBelow?[key] = entry
+            belowTouched[key] = path
+            return entry.now
+        }
+        let now = try db.rows(Self.addToPath, [.text(path), .text(Self.parent(of: path)), .int(0), .int(delta)]) { $0.int(1) }.first ?? 0
+        if delta < 0 { try db.query(Self.dropEmptyPath, [.text(path)]) }
+        return now
+    }
+
+    /// Writes the batch's summed `below` counts (at its end, and before a statement reads
+    /// `view_paths` itself).
+    private func writeSummedBelow() throws(StoreError) {
+        guard let summed = summedBelow, !summed.isEmpty else { return }
+        summedBelow = [:]
+        for entry in summed.values where entry.delta != 0 {
+            try db.query(Self.addToPath, [.text(entry.path), .text(entry.parent), .int(0), .int(entry.delta)])
+            if entry.delta < 0 { try db.query(Self.dropEmptyPath, [.text(entry.path)]) }
+        }
+    }
+
+    /// A savepoint rolled back (the store's transaction levels tell).
+    func rolledBack() {
+        if summedBelow != nil { summedBelowUnsure = true }
+    }
+
+    /// Sets the `below` of each of `paths` to the live nodes the table has under it (a
+    /// range of paths: `path/` up to `path0`, '0' being the byte after '/').
+    private func recountBelow<S: Sequence>(_ paths: S) throws(StoreError) where S.Element == String {
+        for path in paths {
+            let below = try db.rows("SELECT coalesce(sum(nodes), 0) FROM view_paths WHERE path > ? AND path < ?",
+                                    [.text(path + "/"), .text(path + "0")]) { $0.int(0) }.first ?? 0
+            try db.query("INSERT INTO view_paths(path, parent, nodes, below) VALUES(?, ?, 0, ?) ON CONFLICT(path) DO UPDATE SET below = excluded.below",
+                         [.text(path), .text(Self.parent(of: path)), .int(below)])
+            try db.query(Self.dropEmptyPath, [.text(path)])
+        }
+    }
+
+    private static let addToPath = """
+        INSERT INTO view_paths(path, parent, nodes, below) VALUES(?, ?, ?, ?)
+        ON CONFLICT(path) DO UPDATE SET nodes = nodes + excluded.nodes, below = below + excluded.below
+        RETURNING nodes, below
+        """
+    private static let dropEmptyPath = "DELETE FROM view_paths WHERE path = ? AND nodes <= 0 AND below <= 0"
+
+    private static func parent(of path: String) -> String {
+        path.utf8.lastIndex(of: UInt8(ascii: "/")).map { String(path[..<$0]) } ?? ""
     }
 
     private func withAncestors(_ path: String) -> [String] {
@@ -462,7 +557,7 @@ final class Replica {
     // MARK: what paths show
 
     private func below(_ path: String) throws(StoreError) -> Int64 {
-        if let known = memo?.below[NameKey(path)] { return known }
+        if let known = memo?.below[NameKey(path)] ?? summedBelow?[NameKey(path)]?.now { return known }
         return try db.rows("SELECT below FROM view_paths WHERE path = ?", [.text(path)]) { $0.int(0) }.first ?? 0
     }
 

@@ -205,20 +205,24 @@ extension Store {
         folding = true
         defer { folding = false }
         try db.aroundGate { () throws(StoreError) in
-            try db.withinTransaction { () throws(StoreError) in
-                // A save withdrawn in the same fold is not written, nor where its history is
-                // shown: the withdrawal then only makes sure no history row is left.
-                var withdrawn: (rows: Set<Int64>, histories: Set<FileID>) = ([], [])
-                for case .withdraw(let row, _, let fileID) in changes {
-                    withdrawn.rows.insert(row)
-                    withdrawn.histories.insert(fileID)
-                }
-                for change in changes {
-                    switch change {
-                    case .save(let v) where withdrawn.rows.contains(v.row): continue
-                    case .localSave(let v, _, _) where withdrawn.rows.contains(v.row): continue
-                    case .history(let fileID, _, _) where withdrawn.histories.contains(fileID): continue
-                    default: try writeRow(change)
+            // One savepoint: the synced view's counts are summed over the fold
+            // (`deferringConflicts`), so it is written whole or not at all.
+            try db.transaction { () throws(StoreError) in
+                try replica.deferringConflicts { () throws(StoreError) in
+                    // A save withdrawn in the same fold is not written, nor where its history
+                    // is shown: the withdrawal then only makes sure no history row is left.
+                    var withdrawn: (rows: Set<Int64>, histories: Set<FileID>) = ([], [])
+                    for case .withdraw(let row, _, let fileID) in changes {
+                        withdrawn.rows.insert(row)
+                        withdrawn.histories.insert(fileID)
+                    }
+                    for change in changes {
+                        switch change {
+                        case .save(let v) where withdrawn.rows.contains(v.row): continue
+                        case .localSave(let v, _, _) where withdrawn.rows.contains(v.row): continue
+                        case .history(let fileID, _, _) where withdrawn.histories.contains(fileID): continue
+                        default: try writeRow(change)
+                        }
                     }
                 }
                 try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(Self.treeLogMarkKey), .text(String(through.value))])
@@ -236,6 +240,7 @@ extension Store {
     /// are committed), or, when it rolled back, are the overlay's again, ahead of what it
     /// holds now.
     private func levelEnded(_ level: Int, committed: Bool) {
+        if !committed { replica.rolledBack() }
         guard !openFolds.isEmpty else { return }
         if committed {
             for i in openFolds.indices where openFolds[i].level >= level { openFolds[i].level = level - 1 }
