@@ -166,6 +166,15 @@ public final class FileSystem: Sendable {
         }
     }
 
+    /// Whether the kernel may remember that `name` is not in `parent` (a negative entry):
+    /// in the tree, whose names appear only through the kernel or through sync, which
+    /// tells the kernel of each; not in the virtual views or the key-value door, whose
+    /// names come and go with versions, conflicts and keys.
+    public func cachesAbsence(parent: InodeNumber, name: String) -> Bool {
+        if KeyValueDoor.owns(parent) || VirtualViews.isVirtual(parent) { return false }
+        return parent != Store.rootInode || !(name == KeyValueDoor.name || VirtualViews.rootNames.contains(name))
+    }
+
     /// The kernel dropped `count` references to `ino`. An inode that no name and no open
     /// handle refers to any more is removed from the store.
     public func forget(_ ino: InodeNumber, count: UInt64) {

@@ -30,7 +30,14 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.lookup = { req, parent, cname in
         reply(req) { () throws(Errno) in
-            replyEntry(req, try context(req).fs.lookup(parent: inode(parent), name: try name(cname)))
+            let fs = context(req).fs, parent = inode(parent), name = try name(cname)
+            do throws(Errno) {
+                replyEntry(req, try fs.lookup(parent: parent, name: name))
+            } catch let error where error == .notFound && fs.cachesAbsence(parent: parent, name: name) {
+                // The kernel keeps the name's absence (a negative dentry) as long as it
+                // would keep an entry: sync invalidates names it adds (`invalidate`).
+                replyNoEntry(req)
+            }
         }
     }
 

@@ -109,6 +109,13 @@ func replyEntry(_ req: fuse_req_t?, _ a: Attributes) {
     fuse_reply_entry(req, &e)
 }
 
+/// A name that is not there, for the kernel to remember (an entry of inode 0).
+func replyNoEntry(_ req: fuse_req_t?) {
+    var e = fuse_entry_param()
+    e.entry_timeout = cacheTimeout
+    fuse_reply_entry(req, &e)
+}
+
 func replyAttr(_ req: fuse_req_t?, _ a: Attributes) {
     var st = statBuffer(a)
     fuse_reply_attr(req, &st, a.cacheSeconds(live: cacheTimeout))

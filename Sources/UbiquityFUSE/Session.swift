@@ -137,6 +137,11 @@ public final class FUSESession: @unchecked Sendable {
 
     /// Tells the kernel to drop what it cached of nodes sync changed (attributes, pages,
     /// names), so readers, even ones holding the file open, see the new version.
+    ///
+    /// Names are told twice, the second time a second later: a lookup answered just before
+    /// sync changed the name (that the name is absent, or what was there) can reach the
+    /// kernel's cache after the first notice, which finds nothing to drop (Linux keeps a
+    /// lookup in flight out of its name cache until the reply is taken in).
     public func invalidate(_ changes: TreeChanges) {
         notifications.async { [self] in
             guard let session, serving.withLock({ $0 }) else { return }
@@ -145,9 +150,19 @@ public final class FUSESession: @unchecked Sendable {
             for ino in changes.downloads where !changes.inodes.contains(ino) {
                 _ = fuse_lowlevel_notify_inval_inode(session, ino.rawValue, -1, 0)
             }
-            for entry in changes.entries {
-                _ = withCName(entry.name) { fuse_lowlevel_notify_inval_entry(session, entry.parent.rawValue, $0, $1) }
-            }
+            invalidate(changes.entries)
+        }
+        guard !changes.entries.isEmpty else { return }
+        notifications.asyncAfter(deadline: .now() + Self.secondNotice) { [self] in invalidate(changes.entries) }
+    }
+
+    static let secondNotice = DispatchTimeInterval.seconds(1)
+
+    /// Runs on `notifications`.
+    private func invalidate(_ entries: [EntryName]) {
+        guard let session, serving.withLock({ $0 }) else { return }
+        for entry in entries {
+            _ = withCName(entry.name) { fuse_lowlevel_notify_inval_entry(session, entry.parent.rawValue, $0, $1) }
         }
     }
 }
