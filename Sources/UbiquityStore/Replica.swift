@@ -134,6 +134,7 @@ final class Replica {
     /// worked out from what adding its record just wrote, not read back (reading them
     /// back would be several statements more per record of a join).
     func remembering<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        if memo != nil { return try body() } // nested: the outer call's memo goes on
         memo = Memo()
         defer { memo = nil }
         return try body()

@@ -206,9 +206,10 @@ extension Store {
         defer { folding = false }
         try db.aroundGate { () throws(StoreError) in
             // One savepoint: the synced view's counts are summed over the fold
-            // (`deferringConflicts`), so it is written whole or not at all.
+            // (`deferringConflicts`), so it is written whole or not at all; what adding its
+            // records wrote is not read back (`remembering`).
             try db.transaction { () throws(StoreError) in
-                try replica.deferringConflicts { () throws(StoreError) in
+                try replica.remembering { () throws(StoreError) in try replica.deferringConflicts { () throws(StoreError) in
                     // A save withdrawn in the same fold is not written, nor where its history
                     // is shown: the withdrawal then only makes sure no history row is left.
                     var withdrawn: (rows: Set<Int64>, histories: Set<FileID>) = ([], [])
@@ -224,7 +225,7 @@ extension Store {
                         default: try writeRow(change)
                         }
                     }
-                }
+                } }
                 try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(Self.treeLogMarkKey), .text(String(through.value))])
             }
         }
