@@ -330,6 +330,7 @@ final class Replica {
     /// its path shows it).
     func add(_ r: Record, known: Known = Known()) throws(StoreError) -> (changed: [String], isCurrent: Bool, isAlone: Bool) {
         let wasHeadless = isHeadless(r.node) // so it had no current record either
+        var dropped: Set<Int64> = [] // heads of the node deleted here (a parent is one)
         for p in r.parents {
             work += 1
             var found = known.parents[p].map { (row: $0.row, node: $0.node) }
@@ -339,7 +340,7 @@ final class Replica {
                 }.first
             }
             if let parent = found {
-                if parent.node == r.node {
+                if parent.node == r.node, dropped.insert(parent.row).inserted {
                     try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.node(r.node), .int(parent.row)])
                 }
             } else {
@@ -360,7 +361,9 @@ final class Replica {
         if let knownHeads = known.heads { heads = knownHeads } else { heads = try self.heads(r.node) }
         for head in heads {
             if r.covers(head) {
-                try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.node(r.node), .int(head.row)])
+                if dropped.insert(head.row).inserted {
+                    try db.query("DELETE FROM view_heads WHERE node = ? AND row = ?", [.node(r.node), .int(head.row)])
+                }
             } else {
                 if head.covers(r) { superseded = true }
                 left.append(head)

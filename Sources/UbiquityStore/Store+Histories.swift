@@ -132,6 +132,16 @@ extension Store {
         try Self.countHistoryPath(path, by: delta, in: db) { self.takingIn?.historyDirectories[$0, default: 0] += delta }
     }
 
+    /// Runs `body` (a fold, in its savepoint) summing what it adds to `history_dirs` as a
+    /// pull slice does, and remembering where it placed histories.
+    func summingHistoryDirectories(_ body: () throws(StoreError) -> Void) throws(StoreError) {
+        guard takingIn == nil else { return try body() } // a slice's: it writes them
+        takingIn = TakeInMemo()
+        defer { takingIn = nil }
+        try body()
+        try writeHistoryDirectories()
+    }
+
     /// Writes what `countHistoryPath` summed during a pull slice (in its transaction).
     func writeHistoryDirectories() throws(StoreError) {
         guard let sums = takingIn?.historyDirectories, !sums.isEmpty else { return }

@@ -210,20 +210,8 @@ extension Store {
             // records wrote is not read back (`remembering`).
             try db.transaction { () throws(StoreError) in
                 try replica.remembering { () throws(StoreError) in try replica.deferringConflicts { () throws(StoreError) in
-                    // A save withdrawn in the same fold is not written, nor where its history
-                    // is shown: the withdrawal then only makes sure no history row is left.
-                    var withdrawn: (rows: Set<Int64>, histories: Set<FileID>) = ([], [])
-                    for case .withdraw(let row, _, let fileID) in changes {
-                        withdrawn.rows.insert(row)
-                        withdrawn.histories.insert(fileID)
-                    }
-                    for change in changes {
-                        switch change {
-                        case .save(let v) where withdrawn.rows.contains(v.row): continue
-                        case .localSave(let v, _, _) where withdrawn.rows.contains(v.row): continue
-                        case .history(let fileID, _, _) where withdrawn.histories.contains(fileID): continue
-                        default: try writeRow(change)
-                        }
+                    try summingHistoryDirectories { () throws(StoreError) in
+                        for change in Self.written(changes) { try writeRow(change) }
                     }
                 } }
                 try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(Self.treeLogMarkKey), .text(String(through.value))])
@@ -235,6 +223,36 @@ extension Store {
         } else {
             foldedThrough = max(foldedThrough, through)
         }
+    }
+
+    /// The changes of a fold that are written, in order:
+    /// - A save withdrawn in the same fold is not, nor where its history is shown: the
+    ///   withdrawal then only makes sure no history row is left.
+    /// - An inode's row is written once, as it is last: a put that a later put or drop of
+    ///   the same inode follows is not written (a file made, written and closed is three
+    ///   puts). A local save is the one change that reads inodes (whether another inode's
+    ///   head is the row it replaces), so puts before it are written.
+    static func written(_ changes: [TreeChange]) -> [TreeChange] {
+        var withdrawn: (rows: Set<Int64>, histories: Set<FileID>) = ([], [])
+        for case .withdraw(let row, _, let fileID) in changes {
+            withdrawn.rows.insert(row)
+            withdrawn.histories.insert(fileID)
+        }
+        var result: [TreeChange] = []
+        var later: Set<InodeNumber> = [] // inodes a later change writes, since the last local save
+        for change in changes.reversed() {
+            switch change {
+            case .save(let v) where withdrawn.rows.contains(v.row): continue
+            case .localSave(let v, _, _) where withdrawn.rows.contains(v.row): continue
+            case .history(let fileID, _, _) where withdrawn.histories.contains(fileID): continue
+            case .putInode(let node) where !later.insert(node.inode.id).inserted: continue
+            case .dropInode(let id): later.insert(id)
+            case .localSave: later = []
+            default: break
+            }
+            result.append(change)
+        }
+        return result.reversed()
     }
 
     /// A transaction level ended: folds inside it now belong to the level around it (or
