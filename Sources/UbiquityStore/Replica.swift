@@ -286,11 +286,16 @@ final class Replica {
     /// taken from another node) do not count: counters are per node.
     ///
     /// Also returns what it read that `add` of the record reads again (`Known`).
-    func lineage(node: NodeID, parents: [VersionID], device: DeviceID) throws(StoreError) -> (Lineage, Known) {
+    /// `heads`: the node's heads, when the caller has just read them.
+    func lineage(node: NodeID, parents: [VersionID], device: DeviceID, heads known: [Record]? = nil) throws(StoreError) -> (Lineage, Known) {
         var lineage = Lineage()
+        let heads: [Record]
+        if let known { heads = known } else { heads = try self.heads(node) }
         var known = Known()
         for id in parents {
-            guard let parent = try record(id: id) else { continue }
+            var found = heads.first { $0.id == id }
+            if found == nil { found = try record(id: id) }
+            guard let parent = found else { continue }
             known.parents[id] = parent
             guard parent.node == node else { continue }
             lineage.formUnion(parent.lineage.context)
@@ -300,7 +305,6 @@ final class Replica {
         // can lose it (a version rolled back after a power loss whose parent was pruned
         // leaves the node without heads here while other devices hold its dots).
         var highest = try db.rows("SELECT dot FROM own_dots WHERE node = ?", [.node(node)]) { $0.int(0) }.first ?? 0
-        let heads = try heads(node)
         known.heads = heads
         for head in heads {
             if head.device == device { highest = max(highest, head.lineage.dot) }

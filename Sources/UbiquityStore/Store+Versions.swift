@@ -106,14 +106,15 @@ extension Store {
     /// file never saved), no tombstone.
     func writeTombstone(row: Int64?, id: VersionID, fileID: FileID, head: Int64?, path: String, committed: Nanos) throws(StoreError) {
         let previous = try headVersion(head)
-        var parents = try replica.liveHeads(.file(fileID)).map(\.id)
+        let heads = try replica.heads(.file(fileID))
+        var parents = heads.filter { !$0.isTombstone }.map(\.id)
         if let previous, !previous.isLocal, !parents.contains(previous.id) { parents.append(previous.id) }
         guard !parents.isEmpty else { return }
         let tombstone = SyncRecord(id: id, node: .file(fileID), kind: .file, parents: parents.sorted(),
                                    deviceID: deviceID, deviceName: deviceName, committed: committed, mtime: committed,
                                    mode: previous?.mode ?? 0o644, isTombstone: true, isMeta: false, path: path)
         try db.transaction { () throws(StoreError) in
-            _ = try insert(tombstone, from: .here, row: row)
+            _ = try insert(tombstone, from: .here, row: row, heads: heads)
             try placeHistory(fileID, path: path, live: false)
         }
     }
@@ -212,11 +213,12 @@ extension Store {
 
     /// Appends a version row (every record goes through here) and adds it to the synced
     /// view in the same transaction; the paths it may change are queued for `reconcile`.
-    /// `row`: the row the overlay gave it (nil: SQLite's next).
-    func insert(_ r: SyncRecord, from origin: Origin, row given: Int64? = nil) throws(StoreError) -> Int64 {
+    /// `row`: the row the overlay gave it (nil: SQLite's next); `heads`: the node's heads,
+    /// when the caller has just read them (a tombstone's parents are its live ones).
+    func insert(_ r: SyncRecord, from origin: Origin, row given: Int64? = nil, heads: [Replica.Record]? = nil) throws(StoreError) -> Int64 {
         let local = origin == .hereLocalOnly, remote = origin == .otherDevice
         return try db.transaction { () throws(StoreError) -> Int64 in
-            let (lineage, known) = origin == .here ? try replica.lineage(node: r.node, parents: r.parents, device: r.deviceID)
+            let (lineage, known) = origin == .here ? try replica.lineage(node: r.node, parents: r.parents, device: r.deviceID, heads: heads)
                                                    : (r.lineage, Replica.Known())
             try db.query("""
                 INSERT INTO versions(row, id, file_id, parents, device, committed, mtime, mode, size, tombstone,
