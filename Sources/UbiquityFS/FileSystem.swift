@@ -147,32 +147,38 @@ public final class FileSystem: Sendable {
     // MARK: lookup, forget, getattr
 
     public func lookup(parent: InodeNumber, name: String) throws(Errno) -> Attributes {
+        guard let attributes = try lookupOrAbsence(parent: parent, name: name) else { throw .notFound }
+        return attributes
+    }
+
+    /// A lookup that returns nil when the name is not there and the kernel may remember
+    /// that (a negative entry): in the tree, whose names appear only through the kernel or
+    /// through sync, which tells the kernel of each. Elsewhere an absent name is ENOENT:
+    /// in the virtual views and the key-value door, whose names come and go with
+    /// versions, conflicts and keys; and while the operation log is given up (a full
+    /// disk), when a batch that fails to commit can bring back a removed name.
+    public func lookupOrAbsence(parent: InodeNumber, name: String) throws(Errno) -> Attributes? {
         if parent == KeyValueDoor.root || (parent == Store.rootInode && name == KeyValueDoor.name) {
             return try kvLookup(parent: parent, name: name)
         }
-        return try meta.withLock { (m) throws(Errno) -> Attributes in
+        return try meta.withLock { (m) throws(Errno) -> Attributes? in
             if VirtualViews.isVirtual(parent) || (parent == Store.rootInode && VirtualViews.rootNames.contains(name)) {
                 m.pruneViews()
                 let attributes = try m.views.lookup(parent: parent, name: name, store: m.store)
                 m.views.referenced(attributes.ino)
                 return attributes
             }
-            guard let dir = m.store.inode(parent) else { throw .notFound }
+            // A failing database is EIO, not "no such name" (which the kernel would keep).
+            guard let dir = try storeCall({ () throws(StoreError) in try m.store.lookUp(parent) }) else { throw .notFound }
             guard dir.kind == .directory else { throw .notDirectory }
-            guard let inode = m.store.childInode(parent, name) else { throw .notFound }
+            guard let inode = try storeCall({ () throws(StoreError) in try m.store.lookUp(parent, name) }) else {
+                if KeyValueDoor.owns(parent) || !m.store.writesAhead { throw .notFound }
+                return nil
+            }
             let id = inode.id
             m.lookups[id, default: 0] += 1
             return m.attributes(inode)
         }
-    }
-
-    /// Whether the kernel may remember that `name` is not in `parent` (a negative entry):
-    /// in the tree, whose names appear only through the kernel or through sync, which
-    /// tells the kernel of each; not in the virtual views or the key-value door, whose
-    /// names come and go with versions, conflicts and keys.
-    public func cachesAbsence(parent: InodeNumber, name: String) -> Bool {
-        if KeyValueDoor.owns(parent) || VirtualViews.isVirtual(parent) { return false }
-        return parent != Store.rootInode || !(name == KeyValueDoor.name || VirtualViews.rootNames.contains(name))
     }
 
     /// The kernel dropped `count` references to `ino`. An inode that no name and no open

@@ -30,10 +30,9 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.lookup = { req, parent, cname in
         reply(req) { () throws(Errno) in
-            let fs = context(req).fs, parent = inode(parent), name = try name(cname)
-            do throws(Errno) {
-                replyEntry(req, try fs.lookup(parent: parent, name: name))
-            } catch let error where error == .notFound && fs.cachesAbsence(parent: parent, name: name) {
+            if let found = try context(req).fs.lookupOrAbsence(parent: inode(parent), name: try name(cname)) {
+                replyEntry(req, found)
+            } else {
                 // The kernel keeps the name's absence (a negative dentry) as long as it
                 // would keep an entry: sync invalidates names it adds (`invalidate`).
                 replyNoEntry(req)

@@ -524,9 +524,11 @@ final class Replica {
         }
     }
 
-    /// A savepoint rolled back (the store's transaction levels tell).
+    /// A savepoint rolled back (the store's transaction levels tell): what the memo
+    /// remembers may be what it undid.
     func rolledBack() {
         if summedBelow != nil { summedBelowUnsure = true }
+        if memo != nil { memo = Memo() }
     }
 
     /// Sets the `below` of each of `paths` to the live nodes the table has under it (a

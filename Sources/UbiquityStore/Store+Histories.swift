@@ -145,6 +145,9 @@ extension Store {
     /// Writes what `countHistoryPath` summed during a pull slice (in its transaction).
     func writeHistoryDirectories() throws(StoreError) {
         guard let sums = takingIn?.historyDirectories, !sums.isEmpty else { return }
+        // No caller goes on after a rollback inside the batch today; one that did would
+        // fail its batch here rather than write counts of rows it undid.
+        if takingIn?.undone == true { throw .database("a savepoint rolled back inside a batch that sums .versions/ directory counts") }
         takingIn?.historyDirectories = [:]
         for (key, delta) in sums where delta != 0 {
             try Self.countHistoryName(parent: key.parent, name: key.name, leaves: 0, total: delta, in: db)

@@ -259,7 +259,11 @@ extension Store {
     /// are committed), or, when it rolled back, are the overlay's again, ahead of what it
     /// holds now.
     private func levelEnded(_ level: Int, committed: Bool) {
-        if !committed { replica.rolledBack() }
+        if !committed {
+            replica.rolledBack()
+            takingIn?.undone = true
+            takingIn?.histories = [:]
+        }
         guard !openFolds.isEmpty else { return }
         if committed {
             for i in openFolds.indices where openFolds[i].level >= level { openFolds[i].level = level - 1 }
@@ -288,6 +292,10 @@ extension Store {
             throw error
         }
     }
+
+    /// Whether tree changes are written ahead in the operation log (false once it failed:
+    /// they then wait in the group commit's batch, which a failed commit rolls back).
+    public var writesAhead: Bool { treeLog != nil }
 
     /// Whether the log has segments whose frames are all folded: a durability barrier
     /// lets them go.

@@ -38,6 +38,9 @@ struct TakeInMemo {
     /// Other devices' numbers in `devices` (`Store.deviceNumber`), by id and name: a
     /// slice's records come from few devices. Gone with the slice's transaction.
     var devices: [NameKey: Int64] = [:]
+    /// A savepoint rolled back inside the batch (its error caught): the sums may hold what
+    /// it undid, so `writeHistoryDirectories` refuses to write them.
+    var undone = false
 }
 
 /// A row of `history_dirs`: a name under `.versions/` and the directory it is in,

@@ -138,21 +138,28 @@ extension Store {
     /// and inode B-trees for a listing, instead of a lookup per entry.
     /// The inode entry `name` of `parent` names (a lookup): one query for both.
     public func childInode(_ parent: InodeNumber, _ name: String) -> Inode? {
-        logged("look up \(name) in \(parent)") { () throws(StoreError) -> Inode? in
-            if let shadow = overlay.entry(parent, NameKey(name)) {
-                guard let id = shadow else { return nil }
-                return try node(id)?.inode
-            }
-            guard let row = try db.aroundGate({ () throws(StoreError) in
-                try db.rows("SELECT \(Self.qualifiedInodeColumns) FROM entries e JOIN inodes i ON i.id = e.inode WHERE e.parent = ? AND e.name = ?",
-                            [.inode(parent), .text(name)], Self.treeNode)
-            }).first else { return nil }
-            let checked = try row.get()
-            if let shadow = overlay.inode(checked.inode.id) { return shadow?.inode }
-            cache.put(checked) // the cache never holds anything SQLite and the overlay do not
-            return checked.inode
-        }
+        logged("look up \(name) in \(parent)") { () throws(StoreError) -> Inode? in try lookUp(parent, name) }
     }
+
+    /// `childInode` and `inode` with a failing database thrown, not taken for "none": a
+    /// lookup tells the kernel that a name is absent (which it then remembers) only when
+    /// that is known.
+    public func lookUp(_ parent: InodeNumber, _ name: String) throws(StoreError) -> Inode? {
+        if let shadow = overlay.entry(parent, NameKey(name)) {
+            guard let id = shadow else { return nil }
+            return try node(id)?.inode
+        }
+        guard let row = try db.aroundGate({ () throws(StoreError) in
+            try db.rows("SELECT \(Self.qualifiedInodeColumns) FROM entries e JOIN inodes i ON i.id = e.inode WHERE e.parent = ? AND e.name = ?",
+                        [.inode(parent), .text(name)], Self.treeNode)
+        }).first else { return nil }
+        let checked = try row.get()
+        if let shadow = overlay.inode(checked.inode.id) { return shadow?.inode }
+        cache.put(checked) // the cache never holds anything SQLite and the overlay do not
+        return checked.inode
+    }
+
+    public func lookUp(_ id: InodeNumber) throws(StoreError) -> Inode? { try node(id)?.inode }
 
     static let qualifiedInodeColumns = inodeColumns.split(separator: ",").map { "i." + $0.filter { $0 != " " } }.joined(separator: ", ")
     /// The inode's columns, then the entry's name (column 19: `entriesWithInodes`).

@@ -408,6 +408,21 @@ import Dispatch
 }
 
 @Suite struct RegressionTests {
+    /// A lookup that the database fails is EIO, not an absent name: the kernel remembers
+    /// an absent name for five minutes (a review found the failure logged and answered as
+    /// "absent").
+    @Test func aFailedLookupIsNoAbsentName() throws {
+        let h = try Harness()
+        let dir = try h.fs.mkdir(parent: Store.rootInode, name: "d", mode: 0o755, caller: h.me).ino
+        #expect(try h.fs.lookupOrAbsence(parent: dir, name: "missing") == nil)
+        try h.fs.store.withLock { (s) throws(StoreError) in
+            try s.commitBatch()
+            try s.db.execute("ALTER TABLE entries RENAME TO entries_gone")
+        }
+        defer { try? h.fs.store.withLock { (s) throws(StoreError) in try s.db.execute("ALTER TABLE entries_gone RENAME TO entries") } }
+        #expect(throws: Errno.io) { try h.fs.lookupOrAbsence(parent: dir, name: "missing") }
+    }
+
     /// sed -i's temp file (saved once, then renamed over the target) must not leave a
     /// history of its own under .versions/ (found by IntegrationTests/mount/t-editor-saves.sh).
     @Test func tempFileOfAnAtomicSaveLeavesNoHistory() throws {
