@@ -172,7 +172,7 @@ public final class FileSystem: Sendable {
             guard let dir = try storeCall({ () throws(StoreError) in try m.store.lookUp(parent) }) else { throw .notFound }
             guard dir.kind == .directory else { throw .notDirectory }
             guard let inode = try storeCall({ () throws(StoreError) in try m.store.lookUp(parent, name) }) else {
-                if KeyValueDoor.owns(parent) || !m.store.writesAhead { throw .notFound }
+                if !m.store.writesAhead { throw .notFound }
                 return nil
             }
             let id = inode.id

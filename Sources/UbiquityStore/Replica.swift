@@ -499,8 +499,7 @@ final class Replica {
             if let known = summedBelow?[key] {
                 entry = known
             } else {
-                let stored = try db.rows("SELECT below FROM view_paths WHERE path = ?", [.text(path)]) { $0.int(0) }.first ?? 0
-                entry = SummedBelow(path: path, parent: Self.parent(of: path), delta: 0, now: stored)
+                entry = SummedBelow(path: path, parent: Self.parent(of: path), delta: 0, now: try below(path))
             }
             entry.delta += delta
             entry.now += delta
@@ -550,9 +549,7 @@ final class Replica {
         """
     private static let dropEmptyPath = "DELETE FROM view_paths WHERE path = ? AND nodes <= 0 AND below <= 0"
 
-    private static func parent(of path: String) -> String {
-        path.utf8.lastIndex(of: UInt8(ascii: "/")).map { String(path[..<$0]) } ?? ""
-    }
+    private static func parent(of path: String) -> String { splitPath(path)?.0 ?? "" }
 
     private func withAncestors(_ path: String) -> [String] {
         var result = [path]

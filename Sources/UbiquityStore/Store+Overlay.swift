@@ -209,11 +209,13 @@ extension Store {
             // (`deferringConflicts`), so it is written whole or not at all; what adding its
             // records wrote is not read back (`remembering`).
             try db.transaction { () throws(StoreError) in
-                try replica.remembering { () throws(StoreError) in try replica.deferringConflicts { () throws(StoreError) in
-                    try summingHistoryDirectories { () throws(StoreError) in
-                        for change in Self.written(changes) { try writeRow(change) }
+                try replica.remembering { () throws(StoreError) in
+                    try replica.deferringConflicts { () throws(StoreError) in
+                        try summingHistoryDirectories { () throws(StoreError) in
+                            for change in Self.written(changes) { try writeRow(change) }
+                        }
                     }
-                } }
+                }
                 try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(Self.treeLogMarkKey), .text(String(through.value))])
             }
         }

@@ -23,7 +23,8 @@ public struct TreeChanges: Sendable {
 }
 
 /// What a pull slice (`Store.takeIn`: its records taken in, then reconciled, in one
-/// transaction that a failure rolls back whole) wrote and reads again: kept by the one
+/// transaction that a failure rolls back whole), or a fold (one savepoint:
+/// `summingHistoryDirectories`), wrote and reads again: kept by the one
 /// place that writes each, so a new file's record is not read back to show it, nor its
 /// history to place it a second time, nor `.versions/` directory counts written per record.
 struct TakeInMemo {

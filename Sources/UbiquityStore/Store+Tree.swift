@@ -66,7 +66,7 @@ extension Store {
         }
     }
 
-    public func inode(_ id: InodeNumber) -> Inode? { logged("read inode \(id)") { () throws(StoreError) in try node(id)?.inode } }
+    public func inode(_ id: InodeNumber) -> Inode? { logged("read inode \(id)") { () throws(StoreError) in try lookUp(id) } }
 
     /// The inode's primary name.
     public func name(of id: InodeNumber) -> String? { logged("read inode \(id)") { () throws(StoreError) in try node(id)?.link?.name } }
@@ -134,8 +134,6 @@ extension Store {
         return merged
     }
 
-    /// Entries of a directory with their inodes, by name bytes: one walk of the entries
-    /// and inode B-trees for a listing, instead of a lookup per entry.
     /// The inode entry `name` of `parent` names (a lookup): one query for both.
     public func childInode(_ parent: InodeNumber, _ name: String) -> Inode? {
         logged("look up \(name) in \(parent)") { () throws(StoreError) -> Inode? in try lookUp(parent, name) }

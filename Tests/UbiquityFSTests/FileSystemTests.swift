@@ -409,8 +409,7 @@ import Dispatch
 
 @Suite struct RegressionTests {
     /// A lookup that the database fails is EIO, not an absent name: the kernel remembers
-    /// an absent name for five minutes (a review found the failure logged and answered as
-    /// "absent").
+    /// an absent name for five minutes, so a failure taken for "none" would hide the name.
     @Test func aFailedLookupIsNoAbsentName() throws {
         let h = try Harness()
         let dir = try h.fs.mkdir(parent: Store.rootInode, name: "d", mode: 0o755, caller: h.me).ino

@@ -87,7 +87,7 @@ import TestSupport
     /// or any path has conflicts, and the queued paths reconcile consumes; the entries at
     /// a slice's paths are looked up together, and a directory not there yet once; a node
     /// new here looks for neither heads nor a current record; `.versions/`' directory
-    /// counts are summed per slice (11 now).
+    /// counts and the synced view's are summed per slice.
     @Test func aJoiningDeviceTakesInEachRecordInBoundedStatements() throws {
         var perFile: [Double] = []
         for files in [200, 2000] {
