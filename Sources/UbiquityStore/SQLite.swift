@@ -286,6 +286,7 @@ final class SQLiteDatabase {
         if batching && !batchOpen { try openBatch() }
         if batchOpen || depth > 0 {
             try control("SAVEPOINT op")
+            savepoints += 1
             depth += 1
             let opened = level
             defer { depth -= 1 }
@@ -314,6 +315,17 @@ final class SQLiteDatabase {
             try? execute("ROLLBACK")
             levelEnded?(1, false)
             throw error
+        }
+    }
+
+    /// `transaction`, with every transaction inside it flattened into its one savepoint
+    /// (see `standalone` for why, and for the rule its body must keep).
+    func flattened<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        try transaction { () throws(StoreError) -> T in
+            let was = flat
+            flat = true
+            defer { flat = was }
+            return try body()
         }
     }
 
@@ -394,6 +406,9 @@ final class SQLiteDatabase {
             throw error
         }
     }
+
+    /// Savepoints opened so far (the work tests count a fold's).
+    private(set) var savepoints = 0
 
     /// Commits of `standalone` so far (the work tests count a join's).
     private(set) var standaloneCommits = 0

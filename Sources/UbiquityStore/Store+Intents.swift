@@ -64,7 +64,7 @@ extension Store {
     /// committed before) is noted by the next batch; until then replay skips it, as its
     /// version is in the database.
     func noteIntentsApplied() throws(StoreError) {
-        guard intentSequence > 0, db.hasOpenBatch else { return }
+        guard intentSequence > 0, db.level > 0 else { return }
         try db.query("REPLACE INTO settings(key, value) VALUES('intent_applied', ?)", [.text(String(intentSequence))])
     }
 

@@ -198,25 +198,43 @@ extension Store {
 
     /// Writes the overlay's changes to SQLite, logging them first, with the mark of the
     /// last frame (the gate calls it; so do the group commit and the open).
-    func foldTree() throws(StoreError) {
+    /// - Parameter alone: the caller is outside every transaction and may end the batch
+    ///   (the group commit): the fold is then a transaction of its own, not a savepoint
+    ///   in the batch. Inside a savepoint SQLite journals each page a statement first
+    ///   changes, and the release of every statement's own savepoint walks that journal
+    ///   from its start; a fold of thousands of changes spent a third of its time there.
+    func foldTree(alone: Bool = false) throws(StoreError) {
         guard !overlay.isEmpty else { return }
         logTreeChanges(committingFirst: false)
         let changes = overlay.changes, through = lastLogged
         folding = true
         defer { folding = false }
-        try db.aroundGate { () throws(StoreError) in
-            // One savepoint: the synced view's counts are summed over the fold
-            // (`deferringConflicts`), so it is written whole or not at all; what adding its
-            // records wrote is not read back (`remembering`).
-            try db.transaction { () throws(StoreError) in
-                try replica.remembering { () throws(StoreError) in
-                    try replica.deferringConflicts { () throws(StoreError) in
-                        try summingHistoryDirectories { () throws(StoreError) in
-                            for change in Self.written(changes) { try writeRow(change) }
-                        }
+        // Written whole or not at all, its inner transactions flattened into it: the
+        // synced view's counts are summed over the fold (`deferringConflicts`) and what
+        // adding its records wrote is not read back (`remembering`).
+        func fold() throws(StoreError) {
+            try replica.remembering { () throws(StoreError) in
+                try replica.deferringConflicts { () throws(StoreError) in
+                    try summingHistoryDirectories { () throws(StoreError) in
+                        for change in Self.written(changes) { try writeRow(change) }
                     }
                 }
-                try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(Self.treeLogMarkKey), .text(String(through.value))])
+            }
+            try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(Self.treeLogMarkKey), .text(String(through.value))])
+        }
+        try db.aroundGate { () throws(StoreError) in
+            if alone && !db.inTransaction {
+                // What the batch holds first (small chunks before it: a committed
+                // version never names a row that is not), and the intents applied with
+                // the saves that apply them.
+                try chunks.commitSmallChunks()
+                try db.commitBatch()
+                try db.standalone { () throws(StoreError) in
+                    try fold()
+                    try noteIntentsApplied()
+                }
+            } else {
+                try db.flattened(fold)
             }
         }
         overlay = TreeOverlay()

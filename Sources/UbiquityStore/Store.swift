@@ -262,7 +262,7 @@ public final class Store: @unchecked Sendable {
     /// The intent log keeps its saves until the next durability barrier (`markDurable`):
     /// the ones an fsync made durable through it are not durable in the database yet.
     public func commitBatch() throws(StoreError) {
-        try foldTree()
+        try foldTree(alone: true)
         // Chunks first: a committed version must never name a row that is not.
         try chunks.commitSmallChunks()
         try noteIntentsApplied()

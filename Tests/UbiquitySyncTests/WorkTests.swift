@@ -279,18 +279,22 @@ import TestSupport
                 _ = try data.withUnsafeBytes { try fs.write(h, offset: 0, data: $0) }
                 try fs.release(h)
             }
-            var before = d.store.db.statements
-            try d.store.foldTree()
-            created.append(Double(d.store.db.statements - before) / 50)
+            // The group commit's fold, as a mount runs it: a transaction of its own with
+            // no savepoint in it, so no statement's release walks a savepoint's journal.
+            var before = (d.store.db.statements, d.store.db.savepoints)
+            try d.store.commitBatch()
+            created.append(Double(d.store.db.statements - before.0) / 50)
+            #expect(d.store.db.savepoints == before.1, "savepoints opened by the fold of 50 creates")
             for i in 0..<50 { try fs.unlink(parent: dir, name: "new\(i)") }
-            before = d.store.db.statements
-            try d.store.foldTree()
-            deleted.append(Double(d.store.db.statements - before) / 50)
+            before = (d.store.db.statements, d.store.db.savepoints)
+            try d.store.commitBatch()
+            deleted.append(Double(d.store.db.statements - before.0) / 50)
+            #expect(d.store.db.savepoints == before.1, "savepoints opened by the fold of 50 deletes")
         }
         print("WorkTests.foldWorkIsBounded: statements of the fold per file created \(created) and deleted \(deleted) at 200 and 2,000 files")
         #expect(created[1] <= created[0] * 1.1 && deleted[1] <= deleted[0] * 1.1, "fold statements per file at 200 and 2,000 files: \(created), \(deleted)")
         #expect(created[1] <= 16, "fold statements per file created: \(created)")
-        #expect(deleted[1] <= 19, "fold statements per file deleted: \(deleted)")
+        #expect(deleted[1] <= 19.5, "fold statements per file deleted: \(deleted)")
     }
 
     /// Namespace requests write ahead of SQLite: each is one frame of the operation log,
