@@ -338,9 +338,23 @@ extension FileSystem {
         }
     }
 
-    /// Commits the batched metadata changes (group commit, every 100 ms).
-    /// Returns false when the commit failed: the batch stays open and no new one rings
-    /// the group commit's doorbell, so its loop must try again by itself.
+    /// The group commit's loop (0.1 s after a change): `Store.groupCommit`, a part of the
+    /// overlay per hold of the locks. Returns false when something still waits (a burst
+    /// of changes not paused yet) or the commit failed: no new change may ring the
+    /// doorbell, so the loop must look again by itself.
+    public func groupCommit() -> Bool {
+        while true {
+            let step: Store.GroupCommit
+            do { step = try withMetaSlice { (m) throws(StoreError) in try m.store.groupCommit() } } catch {
+                log("ubiquity: metadata commit failed: \(error)")
+                return false
+            }
+            if step != .more { return step == .done }
+        }
+    }
+
+    /// Commits every batched metadata change, the overlay folded whole (unmount, tests).
+    /// Returns false when the commit failed.
     @discardableResult
     public func commitMetadata() -> Bool {
         do { try withMeta { (m) throws(StoreError) in try m.store.commitBatch() } } catch {

@@ -103,7 +103,7 @@ public final class FUSESession: @unchecked Sendable {
         // 10 s (space taken by others, a prune that is due): an idle mount wakes for that
         // and the sync poll only (IntegrationTests/mount/t-idle.sh counts).
         let autosave = BackgroundLoop(every: 1, doorbell: fs.autosaveDue) { [fs] in fs.commitIdle() }
-        let groupCommit = BackgroundLoop(every: 0.1, doorbell: fs.commitDue) { [fs] in !fs.commitMetadata() } // retried every 0.1 s while it fails
+        let groupCommit = BackgroundLoop(every: 0.1, doorbell: fs.commitDue) { [fs] in !fs.groupCommit() } // again in 0.1 s while something waits
         // Its own loop: a long gc in the maintenance loop must not hold checkpoints back.
         let checkpoints = BackgroundLoop(every: 5, doorbell: fs.checkpointDue) { [fs] in
             fs.checkpointInBackground()

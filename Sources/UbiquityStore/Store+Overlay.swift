@@ -98,13 +98,24 @@ extension Store {
     /// Writes one change: to the overlay when it is on, else to SQLite now.
     func record(_ change: TreeChange) throws(StoreError) {
         if overlayOn { addToOverlay(change) } else { try writeRow(change) }
+        switch change {
+        case .putEntry(let parent, let name, let inode): directories.put(parent, NameKey(name), inode)
+        case .removeEntry(let parent, let name): directories.remove(parent, NameKey(name))
+        case .dropInode(let id): directories.drop(id)
+        default: break
+        }
     }
 
     /// The first change of an empty overlay rings the group commit's doorbell, as the
     /// first statement of a batch does: its loop folds and commits 100 ms later, so the
     /// overlay (and the log a mount would replay) holds at most that much.
     private func addToOverlay(_ change: TreeChange) {
-        if overlay.isEmpty { db.batchOpened?.ring() }
+        let now = monotonicNanos()
+        if overlay.isEmpty {
+            db.batchOpened?.ring()
+            overlayTimes.first = now
+        }
+        overlayTimes.last = now
         overlay.apply(change)
     }
 
@@ -178,10 +189,11 @@ extension Store {
 
     private func logTreeChanges(committingFirst: Bool) {
         guard overlay.hasUnlogged, let opLog = treeLog else { return }
+        // What the batch holds is the request's too (rows of tables the overlay does not
+        // hold): committed before its reply, as its frame is written.
         if committingFirst && db.hasOpenBatch && !db.inTransaction {
             do {
-                try commitBatch()
-                return
+                try commitBatchWithoutFold()
             } catch {
                 log("ubiquity: committing the batch before logging failed: \(error) (the change is logged; the batch commits later)")
             }
@@ -189,6 +201,7 @@ extension Store {
         let payload = TreeChange.encode(overlay.takeUnlogged())
         do {
             lastLogged = try opLog.append(payload)
+            overlay.noteFrame(lastLogged)
         } catch {
             log("ubiquity: the operation log failed (\(error)): tree changes go to SQLite directly until the next mount")
             treeLog = nil
@@ -203,10 +216,15 @@ extension Store {
     ///   in the batch. Inside a savepoint SQLite journals each page a statement first
     ///   changes, and the release of every statement's own savepoint walks that journal
     ///   from its start; a fold of thousands of changes spent a third of its time there.
-    func foldTree(alone: Bool = false) throws(StoreError) {
+    /// - Parameter limit: with `alone`, fold at most this many changes (whole frames, at
+    ///   least one), so the caller can let the store's lock go between parts; the rest
+    ///   stays in the overlay.
+    func foldTree(alone: Bool = false, limit: Int? = nil) throws(StoreError) {
         guard !overlay.isEmpty else { return }
         logTreeChanges(committingFirst: false)
-        let changes = overlay.changes, through = lastLogged
+        let part = alone ? limit.flatMap { overlay.prefix(upTo: $0) } : nil
+        let changes = part.map { Array(overlay.changes[..<$0.end]) } ?? overlay.changes
+        let through = part?.through ?? lastLogged
         folding = true
         defer { folding = false }
         // Written whole or not at all, its inner transactions flattened into it: the
@@ -231,13 +249,15 @@ extension Store {
                 try db.commitBatch()
                 try db.standalone { () throws(StoreError) in
                     try fold()
-                    try noteIntentsApplied()
+                    // Only with the last part: a save still in the overlay is not in
+                    // SQLite, so its intent must stay to be replayed.
+                    if part == nil { try noteIntentsApplied() }
                 }
             } else {
                 try db.flattened(fold)
             }
         }
-        overlay = TreeOverlay()
+        overlay = part.map { overlay.dropping($0.end) } ?? TreeOverlay()
         if db.level > 0 {
             openFolds.append((db.level, changes, through))
         } else {
@@ -280,6 +300,7 @@ extension Store {
     /// holds now.
     private func levelEnded(_ level: Int, committed: Bool) {
         if !committed {
+            forgetCachedTree()
             replica.rolledBack()
             takingIn?.undone = true
             takingIn?.histories = [:]

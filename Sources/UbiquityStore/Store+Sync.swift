@@ -108,7 +108,7 @@ extension Store {
         do {
             return try standaloneStep { () throws(StoreError) -> T in try replica.deferringConflicts(body) }
         } catch {
-            cache.removeAll()
+            forgetCachedTree()
             try? changed.reload(parse: Self.changedInode)
             for set in [vacated, recheck, unreconciled] { try? set.reload(parse: NameKey.init) }
             for set in [orphaned, held] { try? set.reload(parse: { FileID(hex: $0) }) }
@@ -511,7 +511,7 @@ extension Store {
             return found
         }
         func entry(_ path: String) -> (InodeNumber, String, InodeNumber)? {
-            guard let (parentPath, name) = splitPath(path), let parent = directory(parentPath), let id = child(parent, name) else { return nil }
+            guard let (parentPath, name) = splitPath(path), let parent = directory(parentPath), let id = child(parent, name, loading: false) else { return nil }
             return (parent, name, id)
         }
         var deferred: Set<NameKey> = []
@@ -694,7 +694,7 @@ extension Store {
     /// (parent, name, inode) of the entry at `path`.
     public func locate(_ path: String) -> (InodeNumber, String, InodeNumber)? {
         guard let (parentPath, name) = splitPath(path), let parent = locateDirectory(parentPath),
-              let id = child(parent, name) else { return nil }
+              let id = child(parent, name, loading: false) else { return nil }
         return (parent, name, id)
     }
 
@@ -702,7 +702,7 @@ extension Store {
     func locateDirectory(_ path: String) -> InodeNumber? {
         var current = Store.rootInode
         for component in path.split(separator: "/") {
-            guard let next = child(current, String(component)), inode(next)?.kind == .directory else { return nil }
+            guard let next = child(current, String(component), loading: false), inode(next)?.kind == .directory else { return nil }
             current = next
         }
         return current

@@ -84,8 +84,12 @@ extension Store {
         return total
     }
 
-    public func child(_ parent: InodeNumber, _ name: String) -> InodeNumber? {
-        logged("look up \(name) in \(parent)") { () throws(StoreError) in try childID(parent, name) }
+    public func child(_ parent: InodeNumber, _ name: String) -> InodeNumber? { child(parent, name, loading: true) }
+
+    /// - Parameter loading: load the directory's names for the lookups to come (a
+    ///   request's); not for sync, which looks up one path of a directory at a time.
+    func child(_ parent: InodeNumber, _ name: String, loading: Bool) -> InodeNumber? {
+        logged("look up \(name) in \(parent)") { () throws(StoreError) in try childID(parent, name, loading: loading) }
     }
 
     /// The entries among `names` in directory `parent`, by name (reconcile looks up a
@@ -97,8 +101,10 @@ extension Store {
         return Dictionary(found.map { ($0.name, $0.id) }, uniquingKeysWith: { first, _ in first })
     }
 
-    func childID(_ parent: InodeNumber, _ name: String) throws(StoreError) -> InodeNumber? {
-        if let shadow = overlay.entry(parent, NameKey(name)) { return shadow }
+    func childID(_ parent: InodeNumber, _ name: String, loading: Bool = false) throws(StoreError) -> InodeNumber? {
+        let key = NameKey(name)
+        if let shadow = overlay.entry(parent, key) { return shadow }
+        if let loaded = try loadedEntry(parent, key, loading: loading) { return loaded }
         return try db.aroundGate { () throws(StoreError) in
             try db.rows("SELECT inode FROM entries WHERE parent = ? AND name = ?", [.inode(parent), .text(name)]) {
                 $0.inode(0)
@@ -134,6 +140,42 @@ extension Store {
         return merged
     }
 
+    /// The entry from the directory's names in memory, loading them first if `loading`
+    /// (nil: not loaded, or too big to load: the caller asks SQLite for the one name).
+    private func loadedEntry(_ parent: InodeNumber, _ name: NameKey, loading: Bool) throws(StoreError) -> InodeNumber?? {
+        if let known = directories.lookUp(parent, name) { return known }
+        guard loading, !readOnly, !directories.isTooBig(parent) else { return nil }
+        try loadDirectory(parent)
+        return directories.lookUp(parent, name)
+    }
+
+    /// Reads a directory's names (and, for a small one, its inodes into the inode cache)
+    /// with one query, around the gate; the overlay's changes to it go on top.
+    private func loadDirectory(_ parent: InodeNumber) throws(StoreError) {
+        let limit = directories.largestLoaded + 1
+        let rows = try db.aroundGate { () throws(StoreError) in
+            try db.rows("SELECT \(Self.qualifiedInodeColumns), e.name FROM entries e JOIN inodes i ON i.id = e.inode WHERE e.parent = ? LIMIT ?",
+                        [.inode(parent), .int(Int64(limit))]) { (name: NameKey($0.text(19)), node: Self.treeNode($0)) }
+        }
+        var names = DirectoryCache.Names(minimumCapacity: rows.count)
+        for row in rows {
+            guard case .success(let node) = row.node else { continue } // a damaged row: looked up (and reported) by itself
+            names[row.name] = node.inode.id
+        }
+        guard rows.count < limit else { return directories.load(parent, names) } // noted as too big
+        // Each inode as SQLite has it, unless the overlay holds it (the cache never holds
+        // anything older than the overlay); only a small directory's, so one listing
+        // does not push the working set out.
+        if rows.count <= cache.capacity / 8 {
+            for row in rows {
+                if case .success(let node) = row.node, overlay.inode(node.inode.id) == nil { cache.put(node) }
+            }
+        }
+        for name in overlay.removedNames(parent) { names[name] = nil }
+        for (name, id) in overlay.addedEntries(parent) { names[name] = id }
+        directories.load(parent, names)
+    }
+
     /// The inode entry `name` of `parent` names (a lookup): one query for both.
     public func childInode(_ parent: InodeNumber, _ name: String) -> Inode? {
         logged("look up \(name) in \(parent)") { () throws(StoreError) -> Inode? in try lookUp(parent, name) }
@@ -143,8 +185,11 @@ extension Store {
     /// lookup tells the kernel that a name is absent (which it then remembers) only when
     /// that is known.
     public func lookUp(_ parent: InodeNumber, _ name: String) throws(StoreError) -> Inode? {
-        if let shadow = overlay.entry(parent, NameKey(name)) {
-            guard let id = shadow else { return nil }
+        let key = NameKey(name)
+        var known = overlay.entry(parent, key)
+        if known == nil { known = try loadedEntry(parent, key, loading: true) }
+        if let known {
+            guard let id = known else { return nil }
             return try node(id)?.inode
         }
         guard let row = try db.aroundGate({ () throws(StoreError) in
@@ -198,6 +243,7 @@ extension Store {
 
     public func isEmptyDirectory(_ id: InodeNumber) -> Bool {
         logged("list \(id)") { () throws(StoreError) in
+            if let count = directories.count(id) { return count == 0 }
             guard overlay.addedEntries(id).isEmpty else { return false }
             let removed = overlay.removedNames(id)
             let names = try db.aroundGate { () throws(StoreError) in
@@ -235,6 +281,7 @@ extension Store {
     /// was undone, so it is read again from SQLite and the overlay.
     func forgetCachedTree() {
         cache.removeAll()
+        directories.removeAll()
         inodeTotal = nil
     }
 
@@ -268,6 +315,7 @@ extension Store {
         nextInode = nextInode.advanced(by: 1)
         inodeTotal = inodeTotal.map { $0 + 1 }
         cache.put(node)
+        if kind == .directory { directories.load(id, [:]) } // new, so known empty: no query at its first lookup
         return inode
     }
 

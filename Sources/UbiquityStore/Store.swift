@@ -24,6 +24,8 @@ public final class Store: @unchecked Sendable {
 
     /// The working set of the tree (Store+Tree); the tree itself is in SQLite.
     var cache: InodeCache
+    /// Directories' names, loaded at a first lookup (`DirectoryCache`).
+    var directories: DirectoryCache
     /// Inodes in the store, once counted (statfs).
     var inodeTotal: Int?
     /// Files that continue a history but have no version yet: the version their first
@@ -98,6 +100,10 @@ public final class Store: @unchecked Sendable {
     var nextVersionRow: Int64 = 1
     /// Set while the overlay is folded: what the fold writes goes to SQLite.
     var folding = false
+    /// When the overlay's first and latest changes came (`monotonicNanos`).
+    var overlayTimes: (first: Int64, last: Int64) = (0, 0)
+    /// When the group commit folds the overlay (`Store.groupCommit`); tests shorten it.
+    public var foldPolicy = FoldPolicy()
     /// Saves the operation log's replay withdrew (an editor's temp file renamed over the
     /// file it saved): their frames in the intent log are not saves to record again.
     var withdrawnAtOpen: Set<VersionID> = []
@@ -105,6 +111,9 @@ public final class Store: @unchecked Sendable {
     public private(set) var replayedTreeChanges = 0
     /// Timestamps of everything the store records; tests inject a clock.
     public var clock: @Sendable () -> Nanos = nowNanos
+
+    /// `cachedNames` unless a mount says otherwise.
+    public static let defaultCachedNames = 262_144
 
     /// The root directory: FUSE_ROOT_ID, the number the kernel asks for first.
     public static let rootInode = InodeNumber(rawValue: 1)
@@ -115,10 +124,14 @@ public final class Store: @unchecked Sendable {
     ///   no lock, no schema changes, no cleanup, no tree in memory (only the database
     ///   and chunk queries work).
     /// - Parameter cachedInodes: how many inodes to keep in memory (about 300 bytes each).
+    /// - Parameter cachedNames: how many names of directories to keep in memory (about
+    ///   100 bytes each).
     public init(directory: String, deviceName: String? = nil, readOnly: Bool = false,
-                cachedInodes: Int = 65_536, chunker: Chunker = .standard) throws(StoreError) {
+                cachedInodes: Int = 65_536, cachedNames: Int = Store.defaultCachedNames,
+                chunker: Chunker = .standard) throws(StoreError) {
         self.directory = directory
         cache = InodeCache(capacity: cachedInodes)
+        directories = DirectoryCache(budget: cachedNames)
         self.readOnly = readOnly
         if readOnly {
             guard access(directory + "/meta.sqlite", R_OK) == 0 else {
@@ -269,6 +282,53 @@ public final class Store: @unchecked Sendable {
         try db.commitBatch()
     }
 
+    /// What the group commit did (`groupCommit`).
+    public enum GroupCommit {
+        /// Everything is committed.
+        case done
+        /// The overlay waits for a burst of changes to pause (`FoldPolicy`).
+        case waiting
+        /// A part of the overlay was folded; more is to fold now.
+        case more
+    }
+
+    /// The group commit's step (its loop, 0.1 s after a change and every 0.1 s while
+    /// something waits). A burst of tree changes (`tar -x`, `rm -rf`, a build) stays in
+    /// the overlay and the operation log, where every change is already safe from a
+    /// crash of the daemon, until the burst pauses or grows old or big (`FoldPolicy`):
+    /// folding while it runs would take the CPU and the store's lock from the requests.
+    /// Then the overlay is folded a part at a time, so the caller lets the lock go in
+    /// between. The batch's own rows are committed at every step.
+    public func groupCommit() throws(StoreError) -> GroupCommit {
+        if overlay.isEmpty {
+            try commitBatch()
+            return .done
+        }
+        guard foldPolicy.due(changes: overlay.changes.count, times: overlayTimes, now: monotonicNanos()) else {
+            try commitBatchWithoutFold()
+            return .waiting
+        }
+        try foldTree(alone: true, limit: foldPolicy.part)
+        guard overlay.isEmpty else { return .more }
+        try commitBatch()
+        return .done
+    }
+
+    /// Whether tree changes wait in the overlay for a burst to end (a sync step would
+    /// fold them all at once, under the store's lock): the sync engine's loop waits with
+    /// them, up to twice the longest wait.
+    public var treeChangesSettling: Bool {
+        !overlay.isEmpty && monotonicNanos() - overlayTimes.first < 2 * foldPolicy.age
+    }
+
+    /// Commits what the batch holds, but not the overlay: small chunks first (a committed
+    /// version never names a row that is not); the intents are not noted (a save in the
+    /// overlay is not in SQLite yet).
+    func commitBatchWithoutFold() throws(StoreError) {
+        try chunks.commitSmallChunks()
+        try db.commitBatch()
+    }
+
     /// A big step (records taken in, a sync step) as a transaction of its own after the
     /// batch, its inner transactions without savepoints (`SQLiteDatabase.standalone`);
     /// small chunks it put are committed before it.
@@ -393,6 +453,30 @@ struct NameKey: Hashable {
     func hash(into hasher: inout Hasher) {
         for byte in name.utf8 { hasher.combine(byte) }
     }
+}
+
+/// When the group commit folds the overlay (`Store.groupCommit`): once a burst of tree
+/// changes has paused for `quiet` nanoseconds, or its first change is `age` old, or it
+/// holds `changes` changes (which bounds its memory and the replay after a crash), a
+/// `part` of at most that many changes per hold of the store's lock.
+public struct FoldPolicy: Sendable {
+    public var quiet: Int64 = 300_000_000
+    public var age: Int64 = 5_000_000_000
+    public var changes = 100_000
+    public var part = 4_096
+
+    public init() {}
+
+    func due(changes count: Int, times: (first: Int64, last: Int64), now: Int64) -> Bool {
+        count >= changes || now - times.last >= quiet || now - times.first >= age
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds.
+func monotonicNanos() -> Int64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
 }
 
 func defaultDeviceName() -> String {

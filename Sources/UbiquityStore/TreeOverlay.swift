@@ -12,6 +12,10 @@ struct TreeOverlay {
     private(set) var changes: [TreeChange] = []
     /// Changes from this index on are not in a log frame yet.
     private(set) var unlogged = 0
+    /// Where each frame logged since this overlay began ends in `changes`, and its
+    /// sequence: a fold may write a prefix of whole frames (`dropping`). Empty for an
+    /// overlay rebuilt by a replay or a rollback (it is then folded whole).
+    private(set) var frames: [(end: Int, sequence: LogSequence)] = []
     private(set) var inodes: [InodeNumber: TreeNode?] = [:]
     /// By directory, then name: the inode the entry names now, or nil when removed.
     private(set) var entries: [InodeNumber: [NameKey: InodeNumber]] = [:]
@@ -103,15 +107,42 @@ struct TreeOverlay {
     /// halfway; none of them is logged yet). Rebuilds the rows: failures are rare.
     mutating func rollBack(to count: Int) {
         guard count < changes.count else { return }
-        let logged = unlogged
+        let logged = unlogged, known = frames
         self = TreeOverlay(replaying: Array(changes.prefix(count)))
         unlogged = min(logged, count)
+        frames = known.filter { $0.end <= count }
     }
 
     /// The changes not logged yet, now counted as logged.
     mutating func takeUnlogged() -> ArraySlice<TreeChange> {
         defer { unlogged = changes.count }
         return changes[unlogged...]
+    }
+
+    /// The changes `takeUnlogged` took are in frame `sequence`.
+    mutating func noteFrame(_ sequence: LogSequence) {
+        guard frames.last.map({ $0.end < unlogged }) ?? true else { return }
+        frames.append((end: unlogged, sequence: sequence))
+    }
+
+    /// The longest prefix of whole frames of at most `limit` changes (at least one
+    /// frame), and the last frame's sequence; nil when that is every change (or the
+    /// frames are not known).
+    func prefix(upTo limit: Int) -> (end: Int, through: LogSequence)? {
+        guard let first = frames.first else { return nil }
+        var chosen = first
+        for frame in frames.dropFirst() where frame.end <= limit { chosen = frame }
+        guard chosen.end < changes.count else { return nil }
+        return (chosen.end, chosen.sequence)
+    }
+
+    /// The overlay without its first `count` changes (a prefix of whole frames that a
+    /// fold wrote): the rows are rebuilt from the rest.
+    func dropping(_ count: Int) -> TreeOverlay {
+        var rest = TreeOverlay(replaying: Array(changes[count...]))
+        rest.unlogged = max(unlogged - count, 0)
+        rest.frames = frames.filter { $0.end > count }.map { (end: $0.end - count, sequence: $0.sequence) }
+        return rest
     }
 
     /// `.some(node)` or `.some(nil)` (dropped) when the overlay has the inode's row; nil

@@ -300,6 +300,11 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     }
 
     private func runCycle(pushPull: Bool) {
+        // A burst of local tree changes waits in the store's overlay until it pauses
+        // (`Store.groupCommit`); a cycle now would fold it all at once, under the lock the
+        // requests need. Asked for (`ubiquity sync`) or stopping, it runs.
+        let asked = state.withLock { $0.pushNow || $0.stopped }
+        if !asked, shared.withLock({ $0.treeChangesSettling }) { return }
         cycleLock.withLock { _ in
             let force = state.withLock { s in defer { s.pushNow = false }; return s.pushNow }
             do { try cycle(pushPull: pushPull, force: force) } catch { logOnce("ubiquity: sync: \(error)") }

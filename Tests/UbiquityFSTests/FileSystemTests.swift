@@ -417,6 +417,7 @@ import Dispatch
         try h.fs.store.withLock { (s) throws(StoreError) in
             try s.commitBatch()
             try s.db.execute("ALTER TABLE entries RENAME TO entries_gone")
+            s.forgetCachedTree() // the directory's names in memory would answer without SQLite
         }
         defer { try? h.fs.store.withLock { (s) throws(StoreError) in try s.db.execute("ALTER TABLE entries_gone RENAME TO entries") } }
         #expect(throws: Errno.io) { try h.fs.lookupOrAbsence(parent: dir, name: "missing") }
