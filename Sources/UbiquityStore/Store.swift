@@ -308,7 +308,7 @@ public final class Store: @unchecked Sendable {
             try commitBatchWithoutFold()
             return .waiting
         }
-        try foldTree(alone: true, limit: foldPolicy.part)
+        try foldTree(alone: true, limit: foldPolicy.part(of: overlay.changes.count))
         guard overlay.isEmpty else { return .more }
         try commitBatch()
         return .done
@@ -457,12 +457,14 @@ struct NameKey: Hashable {
 
 /// When the group commit folds the overlay (`Store.groupCommit`): once a burst of tree
 /// changes has paused for `quiet` nanoseconds, or its first change is `age` old, or it
-/// holds `changes` changes (which bounds its memory and the replay after a crash), a
-/// `part` of at most that many changes per hold of the store's lock.
+/// holds `changes` changes (which bounds its memory and the replay after a crash); a part
+/// per hold of the store's lock.
 public struct FoldPolicy: Sendable {
     public var quiet: Int64 = 300_000_000
     public var age: Int64 = 5_000_000_000
-    public var changes = 100_000
+    public var changes = 50_000
+    /// Changes in a part: at least this many, and at least an eighth of the overlay, as
+    /// the rest is rebuilt after each part (`TreeOverlay.dropping`).
     public var part = 4_096
 
     public init() {}
@@ -470,6 +472,8 @@ public struct FoldPolicy: Sendable {
     func due(changes count: Int, times: (first: Int64, last: Int64), now: Int64) -> Bool {
         count >= changes || now - times.last >= quiet || now - times.first >= age
     }
+
+    func part(of count: Int) -> Int { max(part, count / 8) }
 }
 
 /// CLOCK_MONOTONIC in nanoseconds.
