@@ -183,7 +183,7 @@ struct BackingCollector {
     private func collectOwn(devices: Backing.Devices, segments: [SegmentLog.SegmentName], now: Int64, report: inout Report) throws(StoreError) {
         let me = backing.deviceID
         // Key-value files older than the newest (the writer deletes the previous one; one it
-        // could not, offline then, goes here).
+        // could not, offline then, or one before an attempt that failed, goes here).
         if let newestKeyValue = devices.keyValues[me]?.max() {
             for generation in devices.keyValues[me] ?? [] where generation < newestKeyValue {
                 try backing.delete(Backing.keyValueKey(me, generation: generation))

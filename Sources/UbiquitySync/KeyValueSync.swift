@@ -121,29 +121,32 @@ extension SyncEngine {
     func pushKeyValues() throws(StoreError) -> Bool {
         var entries: [KVEntry]?
         var marker = ""
-        var previous: UInt64 = 0
+        var generation: UInt64 = 0
         try shared.withLock { (store) throws(StoreError) in
             if let changed = try store.kvUnpublished() {
                 entries = try store.kvOwnEntries()
                 marker = changed
-                previous = try store.setting(Self.keyValueGenerationKey).flatMap { UInt64($0) } ?? 0
+                // Each attempt takes a generation of its own before its PUT, as a
+                // segment's name is reserved: a PUT that seemed to fail may have landed and
+                // been read, and a reader does not read a generation it has read again, so
+                // other entries under that name would never reach it.
+                generation = (try store.setting(Self.keyValueGenerationKey).flatMap { UInt64($0) } ?? 0) + 1
+                try store.setSetting(Self.keyValueGenerationKey, String(generation))
             }
         }
         guard let entries else { return false }
         try makeDurable()
-        let generation = previous + 1
         let key = Backing.keyValueKey(backing.deviceID, generation: generation)
         let bytes = KeyValueCodec.encode(entries)
         try backing.call("put \(key)") { () throws(BackingError) in try backing.store.put(key, bytes) }
         // Published: unless a write came meanwhile (the next cycle publishes it). A
         // failure above leaves the mark, so the next cycle that reaches the store (or the
         // next mount, after a crash) publishes again.
-        try shared.withLock { (store) throws(StoreError) in
-            try store.setSetting(Self.keyValueGenerationKey, String(generation))
-            try store.kvPublished(marker)
-        }
-        if previous > 0 {
-            do { try backing.delete(Backing.keyValueKey(backing.deviceID, generation: previous)) } catch {
+        try shared.withLock { (store) throws(StoreError) in try store.kvPublished(marker) }
+        // The previous attempt's file, if it landed. One older than that (the previous
+        // attempt failed) is the gc's, as are files this device could not delete.
+        if generation > 1 {
+            do { try backing.delete(Backing.keyValueKey(backing.deviceID, generation: generation - 1)) } catch {
                 logOnce("ubiquity: sync: could not delete the previous key-value file: \(error) (the next gc deletes it)")
             }
         }

@@ -121,6 +121,42 @@ import UbiquitySystem
         c.cycle()
         #expect(try c.tree() == treeA, "\(context)")
     }
+
+    /// A PUT of a device's key-value file that lands though its answer is lost: a peer
+    /// may read that file before the writer tries again. The writer's next file, with a
+    /// key changed since, must reach the peer all the same.
+    @Test func keyValueFileWhoseAnswerWasLostIsFollowedByOneAPeerReads() throws {
+        let temp = TempDirectory(prefix: "ubiquity-fault-kv")
+        defer { temp.cleanup() }
+        let store = RecordingStore(MemoryStore())
+        var options = SimDevice.alwaysPolling
+        options.parallelRequests = 1
+        let a = try SimDevice(name: "a", root: temp.path, backing: store, clock: nowNanos, options: options)
+        let b = try SimDevice(name: "b", root: temp.path, backing: store, clock: nowNanos, options: options)
+        a.cycle()
+        b.cycle()
+        let files = "devices/\(a.store.deviceID.hex)/keyvalue-"
+        let lost = Locked(false)
+        store.setFault { op, key in
+            guard op == .put, key.hasPrefix(files) else { return nil }
+            return lost.withLock { done in
+                defer { done = true }
+                return done ? nil : .after(.transient("injected: answer lost"))
+            }
+        }
+        // With a file saved, a segment goes out before the key-value file: b looks at
+        // devices/ next cycle.
+        try a.save("f.txt", "f")
+        try a.kvSet("k", 1)
+        a.cycle()
+        #expect(lost.withLock { $0 } && store.keys(files).count == 1)
+        b.cycle()
+        #expect(b.keyValues()["k"]?.hasPrefix("1\n") == true)
+        try a.kvSet("k", 2)
+        for _ in 0..<2 { a.cycle(); b.cycle() }
+        #expect(a.keyValues()["k"]?.hasPrefix("2\n") == true)
+        #expect(b.keyValues() == a.keyValues())
+    }
 }
 
 /// SplitMix64 in a class-free box the plan's lock can hold (the generator itself is a
