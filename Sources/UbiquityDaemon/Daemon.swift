@@ -73,6 +73,8 @@ public struct DaemonConfiguration: Sendable {
     /// A duration (RetentionPolicy.duration) between maintenance runs; nil: the default.
     public var maintenanceEvery: String?
     public var pollSeconds = 1.0
+    /// Names of directories kept in memory (`Store.init(cachedNames:)`).
+    public var cachedNames = Store.defaultCachedNames
     public var showVersions = false
     /// `--download`, `--fetch-timeout` and `--cache-size` (nil: the container's
     /// configuration, else the default).
@@ -104,7 +106,8 @@ extension Daemon {
         let mp = c.mountpoint, storeDir = c.storeDirectory, backingDir = c.backing
         let ready = Readiness(pipeFD: c.readyFD)
         do {
-            let store = try Store(directory: storeDir, deviceName: c.deviceName, chunker: c.unlocked?.chunker ?? .standard)
+            let store = try Store(directory: storeDir, deviceName: c.deviceName, cachedNames: c.cachedNames,
+                                  chunker: c.unlocked?.chunker ?? .standard)
             if !BackingChoice.isURL(backingDir) { try makeDirectoriesForCLI(backingDir) }
             let clearStore = try BackingChoice.open(backingDir, check: true)
             try checkEncryption(store: store, backing: backingDir, unlocked: c.unlocked)

@@ -345,13 +345,17 @@ extension FileSystem {
     public func groupCommit() -> Bool {
         while true {
             let step: Store.GroupCommit
-            do { step = try withMetaSlice { (m) throws(StoreError) in try m.store.groupCommit() } } catch {
+            let active = lastRequest.load(ordering: .relaxed)
+            do { step = try withMetaSlice { (m) throws(StoreError) in try m.store.groupCommit(lastRequest: active) } } catch {
                 log("ubiquity: metadata commit failed: \(error)")
                 return false
             }
             if step != .more { return step == .done }
         }
     }
+
+    /// A request came (the FUSE layer notes each).
+    public func noteRequest() { lastRequest.store(monotonicNanos(), ordering: .relaxed) }
 
     /// Commits every batched metadata change, the overlay folded whole (unmount, tests).
     /// Returns false when the commit failed.

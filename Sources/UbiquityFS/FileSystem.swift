@@ -1,4 +1,5 @@
 import Glibc
+import Synchronization
 import UbiquityStore
 import UbiquitySystem
 
@@ -49,6 +50,9 @@ public final class FileSystem: Sendable {
     /// nothing to do: a batch of metadata opened (group commit), a commit made (WAL
     /// checkpoint), bytes of an open file changed (autosave).
     public let commitDue = Doorbell()
+    /// When the last request came (`monotonicNanos`): the group commit folds a burst once
+    /// requests pause, reads too (a fold holds the store's lock a part at a time).
+    let lastRequest = Atomic<Int64>(0)
     public let checkpointDue = Doorbell()
     public let autosaveDue = Doorbell()
 

@@ -10,8 +10,12 @@ final class MountContext: Sendable {
     init(fs: FileSystem) { self.fs = fs }
 }
 
+/// Every request asks for it first: the request is noted as activity, which the group
+/// commit's fold waits to pause (`FileSystem.noteRequest`).
 func context(_ req: fuse_req_t?) -> MountContext {
-    Unmanaged<MountContext>.fromOpaque(fuse_req_userdata(req)!).takeUnretainedValue()
+    let context = Unmanaged<MountContext>.fromOpaque(fuse_req_userdata(req)!).takeUnretainedValue()
+    context.fs.noteRequest()
+    return context
 }
 
 func caller(_ req: fuse_req_t?) -> Caller {

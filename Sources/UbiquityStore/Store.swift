@@ -299,12 +299,15 @@ public final class Store: @unchecked Sendable {
     /// folding while it runs would take the CPU and the store's lock from the requests.
     /// Then the overlay is folded a part at a time, so the caller lets the lock go in
     /// between. The batch's own rows are committed at every step.
-    public func groupCommit() throws(StoreError) -> GroupCommit {
+    /// - Parameter lastRequest: when the last request came (`monotonicNanos`; reads too):
+    ///   a pause is a pause of requests, as the parts hold the store's lock.
+    public func groupCommit(lastRequest: Int64 = 0) throws(StoreError) -> GroupCommit {
         if overlay.isEmpty {
             try commitBatch()
             return .done
         }
-        guard foldPolicy.due(changes: overlay.changes.count, times: overlayTimes, now: monotonicNanos()) else {
+        let times = (first: overlayTimes.first, last: max(overlayTimes.last, lastRequest))
+        guard foldPolicy.due(changes: overlay.changes.count, times: times, now: monotonicNanos()) else {
             try commitBatchWithoutFold()
             return .waiting
         }
@@ -477,7 +480,7 @@ public struct FoldPolicy: Sendable {
 }
 
 /// CLOCK_MONOTONIC in nanoseconds.
-func monotonicNanos() -> Int64 {
+public func monotonicNanos() -> Int64 {
     var ts = timespec()
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)

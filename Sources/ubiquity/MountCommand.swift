@@ -47,6 +47,9 @@ struct MountCommand: ParsableCommand {
     @Option(help: .hidden)
     var maintenanceEvery: String?
 
+    @Option(help: ArgumentHelp("How many names of directories the mount keeps in memory, about 100 bytes each (default 262144). A directory is loaded at its first lookup; past the budget the least recently used go, and one with more than an eighth of the budget is looked up a name at a time.", valueName: "N"))
+    var cachedNames: Int?
+
     @Option(help: "Seconds between sync cycles (local changes out, other devices' changes in). While this device or a peer changed something in the last 5 minutes a cycle runs every 0.5 s at most; when all is quiet the look at the backing store backs off to 40 s.")
     var poll = 1.0
 
@@ -83,6 +86,9 @@ struct MountCommand: ParsableCommand {
     func validate() throws {
         if let device, device.isEmpty || device.contains("/") { throw ValidationError("--device must be a non-empty name without '/'") }
         if !(poll >= 0.05 && poll <= 3600) { throw ValidationError("--poll must be between 0.05 and 3600 seconds") }
+        if let cachedNames, !(cachedNames >= 1024 && cachedNames <= 1 << 30) {
+            throw ValidationError("--cached-names must be between 1024 and 1073741824")
+        }
         if let download, DownloadMode(rawValue: download) == nil { throw ValidationError("--download must be all or on-demand") }
         if let fetchTimeout, !(fetchTimeout >= 1 && fetchTimeout <= 3600) { throw ValidationError("--fetch-timeout must be between 1 and 3600 seconds") }
         if let cacheSize, cacheSize != "none", (RetentionPolicy.size(cacheSize) ?? 0) <= 0 {
@@ -141,6 +147,7 @@ struct MountCommand: ParsableCommand {
         configuration.keyValueLimitSettings = kvLimits
         configuration.maintenanceEvery = maintenanceEvery
         configuration.pollSeconds = poll
+        configuration.cachedNames = cachedNames ?? Store.defaultCachedNames
         configuration.showVersions = showVersions
         configuration.download = download
         configuration.fetchTimeout = fetchTimeout
