@@ -46,13 +46,16 @@ struct DirectoryCache {
     /// Whether `parent` is known to be too big to load.
     func isTooBig(_ parent: InodeNumber) -> Bool { tooBig.contains(parent) }
 
+    /// Notes that `parent` has more than `largestLoaded` names: not to be loaded.
+    mutating func tooBigToLoad(_ parent: InodeNumber) {
+        drop(parent)
+        tooBig.insert(parent)
+    }
+
     /// Holds `names` as `parent`'s whole listing, or, past `largestLoaded`, notes that it
     /// is not to be loaded.
     mutating func load(_ parent: InodeNumber, _ names: Names) {
-        guard names.count <= largestLoaded else {
-            tooBig.insert(parent)
-            return
-        }
+        guard names.count <= largestLoaded else { return tooBigToLoad(parent) }
         drop(parent)
         keep(parent, names)
     }

@@ -189,11 +189,14 @@ extension Store {
 
     private func logTreeChanges(committingFirst: Bool) {
         guard overlay.hasUnlogged, let opLog = treeLog else { return }
-        // What the batch holds is the request's too (rows of tables the overlay does not
-        // hold): committed before its reply, as its frame is written.
+        // What the batch holds is the request's too, and may depend on the tree changes
+        // not logged yet (a version row deleted while the inode that named it moves on in
+        // the overlay): both are committed together, the overlay folded, so a crash
+        // keeps both or neither. A frame after the batch's commit would leave a window.
         if committingFirst && db.hasOpenBatch && !db.inTransaction {
             do {
-                try commitBatchWithoutFold()
+                try commitBatch()
+                return
             } catch {
                 log("ubiquity: committing the batch before logging failed: \(error) (the change is logged; the batch commits later)")
             }

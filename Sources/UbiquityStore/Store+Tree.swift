@@ -154,15 +154,17 @@ extension Store {
     private func loadDirectory(_ parent: InodeNumber) throws(StoreError) {
         let limit = directories.largestLoaded + 1
         let rows = try db.aroundGate { () throws(StoreError) in
-            try db.rows("SELECT \(Self.qualifiedInodeColumns), e.name FROM entries e JOIN inodes i ON i.id = e.inode WHERE e.parent = ? LIMIT ?",
-                        [.inode(parent), .int(Int64(limit))]) { (name: NameKey($0.text(19)), node: Self.treeNode($0)) }
+            try db.rows("SELECT \(Self.qualifiedInodeColumns), e.name FROM entries e LEFT JOIN inodes i ON i.id = e.inode WHERE e.parent = ? LIMIT ?",
+                        [.inode(parent), .int(Int64(limit))]) { (name: NameKey($0.text(19)), node: $0.isNull(0) ? nil : Self.treeNode($0)) }
         }
+        guard rows.count < limit else { return directories.tooBigToLoad(parent) }
         var names = DirectoryCache.Names(minimumCapacity: rows.count)
         for row in rows {
-            guard case .success(let node) = row.node else { continue } // a damaged row: looked up (and reported) by itself
+            // A damaged row, or an entry without its inode: the directory is not held, so
+            // each name is looked up (and its damage reported) by itself.
+            guard case .success(let node)? = row.node else { return }
             names[row.name] = node.inode.id
         }
-        guard rows.count < limit else { return directories.load(parent, names) } // noted as too big
         // Each inode as SQLite has it, unless the overlay holds it (the cache never holds
         // anything older than the overlay); only a small directory's, so one listing
         // does not push the working set out.

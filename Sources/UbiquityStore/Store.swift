@@ -319,9 +319,10 @@ public final class Store: @unchecked Sendable {
 
     /// Whether tree changes wait in the overlay for a burst to end (a sync step would
     /// fold them all at once, under the store's lock): the sync engine's loop waits with
-    /// them, up to twice the longest wait.
-    public var treeChangesSettling: Bool {
-        !overlay.isEmpty && monotonicNanos() - overlayTimes.first < 2 * foldPolicy.age
+    /// them, but at most twice the longest wait since its last cycle (`since`), so a
+    /// stream of bursts does not keep sync out.
+    public func treeChangesSettling(since lastCycle: Int64, now: Int64 = monotonicNanos()) -> Bool {
+        !overlay.isEmpty && now - lastCycle < 2 * foldPolicy.age
     }
 
     /// Commits what the batch holds, but not the overlay: small chunks first (a committed

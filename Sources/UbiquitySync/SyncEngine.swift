@@ -83,6 +83,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         var pollNow = true
         /// Set by requestSync: the next cycle pushes everything pending, burst or not.
         var pushNow = false
+        /// When a cycle of the loop last ran (`monotonicNanos`): it waits for a burst of
+        /// tree changes to pause at most `Store.treeChangesSettling`'s wait after that.
+        var lastCycle: Int64 = 0
         /// Set by requestSync / syncNow / resume: records that wait are tried again now.
         var retryNow = false
     }
@@ -303,8 +306,10 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         // A burst of local tree changes waits in the store's overlay until it pauses
         // (`Store.groupCommit`); a cycle now would fold it all at once, under the lock the
         // requests need. Asked for (`ubiquity sync`) or stopping, it runs.
-        let asked = state.withLock { $0.pushNow || $0.stopped }
-        if !asked, shared.withLock({ $0.treeChangesSettling }) { return }
+        let now = monotonicNanos()
+        let (asked, lastCycle) = state.withLock { ($0.pushNow || $0.stopped, $0.lastCycle) }
+        if !asked, shared.withLock({ $0.treeChangesSettling(since: lastCycle, now: now) }) { return }
+        state.withLock { $0.lastCycle = now }
         cycleLock.withLock { _ in
             let force = state.withLock { s in defer { s.pushNow = false }; return s.pushNow }
             do { try cycle(pushPull: pushPull, force: force) } catch { logOnce("ubiquity: sync: \(error)") }

@@ -321,14 +321,15 @@ import TestSupport
         let s0 = d.store.db.statements
         #expect(fs.groupCommit() == false, "the burst has not paused: the group commit waits")
         #expect(d.store.db.statements == s0, "statements of a group commit that waits: \(d.store.db.statements - s0)")
-        #expect(d.store.overlay.changes.count == changes && d.store.treeChangesSettling)
+        #expect(d.store.overlay.changes.count == changes && d.store.treeChangesSettling(since: monotonicNanos()))
+        #expect(!d.store.treeChangesSettling(since: monotonicNanos() - 2 * d.store.foldPolicy.age), "a stream of bursts must not keep sync out")
         d.store.foldPolicy.quiet = 0
         d.store.foldPolicy.part = 64
         var parts = 0
         while try d.store.groupCommit() == .more { parts += 1 }
         print("WorkTests.aBurstIsFoldedWhenItPausesAPartAtATime: \(changes) changes folded in \(parts + 1) parts")
         #expect(parts + 1 >= changes / 64, "\(changes) changes in \(parts + 1) parts of at most 64 (whole frames)")
-        #expect(d.store.overlay.isEmpty && !d.store.treeChangesSettling)
+        #expect(d.store.overlay.isEmpty && !d.store.treeChangesSettling(since: monotonicNanos()))
         let rows = try d.store.db.rows("SELECT count(*) FROM entries WHERE parent = ? AND name LIKE 'burst%'", [.inode(dir)]) { $0.int(0) }
         #expect(rows == [40], "the burst's files in SQLite: \(rows)")
     }
