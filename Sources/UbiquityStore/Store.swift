@@ -317,12 +317,13 @@ public final class Store: @unchecked Sendable {
         return .done
     }
 
-    /// Whether tree changes wait in the overlay for a burst to end (a sync step would
-    /// fold them all at once, under the store's lock): the sync engine's loop waits with
-    /// them, but at most twice the longest wait since its last cycle (`since`), so a
+    /// Whether tree changes are coming in a burst (a sync step would fold them all at
+    /// once, under the store's lock): the sync engine's loop waits while they come, but
+    /// not for a pause of reads (a change from a peer must come in while the reader
+    /// polls), and at most twice the longest wait since its last cycle (`since`), so a
     /// stream of bursts does not keep sync out.
     public func treeChangesSettling(since lastCycle: Int64, now: Int64 = monotonicNanos()) -> Bool {
-        !overlay.isEmpty && now - lastCycle < 2 * foldPolicy.age
+        !overlay.isEmpty && now - overlayTimes.last < foldPolicy.quiet && now - lastCycle < 2 * foldPolicy.age
     }
 
     /// Commits what the batch holds, but not the overlay: small chunks first (a committed
