@@ -85,8 +85,7 @@ struct DirectoryCache {
         guard newer[parent] != nil else { return }
         if newer[parent]!.updateValue(id, forKey: name) == nil { newerNames += 1 }
         if newer[parent]!.count > largestLoaded {
-            drop(parent)
-            tooBig.insert(parent)
+            tooBigToLoad(parent)
         } else if newerNames >= budget / 2 {
             turn()
         }
