@@ -6,6 +6,7 @@
 # back to its previous version at the next mount, instead of EIO forever.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
+require_cmd setfattr "apt-get install attr"
 
 mount_fresh crash
 step "save, then SIGKILL the daemon at once"
@@ -20,9 +21,18 @@ assert_eq 1 "$(version_count dir/kept.txt)" "its version"
 
 step "a burst of saves in new directories, then SIGKILL: every save is there (intent log)"
 for i in $(seq 1 40); do mkdir -p "$MNT/burst/d$((i % 7))"; echo "burst $i" >"$MNT/burst/d$((i % 7))/f$i"; done
+# xattrs are frames of the operation log too (format 17): set, replaced and removed.
+setfattr -n user.tag -v first "$MNT/burst/d1/f1"
+setfattr -n user.tag -v second "$MNT/burst/d1/f1"
+setfattr -n user.gone -v x "$MNT/burst/d2/f2"
+setfattr -x user.gone "$MNT/burst/d2/f2"
+setfattr -n user.dir -v d "$MNT/burst/d3"
 crash_daemon
 _ubq_mount
 for i in $(seq 1 40); do assert_file_content "$MNT/burst/d$((i % 7))/f$i" "burst $i" "burst file $i after the crash"; done
+assert_eq second "$(xattr "$MNT/burst/d1/f1" user.tag)" "an xattr replaced just before the crash"
+assert_eq "" "$(getfattr --absolute-names -d "$MNT/burst/d2/f2" 2>/dev/null)" "an xattr removed just before the crash"
+assert_eq d "$(xattr "$MNT/burst/d3" user.dir)" "a directory's xattr set just before the crash"
 "$UBIQUITY" fsck --store "$STORE" >/dev/null || fail "fsck after the burst"
 
 step "power loss: a version whose chunk never reached the disk is rolled back at mount"

@@ -80,9 +80,12 @@ extension FileSystem {
             guard name.hasPrefix("user."), name.count > 5 else { throw .notSupported }
             guard NameCodec.byteCount(name) <= 255 else { throw .range }
             guard value.count <= 65536 else { throw Errno(E2BIG) }
-            let exists = try storeCall { () throws(StoreError) in try m.store.xattr(ino, name) != nil }
-            if flags & 1 != 0 && exists { throw .exists }  // XATTR_CREATE
-            if flags & 2 != 0 && !exists { throw .noData } // XATTR_REPLACE
+            // Only XATTR_CREATE (1) and XATTR_REPLACE (2) ask whether it exists.
+            if flags & 3 != 0 {
+                let exists = try storeCall { () throws(StoreError) in try m.store.xattr(ino, name) != nil }
+                if flags & 1 != 0 && exists { throw .exists }
+                if flags & 2 != 0 && !exists { throw .noData }
+            }
             try storeCall { () throws(StoreError) in
                 try m.store.setXattr(ino, name, value)
                 try m.touchCtime(ino)

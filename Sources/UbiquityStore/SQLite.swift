@@ -58,11 +58,12 @@ final class SQLiteDatabase {
     private var gateOpen = false
     private var shadowed: [String: Bool] = [:]
 
-    /// The tables whose rows the overlay may hold newer than SQLite: the tree's, and what
+    /// The tables whose rows the overlay may hold newer than SQLite: the tree's (and its
+    /// xattrs), and what
     /// folding a save or a tombstone writes (its version, the synced view, the histories
     /// shown); `content_totals` follows `inodes` by triggers.
     static let overlayTables = ["inodes", "entries", "pending", "content_totals", "versions", "histories", "history_dirs",
-                                "view_heads", "view_awaited", "view_current", "view_paths", "view_conflicts", "own_dots"]
+                                "view_heads", "view_awaited", "view_current", "view_paths", "view_conflicts", "own_dots", "xattrs"]
 
     static func namesOverlayTable(_ sql: String) -> Bool {
         let words = sql.split { !($0.isLetter || $0.isNumber || $0 == "_") }

@@ -86,9 +86,10 @@ extension Store {
     }
 
     /// Whether SQLite holds a version of history `fileID`: rows there never change, so
-    /// this reads around the gate.
+    /// this reads around the gate (and not at all for a history begun since the fold).
     private func hasIndexedVersions(_ fileID: FileID) throws(StoreError) -> Bool {
-        try db.aroundGate { () throws(StoreError) -> Bool in
+        if overlay.isFresh(fileID) { return false }
+        return try db.aroundGate { () throws(StoreError) -> Bool in
             try !db.rows("SELECT 1 FROM versions WHERE file_id = ? LIMIT 1", [.id(fileID)]) { _ in true }.isEmpty
         }
     }
@@ -128,6 +129,7 @@ extension Store {
     /// wait would delete the row and lose itself: the simulation's check of rebuilt views
     /// catches that). The leaf's own row is written at once.
     private func countHistoryPath(_ path: String, by delta: Int64) throws(StoreError) {
+        if delta > 0 { historyNames.noteTaken(path) }
         guard takingIn != nil else { return try Self.countHistoryPath(path, by: delta, in: db) }
         try Self.countHistoryPath(path, by: delta, in: db) { self.takingIn?.historyDirectories[$0, default: 0] += delta }
     }

@@ -171,6 +171,10 @@ extension Store {
         // the fold's order makes unlikely), goes as `withdrawUnsentHistory` lets it.
         case .withdraw(_, _, let fileID):
             if try !withdrawUnsentHistory(fileID) { try dropHistory(fileID) }
+        case .xattr(let id, let name, let value?):
+            try db.query("REPLACE INTO xattrs(inode, name, value) VALUES(?, ?, ?)", [.inode(id), .text(name), .blob(value)])
+        case .xattr(let id, let name, nil):
+            try db.query("DELETE FROM xattrs WHERE inode = ? AND name = ?", [.inode(id), .text(name)])
         }
     }
 
@@ -180,8 +184,8 @@ extension Store {
     /// this open: what it could not take is folded now, and later changes go straight to
     /// SQLite (the group commit's durability, as before the log).
     ///
-    /// Writes that went straight to SQLite (a local-only save, an xattr, the histories an
-    /// editor's save adopts) wait in the group commit's batch, which a crash loses: when
+    /// Writes that went straight to SQLite (the histories an editor's save adopts, a
+    /// reserve fallocate set aside) wait in the group commit's batch, which a crash loses: when
     /// the batch is open, it is committed (the overlay folded into it first) before a
     /// change is logged, so no logged change survives a crash that the writes it may
     /// depend on did not.

@@ -5,16 +5,22 @@ import UbiquitySystem
 /// in st_blocks while they are holes; a file's row goes with the inode, and with content
 /// another device replaced.
 extension Store {
-    /// The file's reserved ranges. A row that does not parse (it never should: this
-    /// program writes them) is logged and read as none, not trusted.
+    /// The file's reserved ranges. The table is small (a row per file with a reserve not
+    /// written yet), so it is held in memory: opening a file reads no SQLite. A row that
+    /// does not parse (it never should: this program writes them) is logged and read as
+    /// none, not trusted.
     public func reservedRanges(_ id: InodeNumber) throws(StoreError) -> [Range<Int64>] {
-        guard let text = try db.rows("SELECT ranges FROM reserves WHERE inode = ?", [.inode(id)], { $0.text(0) }).first
-        else { return [] }
-        guard let ranges = Self.decodeRanges(text) else {
-            log("ubiquity: inode \(id): unreadable reserved ranges '\(text.prefix(80))' ignored")
-            return []
+        if let reserves { return reserves[id] ?? [] }
+        var loaded: [InodeNumber: [Range<Int64>]] = [:]
+        for (inode, text) in try db.rows("SELECT inode, ranges FROM reserves", [], { ($0.inode(0), $0.text(1)) }) {
+            guard let ranges = Self.decodeRanges(text) else {
+                log("ubiquity: inode \(inode): unreadable reserved ranges '\(text.prefix(80))' ignored")
+                continue
+            }
+            loaded[inode] = ranges
         }
-        return ranges
+        reserves = loaded
+        return loaded[id] ?? []
     }
 
     public func setReservedRanges(_ id: InodeNumber, _ ranges: [Range<Int64>]) throws(StoreError) {
@@ -23,11 +29,15 @@ extension Store {
         } else {
             try db.query("REPLACE INTO reserves(inode, ranges) VALUES(?, ?)",
                          [.inode(id), .text(ranges.map { "\($0.lowerBound)-\($0.upperBound)" }.joined(separator: ","))])
+            reserves?[id] = ranges
         }
     }
 
     func dropReservedRanges(_ id: InodeNumber) throws(StoreError) {
+        // Most files have none: nothing to delete, and no statement.
+        if let reserves, reserves[id] == nil { return }
         try db.query("DELETE FROM reserves WHERE inode = ?", [.inode(id)])
+        reserves?[id] = nil
     }
 
     /// "a-b,c-d": sorted, disjoint, non-empty ranges within 0...maxFileSize; nil otherwise.

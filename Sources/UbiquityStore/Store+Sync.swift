@@ -644,7 +644,7 @@ extension Store {
         apply(file, of: record, to: &inode)
         continuedParents[id] = nil
         try update(inode)
-        try db.query("DELETE FROM xattrs WHERE inode = ?", [.inode(id)])
+        try dropXattrs(id)
         try dropReservedRanges(id) // another device's content replaced what they reserved
         try finishShowing(file, of: record, on: id)
     }

@@ -285,6 +285,8 @@ extension Store {
         cache.removeAll()
         directories.removeAll()
         inodeTotal = nil
+        reserves = nil
+        historyNames.removeAll()
     }
 
     /// Loads, changes and saves one inode.
@@ -315,6 +317,7 @@ extension Store {
             if touchingParent { try touchDirectory(parent, subdirectories: kind == .directory ? 1 : 0) }
         }
         nextInode = nextInode.advanced(by: 1)
+        if overlayOn { overlay.noteFresh(id, history: fileID == nil ? inode.fileID : nil) }
         inodeTotal = inodeTotal.map { $0 + 1 }
         cache.put(node)
         if kind == .directory { directories.load(id, [:]) } // new, so known empty: no query at its first lookup

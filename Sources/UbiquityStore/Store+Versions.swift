@@ -264,11 +264,4 @@ extension Store {
             return row
         }
     }
-
-    /// The inode's user xattrs as a record carries them.
-    func currentXattrs(_ id: InodeNumber) throws(StoreError) -> [XattrEntry] {
-        try db.rows("SELECT name, value FROM xattrs WHERE inode = ? ORDER BY name", [.inode(id)]) {
-            XattrEntry(name: String($0.text(0).dropFirst(5)), value: $0.blob(1))
-        }
-    }
 }

@@ -1,24 +1,55 @@
-/// User extended attributes (`user.*`), stored with the inode. Not versioned.
+/// User extended attributes (`user.*`), stored with the inode. Not versioned. With the
+/// overlay on, a set or a removal is a tree change (`TreeChange.xattr`): a frame of the
+/// operation log, SQLite at the fold. Reads take the overlay's values over SQLite's rows,
+/// which they read around the gate (and not at all for an inode made or dropped here).
 extension Store {
     public func xattr(_ id: InodeNumber, _ name: String) throws(StoreError) -> [UInt8]? {
-        try db.rows("SELECT value FROM xattrs WHERE inode = ? AND name = ?", [.inode(id), .text(name)]) { $0.blob(0) }.first
+        let here = overlay.xattrs(of: id)
+        if let value = here.changed[name] { return value }
+        if here.cleared { return nil }
+        return try db.aroundGate { () throws(StoreError) in
+            try db.rows("SELECT value FROM xattrs WHERE inode = ? AND name = ?", [.inode(id), .text(name)]) { $0.blob(0) }.first
+        }
     }
 
     public func xattrNames(_ id: InodeNumber) throws(StoreError) -> [String] {
-        try db.rows("SELECT name FROM xattrs WHERE inode = ? ORDER BY name", [.inode(id)]) { $0.text(0) }
+        try xattrs(of: id).map(\.name)
+    }
+
+    /// The inode's user xattrs by full name, in byte order of their names.
+    private func xattrs(of id: InodeNumber) throws(StoreError) -> [(name: String, value: [UInt8])] {
+        let here = overlay.xattrs(of: id)
+        var all: [String: [UInt8]] = [:]
+        if !here.cleared {
+            try db.aroundGate { () throws(StoreError) in
+                try db.query("SELECT name, value FROM xattrs WHERE inode = ?", [.inode(id)]) { all[$0.text(0)] = $0.blob(1) }
+            }
+        }
+        for (name, value) in here.changed { all[name] = value }
+        return all.sorted { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }.map { (name: $0.key, value: $0.value) }
+    }
+
+    /// The inode's user xattrs as a record carries them (names without `user.`).
+    func currentXattrs(_ id: InodeNumber) throws(StoreError) -> [XattrEntry] {
+        try xattrs(of: id).map { XattrEntry(name: String($0.name.dropFirst(5)), value: $0.value) }
     }
 
     public func setXattr(_ id: InodeNumber, _ name: String, _ value: [UInt8]) throws(StoreError) {
-        try db.query("REPLACE INTO xattrs(inode, name, value) VALUES(?, ?, ?)", [.inode(id), .text(name), .blob(value)])
+        try record(.xattr(id, name: name, value: value))
         try changed.insert(id)
     }
 
     /// Returns whether the attribute existed.
     public func removeXattr(_ id: InodeNumber, _ name: String) throws(StoreError) -> Bool {
-        try db.query("DELETE FROM xattrs WHERE inode = ? AND name = ?", [.inode(id), .text(name)])
-        let removed = db.changes > 0
+        guard try xattr(id, name) != nil else { return false }
+        try record(.xattr(id, name: name, value: nil))
         try changed.insert(id)
-        return removed
+        return true
+    }
+
+    /// Another device's version shown on inode `id`: its xattrs replace the inode's.
+    func dropXattrs(_ id: InodeNumber) throws(StoreError) {
+        for name in try xattrNames(id) { try record(.xattr(id, name: name, value: nil)) }
     }
 
     /// A history that no live file shows at `path` (its file was deleted or renamed to a
@@ -27,6 +58,7 @@ extension Store {
     /// not fold): a history the overlay placed is where the overlay says.
     public func deadHistory(at path: String) throws(StoreError) -> (fileID: FileID, head: Int64?)? {
         var found = overlay.historiesAt[NameKey(path)]?.first { overlay.histories[$0]?.live == false }
+        if found == nil, try !mayShowHistory(at: path) { return nil }
         if found == nil {
             let shown = try db.aroundGate { () throws(StoreError) in
                 try db.rows("SELECT file_id FROM histories WHERE path = ? AND live = 0 LIMIT 8", [.text(path)], { $0.fileID(0) })
@@ -46,5 +78,19 @@ extension Store {
         guard let newer = overlay.newest[fileID] else { return (fileID, stored?.row) }
         guard let stored, (stored.committed, stored.row) > (newer.committed, newer.row) else { return (fileID, newer.row) }
         return (fileID, stored.row)
+    }
+
+    /// Whether SQLite may show a history at `path`: false only when it surely does not.
+    /// A directory's names are read once, around the gate (`HistoryNames`).
+    private func mayShowHistory(at path: String) throws(StoreError) -> Bool {
+        let slash = path.utf8.lastIndex(of: UInt8(ascii: "/"))
+        let directory = slash.map { String(path[..<$0]) } ?? ""
+        let name = slash.map { String(path[path.index(after: $0)...]) } ?? path
+        if let known = historyNames.mayHave(directory, name) { return known }
+        let shown = try db.aroundGate { () throws(StoreError) in
+            try db.rows("SELECT name FROM history_dirs WHERE parent = ? AND leaves > 0", [.text(directory)]) { $0.text(0) }
+        }
+        historyNames.load(directory, shown)
+        return historyNames.mayHave(directory, name) ?? true
     }
 }

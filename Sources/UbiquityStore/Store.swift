@@ -26,8 +26,13 @@ public final class Store: @unchecked Sendable {
     var cache: InodeCache
     /// Directories' names, loaded at a first lookup (`DirectoryCache`).
     var directories: DirectoryCache
+    /// The names directories show histories at, read at a first create (`HistoryNames`).
+    var historyNames = HistoryNames()
     /// Inodes in the store, once counted (statfs).
     var inodeTotal: Int?
+    /// The `reserves` table, read whole at the first look and kept with every write (nil:
+    /// not read, or a rollback may have undone a write): a file's open reads it.
+    var reserves: [InodeNumber: [Range<Int64>]]?
     /// Files that continue a history but have no version yet: the version their first
     /// commit descends from (kept in memory only; losing it in a crash only loses the link).
     var continuedParents: [InodeNumber: Int64] = [:]

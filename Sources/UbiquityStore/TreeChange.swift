@@ -27,6 +27,8 @@ enum TreeChange: Equatable {
     /// A history whose one version is an unsent save (`row`, record `id`) goes altogether:
     /// an editor's temp file renamed over the file it saves (`Store.endHistoryRenamedOver`).
     case withdraw(row: Int64, id: VersionID, fileID: FileID)
+    /// A user xattr (full name, `user.` included) set to `value`, or removed (nil).
+    case xattr(InodeNumber, name: String, value: [UInt8]?)
 
     static func == (a: TreeChange, b: TreeChange) -> Bool {
         switch (a, b) {
@@ -41,6 +43,7 @@ enum TreeChange: Equatable {
             return r == r2 && i == i2 && f == f2 && h == h2 && NameKey(p) == NameKey(p2) && c == c2
         case (.history(let f, let p, let l), .history(let f2, let p2, let l2)): return f == f2 && NameKey(p) == NameKey(p2) && l == l2
         case (.withdraw(let r, let i, let f), .withdraw(let r2, let i2, let f2)): return r == r2 && i == i2 && f == f2
+        case (.xattr(let i, let n, let v), .xattr(let j, let m, let w)): return i == j && n == m && v == w
         default: return false
         }
     }
@@ -72,9 +75,11 @@ extension TreeChange {
     static let maxString = OperationLog.maxPayload
     static let frameVersion: UInt8 = 1
 
-    private enum Tag: UInt8 { case putInode = 1, dropInode, putEntry, removeEntry, pending, save, tombstone, history, withdraw, localSave }
+    private enum Tag: UInt8 { case putInode = 1, dropInode, putEntry, removeEntry, pending, save, tombstone, history, withdraw, localSave, xattr }
     /// A chunk list or the xattrs of one save.
     static let maxBlob = OperationLog.maxPayload
+    /// One xattr's value: setxattr takes at most 64 KiB.
+    static let maxXattr = 65_536
 
     static func encode(_ changes: some Collection<TreeChange>) -> [UInt8] {
         var w = PayloadWriter()
@@ -131,6 +136,8 @@ extension TreeChange {
             w.byte(Tag.history.rawValue); w.id(fileID.value); w.string(path); w.byte(live ? 1 : 0)
         case .withdraw(let row, let id, let fileID):
             w.byte(Tag.withdraw.rawValue); w.i64(row); w.id(id.value); w.id(fileID.value)
+        case .xattr(let inode, let name, let value):
+            w.byte(Tag.xattr.rawValue); w.inode(inode); w.string(name); w.optional(value) { $0.bytes($1) }
         }
     }
 
@@ -188,6 +195,10 @@ extension TreeChange {
         case .withdraw:
             guard let row = r.i64(), let id = r.id(), let fileID = r.id() else { return nil }
             return .withdraw(row: row, id: VersionID(id), fileID: FileID(fileID))
+        case .xattr:
+            guard let inode = r.inode(), let name = r.string(), let value = r.optional({ $0.bytes(limit: TreeChange.maxXattr) })
+            else { return nil }
+            return .xattr(inode, name: name, value: value)
         }
     }
 }

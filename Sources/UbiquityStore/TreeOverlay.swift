@@ -33,6 +33,15 @@ struct TreeOverlay {
     /// Where histories are shown now, and the histories shown at each path.
     private(set) var histories: [FileID: (path: String, live: Bool)] = [:]
     private(set) var historiesAt: [NameKey: Set<FileID>] = [:]
+    /// User xattrs set (a value) or removed (nil) here, by inode and full name.
+    private var xattrs: [InodeNumber: [String: [UInt8]?]] = [:]
+    /// Inodes whose xattrs in SQLite do not count: dropped here, or made by this process
+    /// (`noteFresh`; a number never given before has no rows there). Only what `xattrs`
+    /// holds is theirs.
+    private var xattrsCleared: Set<InodeNumber> = []
+    /// Histories begun here (`noteFresh`) that SQLite has no version of: a version of one
+    /// reaches SQLite only through a fold, which rebuilds the overlay without this.
+    private var freshHistories: Set<FileID> = []
 
     init() {}
 
@@ -49,7 +58,10 @@ struct TreeOverlay {
         changes.append(change)
         switch change {
         case .putInode(let node): inodes[node.inode.id] = .some(node)
-        case .dropInode(let id): inodes[id] = .some(nil)
+        case .dropInode(let id):
+            inodes[id] = .some(nil)
+            xattrs[id] = nil
+            xattrsCleared.insert(id)
         case .putEntry(let parent, let name, let inode):
             let key = NameKey(name)
             entries[parent, default: [:]][key] = inode
@@ -82,7 +94,26 @@ struct TreeOverlay {
             if rowsOf[fileID]?.isEmpty == true { rowsOf[fileID] = nil }
             if newest[fileID]?.row == row { newest[fileID] = nil }
             if let old = histories.removeValue(forKey: fileID) { historiesAt[NameKey(old.path)]?.remove(fileID) }
+        case .xattr(let id, let name, let value):
+            xattrs[id, default: [:]][name] = .some(value)
         }
+    }
+
+    /// Inode `id` was just given out, with a new history if it is a file: SQLite has no
+    /// xattrs of it and no version of that history. Not a change (a rebuilt overlay
+    /// forgets it, and a read then asks SQLite).
+    mutating func noteFresh(_ id: InodeNumber, history: FileID?) {
+        xattrsCleared.insert(id)
+        if let history { freshHistories.insert(history) }
+    }
+
+    /// Whether history `fileID` surely has no version in SQLite (see `noteFresh`).
+    func isFresh(_ fileID: FileID) -> Bool { freshHistories.contains(fileID) }
+
+    /// The inode's xattrs as the overlay has them: the values set or removed here, and
+    /// whether SQLite's rows are to be ignored.
+    func xattrs(of id: InodeNumber) -> (changed: [String: [UInt8]?], cleared: Bool) {
+        (xattrs[id] ?? [:], xattrsCleared.contains(id))
     }
 
     /// The one version of history `fileID` here when it is a save (a tombstone or a second

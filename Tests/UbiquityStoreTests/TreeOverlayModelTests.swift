@@ -30,6 +30,8 @@ import UbiquitySystem
         /// history left (a local-only temp's version folded before the rename stays, as
         /// local versions do until prune).
         var withdrawn: [FileID] = []
+        /// User xattrs set on each inode (full names).
+        var xattrs: [InodeNumber: [String: [UInt8]]] = [:]
 
         var directories: [InodeNumber] { nodes.filter { $0.value.kind == .directory }.map(\.key).sorted { $0.rawValue < $1.rawValue } }
 
@@ -97,6 +99,25 @@ import UbiquitySystem
             #expect((try? store.chunkList(row: head)) == expected, "\(context): file \(id)'s content")
             #expect(inode.size == expected.totalSize, "\(context): file \(id)'s size")
         }
+        for id in model.nodes.keys {
+            let expected = model.xattrs[id] ?? [:]
+            let names = (try? store.xattrNames(id)) ?? ["(failed)"]
+            #expect(names == expected.keys.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }, "\(context): inode \(id)'s xattrs \(names)")
+            for (name, value) in expected { #expect((try? store.xattr(id, name)) == value, "\(context): inode \(id)'s xattr \(name)") }
+        }
+        // Where a new file would continue a history: the answers that trust the names
+        // read at the last check (`HistoryNames`) are the ones read afresh.
+        var paths: [String] = []
+        for dir in model.directories {
+            guard let path = store.path(of: dir) else { continue }
+            paths += names.map { path.isEmpty ? $0 : path + "/" + $0 }
+        }
+        let kept = paths.map { try? store.deadHistory(at: $0) }
+        store.historyNames.removeAll()
+        for (path, kept) in zip(paths, kept) {
+            let fresh = try? store.deadHistory(at: path)
+            #expect(kept?.fileID == fresh?.fileID && kept?.head == fresh?.head, "\(context): dead history at \(path)")
+        }
         let missing = model.touched.filter { model.nodes[$0] != nil && !store.changed.contains($0) }
         #expect(missing.isEmpty, "\(context): changed inodes not in the change set: \(missing.sorted { $0.rawValue < $1.rawValue })")
     }
@@ -109,7 +130,20 @@ import UbiquitySystem
         let name = names[rng.int(0..<names.count)]
         let key = NameKey(name)
         let existing = model.nodes[dir]!.children[key]
-        switch rng.int(0..<12) {
+        switch rng.int(0..<14) {
+        case 12, 13: // setxattr, or removexattr of one set
+            guard let id = existing else { return }
+            let xattr = ["user.a", "user.b", "user.\u{e9}"][rng.int(0..<3)]
+            if rng.int(0..<2) == 0 {
+                let value = rng.bytes(rng.int(0..<20))
+                try store.setXattr(id, xattr, value)
+                model.xattrs[id, default: [:]][xattr] = value
+            } else {
+                let removed = try store.removeXattr(id, xattr)
+                #expect(removed == (model.xattrs[id]?[xattr] != nil), "removexattr \(xattr) of \(id)")
+                model.xattrs[id]?[xattr] = nil
+            }
+            model.touched.insert(id)
         case 10, 11: // an editor's save: a temp file saved once, renamed over a saved file, as the filesystem does it
             // The temp name syncs ("~name") or is local-only ("name.swp", as gedit's is).
             let tempName = rng.int(0..<2) == 0 ? "~" + name : name + ".swp"
@@ -138,6 +172,7 @@ import UbiquitySystem
             model.nodes[dir]!.children[key] = temp.id
             model.content[temp.id] = list
             model.content[target] = nil
+            model.xattrs[target] = nil
             model.versions[temp.id] = model.versions[target, default: 0] + 1
             model.versions[target] = nil
             model.touched.insert(temp.id)
@@ -181,6 +216,7 @@ import UbiquitySystem
             for gone in model.collect() {
                 model.content[gone] = nil
                 model.versions[gone] = nil
+                model.xattrs[gone] = nil
             }
         case 3: // rename to a free name
             guard let id = existing else { return }
@@ -280,6 +316,9 @@ import UbiquitySystem
             .localSave(SavedVersion(row: 78, id: .new(), fileID: .new(), parents: [.new()], deviceName: "d", committed: 5, mtime: 6,
                                     mode: 0o600, path: "x/n.swp", chunks: ChunkList(), xattrs: []),
                        inode: InodeNumber(rawValue: 42), replaces: 12),
+            .xattr(InodeNumber(rawValue: 42), name: "user.\u{e9}", value: [0, 1, 255]),
+            .xattr(InodeNumber(rawValue: 43), name: "user.x", value: nil),
+            .xattr(InodeNumber(rawValue: 43), name: "user.y", value: []),
         ]
         let frame = TreeChange.encode(changes)
         #expect(TreeChange.decode(frame) == changes, "seed \(seed)")
