@@ -68,7 +68,7 @@ extension FileSystem {
             open.handles = 1
             m.lookups[inode.id, default: 0] += 1
             let handle = m.register(.file(ino: inode.id, open: open, writable: true))
-            if let path = m.store.path(of: inode.id) { publishFileEvents(m, [(.added, path)]) }
+            if feed.isWatched, let path = m.store.path(of: inode.id) { publishFileEvents(m, [(.added, path)]) }
             return (m.attributes(inode), handle, open)
         }
         // A new file is a save even if nothing is written: its empty first version.

@@ -98,7 +98,25 @@ public struct DeviceID: Hashable, Comparable, Sendable, CustomStringConvertible 
 
     /// Exactly 16 lowercase hex digits (the only spelling there is).
     public init?(hex: some StringProtocol) {
-        guard Hex.isLowercase(hex, count: 16), let value = UInt64(hex, radix: 16) else { return nil }
+        guard let id = hex.utf8.withContiguousStorageIfAvailable({ DeviceID(digits: $0) }) ?? DeviceID(digits: Array(hex.utf8))
+        else { return nil }
+        self = id
+    }
+
+    /// The same from UTF-8 bytes (a text column read in place: records' devices, at every
+    /// fold of a tombstone).
+    init?(digits: some Collection<UInt8>) {
+        guard digits.count == 16 else { return nil }
+        var value: UInt64 = 0
+        for c in digits {
+            let digit: UInt8
+            switch c {
+            case 0x30...0x39: digit = c - 0x30
+            case 0x61...0x66: digit = c - 0x61 + 10
+            default: return nil
+            }
+            value = value << 4 | UInt64(digit)
+        }
         self.init(value: value)
     }
 
@@ -228,7 +246,7 @@ extension SQLRow {
         guard bytes.count % 16 == 0 else { return [] }
         return stride(from: 0, to: bytes.count, by: 16).compactMap { ID128(bytes: bytes[$0..<$0 + 16]).map(VersionID.init) }
     }
-    func deviceID(_ column: Int32) -> DeviceID { DeviceID(hex: text(column)) ?? .zero }
+    func deviceID(_ column: Int32) -> DeviceID { DeviceID(digits: utf8(column)) ?? .zero }
     func nodeID(_ column: Int32) -> NodeID {
         if isText(column) {
             // By bytes: `String.hasPrefix` compares characters, and a path that begins

@@ -476,6 +476,11 @@ struct SQLRow {
         guard let p = sqlite3_column_text(statement, column) else { return "" }
         return String(cString: p)
     }
+    /// A text column's bytes in place, valid until the next step (no String made).
+    func utf8(_ column: Int32) -> UnsafeBufferPointer<UInt8> {
+        guard let p = sqlite3_column_text(statement, column) else { return UnsafeBufferPointer(start: nil, count: 0) }
+        return UnsafeBufferPointer(start: p, count: Int(sqlite3_column_bytes(statement, column)))
+    }
     func blob(_ column: Int32) -> [UInt8] {
         let count = Int(sqlite3_column_bytes(statement, column))
         guard count > 0, let p = sqlite3_column_blob(statement, column) else { return [] }
