@@ -81,14 +81,16 @@ extension Store {
     }
 
     /// Whether SQLite may show a history at `path`: false only when it surely does not.
-    /// A directory's names are read once, around the gate (`HistoryNames`).
+    /// A directory's names are read once, around the gate (`HistoryNames`); a directory
+    /// with too many is marked after reading one more than are kept.
     private func mayShowHistory(at path: String) throws(StoreError) -> Bool {
         let slash = path.utf8.lastIndex(of: UInt8(ascii: "/"))
         let directory = slash.map { String(path[..<$0]) } ?? ""
         let name = slash.map { String(path[path.index(after: $0)...]) } ?? path
         if let known = historyNames.mayHave(directory, name) { return known }
         let shown = try db.aroundGate { () throws(StoreError) in
-            try db.rows("SELECT name FROM history_dirs WHERE parent = ? AND leaves > 0", [.text(directory)]) { $0.text(0) }
+            try db.rows("SELECT name FROM history_dirs WHERE parent = ? AND leaves > 0 LIMIT ?",
+                        [.text(directory), .int(Int64(historyNames.perDirectory + 1))]) { $0.text(0) }
         }
         historyNames.load(directory, shown)
         return historyNames.mayHave(directory, name) ?? true
