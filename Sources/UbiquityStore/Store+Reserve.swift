@@ -13,8 +13,10 @@ extension Store {
         if let reserves { return reserves[id] ?? [] }
         var loaded: [InodeNumber: [Range<Int64>]] = [:]
         for (inode, text) in try db.rows("SELECT inode, ranges FROM reserves", [], { ($0.inode(0), $0.text(1)) }) {
+            // Kept as none, so the row still goes with its file.
             guard let ranges = Self.decodeRanges(text) else {
                 log("ubiquity: inode \(inode): unreadable reserved ranges '\(text.prefix(80))' ignored")
+                loaded[inode] = []
                 continue
             }
             loaded[inode] = ranges

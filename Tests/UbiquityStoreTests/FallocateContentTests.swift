@@ -123,6 +123,27 @@ import TestSupport
         }
     }
 
+    /// The reserves are read once and kept in memory with every write; a row that does not
+    /// parse reads as none and still goes with its file.
+    @Test func reservesAreKeptInMemoryAndADamagedRowStillGoes() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "reserves")
+        let a = InodeNumber(rawValue: 1000), b = InodeNumber(rawValue: 1001)
+        try store.db.statement("INSERT INTO reserves(inode, ranges) VALUES(?, 'not ranges')", [.inode(b)])
+        try store.setReservedRanges(a, [0..<4096])
+        #expect(try store.reservedRanges(a) == [0..<4096] && store.reservedRanges(b) == [])
+        let before = store.db.statements
+        #expect(try store.reservedRanges(a) == [0..<4096] && store.reservedRanges(InodeNumber(rawValue: 7)) == [])
+        #expect(store.db.statements == before, "reads after the first run no statement")
+        try store.dropReservedRanges(b)
+        try store.setReservedRanges(a, [])
+        let rows = try store.db.rows("SELECT count(*) FROM reserves", []) { $0.int(0) }
+        #expect(rows == [0], "rows left: \(rows)")
+        store.forgetCachedTree()
+        #expect(try store.reservedRanges(a) == [])
+    }
+
     @Test func byteRangesMergeAndSplit() {
         var r = ByteRanges()
         r.insert(10..<20); r.insert(30..<40); r.insert(20..<30)
