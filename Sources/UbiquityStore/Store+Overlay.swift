@@ -230,7 +230,7 @@ extension Store {
         guard !overlay.isEmpty else { return }
         logTreeChanges(committingFirst: false)
         let part = alone ? limit.flatMap { overlay.prefix(upTo: $0) } : nil
-        let changes = part.map { Array(overlay.changes[..<$0.end]) } ?? overlay.changes
+        let changes = Array(overlay.changes[overlay.folded..<(part?.end ?? overlay.changes.count)])
         let through = part?.through ?? lastLogged
         folding = true
         defer { folding = false }
@@ -264,7 +264,11 @@ extension Store {
                 try db.flattened(fold)
             }
         }
-        overlay = part.map { overlay.dropping($0.end) } ?? TreeOverlay()
+        if let part {
+            overlay.markFolded(through: part.end)
+        } else {
+            overlay = TreeOverlay()
+        }
         if db.level > 0 {
             openFolds.append((db.level, changes, through))
         } else {
@@ -323,7 +327,7 @@ extension Store {
         guard !undone.isEmpty else { return }
         openFolds.removeAll { $0.level >= level }
         let unlogged = overlay.changes.count - overlay.unlogged
-        overlay = TreeOverlay(replaying: undone.flatMap(\.changes) + overlay.changes, unlogged: unlogged)
+        overlay = TreeOverlay(replaying: undone.flatMap(\.changes) + overlay.unfolded, unlogged: unlogged)
         forgetCachedTree()
     }
 

@@ -312,11 +312,11 @@ public final class Store: @unchecked Sendable {
             return .done
         }
         let times = (first: overlayTimes.first, last: max(overlayTimes.last, lastRequest))
-        guard foldPolicy.due(changes: overlay.changes.count, times: times, now: monotonicNanos()) else {
+        guard foldPolicy.due(changes: overlay.unfolded.count, times: times, now: monotonicNanos()) else {
             try commitBatchWithoutFold()
             return .waiting
         }
-        try foldTree(alone: true, limit: foldPolicy.part(of: overlay.changes.count))
+        try foldTree(alone: true, limit: foldPolicy.part(of: overlay.unfolded.count))
         guard overlay.isEmpty else { return .more }
         try commitBatch()
         return .done
@@ -473,8 +473,8 @@ public struct FoldPolicy: Sendable {
     public var quiet: Int64 = 300_000_000
     public var age: Int64 = 5_000_000_000
     public var changes = 50_000
-    /// Changes in a part: at least this many, and at least an eighth of the overlay, as
-    /// the rest is rebuilt after each part (`TreeOverlay.dropping`).
+    /// Changes in a part: at least this many, and at least an eighth of what waits, so a
+    /// big overlay is folded in a few parts (`TreeOverlay.markFolded`).
     public var part = 4_096
 
     public init() {}
