@@ -98,9 +98,7 @@ public struct DeviceID: Hashable, Comparable, Sendable, CustomStringConvertible 
 
     /// Exactly 16 lowercase hex digits (the only spelling there is).
     public init?(hex: some StringProtocol) {
-        guard let id = hex.utf8.withContiguousStorageIfAvailable({ DeviceID(digits: $0) }) ?? DeviceID(digits: Array(hex.utf8))
-        else { return nil }
-        self = id
+        self.init(digits: hex.utf8)
     }
 
     /// The same from UTF-8 bytes (a text column read in place: records' devices, at every

@@ -59,9 +59,8 @@ final class SQLiteDatabase {
     private var shadowed: [String: Bool] = [:]
 
     /// The tables whose rows the overlay may hold newer than SQLite: the tree's (and its
-    /// xattrs), and what
-    /// folding a save or a tombstone writes (its version, the synced view, the histories
-    /// shown); `content_totals` follows `inodes` by triggers.
+    /// xattrs), and what folding a save or a tombstone writes (its version, the synced
+    /// view, the histories shown); `content_totals` follows `inodes` by triggers.
     static let overlayTables = ["inodes", "entries", "pending", "content_totals", "versions", "histories", "history_dirs",
                                 "view_heads", "view_awaited", "view_current", "view_paths", "view_conflicts", "own_dots", "xattrs"]
 

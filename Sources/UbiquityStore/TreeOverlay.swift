@@ -11,8 +11,8 @@
 struct TreeOverlay {
     private(set) var changes: [TreeChange] = []
     /// Changes before this index are in SQLite already (a group commit's parts): the rows
-    /// still show them, as SQLite has them too, and a fold starts after them. Rebuilding
-    /// the rows without them after every part cost a third of the group commit's time.
+    /// still show them, as SQLite has them too, and a fold starts after them, so a part
+    /// costs its own changes and not a rebuild of the rest (`markFolded`).
     private(set) var folded = 0
     /// Changes from this index on are not in a log frame yet.
     private(set) var unlogged = 0
