@@ -113,11 +113,16 @@ extension SyncEngine {
             // directory made while this cycle's pull waited must not go out without the
             // directory's record (a peer that moved the directory meanwhile would have
             // no record to tombstone, and the late one would bring it back: PullRaceTests).
+            // A cycle that began before `ubiquity pause` looks once more under the store's
+            // lock: a save made after the pause returned cannot go out in it.
             var batch: [SyncRecord] = []
+            var paused = false
             try withLocalChangesRecorded { (store, _) throws(StoreError) -> TreeChanges in
-                batch = try store.pendingUploads(limit: options.uploadBatch)
+                paused = state.withLock { $0.paused }
+                if !paused { batch = try store.pendingUploads(limit: options.uploadBatch) }
                 return TreeChanges()
             }
+            if paused { return }
             if batch.isEmpty { break }
             try makeDurable()
             // A pack found present and no fossil may become one later (BackingCollector),

@@ -48,6 +48,23 @@ import UbiquitySystem
         for _ in 0..<3 { for d in devices { try d.engine.cycle(pushPull: true) } }
     }
 
+    /// `a` and `c` in step, then a segment of `a`'s for `c`'s next cycle to read.
+    static func devicesWithASegmentToRead(_ temp: TempDirectory) throws -> (SimDevice, SimDevice, RecordingStore) {
+        let (a, c, store) = try devices(temp)
+        try a.save("seen.txt", "a segment for c to read")
+        try settle([a, c])
+        try a.save("next.txt", "one more")
+        try a.engine.cycle(pushPull: true)
+        return (a, c, store)
+    }
+
+    /// Saves `text` as a new file through `fs` (from a closure that cannot throw).
+    static func create(_ fs: FileSystem, in dir: InodeNumber, _ name: String, _ text: String, caller: Caller) {
+        guard let handle = try? fs.create(parent: dir, name: name, mode: 0o644, flags: OpenFlags(O_WRONLY), caller: caller).1 else { return }
+        _ = try? Array(text.utf8).withUnsafeBytes { try fs.write(handle, offset: 0, data: $0) }
+        try? fs.release(handle)
+    }
+
     /// The known issue this fixed: `d`, renamed to `e` while `b`'s removal of `d/g.txt`
     /// came in, was made again (empty) by that reconcile, and its record stayed.
     @Test func aRenamedDirectoryDoesNotComeBack() throws {
@@ -106,19 +123,13 @@ import UbiquitySystem
     @Test func directoriesMadeDuringAPullGoOutWithTheFilesInThem() throws {
         let temp = TempDirectory(prefix: "ubiquity-race")
         defer { temp.cleanup() }
-        let (a, c, store) = try Self.devices(temp)
-        try a.save("seen.txt", "a segment for c to read")
-        try Self.settle([a, c])
-        try a.save("next.txt", "one more")
-        try a.engine.cycle(pushPull: true)
+        let (a, c, store) = try Self.devicesWithASegmentToRead(temp)
 
         let (fs, me) = (c.fs, c.me)
         try Self.cycle(c, store: store) {
             var dir = Store.rootInode
             for name in ["t", "a", "b"] { dir = (try? fs.mkdir(parent: dir, name: name, mode: 0o755, caller: me).ino) ?? .zero }
-            guard let handle = try? fs.create(parent: dir, name: "deep.txt", mode: 0o644, flags: OpenFlags(O_WRONLY), caller: me).1 else { return }
-            _ = try? Array("deep".utf8).withUnsafeBytes { try fs.write(handle, offset: 0, data: $0) }
-            try? fs.release(handle)
+            Self.create(fs, in: dir, "deep.txt", "deep", caller: me)
         }
 
         try a.engine.cycle(pushPull: true)
@@ -132,5 +143,28 @@ import UbiquitySystem
             let tree = try d.tree()
             #expect(tree == expected, "\(d.name): \(tree)")
         }
+    }
+
+    /// The t-on-demand flake: `ubiquity pause` returned while a cycle's pull waited on the
+    /// network, a file was saved, and that cycle's push sent it (so `ubiquity evict`
+    /// found it uploaded). A save made after the pause returned stays here until resume.
+    @Test func aSaveAfterPauseDoesNotGoOutInTheCycleUnderWay() throws {
+        let temp = TempDirectory(prefix: "ubiquity-race")
+        defer { temp.cleanup() }
+        let (a, c, store) = try Self.devicesWithASegmentToRead(temp)
+
+        let (fs, me, engine) = (c.fs, c.me, c.engine)
+        try Self.cycle(c, store: store) {
+            engine.pause()
+            Self.create(fs, in: Store.rootInode, "after-pause.txt", "kept here", caller: me)
+        }
+        #expect(try a.tree()["next.txt"] != nil && c.tree()["next.txt"] != nil)
+        #expect(c.fs.store.withLock { $0.pendingUploadCount } > 0, "the save made after pause went out")
+        try a.engine.cycle(pushPull: true)
+        #expect(try a.tree()["after-pause.txt"] == nil, "a peer has the save made after pause")
+
+        c.engine.resume()
+        try Self.settle([a, c])
+        #expect(try a.tree()["after-pause.txt"] == "file kept here")
     }
 }
