@@ -83,6 +83,8 @@ final class Replica {
     /// Paths whose conflict count is due at the end of `deferringConflicts` (nil: none
     /// deferred, each change updates its paths at once).
     private var deferredConflicts: [String]?
+    /// Of those, the paths that only lost nodes (`conflictsChanged`).
+    private var deferredFewer: [String] = []
     /// The `below` of the directories a `deferringConflicts` batch changed, kept here and
     /// written once per directory at its end (nil outside one): a fold of 1,000 deletes in
     /// one directory, or a join of its 1,000 files, writes that directory's row and each
@@ -124,8 +126,12 @@ final class Replica {
         /// Whether no id is awaited (nil: not asked yet); false once one is.
         var noneAwaited: Bool?
         /// Nodes known to have no heads here (so no current record either): those of a
-        /// slice's records new to this device (`rememberNewNodes`) until a head is added.
+        /// slice's records new to this device (`rememberNewNodes`) or of histories begun
+        /// in a fold (`rememberFreshNodes`), until a head is added.
         var headless: Set<NodeID> = []
+        /// The highest dot this device gave each node, as `own_dots` has it (0: no row),
+        /// for the nodes `lineage` wrote or `rememberFreshNodes` named.
+        var ownDots: [NodeID: Int64] = [:]
     }
 
     /// Runs `body` (one transaction: its rollback throws out of here) with what the view's
@@ -163,9 +169,11 @@ final class Replica {
     func deferringConflicts<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         if deferredConflicts != nil { return try body() } // nested: the outer call updates
         deferredConflicts = []
+        deferredFewer = []
         summedBelow = [:]
         defer {
             deferredConflicts = nil
+            deferredFewer = []
             summedBelow = nil
             summedBelowUnsure = false
             belowTouched = [:]
@@ -173,7 +181,7 @@ final class Replica {
         let result = try body()
         try writeSummedBelow()
         if summedBelowUnsure { try recountBelow(belowTouched.values) }
-        try updateConflicts(deferredConflicts ?? [])
+        try updateConflicts(deferredConflicts ?? [], fewer: deferredFewer)
         return result
     }
 
@@ -214,6 +222,18 @@ final class Replica {
         let known = try db.rows(in: nodes.map { SQLValue.node($0) }, { "SELECT DISTINCT node FROM view_heads WHERE node IN (\($0))" }) { $0.nodeID(0) }
         memo?.headless = nodes.subtracting(known)
     }
+
+    /// Nodes of histories begun since the last fold (`TreeOverlay.isFresh`): the view has
+    /// no heads of them and `own_dots` no row, so a fold of their first saves reads
+    /// neither (three statements per file made).
+    func rememberFreshNodes(_ nodes: Set<NodeID>) {
+        guard memo != nil else { return }
+        memo?.headless.formUnion(nodes)
+        for node in nodes { memo?.ownDots[node] = 0 }
+    }
+
+    /// `own_dots` lost the node's row (a history withdrawn or pruned away).
+    func ownDotDropped(_ node: NodeID) { memo?.ownDots[node] = nil }
 
     private func isHeadless(_ node: NodeID) -> Bool { memo?.headless.contains(node) == true }
 
@@ -304,7 +324,12 @@ final class Replica {
         // The highest dot this device gave the node is also kept (`own_dots`): heads alone
         // can lose it (a version rolled back after a power loss whose parent was pruned
         // leaves the node without heads here while other devices hold its dots).
-        var highest = try db.rows("SELECT dot FROM own_dots WHERE node = ?", [.node(node)]) { $0.int(0) }.first ?? 0
+        var highest: Int64
+        if let remembered = memo?.ownDots[node] {
+            highest = remembered
+        } else {
+            highest = try db.rows("SELECT dot FROM own_dots WHERE node = ?", [.node(node)]) { $0.int(0) }.first ?? 0
+        }
         known.heads = heads
         for head in heads {
             if head.device == device { highest = max(highest, head.lineage.dot) }
@@ -313,6 +338,7 @@ final class Replica {
         // Capped so the record stays valid (only a hostile context gets near it).
         lineage.dot = min(highest, Lineage.maxCounter - 1) + 1
         try db.query("REPLACE INTO own_dots(node, dot) VALUES(?, ?)", [.node(node), .int(lineage.dot)])
+        if memo != nil { memo?.ownDots[node] = lineage.dot }
         // A context past the limit (a hostile parent's) could not be read back anywhere:
         // the record goes without lineage, superseding by its parents only.
         guard lineage.itemCount <= Lineage.maxItems else { return (Lineage(), known) }
@@ -390,7 +416,8 @@ final class Replica {
             // other live heads as conflicts.
             memo?.states[NameKey(r.path)] = (.node(r), sortedConflicts(live.filter { $0.id != r.id }))
         }
-        try conflictsChanged(conflicts + [r.path])
+        // A tombstone that leaves its node no live head only takes it out of the view.
+        try conflictsChanged(conflicts + [r.path], onlyLost: r.isTombstone && current == nil)
         return (changed, current?.row == r.row, isAlone)
     }
 
@@ -405,8 +432,16 @@ final class Replica {
         return try db.rows("SELECT node FROM view_awaited WHERE id = ?", [.id(id)]) { $0.nodeID(0) }
     }
 
-    private func conflictsChanged(_ paths: [String]) throws(StoreError) {
-        if deferredConflicts != nil { deferredConflicts! += paths } else { try updateConflicts(paths) }
+    /// `onlyLost`: the paths only lost nodes, which never adds a conflict at any of
+    /// them (the heads left are fewer, and a directory that loses its last node below
+    /// shows one node's heads rather than all of them).
+    private func conflictsChanged(_ paths: [String], onlyLost: Bool = false) throws(StoreError) {
+        switch (deferredConflicts != nil, onlyLost) {
+        case (true, false): deferredConflicts! += paths
+        case (true, true): deferredFewer += paths
+        case (false, false): try updateConflicts(paths)
+        case (false, true): try updateConflicts([], fewer: paths)
+        }
     }
 
     /// Takes back a record that is being deleted from the versions table (same
@@ -612,12 +647,14 @@ final class Replica {
         Int(try db.rows("SELECT count FROM view_conflicts WHERE path = ?", [.text(path)]) { $0.int(0) }.first ?? 0)
     }
 
-    private func updateConflicts(_ paths: [String]) throws(StoreError) {
+    /// `fewer`: paths that only lost nodes; with no conflict anywhere before, they have
+    /// none after either, so they are not looked at.
+    private func updateConflicts(_ paths: [String], fewer: [String] = []) throws(StoreError) {
         var done: Set<NameKey> = []
         var delta = 0
         // With no conflict anywhere (the total is one row), no path has a count to read.
-        let anyBefore = paths.isEmpty ? false : try totalConflicts() > 0
-        for path in paths where done.insert(NameKey(path)).inserted {
+        let anyBefore = paths.isEmpty && fewer.isEmpty ? false : try totalConflicts() > 0
+        for path in paths + (anyBefore ? fewer : []) where done.insert(NameKey(path)).inserted {
             work += 1
             let count = try state(at: path).conflicts.count
             let old = anyBefore ? try conflictCount(at: path) : 0

@@ -9,7 +9,7 @@ extension Store {
     /// placed where it is.
     func placeHistory(_ fileID: FileID, path: String, live: Bool?, keepExisting: Bool = false) throws(StoreError) {
         var old = takingIn?.histories[fileID]
-        if old == nil {
+        if old == nil && historiesUnplaced.remove(fileID) == nil {
             old = try db.rows("SELECT path, live FROM histories WHERE file_id = ?", [.id(fileID)]) { (path: $0.text(0), live: $0.int(1) != 0) }.first
         }
         if old != nil && keepExisting { return }
@@ -59,6 +59,7 @@ extension Store {
             try db.query("DELETE FROM versions WHERE row = ?", [.int(only.row)])
             _ = try replica.remove(record)
             try db.query("DELETE FROM own_dots WHERE node = ?", [.node(.file(fileID))])
+            replica.ownDotDropped(.file(fileID))
             try dropHistory(fileID)
         }
         return true

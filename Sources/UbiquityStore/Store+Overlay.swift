@@ -145,13 +145,13 @@ extension Store {
             try db.query("INSERT OR IGNORE INTO pending(kind, key) VALUES(?, ?)", [.int(kind), .text(key)])
         // A version folded twice (a fold that failed halfway, written again) is there once.
         case .save(let v):
-            guard try !versionExists(v.id) else { return }
+            guard try !mayBeWritten(v.id) else { return }
             let record = SyncRecord(id: v.id, node: .file(v.fileID), kind: .file, parents: v.parents, deviceID: deviceID,
                                     deviceName: v.deviceName, committed: v.committed, mtime: v.mtime, mode: v.mode,
                                     isTombstone: false, isMeta: false, path: v.path, chunks: v.chunks, xattrs: v.xattrs)
             _ = try insert(record, from: .here, row: v.row)
         case .localSave(let v, let inode, let replaces):
-            guard try !versionExists(v.id) else { return }
+            guard try !mayBeWritten(v.id) else { return }
             // A local file keeps only its latest version; one another inode still shows
             // stays (else a hard link can point at nothing: t-differential.py seed 105).
             if let replaces {
@@ -163,7 +163,7 @@ extension Store {
                                     isTombstone: false, isMeta: false, path: v.path, chunks: v.chunks, xattrs: [])
             _ = try insert(record, from: .hereLocalOnly, row: v.row)
         case .tombstone(let row, let id, let fileID, let head, let path, let committed):
-            guard try !versionExists(id) else { return }
+            guard try !mayBeWritten(id) else { return }
             try writeTombstone(row: row, id: id, fileID: fileID, head: head, path: path, committed: committed)
         case .history(let fileID, let path, let live):
             try placeHistory(fileID, path: path, live: live)
@@ -176,6 +176,16 @@ extension Store {
         case .xattr(let id, let name, nil):
             try db.query("DELETE FROM xattrs WHERE inode = ? AND name = ?", [.inode(id), .text(name)])
         }
+    }
+
+    /// Whether the overlay's version `id` may be in SQLite already. Only a fold that
+    /// failed can leave one there (in a transaction that goes on): a version's id is
+    /// new when the overlay takes it, a committed fold leaves the overlay, and a fold
+    /// rolled back wrote nothing. The intent log's replay commits its saves straight to
+    /// SQLite, after the open folded what the operation log brought back.
+    private func mayBeWritten(_ id: VersionID) throws(StoreError) -> Bool {
+        guard !folding || foldFailed else { return false }
+        return try versionExists(id)
     }
 
     /// Appends the overlay's changes not logged yet as one frame (the shared store does
@@ -232,13 +242,20 @@ extension Store {
         let part = alone ? limit.flatMap { overlay.prefix(upTo: $0) } : nil
         let changes = Array(overlay.changes[overlay.folded..<(part?.end ?? overlay.changes.count)])
         let through = part?.through ?? lastLogged
+        let fresh = overlay.freshHistories(in: changes)
         folding = true
-        defer { folding = false }
+        historiesUnplaced = fresh
+        defer {
+            folding = false
+            historiesUnplaced = []
+        }
         // Written whole or not at all, its inner transactions flattened into it: the
         // synced view's counts are summed over the fold (`deferringConflicts`) and what
-        // adding its records wrote is not read back (`remembering`).
+        // adding its records wrote is not read back (`remembering`), nor what the
+        // histories begun since the last fold surely lack (`rememberFreshNodes`).
         func fold() throws(StoreError) {
             try replica.remembering { () throws(StoreError) in
+                replica.rememberFreshNodes(Set(fresh.map { NodeID.file($0) }))
                 try replica.deferringConflicts { () throws(StoreError) in
                     try summingHistoryDirectories { () throws(StoreError) in
                         for change in Self.written(changes) { try writeRow(change) }
@@ -247,27 +264,34 @@ extension Store {
             }
             try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(Self.treeLogMarkKey), .text(String(through.value))])
         }
-        try db.aroundGate { () throws(StoreError) in
-            if alone && !db.inTransaction {
-                // What the batch holds first (small chunks before it: a committed
-                // version never names a row that is not), and the intents applied with
-                // the saves that apply them.
-                try chunks.commitSmallChunks()
-                try db.commitBatch()
-                try db.standalone { () throws(StoreError) in
-                    try fold()
-                    // Only with the last part: a save still in the overlay is not in
-                    // SQLite, so its intent must stay to be replayed.
-                    if part == nil { try noteIntentsApplied() }
+        do {
+            try db.aroundGate { () throws(StoreError) in
+                if alone && !db.inTransaction {
+                    // What the batch holds first (small chunks before it: a committed
+                    // version never names a row that is not), and the intents applied with
+                    // the saves that apply them.
+                    try chunks.commitSmallChunks()
+                    try db.commitBatch()
+                    try db.standalone { () throws(StoreError) in
+                        try fold()
+                        // Only with the last part: a save still in the overlay is not in
+                        // SQLite, so its intent must stay to be replayed.
+                        if part == nil { try noteIntentsApplied() }
+                    }
+                } else {
+                    try db.flattened(fold)
                 }
-            } else {
-                try db.flattened(fold)
             }
+        } catch {
+            overlay.forgetFresh()
+            foldFailed = true
+            throw error
         }
         if let part {
             overlay.markFolded(through: part.end)
         } else {
             overlay = TreeOverlay()
+            foldFailed = false
         }
         if db.level > 0 {
             openFolds.append((db.level, changes, through))

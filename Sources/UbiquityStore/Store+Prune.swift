@@ -90,6 +90,7 @@ extension Store {
             try dropHistory(fileID)
             // Its heads (tombstones, never pruned) hold every dot this device gave it.
             try db.query("DELETE FROM own_dots WHERE node = ?", [.id(fileID)])
+            replica.ownDotDropped(.file(fileID))
         }
     }
 }

@@ -105,6 +105,12 @@ public final class Store: @unchecked Sendable {
     var nextVersionRow: Int64 = 1
     /// Set while the overlay is folded: what the fold writes goes to SQLite.
     var folding = false
+    /// Histories begun since the last fold (`TreeOverlay.isFresh`) whose row in
+    /// `histories` the fold under way has not written yet: `placeHistory` need not look.
+    var historiesUnplaced: Set<FileID> = []
+    /// A fold failed since the overlay was last folded whole: what it wrote may be in
+    /// SQLite already, so folds look for each version before writing it.
+    var foldFailed = false
     /// When the overlay's first and latest changes came (`monotonicNanos`).
     var overlayTimes: (first: Int64, last: Int64) = (0, 0)
     /// When the group commit folds the overlay (`Store.groupCommit`); tests shorten it.

@@ -117,6 +117,17 @@ struct TreeOverlay {
     /// Whether history `fileID` surely has no version in SQLite (see `noteFresh`).
     func isFresh(_ fileID: FileID) -> Bool { freshHistories.contains(fileID) }
 
+    /// Of the histories `changes` save versions of, those that are fresh.
+    func freshHistories(in changes: [TreeChange]) -> Set<FileID> {
+        var found: Set<FileID> = []
+        for case .save(let v) in changes where freshHistories.contains(v.fileID) { found.insert(v.fileID) }
+        return found
+    }
+
+    /// A fold failed partway: what it wrote may stay in a transaction that goes on, so
+    /// no history is sure to have nothing in SQLite any more.
+    mutating func forgetFresh() { freshHistories = [] }
+
     /// The inode's xattrs as the overlay has them: the values set or removed here, and
     /// whether SQLite's rows are to be ignored.
     func xattrs(of id: InodeNumber) -> (changed: [String: [UInt8]?], cleared: Bool) {
