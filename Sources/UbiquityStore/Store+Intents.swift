@@ -98,7 +98,7 @@ extension Store {
         if !found.isEmpty || !withdrawnAtOpen.isEmpty {
             try db.transaction { () throws(StoreError) in
                 try setSetting("intent_applied", String(intentSequence))
-                try db.query("DELETE FROM settings WHERE key = ?", [.text(Self.withdrawnKey)])
+                try removeSetting(Self.withdrawnKey)
             }
             withdrawnAtOpen = []
             // What was recorded again must be durable before the log that held it goes.

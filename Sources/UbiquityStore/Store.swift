@@ -268,6 +268,10 @@ public final class Store: @unchecked Sendable {
         try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(key), .text(value)])
     }
 
+    public func removeSetting(_ key: String) throws(StoreError) {
+        try db.query("DELETE FROM settings WHERE key = ?", [.text(key)])
+    }
+
     /// Work counters for tests: SQLite steps, and records and paths the synced view visited.
     public var work: (database: Int, replica: Int) { (db.work, replica.work) }
 

@@ -128,7 +128,16 @@ struct Backing {
     }
 
     static func keyValueKey(_ device: DeviceID, generation: UInt64) -> BackingKey {
-        BackingKey(checked: "devices/\(device.hex)/keyvalue-\(SegmentLog.SegmentName.seqText(generation))")
+        BackingKey(checked: keyValuePrefix(device) + SegmentLog.SegmentName.seqText(generation))
+    }
+
+    private static func keyValuePrefix(_ device: DeviceID) -> String { "devices/\(device.hex)/keyvalue-" }
+
+    /// The key-value generations of `device` in the store (one listing of their prefix).
+    func keyValueGenerations(of device: DeviceID) throws(StoreError) -> [UInt64] {
+        let prefix = Self.keyValuePrefix(device)
+        let found = try call("list \(prefix)") { () throws(BackingError) in try store.listAll(prefix: prefix) }
+        return found.compactMap { UInt64($0.key.path.dropFirst(prefix.utf8.count), radix: 16) }
     }
 
     /// What `devices/` holds: per device its complete checkpoints (seq → parts) and its

@@ -119,6 +119,12 @@ extension SyncEngine {
     /// file (then the older one is deleted): after the durability barrier (a power loss
     /// must not take back a value other devices have taken). Returns whether it did.
     func pushKeyValues() throws(StoreError) -> Bool {
+        guard try shared.withLock({ (store) throws(StoreError) in try store.kvUnpublished() }) != nil else { return false }
+        // The generation taken before a crash (or a power loss) may be gone from the store
+        // while its PUT landed: this session's first publish looks at what is there.
+        if memory.ownKeyValueListed == nil {
+            memory.ownKeyValueListed = try backing.keyValueGenerations(of: backing.deviceID).max() ?? 0
+        }
         var entries: [KVEntry]?
         var marker = ""
         var generation: UInt64 = 0
@@ -130,7 +136,8 @@ extension SyncEngine {
                 // segment's name is reserved: a PUT that seemed to fail may have landed and
                 // been read, and a reader does not read a generation it has read again, so
                 // other entries under that name would never reach it.
-                generation = (try store.setting(Self.keyValueGenerationKey).flatMap { UInt64($0) } ?? 0) + 1
+                let stored = try store.setting(Self.keyValueGenerationKey).flatMap { UInt64($0) } ?? 0
+                generation = max(stored, memory.ownKeyValueListed ?? 0) + 1
                 try store.setSetting(Self.keyValueGenerationKey, String(generation))
             }
         }
@@ -142,7 +149,10 @@ extension SyncEngine {
         // Published: unless a write came meanwhile (the next cycle publishes it). A
         // failure above leaves the mark, so the next cycle that reaches the store (or the
         // next mount, after a crash) publishes again.
-        try shared.withLock { (store) throws(StoreError) in try store.kvPublished(marker) }
+        try shared.withLock { (store) throws(StoreError) in
+            try store.kvPublished(marker)
+            try store.setSetting(Self.announceKey, "1")
+        }
         // The previous attempt's file, if it landed. One older than that (the previous
         // attempt failed) is the gc's, as are files this device could not delete.
         if generation > 1 {

@@ -86,7 +86,10 @@ extension SyncEngine {
         memory.lastPendingTime = now
         if pending == 0 {
             memory.pendingSince = nil
-            return try shared.withLock { (store) throws(StoreError) in try store.kvUnpublished() != nil }
+            return try shared.withLock { (store) throws(StoreError) in
+                if try store.kvUnpublished() != nil { return true }
+                return try store.setting(Self.announceKey) != nil
+            }
         }
         let since = memory.pendingSince ?? now
         memory.pendingSince = since
@@ -107,7 +110,6 @@ extension SyncEngine {
         // A segment whose PUT landed though it seemed to fail: its records are out (marked
         // here), so the batch below does not send them again in a new segment.
         _ = try settleReservation()
-        var wrote = false
         while true {
             // Taken with every local change made before it recorded: a file saved in a
             // directory made while this cycle's pull waited must not go out without the
@@ -144,13 +146,22 @@ extension SyncEngine {
                 bytes += line.utf8.count
             }
             try writeSegment(lines, ids: batch.prefix(lines.count).map(\.id))
-            wrote = true
             if lines.count == batch.count && batch.count < options.uploadBatch { break }
         }
-        // The key-value store: this device's file when it changed, and an empty segment
-        // when nothing else went out, so peers (who list devices/ only on activity) look.
-        if try pushKeyValues() && !wrote { try writeSegment([], ids: []) }
+        // The key-value store: this device's file when it changed, then an empty segment
+        // so that peers (who list devices/ only on activity) look after it landed. The
+        // segment is owed until one lands: a failed one goes with a later cycle.
+        let published = try pushKeyValues()
+        let owed = try shared.withLock { (store) throws(StoreError) in try store.setting(Self.announceKey) } != nil
+        if published || owed {
+            try writeSegment([], ids: [])
+            try shared.withLock { (store) throws(StoreError) in try store.removeSetting(Self.announceKey) }
+        }
     }
+
+    /// Set while a key-value file went out and no segment has followed it yet.
+    static let announceKey = "kv_announce"
+
 
     /// Writes the next segment of this device's log. Its name is reserved in the store
     /// first: after a crash the next session finds out whether it landed (`startLog`), so

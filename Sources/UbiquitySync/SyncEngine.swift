@@ -133,6 +133,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         var windowListedAt = -Double.infinity
         /// The key-value generation of each device as last read.
         var keyValueSeen: [DeviceID: UInt64] = [:]
+        /// The newest key-value generation of this device's in the backing store, as
+        /// listed by this session's first publish (nil: not listed yet).
+        var ownKeyValueListed: UInt64?
         /// Packs found present and not fossils, with the boot second of the check.
         var verifiedPacks: [String: Int64] = [:]
         /// Packs this device's last gc found less than half named (BackingCollector):

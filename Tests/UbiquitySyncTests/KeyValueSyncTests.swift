@@ -1,6 +1,7 @@
 import Glibc
 import Testing
 import TestSupport
+import UbiquityBacking
 import UbiquitySystem
 @testable import UbiquityFS
 @testable import UbiquityStore
@@ -46,11 +47,9 @@ import UbiquitySystem
         }
     }
 
-    /// Two devices set the same key while one is cut off from the backing directory: once
-    /// both sync, both show the same winner (the later stamp); deletes win the same way.
-    @Test func concurrentSetsEndWithOneWinner() throws {
-        let temp = TempDirectory(prefix: "ubiquity-kv-sync")
-        defer { temp.cleanup() }
+    /// Devices `a` and `b` over one backing directory; `a` set selectedColorIndex to 1 and
+    /// `b` took it in.
+    static func devicesSharingAKey(_ temp: TempDirectory) throws -> (SimDevice, SimDevice) {
         let backing = temp.path + "/backing"
         mkdir(backing, 0o755)
         let a = try SimDevice(name: "a", root: temp.path, backing: backing, clock: nowNanos)
@@ -59,13 +58,22 @@ import UbiquitySystem
         a.cycle()
         b.cycle()
         #expect(b.keyValues()["selectedColorIndex"]?.hasPrefix("1\n") == true)
+        return (a, b)
+    }
+
+    /// Two devices set the same key while one is cut off from the backing directory: once
+    /// both sync, both show the same winner (the later stamp); deletes win the same way.
+    @Test func concurrentSetsEndWithOneWinner() throws {
+        let temp = TempDirectory(prefix: "ubiquity-kv-sync")
+        defer { temp.cleanup() }
+        let (a, b) = try Self.devicesSharingAKey(temp)
         unlink(b.link) // b is cut off
         try b.kvSet("selectedColorIndex", 2)
         try a.kvSet("selectedColorIndex", 3) // later: wins
         a.cycle()
         b.cycle()
         #expect(b.keyValues()["selectedColorIndex"]?.hasPrefix("2\n") == true)
-        symlink(backing, b.link)
+        symlink(temp.path + "/backing", b.link)
         for _ in 0..<2 { b.cycle(); a.cycle() }
         #expect(a.keyValues() == b.keyValues())
         #expect(a.keyValues()["selectedColorIndex"]?.hasPrefix("3\n") == true)
@@ -76,5 +84,44 @@ import UbiquitySystem
         try a.kvSet("selectedColorIndex", 0)
         a.cycle(); b.cycle()
         #expect(b.keyValues()["selectedColorIndex"]?.hasPrefix("0\n") == true)
+    }
+    /// A crash (or a power loss) can take back the generation a publish took while its
+    /// PUT landed and was read. The next session's publish must not reuse it: a reader
+    /// does not read a generation it has read again, so the new entries would never reach
+    /// it. It takes the next one after what the backing store holds.
+    @Test func aGenerationLostInACrashIsNotReused() throws {
+        let temp = TempDirectory(prefix: "ubiquity-kv-sync")
+        defer { temp.cleanup() }
+        let (a, b) = try Self.devicesSharingAKey(temp)
+        // The crash: the store lost the generation; the next session's engine.
+        try a.store.setSetting(SyncEngine.keyValueGenerationKey, "0")
+        try a.store.commitBatch()
+        let again = SyncEngine(store: a.fs.store, backing: DirectoryStore(root: a.link), options: SimDevice.alwaysPolling)
+        try a.kvSet("selectedColorIndex", 2)
+        try again.cycle(pushPull: true)
+        #expect(try a.store.setting(SyncEngine.keyValueGenerationKey) == "2")
+        b.cycle()
+        #expect(b.keyValues()["selectedColorIndex"]?.hasPrefix("2\n") == true, "\(b.keyValues())")
+    }
+    /// Peers list `devices/` only when a segment comes, so a key-value file is followed
+    /// by an empty segment. One whose PUT failed is owed: the next cycle sends it, and
+    /// the peer then reads the new file.
+    @Test func theSegmentAfterAKeyValueFileIsSentAgain() throws {
+        let temp = TempDirectory(prefix: "ubiquity-kv-sync")
+        defer { temp.cleanup() }
+        let store = RecordingStore(MemoryStore())
+        let a = try SimDevice(name: "a", root: temp.path, backing: store, clock: nowNanos, options: SimDevice.alwaysPolling)
+        let b = try SimDevice(name: "b", root: temp.path, backing: store, clock: nowNanos, options: SimDevice.alwaysPolling)
+        try a.kvSet("selectedColorIndex", 1)
+        for _ in 0..<2 { a.cycle(); b.cycle() }
+        #expect(b.keyValues()["selectedColorIndex"]?.hasPrefix("1\n") == true)
+        store.setFault { op, key in op == .put && key.hasPrefix("log/") ? .before(.transient("injected")) : nil }
+        try a.kvSet("selectedColorIndex", 2)
+        #expect(throws: StoreError.self) { try a.engine.cycle(pushPull: true) }
+        store.setFault(nil)
+        #expect(try a.store.kvUnpublished() == nil, "the key-value file went out")
+        a.cycle()
+        b.cycle()
+        #expect(b.keyValues()["selectedColorIndex"]?.hasPrefix("2\n") == true, "\(b.keyValues())")
     }
 }
