@@ -227,7 +227,6 @@ final class Replica {
     /// no heads of them and `own_dots` no row, so a fold of their first saves reads
     /// neither (three statements per file made).
     func rememberFreshNodes(_ nodes: Set<NodeID>) {
-        guard memo != nil else { return }
         memo?.headless.formUnion(nodes)
         for node in nodes { memo?.ownDots[node] = 0 }
     }
@@ -338,7 +337,7 @@ final class Replica {
         // Capped so the record stays valid (only a hostile context gets near it).
         lineage.dot = min(highest, Lineage.maxCounter - 1) + 1
         try db.query("REPLACE INTO own_dots(node, dot) VALUES(?, ?)", [.node(node), .int(lineage.dot)])
-        if memo != nil { memo?.ownDots[node] = lineage.dot }
+        memo?.ownDots[node] = lineage.dot
         // A context past the limit (a hostile parent's) could not be read back anywhere:
         // the record goes without lineage, superseding by its parents only.
         guard lineage.itemCount <= Lineage.maxItems else { return (Lineage(), known) }

@@ -178,13 +178,14 @@ extension Store {
         }
     }
 
-    /// Whether the overlay's version `id` may be in SQLite already. Only a fold that
-    /// failed can leave one there (in a transaction that goes on): a version's id is
+    /// Whether the overlay's version `id` may be in SQLite already (looked up unless a
+    /// fold writes it). Only a fold that failed can leave one there (in a transaction
+    /// that goes on): a version's id is
     /// new when the overlay takes it, a committed fold leaves the overlay, and a fold
     /// rolled back wrote nothing. The intent log's replay commits its saves straight to
     /// SQLite, after the open folded what the operation log brought back.
     private func mayBeWritten(_ id: VersionID) throws(StoreError) -> Bool {
-        guard !folding || foldFailed else { return false }
+        if folding && !foldFailed { return false }
         return try versionExists(id)
     }
 

@@ -137,7 +137,13 @@ extension SyncEngine {
                 // been read, and a reader does not read a generation it has read again, so
                 // other entries under that name would never reach it.
                 let stored = try store.setting(Self.keyValueGenerationKey).flatMap { UInt64($0) } ?? 0
-                generation = max(stored, memory.ownKeyValueListed ?? 0) + 1
+                let newest = max(stored, memory.ownKeyValueListed ?? 0)
+                // The listing is the backing store's word: a name at the last number
+                // there is has no successor (refused, not a trap).
+                guard newest < UInt64.max else {
+                    throw .invalidContent("devices/\(backing.deviceID.hex)/ holds key-value generation \(String(newest, radix: 16)), the last there is: nothing can follow it")
+                }
+                generation = newest + 1
                 try store.setSetting(Self.keyValueGenerationKey, String(generation))
             }
         }

@@ -1,3 +1,4 @@
+import Foundation
 import Glibc
 import Testing
 import TestSupport
@@ -121,6 +122,24 @@ import UbiquitySystem
         store.setFault(nil)
         #expect(try a.store.kvUnpublished() == nil, "the key-value file went out")
         a.cycle()
+        b.cycle()
+        #expect(b.keyValues()["selectedColorIndex"]?.hasPrefix("2\n") == true, "\(b.keyValues())")
+    }
+    /// The listing of this device's key-value files is the backing store's word: a file
+    /// named with the last generation there is makes the publish fail with a reason,
+    /// never trap (the next number does not exist). Removed, publishing goes on.
+    @Test func aGenerationWithNoSuccessorIsRefused() throws {
+        let temp = TempDirectory(prefix: "ubiquity-kv-sync")
+        defer { temp.cleanup() }
+        let (a, b) = try Self.devicesSharingAKey(temp)
+        let planted = temp.path + "/backing/devices/\(a.store.deviceID.hex)/keyvalue-ffffffffffffffff"
+        #expect(FileManager.default.createFile(atPath: planted, contents: Data("ubiquity-keyvalue 1\n".utf8)))
+        let again = SyncEngine(store: a.fs.store, backing: DirectoryStore(root: a.link), options: SimDevice.alwaysPolling)
+        try a.kvSet("selectedColorIndex", 2)
+        #expect(throws: StoreError.self) { try again.cycle(pushPull: true) }
+        unlink(planted)
+        let later = SyncEngine(store: a.fs.store, backing: DirectoryStore(root: a.link), options: SimDevice.alwaysPolling)
+        try later.cycle(pushPull: true)
         b.cycle()
         #expect(b.keyValues()["selectedColorIndex"]?.hasPrefix("2\n") == true, "\(b.keyValues())")
     }
