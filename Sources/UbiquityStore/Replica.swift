@@ -236,6 +236,9 @@ final class Replica {
 
     private func isHeadless(_ node: NodeID) -> Bool { memo?.headless.contains(node) == true }
 
+    /// Whether `node` is known to have no heads here (`rememberNewNodes`, `rememberFreshNodes`).
+    func isNew(_ node: NodeID) -> Bool { isHeadless(node) }
+
     /// The node's heads: records no record of the node descends from.
     func heads(_ node: NodeID) throws(StoreError) -> [Record] {
         if isHeadless(node) { return [] }
@@ -424,12 +427,86 @@ final class Replica {
     /// come before their parents: while none waits (asked once per `remembering`), this
     /// is not asked of each record.
     private func awaiting(_ id: VersionID) throws(StoreError) -> [NodeID] {
-        if memo != nil && memo?.noneAwaited == nil {
-            memo?.noneAwaited = try db.rows("SELECT 1 FROM view_awaited LIMIT 1", []) { $0.int(0) }.isEmpty
-        }
-        if memo?.noneAwaited == true { return [] }
+        if try awaitsNone() { return [] }
         return try db.rows("SELECT node FROM view_awaited WHERE id = ?", [.id(id)]) { $0.nodeID(0) }
     }
+
+    /// Whether no record names a parent this store does not hold (asked of the table
+    /// once per `remembering`; false outside one).
+    func awaitsNone() throws(StoreError) -> Bool {
+        guard memo != nil else { return false }
+        if memo?.noneAwaited == nil {
+            memo?.noneAwaited = try db.rows("SELECT 1 FROM view_awaited LIMIT 1", []) { $0.int(0) }.isEmpty
+        }
+        return memo?.noneAwaited == true
+    }
+
+    // MARK: adding fresh records in bulk
+
+    /// The live nodes at each of `paths` and below it, as the table has them (absent: none).
+    func pathCounts(_ paths: [String]) throws(StoreError) -> [NameKey: (nodes: Int64, below: Int64)] {
+        var found: [NameKey: (nodes: Int64, below: Int64)] = [:]
+        for row in try db.rows(in: paths, { "SELECT path, nodes, below FROM view_paths WHERE path IN (\($0))" }, {
+            (path: $0.text(0), nodes: $0.int(1), below: $0.int(2))
+        }) { found[NameKey(row.path)] = (row.nodes, row.below) }
+        return found
+    }
+
+    /// Adds records a pull slice has just inserted in the versions table as `rows` (in
+    /// its batch: `remembering` and `deferringConflicts`), each the one record of a node
+    /// new here (`isNew`) with no parents and no tombstone, at a path where the view has
+    /// no live node and nothing else of the slice is, with nothing below unless it is a
+    /// directory (`Store.freshRecords` checks). `add` ends the same way for each of them:
+    /// the record becomes its node's one head and current record, its path gains a node
+    /// and no conflict, the directories above gain one below. So the heads and current
+    /// records go in with a statement each for all of them, and the directories' counts
+    /// are summed per directory. Only a directory that gets its first node below can
+    /// change a conflict count (a file there becomes one): it is recounted as `add`
+    /// would. Returns the paths whose view changed, each once.
+    func addFresh(_ records: [Record], rows: ClosedRange<Int64>) throws(StoreError) -> [String] {
+        guard !records.isEmpty else { return [] }
+        guard memo != nil, summedBelow != nil, deferredConflicts != nil, rows.count == records.count else {
+            throw .database("fresh records added outside a pull slice's batch")
+        }
+        work += records.count
+        let range: [SQLValue] = [.int(rows.lowerBound), .int(rows.upperBound)]
+        try db.query("INSERT INTO view_heads(node, row) SELECT file_id, row FROM versions WHERE row BETWEEN ? AND ?", range)
+        try db.query("INSERT INTO view_current(node, row, path) SELECT file_id, row, path FROM versions WHERE row BETWEEN ? AND ?", range)
+        var changed: [String] = []
+        var children: [NameKey: (path: String, count: Int64)] = [:]
+        for r in records {
+            try db.query(Self.addNode, [.text(r.path), .text(Self.parent(of: r.path))])
+            memo?.headless.remove(r.node)
+            memo?.liveHeads[r.node] = [r]
+            memo?.states[NameKey(r.path)] = r.node.isDirectory ? nil : (.node(r), [])
+            changed.append(r.path)
+            let parent = Self.parent(of: r.path)
+            if !parent.isEmpty { children[NameKey(parent), default: (parent, 0)].count += 1 }
+        }
+        var ancestors: Set<NameKey> = []
+        var crossed: [String] = []
+        for (_, (path, count)) in children {
+            var ancestor = path
+            while !ancestor.isEmpty {
+                work += 1
+                let now = try addBelow(ancestor, count)
+                memo?.below[NameKey(ancestor)] = now
+                if now == count { crossed.append(ancestor) }
+                if ancestors.insert(NameKey(ancestor)).inserted {
+                    memo?.states[NameKey(ancestor)] = nil
+                    changed.append(ancestor)
+                }
+                ancestor = Self.parent(of: ancestor)
+            }
+        }
+        deferredConflicts! += crossed
+        return changed
+    }
+
+    private static let addNode = """
+        INSERT INTO view_paths(path, parent, nodes, below) VALUES(?, ?, 1, 0)
+        ON CONFLICT(path) DO UPDATE SET nodes = nodes + 1
+        """
 
     /// `onlyLost`: the paths only lost nodes, which never adds a conflict at any of
     /// them (the heads left are fewer, and a directory that loses its last node below

@@ -4,6 +4,28 @@
 /// (store format 3). Every change of a history's path goes through `placeHistory` or
 /// `dropHistory`, the one place that keeps the two tables in step.
 extension Store {
+    /// Of `fileIDs`, those with a row in `histories` (placed, live or not).
+    func placedHistories(_ fileIDs: [FileID]) throws(StoreError) -> Set<FileID> {
+        Set(try db.rows(in: fileIDs.map { SQLValue.id($0) }, { "SELECT file_id FROM histories WHERE file_id IN (\($0))" }) { $0.fileID(0) })
+    }
+
+    /// Places the histories of fresh records a pull slice has just inserted as `rows`
+    /// (`Store.takeInFresh`): each a live file's, at its path, with no row before
+    /// (`placedHistories`). What `placeHistory` does for each, with one statement for
+    /// their rows.
+    func placeFreshHistories(_ files: [(id: FileID, path: String)], rows: ClosedRange<Int64>) throws(StoreError) {
+        guard !files.isEmpty else { return }
+        try db.query("""
+            INSERT INTO histories(file_id, path, live) SELECT file_id, path, 1 FROM versions
+            WHERE row BETWEEN ? AND ? AND kind = \(NodeKind.file.rawValue)
+            """, [.int(rows.lowerBound), .int(rows.upperBound)])
+        for file in files {
+            historiesUnplaced.remove(file.id)
+            takingIn?.histories[file.id] = (file.path, true)
+            try countHistoryPath(file.path, by: 1)
+        }
+    }
+
     /// Shows history `fileID` at `path`. `live`: whether a live file has it (nil: keep
     /// what is recorded, 1 for a new row). `keepExisting`: leave a history that is already
     /// placed where it is.

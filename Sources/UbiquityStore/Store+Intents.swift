@@ -45,7 +45,7 @@ extension Store {
             bytes[id] = try chunks.read(id)
         }
         // Its path now (a rename since the save is not in the version yet).
-        try append(Intent(sequence: 0, version: version.id, path: path(of: id) ?? version.path, mode: inode.mode,
+        try append(Intent(sequence: 0, version: version.id, path: try treePath(of: id) ?? version.path, mode: inode.mode,
                           uid: inode.uid, gid: inode.gid, mtime: inode.mtime, content: content, chunkBytes: bytes))
         return try intents.durableDescriptor()
     }

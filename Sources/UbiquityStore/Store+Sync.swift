@@ -144,9 +144,8 @@ extension Store {
         // Which records are shown is decided before any tombstone.
         var removed: [Replica.Record] = []
         for key in vacated.members {
-            for record in try replica.currentRecords(atOrBelow: key.name)
-            where (record.kind != .file || record.device == deviceID) && !presentLocally(record) {
-                if try isShown(record) { removed.append(record) }
+            for record in try replica.currentRecords(atOrBelow: key.name) where record.kind != .file || record.device == deviceID {
+                if try !presentLocally(record), try isShown(record) { removed.append(record) }
             }
         }
         for record in removed { try recordRemoval(of: record) }
@@ -221,17 +220,17 @@ extension Store {
             switch try replica.state(at: key.name).shown {
             case .none: continue
             case .directory:
-                if locate(key.name) != nil { continue }
+                if try find(key.name) != nil { continue }
             case .node(let record):
                 if record.device == deviceID {
-                    if !presentLocally(record) { try recordRemoval(of: record) } // puts key back in recheck
+                    if try !presentLocally(record) { try recordRemoval(of: record) } // puts key back in recheck
                     continue
                 }
                 // The file must show the current version too, not just the same history:
                 // its own new version may lose to another device's (simulation seed 338).
                 // One that continues the history but has no version yet is being written.
-                if presentLocally(record) {
-                    guard record.kind == .file, let (_, _, id) = locate(key.name), let head = try node(id)?.inode.head,
+                if try presentLocally(record) {
+                    guard record.kind == .file, let (_, _, id) = try find(key.name), let head = try node(id)?.inode.head,
                           head != record.row else { continue }
                 }
             }
@@ -247,7 +246,7 @@ extension Store {
         var seenFiles: Set<FileID> = []
         var seenPaths: Set<NameKey> = []
         try forEachNamedInode { (inode) throws(StoreError) in
-            guard let path = path(of: inode.id), !LocalOnly.contains(path) else { return }
+            guard let path = try treePath(of: inode.id), !LocalOnly.contains(path) else { return }
             switch inode.kind {
             case .file:
                 guard let node = inode.fileID else { return }
@@ -280,7 +279,7 @@ extension Store {
     /// Records `inode`'s state if the view does not show it yet; returns how the tree
     /// shows it (nil: a node that does not sync).
     private func recordChange(of inode: Inode) throws(StoreError) -> Seen? {
-        guard let path = path(of: inode.id) else { return nil }
+        guard let path = try treePath(of: inode.id) else { return nil }
         if LocalOnly.contains(path) {
             // Moved to a local-only name: for the other devices the file is gone.
             if inode.kind == .file, let node = inode.fileID, let current = try replica.current(.file(node)), !LocalOnly.contains(current.path) {
@@ -320,13 +319,14 @@ extension Store {
     /// whole-tree scan counts them: another name of a hard-linked symlink is local, and
     /// counting it would keep a removed directory's record alive: t-differential
     /// seed 308010073).
-    private func presentLocally(_ record: Replica.Record) -> Bool {
-        guard let (_, _, id) = locate(record.path), let inode = inode(id), !LocalOnly.contains(record.path) else { return false }
+    private func presentLocally(_ record: Replica.Record) throws(StoreError) -> Bool {
+        guard let (_, _, id) = try find(record.path), let inode = try lookUp(id), !LocalOnly.contains(record.path) else { return false }
         switch record.kind {
         case .file: return inode.kind == .file && inode.fileID.map { NodeID.file($0) } == record.node
         default:
             if inode.kind == .directory { return true }
-            return inode.kind == .symlink && path(of: id)?.utf8.elementsEqual(record.path.utf8) == true
+            guard inode.kind == .symlink, let primary = try treePath(of: id) else { return false }
+            return primary.utf8.elementsEqual(record.path.utf8)
         }
     }
 
@@ -428,7 +428,9 @@ extension Store {
                 try unreconciled.holdingWrites { () throws(StoreError) -> TreeChanges in
                     if !records.isEmpty {
                         try replica.rememberNewNodes(Set(records.map(\.node)))
-                        _ = try addRemote(records, checked: true)
+                        let (fresh, rest) = try freshRecords(records)
+                        try takeInFresh(fresh)
+                        _ = try addRemote(rest, checked: true)
                     }
                     let changes = try reconcile(busy: busy)
                     try writeHistoryDirectories()
@@ -504,14 +506,14 @@ extension Store {
         // of its files before it is made); dropped whenever an entry goes (a directory
         // removed or replaced below), set when reconcile makes one. By bytes (`NameKey`).
         var directories: [NameKey: InodeNumber?] = [:]
-        func directory(_ path: String) -> InodeNumber? {
+        func directory(_ path: String) throws(StoreError) -> InodeNumber? {
             if let known = directories[NameKey(path)] { return known }
-            let found = locateDirectory(path)
+            let found = try findDirectory(path)
             directories[NameKey(path)] = .some(found)
             return found
         }
-        func entry(_ path: String) -> (InodeNumber, String, InodeNumber)? {
-            guard let (parentPath, name) = splitPath(path), let parent = directory(parentPath), let id = child(parent, name, loading: false) else { return nil }
+        func entry(_ path: String) throws(StoreError) -> (InodeNumber, String, InodeNumber)? {
+            guard let (parentPath, name) = splitPath(path), let parent = try directory(parentPath), let id = try childID(parent, name) else { return nil }
             return (parent, name, id)
         }
         var deferred: Set<NameKey> = []
@@ -533,23 +535,23 @@ extension Store {
             if let (parentPath, name) = splitPath(path) { byParent[NameKey(parentPath), default: []].append((name, path)) }
         }
         for (parentPath, names) in byParent {
-            guard let parent = directory(parentPath.name) else { continue }
+            guard let parent = try directory(parentPath.name) else { continue }
             let found = try children(parent, named: names.map(\.name))
             for (name, path) in names { firstLook[NameKey(path)] = .some(found[NameKey(name)]) }
         }
-        func firstEntry(_ path: String) -> (InodeNumber, String, InodeNumber)? {
-            guard let looked = firstLook.removeValue(forKey: NameKey(path)) else { return entry(path) }
-            guard let id = looked, let (parentPath, name) = splitPath(path), let parent = directory(parentPath) else { return nil }
+        func firstEntry(_ path: String) throws(StoreError) -> (InodeNumber, String, InodeNumber)? {
+            guard let looked = firstLook.removeValue(forKey: NameKey(path)) else { return try entry(path) }
+            guard let id = looked, let (parentPath, name) = splitPath(path), let parent = try directory(parentPath) else { return nil }
             return (parent, name, id)
         }
 
         // Paths with no entry now (most of a device's first sync): not looked up again.
-        var absent: Set<String> = []
+        var absent: Set<NameKey> = []
         // Directories that gained entries, with how many of those are directories.
         var touched: [InodeNumber: Int] = [:]
         func touch(_ parent: InodeNumber, directory: Bool) { touched[parent, default: 0] += directory ? 1 : 0 }
         for (path, shown) in plans.sorted(by: { depth($0.0) > depth($1.0) }) {
-            guard let (parent, name, id) = firstEntry(path) else { absent.insert(path); continue }
+            guard let (parent, name, id) = try firstEntry(path) else { absent.insert(NameKey(path)); continue }
             guard let inode = try node(id)?.inode else { continue }
             if matches(inode, shown) { continue }
             guard removable(inode, busy: busy), try !isUnrecordedMove(inode, to: path) else {
@@ -566,7 +568,7 @@ extension Store {
         }
         for (path, shown) in plans.sorted(by: { depth($0.0) < depth($1.0) }) where !deferred.contains(NameKey(path)) {
             if case .none = shown { continue }
-            if !absent.contains(path), let (_, _, id) = entry(path) {
+            if !absent.contains(NameKey(path)), let (_, _, id) = try entry(path) {
                 guard var inode = try node(id)?.inode, matches(inode, shown) else { deferred.insert(NameKey(path)); continue }
                 switch shown {
                 case .directory(let mode) where inode.mode & 0o7777 != mode:
@@ -580,7 +582,7 @@ extension Store {
                 default: break
                 }
             } else {
-                guard let (parentPath, name) = splitPath(path), let parent = directory(parentPath) else {
+                guard let (parentPath, name) = splitPath(path), let parent = try directory(parentPath) else {
                     deferred.insert(NameKey(path)); continue
                 }
                 switch shown {
@@ -693,16 +695,22 @@ extension Store {
 
     /// (parent, name, inode) of the entry at `path`.
     public func locate(_ path: String) -> (InodeNumber, String, InodeNumber)? {
-        guard let (parentPath, name) = splitPath(path), let parent = locateDirectory(parentPath),
-              let id = child(parent, name, loading: false) else { return nil }
+        logged("look up \(path)") { () throws(StoreError) in try find(path) }
+    }
+
+    /// `locate` with a failed read thrown, for sync, which decides from the answer: a
+    /// read that failed must not pass for an absent entry (a tombstone of a file that is there).
+    func find(_ path: String) throws(StoreError) -> (InodeNumber, String, InodeNumber)? {
+        guard let (parentPath, name) = splitPath(path), let parent = try findDirectory(parentPath),
+              let id = try childID(parent, name) else { return nil }
         return (parent, name, id)
     }
 
     /// The directory at `path` ("" is the root).
-    func locateDirectory(_ path: String) -> InodeNumber? {
+    func findDirectory(_ path: String) throws(StoreError) -> InodeNumber? {
         var current = Store.rootInode
         for component in path.split(separator: "/") {
-            guard let next = child(current, String(component), loading: false), inode(next)?.kind == .directory else { return nil }
+            guard let next = try childID(current, String(component)), try lookUp(next)?.kind == .directory else { return nil }
             current = next
         }
         return current
@@ -740,7 +748,7 @@ extension Store {
     public func takeConflict(_ id: VersionID, path: String) throws(StoreError) {
         guard let taken = try replica.record(id: id), let conflict = try version(row: taken.row) else { throw .noSuchVersion(id.hex) }
         guard case .node(let current) = try replica.state(at: path).shown, current.kind == .file,
-              let (_, _, ino) = locate(path), let inode = inode(ino), inode.fileID.map({ NodeID.file($0) }) == current.node else {
+              let (_, _, ino) = try find(path), let inode = try lookUp(ino), inode.fileID.map({ NodeID.file($0) }) == current.node else {
             throw .noSuchVersion("no file at \(path) to take \(id) into")
         }
         let now = clock()

@@ -59,7 +59,7 @@ extension Store {
 
     /// A read the filesystem cannot act on a failure of (getattr, lookup): a failing database
     /// is logged and the node reported missing.
-    private func logged<T>(_ what: String, _ body: () throws(StoreError) -> T?) -> T? {
+    func logged<T>(_ what: String, _ body: () throws(StoreError) -> T?) -> T? {
         do { return try body() } catch {
             log("ubiquity: \(what): \(error)")
             return nil
@@ -257,11 +257,16 @@ extension Store {
 
     /// The inode's path from the root ("a/b/c"; "" for the root), through primary names.
     public func path(of id: InodeNumber) -> String? {
+        logged("read the path of inode \(id)") { () throws(StoreError) in try treePath(of: id) }
+    }
+
+    /// `path(of:)` with a failed read thrown, for sync, which decides from the answer: a
+    /// read that failed must not pass for an inode with no path.
+    func treePath(of id: InodeNumber) throws(StoreError) -> String? {
         var components: [String] = []
         var current = id
         while current != Store.rootInode {
-            guard let link = logged("read inode \(current)", { () throws(StoreError) in try node(current)?.link }),
-                  components.count < 4096 else { return nil }
+            guard let link = try node(current)?.link, components.count < 4096 else { return nil }
             components.append(link.name)
             current = link.parent
         }
@@ -449,7 +454,7 @@ extension Store {
     }
 
     private func noteVacated(_ id: InodeNumber) throws(StoreError) {
-        if let path = path(of: id) { try vacated.insert(NameKey(path)) }
+        if let path = try treePath(of: id) { try vacated.insert(NameKey(path)) }
     }
 
     private func insertEntry(parent: InodeNumber, name: String, id: InodeNumber) throws(StoreError) {

@@ -211,6 +211,27 @@ extension Store {
         case otherDevice
     }
 
+    /// Writes record `r`'s row in the versions table (the one INSERT of a version):
+    /// `row` as `insert` says, `lineage` as it is to be stored. Returns the row.
+    func writeVersionRow(_ r: SyncRecord, origin: Origin, row given: Int64?, lineage: Lineage) throws(StoreError) -> Int64 {
+        let local = origin == .hereLocalOnly, remote = origin == .otherDevice
+        try db.query("""
+            INSERT INTO versions(row, id, file_id, parents, device, committed, mtime, mode, size, tombstone,
+                                 local, path, chunks, kind, target, xattrs, meta, uploaded, lineage)
+            VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+            """, [given.map { .int($0) } ?? .null, .id(r.id), .node(r.node), .ids(r.parents), .int(try deviceNumber(r.deviceID, name: r.deviceName)), .int(r.committed), .int(r.mtime), .int(Int64(r.mode)), .int(r.size),
+                  .int(r.isTombstone ? 1 : 0), .int(local ? 1 : 0), .text(r.path), .blob(r.chunks.encoded),
+                  .int(r.kind.rawValue), r.target.map { .text($0) } ?? .null, .blob(XattrCodec.encode(r.xattrs)),
+                  .int(r.isMeta ? 1 : 0), .int(remote ? 1 : 0), local ? .null : lineage.stored(device: r.deviceID).map { .text($0) } ?? .null])
+        let row = db.lastInsertRowID
+        nextVersionRow = max(nextVersionRow, row + 1)
+        // What reconcile shows of another device's new file, kept for it (not read back).
+        if remote && r.kind == .file && !r.isTombstone && takingIn != nil {
+            takingIn?.shown[row] = ShownFile(content: r.chunks, mode: r.mode, mtime: r.mtime, xattrs: XattrCodec.encode(r.xattrs))
+        }
+        return row
+    }
+
     /// Appends a version row (every record goes through here) and adds it to the synced
     /// view in the same transaction; the paths it may change are queued for `reconcile`.
     /// `row`: the row the overlay gave it (nil: SQLite's next); `heads`: the node's heads,
@@ -220,20 +241,8 @@ extension Store {
         return try db.transaction { () throws(StoreError) -> Int64 in
             let (lineage, known) = origin == .here ? try replica.lineage(node: r.node, parents: r.parents, device: r.deviceID, heads: heads)
                                                    : (r.lineage, Replica.Known())
-            try db.query("""
-                INSERT INTO versions(row, id, file_id, parents, device, committed, mtime, mode, size, tombstone,
-                                     local, path, chunks, kind, target, xattrs, meta, uploaded, lineage)
-                VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-                """, [given.map { .int($0) } ?? .null, .id(r.id), .node(r.node), .ids(r.parents), .int(try deviceNumber(r.deviceID, name: r.deviceName)), .int(r.committed), .int(r.mtime), .int(Int64(r.mode)), .int(r.size),
-                      .int(r.isTombstone ? 1 : 0), .int(local ? 1 : 0), .text(r.path), .blob(r.chunks.encoded),
-                      .int(r.kind.rawValue), r.target.map { .text($0) } ?? .null, .blob(XattrCodec.encode(r.xattrs)),
-                      .int(r.isMeta ? 1 : 0), .int(remote ? 1 : 0), local ? .null : lineage.stored(device: r.deviceID).map { .text($0) } ?? .null])
-            let row = db.lastInsertRowID
-            nextVersionRow = max(nextVersionRow, row + 1)
+            let row = try writeVersionRow(r, origin: origin, row: given, lineage: lineage)
             if local { return row }
-            if remote && r.kind == .file && !r.isTombstone && takingIn != nil {
-                takingIn?.shown[row] = ShownFile(content: r.chunks, mode: r.mode, mtime: r.mtime, xattrs: XattrCodec.encode(r.xattrs))
-            }
             let info = Replica.Record(row: row, id: r.id, node: r.node, parents: r.parents, kind: r.kind,
                                       isTombstone: r.isTombstone, mtime: r.mtime, device: r.deviceID, path: r.path,
                                       mode: r.mode, target: r.target, lineage: lineage)

@@ -86,6 +86,11 @@ public final class Store: @unchecked Sendable {
     var tracksChanges = true
     /// What a pull slice wrote that it reads again, while `takeIn` runs (nil otherwise).
     var takingIn: TakeInMemo?
+    /// Whether a pull slice takes fresh records in bulk (`Store+FreshRecords`); tests turn
+    /// it off to hold the bulk path against the one-at-a-time one.
+    var takesFreshRecordsInBulk = true
+    /// Records taken in that way so far (tests).
+    var freshRecordsTaken = 0
     /// Tree rows changed and logged but not yet in SQLite (Store+Overlay).
     var overlay = TreeOverlay()
     /// The operation log the overlay's changes go to (nil: a read-only store, or a log

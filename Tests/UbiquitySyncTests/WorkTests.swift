@@ -87,7 +87,8 @@ import TestSupport
     /// or any path has conflicts, and the queued paths reconcile consumes; the entries at
     /// a slice's paths are looked up together, and a directory not there yet once; a node
     /// new here looks for neither heads nor a current record; `.versions/`' directory
-    /// counts and the synced view's are summed per slice.
+    /// counts and the synced view's are summed per slice. Fresh records (new nodes alone
+    /// at their paths) go in a table at a time: 12 statements a file before, 5.2 since.
     @Test func aJoiningDeviceTakesInEachRecordInBoundedStatements() throws {
         var perFile: [Double] = []
         for files in [200, 2000] {
@@ -107,7 +108,7 @@ import TestSupport
             #expect(try b.tree().values.filter { $0.hasPrefix("file ") }.count == files)
         }
         print("WorkTests.aJoiningDeviceTakesInEachRecordInBoundedStatements: statements per file at 200 and 2,000 files \(perFile)")
-        #expect(perFile[1] <= 12, "statements per file a joining device took in: \(perFile)")
+        #expect(perFile[1] <= 6.5, "statements per file a joining device took in: \(perFile)")
         #expect(perFile[1] <= perFile[0] * 1.25, "statements per file at 200 and 2,000 files: \(perFile)")
     }
 
