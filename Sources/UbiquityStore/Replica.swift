@@ -662,15 +662,7 @@ final class Replica {
 
     private static func parent(of path: String) -> String { splitPath(path)?.0 ?? "" }
 
-    private func withAncestors(_ path: String) -> [String] {
-        var result = [path]
-        var prefix = Substring(path)
-        while let slash = prefix.lastIndex(of: "/") {
-            prefix = prefix[..<slash]
-            result.append(String(prefix))
-        }
-        return result
-    }
+    private func withAncestors(_ path: String) -> [String] { [path] + PathBytes.ancestors(path) }
 
     // MARK: what paths show
 

@@ -22,11 +22,7 @@ extension Store {
         for r in records {
             perNode[r.node, default: 0] += 1
             perPath[NameKey(r.path), default: 0] += 1
-            var prefix = Substring(r.path)
-            while let slash = prefix.lastIndex(of: "/") {
-                prefix = prefix[..<slash]
-                guard above.insert(NameKey(String(prefix))).inserted else { break }
-            }
+            for ancestor in PathBytes.ancestors(r.path) where !above.insert(NameKey(ancestor)).inserted { break }
         }
         let candidates = records.filter { r in
             r.deviceID != deviceID && !r.isTombstone && !r.isMeta && r.parents.isEmpty && !r.path.isEmpty

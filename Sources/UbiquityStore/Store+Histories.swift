@@ -183,9 +183,8 @@ extension Store {
     static func countHistoryPath(_ path: String, by delta: Int64, in db: SQLiteDatabase,
                                  ancestors: ((HistoryName) -> Void)? = nil) throws(StoreError) {
         var parent = ""
-        let components = path.split(separator: "/", omittingEmptySubsequences: false)
-        for (i, component) in components.enumerated() {
-            let name = String(component)
+        let components = PathBytes.components(path, keepingEmpty: true)
+        for (i, name) in components.enumerated() {
             let isLeaf = i == components.count - 1
             if !isLeaf, let ancestors {
                 ancestors(HistoryName(parent: parent, name: name))

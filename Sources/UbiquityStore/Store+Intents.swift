@@ -159,7 +159,7 @@ extension Store {
         // Permission bits only: the frame came from disk, and no other bit of a mode is a
         // file's to take from it.
         let mode = intent.mode & 0o7777
-        let names = intent.path.split(separator: "/").map(String.init)
+        let names = PathBytes.components(intent.path)
         guard let name = names.last else { return false }
         var parent = Store.rootInode
         for directory in names.dropLast() {

@@ -383,12 +383,7 @@ extension Store {
 
     private func isVacated(_ path: String) -> Bool {
         if vacated.isEmpty { return false }
-        var prefix = Substring(path)
-        while true {
-            if vacated.contains(NameKey(String(prefix))) { return true }
-            guard let slash = prefix.lastIndex(of: "/") else { return false }
-            prefix = prefix[..<slash]
-        }
+        return ([path] + PathBytes.ancestors(path)).contains { vacated.contains(NameKey($0)) }
     }
 
     // MARK: remote records
@@ -709,8 +704,8 @@ extension Store {
     /// The directory at `path` ("" is the root).
     func findDirectory(_ path: String) throws(StoreError) -> InodeNumber? {
         var current = Store.rootInode
-        for component in path.split(separator: "/") {
-            guard let next = try childID(current, String(component)), try lookUp(next)?.kind == .directory else { return nil }
+        for component in PathBytes.components(path) {
+            guard let next = try childID(current, component), try lookUp(next)?.kind == .directory else { return nil }
             current = next
         }
         return current
@@ -774,11 +769,6 @@ extension Store {
 }
 
 /// "a/b/c" -> ("a/b", "c"); "c" -> ("", "c").
-func splitPath(_ path: String) -> (String, String)? {
-    guard !path.isEmpty else { return nil }
-    guard let slash = path.lastIndex(of: "/") else { return ("", path) }
-    return (String(path[..<slash]), String(path[path.index(after: slash)...]))
-}
 
 /// What the filesystem asks of the sync engine (xattr control on the mount root).
 public protocol SyncControl: AnyObject, Sendable {

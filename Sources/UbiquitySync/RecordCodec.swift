@@ -287,10 +287,10 @@ public enum SyncPath {
         if NameCodec.byteCount(path) > 4096 { return "longer than 4096 bytes" }
         if bytes.contains(0) { return "contains NUL" }
         if bytes.first == UInt8(ascii: "/") || bytes.last == UInt8(ascii: "/") { return "starts or ends with '/'" }
-        let components = path.split(separator: "/", omittingEmptySubsequences: false)
+        let components = PathBytes.components(path, keepingEmpty: true)
         for c in components {
-            if c.isEmpty || c == "." || c == ".." { return "has an empty, '.' or '..' component" }
-            if NameCodec.byteCount(String(c)) > 255 { return "has a component over 255 bytes" }
+            if c.isEmpty || c.utf8.elementsEqual(".".utf8) || c.utf8.elementsEqual("..".utf8) { return "has an empty, '.' or '..' component" }
+            if NameCodec.byteCount(c) > 255 { return "has a component over 255 bytes" }
         }
         if [".versions", ".conflicts", ".kv"].contains(components.first) { return "names a control entry" }
         if LocalOnly.contains(path) { return "is local-only" }
