@@ -1,7 +1,8 @@
 /// Paths of the container ("a/b/c"), split at their slashes by byte. A name may begin
 /// with a combining mark, and Swift's `Character` joins a "/" with the mark after it:
 /// `lastIndex(of: "/")` and `split(separator: "/")` on a `String` miss that slash, so
-/// "a/\u{301}x" would be one name at the root. Every split of a path goes through here.
+/// "a/\u{301}x" would be one name at the root. Every split of a path that sync decides
+/// from goes through here.
 public enum PathBytes {
     static let slash = UInt8(ascii: "/")
 

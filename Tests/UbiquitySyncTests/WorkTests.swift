@@ -87,8 +87,8 @@ import TestSupport
     /// or any path has conflicts, and the queued paths reconcile consumes; the entries at
     /// a slice's paths are looked up together, and a directory not there yet once; a node
     /// new here looks for neither heads nor a current record; `.versions/`' directory
-    /// counts and the synced view's are summed per slice. Fresh records (new nodes alone
-    /// at their paths) go in a table at a time: 12 statements a file before, 5.2 since.
+    /// counts and the synced view's are summed per slice; fresh records (new nodes alone
+    /// at their paths) go in a table at a time.
     @Test func aJoiningDeviceTakesInEachRecordInBoundedStatements() throws {
         var perFile: [Double] = []
         for files in [200, 2000] {
