@@ -358,9 +358,9 @@ final class Replica {
 
     /// Adds a record already inserted in the versions table (same transaction); returns
     /// the paths whose view may have changed, whether `r` is its node's current record,
-    /// and whether it is then the only live node at its path, with nothing below it (so
-    /// its path shows it).
-    func add(_ r: Record, known: Known = Known()) throws(StoreError) -> (changed: [String], isCurrent: Bool, isAlone: Bool) {
+    /// whether it is then the only live node at its path, with nothing below it (so its
+    /// path shows it), and whether its node is still live (has a live head).
+    func add(_ r: Record, known: Known = Known()) throws(StoreError) -> (changed: [String], isCurrent: Bool, isAlone: Bool, isLive: Bool) {
         let wasHeadless = isHeadless(r.node) // so it had no current record either
         var dropped: Set<Int64> = [] // heads of the node deleted here (a parent is one)
         for p in r.parents {
@@ -420,7 +420,7 @@ final class Replica {
         }
         // A tombstone that leaves its node no live head only takes it out of the view.
         try conflictsChanged(conflicts + [r.path], onlyLost: r.isTombstone && current == nil)
-        return (changed, current?.row == r.row, isAlone)
+        return (changed, current?.row == r.row, isAlone, !live.isEmpty)
     }
 
     /// The nodes whose records named `id` as a parent before it arrived. Records seldom

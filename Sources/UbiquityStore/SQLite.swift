@@ -126,7 +126,7 @@ final class SQLiteDatabase {
         try gate(sql, remember: true)
         let statement = try prepared(sql)
         statements += 1
-        if statements == failingStatement { throw .database("statement \(statements) failed on purpose (a test's)") }
+        if failingStatements.contains(statements) { throw .database("statement \(statements) failed on purpose (a test's)") }
         defer {
             // Rows SQLite examined for it, indexes and scans alike (the work tests count).
             work += Int(sqlite3_stmt_status(statement, SQLITE_STMTSTATUS_VM_STEP, 1))
@@ -222,9 +222,9 @@ final class SQLiteDatabase {
     private(set) var work = 0
     /// Statements run so far (the work tests count them per record a device takes in).
     private(set) var statements = 0
-    /// Tests: the statement that makes `statements` this number fails before it runs, as
-    /// a crash there would leave its transaction unfinished.
-    var failingStatement: Int?
+    /// Tests: the statements that make `statements` one of these numbers fail before they
+    /// run, as a crash there would leave its transaction unfinished.
+    var failingStatements: Set<Int> = []
     /// Database pages this connection has written (to the WAL) so far: what a commit of
     /// changes spread all over the B-trees costs (the work tests count them per record a
     /// device takes in).

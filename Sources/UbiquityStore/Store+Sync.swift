@@ -89,6 +89,7 @@ extension Store {
     /// hundreds of milliseconds while every request waits.
     public func recordLocalChangesSlice(busy: Set<InodeNumber>) throws(StoreError) -> Bool {
         guard !readOnly else { return false }
+        try reloadSyncSetsIfStale()
         if needsFullScan {
             try syncStep { () throws(StoreError) in
                 try recordAllLocalChanges()
@@ -105,15 +106,26 @@ extension Store {
     /// with what it records. If it fails, the sets are read again (the rollback put back
     /// what it had taken) and the tree cache starts over.
     private func syncStep<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        try reloadSyncSetsIfStale()
         do {
             return try standaloneStep { () throws(StoreError) -> T in try replica.deferringConflicts(body) }
         } catch {
             forgetCachedTree()
-            try? changed.reload(parse: Self.changedInode)
-            for set in [vacated, recheck, unreconciled] { try? set.reload(parse: NameKey.init) }
-            for set in [orphaned, held] { try? set.reload(parse: { FileID(hex: $0) }) }
+            syncSetsStale = true
+            try? reloadSyncSetsIfStale()
             throw error
         }
+    }
+
+    /// Reads the change sets again after a step rolled back. Until that read succeeds no
+    /// step runs: a set that still lacks what the rollback put back in its table would
+    /// leave a local change without a record, never synced.
+    private func reloadSyncSetsIfStale() throws(StoreError) {
+        guard syncSetsStale else { return }
+        try changed.reload(parse: Self.changedInode)
+        for set in [vacated, recheck, unreconciled] { try set.reload(parse: NameKey.init) }
+        for set in [orphaned, held] { try set.reload(parse: { FileID(hex: $0) }) }
+        syncSetsStale = false
     }
 
     /// Returns whether more remains (`limit` reached).

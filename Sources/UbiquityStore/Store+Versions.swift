@@ -246,7 +246,7 @@ extension Store {
             let info = Replica.Record(row: row, id: r.id, node: r.node, parents: r.parents, kind: r.kind,
                                       isTombstone: r.isTombstone, mtime: r.mtime, device: r.deviceID, path: r.path,
                                       mode: r.mode, target: r.target, lineage: lineage)
-            let (changed, isCurrent, isAlone) = try replica.add(info, known: known)
+            let (changed, isCurrent, isAlone, isLive) = try replica.add(info, known: known)
             // Another device's file is listed under .versions/ from the start, even when it
             // never shows here as a file (a conflict that lost its path, say).
             // (A record can arrive after a tombstone that descends from it: simulation seed 39.)
@@ -256,6 +256,13 @@ extension Store {
                 } else {
                     try placeHistory(fileID, path: r.path, live: false, keepExisting: true)
                 }
+            }
+            // Its tombstone that leaves it no live head ends its history here and now, not
+            // when reconcile takes the file out of the tree: a file and its tombstone taken
+            // in together never reach the tree, and prune keeps a live history's last
+            // versions for good (`FreshRecordsTests`, seed 116).
+            if remote && r.kind == .file && r.isTombstone && !isLive, let fileID = r.node.fileID {
+                try retireHistory(fileID)
             }
             // Another device's record: reconcile makes the tree show the view there. One of
             // this device's own can change what a path shows too (its tombstone reveals a

@@ -80,6 +80,9 @@ public final class Store: @unchecked Sendable {
     /// Set by an upgrade from a store before format 4, which kept no change set: the
     /// first sync step looks at the whole tree once.
     var needsFullScan: Bool
+    /// Whether the change sets above may differ from their table: a step rolled back and
+    /// reading them again failed (`reloadSyncSetsIfStale`).
+    var syncSetsStale = false
     /// Off while reconcile writes the synced view into the tree: what it writes is the
     /// view, so the next sync step would only find those inodes unchanged (a device
     /// joining a container would look at each of its files again).

@@ -19,7 +19,7 @@ import UbiquityBacking
     /// Seed 153 is a regression: reconcile kept the paths it found absent as `String`s,
     /// equal for names that differ only in Unicode normalization, so a file whose twin
     /// path was absent was taken for absent too and never shown.
-    @Test(arguments: [1, 2, 3, 153, UInt64.random(in: 4...UInt64.max)])
+    @Test(arguments: [1, 2, 3, 116, 153, UInt64.random(in: 4...UInt64.max)])
     func aBulkJoinEndsAsAOneAtATimeJoin(seed: UInt64) throws {
         try join(seed: seed, bulk: true)
     }
@@ -55,11 +55,12 @@ import UbiquityBacking
         clean.store.takesFreshRecordsInBulk = false
         var failures = 0
         for _ in 0..<rng.int(1..<8) {
-            joining.store.db.failingStatement = joining.store.db.statements + rng.int(1..<600)
+            let failing = joining.store.db.statements + rng.int(1..<600)
+            joining.store.db.failingStatements = [failing]
             joining.cycle()
-            if joining.store.db.failingStatement! <= joining.store.db.statements { failures += 1 }
+            if failing <= joining.store.db.statements { failures += 1 }
         }
-        joining.store.db.failingStatement = nil
+        joining.store.db.failingStatements = []
         for _ in 0..<3 {
             joining.cycle()
             clean.cycle()
@@ -70,7 +71,8 @@ import UbiquityBacking
         let (kept, rebuilt) = try joining.fs.meta.withLock { (m) throws(StoreError) in try m.store.viewAsKeptAndRebuilt() }
         #expect(kept == rebuilt, "seed \(seed): \(Set(kept).symmetricDifference(rebuilt).sorted())")
         let (j, c) = (try Self.rows(of: joining), try Self.rows(of: clean))
-        #expect(j == c, "seed \(seed): only where statements failed \(Set(j).subtracting(c).sorted().prefix(20)), only in the clean join \(Set(c).subtracting(j).sorted().prefix(20))")
+        let sameRows = j == c // not in the expectation: it would print every row of both
+        #expect(sameRows, "seed \(seed): only where statements failed \(Set(j).subtracting(c).sorted().prefix(20)), only in the clean join \(Set(c).subtracting(j).sorted().prefix(20))")
         let (joinedTree, cleanTree) = (try Self.tree(of: joining), try Self.tree(of: clean))
         #expect(joinedTree == cleanTree, "seed \(seed): only where statements failed \(Set(joinedTree).subtracting(cleanTree).sorted()), only in the clean join \(Set(cleanTree).subtracting(joinedTree).sorted())")
         #expect(joining.conflicts() == clean.conflicts(), "seed \(seed)")
@@ -166,10 +168,7 @@ import UbiquityBacking
             rows += try db.rows("SELECT hex(id), hex(node) FROM view_awaited", []) { "awaited \($0.text(0)) \($0.text(1))" }
             rows += try db.rows("SELECT hex(path), hex(parent), nodes, below FROM view_paths", []) { "path \($0.text(0)) \($0.text(1)) \($0.int(2)) \($0.int(3))" }
             rows += try db.rows("SELECT hex(path), count FROM view_conflicts", []) { "conflicts \($0.text(0)) \($0.int(1))" }
-            // Not `live`: whether a history is marked live when its file's tombstone came
-            // depends on whether the file was shown before it (the slices' bounds), in
-            // either path; a known fault, not the bulk path's.
-            rows += try db.rows("SELECT hex(file_id), hex(path) FROM histories", []) { "history \($0.text(0)) \($0.text(1))" }
+            rows += try db.rows("SELECT hex(file_id), hex(path), live FROM histories", []) { "history \($0.text(0)) \($0.text(1)) \($0.int(2))" }
             rows += try db.rows("SELECT hex(parent), hex(name), leaves, total FROM history_dirs", []) { "history dir \($0.text(0)) \($0.text(1)) \($0.int(2)) \($0.int(3))" }
             rows += try db.rows("SELECT kind, hex(key) FROM pending", []) { "pending \($0.int(0)) \($0.text(1))" }
             return rows.sorted()
