@@ -33,15 +33,17 @@ extension FileSystem {
     /// to the new current versions and watchers hear of it; then, outside every lock, the
     /// kernel forgets what it cached there.
     func storeChanged(_ changes: TreeChanges) {
+        var cached = changes
         do {
             try meta.withLock { (m) throws(StoreError) in
+                cached = m.cachedByKernel(changes)
                 try m.treeChanged(changes)
                 if feed.isWatched { publishSyncEvents(m, changes) }
             }
         } catch {
             log("ubiquity: after a sync step: \(error)")
         }
-        hooks.withLock { $0.treeChanged }?(changes)
+        hooks.withLock { $0.treeChanged }?(cached)
     }
 
     /// Runs `body` under the store's lock after committing the batch, so a second
@@ -136,6 +138,21 @@ extension FileSystem.Meta {
 
     /// After sync changed the tree: open readers move to the new current version, the
     /// hidden views are rebuilt, unlinked inodes go once unused.
+    /// What of `changes` the kernel may hold in its caches. It holds nothing of an inode
+    /// it was never given or has forgotten (no lookup count), nor any name in such a
+    /// directory: a device joining a container makes whole directories the kernel has
+    /// never seen, and needs no notice for each of their names. A
+    /// lookup counts under the same lock before its reply, so one that races with this
+    /// change either counts first (and its names are told) or finds the change made.
+    func cachedByKernel(_ changes: TreeChanges) -> TreeChanges {
+        func known(_ ino: InodeNumber) -> Bool { ino == Store.rootInode || lookups[ino] != nil }
+        var cached = changes
+        cached.inodes = changes.inodes.filter(known)
+        cached.downloads = changes.downloads.filter(known)
+        cached.entries = changes.entries.filter { known($0.parent) }
+        return cached
+    }
+
     mutating func treeChanged(_ changes: TreeChanges) throws(StoreError) {
         for ino in changes.inodes {
             guard let old = openFiles[ino], !old.content.isChanged else { continue }

@@ -261,9 +261,10 @@ final class SQLiteDatabase {
     /// in /var/tmp past 64 KiB; a spilled journal is not emptied when the savepoint is
     /// released, so once a batch passes 64 KiB each create, save and unlink writes every page
     /// it changes there (a pwrite per page, dozens per small file created, and a new file
-    /// per batch). In memory, each operation's journal is emptied at its release. Only the
-    /// batch: a big step (`standalone`, a migration, a barrier's UPDATE of every version
-    /// a join took in) keeps SQLite's default and spills, so its journal never holds the
+    /// per batch). In memory, each operation's journal is emptied at its release. The same
+    /// holds for the statement journal of a `standalone` step (below). A migration, and a
+    /// step whose one statement may touch a whole table (a barrier's UPDATE of every
+    /// version a join took in), keep SQLite's default and spill, so no journal holds the
     /// table in memory. (`SQLITE_CONFIG_STMTJRNL_SPILL` is no substitute: it is process-wide,
     /// so it changes every transaction, and SQLite 3.40 fails a big UPDATE with SQLITE_FULL
     /// at thresholds from 256 KiB to 4 MiB.)
@@ -391,9 +392,17 @@ final class SQLiteDatabase {
     /// every error through: one that caught an inner failure and went on
     /// would keep that inner transaction's partial writes. Nested in a transaction, it is
     /// an ordinary inner one.
-    func standalone<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+    ///
+    /// With no savepoint, the journals are statement journals: SQLite keeps the pages a
+    /// statement that may fail halfway changes (an upsert, an `INSERT … SELECT`), and
+    /// empties the journal when the statement ends. Kept in memory, that is a few pages
+    /// a statement. Spilled to a file, as by default, the file is not emptied, and every
+    /// such statement after the first 64 KiB writes each page it changes there: 5 KiB a
+    /// record while a device joins, five times what the WAL gets. `wholeTable`: a
+    /// statement of `body` may change a whole table (its journal stays on disk).
+    func standalone<T>(wholeTable: Bool = false, _ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         guard depth == 0, !batchOpen, !flat else { return try transaction(body) }
-        try journalsInMemory(false)
+        try journalsInMemory(!wholeTable)
         try execute("BEGIN IMMEDIATE")
         depth += 1
         flat = true

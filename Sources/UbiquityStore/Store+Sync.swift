@@ -428,6 +428,10 @@ extension Store {
     /// made to show them, in one transaction (one commit), with what the view shows at
     /// each path worked out once for both.
     public func takeIn(_ records: [SyncRecord], busy: Set<InodeNumber>) throws(StoreError) -> TreeChanges {
+        // The batch first, and its fold, outside the slice's memo: the fold commits on its
+        // own, so what it sums must not wait for the slice's end, which a failure skips
+        // (`TakeInFailureTests`).
+        try commitBatch()
         takingIn = TakeInMemo()
         defer { takingIn = nil }
         return try replica.remembering { () throws(StoreError) -> TreeChanges in
@@ -532,7 +536,10 @@ extension Store {
             if isVacated(key.name) { deferred.insert(key); continue }
             plans.append((key.name, try replica.state(at: key.name).shown))
         }
-        func depth(_ p: String) -> Int { p.utf8.reduce(0) { $0 + ($1 == UInt8(ascii: "/") ? 1 : 0) } }
+        // Deepest first (removals), shallowest first (creations); counted once per path,
+        // not in the sort's comparisons.
+        let byDepth = plans.map { (depth: $0.0.utf8.reduce(0) { $0 + ($1 == UInt8(ascii: "/") ? 1 : 0) }, plan: $0) }
+            .sorted { $0.depth < $1.depth }.map(\.plan)
         // The entries at the queued paths, looked up together per directory (one statement
         // per path would be one per record of a join): good for each path's first look, which
         // comes before anything at it or above it changes (deepest paths go first).
@@ -557,7 +564,7 @@ extension Store {
         // Directories that gained entries, with how many of those are directories.
         var touched: [InodeNumber: Int] = [:]
         func touch(_ parent: InodeNumber, directory: Bool) { touched[parent, default: 0] += directory ? 1 : 0 }
-        for (path, shown) in plans.sorted(by: { depth($0.0) > depth($1.0) }) {
+        for (path, shown) in byDepth.reversed() {
             guard let (parent, name, id) = try firstEntry(path) else { absent.insert(NameKey(path)); continue }
             guard let inode = try node(id)?.inode else { continue }
             if matches(inode, shown) { continue }
@@ -573,7 +580,7 @@ extension Store {
                 try retireHistory(node)
             }
         }
-        for (path, shown) in plans.sorted(by: { depth($0.0) < depth($1.0) }) where !deferred.contains(NameKey(path)) {
+        for (path, shown) in byDepth where !deferred.contains(NameKey(path)) {
             if case .none = shown { continue }
             if !absent.contains(NameKey(path)), let (_, _, id) = try entry(path) {
                 guard var inode = try node(id)?.inode, matches(inode, shown) else { deferred.insert(NameKey(path)); continue }

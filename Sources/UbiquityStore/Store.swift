@@ -439,9 +439,9 @@ public final class Store: @unchecked Sendable {
         try commitBatch()
         try db.execute("PRAGMA synchronous=FULL")
         defer { try? db.execute("PRAGMA synchronous=NORMAL") }
-        // A transaction of its own, not a batch: after a join its UPDATE marks every record
-        // taken in, and a batch's journals are kept in memory (`SQLiteDatabase.openBatch`).
-        try db.standalone { () throws(StoreError) in
+        // A transaction of its own, not a batch, its journal on disk: after a join its
+        // UPDATE marks every record taken in (`SQLiteDatabase.openBatch`).
+        try db.standalone(wholeTable: true) { () throws(StoreError) in
             try db.query("UPDATE versions SET durable = 1 WHERE durable = 0 AND row <= ?", [.int(mark.row)])
             // Always write something, so the commit (and its WAL fsync) really happens.
             try db.execute("REPLACE INTO settings(key, value) VALUES('last_sync', strftime('%s','now'))")
