@@ -248,16 +248,44 @@ extension SyncEngine {
     /// hold of the store's lock. Returns false when one waits (a chunk could not be
     /// fetched): those before it are in, it and those after are read again next cycle.
     func apply(_ parts: [(source: String, lines: [ArraySlice<UInt8>])], of device: DeviceID, generation: Int64) throws(StoreError) -> Bool {
-        var records: [SyncRecord] = []
-        for part in parts {
-            for (n, decoded) in Self.decode(part.lines, of: device).enumerated() {
-                switch decoded {
-                case .failure(let why): logOnce("ubiquity: sync: skipping line \(n + 1) of \(part.source): \(why)")
-                case .success(let record): records.append(record)
-                }
-            }
-        }
         let source = parts.count == 1 ? parts[0].source : "\(parts[0].source) to \(parts[parts.count - 1].source)"
+        let pieces = Self.pieces(of: parts, lines: max(Self.pieceLines, options.pullSliceMost))
+        guard !pieces.isEmpty else { return true }
+        var sliceSize = max(1, options.pullSlice)
+        var records = decoded(pieces[0], of: device)
+        var next = 1
+        while true {
+            // The next piece is decoded on a thread of its own while this one is taken in:
+            // only the first piece's decoding is waited for.
+            let following = Locked<(records: [SyncRecord], skipped: [String])>(([], []))
+            let decoder = next < pieces.count ? { [piece = pieces[next]] in
+                JoinableThread { following.withLock { $0 = Self.decode(piece, of: device, width: 1) } }
+            }() : nil
+            let complete: Bool
+            do { complete = try takeIn(records, of: device, generation: generation, source: source, sliceSize: &sliceSize) } catch {
+                decoder?.join()
+                throw error
+            }
+            decoder?.join()
+            guard next < pieces.count else { return complete }
+            if !complete {
+                // A record waits, perhaps for a chunk's place a later record gives (taken
+                // in as one, every record's places are stored before any record): the rest
+                // as one, this piece's records again (those taken in are known now).
+                records += loggingSkipped(following.withLock { $0 })
+                for piece in pieces[(next + 1)...] { records += decoded(piece, of: device) }
+                return try takeIn(records, of: device, generation: generation, source: source, sliceSize: &sliceSize)
+            }
+            records = loggingSkipped(following.withLock { $0 })
+            next += 1
+        }
+    }
+
+    /// Takes in `records` (of one piece, or of the rest): those not held, their chunks'
+    /// places first, then the ready ones a slice per hold of the store's lock. Returns
+    /// whether none waits.
+    private func takeIn(_ records: [SyncRecord], of device: DeviceID, generation: Int64, source: String,
+                        sliceSize: inout Int) throws(StoreError) -> Bool {
         if records.isEmpty { return true }
         let ids = records.map(\.id)
         let held = try shared.withLock { (store) throws(StoreError) in try store.knownRecords(ids, device: device, generation: generation) }
@@ -274,11 +302,7 @@ extension SyncEngine {
         }
         let (ready, complete) = try readyRecords(fresh, source: source)
         var start = 0
-        // Slices grow while no request waits for the store's lock (up to `pullSliceMost`:
-        // fewer commits, each of which rewrites pages all over the indexes) and fall back
-        // to `pullSlice` once one does.
-        var sliceSize = max(1, options.pullSlice)
-        repeat {
+        while start < ready.count {
             let slice = Array(ready[start..<min(ready.count, start + sliceSize)])
             // Local changes are not recorded first here: the directories a reconcile made
             // for records whose own directory record comes in a later slice would be
@@ -286,21 +310,81 @@ extension SyncEngine {
             // this slice waited on the network meets this reconcile unrecorded: reconcile
             // leaves the paths it touched for the next cycle, which records it first.
             let waited = try shared.change { (store, busy) throws(StoreError) -> TreeChanges in try store.takeIn(slice, busy: busy) }
+            // Slices grow while no request waits for the store's lock (up to
+            // `pullSliceMost`: fewer commits, each of which rewrites pages all over the
+            // indexes) and fall back to `pullSlice` once one does.
             sliceSize = waited ? max(1, options.pullSlice) : min(max(options.pullSlice, options.pullSliceMost), sliceSize * 2)
             start += slice.count
             if start < ready.count { usleep(200) }
-        } while start < ready.count
+        }
         if !ready.isEmpty { downloader.poke() }
         return complete
     }
 
-    /// Lines decoded on every core, in order: checking each line's checksum and hashing
-    /// its carried chunks is a large part of a device's first sync on one core.
-    static func decode(_ lines: [ArraySlice<UInt8>], of device: DeviceID) -> [Result<SyncRecord, RecordCodec.Rejection>] {
+    /// The least lines of a piece: a thread decodes each piece after the first.
+    static let pieceLines = 1_024
+
+    /// A part's lines from its `first` (0-based, for the log), in a piece.
+    struct Fragment: Sendable {
+        let source: String
+        let first: Int
+        let lines: ArraySlice<ArraySlice<UInt8>>
+    }
+
+    /// `parts` cut into pieces of about `lines` lines each, in order.
+    static func pieces(of parts: [(source: String, lines: [ArraySlice<UInt8>])], lines: Int) -> [[Fragment]] {
+        var pieces: [[Fragment]] = []
+        var current: [Fragment] = [], count = 0
+        for part in parts {
+            var at = 0
+            while at < part.lines.count {
+                let end = min(part.lines.count, at + (lines - count))
+                current.append(Fragment(source: part.source, first: at, lines: part.lines[at..<end]))
+                count += end - at
+                at = end
+                if count >= lines {
+                    pieces.append(current)
+                    current = []
+                    count = 0
+                }
+            }
+        }
+        if !current.isEmpty { pieces.append(current) }
+        return pieces
+    }
+
+    static var decodeWidth: Int { max(1, min(8, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))) }
+
+    /// A piece's records, in order, and what is wrong with each malformed line (skipped).
+    static func decode(_ piece: [Fragment], of device: DeviceID, width: Int) -> (records: [SyncRecord], skipped: [String]) {
+        var records: [SyncRecord] = [], skipped: [String] = []
+        for fragment in piece {
+            for (n, decoded) in decode(Array(fragment.lines), of: device, width: width).enumerated() {
+                switch decoded {
+                case .failure(let why): skipped.append("ubiquity: sync: skipping line \(fragment.first + n + 1) of \(fragment.source): \(why)")
+                case .success(let record): records.append(record)
+                }
+            }
+        }
+        return (records, skipped)
+    }
+
+    /// `decode`, on this thread, with the skipped lines logged.
+    private func decoded(_ piece: [Fragment], of device: DeviceID, width: Int = SyncEngine.decodeWidth) -> [SyncRecord] {
+        loggingSkipped(Self.decode(piece, of: device, width: width))
+    }
+
+    private func loggingSkipped(_ decoded: (records: [SyncRecord], skipped: [String])) -> [SyncRecord] {
+        for line in decoded.skipped { logOnce(line) }
+        return decoded.records
+    }
+
+    /// Lines decoded on `width` threads, in order: checking each line's checksum and
+    /// hashing its carried chunks is a large part of a device's first sync on one core.
+    static func decode(_ lines: [ArraySlice<UInt8>], of device: DeviceID, width: Int) -> [Result<SyncRecord, RecordCodec.Rejection>] {
         let piece = 256
-        guard lines.count > piece else { return lines.map { RecordCodec.decode($0, journalDevice: device) } }
+        guard lines.count > piece, width > 1 else { return lines.map { RecordCodec.decode($0, journalDevice: device) } }
         let starts = Array(stride(from: 0, to: lines.count, by: piece))
-        let width = max(1, min(8, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
         return parallelMap(starts, width: width) { start in
             lines[start..<min(lines.count, start + piece)].map { RecordCodec.decode($0, journalDevice: device) }
         }.flatMap { $0 }
