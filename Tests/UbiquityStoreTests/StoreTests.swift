@@ -17,9 +17,10 @@ import UbiquitySystem
 
     /// Issue 26: the group-commit batch keeps its journals in memory (a savepoint's journal
     /// spilled to /var/tmp was never emptied, and every later operation of the batch wrote
-    /// its pages there); a step of its own (`standalone`, the barrier) keeps SQLite's
-    /// default, so a big UPDATE's journal spills to disk instead of holding the table.
-    @Test func onlyTheBatchKeepsItsJournalsInMemory() throws {
+    /// its pages there). So does a step of its own (`standalone`: a pull slice, a fold
+    /// part), whose statement journals would spill the same way. The barrier keeps SQLite's
+    /// default, so its UPDATE of every version spills to disk instead of holding the table.
+    @Test func onlyTheBarrierKeepsItsJournalOnDisk() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
         let store = try Store(directory: dir.path, deviceName: "test")
@@ -34,6 +35,8 @@ import UbiquitySystem
         try store.standaloneStep { () throws(StoreError) in
             _ = try store.create(parent: Store.rootInode, name: "b", kind: .directory, mode: 0o755, uid: 1, gid: 1)
         }
+        #expect(try tempStore() == 2)
+        try store.markDurable()
         #expect(try tempStore() == 0)
         _ = try store.create(parent: Store.rootInode, name: "c", kind: .directory, mode: 0o755, uid: 1, gid: 1)
         try store.foldTree()
