@@ -441,6 +441,12 @@ final class Replica {
         return memo?.noneAwaited == true
     }
 
+    /// Of `ids`, those a record held here names as a parent it waits for.
+    func awaited(among ids: [VersionID]) throws(StoreError) -> Set<VersionID> {
+        if try awaitsNone() { return [] }
+        return Set(try db.rows(in: ids.map { .id($0) }, { "SELECT id FROM view_awaited WHERE id IN (\($0))" }) { $0.versionID(0) })
+    }
+
     // MARK: adding fresh records in bulk
 
     /// The live nodes at each of `paths` and below it, as the table has them (absent: none).

@@ -12,10 +12,12 @@ extension Store {
     /// device's first and only record of a node the view has no heads of, with no
     /// parents, not a tombstone or a metadata change, alone at its path in the slice and
     /// in the view (no live node there), and, unless a directory, with nothing below it
-    /// in either; a file's history has no row yet. Nothing fresh while any record waits
-    /// for a parent (the one-at-a-time path looks each new id up then).
+    /// in either; a file's history has no row yet; no record held here waits for it as a
+    /// parent.
     func freshRecords(_ records: [SyncRecord]) throws(StoreError) -> (fresh: [SyncRecord], rest: [SyncRecord]) {
-        guard takesFreshRecordsInBulk, records.count > 1, try replica.awaitsNone() else { return ([], records) }
+        guard takesFreshRecordsInBulk, records.count > 1 else { return ([], records) }
+        // A record another waits for is added as `Replica.add` does: it ends the wait.
+        let awaited = try replica.awaited(among: records.map(\.id))
         var perNode: [NodeID: Int] = [:]
         var perPath: [NameKey: Int] = [:]
         var above: Set<NameKey> = []
@@ -25,7 +27,7 @@ extension Store {
             for ancestor in PathBytes.ancestors(r.path) where !above.insert(NameKey(ancestor)).inserted { break }
         }
         let candidates = records.filter { r in
-            r.deviceID != deviceID && !r.isTombstone && !r.isMeta && r.parents.isEmpty && !r.path.isEmpty
+            r.deviceID != deviceID && !r.isTombstone && !r.isMeta && r.parents.isEmpty && !r.path.isEmpty && !awaited.contains(r.id)
                 && perNode[r.node] == 1 && perPath[NameKey(r.path)] == 1 && replica.isNew(r.node)
                 && Self.kindMatchesNode(r) && (r.kind == .directory || !above.contains(NameKey(r.path)))
         }
