@@ -136,14 +136,12 @@ extension FileSystem.Meta {
     /// Files sync must not change now: open for writing, or with unsaved writes.
     func busyFiles() -> Set<InodeNumber> { busy.current() }
 
-    /// After sync changed the tree: open readers move to the new current version, the
-    /// hidden views are rebuilt, unlinked inodes go once unused.
     /// What of `changes` the kernel may hold in its caches. It holds nothing of an inode
     /// it was never given or has forgotten (no lookup count), nor any name in such a
     /// directory: a device joining a container makes whole directories the kernel has
-    /// never seen, and needs no notice for each of their names. A
-    /// lookup counts under the same lock before its reply, so one that races with this
-    /// change either counts first (and its names are told) or finds the change made.
+    /// never seen, and needs no notice for each of their names. A lookup counts under the
+    /// same lock before its reply, so one that races with this change either counts
+    /// first (and its names are told) or finds the change made.
     func cachedByKernel(_ changes: TreeChanges) -> TreeChanges {
         func known(_ ino: InodeNumber) -> Bool { ino == Store.rootInode || lookups[ino] != nil }
         var cached = changes
@@ -153,6 +151,8 @@ extension FileSystem.Meta {
         return cached
     }
 
+    /// After sync changed the tree: open readers move to the new current version, the
+    /// hidden views are rebuilt, unlinked inodes go once unused.
     mutating func treeChanged(_ changes: TreeChanges) throws(StoreError) {
         for ino in changes.inodes {
             guard let old = openFiles[ino], !old.content.isChanged else { continue }
