@@ -93,7 +93,7 @@ extension Store {
     public func commitTombstone(fileID: FileID, head: Int64?, path: String) throws(StoreError) {
         // A file whose head is a version of its own here has a tombstone for sure (that
         // head is a parent): it goes to the overlay, its parents worked out at the fold.
-        if overlayOn, let head, let previous = try headVersion(head), !previous.isLocal {
+        if overlayOn, let head, try isLocalVersion(row: head) == false {
             let row = nextVersionRow
             nextVersionRow += 1
             try record(.tombstone(row: row, id: .new(), fileID: fileID, head: head, path: path, committed: clock()))
@@ -157,6 +157,16 @@ extension Store {
     func headVersion(_ row: Int64?) throws(StoreError) -> Version? {
         guard let row else { return nil }
         return try version(row: row)
+    }
+
+    /// Whether version `row` is local-only (nil: no such row), as `version(row:)` would
+    /// say, reading one column of the row only: a delete asks it on its request path.
+    func isLocalVersion(row: Int64) throws(StoreError) -> Bool? {
+        if overlay.saves[row] != nil { return overlay.localRows.contains(row) }
+        if overlay.tombstoneRows.contains(row) { return try version(row: row)?.isLocal }
+        return try db.aroundGate { () throws(StoreError) -> Bool? in
+            try db.rows("SELECT local FROM versions WHERE row = ?", [.int(row)]) { $0.int(0) != 0 }.first
+        }
     }
 
     /// A version row does not change once written: one the overlay does not hold is read
