@@ -55,6 +55,7 @@ extension SyncEngine {
                                                device: backing.deviceID, seq: name.seq)
             try shared.withLock { (store) throws(StoreError) in
                 try store.setSetting(Self.reservedKey, "\(fresh.time)-\(fresh.seq)")
+                try store.commitBatch() // before the PUT, as in `writeSegment`
             }
             return fresh
         }
@@ -177,6 +178,10 @@ extension SyncEngine {
                 let seq = (try store.setting(Self.seqKey).flatMap { UInt64($0) } ?? 0) + 1
                 let reserved = SegmentLog.SegmentName(time: SegmentLog.time(now: now, cursor: cursor), device: backing.deviceID, seq: seq)
                 try store.setSetting(Self.reservedKey, "\(reserved.time)-\(seq)")
+                // Committed before the PUT: left in the group-commit batch, a kill -9
+                // after the PUT lost it, and the next session wrote the same seq again
+                // ("exists already", t-prune-gc's kills during gc).
+                try store.commitBatch()
                 name = reserved
             }
         }
