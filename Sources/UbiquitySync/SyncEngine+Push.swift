@@ -178,9 +178,9 @@ extension SyncEngine {
                 let seq = (try store.setting(Self.seqKey).flatMap { UInt64($0) } ?? 0) + 1
                 let reserved = SegmentLog.SegmentName(time: SegmentLog.time(now: now, cursor: cursor), device: backing.deviceID, seq: seq)
                 try store.setSetting(Self.reservedKey, "\(reserved.time)-\(seq)")
-                // Committed before the PUT: left in the group-commit batch, a kill -9
-                // after the PUT lost it, and the next session wrote the same seq again
-                // ("exists already", t-prune-gc's kills during gc).
+                // Committed before the PUT: left in the open group-commit batch, a kill -9
+                // after the PUT would lose it, and the next session would write the same
+                // seq again, which the backing store refuses ("exists already").
                 try store.commitBatch()
                 name = reserved
             }
