@@ -308,6 +308,13 @@ crash_daemon() {
   ! is_mounted "$MNT" || is_dead_mount "$MNT" || fail "$MNT is still a live mount after its daemon was killed"
 }
 
+# simulate_reboot STORE: what a power loss does besides dropping writes: the next mount
+# runs in another boot than the one the store's last mount noted, so it reads back what
+# was written since the last durability barrier (Store+Recovery). The daemon must be dead.
+simulate_reboot() {
+  python3 -c 'import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute("DELETE FROM settings WHERE key = ?", ("boot_id",)); c.commit()' "$1/meta.sqlite"
+}
+
 # mount_tmpfs SIZE DIR: a tmpfs of SIZE (e.g. 48m) on DIR (root only), unmounted by the
 # cleanup after every ubiquity mount.
 _UBQ_PLAIN_MOUNTS=()

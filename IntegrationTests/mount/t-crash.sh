@@ -46,6 +46,7 @@ crash_daemon
 lost=$(comm -13 <(echo "$before") <(chunk_files))
 [[ -n $lost ]] || fail "no new chunk file for the second version of p.bin"
 rm -f $lost # what a power loss does to writes that were never fsynced
+simulate_reboot "$STORE"
 _ubq_mount
 assert_eq "$(sha256sum <"$WORK/v1")" "$(sha256sum <"$MNT/p.bin")" "p.bin is its durable version again"
 assert_eq 1 "$(version_count p.bin)" "the lost version is gone from .versions/"

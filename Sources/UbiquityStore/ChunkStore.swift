@@ -27,6 +27,9 @@ public final class ChunkStore: Sendable {
     private let prefetching = Locked<Set<ChunkID>>([])
     /// Chunk files written since the last `sync()`.
     private let unsynced = Locked<Set<ChunkID>>([])
+    /// What a crashed process wrote may be in the page cache only (`leaveDeadProcessWritesToNextBarrier`).
+    private let deadProcessWrites = Locked(false)
+    private let flushCount = Locked(0)
     /// Held for a whole barrier (`sync`).
     private let barrier = Locked(())
     /// Orders "is it there? keep it" (`put`, `contains`) against gc's "unused? delete".
@@ -485,11 +488,12 @@ public final class ChunkStore: Sendable {
     }
 
     private func syncPending() throws(StoreError) {
-        try small.sync()
+        let everything = deadProcessWrites.withLock { left in defer { left = false }; return left }
         let pending = unsynced.withLock { s -> Set<ChunkID> in defer { s = [] }; return s }
         do throws(StoreError) {
-            if pending.count > 32 {
-                try StoreError.wrap { () throws(SystemError) in try syncFilesystem(dirFD, path: directory) }
+            try small.sync(all: everything)
+            if everything || pending.count > 32 {
+                try flushWholeStore()
                 return
             }
             var directories: Set<String> = []
@@ -509,17 +513,34 @@ public final class ChunkStore: Sendable {
         } catch {
             // Not durable yet: the next barrier must try these chunks again.
             unsynced.withLock { $0.formUnion(pending) }
+            if everything { deadProcessWrites.withLock { $0 = true } }
             throw error
         }
+    }
+
+    /// After a crash of the process only (the machine kept running, and its page cache
+    /// with what the dead process wrote): the next barrier flushes the whole store, as
+    /// `syncEverything` would now, so the open need not wait for that flush.
+    func leaveDeadProcessWritesToNextBarrier() {
+        deadProcessWrites.withLock { $0 = true }
     }
 
     /// Durability barrier for every chunk in the store, whoever wrote it: after a crash,
     /// what the dead process wrote is made durable before its versions are (recovery).
     func syncEverything() throws(StoreError) {
         try small.sync(all: true)
-        try StoreError.wrap { () throws(SystemError) in try syncFilesystem(dirFD, path: directory) }
+        try flushWholeStore()
         unsynced.withLock { $0 = [] }
     }
+
+    /// One syncfs of the filesystem the store is on.
+    private func flushWholeStore() throws(StoreError) {
+        try StoreError.wrap { () throws(SystemError) in try syncFilesystem(dirFD, path: directory) }
+        flushCount.withLock { $0 += 1 }
+    }
+
+    /// How many times the whole store was flushed (tests).
+    var wholeStoreFlushes: Int { flushCount.withLock { $0 } }
 
     public func dropCache() { cache.withLock { $0.removeAll() } }
 }

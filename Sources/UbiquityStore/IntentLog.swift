@@ -116,17 +116,37 @@ final class IntentLog {
         try StoreError.wrap { () throws(SystemError) in try fsyncPath(String(path[..<path.lastIndex(of: "/")!]), directory: true) }
     }
 
-    /// Empties the log: every intent in it is committed (`force`: also what an earlier
-    /// process appended).
-    func clear(force: Bool = false) {
-        guard size > 0 || force else { return }
+    /// Empties the log: every intent in it is durable in the database.
+    func clear() {
+        guard size > 0 else { return }
         if fd >= 0 { _ = ftruncate(fd, 0) } else { _ = truncate(path, 0) }
         size = 0
     }
 
+    /// Keeps the frames an earlier process appended (every save they hold is recorded, in
+    /// the database or the operation log), so that the next barrier lets them go with
+    /// this process's: `size` counts them. A torn tail is cut off first, and the cut made
+    /// durable, so that frames appended now follow the last whole one (`read` stops at
+    /// the first bad frame).
+    func keepExisting(wholeBytes: Int64) throws(StoreError) {
+        var st = stat()
+        guard stat(path, &st) == 0 else { return }
+        if Int64(st.st_size) > wholeBytes {
+            let cut = open(path, O_WRONLY | O_CLOEXEC)
+            if cut < 0 { throw .io(errno: errno, "open \(path)") }
+            defer { close(cut) }
+            if ftruncate(cut, off_t(wholeBytes)) != 0 || fdatasync(cut) != 0 { throw .io(errno: errno, "cut the torn tail of \(path)") }
+        }
+        size = wholeBytes
+    }
+
     /// The intents in the log, up to the first frame that is damaged or cut short.
-    static func read(path: String) throws(StoreError) -> [Intent] {
-        guard let bytes = try StoreError.wrap({ () throws(SystemError) in try readFile(path, limit: 1 << 30) }) else { return [] }
+    static func read(path: String) throws(StoreError) -> [Intent] { try frames(path: path).intents }
+
+    /// The intents in the log, up to the first frame that is damaged or cut short, and
+    /// where the last whole frame ends.
+    static func frames(path: String) throws(StoreError) -> (intents: [Intent], end: Int64) {
+        guard let bytes = try StoreError.wrap({ () throws(SystemError) in try readFile(path, limit: 1 << 30) }) else { return ([], 0) }
         var intents: [Intent] = []
         var at = 0
         while bytes.count - at >= 4 {
@@ -139,7 +159,7 @@ final class IntentLog {
             at += 12 + length
         }
         if at < bytes.count { log("ubiquity: \(path): \(bytes.count - at) bytes after the last whole intent ignored (cut short by the crash)") }
-        return intents
+        return (intents, Int64(at))
     }
 
     static func encode(_ i: Intent) -> [UInt8] {

@@ -63,9 +63,34 @@ extension Store {
     /// covers. A frame appended while no batch was open (an fsync's, of a version
     /// committed before) is noted by the next batch; until then replay skips it, as its
     /// version is in the database.
+    ///
+    /// Every save appended so far is then applied: the withdrawals kept for the intents
+    /// not applied yet (`keepWithdrawals`) go in the same transaction.
     func noteIntentsApplied() throws(StoreError) {
-        guard intentSequence > 0, db.level > 0 else { return }
-        try db.query("REPLACE INTO settings(key, value) VALUES('intent_applied', ?)", [.text(String(intentSequence))])
+        guard db.level > 0 else { return }
+        if intentSequence > 0 {
+            try db.query("REPLACE INTO settings(key, value) VALUES('intent_applied', ?)", [.text(String(intentSequence))])
+        }
+        if withdrawalsKept {
+            try removeSetting(Self.withdrawnKey)
+            withdrawalsKept = false
+        }
+    }
+
+    /// A fold writes the withdrawal of a save (an editor's temp file, renamed over before
+    /// it was folded): its frame is then behind the log's mark, but the save's intent may
+    /// not be applied yet (a fold of a part, or through the gate, notes nothing), and an
+    /// open must not record that save again. So the withdrawn versions are kept in
+    /// `settings`, in the fold's transaction, until the intents are noted as applied.
+    func keepWithdrawals(_ ids: [VersionID]) throws(StoreError) {
+        guard !ids.isEmpty else { return }
+        let kept = try withdrawnSetting().union(ids)
+        try setSetting(Self.withdrawnKey, kept.map(\.hex).sorted().joined(separator: ","))
+        withdrawalsKept = true
+    }
+
+    func withdrawnSetting() throws(StoreError) -> Set<VersionID> {
+        Set((try setting(Self.withdrawnKey) ?? "").split(separator: ",").compactMap { VersionID(hex: String($0)) })
     }
 
     /// At open, before anything else changes the tree: records again the saves of the
@@ -74,39 +99,36 @@ extension Store {
     /// path (directories made as needed), as a new version of the file there, or of a new
     /// file, with the id it had. A save whose chunks are missing (a power loss dropped
     /// them: they were never fsynced) is logged and skipped: the file keeps its version
-    /// before it. The log is empty afterwards. Returns the paths recovered.
+    /// before it. Returns the paths recovered.
+    ///
+    /// The log is kept for the next barrier, which makes what it holds durable elsewhere
+    /// before it lets it go (the saves the operation log brought back are in the overlay
+    /// until the group commit folds them); the open does not wait for that flush.
     func replayIntents() throws(StoreError) -> [String] {
         unlink(intents.path + ".tmp") // a `dropPrefix` the stop interrupted; the log is whole
-        let found = try IntentLog.read(path: intents.path)
+        let (found, end) = try IntentLog.frames(path: intents.path)
+        try intents.keepExisting(wholeBytes: end)
         let applied = Int64(try setting("intent_applied") ?? "0") ?? 0
         intentSequence = max(applied, found.map(\.sequence).max() ?? 0)
-        var recovered: [String] = [], restored = false
+        var recovered: [String] = []
+        let unfolded = unfoldedSaves
         for intent in found where intent.sequence > applied {
             do {
-                if try isLogged(intent) {
-                    // Its record came back from the operation log (or an fsync wrote a
-                    // second frame); its small chunks may not have: the batch of
-                    // small.sqlite that held them is what the crash lost.
-                    if try restoreChunks(intent) { restored = true }
-                    continue
-                }
+                // Its record came back from the operation log (or an fsync wrote a second
+                // frame); its small chunks were put back before the recovery
+                // (`restoreChunksOfLoggedSaves`).
+                if try isLogged(intent, unfolded: unfolded) { continue }
                 if try replay(intent) { recovered.append(intent.path) }
             } catch {
                 log("ubiquity: \(intent.path): the save the intent log kept could not be recorded again: \(error)")
             }
         }
-        if !found.isEmpty || !withdrawnAtOpen.isEmpty {
-            try db.transaction { () throws(StoreError) in
-                try setSetting("intent_applied", String(intentSequence))
-                try removeSetting(Self.withdrawnKey)
-            }
-            withdrawnAtOpen = []
-            // What was recorded again must be durable before the log that held it goes.
-            if !recovered.isEmpty || restored {
-                try chunks.sync()
-                try markDurable()
-            }
-            intents.clear(force: true)
+        withdrawnAtOpen = []
+        // What was recorded again was written straight to SQLite: the barrier makes it
+        // durable now (and lets the log go).
+        if !recovered.isEmpty {
+            try chunks.sync()
+            try markDurable()
         }
         for path in recovered {
             log("ubiquity: \(path): a save the daemon acknowledged before it stopped was recorded again from the intent log")
@@ -114,33 +136,35 @@ extension Store {
         return recovered
     }
 
-    /// For each save of the intent log whose version the database has (the operation
-    /// log replayed it), the small chunks the frame carries that are not here.
+    /// For each save of the intent log whose version the database or the overlay has
+    /// (the operation log replayed it), the small chunks the frame carries that are not
+    /// here: the batch of small.sqlite that held them is what the crash lost. (Committed,
+    /// not flushed: the intent log keeps them until the next barrier.)
     func restoreChunksOfLoggedSaves() throws(StoreError) {
         let applied = Int64(try setting("intent_applied") ?? "0") ?? 0
-        var restored = false
+        let unfolded = unfoldedSaves
         for intent in try IntentLog.read(path: intents.path) where intent.sequence > applied {
-            if try isLogged(intent), try restoreChunks(intent) { restored = true }
+            if try isLogged(intent, unfolded: unfolded) { try restoreChunks(intent) }
         }
-        if restored { try chunks.sync() }
     }
+
+    /// The versions of the saves the overlay holds: the open's replay, not folded yet.
+    private var unfoldedSaves: Set<VersionID> { Set(overlay.saves.values.map(\.id)) }
 
     /// Whether the operation log's replay accounted for this save: its version is in the
-    /// database, or it was withdrawn (an editor's temp file, whose content another save
-    /// took: not recorded again, but its chunks are put back, as that save may need them).
-    private func isLogged(_ intent: Intent) throws(StoreError) -> Bool {
-        if withdrawnAtOpen.contains(intent.version) { return true }
-        return try version(id: intent.version) != nil
+    /// overlay (`unfolded`, taken before anything here folds it) or the database, or it
+    /// was withdrawn (an editor's temp file, whose content another save took: not
+    /// recorded again, but its chunks are put back, as that save may need them).
+    private func isLogged(_ intent: Intent, unfolded: Set<VersionID>) throws(StoreError) -> Bool {
+        if withdrawnAtOpen.contains(intent.version) || unfolded.contains(intent.version) { return true }
+        return try db.aroundGate { () throws(StoreError) in try versionExists(intent.version) }
     }
 
-    /// Puts back the chunks the frame carries that are not here; returns whether any was.
-    private func restoreChunks(_ intent: Intent) throws(StoreError) -> Bool {
-        var any = false
+    /// Puts back the chunks the frame carries that are not here.
+    private func restoreChunks(_ intent: Intent) throws(StoreError) {
         for (id, bytes) in intent.chunkBytes where !chunks.contains(id) && ChunkID(hashing: bytes) == id {
             try chunks.put(id, bytes)
-            any = true
         }
-        return any
     }
 
     private func replay(_ intent: Intent) throws(StoreError) -> Bool {

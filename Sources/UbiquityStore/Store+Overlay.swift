@@ -24,35 +24,36 @@ extension Store {
     var overlayOn: Bool { treeLog != nil && db.batching && !db.inTransaction && !folding }
 
     /// Opens the operation log and replays what it holds after the index's mark into the
-    /// overlay, then folds it. Returns how many changes were replayed.
+    /// overlay, in memory only: the group commit folds it in the background, a part at a
+    /// time, as it folds a burst (a mount after a crash serves at once; the open's own
+    /// reads look at the overlay first, like a request's). Returns how many changes
+    /// were replayed.
     func openTreeLog() throws(StoreError) -> Int {
         // Opening deletes the segments up to the mark: the mark (a commit the last process
         // may have left in the page cache) must be on the disk first.
-        try db.execute("PRAGMA wal_checkpoint(FULL)")
+        try db.syncCommitted()
+
         let mark = LogSequence(UInt64(try setting(Self.treeLogMarkKey) ?? "") ?? 0)
-        var replayed: [TreeChange] = []
+        var frames: [(sequence: LogSequence, changes: [TreeChange])] = []
         let opened = try OperationLog(directory: directory + "/log", after: mark) { (sequence, payload) throws(StoreError) in
             guard let changes = TreeChange.decode(payload) else {
                 // Whole and checked, but not a frame this version writes: refusing to
                 // open keeps its changes for the ubiquity that wrote them.
                 throw .unsupportedFormat("\(directory)/log: frame \(sequence) is not one this ubiquity can read: upgrade ubiquity")
             }
-            replayed += changes
+            frames.append((sequence, changes))
         }
         treeLog = opened
         lastLogged = LogSequence(opened.nextSequence.value &- 1)
         foldedThrough = mark
-        overlay = TreeOverlay(replaying: replayed)
-        // The replay's withdrawals are kept in `settings` before the fold moves the mark
-        // past their frames, until the intent log's replay has run (`replayIntents`): an
-        // open killed between the two must not record those saves again.
-        withdrawnAtOpen = Set((try setting(Self.withdrawnKey) ?? "").split(separator: ",").compactMap { VersionID(hex: String($0)) })
-        var withdrawn = withdrawnAtOpen
-        for case .withdraw(_, let id, _) in replayed { withdrawn.insert(id) }
-        if withdrawn != withdrawnAtOpen {
-            withdrawnAtOpen = withdrawn
-            try setSetting(Self.withdrawnKey, withdrawn.map(\.hex).sorted().joined(separator: ","))
-        }
+        overlay = TreeOverlay(replayingFrames: frames)
+        frames = []
+        let replayed = overlay.changes
+        // Saves withdrawn since the intents were last noted as applied: those folds kept
+        // (`keepWithdrawals`), and those the replay brings back.
+        withdrawnAtOpen = try withdrawnSetting()
+        withdrawalsKept = !withdrawnAtOpen.isEmpty
+        for case .withdraw(_, let id, _) in replayed { withdrawnAtOpen.insert(id) }
         for case .pending(let kind, let key) in replayed { restorePending(kind, key) }
         // Weak: the database and the sets live as long as the store, and the store's
         // deinit folds by itself (it commits through them after `self` is gone for closures).
@@ -66,15 +67,21 @@ extension Store {
         orphaned.deferInsert = deferring
         held.deferInsert = deferring
         if !replayed.isEmpty {
-            try foldTree()
-            log("ubiquity: replayed \(replayed.count) tree changes from \(directory)/log")
+            // A burst that has just ended, as far as the group commit's policy goes.
+            let now = monotonicNanos()
+            overlayTimes = (now, now)
+            log("ubiquity: replayed \(replayed.count) tree changes from \(directory)/log (folded in the background)")
         }
-        nextVersionRow = (try db.rows("SELECT max(row) FROM versions", []) { $0.isNull(0) ? 0 : $0.int(0) }.first ?? 0) + 1
+        let stored = try db.aroundGate { () throws(StoreError) in
+            try db.rows("SELECT max(row) FROM versions", []) { $0.isNull(0) ? 0 : $0.int(0) }.first ?? 0
+        }
+        nextVersionRow = max(stored, overlay.highestVersionRow) + 1
         return replayed.count
     }
 
     static let treeLogMarkKey = "tree_log_mark"
-    /// Saves withdrawn by frames an open folded, until the intent log's replay has run.
+    /// Saves withdrawn by folded frames, until their intents are noted as applied
+    /// (`keepWithdrawals`; the name is older than that rule).
     static let withdrawnKey = "withdrawn_at_open"
 
     private func restorePending(_ kind: Int64, _ key: String) {
@@ -183,7 +190,7 @@ extension Store {
     /// that goes on): a version's id is
     /// new when the overlay takes it, a committed fold leaves the overlay, and a fold
     /// rolled back wrote nothing. The intent log's replay commits its saves straight to
-    /// SQLite, after the open folded what the operation log brought back.
+    /// SQLite, after the gate folded what the operation log brought back.
     private func mayBeWritten(_ id: VersionID) throws(StoreError) -> Bool {
         if folding && !foldFailed { return false }
         return try versionExists(id)
@@ -263,6 +270,9 @@ extension Store {
                     }
                 }
             }
+            var withdrawn: [VersionID] = []
+            for case .withdraw(_, let id, _) in changes { withdrawn.append(id) }
+            try keepWithdrawals(withdrawn)
             try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(Self.treeLogMarkKey), .text(String(through.value))])
         }
         do {

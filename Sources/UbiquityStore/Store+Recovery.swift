@@ -1,3 +1,4 @@
+import Glibc
 import UbiquitySystem
 
 /// Recovery after an unclean stop. A version is `durable` once a durability barrier ran
@@ -14,9 +15,15 @@ import UbiquitySystem
 /// A chunk that is not here but whose place in the backing store is known (a file not
 /// downloaded, files on demand) is remote, not damage.
 ///
-/// The cost is proportional to what was written since the last barrier (at most a few
-/// seconds of writes, as the filesystem runs one every second), found by the partial
-/// index `versions_pending`.
+/// The cost is proportional to what was written since the last barrier (at most about
+/// ten seconds of writes, as the mount runs one every 10 s), found by the partial index
+/// `versions_pending`.
+///
+/// Only a power loss drops writes: when the machine has not restarted since the last
+/// serving open (the kernel's boot id is the one that open stored, `bootKey`), a crash of
+/// the process left every write in the page cache, so nothing is read back. The next
+/// barrier then flushes the whole store, not only what this process wrote, before it
+/// marks those versions durable.
 extension Store {
     public struct RecoveryReport: Sendable, Equatable {
         /// Versions checked.
@@ -28,7 +35,43 @@ extension Store {
     }
 
     /// Runs at open (serving stores only). Does nothing after a clean stop.
+    ///
+    /// The versions the operation log's replay holds (all written after the last barrier,
+    /// which folds) are checked where they are, without a fold, so the open serves at
+    /// once and the group commit folds them later. They stay marked as not durable until
+    /// the next barrier. Only damage, which needs a rollback in SQLite, folds first.
     func recoverUndurableVersions() throws(StoreError) -> RecoveryReport {
+        let stored = try db.aroundGate { () throws(StoreError) in
+            try db.rows("SELECT row, kind = \(NodeKind.file.rawValue) AND tombstone = 0 FROM versions WHERE durable = 0", []) {
+                (row: $0.int(0), hasChunks: $0.int(1) != 0)
+            }
+        }
+        let unfolded = overlay.saves.keys.sorted()
+        if stored.isEmpty && unfolded.isEmpty && overlay.tombstoneRows.isEmpty { return RecoveryReport() }
+        let count = stored.count + unfolded.count + overlay.tombstoneRows.count
+        if let boot = Self.bootID(), try setting(Self.bootKey) == boot {
+            log("ubiquity: recovery: \(count) version(s) written since the last durability barrier (a crash of the process; the machine kept running, so none lost a write): the next barrier flushes them")
+            chunks.leaveDeadProcessWritesToNextBarrier()
+            return RecoveryReport()
+        }
+        log("ubiquity: recovery: \(count) version(s) written since the last durability barrier (an unclean stop): checking their chunks")
+        // What the crash left in the page cache is on disk after this; what a power loss
+        // dropped is missing or damaged, and the reads below find it.
+        try chunks.syncEverything()
+        let rows = stored.filter(\.hasChunks).map(\.row) + unfolded
+        for row in rows where damage(in: try chunkList(row: row)) != nil {
+            try foldTree()
+            return try rollBackDamagedVersions()
+        }
+        var report = RecoveryReport()
+        report.checked = rows.count
+        return report
+    }
+
+    /// After a power loss damaged a version (the overlay folded): checks each version not
+    /// durable again, rolls back the damaged ones of this device that never left it, and
+    /// runs the barrier.
+    private func rollBackDamagedVersions() throws(StoreError) -> RecoveryReport {
         var report = RecoveryReport()
         let pending = try db.rows("""
             SELECT row, id, file_id, parents, device_id, uploaded, local, kind, tombstone, path, mtime, device_id, mode, target
@@ -40,11 +83,6 @@ extension Store {
                                     mode: UInt32(truncatingIfNeeded: r.int(12)), target: r.isNull(13) ? nil : r.text(13)),
              mine: r.deviceID(4) == deviceID, uploaded: r.int(5) != 0, local: r.int(6) != 0)
         }
-        if pending.isEmpty { return report }
-        log("ubiquity: recovery: \(pending.count) version(s) written since the last durability barrier (an unclean stop): checking their chunks")
-        // What the crash left in the page cache is on disk after this; what a power loss
-        // dropped is missing or damaged, and the reads below find it.
-        try chunks.syncEverything()
         for version in pending where version.record.kind == .file && !version.record.isTombstone {
             report.checked += 1
             let list = try chunkList(row: version.record.row)
@@ -61,6 +99,29 @@ extension Store {
         }
         try markDurable()
         return report
+    }
+
+    /// Where a serving open notes the boot it ran in (after its recovery).
+    static let bootKey = "boot_id"
+
+    /// The kernel's id of this boot (nil where there is none to read). One read(2): a
+    /// file of /proc has no size to read by.
+    static func bootID() -> String? {
+        let fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 64)
+        let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        guard count > 0 else { return nil }
+        let text = String(decoding: buffer.prefix(count).filter { $0 != UInt8(ascii: "\n") }, as: UTF8.self)
+        return text.isEmpty ? nil : text
+    }
+
+    /// After the recovery: later opens in this boot know that the page cache still holds
+    /// what this process writes.
+    func noteBoot() throws(StoreError) {
+        guard let boot = Self.bootID(), try setting(Self.bootKey) != boot else { return }
+        try setSetting(Self.bootKey, boot)
     }
 
     /// The first problem with a chunk of the list, nil when every chunk reads back whole.

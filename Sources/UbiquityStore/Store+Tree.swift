@@ -9,20 +9,31 @@
 extension Store {
     static let inodeColumns = "id, kind, mode, uid, gid, size, atime, mtime, ctime, rdev, target, file_id, head, allocated, nlink, parent, name, absent, keep"
 
+    /// At open, after the operation log's replay: reads SQLite around the gate and the
+    /// overlay on top, so that a replay is not folded here.
     func loadTree() throws(StoreError) {
-        if try db.rows("SELECT count(*) FROM inodes WHERE id = 1", [], { $0.int(0) }).first == 0 && !readOnly {
+        let (hasRoot, highest, unnamed) = try db.aroundGate { () throws(StoreError) in
+            (try !db.rows("SELECT 1 FROM inodes WHERE id = 1", [], { _ in true }).isEmpty,
+             try db.rows("SELECT max(id) FROM inodes", []) { $0.int(0) }.first ?? 1,
+             readOnly ? [] : try db.rows("SELECT id FROM inodes WHERE nlink = 0 AND id != 1", [], { $0.inode(0) }))
+        }
+        if !hasRoot && overlay.inode(Store.rootInode) == nil && !readOnly {
             var root = Inode(id: Store.rootInode, kind: .directory, mode: 0o755, uid: getuid(), gid: getgid(), time: clock())
             root.nlink = 2
             try persist(TreeNode(inode: root, link: nil))
         }
-        let highest = try db.rows("SELECT max(id) FROM inodes", []) { $0.int(0) }.first ?? 1
-        nextInode = InodeNumber(rawValue: UInt64(max(highest, 1))).advanced(by: 1)
-        // Inodes no entry names (unlinked while open when the last process stopped) are gone.
+        nextInode = InodeNumber(rawValue: max(UInt64(max(highest, 1)), overlay.highestInode)).advanced(by: 1)
+        // Inodes no entry names (unlinked while open when the last process stopped) are
+        // gone: SQLite's unless the overlay has a newer row, and the overlay's own.
         if readOnly { return }
-        for id in try db.rows("SELECT id FROM inodes WHERE nlink = 0 AND id != 1", [], { $0.int(0) }) {
-            try db.query("DELETE FROM inodes WHERE id = ?", [.int(id)])
-            try db.query("DELETE FROM xattrs WHERE inode = ?", [.int(id)])
-            try db.query("DELETE FROM reserves WHERE inode = ?", [.int(id)])
+        var gone = unnamed.filter { overlay.inode($0) == nil }
+        for case .putInode(let node) in overlay.changes where node.inode.nlink == 0 && node.inode.id != Store.rootInode {
+            if case .some(.some(let now)) = overlay.inode(node.inode.id), now.inode.nlink == 0 { gone.append(node.inode.id) }
+        }
+        for id in Set(gone) {
+            try db.query("DELETE FROM inodes WHERE id = ?", [.inode(id)])
+            try db.query("DELETE FROM xattrs WHERE inode = ?", [.inode(id)])
+            try db.query("DELETE FROM reserves WHERE inode = ?", [.inode(id)])
         }
     }
 

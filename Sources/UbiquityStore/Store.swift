@@ -123,9 +123,12 @@ public final class Store: @unchecked Sendable {
     var overlayTimes: (first: Int64, last: Int64) = (0, 0)
     /// When the group commit folds the overlay (`Store.groupCommit`); tests shorten it.
     public var foldPolicy = FoldPolicy()
-    /// Saves the operation log's replay withdrew (an editor's temp file renamed over the
-    /// file it saved): their frames in the intent log are not saves to record again.
+    /// Saves withdrawn (an editor's temp file renamed over the file it saved) by the
+    /// operation log's replay or by folds since the intents were last applied: their
+    /// frames in the intent log are not saves to record again (the open only).
     var withdrawnAtOpen: Set<VersionID> = []
+    /// Whether `settings` may hold withdrawals (`keepWithdrawals`).
+    var withdrawalsKept = false
     /// Tree changes the open replayed from the operation log (status, tests).
     public private(set) var replayedTreeChanges = 0
     /// Timestamps of everything the store records; tests inject a clock.
@@ -242,6 +245,7 @@ public final class Store: @unchecked Sendable {
         // a store that serves a mount holds the tree and the synced view in memory.
         if !readOnly {
             replayedTreeChanges = try openTreeLog()
+
             try loadTree()
         }
         if lock {
@@ -250,7 +254,10 @@ public final class Store: @unchecked Sendable {
             // would roll those saves back.
             try restoreChunksOfLoggedSaves()
             recovery = try recoverUndurableVersions()
+
             recoveredSaves = try replayIntents()
+            try noteBoot()
+
         }
         if lock {
             clearStaging()
@@ -292,6 +299,8 @@ public final class Store: @unchecked Sendable {
         db.batchOpened = opened
         if let committed { db.ringOnCommit(committed) }
         chunks.startBatching(opened: opened, committed: committed)
+        // The open's replay waits in the overlay: the group commit folds it.
+        if !overlay.isEmpty { opened?.ring() }
     }
 
     /// Commits the metadata changes made since the last call (a cheap no-op when none).
@@ -479,7 +488,8 @@ struct NameKey: Hashable {
     init(_ name: String) { self.name = name }
     static func == (a: NameKey, b: NameKey) -> Bool { a.name.utf8.elementsEqual(b.name.utf8) }
     func hash(into hasher: inout Hasher) {
-        for byte in name.utf8 { hasher.combine(byte) }
+        var bytes = name
+        bytes.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
     }
 }
 

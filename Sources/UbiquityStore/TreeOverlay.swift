@@ -16,9 +16,9 @@ struct TreeOverlay {
     private(set) var folded = 0
     /// Changes from this index on are not in a log frame yet.
     private(set) var unlogged = 0
-    /// Where each frame logged since this overlay began ends in `changes`, and its
-    /// sequence: a fold may write a prefix of whole frames (`dropping`). Empty for an
-    /// overlay rebuilt by a replay or a rollback (it is then folded whole).
+    /// Where each frame logged since this overlay began (or replayed at open) ends in
+    /// `changes`, and its sequence: a fold may write a prefix of whole frames (`prefix`).
+    /// Empty for an overlay rebuilt by a rollback (it is then folded whole).
     private(set) var frames: [(end: Int, sequence: LogSequence)] = []
     private(set) var inodes: [InodeNumber: TreeNode?] = [:]
     /// By directory, then name: the inode the entry names now, or nil when removed.
@@ -52,9 +52,39 @@ struct TreeOverlay {
 
     /// An overlay holding `changes` (all of them logged but the last `unlogged`).
     init(replaying changes: [TreeChange], unlogged: Int = 0) {
+        self.changes.reserveCapacity(changes.count)
         for change in changes { apply(change) }
         self.unlogged = self.changes.count - min(max(unlogged, 0), self.changes.count)
     }
+
+    /// An overlay holding the frames an open replayed, in order, so that the group
+    /// commit folds them a part at a time like any other.
+    init(replayingFrames replayed: [(sequence: LogSequence, changes: [TreeChange])]) {
+        changes.reserveCapacity(replayed.reduce(0) { $0 + $1.changes.count })
+        frames.reserveCapacity(replayed.count)
+        for frame in replayed {
+            for change in frame.changes { apply(change) }
+            frames.append((end: changes.count, sequence: frame.sequence))
+        }
+        unlogged = changes.count
+    }
+
+    /// The highest version row a change here takes (0: none): rows are given before the
+    /// fold, so the next one given must be past these as well as past SQLite's.
+    var highestVersionRow: Int64 {
+        var highest: Int64 = 0
+        for change in changes {
+            switch change {
+            case .save(let v), .localSave(let v, _, _): highest = max(highest, v.row)
+            case .tombstone(let row, _, _, _, _, _), .withdraw(let row, _, _): highest = max(highest, row)
+            default: break
+            }
+        }
+        return highest
+    }
+
+    /// The highest inode number a row here names (0: none).
+    var highestInode: UInt64 { inodes.keys.map(\.rawValue).max() ?? 0 }
 
     /// Nothing to fold (an overlay whose every change is folded is replaced by an empty
     /// one, `Store.foldTree`).

@@ -160,6 +160,14 @@ extension ChunkStoreTests {
 }
 
 /// Opens a SQLite database of a store directly (to damage or inspect it).
+/// What a power loss does besides dropping writes: the machine boots again, so the boot
+/// the store's last open noted is not this one (`Store+Recovery`).
+func reboot(_ store: String) throws {
+    _ = try withDatabase(store + "/meta.sqlite") { (db) throws(StoreError) in
+        try db.query("DELETE FROM settings WHERE key = ?", [.text(Store.bootKey)])
+    }
+}
+
 func withDatabase<T>(_ path: String, _ body: (SQLiteDatabase) throws(StoreError) -> T) throws -> T {
     let db = try SQLiteDatabase(path: path)
     return try body(db)

@@ -118,6 +118,7 @@ import UbiquitySystem
         let copy = Self.killed(dir)
         defer { copy.cleanup() }
         unlink(try ChunkStore(directory: copy.path + "/chunks").path(of: ChunkID(hashing: lost)))
+        try reboot(copy.path)
         let reopened = try Store(directory: copy.path)
         #expect(reopened.replayedTreeChanges > 0)
         #expect(reopened.recovery.rolledBack.count == 1, "\(reopened.recovery)")
@@ -146,6 +147,48 @@ import UbiquitySystem
         #expect(reopened.recoveredSaves.isEmpty)
         #expect(reopened.child(Store.rootInode, "a") == nil)
         #expect(try Self.content(reopened, "b") == bytes)
+    }
+
+    /// An editor's save folded in a part of the overlay (the group commit's), then a kill
+    /// before the last part noted the intents as applied: the temp file's save was
+    /// withdrawn in the part, its frame is behind the log's mark, and its intent is still
+    /// in the log. The open must not record it again (a stray temp file came back).
+    @Test func aSaveWithdrawnInAFoldedPartIsNotRecordedAgain() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "test")
+        store.startBatching()
+        let f = try Self.file(store, "f")
+        try Self.save(store, f, "f", Array("first".utf8))
+        try store.commitBatch()
+        // The editor: a temp file saved, renamed over f, saved again there.
+        let temp = try Self.file(store, ".f.swp")
+        try Self.save(store, temp, ".f.swp", Array("second".utf8))
+        store.logTreeChanges()
+        let before = try #require(store.inode(f))
+        let tempHistory = try #require(store.inode(temp)?.fileID)
+        _ = try store.removeEntry(parent: Store.rootInode, name: "f")
+        try store.adoptHistory(f, fileID: .new(), head: nil)
+        try store.forget(f)
+        try store.moveEntry(from: Store.rootInode, ".f.swp", to: Store.rootInode, "f")
+        try store.endHistoryRenamedOver(tempHistory)
+        try store.adoptHistory(temp, fileID: try #require(before.fileID), head: before.head)
+        try Self.save(store, temp, "f", Array("second".utf8))
+        store.logTreeChanges()
+        _ = try Self.file(store, "later")
+        store.logTreeChanges()
+        // A part: every frame but the last.
+        let frames = store.overlay.frames
+        #expect(frames.count == 3)
+        try store.foldTree(alone: true, limit: frames[1].end - store.overlay.folded)
+        #expect(!store.overlay.isEmpty, "the last frame is not folded")
+        let copy = Self.killed(dir)
+        defer { copy.cleanup() }
+        let reopened = try Store(directory: copy.path)
+        #expect(reopened.recoveredSaves.isEmpty, "\(reopened.recoveredSaves)")
+        #expect(reopened.child(Store.rootInode, ".f.swp") == nil)
+        #expect(try Self.content(reopened, "f") == Array("second".utf8))
+        #expect(reopened.child(Store.rootInode, "later") != nil)
     }
 
     /// A write that went straight to SQLite (a synced save over a local version, in a
@@ -194,6 +237,7 @@ import UbiquitySystem
         let fd = open(copy.path + "/intent.log", O_WRONLY | O_APPEND)
         _ = write(fd, [UInt8(200), 0, 0, 0, 1, 2], 6)
         close(fd)
+        try reboot(copy.path)
         let reopened = try Store(directory: copy.path)
         #expect(reopened.recoveredSaves == ["a"])
         #expect(try Self.content(reopened, "a") == Array("kept".utf8))
@@ -219,6 +263,7 @@ import UbiquitySystem
         // The power loss: the WAL and the chunk file never reached the disk.
         #expect(truncate(copy.path + "/meta.sqlite-wal", 0) == 0)
         unlink(try ChunkStore(directory: copy.path + "/chunks").path(of: ChunkID(hashing: bytes)))
+        try reboot(copy.path)
         let reopened = try Store(directory: copy.path)
         #expect(reopened.recoveredSaves == ["f"])
         #expect(try Self.content(reopened, "f") == bytes)

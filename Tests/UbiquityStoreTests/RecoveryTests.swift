@@ -7,6 +7,7 @@ import UbiquitySystem
 /// Recovery at open after an unclean stop (Store+Recovery): a simulated power loss drops
 /// the chunks written after the last durability barrier.
 @Suite struct RecoveryTests {
+
     static func save(_ store: Store, _ id: InodeNumber, _ path: String, _ bytes: [UInt8]) throws -> Version {
         let chunk = ChunkID(hashing: bytes)
         try store.chunks.put(chunk, bytes)
@@ -47,6 +48,7 @@ import UbiquitySystem
         _ = try withDatabase(dir.path + "/chunks/small.sqlite") { (db) throws(StoreError) in
             try db.query("DELETE FROM chunks WHERE id = ?", [.blob(ChunkID(hashing: smallLost).raw)])
         }
+        try reboot(dir.path)
 
         let store = try Store(directory: dir.path)
         #expect(store.recovery.checked == 3)
@@ -87,6 +89,7 @@ import UbiquitySystem
             try store.commitBatch()
         }
         unlink(try ChunkStore(directory: dir.path + "/chunks").path(of: ChunkID(hashing: lost)))
+        try reboot(dir.path)
         let store = try Store(directory: dir.path)
         #expect(store.recovery.rolledBack.count == 1)
         #expect(store.recovery.rolledBack.first?.contains("current version still") == true, "\(store.recovery.rolledBack)")
@@ -94,6 +97,33 @@ import UbiquitySystem
         #expect(try store.replica.heads(.file(file)).map(\.id) == [lastID])
         #expect(try store.totalConflicts() == 0)
         #expect(try Fsck.run(store: store).problems.isEmpty)
+    }
+
+    /// A crash of the process in the boot of the last open: the page cache kept every
+    /// write, so the open reads nothing back (a mount after kill -9 serves at once), and
+    /// the next barrier flushes the whole store before it marks those versions durable.
+    @Test func aCrashInTheSameBootChecksNothingAndTheBarrierFlushesTheStore() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let bytes = [UInt8](repeating: 7, count: 3000)
+        do {
+            let store = try Store(directory: dir.path, deviceName: "test")
+            let a = try store.create(parent: Store.rootInode, name: "a", kind: .file, mode: 0o644, uid: 0, gid: 0).id
+            _ = try Self.save(store, a, "a", bytes)
+            try store.commitBatch()
+        }
+        // Not what a crash of the process can do; the open must not look.
+        unlink(try ChunkStore(directory: dir.path + "/chunks").path(of: ChunkID(hashing: bytes)))
+        let store = try Store(directory: dir.path)
+        #expect(store.recovery == Store.RecoveryReport())
+        #expect(try store.hasUndurableVersions())
+        let flushes = store.chunks.wholeStoreFlushes
+        try store.syncFiles()
+        #expect(store.chunks.wholeStoreFlushes == flushes + 1, "the first barrier flushes what the dead process wrote")
+        try store.markDurable()
+        try store.syncFiles()
+        #expect(store.chunks.wholeStoreFlushes == flushes + 1, "only the first")
+        #expect(try !store.hasUndurableVersions())
     }
 
     @Test func aCleanStopChecksNothing() throws {
@@ -124,6 +154,7 @@ import UbiquitySystem
             try store.commitBatch()
         }
         unlink(try ChunkStore(directory: dir.path + "/chunks").path(of: ChunkID(hashing: bytes)))
+        try reboot(dir.path)
         let store = try Store(directory: dir.path)
         #expect(store.recovery.rolledBack.isEmpty)
         #expect(store.recovery.damaged.count == 1)
