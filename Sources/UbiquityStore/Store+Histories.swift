@@ -83,6 +83,9 @@ extension Store {
             try db.query("DELETE FROM own_dots WHERE node = ?", [.node(.file(fileID))])
             replica.ownDotDropped(.file(fileID))
             try dropHistory(fileID)
+            // Its intent may not be applied yet (the batch can commit without the fold
+            // that notes that): an open after a crash must not record it again.
+            try keepWithdrawals([only.id])
         }
         return true
     }

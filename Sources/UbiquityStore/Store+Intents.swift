@@ -77,13 +77,16 @@ extension Store {
         }
     }
 
-    /// A fold writes the withdrawal of a save (an editor's temp file, renamed over before
-    /// it was folded): its frame is then behind the log's mark, but the save's intent may
-    /// not be applied yet (a fold of a part, or through the gate, notes nothing), and an
-    /// open must not record that save again. So the withdrawn versions are kept in
-    /// `settings`, in the fold's transaction, until the intents are noted as applied.
+    /// A save that is gone for good (an editor's temp file withdrawn, a local file's
+    /// version replaced by its next) may have an intent not applied yet (a fold of a
+    /// part, or through the gate, or a batch committed without the fold, notes nothing),
+    /// and an open must not record that save again. So such versions are kept in
+    /// `settings`, in the transaction that deletes them, until the intents are noted as
+    /// applied.
+    /// Only intents of a mounted store (it batches) can be pending, and those a fold
+    /// brings back from the log (the open's, before batching starts).
     func keepWithdrawals(_ ids: [VersionID]) throws(StoreError) {
-        guard !ids.isEmpty else { return }
+        guard !ids.isEmpty, db.batching || folding else { return }
         let kept = try withdrawnSetting().union(ids)
         try setSetting(Self.withdrawnKey, kept.map(\.hex).sorted().joined(separator: ","))
         withdrawalsKept = true
@@ -137,14 +140,16 @@ extension Store {
     }
 
     /// For each save of the intent log whose version the database or the overlay has
-    /// (the operation log replayed it), the small chunks the frame carries that are not
-    /// here: the batch of small.sqlite that held them is what the crash lost. (Committed,
-    /// not flushed: the intent log keeps them until the next barrier.)
+    /// (the operation log replayed it), the chunks the frame carries that are not here:
+    /// small chunks whose batch of small.sqlite the crash lost, or an fsynced save's
+    /// chunk files that a power loss took. Every frame counts, applied or not: the log
+    /// holds only what the last barrier did not make durable, and `intent_applied` may
+    /// reach the disk (a checkpoint) before the chunk files do. (Committed, not flushed:
+    /// the log keeps them until the next barrier.)
     func restoreChunksOfLoggedSaves() throws(StoreError) {
-        let applied = Int64(try setting("intent_applied") ?? "0") ?? 0
         let unfolded = unfoldedSaves
-        for intent in try IntentLog.read(path: intents.path) where intent.sequence > applied {
-            if try isLogged(intent, unfolded: unfolded) { try restoreChunks(intent) }
+        for intent in try IntentLog.read(path: intents.path) where try isLogged(intent, unfolded: unfolded) {
+            try restoreChunks(intent)
         }
     }
 

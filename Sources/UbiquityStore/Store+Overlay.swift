@@ -162,8 +162,8 @@ extension Store {
             // A local file keeps only its latest version; one another inode still shows
             // stays (else a hard link can point at nothing: t-differential.py seed 105).
             if let replaces {
-                try db.query("DELETE FROM versions WHERE row = ?1 AND local = 1 AND NOT EXISTS (SELECT 1 FROM inodes WHERE head = ?1 AND id != ?2)",
-                             [.int(replaces), .inode(inode)])
+                replacedInFold += try db.rows("DELETE FROM versions WHERE row = ?1 AND local = 1 AND NOT EXISTS (SELECT 1 FROM inodes WHERE head = ?1 AND id != ?2) RETURNING id",
+                                              [.int(replaces), .inode(inode)]) { $0.versionID(0) }
             }
             let record = SyncRecord(id: v.id, node: .file(v.fileID), kind: .file, parents: v.parents, deviceID: deviceID,
                                     deviceName: v.deviceName, committed: v.committed, mtime: v.mtime, mode: v.mode,
@@ -262,6 +262,7 @@ extension Store {
         // adding its records wrote is not read back (`remembering`), nor what the
         // histories begun since the last fold surely lack (`rememberFreshNodes`).
         func fold() throws(StoreError) {
+            replacedInFold = []
             try replica.remembering { () throws(StoreError) in
                 replica.rememberFreshNodes(Set(fresh.map { NodeID.file($0) }))
                 try replica.deferringConflicts { () throws(StoreError) in
@@ -270,7 +271,9 @@ extension Store {
                     }
                 }
             }
-            var withdrawn: [VersionID] = []
+            // Saves that are gone for good, whose intents may not be applied yet: an
+            // editor's temp file withdrawn, a local file's version replaced.
+            var withdrawn = replacedInFold
             for case .withdraw(_, let id, _) in changes { withdrawn.append(id) }
             try keepWithdrawals(withdrawn)
             try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(Self.treeLogMarkKey), .text(String(through.value))])

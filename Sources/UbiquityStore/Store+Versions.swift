@@ -68,6 +68,7 @@ extension Store {
             if let previous, previous.isLocal,
                try db.rows("SELECT 1 FROM inodes WHERE head = ? AND id != ? LIMIT 1", [.int(previous.row), .inode(id)], { _ in true }).isEmpty {
                 try db.query("DELETE FROM versions WHERE row = ?", [.int(previous.row)])
+                try keepWithdrawals([previous.id])
             }
             let row = try insert(record, from: local ? .hereLocalOnly : .here)
             inode.head = row

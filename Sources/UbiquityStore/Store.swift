@@ -129,6 +129,8 @@ public final class Store: @unchecked Sendable {
     var withdrawnAtOpen: Set<VersionID> = []
     /// Whether `settings` may hold withdrawals (`keepWithdrawals`).
     var withdrawalsKept = false
+    /// Local files' versions the fold under way deleted, replaced by newer ones.
+    var replacedInFold: [VersionID] = []
     /// Tree changes the open replayed from the operation log (status, tests).
     public private(set) var replayedTreeChanges = 0
     /// Timestamps of everything the store records; tests inject a clock.
