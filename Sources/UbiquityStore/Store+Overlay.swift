@@ -126,6 +126,18 @@ extension Store {
         overlay.apply(change)
     }
 
+    /// Drops inodes at open: through the overlay and one log frame when the replay left
+    /// changes there (a statement on `inodes` would fold them all now), else in SQLite.
+    func dropAtOpen(_ ids: Set<InodeNumber>) throws(StoreError) {
+        guard !ids.isEmpty else { return }
+        guard treeLog != nil, !overlay.isEmpty else {
+            for id in ids { try writeRow(.dropInode(id)) }
+            return
+        }
+        for id in ids { addToOverlay(.dropInode(id)) }
+        logTreeChanges(committingFirst: false)
+    }
+
     /// The one place a tree change becomes SQL.
     private func writeRow(_ change: TreeChange) throws(StoreError) {
         switch change {

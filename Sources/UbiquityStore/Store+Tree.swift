@@ -30,11 +30,7 @@ extension Store {
         for case .putInode(let node) in overlay.changes where node.inode.nlink == 0 && node.inode.id != Store.rootInode {
             if case .some(.some(let now)) = overlay.inode(node.inode.id), now.inode.nlink == 0 { gone.append(node.inode.id) }
         }
-        for id in Set(gone) {
-            try db.query("DELETE FROM inodes WHERE id = ?", [.inode(id)])
-            try db.query("DELETE FROM xattrs WHERE inode = ?", [.inode(id)])
-            try db.query("DELETE FROM reserves WHERE inode = ?", [.inode(id)])
-        }
+        try dropAtOpen(Set(gone))
     }
 
     /// The inode and its primary name, from the cache or SQLite.
