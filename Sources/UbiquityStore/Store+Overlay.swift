@@ -247,7 +247,7 @@ extension Store {
     }
 
     /// Writes the overlay's changes to SQLite, logging them first, with the mark of the
-    /// last frame (the gate calls it; so do the group commit and the open).
+    /// last frame (the gate calls it; so do the group commit and a barrier).
     /// - Parameter alone: the caller is outside every transaction and may end the batch
     ///   (the group commit): the fold is then a transaction of its own, not a savepoint
     ///   in the batch. Inside a savepoint SQLite journals each page a statement first
