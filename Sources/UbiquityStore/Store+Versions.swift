@@ -29,7 +29,7 @@ extension Store {
             inode.mtime = written
             inode.ctime = max(inode.ctime, written) // a chmod after the write keeps its later ctime
         }
-        let previous = try headVersion(inode.head ?? continuedParents[id])
+        let previous = try parentVersion(inode.head ?? continuedParents[id])
         let record = SyncRecord(id: versionID ?? .new(), node: .file(fileID), kind: .file,
                                 parents: previous.flatMap { $0.isLocal ? nil : [$0.id] } ?? [],
                                 deviceID: deviceID, deviceName: deviceName, committed: clock(), mtime: inode.mtime,
@@ -92,9 +92,12 @@ extension Store {
     /// It descends from every live head of the file, so deleting a file in conflict
     /// deletes it, rather than bringing a conflict version back as the file.
     public func commitTombstone(fileID: FileID, head: Int64?, path: String) throws(StoreError) {
-        // A file whose head is a version of its own here has a tombstone for sure (that
-        // head is a parent): it goes to the overlay, its parents worked out at the fold.
-        if overlayOn, let head, try isLocalVersion(row: head) == false {
+        // The tombstone goes to the overlay, its parents worked out at the fold; the dead
+        // history the overlay shows for it is checked later if the fold may write none
+        // (`TreeOverlay.tombstonesToCheck`). A file never saved whose history began in
+        // this process has no version anywhere: nothing to record.
+        if overlayOn, head != nil || overlay.isFresh(fileID) {
+            guard head != nil else { return }
             let row = nextVersionRow
             nextVersionRow += 1
             try record(.tombstone(row: row, id: .new(), fileID: fileID, head: head, path: path, committed: clock()))
@@ -155,16 +158,31 @@ extension Store {
             """, [.id(fileID), .int(range.lowerBound), .int(range.upperBound)], Store.version(from:))
     }
 
+    /// The version a save descends from, as `commit` needs it (its id, and whether it
+    /// is local-only). A tombstone the overlay holds (a file deleted and made again at
+    /// its path: `rm f; echo new > f`) is worked out from the overlay, not folded: its
+    /// record is made at the fold, with the id the overlay gave it, and it is surely
+    /// made unless the overlay still has to check that (`TreeOverlay.tombstonesToCheck`).
+    /// Its parents and times are not known before the fold: empty here.
+    private func parentVersion(_ row: Int64?) throws(StoreError) -> Version? {
+        guard let row, let tombstone = overlay.tombstones[row], overlay.tombstonesToCheck[tombstone.fileID] == nil else {
+            return try headVersion(row)
+        }
+        return Version(row: row, id: tombstone.id, node: .file(tombstone.fileID), parents: [], deviceID: deviceID,
+                       deviceName: deviceName, committed: 0, mtime: 0, mode: 0, size: 0, isTombstone: true,
+                       isLocal: false, path: "")
+    }
+
     func headVersion(_ row: Int64?) throws(StoreError) -> Version? {
         guard let row else { return nil }
         return try version(row: row)
     }
 
     /// Whether version `row` is local-only (nil: no such row), as `version(row:)` would
-    /// say, reading one column of the row only: a delete asks it on its request path.
+    /// say, reading one column of the row only.
     func isLocalVersion(row: Int64) throws(StoreError) -> Bool? {
         if overlay.saves[row] != nil { return overlay.localRows.contains(row) }
-        if overlay.tombstoneRows.contains(row) { return try version(row: row)?.isLocal }
+        if overlay.tombstones[row] != nil { return try version(row: row)?.isLocal }
         return try db.aroundGate { () throws(StoreError) -> Bool? in
             try db.rows("SELECT local FROM versions WHERE row = ?", [.int(row)]) { $0.int(0) != 0 }.first
         }
@@ -178,7 +196,7 @@ extension Store {
                            deviceName: saved.deviceName, committed: saved.committed, mtime: saved.mtime, mode: saved.mode,
                            size: saved.chunks.totalSize, isTombstone: false, isLocal: overlay.localRows.contains(row), path: saved.path)
         }
-        if overlay.tombstoneRows.contains(row) { try foldTree() }
+        if overlay.tombstones[row] != nil { try foldTree() }
         return try db.aroundGate { () throws(StoreError) in try versionRow(row) }
     }
 
@@ -192,7 +210,7 @@ extension Store {
 
     public func chunkList(row: Int64) throws(StoreError) -> ChunkList {
         if let saved = overlay.saves[row] { return saved.chunks }
-        if overlay.tombstoneRows.contains(row) { try foldTree() }
+        if overlay.tombstones[row] != nil { try foldTree() }
         guard let blob = try db.aroundGate({ () throws(StoreError) in
             try db.rows("SELECT chunks FROM versions WHERE row = ?", [.int(row)], { $0.blob(0) })
         }).first else {

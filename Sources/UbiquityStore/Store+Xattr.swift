@@ -55,9 +55,22 @@ extension Store {
     /// A history that no live file shows at `path` (its file was deleted or renamed to a
     /// local-only name): a new file there continues it. Returns its id and newest version.
     /// Reads the overlay first and SQLite around the gate (a create asks this, and must
-    /// not fold): a history the overlay placed is where the overlay says.
+    /// not fold): a history the overlay placed is where the overlay says. The one fold
+    /// here is for a tombstone the fold may not write (below), which takes a file whose
+    /// head is local-only at a synced path: a rename from a scratch name commits a synced
+    /// version at once, so that is rare.
     public func deadHistory(at path: String) throws(StoreError) -> (fileID: FileID, head: Int64?)? {
         var found = overlay.historiesAt[NameKey(path)]?.first { overlay.histories[$0]?.live == false }
+        // A tombstone the fold may not write (its file's head was local-only, and no
+        // other device's version is live): whether it does is known once it is folded.
+        if let fileID = found, let head = overlay.tombstonesToCheck[fileID] {
+            if try head.map({ (row) throws(StoreError) in try isLocalVersion(row: row) }) == false {
+                overlay.noteTombstoneChecked(fileID)
+            } else {
+                try foldTree()
+                found = nil
+            }
+        }
         if found == nil, try !mayShowHistory(at: path) { return nil }
         if found == nil {
             let shown = try db.aroundGate { () throws(StoreError) in

@@ -24,9 +24,17 @@ struct TreeOverlay {
     /// By directory, then name: the inode the entry names now, or nil when removed.
     private(set) var entries: [InodeNumber: [NameKey: InodeNumber]] = [:]
     private(set) var removedEntries: [InodeNumber: Set<NameKey>] = [:]
-    /// Saves not folded, by row; tombstones' rows (their records are made at the fold).
+    /// Saves not folded, by row; tombstones' ids by row (their records are made at the
+    /// fold).
     private(set) var saves: [Int64: SavedVersion] = [:]
-    private(set) var tombstoneRows: Set<Int64> = []
+    private(set) var tombstones: [Int64: (id: VersionID, fileID: FileID)] = [:]
+    /// Tombstones whose record the fold may not write, by history, with the head row the
+    /// file had: one of a file whose head is a local-only version, or not a save held
+    /// here, may have no parent (`Store.writeTombstone`). The dead history the overlay
+    /// shows for one is then to be checked before a new file continues it
+    /// (`Store.deadHistory(at:)`), not at the delete (that would read SQLite on its
+    /// request path).
+    private(set) var tombstonesToCheck: [FileID: Int64?] = [:]
     /// The rows of `saves` that are local-only files' versions.
     private(set) var localRows: Set<Int64> = []
     /// Each history's versions here (saves and tombstones), by row.
@@ -117,8 +125,13 @@ struct TreeOverlay {
             saves[version.row] = version
             localRows.insert(version.row)
             rowsOf[version.fileID, default: []].insert(version.row)
-        case .tombstone(let row, _, let fileID, _, let path, let committed):
-            tombstoneRows.insert(row)
+        case .tombstone(let row, let id, let fileID, let head, let path, let committed):
+            tombstones[row] = (id, fileID)
+            if let head, saves[head] != nil, !localRows.contains(head) {
+                tombstonesToCheck[fileID] = nil
+            } else {
+                tombstonesToCheck[fileID] = .some(head)
+            }
             rowsOf[fileID, default: []].insert(row)
             noteNewest(fileID, row: row, committed: committed)
             placeHistory(fileID, path: path, live: false)
@@ -135,6 +148,10 @@ struct TreeOverlay {
             xattrs[id, default: [:]][name] = .some(value)
         }
     }
+
+    /// The tombstone of history `fileID` is written by the fold after all (its file's head
+    /// is a version that no local-only file has: `Store.deadHistory(at:)` looked).
+    mutating func noteTombstoneChecked(_ fileID: FileID) { tombstonesToCheck[fileID] = nil }
 
     /// Inode `id` was just given out, with a new history if it is a file: SQLite has no
     /// xattrs of it and no version of that history. Not a change (a rebuilt overlay

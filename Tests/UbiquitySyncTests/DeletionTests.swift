@@ -51,3 +51,32 @@ import UbiquitySystem
         #expect(try b.tree() == ["f.txt": "file edited on b"])
     }
 }
+
+extension DeletionTests {
+    /// A file whose head is a local-only version at a synced name (a hard link to a vim
+    /// swap file, the swap name removed), deleted and made again before the fold. Its
+    /// tombstone goes to the overlay unchecked; the fold writes none (a local-only
+    /// version is no parent, and no device has a live one), so the new file must not
+    /// continue the dead history the overlay showed until then: each version's parents
+    /// are versions the store has, and both devices show the new file alone.
+    @Test func aNewFileDoesNotContinueAHistoryWhoseTombstoneIsNeverWritten() throws {
+        let temp = TempDirectory(prefix: "ubiquity-deletion")
+        defer { temp.cleanup() }
+        let (a, b, _) = try PullRaceTests.devices(temp)
+        try a.save(".f.txt.swp", "scratch")
+        try a.store.commitBatch() // the swap file's version is in SQLite, not the overlay
+        let swap = try a.fs.lookup(parent: Store.rootInode, name: ".f.txt.swp").ino
+        _ = try a.fs.link(swap, parent: Store.rootInode, name: "f.txt")
+        try a.fs.unlink(parent: Store.rootInode, name: ".f.txt.swp")
+        try a.fs.unlink(parent: Store.rootInode, name: "f.txt")
+        try a.save("f.txt", "new")
+        try PullRaceTests.settle([a, b])
+        let versions = try a.store.db.rows("SELECT id, parents FROM versions", []) { (id: $0.versionID(0), parents: $0.versionIDs(1)) }
+        let ids = Set(versions.map(\.id))
+        for v in versions { #expect(v.parents.allSatisfy(ids.contains), "version \(v.id.hex) names a parent the store lacks: \(v.parents)") }
+        for d in [a, b] {
+            #expect(try d.tree() == ["f.txt": "file new"], "\(d.name)")
+            #expect(try d.store.conflictedPaths() == [], "\(d.name)")
+        }
+    }
+}
