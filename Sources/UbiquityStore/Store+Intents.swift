@@ -107,10 +107,11 @@ extension Store {
     /// The log is kept for the next barrier, which makes what it holds durable elsewhere
     /// before it lets it go (the saves the operation log brought back are in the overlay
     /// until the group commit folds them); the open does not wait for that flush.
-    func replayIntents() throws(StoreError) -> [String] {
-        unlink(intents.path + ".tmp") // a `dropPrefix` the stop interrupted; the log is whole
-        let (found, end) = try IntentLog.frames(path: intents.path)
-        try intents.keepExisting(wholeBytes: end)
+    /// - Parameter logged: the log's frames and where the last whole one ends, read once
+    ///   at open (`IntentLog.frames`).
+    func replayIntents(_ logged: (intents: [Intent], end: Int64)) throws(StoreError) -> [String] {
+        let found = logged.intents
+        try intents.keepExisting(wholeBytes: logged.end)
         let applied = Int64(try setting("intent_applied") ?? "0") ?? 0
         intentSequence = max(applied, found.map(\.sequence).max() ?? 0)
         var recovered: [String] = []
@@ -146,9 +147,9 @@ extension Store {
     /// holds only what the last barrier did not make durable, and `intent_applied` may
     /// reach the disk (a checkpoint) before the chunk files do. (Committed, not flushed:
     /// the log keeps them until the next barrier.)
-    func restoreChunksOfLoggedSaves() throws(StoreError) {
+    func restoreChunksOfLoggedSaves(_ logged: [Intent]) throws(StoreError) {
         let unfolded = unfoldedSaves
-        for intent in try IntentLog.read(path: intents.path) where try isLogged(intent, unfolded: unfolded) {
+        for intent in logged where try isLogged(intent, unfolded: unfolded) {
             try restoreChunks(intent)
         }
     }

@@ -254,10 +254,12 @@ public final class Store: @unchecked Sendable {
             // Small chunks of saves the operation log brought back are in the intent log
             // (the crash took small.sqlite's batch): back first, or the check below
             // would roll those saves back.
-            try restoreChunksOfLoggedSaves()
+            unlink(intents.path + ".tmp") // a `dropPrefix` the stop interrupted; the log is whole
+            let logged = try IntentLog.frames(path: intents.path)
+            try restoreChunksOfLoggedSaves(logged.intents)
             recovery = try recoverUndurableVersions()
 
-            recoveredSaves = try replayIntents()
+            recoveredSaves = try replayIntents(logged)
             try noteBoot()
 
         }
