@@ -223,10 +223,11 @@ extension FileSystem {
         }
     }
 
-    /// readdirplus hands the kernel an entry reference for each listed node.
+    /// readdirplus hands the kernel an entry reference for each listed node. The counts
+    /// are the filesystem's own state: its lock only, not the store's.
     public func noteLookups(_ inos: [InodeNumber]) {
         guard !inos.isEmpty else { return }
-        meta.withLock { m in
+        state.withLock { m in
             for ino in inos {
                 if KeyValueDoor.owns(ino) {
                     m.kv.referenced(ino)

@@ -187,14 +187,22 @@ public final class FileSystem: Sendable {
 
     /// The kernel dropped `count` references to `ino`. An inode that no name and no open
     /// handle refers to any more is removed from the store.
+    /// The count is the filesystem's own state: only an unlinked inode the kernel no
+    /// longer knows needs the store (to drop it), so a forget of any other waits for no
+    /// store work (a fold, a sync step).
     public func forget(_ ino: InodeNumber, count: UInt64) {
-        meta.withLock { m in
-            if KeyValueDoor.owns(ino) { return m.kv.forget(ino, count: count) }
-            if VirtualViews.isVirtual(ino) { return m.views.forget(ino, count: count) }
-            guard let current = m.lookups[ino] else { return }
-            if current <= count { m.lookups[ino] = nil } else { m.lookups[ino] = current - count }
-            m.dropIfUnreferenced(ino)
+        if KeyValueDoor.owns(ino) || VirtualViews.isVirtual(ino) {
+            return meta.withLock { m in
+                if KeyValueDoor.owns(ino) { m.kv.forget(ino, count: count) } else { m.views.forget(ino, count: count) }
+            }
         }
+        let unreferenced = state.withLock { m -> Bool in
+            guard let current = m.lookups[ino] else { return false }
+            if current <= count { m.lookups[ino] = nil } else { m.lookups[ino] = current - count }
+            return m.lookups[ino] == nil && m.unlinked.contains(ino)
+        }
+        // It checks again under both locks.
+        if unreferenced { meta.withLock { m in m.dropIfUnreferenced(ino) } }
     }
 
     public func getattr(_ ino: InodeNumber) throws(Errno) -> Attributes {

@@ -56,6 +56,9 @@ private func text(_ c: UnsafePointer<CChar>?, maxBytes: Int) throws(Errno) -> St
 
 /// A string as the NUL-terminated bytes the kernel gets back (NameCodec).
 func withCName<R>(_ name: String, _ body: (UnsafePointer<CChar>, Int) -> R) -> R {
+    // Nearly every name is its own UTF-8 (no NUL: names cannot hold one), which a native
+    // string keeps NUL-terminated: no copy.
+    if !NameCodec.mayHoldEscapes(name) { return name.withCString { body($0, name.utf8.count) } }
     let bytes = NameCodec.bytes(name) + [0]
     return bytes.withUnsafeBufferPointer { raw in
         raw.withMemoryRebound(to: CChar.self) { body($0.baseAddress!, bytes.count - 1) }

@@ -1,3 +1,5 @@
+import Glibc
+
 /// Names (and symlink targets) are byte strings on Linux: any byte but `/` and NUL. Swift
 /// strings hold only valid Unicode, so a name's bytes become a string this way, and back:
 ///
@@ -14,9 +16,7 @@ public enum NameCodec {
     static let escapes: ClosedRange<UInt32> = 0x10FF80...0x10FFFF
 
     public static func string(_ bytes: some Collection<UInt8>) -> String {
-        if let text = String(validating: bytes, as: UTF8.self), !text.unicodeScalars.contains(where: { escapes.contains($0.value) }) {
-            return text
-        }
+        if let text = String(validating: bytes, as: UTF8.self), !mayHoldEscapes(text) { return text }
         let raw = Array(bytes)
         var scalars = String.UnicodeScalarView()
         var parser = Unicode.UTF8.ForwardParser()
@@ -42,6 +42,7 @@ public enum NameCodec {
     }
 
     public static func bytes(_ name: String) -> [UInt8] {
+        guard mayHoldEscapes(name) else { return Array(name.utf8) }
         var out: [UInt8] = []
         out.reserveCapacity(name.utf8.count)
         for scalar in name.unicodeScalars {
@@ -54,8 +55,17 @@ public enum NameCodec {
         return out
     }
 
+    /// Whether the string may hold an escape scalar: each is 4 bytes of UTF-8 led by
+    /// 0xF4 (U+100000 and up), so a string without that byte is its own bytes. Names are
+    /// converted at every lookup and listing: this spares walking their scalars.
+    public static func mayHoldEscapes(_ text: String) -> Bool {
+        var text = text
+        return text.withUTF8 { utf8 in utf8.baseAddress.map { memchr($0, 0xF4, utf8.count) != nil } ?? false }
+    }
+
     /// The length of the name in bytes (what NAME_MAX and PATH_MAX count).
     public static func byteCount(_ name: String) -> Int {
+        guard mayHoldEscapes(name) else { return name.utf8.count }
         var count = 0
         for scalar in name.unicodeScalars { count += escapes.contains(scalar.value) ? 1 : String(scalar).utf8.count }
         return count
