@@ -4,8 +4,12 @@
 /// change writes its row, so replay needs none of the checks that made it, and one seam
 /// (the store's row writes) serves every writer: requests, reconcile, saves, adoption of
 /// histories.
+///
+/// The cases with a large payload (an inode row is 168 bytes) keep it boxed: the overlay
+/// holds every change of a burst in one array, whose growth then copies and faults in 48
+/// bytes a change instead of 176.
 enum TreeChange: Equatable {
-    case putInode(TreeNode)
+    indirect case putInode(TreeNode)
     /// The inode, its xattrs and its reserved ranges go (no entry names it, nothing has it open).
     case dropInode(InodeNumber)
     case putEntry(parent: InodeNumber, name: String, inode: InodeNumber)
@@ -14,16 +18,16 @@ enum TreeChange: Equatable {
     case pending(kind: Int64, key: String)
     /// A new version of a file saved here, with the row it takes; its record enters the
     /// synced view when it is folded.
-    case save(SavedVersion)
+    indirect case save(SavedVersion)
     /// A file's last name went: its tombstone, with the row it takes. Its parents (the
     /// file's live heads) are worked out when it is folded, in order.
-    case tombstone(row: Int64, id: VersionID, fileID: FileID, head: Int64?, path: String, committed: Nanos)
+    indirect case tombstone(row: Int64, id: VersionID, fileID: FileID, head: Int64?, path: String, committed: Nanos)
     /// Where a history is shown under `.versions/`, and whether a file lives there.
     case history(FileID, path: String, live: Bool)
     /// A version of a local-only file saved here (never a record): the row it takes, the
     /// inode saved, and the local version it replaces, which goes when it is folded unless
     /// another inode shows it.
-    case localSave(SavedVersion, inode: InodeNumber, replaces: Int64?)
+    indirect case localSave(SavedVersion, inode: InodeNumber, replaces: Int64?)
     /// A history whose one version is an unsent save (`row`, record `id`) goes altogether:
     /// an editor's temp file renamed over the file it saves (`Store.endHistoryRenamedOver`).
     case withdraw(row: Int64, id: VersionID, fileID: FileID)
