@@ -41,14 +41,13 @@ extension Store {
     /// once and the group commit folds them later. They stay marked as not durable until
     /// the next barrier. Only damage, which needs a rollback in SQLite, folds first.
     func recoverUndurableVersions() throws(StoreError) -> RecoveryReport {
-        let unfolded = overlay.saves.keys.sorted()
         if let boot = Self.bootID(), try setting(Self.bootKey) == boot {
             // Nothing is read back, so only the count is read (a crash in the middle of a
             // join leaves up to a row per file not durable).
             let stored = try db.aroundGate { () throws(StoreError) in
                 try db.rows("SELECT count(*) FROM versions WHERE durable = 0", []) { Int($0.int(0)) }.first ?? 0
             }
-            let count = stored + unfolded.count + overlay.tombstones.count
+            let count = stored + overlay.saves.count + overlay.tombstones.count
             guard count > 0 else { return RecoveryReport() }
             log("ubiquity: recovery: \(count) version(s) written since the last durability barrier (a crash of the process; the machine kept running, so none lost a write): the next barrier flushes them")
             chunks.leaveDeadProcessWritesToNextBarrier()
@@ -59,6 +58,7 @@ extension Store {
                 (row: $0.int(0), hasChunks: $0.int(1) != 0)
             }
         }
+        let unfolded = overlay.saves.keys.sorted()
         if stored.isEmpty && unfolded.isEmpty && overlay.tombstones.isEmpty { return RecoveryReport() }
         let count = stored.count + unfolded.count + overlay.tombstones.count
         log("ubiquity: recovery: \(count) version(s) written since the last durability barrier (an unclean stop): checking their chunks")

@@ -27,9 +27,7 @@ extension Store {
         // gone: SQLite's unless the overlay has a newer row, and the overlay's own.
         if readOnly { return }
         var gone = unnamed.filter { overlay.inode($0) == nil }
-        for case .putInode(let node) in overlay.changes where node.inode.nlink == 0 && node.inode.id != Store.rootInode {
-            if case .some(.some(let now)) = overlay.inode(node.inode.id), now.inode.nlink == 0 { gone.append(node.inode.id) }
-        }
+        for case (let id, let node?) in overlay.inodes where node.inode.nlink == 0 && id != Store.rootInode { gone.append(id) }
         try dropAtOpen(Set(gone))
     }
 

@@ -96,8 +96,8 @@ extension Store {
         // history the overlay shows for it is checked later if the fold may write none
         // (`TreeOverlay.tombstonesToCheck`). A file never saved whose history began in
         // this process has no version anywhere: nothing to record.
-        if overlayOn, head != nil || overlay.isFresh(fileID) {
-            guard head != nil else { return }
+        if overlayOn && head == nil && overlay.isFresh(fileID) { return }
+        if overlayOn, head != nil {
             let row = nextVersionRow
             nextVersionRow += 1
             try record(.tombstone(row: row, id: .new(), fileID: fileID, head: head, path: path, committed: clock()))

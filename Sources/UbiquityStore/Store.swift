@@ -247,7 +247,6 @@ public final class Store: @unchecked Sendable {
         // a store that serves a mount holds the tree and the synced view in memory.
         if !readOnly {
             replayedTreeChanges = try openTreeLog()
-
             try loadTree()
         }
         if lock {
@@ -258,10 +257,8 @@ public final class Store: @unchecked Sendable {
             let logged = try IntentLog.frames(path: intents.path)
             try restoreChunksOfLoggedSaves(logged.intents)
             recovery = try recoverUndurableVersions()
-
             recoveredSaves = try replayIntents(logged)
             try noteBoot()
-
         }
         if lock {
             clearStaging()

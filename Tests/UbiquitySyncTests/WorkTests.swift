@@ -266,12 +266,11 @@ import TestSupport
         // chunks/small.sqlite are the data path's, not counted here). Before saves and
         // tombstones went to the operation log: 28, 29 and 60; then 4, 0 and 4 (a dead
         // history at the new name, the file's reserve and its xattrs, now in memory).
-        // A folded file's delete read whether its head version is local-only (one column
-        // of one row by its key) until a new file continuing a dead history checked that
-        // instead (`TreeOverlay.tombstonesToCheck`). Made again, the file reads whether
-        // the old head is local-only and the newest stored version of its history; until
-        // the new file named the tombstone in the overlay as its parent, it folded the
-        // whole overlay first (51 statements here, and a stall of a burst's size).
+        // A folded file's delete reads nothing: whether its head is local-only is asked
+        // only when a new file would continue its dead history
+        // (`TreeOverlay.tombstonesToCheck`). Made again, the file reads that and the
+        // newest stored version of its history, and names the overlay's tombstone as its
+        // parent without a fold (a fold here would be a burst's worth of statements).
         let bounds = ["create1": Cost(statements: 0, steps: 0), "delete1": Cost(statements: 0, steps: 0),
                       "delete of a folded file1": Cost(statements: 0, steps: 0),
                       "delete and make again1": Cost(statements: 2, steps: 30),
