@@ -982,7 +982,7 @@ _ubq_cleanup() {
     while read -r log; do
       [[ -n $log ]] || continue
       echo "--- last lines of $log:"
-      tail -n 25 "$log"
+      tail -n 120 "$log"
     done < <(find "${TEST_PREFIX}"* -xdev -name daemon.log 2>/dev/null)
   fi
   left=$(mounts_under_prefix)

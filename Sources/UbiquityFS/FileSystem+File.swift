@@ -338,15 +338,15 @@ extension FileSystem {
         }
     }
 
-    /// The group commit's loop (0.1 s after a change): `Store.groupCommit`, a part of the
-    /// overlay per hold of the locks. Returns false when something still waits (a burst
-    /// of changes not paused yet) or the commit failed: no new change may ring the
-    /// doorbell, so the loop must look again by itself.
+    /// The group commit's loop (0.1 s after a change): `SharedStore.groupCommit`, a part
+    /// of the overlay at a time, written outside the locks. Returns false when something
+    /// still waits (a burst of changes not paused yet) or the commit failed: no new
+    /// change may ring the doorbell, so the loop must look again by itself.
     public func groupCommit() -> Bool {
         while true {
             let step: Store.GroupCommit
             let active = lastRequest.load(ordering: .relaxed)
-            do { step = try withMetaSlice { (m) throws(StoreError) in try m.store.groupCommit(lastRequest: active) } } catch {
+            do { step = try store.groupCommit(lastRequest: active) } catch {
                 log("ubiquity: metadata commit failed: \(error)")
                 return false
             }

@@ -9,7 +9,7 @@ struct MetaLock: Sendable {
 
     func withLock<R, E: Error>(_ body: (inout FileSystem.Meta) throws(E) -> R) throws(E) -> R {
         try state.withLock { (m) throws(E) -> R in
-            try store.withLock { (_) throws(E) -> R in try body(&m) }
+            try store.withNamespaceLock { (_) throws(E) -> R in try body(&m) }
         }
     }
 }

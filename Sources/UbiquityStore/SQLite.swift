@@ -1,17 +1,20 @@
 import CSQLite
 import Glibc
+import Synchronization
 import UbiquitySystem
 
 /// A thin wrapper over one SQLite connection. Not thread-safe: the owner serializes access
-/// (the store runs every statement under its lock).
+/// (the store runs every statement under its lock, except while it lends the connection
+/// to its folder: `lend`).
 final class SQLiteDatabase {
     private var db: OpaquePointer?
     private var cache: [String: OpaquePointer] = [:]
     let path: String
 
-    init(path: String) throws(StoreError) {
+    /// - Parameter readOnly: a connection that only reads (`reader`).
+    init(path: String, readOnly: Bool = false) throws(StoreError) {
         self.path = path
-        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
+        let flags = (readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) | SQLITE_OPEN_NOMUTEX
         let rc = sqlite3_open_v2(path, &db, flags, nil)
         guard rc == SQLITE_OK else {
             let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
@@ -43,6 +46,84 @@ final class SQLiteDatabase {
         for statement in cache.values { sqlite3_finalize(statement) }
         sqlite3_close(db)
         committed?.release()
+        pthread_mutex_destroy(handOff)
+        handOff.deallocate()
+    }
+
+    // MARK: the folder's loan (Store+BackgroundFold)
+
+    /// The thread the connection is lent to (0: none): the group commit's folder writes a
+    /// fold with it outside the store's lock. Any other thread that needs the connection
+    /// meanwhile waits for it back (`claim`), except reads around the gate, which go to
+    /// `reader`.
+    private let borrower = Atomic<UInt>(0)
+    /// Held by the borrower for as long as the loan lasts: a claim waits on it.
+    private let handOff: UnsafeMutablePointer<pthread_mutex_t> = {
+        let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+        pthread_mutex_init(mutex, nil)
+        return mutex
+    }()
+    /// A second connection, read-only, for reads around the gate while the connection is
+    /// lent: they see what is committed, and the overlay holds the fold under way until
+    /// the store marks it folded, so they see each row either there or in SQLite.
+    var reader: SQLiteDatabase?
+    /// Reads around the gate under way on the lender's side that go to `reader` (touched
+    /// only by threads that are not the borrower).
+    private var asideDepth = 0
+    /// Called on the lender's side after a claim got the connection back: the store
+    /// finishes the fold's bookkeeping (`Store.settleFold`) before it uses it.
+    var returned: (() -> Void)?
+
+    /// Times the lender's side waited for the connection (the work tests count them:
+    /// requests on the namespace alone never do). Touched by the lender's side only.
+    private(set) var loanWaits = 0
+
+    private static var thisThread: UInt { UInt(pthread_self()) }
+
+    /// Lends the connection to the calling thread until `giveBack` (the folder, under the
+    /// store's lock: no one else uses the connection then).
+    func lend() {
+        pthread_mutex_lock(handOff)
+        borrower.store(Self.thisThread, ordering: .releasing)
+    }
+
+    /// Ends the loan (the borrower, when it is done with the connection).
+    func giveBack() {
+        borrower.store(0, ordering: .releasing)
+        pthread_mutex_unlock(handOff)
+    }
+
+    /// Whether the connection is lent to another thread than the caller.
+    var isLentElsewhere: Bool {
+        let holder = borrower.load(ordering: .acquiring)
+        return holder != 0 && holder != Self.thisThread
+    }
+
+    /// Whether the calling thread is the borrower.
+    var isBorrowedHere: Bool { borrower.load(ordering: .acquiring) == Self.thisThread }
+
+    /// Before any use of the connection: when it is lent to another thread, waits until it
+    /// comes back, then lets the store finish the fold's bookkeeping.
+    func claim() {
+        guard isLentElsewhere else { return }
+        waitUntilReturned()
+        returned?()
+    }
+
+    /// Waits until a loan to another thread, if any, ends (the lender's side).
+    func waitUntilReturned() {
+        guard isLentElsewhere else { return }
+        loanWaits += 1
+        awaitLoanEnd()
+    }
+
+    /// Waits until a loan to another thread, if any, ends: from any thread, with or
+    /// without the store's lock (one that is about to take the lock and use the
+    /// connection waits here, so as not to hold the lock while it waits).
+    func awaitLoanEnd() {
+        guard isLentElsewhere else { return }
+        pthread_mutex_lock(handOff)
+        pthread_mutex_unlock(handOff)
     }
 
     /// Rung when the group commit's batch opens: the filesystem's group-commit loop sleeps
@@ -101,7 +182,15 @@ final class SQLiteDatabase {
 
     /// Runs `body` with the gate open: its statements do not fold the overlay (the fold
     /// itself, and reads that consult the overlay first).
+    /// While the connection is lent, such reads go to `reader` (all of `body`'s, even
+    /// when the loan ends before it does).
     func aroundGate<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        if !isBorrowedHere && (asideDepth > 0 || isLentElsewhere) && reader != nil {
+            asideDepth += 1
+            defer { asideDepth -= 1 }
+            return try body()
+        }
+        claim()
         if gateOpen { return try body() }
         gateOpen = true
         defer { gateOpen = false }
@@ -110,15 +199,22 @@ final class SQLiteDatabase {
 
     /// Open transactions: the group-commit batch counts as one, each savepoint or
     /// transaction inside it as one more.
-    var level: Int { (batchOpen ? 1 : 0) + depth }
+    var level: Int {
+        claim()
+        return (batchOpen ? 1 : 0) + depth
+    }
     /// Inside a transaction or savepoint (not just the batch): the store writes the tree
     /// straight to SQLite there, so a rollback undoes it with the rest.
-    var inTransaction: Bool { depth > 0 }
+    var inTransaction: Bool {
+        claim()
+        return depth > 0
+    }
 
     /// Runs `body` in the open batch or transaction (each of its statements is atomic;
     /// the caller makes repeating it harmless), else in the batch it opens when batching,
     /// else in a transaction of its own.
     func withinTransaction(_ body: () throws(StoreError) -> Void) throws(StoreError) {
+        claim()
         if depth > 0 || batchOpen { return try body() }
         if batching {
             try openBatch()
@@ -129,6 +225,7 @@ final class SQLiteDatabase {
 
     /// Runs SQL with no parameters and no results (schema, pragmas, BEGIN/COMMIT).
     func execute(_ sql: String) throws(StoreError) {
+        claim()
         try gate(sql, remember: false)
         var error: UnsafeMutablePointer<CChar>?
         if sqlite3_exec(db, sql, nil, nil, &error) != SQLITE_OK {
@@ -140,6 +237,8 @@ final class SQLiteDatabase {
 
     /// Runs one statement with parameters, calling `row` for each result row.
     func query(_ sql: String, _ params: [SQLValue] = [], row: (SQLRow) throws(StoreError) -> Void = { _ in }) throws(StoreError) {
+        if !isBorrowedHere && asideDepth > 0, let reader { return try reader.query(sql, params, row: row) }
+        claim()
         try gate(sql, remember: true)
         let statement = try prepared(sql)
         statements += 1
@@ -201,7 +300,10 @@ final class SQLiteDatabase {
         return result
     }
 
-    var lastInsertRowID: Int64 { sqlite3_last_insert_rowid(db) }
+    var lastInsertRowID: Int64 {
+        claim()
+        return sqlite3_last_insert_rowid(db)
+    }
 
     /// Defines `name(x)` on this connection, a deterministic SQL function of one value: a
     /// text that `transform` maps to bytes becomes that blob; anything else (another text,
@@ -250,7 +352,10 @@ final class SQLiteDatabase {
         sqlite3_db_status(db, SQLITE_DBSTATUS_CACHE_WRITE, &current, &highwater, 0)
         return Int(current)
     }
-    var changes: Int { Int(sqlite3_changes(db)) }
+    var changes: Int {
+        claim()
+        return Int(sqlite3_changes(db))
+    }
 
     /// Group commit: when on, changes accumulate in one open transaction that
     /// `commitBatch()` commits (the filesystem does so every 100 ms, at every saved
@@ -269,6 +374,7 @@ final class SQLiteDatabase {
     /// page the statement touches to a temp file first (gigabytes of them while a device
     /// joins a container of many small files: one statement per chunk put).
     func statement(_ sql: String, _ params: [SQLValue]) throws(StoreError) {
+        claim()
         if batching && !batchOpen && depth == 0 { try openBatch() }
         try query(sql, params)
     }
@@ -304,6 +410,7 @@ final class SQLiteDatabase {
     /// Runs `body` atomically: its own transaction, or a savepoint inside the open batch
     /// or an enclosing transaction. Rolls back what `body` did if it throws.
     func transaction<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        claim()
         if flat { return try body() }
         if batching && !batchOpen { try openBatch() }
         if batchOpen || depth > 0 {
@@ -418,6 +525,7 @@ final class SQLiteDatabase {
     /// record while a device joins, five times what the WAL gets. `wholeTable`: a
     /// statement of `body` may change a whole table (its journal stays on disk).
     func standalone<T>(wholeTable: Bool = false, _ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        claim()
         guard depth == 0, !batchOpen, !flat else { return try transaction(body) }
         try journalsInMemory(!wholeTable)
         try execute("BEGIN IMMEDIATE")
@@ -445,6 +553,7 @@ final class SQLiteDatabase {
 
     /// Commits the open batch, if any.
     func commitBatch() throws(StoreError) {
+        claim()
         guard batchOpen else { return }
         do {
             try execute("COMMIT")
@@ -462,11 +571,15 @@ final class SQLiteDatabase {
     }
 
     /// Whether a group-commit batch is open (changes wait for `commitBatch`).
-    var hasOpenBatch: Bool { batchOpen }
+    var hasOpenBatch: Bool {
+        claim()
+        return batchOpen
+    }
 
     /// Ends the batch without its changes (also after a COMMIT that failed and left the
     /// transaction open; without a transaction it does nothing).
     func rollbackBatch() {
+        claim()
         let wasOpen = batchOpen
         batchOpen = false
         try? execute("ROLLBACK")

@@ -16,7 +16,8 @@ import UbiquitySystem
 /// reader waits for its own bytes.
 public final class SharedStore: Sendable {
     private let locked: Locked<Store>
-    /// For the store's thread-safe methods only (the barrier's flush, checkpoints).
+    /// For the store's methods that run outside its lock only (the barrier's flush,
+    /// checkpoints, the fold written while the connection is lent).
     private let unguarded: Store
     private let hooks = Locked(Hooks())
     /// Threads waiting for the lock now (a long step gives way sooner when there are).
@@ -46,7 +47,18 @@ public final class SharedStore: Sendable {
     /// Runs `body` with the store, under its lock (a transaction of the caller's making:
     /// the store's own methods are atomic each; several in one hold see no other change
     /// between them).
+    ///
+    /// Most callers (sync, downloads, maintenance) use the SQLite connection: while the
+    /// group commit's folder has it, they wait for it before they take the lock, not
+    /// holding the lock against requests meanwhile. Requests use `withNamespaceLock`.
     public func withLock<T, E: Error>(_ body: (Store) throws(E) -> T) throws(E) -> T {
+        unguarded.awaitFolder()
+        return try withNamespaceLock(body)
+    }
+
+    /// `withLock` for requests, which change the namespace and read around the gate: they
+    /// go on while the folder writes (Store+BackgroundFold).
+    public func withNamespaceLock<T, E: Error>(_ body: (Store) throws(E) -> T) throws(E) -> T {
         waiting.add(1, ordering: .relaxed)
         return try locked.withLock { (store) throws(E) -> T in
             waiting.subtract(1, ordering: .relaxed)
@@ -54,6 +66,19 @@ public final class SharedStore: Sendable {
             // (and so before a request's reply): one frame per hold.
             defer { store.logTreeChanges() }
             return try body(store)
+        }
+    }
+
+    /// The group commit's step (`Store.groupCommit`), with the part of the overlay it
+    /// folds written while the lock is let go (Store+BackgroundFold): requests go on
+    /// meanwhile, and only what needs the SQLite connection waits for it.
+    public func groupCommit(lastRequest: Int64) throws(StoreError) -> Store.GroupCommit {
+        let start = try withLock { (store) throws(StoreError) in try store.beginFold(lastRequest: lastRequest) }
+        switch start {
+        case .ended(let result): return result
+        case .fold(let part):
+            unguarded.writeFold(part)
+            return try withLock { (store) throws(StoreError) in try store.finishFold(part) }
         }
     }
 

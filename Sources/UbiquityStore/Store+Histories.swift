@@ -155,7 +155,10 @@ extension Store {
     /// wait would delete the row and lose itself: the simulation's check of rebuilt views
     /// catches that). The leaf's own row is written at once.
     private func countHistoryPath(_ path: String, by delta: Int64) throws(StoreError) {
-        if delta > 0 { historyNames.noteTaken(path) }
+        if delta > 0 {
+            // The names are the namespace's: the folder leaves them to the fold's bookkeeping.
+            if folderWork != nil { folderWork?.placed.append(path) } else { historyNames.noteTaken(path) }
+        }
         guard takingIn != nil else { return try Self.countHistoryPath(path, by: delta, in: db) }
         try Self.countHistoryPath(path, by: delta, in: db) { self.takingIn?.historyDirectories[$0, default: 0] += delta }
     }

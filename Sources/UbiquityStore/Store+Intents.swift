@@ -66,10 +66,13 @@ extension Store {
     ///
     /// Every save appended so far is then applied: the withdrawals kept for the intents
     /// not applied yet (`keepWithdrawals`) go in the same transaction.
-    func noteIntentsApplied() throws(StoreError) {
+    /// - Parameter sequence: the last sequence given when the fold that calls it began
+    ///   (the folder's: the namespace's `intentSequence` is not its to read).
+    func noteIntentsApplied(through sequence: Int64? = nil) throws(StoreError) {
         guard db.level > 0 else { return }
-        if intentSequence > 0 {
-            try db.query("REPLACE INTO settings(key, value) VALUES('intent_applied', ?)", [.text(String(intentSequence))])
+        let applied = sequence ?? intentSequence
+        if applied > 0 {
+            try db.query("REPLACE INTO settings(key, value) VALUES('intent_applied', ?)", [.text(String(applied))])
         }
         if withdrawalsKept {
             try removeSetting(Self.withdrawnKey)

@@ -21,7 +21,14 @@ extension Store {
     /// Whether tree writes go to the overlay now: in a mounted store (one that batches its
     /// commits; its shared store logs at every release of its lock), outside transactions
     /// and folds. A store used directly (a command, a test) writes through as before.
-    var overlayOn: Bool { treeLog != nil && db.batching && !db.inTransaction && !folding }
+    /// While the connection is lent to the folder, the lock's holder is outside every
+    /// transaction (it began none: that needs the connection), and the folder itself
+    /// writes to SQLite.
+    var overlayOn: Bool {
+        if db.isBorrowedHere { return false }
+        guard treeLog != nil, db.batching else { return false }
+        return db.isLentElsewhere || (!db.inTransaction && !folding)
+    }
 
     /// Opens the operation log and replays what it holds after the index's mark into the
     /// overlay, in memory only: the group commit folds it in the background, a part at a
@@ -59,6 +66,7 @@ extension Store {
         // deinit folds by itself (it commits through them after `self` is gone for closures).
         db.beforeTreeStatement = { [weak self] () throws(StoreError) in try self?.foldTree() }
         db.levelEnded = { [weak self] level, committed in self?.levelEnded(level, committed: committed) }
+        db.returned = { [weak self] in self?.settleFoldLogging() }
         let deferring = { [weak self] (kind: PendingKind, key: String) -> Bool in self?.deferPending(kind, key) ?? false }
         changed.deferInsert = deferring
         vacated.deferInsert = deferring
@@ -154,7 +162,13 @@ extension Store {
         case .dropInode(let id):
             try db.query("DELETE FROM inodes WHERE id = ?", [.inode(id)])
             try db.query("DELETE FROM xattrs WHERE inode = ?", [.inode(id)])
-            try dropReservedRanges(id)
+            // The folder knows from the fold's first step which dropped inodes had a
+            // reserve (the table's copy in memory is the namespace's).
+            if let work = folderWork {
+                if work.reserved.contains(id) { try db.query("DELETE FROM reserves WHERE inode = ?", [.inode(id)]) }
+            } else {
+                try dropReservedRanges(id)
+            }
         case .putEntry(let parent, let name, let inode):
             try db.query("INSERT INTO entries(parent, name, inode) VALUES(?, ?, ?) ON CONFLICT(parent, name) DO UPDATE SET inode = excluded.inode",
                          [.inode(parent), .text(name), .inode(inode)])
@@ -221,13 +235,15 @@ extension Store {
     /// depend on did not.
     public func logTreeChanges() { logTreeChanges(committingFirst: true) }
 
-    private func logTreeChanges(committingFirst: Bool) {
+    func logTreeChanges(committingFirst: Bool) {
         guard overlay.hasUnlogged, let opLog = treeLog else { return }
         // What the batch holds is the request's too, and may depend on the tree changes
         // not logged yet (a version row deleted while the inode that named it moves on in
         // the overlay): both are committed together, the overlay folded, so a crash
         // keeps both or neither. A frame after the batch's commit would leave a window.
-        if committingFirst && db.hasOpenBatch && !db.inTransaction {
+        // (Lent to the folder, the connection has no batch open: the fold's first step
+        // committed it, and opening one waits for the connection.)
+        if committingFirst && !db.isLentElsewhere && db.hasOpenBatch && !db.inTransaction {
             do {
                 try commitBatch()
                 return
@@ -257,6 +273,7 @@ extension Store {
     ///   least one), so the caller can let the store's lock go between parts; the rest
     ///   stays in the overlay.
     func foldTree(alone: Bool = false, limit: Int? = nil) throws(StoreError) {
+        settleFoldLogging()
         guard !overlay.isEmpty else { return }
         logTreeChanges(committingFirst: false)
         let part = alone ? limit.flatMap { overlay.prefix(upTo: $0) } : nil
@@ -269,27 +286,7 @@ extension Store {
             folding = false
             historiesUnplaced = []
         }
-        // Written whole or not at all, its inner transactions flattened into it: the
-        // synced view's counts are summed over the fold (`deferringConflicts`) and what
-        // adding its records wrote is not read back (`remembering`), nor what the
-        // histories begun since the last fold surely lack (`rememberFreshNodes`).
-        func fold() throws(StoreError) {
-            replacedInFold = []
-            try replica.remembering { () throws(StoreError) in
-                replica.rememberFreshNodes(Set(fresh.map { NodeID.file($0) }))
-                try replica.deferringConflicts { () throws(StoreError) in
-                    try summingHistoryDirectories { () throws(StoreError) in
-                        for change in Self.written(changes) { try writeRow(change) }
-                    }
-                }
-            }
-            // Saves that are gone for good, whose intents may not be applied yet: an
-            // editor's temp file withdrawn, a local file's version replaced.
-            var withdrawn = replacedInFold
-            for case .withdraw(_, let id, _) in changes { withdrawn.append(id) }
-            try keepWithdrawals(withdrawn)
-            try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(Self.treeLogMarkKey), .text(String(through.value))])
-        }
+        func fold() throws(StoreError) { try writeFolded(changes, fresh: fresh, through: through) }
         do {
             try db.aroundGate { () throws(StoreError) in
                 if alone && !db.inTransaction {
@@ -326,6 +323,29 @@ extension Store {
         }
     }
 
+    /// Writes a fold's changes, in its transaction, with the mark of its last frame.
+    /// Written whole or not at all, its inner transactions flattened into it: the synced
+    /// view's counts are summed over the fold (`deferringConflicts`) and what adding its
+    /// records wrote is not read back (`remembering`), nor what the histories begun since
+    /// the last fold surely lack (`rememberFreshNodes`).
+    func writeFolded(_ changes: [TreeChange], fresh: Set<FileID>, through: LogSequence) throws(StoreError) {
+        replacedInFold = []
+        try replica.remembering { () throws(StoreError) in
+            replica.rememberFreshNodes(Set(fresh.map { NodeID.file($0) }))
+            try replica.deferringConflicts { () throws(StoreError) in
+                try summingHistoryDirectories { () throws(StoreError) in
+                    for change in Self.written(changes) { try writeRow(change) }
+                }
+            }
+        }
+        // Saves that are gone for good, whose intents may not be applied yet: an
+        // editor's temp file withdrawn, a local file's version replaced.
+        var withdrawn = replacedInFold
+        for case .withdraw(_, let id, _) in changes { withdrawn.append(id) }
+        try keepWithdrawals(withdrawn)
+        try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(Self.treeLogMarkKey), .text(String(through.value))])
+    }
+
     /// The changes of a fold that are written, in order:
     /// - A save withdrawn in the same fold is not, nor where its history is shown: the
     ///   withdrawal then only makes sure no history row is left.
@@ -360,6 +380,16 @@ extension Store {
     /// are committed), or, when it rolled back, are the overlay's again, ahead of what it
     /// holds now.
     private func levelEnded(_ level: Int, committed: Bool) {
+        // The folder's transaction: only the index side is its to touch (the overlay
+        // still holds the fold, so the caches of the tree are right either way).
+        if db.isBorrowedHere {
+            if !committed {
+                replica.rolledBack()
+                takingIn?.undone = true
+                takingIn?.histories = [:]
+            }
+            return
+        }
         if !committed {
             forgetCachedTree()
             replica.rolledBack()

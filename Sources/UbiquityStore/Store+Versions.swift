@@ -109,7 +109,14 @@ extension Store {
     /// The tombstone's record: it descends from the file's live heads and `head`; none (a
     /// file never saved), no tombstone.
     func writeTombstone(row: Int64?, id: VersionID, fileID: FileID, head: Int64?, path: String, committed: Nanos) throws(StoreError) {
-        let previous = try headVersion(head)
+        // The folder reads only the index (the overlay is the namespace's): the head was
+        // saved before the tombstone, so its part or an earlier one wrote it.
+        var previous: Version?
+        if folderWork == nil {
+            previous = try headVersion(head)
+        } else if let head {
+            previous = try versionRow(head)
+        }
         let heads = try replica.heads(.file(fileID))
         var parents = heads.filter { !$0.isTombstone }.map(\.id)
         if let previous, !previous.isLocal, !parents.contains(previous.id) { parents.append(previous.id) }
@@ -200,7 +207,7 @@ extension Store {
         return try db.aroundGate { () throws(StoreError) in try versionRow(row) }
     }
 
-    private func versionRow(_ row: Int64) throws(StoreError) -> Version? {
+    func versionRow(_ row: Int64) throws(StoreError) -> Version? {
         try db.rows("SELECT \(Store.versionColumns) FROM \(Store.versionsWithDevices) WHERE row = ?", [.int(row)], Store.version(from:)).first
     }
 
@@ -253,7 +260,9 @@ extension Store {
                   .int(r.kind.rawValue), r.target.map { .text($0) } ?? .null, .blob(XattrCodec.encode(r.xattrs)),
                   .int(r.isMeta ? 1 : 0), .int(remote ? 1 : 0), local ? .null : lineage.stored(device: r.deviceID).map { .text($0) } ?? .null])
         let row = db.lastInsertRowID
-        nextVersionRow = max(nextVersionRow, row + 1)
+        // A row SQLite chose (a given one, the overlay's, is below the next already; and
+        // the folder, which writes only given rows, must not touch the namespace's count).
+        if given == nil { nextVersionRow = max(nextVersionRow, row + 1) }
         // What reconcile shows of another device's new file, kept for it (not read back).
         if remote && r.kind == .file && !r.isTombstone && takingIn != nil {
             takingIn?.shown[row] = ShownFile(content: r.chunks, mode: r.mode, mtime: r.mtime, xattrs: XattrCodec.encode(r.xattrs))

@@ -13,6 +13,21 @@ import UbiquitySystem
 /// Not thread-safe: a store that threads share (a mount) is wrapped once in a
 /// `SharedStore`, whose lock is then the only way to it. Chunk I/O (`chunks`) and staging
 /// files are safe to use outside that lock.
+///
+/// Its state has two sides with one owner each:
+/// - The namespace: the overlay and the operation log, the caches of the tree, history
+///   names, the next inode and version row, the intents, the local change sets
+///   (`changed`, `vacated`, `orphaned`, `held`). The lock's holder owns it.
+/// - The index: the SQLite connection `db`, the synced view `replica`, the sets a fold
+///   adds to (`recheck`, `unreconciled`), and the memos of folds and pulls (`takingIn`,
+///   `historiesUnplaced`, `replacedInFold`, `folding`, `foldFailed`, `withdrawalsKept`,
+///   `uploadsInFlight`). Whoever holds the connection owns it: the lock's holder, or the
+///   group commit's folder while the connection is lent to it, outside the lock
+///   (Store+BackgroundFold). The accessors of the index side wait for the connection
+///   to come back (`SQLiteDatabase.claim`); reads around the gate meanwhile go to a
+///   read-only connection.
+///
+/// Lock order: the store's lock, then the connection's hand-off (`SQLiteDatabase.lend`).
 public final class Store: @unchecked Sendable {
     public let directory: String
     public let chunks: ChunkStore
@@ -22,12 +37,25 @@ public final class Store: @unchecked Sendable {
     private let lockFD: Int32
     public let readOnly: Bool
 
-    /// The working set of the tree (Store+Tree); the tree itself is in SQLite.
-    var cache: InodeCache
+    /// The working set of the tree (Store+Tree); the tree itself is in SQLite. Namespace
+    /// side, as are the two below (debug builds check that the folder never touches them).
+    var cache: InodeCache {
+        get { assertNamespaceSide(); return cacheState }
+        _modify { assertNamespaceSide(); yield &cacheState }
+    }
+    private var cacheState: InodeCache
     /// Directories' names, loaded at a first lookup (`DirectoryCache`).
-    var directories: DirectoryCache
+    var directories: DirectoryCache {
+        get { assertNamespaceSide(); return directoriesState }
+        _modify { assertNamespaceSide(); yield &directoriesState }
+    }
+    private var directoriesState: DirectoryCache
     /// The names directories show histories at, read at a first create (`HistoryNames`).
-    var historyNames = HistoryNames()
+    var historyNames: HistoryNames {
+        get { assertNamespaceSide(); return historyNamesState }
+        _modify { assertNamespaceSide(); yield &historyNamesState }
+    }
+    private var historyNamesState = HistoryNames()
     /// Inodes in the store, once counted (statfs).
     var inodeTotal: Int?
     /// The `reserves` table, read whole at the first look and kept with every write (nil:
@@ -40,16 +68,24 @@ public final class Store: @unchecked Sendable {
     var ownDeviceNumber: Int64?
     var nextInode = Store.rootInode.advanced(by: 1)
     /// Records `pendingUploads` handed to the sync engine and not marked uploaded yet:
-    /// `withdrawUnsentHistory` leaves them alone.
-    var uploadsInFlight: Set<VersionID> = []
+    /// `withdrawUnsentHistory` leaves them alone. Index side (below).
+    var uploadsInFlight: Set<VersionID> {
+        get { db.claim(); return uploadsInFlightState }
+        _modify { db.claim(); yield &uploadsInFlightState }
+    }
+    private var uploadsInFlightState: Set<VersionID> = []
     /// Saves not yet in a committed batch (Store+Intents), and the last sequence given.
     let intents: IntentLog
     var intentSequence: Int64 = 0
     /// Saves the open recorded again from the intent log (the last process was killed
     /// before its batch committed them).
     public private(set) var recoveredSaves: [String] = []
-    /// The synced view computed from all records (see Replica).
-    let replica: Replica
+    /// The synced view computed from all records (see Replica). Index side (below).
+    var replica: Replica {
+        db.claim()
+        return replicaState
+    }
+    private let replicaState: Replica
     /// What the sync step still has to look at, each kept in SQLite with the change that
     /// caused it (PendingSet), so no crash loses one and opening never walks the tree:
     /// - `changed`: inodes whose attributes, names, paths or xattrs changed since the sync
@@ -73,8 +109,17 @@ public final class Store: @unchecked Sendable {
     /// What the recovery at open found (Store+Recovery); empty after a clean stop.
     public private(set) var recovery = RecoveryReport()
     let vacated: PendingSet<NameKey>
-    let recheck: PendingSet<NameKey>
-    let unreconciled: PendingSet<NameKey>
+    /// Index side (below): a fold adds the paths its records change.
+    var recheck: PendingSet<NameKey> {
+        db.claim()
+        return recheckState
+    }
+    var unreconciled: PendingSet<NameKey> {
+        db.claim()
+        return unreconciledState
+    }
+    private let recheckState: PendingSet<NameKey>
+    private let unreconciledState: PendingSet<NameKey>
     let orphaned: PendingSet<FileID>
     let held: PendingSet<FileID>
     /// Set by an upgrade from a store before format 4, which kept no change set: the
@@ -87,15 +132,24 @@ public final class Store: @unchecked Sendable {
     /// view, so the next sync step would only find those inodes unchanged (a device
     /// joining a container would look at each of its files again).
     var tracksChanges = true
-    /// What a pull slice wrote that it reads again, while `takeIn` runs (nil otherwise).
-    var takingIn: TakeInMemo?
+    /// What a pull slice (or a fold) wrote that it reads again, while `takeIn` runs (nil
+    /// otherwise). Index side (below).
+    var takingIn: TakeInMemo? {
+        get { db.claim(); return takingInState }
+        _modify { db.claim(); yield &takingInState }
+    }
+    private var takingInState: TakeInMemo?
     /// Whether a pull slice takes fresh records in bulk (`Store+FreshRecords`); tests turn
     /// it off to hold the bulk path against the one-at-a-time one.
     var takesFreshRecordsInBulk = true
     /// Records taken in that way so far (tests).
     var freshRecordsTaken = 0
-    /// Tree rows changed and logged but not yet in SQLite (Store+Overlay).
-    var overlay = TreeOverlay()
+    /// Tree rows changed and logged but not yet in SQLite (Store+Overlay). Namespace side.
+    var overlay: TreeOverlay {
+        get { assertNamespaceSide(); return overlayState }
+        _modify { assertNamespaceSide(); yield &overlayState }
+    }
+    private var overlayState = TreeOverlay()
     /// The operation log the overlay's changes go to (nil: a read-only store, or a log
     /// that failed: changes then go straight to SQLite until the next open).
     var treeLog: OperationLog?
@@ -119,6 +173,14 @@ public final class Store: @unchecked Sendable {
     /// A fold failed since the overlay was last folded whole: what it wrote may be in
     /// SQLite already, so folds look for each version before writing it.
     var foldFailed = false
+    /// The group commit's fold written outside the lock, from its first step to its
+    /// bookkeeping (Store+BackgroundFold), and the number the last one was given.
+    var foldInFlight: FoldPart?
+    var foldsBegun = 0
+    /// While the folder writes: what it was told and what it found (index side), and
+    /// then what its bookkeeping applies to the namespace.
+    var folderWork: FolderWork?
+    var foldOutcome: FoldOutcome?
     /// When the overlay's first and latest changes came (`monotonicNanos`).
     var overlayTimes: (first: Int64, last: Int64) = (0, 0)
     /// When the group commit folds the overlay (`Store.groupCommit`); tests shorten it.
@@ -154,8 +216,8 @@ public final class Store: @unchecked Sendable {
                 cachedInodes: Int = 65_536, cachedNames: Int = Store.defaultCachedNames,
                 chunker: Chunker = .standard) throws(StoreError) {
         self.directory = directory
-        cache = InodeCache(capacity: cachedInodes)
-        directories = DirectoryCache(budget: cachedNames)
+        cacheState = InodeCache(capacity: cachedInodes)
+        directoriesState = DirectoryCache(budget: cachedNames)
         self.readOnly = readOnly
         if readOnly {
             guard access(directory + "/meta.sqlite", R_OK) == 0 else {
@@ -230,12 +292,12 @@ public final class Store: @unchecked Sendable {
             self.deviceName = try get("device_name") ?? defaultDeviceName()
         }
         self.db = db
-        replica = Replica(db: db)
+        replicaState = Replica(db: db)
         let name = { (key: NameKey) in key.name }, load = !readOnly
         changed = try PendingSet(.inode, db: db, load: load, key: Self.changedKey, parse: Self.changedInode)
         vacated = try PendingSet(.vacated, db: db, load: load, key: name, parse: NameKey.init)
-        recheck = try PendingSet(.recheck, db: db, load: load, key: name, parse: NameKey.init)
-        unreconciled = try PendingSet(.unreconciled, db: db, load: load, key: name, parse: NameKey.init)
+        recheckState = try PendingSet(.recheck, db: db, load: load, key: name, parse: NameKey.init)
+        unreconciledState = try PendingSet(.unreconciled, db: db, load: load, key: name, parse: NameKey.init)
         orphaned = try PendingSet(.orphaned, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
         held = try PendingSet(.held, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
         needsFullScan = try get("full_scan") == "1"
@@ -275,6 +337,13 @@ public final class Store: @unchecked Sendable {
         if lockFD >= 0 { close(lockFD) }
     }
 
+    /// Debug builds: the folder, which owns only the index side while it writes (between
+    /// the holds of the lock of its first and last steps), does not touch the namespace's
+    /// state.
+    @inline(__always) func assertNamespaceSide() {
+        assert(!(db.isBorrowedHere && folderWork != nil), "the folder touched the namespace's state")
+    }
+
     /// A value kept in the store's settings (nil: not set).
     public func setting(_ key: String) throws(StoreError) -> String? {
         try db.rows("SELECT value FROM settings WHERE key = ?", [.text(key)]) { $0.text(0) }.first
@@ -300,6 +369,14 @@ public final class Store: @unchecked Sendable {
         db.batchOpened = opened
         if let committed { db.ringOnCommit(committed) }
         chunks.startBatching(opened: opened, committed: committed)
+        // Reads around the gate while the group commit's folder has the connection.
+        do {
+            let reader = try SQLiteDatabase(path: directory + "/meta.sqlite", readOnly: true)
+            try reader.execute("PRAGMA cache_size=-8192")
+            db.reader = reader
+        } catch {
+            log("ubiquity: no second connection to \(directory)/meta.sqlite (\(error)): reads wait while the group commit folds")
+        }
         // The open's replay waits in the overlay: the group commit folds it.
         if !overlay.isEmpty { opened?.ring() }
     }
@@ -334,20 +411,12 @@ public final class Store: @unchecked Sendable {
     /// between. The batch's own rows are committed at every step.
     /// - Parameter lastRequest: when the last request came (`monotonicNanos`; reads too):
     ///   a pause is a pause of requests, as the parts hold the store's lock.
+    /// A mount runs its three steps with the lock let go while the part is written
+    /// (`SharedStore.groupCommit`); this runs them in one go.
     public func groupCommit(lastRequest: Int64 = 0) throws(StoreError) -> GroupCommit {
-        if overlay.isEmpty {
-            try commitBatch()
-            return .done
-        }
-        let times = (first: overlayTimes.first, last: max(overlayTimes.last, lastRequest))
-        guard foldPolicy.due(changes: overlay.unfolded.count, times: times, now: monotonicNanos()) else {
-            try commitBatchWithoutFold()
-            return .waiting
-        }
-        try foldTree(alone: true, limit: foldPolicy.part(of: overlay.unfolded.count))
-        guard overlay.isEmpty else { return .more }
-        try commitBatch()
-        return .done
+        guard case .fold(let part) = try beginFold(lastRequest: lastRequest) else { return try groupCommitEnded() }
+        writeFold(part)
+        return try finishFold(part)
     }
 
     /// Whether tree changes are coming in a burst (a sync step would fold them all at

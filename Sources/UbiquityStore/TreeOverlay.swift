@@ -240,10 +240,12 @@ struct TreeOverlay {
     /// The changes before `end` (whole frames, from `prefix`) are in SQLite now. Once they
     /// are half of what is held, the rows are rebuilt from the rest (so a stream of
     /// bursts does not keep them for ever, and the rebuilds cost each change once).
-    mutating func markFolded(through end: Int) {
+    /// - Parameter compacting: whether the rows may be rebuilt now (not while a caller
+    ///   holds positions in `changes`: a request that a claim interrupted).
+    mutating func markFolded(through end: Int, compacting: Bool = true) {
         folded = max(folded, min(end, changes.count))
         freshHistories = []
-        guard folded >= changes.count - folded else { return }
+        guard compacting, folded >= changes.count - folded else { return }
         var rest = TreeOverlay(replaying: Array(changes[folded...]))
         rest.unlogged = max(unlogged - folded, 0)
         rest.frames = frames.filter { $0.end > folded }.map { (end: $0.end - folded, sequence: $0.sequence) }

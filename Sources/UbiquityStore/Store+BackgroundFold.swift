@@ -1,0 +1,168 @@
+import UbiquitySystem
+
+/// The group commit's fold, written outside the store's lock, so that requests go on
+/// while SQLite takes a part of the overlay: they change only the overlay and the log,
+/// and read what they do not find there from a second, read-only connection.
+///
+/// Three steps (a mount runs them through `SharedStore.groupCommit`):
+/// 1. `beginFold`, under the lock: takes a part of the overlay (whole frames), commits
+///    the batch (reads while the connection is lent see only what is committed), and
+///    lends the connection to the calling thread.
+/// 2. `writeFold`, without the lock: writes the part in one transaction with its mark,
+///    touching only the index side (Store), and gives the connection back. What it does
+///    to the namespace (history names placed) waits in `foldOutcome`.
+/// 3. `finishFold`, under the lock: marks the part folded in the overlay and applies
+///    the outcome. Until then the overlay holds the part, so a reader sees each of its
+///    rows there or in SQLite, never neither.
+///
+/// Anything else that needs the connection while it is lent waits for it and then does
+/// step 3 itself (`settleFold`), so the lock's holder never finds a fold half done.
+extension Store {
+    /// A part of the overlay on its way to SQLite.
+    public struct FoldPart {
+        let number: Int
+        let changes: [TreeChange]
+        /// Where it ends in the overlay's changes, and its last frame.
+        let end: Int
+        let through: LogSequence
+        /// Histories it begins that SQLite has no row of (`historiesUnplaced`).
+        let fresh: Set<FileID>
+        /// Whether it is everything the overlay held: the intents up to `intentSequence`
+        /// are then applied with it.
+        let isLast: Bool
+        let intentSequence: Int64
+        /// Inodes it drops that have reserved ranges.
+        let reserved: Set<InodeNumber>
+    }
+
+    /// What the folder was told and found, while it writes (index side).
+    struct FolderWork {
+        let reserved: Set<InodeNumber>
+        var placed: [String] = []
+    }
+
+    /// What a written part leaves to its bookkeeping.
+    struct FoldOutcome {
+        let number: Int
+        let error: StoreError?
+        let placed: [String]
+    }
+
+    /// What the group commit's first step found to do.
+    public enum FoldStart {
+        case ended(GroupCommit)
+        case fold(FoldPart)
+    }
+
+    /// Step 1: commits what waits when there is no fold to do; else takes a part and lends
+    /// the connection to the calling thread, which must call `writeFold` next.
+    /// - Parameter lastRequest: see `groupCommit`.
+    public func beginFold(lastRequest: Int64 = 0) throws(StoreError) -> FoldStart {
+        settleFoldLogging()
+        if overlay.isEmpty {
+            try commitBatch()
+            return .ended(.done)
+        }
+        let times = (first: overlayTimes.first, last: max(overlayTimes.last, lastRequest))
+        guard foldPolicy.due(changes: overlay.unfolded.count, times: times, now: monotonicNanos()) else {
+            try commitBatchWithoutFold()
+            return .ended(.waiting)
+        }
+        logTreeChanges(committingFirst: false)
+        let prefix = overlay.prefix(upTo: foldPolicy.part(of: overlay.unfolded.count))
+        let end = prefix?.end ?? overlay.changes.count
+        let changes = Array(overlay.changes[overlay.folded..<end])
+        try commitBatchWithoutFold()
+        _ = try reservedRanges(Self.rootInode) // the table in memory, read once
+        var reserved: Set<InodeNumber> = []
+        for case .dropInode(let id) in changes where reserves?[id] != nil { reserved.insert(id) }
+        foldsBegun += 1
+        let part = FoldPart(number: foldsBegun, changes: changes, end: end, through: prefix?.through ?? lastLogged,
+                            fresh: overlay.freshHistories(in: changes), isLast: prefix == nil,
+                            intentSequence: intentSequence, reserved: reserved)
+        foldInFlight = part
+        db.lend()
+        return .fold(part)
+    }
+
+    /// Step 2, without the store's lock, on the thread `beginFold` lent the connection to:
+    /// writes the part and gives the connection back. Touches only the index side.
+    public func writeFold(_ part: FoldPart) {
+        precondition(db.isBorrowedHere, "writeFold runs on the thread beginFold lent the connection to")
+        defer { db.giveBack() }
+        folding = true
+        historiesUnplaced = part.fresh
+        folderWork = FolderWork(reserved: part.reserved)
+        defer {
+            folding = false
+            historiesUnplaced = []
+            folderWork = nil
+        }
+        var failure: StoreError?
+        do {
+            try db.aroundGate { () throws(StoreError) in
+                try db.standalone { () throws(StoreError) in
+                    try writeFolded(part.changes, fresh: part.fresh, through: part.through)
+                    // Only with the last part: a save still in the overlay is not in
+                    // SQLite, so its intent must stay to be replayed.
+                    if part.isLast { try noteIntentsApplied(through: part.intentSequence) }
+                }
+            }
+            if part.isLast { foldFailed = false }
+        } catch {
+            foldFailed = true
+            failure = error
+        }
+        foldOutcome = FoldOutcome(number: part.number, error: failure, placed: folderWork?.placed ?? [])
+    }
+
+    /// Step 3, under the lock: the part's bookkeeping (unless a claim did it already),
+    /// then what is left to do. Throws the part's error.
+    public func finishFold(_ part: FoldPart) throws(StoreError) -> GroupCommit {
+        if let error = settleFold(compacting: true) { throw error }
+        return try groupCommitEnded()
+    }
+
+    /// After a part: the batch committed when nothing is left to fold.
+    func groupCommitEnded() throws(StoreError) -> GroupCommit {
+        guard overlay.isEmpty else { return .more }
+        try commitBatch()
+        return .done
+    }
+
+    /// Finishes the fold in flight, if any: waits for the folder to give the connection
+    /// back, then marks the part folded and applies its outcome (a failed part stays in
+    /// the overlay, folded again later). Called before the lock's holder uses the
+    /// connection (`SQLiteDatabase.returned`) or folds.
+    /// - Parameter compacting: the overlay may rebuild its rows (`TreeOverlay.markFolded`):
+    ///   only at the start of a hold, not in the middle of a request that holds positions
+    ///   in it.
+    func settleFold(compacting: Bool = false) -> StoreError? {
+        guard let part = foldInFlight else { return nil }
+        db.waitUntilReturned()
+        foldInFlight = nil
+        guard let outcome = foldOutcome, outcome.number == part.number else {
+            return .database("the fold of part \(part.number) left no outcome")
+        }
+        foldOutcome = nil
+        if let error = outcome.error {
+            overlay.forgetFresh()
+            return error
+        }
+        for path in outcome.placed { historyNames.noteTaken(path) }
+        for id in part.reserved { reserves?[id] = nil }
+        overlay.markFolded(through: part.end, compacting: compacting)
+        foldedThrough = max(foldedThrough, part.through)
+        return nil
+    }
+
+    /// Waits, without the store's lock, until the folder gives the connection back
+    /// (thread-safe; `SharedStore.withLock`).
+    func awaitFolder() { db.awaitLoanEnd() }
+
+    /// `settleFold` where no one waits for the fold's error: it is logged.
+    func settleFoldLogging() {
+        guard let error = settleFold() else { return }
+        log("ubiquity: folding a part of the tree's changes failed (they stay in the overlay and the log, folded again later): \(error)")
+    }
+}

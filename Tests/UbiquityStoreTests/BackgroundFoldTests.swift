@@ -1,0 +1,195 @@
+import Glibc
+import Synchronization
+import Testing
+import TestSupport
+import UbiquitySystem
+@testable import UbiquityStore
+
+/// The group commit's fold written outside the store's lock (Store+BackgroundFold): a
+/// folder thread takes parts of the overlay while tree changes come in under the lock.
+@Suite struct BackgroundFoldTests {
+    /// The group commit's loop of a mount: parts folded as fast as they come, each step's
+    /// pause random, until told to stop.
+    final class Folder: @unchecked Sendable {
+        private let stopping = Atomic<Bool>(false)
+        let failures = Atomic<Int>(0)
+        private var thread: JoinableThread?
+
+        init(_ shared: SharedStore, seed: UInt64) {
+            thread = JoinableThread { [self] in
+                var rng = SplitMix64(seed: seed)
+                while !stopping.load(ordering: .relaxed) {
+                    do { _ = try shared.groupCommit(lastRequest: 0) } catch { failures.add(1, ordering: .relaxed) }
+                    usleep(UInt32(rng.int(0..<2_000)))
+                }
+            }
+        }
+
+        func stop() {
+            stopping.store(true, ordering: .relaxed)
+            thread?.join()
+            thread = nil
+        }
+    }
+
+    /// The model test of the overlay (`TreeOverlayModelTests`) with a folder thread: random
+    /// tree changes, saves, editor saves, links and xattrs under the lock, folds of parts
+    /// written meanwhile, barriers, rollbacks, and kill -9 at random points (the files
+    /// copied as they are, sometimes while a part is being written). The tree equals the
+    /// model throughout and after every crash.
+    @Test(arguments: [1, 2, 3, 4] as [UInt64])
+    func agreesWithTheModelWhileAFolderWrites(seed given: UInt64) throws {
+        let seed = replayableSeed(given, variable: "UBQ_FOLDER_SEED", test: "agreesWithTheModelWhileAFolderWrites",
+                                  filter: "BackgroundFoldTests")
+        var rng = SplitMix64(seed: seed)
+        var dir = TempDirectory()
+        defer { dir.cleanup() }
+        let historyNames = HistoryNames(budget: seed % 2 == 0 ? 24 : 131_072)
+        func open(_ path: String) throws -> (SharedStore, Folder) {
+            let store = try Store(directory: path, deviceName: "model")
+            store.startBatching()
+            store.historyNames = historyNames
+            store.foldPolicy.quiet = 0
+            store.foldPolicy.part = 1 + Int(seed % 7)
+            let shared = SharedStore(store)
+            return (shared, Folder(shared, seed: seed &+ 1_000))
+        }
+        var (shared, folder) = try open(dir.path)
+        var model = TreeOverlayModelTests.Model()
+        var crashes = 0, replayed = 0, folds = 0, aside = 0
+        for round in 0..<500 {
+            let context = "seed \(seed), round \(round)"
+            try shared.withNamespaceLock { (store) throws in try TreeOverlayModelTests.step(store, &model, &rng) }
+            switch rng.int(0..<40) {
+            case 0: try shared.withNamespaceLock { (store) throws(StoreError) in try store.commitBatch() }
+            case 1: try shared.withLock { (store) throws(StoreError) in try store.markDurable() }
+            case 2:
+                // A transaction that folds the overlay and fails: nothing is lost.
+                shared.withNamespaceLock { (store) in
+                    _ = try? store.db.transaction { () throws(StoreError) in
+                        _ = try store.db.rows("SELECT count(*) FROM entries", []) { $0.int(0) }
+                        throw StoreError.database("abandoned")
+                    }
+                }
+            case 3, 4:
+                // kill -9, half the time without the lock: the folder may be writing.
+                let copy = TempDirectory()
+                if rng.int(0..<2) == 0 {
+                    copyTree(dir.path, to: copy.path)
+                } else {
+                    shared.withNamespaceLock { _ in copyTree(dir.path, to: copy.path) }
+                }
+                unlink(copy.path + "/lock")
+                folder.stop()
+                shared.withLock { (store) in
+                    folds += store.foldsBegun
+                    aside += store.db.reader?.statements ?? 0
+                }
+                #expect(folder.failures.load(ordering: .relaxed) == 0, "\(context): a fold failed")
+                (shared, folder) = try open(copy.path)
+                dir.cleanup()
+                dir = copy
+                crashes += 1
+                shared.withLock { (store) in
+                    replayed += store.replayedTreeChanges
+                    TreeOverlayModelTests.check(store, model, context + " after a crash")
+                }
+            default: break
+            }
+            if round % 25 == 0 { shared.withNamespaceLock { (store) in TreeOverlayModelTests.check(store, model, context) } }
+        }
+        folder.stop()
+        #expect(folder.failures.load(ordering: .relaxed) == 0, "seed \(seed): a fold failed")
+        try shared.withLock { (store) throws in
+            folds += store.foldsBegun
+            aside += store.db.reader?.statements ?? 0
+            TreeOverlayModelTests.check(store, model, "seed \(seed) at the end")
+            try store.commitBatch()
+            #expect(store.overlay.isEmpty)
+            for (id, count) in model.versions {
+                let fileID = try #require(store.inode(id)?.fileID)
+                #expect(try store.versions(of: fileID).count == count, "seed \(seed): file \(id)'s versions")
+            }
+            let tombstones = try store.db.rows("SELECT count(*) FROM versions WHERE tombstone = 1", []) { Int($0.int(0)) }.first
+            #expect(tombstones == model.tombstones, "seed \(seed): tombstones")
+        }
+        print("BackgroundFoldTests seed \(seed): \(crashes) crashes, \(replayed) changes replayed, \(folds) parts folded by the folder, \(aside) reads on the second connection, \(model.nodes.count) inodes")
+        #expect(crashes > 0 && folds > 0, "seed \(seed): the run must crash and fold")
+    }
+
+    /// While the folder holds the connection, requests on the namespace (create, lookup,
+    /// listing, getattr, setattr, rename, link, unlink, xattrs) neither wait for it nor
+    /// run a statement on it: they change the overlay, and read what it lacks from the
+    /// second connection.
+    @Test func requestsGoOnWhileAPartIsWritten() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        do {
+            // A tree in SQLite, so that the requests below read some of it.
+            let store = try Store(directory: dir.path, deviceName: "folder")
+            for d in 0..<4 {
+                let parent = try store.create(parent: Store.rootInode, name: "d\(d)", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+                for f in 0..<20 { _ = try store.create(parent: parent.id, name: "f\(f)", kind: .file, mode: 0o644, uid: 1, gid: 1) }
+            }
+        }
+        let store = try Store(directory: dir.path, deviceName: "folder")
+        store.startBatching()
+        store.foldPolicy.quiet = 0
+        let shared = SharedStore(store)
+        // A burst for the folder to write.
+        let burst = try shared.withLock { (store) throws(StoreError) in
+            try store.create(parent: Store.rootInode, name: "burst", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+        }
+        for f in 0..<200 {
+            _ = try shared.withLock { (store) throws(StoreError) in
+                try store.create(parent: burst.id, name: "b\(f)", kind: .file, mode: 0o644, uid: 1, gid: 1)
+            }
+        }
+        let lent = Atomic<Bool>(false), requestsDone = Atomic<Bool>(false)
+        let folder = JoinableThread {
+            let start = shared.withLock { (store) in try? store.beginFold() }
+            guard case .fold(let part) = start else { return }
+            lent.store(true, ordering: .releasing)
+            // Holds the connection until the requests are done (a bound, not a timing:
+            // a request that waited would keep them from being done).
+            for _ in 0..<10_000 where !requestsDone.load(ordering: .acquiring) { usleep(1_000) }
+            store.writeFold(part)
+            _ = try? shared.withLock { (store) throws(StoreError) in try store.finishFold(part) }
+        }
+        while !lent.load(ordering: .acquiring) { usleep(100) }
+        let (waits, statements, asideBefore) = shared.withNamespaceLock { (store) in
+            (store.db.loanWaits, store.db.statements, store.db.reader?.statements ?? 0)
+        }
+        try shared.withNamespaceLock { (store) throws in
+            let d1 = try #require(store.child(Store.rootInode, "d1"))
+            #expect(store.entries(d1).count == 20)
+            let f3 = try #require(store.child(d1, "f3"))
+            var inode = try #require(store.inode(f3))
+            inode.mode = 0o600
+            try store.update(inode)
+            _ = try store.create(parent: d1, name: "new", kind: .file, mode: 0o644, uid: 1, gid: 1)
+            try store.moveEntry(from: d1, "f4", to: burst.id, "moved")
+            try store.link(f3, parent: burst.id, name: "linked")
+            _ = try store.removeEntry(parent: d1, name: "f5")
+            try store.setXattr(f3, "user.x", [1, 2])
+            #expect(store.child(burst.id, "b7") != nil)
+            #expect(store.entries(burst.id).count == 202)
+        }
+        let (waitsAfter, statementsAfter, asideAfter) = shared.withNamespaceLock { (store) in
+            (store.db.loanWaits, store.db.statements, store.db.reader?.statements ?? 0)
+        }
+        requestsDone.store(true, ordering: .releasing)
+        folder.join()
+        #expect(waitsAfter == waits, "a request waited for the folder")
+        #expect(statementsAfter == statements, "a request ran a statement on the folder's connection")
+        #expect(asideAfter > asideBefore, "the reads of what the overlay lacks went to the second connection")
+        try shared.withLock { (store) throws in
+            try store.commitBatch()
+            #expect(store.overlay.isEmpty)
+            let d1 = try #require(store.child(Store.rootInode, "d1"))
+            #expect(store.entries(d1).map(\.name).sorted() == (0..<20).filter { $0 != 4 && $0 != 5 }.map { "f\($0)" }.sorted() + ["new"])
+            #expect(store.entries(burst.id).count == 202)
+            #expect(try store.xattr(try #require(store.child(d1, "f3")), "user.x") == [1, 2])
+        }
+    }
+}
