@@ -1003,6 +1003,10 @@ _ubq_cleanup() {
     # Safe to delete now: no FUSE mount below, so rm cannot reach into a store
     # through a mount. --one-file-system is belt and braces.
     # Everything under this script's own prefix is ours (roots, work, home, ...).
+    # UBQ_KEEP_FAILED=DIR: a failure's files are kept there for a look (docs/TESTING.md).
+    if ((rc != 0 && rc != SKIP_CODE)) && [[ -n ${UBQ_KEEP_FAILED:-} ]]; then
+      cp -a "${TEST_PREFIX}"* "$UBQ_KEEP_FAILED/" 2>/dev/null || true
+    fi
     rm -rf --one-file-system -- "${TEST_PREFIX}"*
   fi
   exit "$rc"

@@ -34,3 +34,9 @@ long long ubq_filesystem_type(int fd) {
 int ubq_rename_exchange(const char *a, const char *b) {
     return renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE);
 }
+
+static _Thread_local unsigned lock_ranks_held;
+
+unsigned ubq_lock_ranks_held(void) { return lock_ranks_held; }
+
+void ubq_set_lock_ranks_held(unsigned ranks) { lock_ranks_held = ranks; }

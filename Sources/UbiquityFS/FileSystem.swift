@@ -6,13 +6,17 @@ import UbiquitySystem
 /// POSIX semantics over the store, without any FUSE knowledge: the FUSE layer makes one
 /// call per operation and replies with the result or the thrown `Errno`.
 ///
-/// Locks, always taken in this order, never while replying to the kernel:
+/// Locks, always taken in this order (`LockRank`, checked in debug builds), never while
+/// replying to the kernel:
 ///   1. a `FileContent`'s lock (per open file: its data and commits)
 ///   2. `state`: the filesystem's own state (lookup counts, open files, views)
 ///   3. the store's lock (`SharedStore`: the tree and everything in SQLite; the sync
 ///      engine takes only this one)
-///   4. leaves: a `FileContent`'s summary (size, isChanged: readable under `meta`), the
-///      busy files, the handle table, the chunk cache's lock (inside ChunkStore)
+///   4. the SQLite connection's hand-off (`ConnectionLoan`: the group commit's
+///      folder writes outside 3 with it)
+///   5. leaves: the busy files, the handle table, the chunk cache's lock (inside
+///      ChunkStore)
+///   6. a `FileContent`'s summary (size, isChanged: readable under any of the above)
 /// `meta` takes 2 then 3 (most operations need both); `state` alone serves what needs no
 /// store. Code holding `meta` must never call a FileContent data method (read, write,
 /// truncate, commit): a commit holds the content lock and waits for `meta`. Reads and
@@ -108,7 +112,7 @@ public final class FileSystem: Sendable {
         chunks = store.chunks
         let shared = SharedStore(store)
         self.store = shared
-        let state = Locked(Meta(store: store, shared: shared, busy: busy, handles: handles))
+        let state = Locked(Meta(store: store, shared: shared, busy: busy, handles: handles), rank: .filesystem)
         self.state = state
         meta = MetaLock(state: state, store: shared)
         self.options = options

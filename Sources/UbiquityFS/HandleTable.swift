@@ -18,7 +18,7 @@ final class HandleTable: Sendable {
         var next: UInt64 = 1
         var handles: [HandleID: Handle] = [:]
     }
-    private let table = Locked(Table())
+    private let table = Locked(Table(), rank: .leaf)
 
     /// Adds `handle` under a new number.
     func register(_ handle: Handle) -> HandleID {

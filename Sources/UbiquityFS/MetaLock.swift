@@ -23,7 +23,7 @@ final class BusyFiles: Sendable {
         var content: FileContent?
         var writers = 0
     }
-    private let entries = Locked<[InodeNumber: Entry]>([:])
+    private let entries = Locked<[InodeNumber: Entry]>([:], rank: .leaf)
 
     /// `ino` is open with `content` (nil: no longer open).
     func open(_ ino: InodeNumber, _ content: FileContent?) {

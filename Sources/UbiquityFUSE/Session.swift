@@ -138,10 +138,13 @@ public final class FUSESession: @unchecked Sendable {
     /// Tells the kernel to drop what it cached of nodes sync changed (attributes, pages,
     /// names), so readers, even ones holding the file open, see the new version.
     ///
-    /// Names are told twice, the second time a second later: a lookup answered just before
-    /// sync changed the name (that the name is absent, or what was there) can reach the
-    /// kernel's cache after the first notice, which finds nothing to drop (Linux keeps a
-    /// lookup in flight out of its name cache until the reply is taken in).
+    /// Names and contents are told twice, the second time a second later: a reply sent
+    /// just before sync changed them can reach the kernel's caches after the first notice,
+    /// which finds nothing to drop. A lookup's (that the name is absent, or what was
+    /// there): Linux keeps a lookup in flight out of its name cache until the reply is
+    /// taken in. A read's: its pages of the old version enter the page cache after the
+    /// notice, and an open keeps the cache (`keep_cache`), so the file would read old
+    /// until the next change (t-sync-garbage.sh, under load).
     public func invalidate(_ changes: TreeChanges) {
         notifications.async { [self] in
             guard let session, serving.withLock({ $0 }) else { return }
@@ -152,8 +155,12 @@ public final class FUSESession: @unchecked Sendable {
             }
             invalidate(changes.entries)
         }
-        guard !changes.entries.isEmpty else { return }
-        notifications.asyncAfter(deadline: .now() + Self.secondNotice) { [self] in invalidate(changes.entries) }
+        guard !changes.entries.isEmpty || !changes.inodes.isEmpty else { return }
+        notifications.asyncAfter(deadline: .now() + Self.secondNotice) { [self] in
+            guard let session, serving.withLock({ $0 }) else { return }
+            for ino in changes.inodes { _ = fuse_lowlevel_notify_inval_inode(session, ino.rawValue, 0, 0) }
+            invalidate(changes.entries)
+        }
     }
 
     static let secondNotice = DispatchTimeInterval.seconds(1)

@@ -88,8 +88,8 @@ public final class FileContent: @unchecked Sendable {
         self.remoteBase = remoteBase
         var initial = State(base: base, baseLimit: base.totalSize, size: base.totalSize, baseStored: base.storedBytes,
                             staging: StagingBuffer(directory: stagingDirectory))
-        state = Locked(initial)
-        summary = Locked(Summary(size: base.totalSize, allocated: base.storedBytes, committedStored: base.storedBytes))
+        state = Locked(initial, rank: .content)
+        summary = Locked(Summary(size: base.totalSize, allocated: base.storedBytes, committedStored: base.storedBytes), rank: .summary)
         self.chunks = chunks
         if !reserved.isEmpty {
             for r in reserved { initial.reserved.insert(r) }

@@ -46,23 +46,15 @@ final class SQLiteDatabase {
         for statement in cache.values { sqlite3_finalize(statement) }
         sqlite3_close(db)
         committed?.release()
-        pthread_mutex_destroy(handOff)
-        handOff.deallocate()
     }
 
     // MARK: the folder's loan (Store+BackgroundFold)
 
-    /// The thread the connection is lent to (0: none): the group commit's folder writes a
-    /// fold with it outside the store's lock. Any other thread that needs the connection
+    /// Who has the connection: the store's lock holder, or the group commit's folder,
+    /// which writes a fold with it outside that lock. Any other thread that needs it
     /// meanwhile waits for it back (`claim`), except reads around the gate, which go to
     /// `reader`.
-    private let borrower = Atomic<UInt>(0)
-    /// Held by the borrower for as long as the loan lasts: a claim waits on it.
-    private let handOff: UnsafeMutablePointer<pthread_mutex_t> = {
-        let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
-        pthread_mutex_init(mutex, nil)
-        return mutex
-    }()
+    let loan = ConnectionLoan()
     /// A second connection, read-only, for reads around the gate while the connection is
     /// lent: they see what is committed, and the overlay holds the fold under way until
     /// the store marks it folded, so they see each row either there or in SQLite.
@@ -78,29 +70,10 @@ final class SQLiteDatabase {
     /// requests on the namespace alone never do). Touched by the lender's side only.
     private(set) var loanWaits = 0
 
-    private static var thisThread: UInt { UInt(pthread_self()) }
-
-    /// Lends the connection to the calling thread until `giveBack` (the folder, under the
-    /// store's lock: no one else uses the connection then).
-    func lend() {
-        pthread_mutex_lock(handOff)
-        borrower.store(Self.thisThread, ordering: .releasing)
-    }
-
-    /// Ends the loan (the borrower, when it is done with the connection).
-    func giveBack() {
-        borrower.store(0, ordering: .releasing)
-        pthread_mutex_unlock(handOff)
-    }
-
     /// Whether the connection is lent to another thread than the caller.
-    var isLentElsewhere: Bool {
-        let holder = borrower.load(ordering: .acquiring)
-        return holder != 0 && holder != Self.thisThread
-    }
-
+    var isLentElsewhere: Bool { loan.isLentElsewhere }
     /// Whether the calling thread is the borrower.
-    var isBorrowedHere: Bool { borrower.load(ordering: .acquiring) == Self.thisThread }
+    var isBorrowedHere: Bool { loan.isBorrowedHere }
 
     /// Before any use of the connection: when it is lent to another thread, waits until it
     /// comes back, then lets the store finish the fold's bookkeeping.
@@ -114,16 +87,7 @@ final class SQLiteDatabase {
     func waitUntilReturned() {
         guard isLentElsewhere else { return }
         loanWaits += 1
-        awaitLoanEnd()
-    }
-
-    /// Waits until a loan to another thread, if any, ends: from any thread, with or
-    /// without the store's lock (one that is about to take the lock and use the
-    /// connection waits here, so as not to hold the lock while it waits).
-    func awaitLoanEnd() {
-        guard isLentElsewhere else { return }
-        pthread_mutex_lock(handOff)
-        pthread_mutex_unlock(handOff)
+        loan.awaitEnd()
     }
 
     /// Rung when the group commit's batch opens: the filesystem's group-commit loop sleeps

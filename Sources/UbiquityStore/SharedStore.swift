@@ -6,19 +6,21 @@ import UbiquitySystem
 /// only way to it. `Store` itself is not thread-safe; whoever shares one wraps it here
 /// once and no longer uses it directly.
 ///
-/// Lock order, everywhere: the filesystem's lock (`FileSystem.meta`, which guards only
-/// the filesystem's own state: handles, lookups, open files, views), then this one, then
-/// leaf locks (the chunk store's, a file's summary, the busy files). The sync engine
-/// takes only this one. No request to the backing store runs under either: this lock is
+/// Lock order, everywhere (`LockRank`, checked in debug builds): the filesystem's lock
+/// (`FileSystem.meta`, which guards only the filesystem's own state: handles, lookups,
+/// open files, views), then this one, then the connection's hand-off, then leaf locks
+/// (the chunk store's, a file's summary, the busy files). The sync engine takes only
+/// this one. No request to the backing store runs under either: this lock is
 /// held for SQLite work only, and a fetch of a chunk asked for under it is refused
 /// (`ChunkStore.refuseFetches`, counted in `fetchStatistics.refusedUnderLock`). The one
 /// lock that may be held across a fetch is a file's content lock (`FileContent`): its
 /// reader waits for its own bytes.
 public final class SharedStore: Sendable {
     private let locked: Locked<Store>
-    /// For the store's methods that run outside its lock only (the barrier's flush,
-    /// checkpoints, the fold written while the connection is lent).
-    private let unguarded: Store
+    /// What runs outside the lock: the connection's hand-off (to wait for the folder),
+    /// the checkpoints' own connection.
+    private let loan: ConnectionLoan
+    private let checkpointer: WALCheckpointer
     private let hooks = Locked(Hooks())
     /// Threads waiting for the lock now (a long step gives way sooner when there are).
     private let waiting = Atomic<Int>(0)
@@ -35,8 +37,9 @@ public final class SharedStore: Sendable {
     }
 
     public init(_ store: Store) {
-        locked = Locked(store)
-        unguarded = store
+        locked = Locked(store, rank: .store)
+        loan = store.db.loan
+        checkpointer = store.checkpointer
         chunks = store.chunks
         directory = store.directory
         deviceID = store.deviceID
@@ -52,7 +55,7 @@ public final class SharedStore: Sendable {
     /// group commit's folder has it, they wait for it before they take the lock, not
     /// holding the lock against requests meanwhile. Requests use `withNamespaceLock`.
     public func withLock<T, E: Error>(_ body: (Store) throws(E) -> T) throws(E) -> T {
-        unguarded.awaitFolder()
+        loan.awaitEnd()
         return try withNamespaceLock(body)
     }
 
@@ -77,16 +80,19 @@ public final class SharedStore: Sendable {
         switch start {
         case .ended(let result): return result
         case .fold(let part):
-            unguarded.writeFold(part)
+            part.write()
             return try withLock { (store) throws(StoreError) in try store.finishFold(part) }
         }
     }
 
     /// Durability barrier, part 1 (`Store.syncFiles`), without the lock: a disk flush.
-    public func syncFiles() throws(StoreError) { try unguarded.syncFiles() }
+    public func syncFiles() throws(StoreError) { try chunks.sync() }
 
     /// Checkpoints of both databases from connections of their own, without the lock.
-    public func checkpointInBackground() throws(StoreError) { try unguarded.checkpointInBackground() }
+    public func checkpointInBackground() throws(StoreError) {
+        try checkpointer.run()
+        try chunks.checkpoint()
+    }
 
     /// Whether the calling thread holds the store's lock now.
     public var isHeldByCurrentThread: Bool { locked.isHeldByCurrentThread }

@@ -36,7 +36,7 @@ final class SmallChunks: Sendable {
         path = directory + "/small.sqlite"
         checkpointer = WALCheckpointer(path: path)
         if readOnly && access(path, F_OK) != 0 {
-            state = Locked(State(db: nil))
+            state = Locked(State(db: nil), rank: .leaf)
             return
         }
         let db = try SQLiteDatabase(path: path)
@@ -55,7 +55,7 @@ final class SmallChunks: Sendable {
             try Self.createTable(db)
             try db.execute("CREATE TABLE IF NOT EXISTS barrier(n INTEGER NOT NULL)")
         }
-        state = Locked(State(db: db))
+        state = Locked(State(db: db), rank: .leaf)
     }
 
     /// The table keyed by the chunk id itself (store format 6): no row number and no

@@ -18,8 +18,10 @@ import UbiquitySystem
 /// Anything else that needs the connection while it is lent waits for it and then does
 /// step 3 itself (`settleFold`), so the lock's holder never finds a fold half done.
 extension Store {
-    /// A part of the overlay on its way to SQLite.
+    /// A part of the overlay on its way to SQLite; while its connection is lent, also the
+    /// folder's way to the store's index side (`write`).
     public struct FoldPart {
+        let store: Store
         let number: Int
         let changes: [TreeChange]
         /// Where it ends in the overlay's changes, and its last frame.
@@ -33,6 +35,9 @@ extension Store {
         let intentSequence: Int64
         /// Inodes it drops that have reserved ranges.
         let reserved: Set<InodeNumber>
+
+        /// Step 2 (`Store.writeFold`), on the thread the connection was lent to.
+        public func write() { store.writeFold(self) }
     }
 
     /// What the folder was told and found, while it writes (index side).
@@ -77,11 +82,11 @@ extension Store {
         var reserved: Set<InodeNumber> = []
         for case .dropInode(let id) in changes where reserves?[id] != nil { reserved.insert(id) }
         foldsBegun += 1
-        let part = FoldPart(number: foldsBegun, changes: changes, end: end, through: prefix?.through ?? lastLogged,
+        let part = FoldPart(store: self, number: foldsBegun, changes: changes, end: end, through: prefix?.through ?? lastLogged,
                             fresh: overlay.freshHistories(in: changes), isLast: prefix == nil,
                             intentSequence: intentSequence, reserved: reserved)
         foldInFlight = part
-        db.lend()
+        db.loan.lend()
         return .fold(part)
     }
 
@@ -89,7 +94,7 @@ extension Store {
     /// writes the part and gives the connection back. Touches only the index side.
     public func writeFold(_ part: FoldPart) {
         precondition(db.isBorrowedHere, "writeFold runs on the thread beginFold lent the connection to")
-        defer { db.giveBack() }
+        defer { db.loan.giveBack() }
         folding = true
         historiesUnplaced = part.fresh
         folderWork = FolderWork(reserved: part.reserved)
@@ -155,10 +160,6 @@ extension Store {
         foldedThrough = max(foldedThrough, part.through)
         return nil
     }
-
-    /// Waits, without the store's lock, until the folder gives the connection back
-    /// (thread-safe; `SharedStore.withLock`).
-    func awaitFolder() { db.awaitLoanEnd() }
 
     /// `settleFold` where no one waits for the fold's error: it is logged.
     func settleFoldLogging() {

@@ -27,7 +27,7 @@ import UbiquitySystem
 ///   to come back (`SQLiteDatabase.claim`); reads around the gate meanwhile go to a
 ///   read-only connection.
 ///
-/// Lock order: the store's lock, then the connection's hand-off (`SQLiteDatabase.lend`).
+/// Lock order: the store's lock, then the connection's hand-off (`ConnectionLoan`).
 public final class Store: @unchecked Sendable {
     public let directory: String
     public let chunks: ChunkStore
@@ -104,8 +104,9 @@ public final class Store: @unchecked Sendable {
     /// `changed`'s keys in the `pending` table: inode numbers in decimal.
     static func changedKey(_ id: InodeNumber) -> String { String(id.rawValue) }
     static func changedInode(_ key: String) -> InodeNumber? { UInt64(key).map(InodeNumber.init(rawValue:)) }
-    /// Checkpoints of meta.sqlite's WAL from a connection of their own (mounted stores).
-    private let checkpointer: WALCheckpointer
+    /// Checkpoints of meta.sqlite's WAL from a connection of their own (mounted stores:
+    /// `SharedStore.checkpointInBackground`, without the store's lock).
+    let checkpointer: WALCheckpointer
     /// What the recovery at open found (Store+Recovery); empty after a clean stop.
     public private(set) var recovery = RecoveryReport()
     let vacated: PendingSet<NameKey>
@@ -478,13 +479,6 @@ public final class Store: @unchecked Sendable {
     /// callers run it without the store's lock, then `markDurable()` under it.
     public func syncFiles() throws(StoreError) {
         try chunks.sync()
-    }
-
-    /// Checkpoints of both databases from connections of their own (`WALCheckpointer`).
-    /// Thread-safe: call it without the store's lock (that is the point).
-    public func checkpointInBackground() throws(StoreError) {
-        try checkpointer.run()
-        try chunks.checkpoint()
     }
 
     /// Moves the WAL into the database and cuts it to nothing (unmount: the daemon exits

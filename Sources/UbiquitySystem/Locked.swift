@@ -12,8 +12,14 @@ public final class Locked<State>: @unchecked Sendable {
     /// fetch from the network) can check (`isHeldByCurrentThread`).
     private let owner = Atomic<UInt>(0)
 
-    public init(_ state: State) {
+    /// Where the lock stands in the lock order (nil: not checked).
+    private let rank: LockRank?
+
+    /// - Parameter rank: the lock's place in the lock order (`LockRank`), checked at
+    ///   every `withLock` in debug builds.
+    public init(_ state: State, rank: LockRank? = nil) {
         self.state = state
+        self.rank = rank
         pthread_mutex_init(mutex, nil)
     }
 
@@ -23,11 +29,13 @@ public final class Locked<State>: @unchecked Sendable {
     }
 
     public func withLock<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
+        let ranks = rank?.acquiring()
         pthread_mutex_lock(mutex)
         owner.store(UInt(pthread_self()), ordering: .relaxed)
         defer {
             owner.store(0, ordering: .relaxed)
             pthread_mutex_unlock(mutex)
+            if let ranks { LockRank.released(ranks) }
         }
         return try body(&state)
     }

@@ -41,4 +41,9 @@ extern const int ubq_falloc_keep_size;
 extern const int ubq_falloc_punch_hole;
 extern const int ubq_falloc_zero_range;
 
+/// The ranks of the locks the calling thread holds, one bit per rank (`LockRank`: the
+/// lock order, checked in debug builds); thread-local.
+unsigned ubq_lock_ranks_held(void);
+void ubq_set_lock_ranks_held(unsigned ranks);
+
 #endif

@@ -1,0 +1,72 @@
+import CUbiquity
+
+/// The lock order of a mount, in one place: a thread takes a ranked lock only while every
+/// ranked lock it holds has a lower rank. Debug builds check it at every acquisition
+/// (`Locked(_:rank:)`, the connection's hand-off) and trap on a violation; release builds
+/// check nothing.
+///
+/// 1. `content`: a `FileContent`'s lock (per open file: its data and commits).
+/// 2. `filesystem`: `FileSystem.state`, the filesystem's own state.
+/// 3. `store`: `SharedStore`'s lock, the namespace and, when not lent, the index.
+/// 4. `connection`: the SQLite connection's hand-off (`ConnectionLoan`): the folder
+///    holds it while it writes a fold outside the store's lock; a claim waits on it.
+/// 5. `leaf`: locks under which no other ranked lock is taken but a file's summary (the
+///    busy files, the handle table, the small chunks' database).
+/// 6. `summary`: a `FileContent`'s summary (its size and whether it changed), which the
+///    busy files read under their lock.
+public enum LockRank: Int, Sendable {
+    case content = 1
+    case filesystem = 2
+    case store = 3
+    case connection = 4
+    case leaf = 5
+    case summary = 6
+
+    /// Notes that the calling thread takes a lock of this rank (debug builds: traps when
+    /// it holds one of this rank or above). Returns what to give `released`.
+    @inline(__always)
+    public func acquiring() -> UInt32 {
+        #if DEBUG
+        let held = ubq_lock_ranks_held()
+        precondition(held >> UInt32(rawValue) == 0,
+                     "lock order: taking a lock of rank \(self) while holding ranks \(Self.describe(held))")
+        ubq_set_lock_ranks_held(held | 1 << UInt32(rawValue))
+        return held
+        #else
+        return 0
+        #endif
+    }
+
+    /// The lock taken by `acquiring` is released: the thread holds what it held before.
+    @inline(__always)
+    public static func released(_ before: UInt32) {
+        #if DEBUG
+        ubq_set_lock_ranks_held(before)
+        #endif
+    }
+
+    /// Notes a lock of this rank held across calls (`lend` … `giveBack`), released by
+    /// `releasedHeld`.
+    @inline(__always)
+    public func acquiredHeld() {
+        _ = acquiring()
+    }
+
+    @inline(__always)
+    public func releasedHeld() {
+        #if DEBUG
+        ubq_set_lock_ranks_held(ubq_lock_ranks_held() & ~(1 << UInt32(rawValue)))
+        #endif
+    }
+
+    /// Debug builds: traps when the calling thread could not take a lock of this rank now
+    /// (a wait on one, such as a claim of the connection).
+    @inline(__always)
+    public func checkMayWait() {
+        LockRank.released(acquiring())
+    }
+
+    private static func describe(_ held: UInt32) -> String {
+        (1...6).filter { held & 1 << UInt32($0) != 0 }.map { "\(LockRank(rawValue: $0)!)" }.joined(separator: ", ")
+    }
+}

@@ -1,0 +1,29 @@
+import Testing
+import UbiquitySystem
+
+/// The lock order (`LockRank`) is checked in debug builds, which the tests run: a lock
+/// taken out of order traps, at once and not only when a deadlock happens to form.
+@Suite struct LockRankTests {
+    @Test func locksInOrderAreTaken() {
+        let filesystem = Locked(0, rank: .filesystem), store = Locked(0, rank: .store), leaf = Locked(0, rank: .leaf)
+        let sum = filesystem.withLock { a in store.withLock { b in leaf.withLock { c in a + b + c } } }
+        #expect(sum == 0)
+        // Released in turn: the same order can be taken again, and a lower rank alone.
+        store.withLock { _ in leaf.withLock { _ in } }
+        filesystem.withLock { _ in }
+    }
+
+    @Test func theStoresLockUnderALeafTraps() async {
+        await #expect(processExitsWith: .failure) {
+            let leaf = Locked(0, rank: .leaf), store = Locked(0, rank: .store)
+            leaf.withLock { _ in store.withLock { _ in } }
+        }
+    }
+
+    @Test func theFilesystemsLockUnderTheStoresTraps() async {
+        await #expect(processExitsWith: .failure) {
+            let filesystem = Locked(0, rank: .filesystem), store = Locked(0, rank: .store)
+            store.withLock { _ in filesystem.withLock { _ in } }
+        }
+    }
+}
