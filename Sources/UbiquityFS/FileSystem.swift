@@ -55,7 +55,7 @@ public final class FileSystem: Sendable {
     /// checkpoint), bytes of an open file changed (autosave).
     public let commitDue = Doorbell()
     /// When the last request came (`monotonicNanos`): the group commit folds a burst once
-    /// requests pause, reads too (a fold holds the store's lock a part at a time).
+    /// requests pause, reads too (a fold takes CPU time that requests would use).
     let lastRequest = Atomic<Int64>(0)
     public let checkpointDue = Doorbell()
     public let autosaveDue = Doorbell()

@@ -407,17 +407,19 @@ public final class Store: @unchecked Sendable {
     /// something waits). A burst of tree changes (`tar -x`, `rm -rf`, a build) stays in
     /// the overlay and the operation log, where every change is already safe from a
     /// crash of the daemon, until the burst pauses or grows old or big (`FoldPolicy`):
-    /// folding while it runs would take the CPU and the store's lock from the requests.
-    /// Then the overlay is folded a part at a time, so the caller lets the lock go in
-    /// between. The batch's own rows are committed at every step.
+    /// folding while it runs would take the CPU from the requests. Then the overlay is
+    /// folded a part at a time. The batch's own rows are committed at every step.
     /// - Parameter lastRequest: when the last request came (`monotonicNanos`; reads too):
-    ///   a pause is a pause of requests, as the parts hold the store's lock.
+    ///   a pause is a pause of requests, as a part's write takes CPU time from them.
     /// A mount runs its three steps with the lock let go while the part is written
     /// (`SharedStore.groupCommit`); this runs them in one go.
     public func groupCommit(lastRequest: Int64 = 0) throws(StoreError) -> GroupCommit {
-        guard case .fold(let part) = try beginFold(lastRequest: lastRequest) else { return try groupCommitEnded() }
-        writeFold(part)
-        return try finishFold(part)
+        switch try beginFold(lastRequest: lastRequest) {
+        case .ended(let result): return result
+        case .fold(let part):
+            writeFold(part)
+            return try finishFold(part)
+        }
     }
 
     /// Whether tree changes are coming in a burst (a sync step would fold them all at

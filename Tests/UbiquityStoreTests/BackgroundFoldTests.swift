@@ -117,6 +117,26 @@ import UbiquitySystem
         #expect(crashes > 0 && folds > 0, "seed \(seed): the run must crash and fold")
     }
 
+    /// A burst that has not paused waits, and the group commit says so: not `.more`, which
+    /// its loop takes for a part to fold at once. The same through a mount's three steps.
+    @Test func aBurstThatGoesOnWaits() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "folder")
+        store.startBatching()
+        _ = try store.create(parent: Store.rootInode, name: "a", kind: .file, mode: 0o644, uid: 1, gid: 1)
+        store.logTreeChanges()
+        #expect(try store.groupCommit(lastRequest: monotonicNanos()) == .waiting)
+        let shared = SharedStore(store)
+        _ = try shared.withLock { (store) throws(StoreError) in
+            try store.create(parent: Store.rootInode, name: "b", kind: .file, mode: 0o644, uid: 1, gid: 1)
+        }
+        #expect(try shared.groupCommit(lastRequest: monotonicNanos()) == .waiting)
+        shared.withLock { $0.foldPolicy.quiet = 0 }
+        #expect(try shared.groupCommit(lastRequest: 0) == .done)
+        #expect(shared.withLock { $0.overlay.isEmpty })
+    }
+
     /// While the folder holds the connection, requests on the namespace (create, lookup,
     /// listing, getattr, setattr, rename, link, unlink, xattrs) neither wait for it nor
     /// run a statement on it: they change the overlay, and read what it lacks from the
