@@ -88,16 +88,17 @@ public final class FileContent: @unchecked Sendable {
         self.remoteBase = remoteBase
         var initial = State(base: base, baseLimit: base.totalSize, size: base.totalSize, baseStored: base.storedBytes,
                             staging: StagingBuffer(directory: stagingDirectory))
-        state = Locked(initial, rank: .content)
-        summary = Locked(Summary(size: base.totalSize, allocated: base.storedBytes, committedStored: base.storedBytes), rank: .summary)
-        self.chunks = chunks
+        // Complete before the lock is made: a file is opened under the filesystem's and the
+        // store's locks, which come after a content lock in the lock order.
         if !reserved.isEmpty {
             for r in reserved { initial.reserved.insert(r) }
             initial.hasReserve = true
-            initial.reserveHoles = reserveHoles(initial)
-            state.withLock { $0 = initial }
-            publish(initial)
+            initial.reserveHoles = Self.reservedHoles(initial, in: 0..<maxFileSize)
         }
+        state = Locked(initial, rank: .content)
+        summary = Locked(Summary(size: base.totalSize, allocated: base.storedBytes, committedStored: base.storedBytes), rank: .summary)
+        self.chunks = chunks
+        if !reserved.isEmpty { publish(initial) }
     }
 
     public var size: Int64 { summary.withLock { $0.size } }

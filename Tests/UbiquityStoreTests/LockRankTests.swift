@@ -1,5 +1,7 @@
 import Testing
+import TestSupport
 import UbiquitySystem
+@testable import UbiquityStore
 
 /// The lock order (`LockRank`) is checked in debug builds, which the tests run: a lock
 /// taken out of order traps, at once and not only when a deadlock happens to form.
@@ -11,6 +13,23 @@ import UbiquitySystem
         // Released in turn: the same order can be taken again, and a lower rank alone.
         store.withLock { _ in leaf.withLock { _ in } }
         filesystem.withLock { _ in }
+    }
+
+    /// A file is opened under the filesystem's and the store's locks: its content (and its
+    /// reserved ranges, t-fallocate.sh) is made without taking its own lock, which comes
+    /// first in the order.
+    @Test func aFileWithAReserveOpensUnderTheStoresLock() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let chunks = try ChunkStore(directory: dir.path + "/chunks")
+        let filesystem = Locked(0, rank: .filesystem), store = Locked(0, rank: .store)
+        let content = filesystem.withLock { _ in
+            store.withLock { _ in
+                FileContent(base: ChunkList(), chunks: chunks, stagingDirectory: dir.path, reserved: [0..<8192])
+            }
+        }
+        #expect(content.reservation.ranges == [0..<8192])
+        #expect(content.reservedHoleBytes == 8192)
     }
 
     @Test func theStoresLockUnderALeafTraps() async {

@@ -1,5 +1,6 @@
 /* Small-file workload for scripts/bench.sh: N files of 1 KiB in one directory, in four
- * timed phases (create+write+close, stat, read, unlink). Prints "phase seconds" lines. */
+ * timed phases (create+write+close, stat, read, unlink). Prints "phase seconds" lines.
+ * With a third argument "create", only the first phase (the files stay). */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +16,10 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) { fprintf(stderr, "usage: smallfiles DIR N\n"); return 2; }
+    if (argc != 3 && !(argc == 4 && strcmp(argv[3], "create") == 0)) {
+        fprintf(stderr, "usage: smallfiles DIR N [create]\n");
+        return 2;
+    }
     const char *dir = argv[1];
     int n = atoi(argv[2]);
     char path[4096], buf[1024];
@@ -27,6 +31,7 @@ int main(int argc, char **argv) {
         if (fd < 0 || write(fd, buf, sizeof buf) != sizeof buf || close(fd) != 0) { perror(path); return 1; }
     }
     printf("create %.3f\n", now() - t);
+    if (argc == 4) return 0;
     t = now();
     for (int i = 0; i < n; i++) {
         struct stat st;

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Requests while the group commit folds a burst: 2,000 small directories made and
+# settled, then 12,000 files of 1 KiB created (60,000 tree changes: the fold starts
+# while the burst goes on, at 50,000), and right after, the first listing of each of the
+# 2,000 directories, while that fold runs. Prints the median, 99th percentile and
+# longest listing (ms) of each run, then the median of each over BENCH_RUNS runs
+# (default 3). With UBQ_REF=/path/to/an/older/ubiquity, that build runs too, the two
+# alternated. Release build; root not needed.
+#   scripts/bench-fold.sh        BENCH_RUNS=5 UBQ_REF=... scripts/bench-fold.sh
+set -euo pipefail
+export LC_ALL=C
+cd "$(dirname "$0")/.."
+RUNS=${BENCH_RUNS:-3}
+REF=${UBQ_REF:-}
+[[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_RUNS must be a positive number" >&2; exit 2; }
+[[ -z $REF || -x $REF ]] || { echo "UBQ_REF=$REF is not an executable" >&2; exit 2; }
+
+. scripts/deps.sh
+install_missing "${BUILD_PACKAGES[@]}" gcc >&2
+swift build -c release >&2
+UBQ=$(swift build -c release --show-bin-path)/ubiquity
+
+W=$(mktemp -d /var/tmp/ubiquity-bench-fold.XXXXXX)
+mounted=
+cleanup() {
+  set +e
+  [[ -n $mounted ]] && { "$mounted" unmount "$W/m" >/dev/null 2>&1 || fusermount3 -u "$W/m" 2>/dev/null; }
+  rm -rf "$W"
+}
+trap cleanup EXIT
+mkdir "$W/bin"
+for c in smallfiles listings; do gcc -O2 -Wall "scripts/bench/$c.c" -o "$W/bin/$c"; done
+
+# one BINARY: a fresh mount, the directories, the burst, the listings; prints "median p99 max".
+one() {
+  rm -rf "$W/m" "$W/s" "$W/b" "$W/xdg"
+  mkdir "$W/m"
+  XDG_DATA_HOME="$W/xdg" "$1" mount "$W/m" --store "$W/s" --backing "$W/b" >/dev/null
+  mounted=$1
+  for i in $(seq 0 1999); do mkdir "$W/m/p$i"; echo x >"$W/m/p$i/f"; done
+  sleep 3 # the directories folded: the group commit waits 0.3 s after a burst
+  mkdir "$W/m/burst"
+  "$W/bin/smallfiles" "$W/m/burst" 12000 create >/dev/null
+  "$W/bin/listings" "$W/m" 2000
+  "$1" unmount "$W/m" >/dev/null
+  mounted=
+}
+
+targets=(ubq)
+[[ -n $REF ]] && targets+=(ref)
+RAW=$W/raw
+: >"$RAW"
+for run in $(seq "$RUNS"); do
+  for t in "${targets[@]}"; do
+    bin=$UBQ
+    [[ $t == ref ]] && bin=$REF
+    read -r median p99 max < <(one "$bin")
+    printf '%s\tmedian\t%s\n%s\tp99\t%s\n%s\tmax\t%s\n' "$t" "$median" "$t" "$p99" "$t" "$max" >>"$RAW"
+    echo "run $run/$RUNS $t: median $median ms, p99 $p99 ms, longest $max ms" >&2
+  done
+done
+
+. scripts/bench/common.sh
+echo
+echo "Command: BENCH_RUNS=$RUNS${REF:+ UBQ_REF=$REF} scripts/bench-fold.sh (commit $(git rev-parse --short HEAD), release build); ms per listing, median of $RUNS runs"
+echo
+echo "| build | median | 99th percentile | longest |"
+echo "|---|---|---|---|"
+for t in "${targets[@]}"; do
+  echo "| $([[ $t == ref ]] && echo reference || echo ubiquity) | $(cell "$t" median) | $(cell "$t" p99) | $(cell "$t" max) |"
+done
