@@ -1,6 +1,6 @@
-// listings DIR K: lists DIR/p0 .. DIR/p<K-1>, each once, as fast as it can (a listing
-// always reaches the filesystem: readdir is not cached), and prints the median, 99th
-// percentile and longest time of one listing, in milliseconds.
+// listings DIR K SECONDS: lists DIR/p0 .. DIR/p<K-1> round after round for SECONDS (a
+// listing always reaches the filesystem: readdir is not cached), and prints the median,
+// 99th percentile and longest time of one listing, in milliseconds.
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,14 +18,16 @@ static int compare(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3 || atoi(argv[2]) < 1) {
-        fprintf(stderr, "usage: listings DIR K\n");
+    if (argc != 4 || atoi(argv[2]) < 1 || atof(argv[3]) <= 0) {
+        fprintf(stderr, "usage: listings DIR K SECONDS\n");
         return 2;
     }
     int k = atoi(argv[2]);
-    double *took = malloc(sizeof(double) * k);
+    double end = now_ms() + atof(argv[3]) * 1e3;
+    size_t n = 0, capacity = 1024;
+    double *took = malloc(sizeof(double) * capacity);
     char path[4096];
-    for (int i = 0; i < k; i++) {
+    for (int i = 0; now_ms() < end; i = (i + 1) % k) {
         snprintf(path, sizeof path, "%s/p%d", argv[1], i);
         double start = now_ms();
         DIR *d = opendir(path);
@@ -35,9 +37,10 @@ int main(int argc, char **argv) {
         }
         while (readdir(d)) {}
         closedir(d);
-        took[i] = now_ms() - start;
+        if (n == capacity) took = realloc(took, sizeof(double) * (capacity *= 2));
+        took[n++] = now_ms() - start;
     }
-    qsort(took, k, sizeof(double), compare);
-    printf("%.2f %.2f %.2f\n", took[k / 2], took[k * 99 / 100], took[k - 1]);
+    qsort(took, n, sizeof(double), compare);
+    printf("%.2f %.2f %.2f %zu\n", took[n / 2], took[n * 99 / 100], took[n - 1], n);
     return 0;
 }
