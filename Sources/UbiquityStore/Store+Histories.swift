@@ -157,7 +157,7 @@ extension Store {
     private func countHistoryPath(_ path: String, by delta: Int64) throws(StoreError) {
         if delta > 0 {
             // The names are the namespace's: the folder leaves them to the fold's bookkeeping.
-            if folderWork != nil { folderWork?.placed.append(path) } else { historyNames.noteTaken(path) }
+            if isFolderWriting { folderWork?.placed.append(path) } else { historyNames.noteTaken(path) }
         }
         guard takingIn != nil else { return try Self.countHistoryPath(path, by: delta, in: db) }
         try Self.countHistoryPath(path, by: delta, in: db) { self.takingIn?.historyDirectories[$0, default: 0] += delta }

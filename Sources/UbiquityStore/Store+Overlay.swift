@@ -164,8 +164,8 @@ extension Store {
             try db.query("DELETE FROM xattrs WHERE inode = ?", [.inode(id)])
             // The folder knows from the fold's first step which dropped inodes had a
             // reserve (the table's copy in memory is the namespace's).
-            if let work = folderWork {
-                if work.reserved.contains(id) { try db.query("DELETE FROM reserves WHERE inode = ?", [.inode(id)]) }
+            if isFolderWriting {
+                if folderWork?.reserved.contains(id) == true { try db.query("DELETE FROM reserves WHERE inode = ?", [.inode(id)]) }
             } else {
                 try dropReservedRanges(id)
             }

@@ -112,7 +112,7 @@ extension Store {
         // The folder reads only the index (the overlay is the namespace's): the head was
         // saved before the tombstone, so its part or an earlier one wrote it.
         var previous: Version?
-        if folderWork == nil {
+        if !isFolderWriting {
             previous = try headVersion(head)
         } else if let head {
             previous = try versionRow(head)

@@ -40,19 +40,19 @@ public final class Store: @unchecked Sendable {
     /// The working set of the tree (Store+Tree); the tree itself is in SQLite. Namespace
     /// side, as are the two below (debug builds check that the folder never touches them).
     var cache: InodeCache {
-        get { assertNamespaceSide(); return cacheState }
+        _read { assertNamespaceSide(); yield cacheState }
         _modify { assertNamespaceSide(); yield &cacheState }
     }
     private var cacheState: InodeCache
     /// Directories' names, loaded at a first lookup (`DirectoryCache`).
     var directories: DirectoryCache {
-        get { assertNamespaceSide(); return directoriesState }
+        _read { assertNamespaceSide(); yield directoriesState }
         _modify { assertNamespaceSide(); yield &directoriesState }
     }
     private var directoriesState: DirectoryCache
     /// The names directories show histories at, read at a first create (`HistoryNames`).
     var historyNames: HistoryNames {
-        get { assertNamespaceSide(); return historyNamesState }
+        _read { assertNamespaceSide(); yield historyNamesState }
         _modify { assertNamespaceSide(); yield &historyNamesState }
     }
     private var historyNamesState = HistoryNames()
@@ -70,7 +70,7 @@ public final class Store: @unchecked Sendable {
     /// Records `pendingUploads` handed to the sync engine and not marked uploaded yet:
     /// `withdrawUnsentHistory` leaves them alone. Index side (below).
     var uploadsInFlight: Set<VersionID> {
-        get { db.claim(); return uploadsInFlightState }
+        _read { db.claim(); yield uploadsInFlightState }
         _modify { db.claim(); yield &uploadsInFlightState }
     }
     private var uploadsInFlightState: Set<VersionID> = []
@@ -136,7 +136,7 @@ public final class Store: @unchecked Sendable {
     /// What a pull slice (or a fold) wrote that it reads again, while `takeIn` runs (nil
     /// otherwise). Index side (below).
     var takingIn: TakeInMemo? {
-        get { db.claim(); return takingInState }
+        _read { db.claim(); yield takingInState }
         _modify { db.claim(); yield &takingInState }
     }
     private var takingInState: TakeInMemo?
@@ -147,7 +147,7 @@ public final class Store: @unchecked Sendable {
     var freshRecordsTaken = 0
     /// Tree rows changed and logged but not yet in SQLite (Store+Overlay). Namespace side.
     var overlay: TreeOverlay {
-        get { assertNamespaceSide(); return overlayState }
+        _read { assertNamespaceSide(); yield overlayState }
         _modify { assertNamespaceSide(); yield &overlayState }
     }
     private var overlayState = TreeOverlay()
@@ -342,8 +342,13 @@ public final class Store: @unchecked Sendable {
     /// the holds of the lock of its first and last steps), does not touch the namespace's
     /// state.
     @inline(__always) func assertNamespaceSide() {
-        assert(!(db.isBorrowedHere && folderWork != nil), "the folder touched the namespace's state")
+        assert(!isFolderWriting, "the folder touched the namespace's state")
     }
+
+    /// Whether the calling thread is the folder writing a part (`writeFold`): the one rule
+    /// for code both sides run. Race-free from any thread: only the borrower reads
+    /// `folderWork` here.
+    var isFolderWriting: Bool { db.isBorrowedHere && folderWork != nil }
 
     /// A value kept in the store's settings (nil: not set).
     public func setting(_ key: String) throws(StoreError) -> String? {
