@@ -169,11 +169,15 @@ extension FileSystem {
         try fsyncDirectory()
     }
 
-    /// The durability barrier, without holding `meta` during the disk flush.
+    /// The durability barrier, without a lock held during its disk flushes: the chunks',
+    /// and the index's (`SharedStore.markDurable`).
     public func fsyncDirectory() throws(Errno) {
-        let mark = try withMeta { (m) throws(StoreError) in try m.store.durabilityMark() }
-        try storeCall { () throws(StoreError) in try store.syncFiles() }
-        try withMeta { (m) throws(StoreError) in try m.store.markDurable(upTo: mark) }
+        try storeCall { () throws(StoreError) in
+            try store.foldAhead()
+            let mark = try store.withLock { (store) throws(StoreError) in try store.durabilityMark() }
+            try store.syncFiles()
+            try store.markDurable(upTo: mark)
+        }
     }
 
     // MARK: data
@@ -395,7 +399,10 @@ extension FileSystem {
     /// loop, every 10 s): what a crash or a power loss leaves for the recovery at the next
     /// mount to check is then at most a few seconds of saves.
     public func barrierIfNeeded() {
-        guard (try? withMeta { (m) throws(StoreError) in try m.store.hasUndurableVersions() || m.store.treeLogNeedsTrim }) == true else { return }
+        // The probe below goes through the gate: what a burst left is folded first, while
+        // requests go on (`SharedStore.foldAhead`), not under the locks.
+        do { try store.foldAhead() } catch { log("ubiquity: folding before the durability barrier failed: \(error)") }
+        guard (try? store.withLock { (store) throws(StoreError) in try store.hasUndurableVersions() || store.treeLogNeedsTrim }) == true else { return }
         do { try fsyncDirectory() } catch { log("ubiquity: periodic durability barrier failed: \(error)") }
     }
 

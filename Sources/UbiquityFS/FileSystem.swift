@@ -126,25 +126,12 @@ public final class FileSystem: Sendable {
     }
 
     /// One slice of long work (prune, gc, space pressure, uses) under the metadata lock,
-    /// then a pause as long as the slice held it (0.2 to 50 ms): a pthread mutex is not
-    /// fair, and a loop that takes it again at once can keep a waiting FUSE request out
-    /// for the whole loop (seconds, for a gc of many chunks). The pause grows with the
-    /// hold: a fixed 0.2 ms is too short on a busy machine, where the woken request is not
-    /// scheduled in time and a read waits behind slice after slice.
+    /// then the locks handed to the requests that waited meanwhile (`MetaLock.yieldToWaiters`):
+    /// a pthread mutex is not fair, and a loop that takes it again at once can keep a
+    /// waiting FUSE request out for the whole loop (seconds, for a gc of many chunks).
     func withMetaSlice<T>(_ body: (inout Meta) throws(StoreError) -> T) throws(Errno) -> T {
-        var held: Int64 = 0 // µs, from inside the hold (not the wait for the lock)
-        defer { usleep(UInt32(max(200, min(held, 50_000)))) }
-        return try withMeta { (m) throws(StoreError) -> T in
-            let start = Self.monotonicMicroseconds()
-            defer { held = Self.monotonicMicroseconds() - start }
-            return try body(&m)
-        }
-    }
-
-    static func monotonicMicroseconds() -> Int64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1_000
+        defer { meta.yieldToWaiters() }
+        return try withMeta(body)
     }
 
     /// Runs `body` under the metadata lock, with store errors mapped to errno.

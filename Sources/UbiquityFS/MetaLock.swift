@@ -12,6 +12,12 @@ struct MetaLock: Sendable {
             try store.withNamespaceLock { (_) throws(E) -> R in try body(&m) }
         }
     }
+
+    /// Between slices of background work: the locks go to whoever waited for them.
+    func yieldToWaiters() {
+        state.yieldToWaiters()
+        store.yieldToWaiters()
+    }
 }
 
 /// The files sync must not change now: open for writing, or with unsaved writes. Under

@@ -1,4 +1,3 @@
-import Synchronization
 import UbiquitySystem
 
 /// A store that more than one thread uses (a mount: the filesystem's requests, the sync
@@ -22,8 +21,6 @@ public final class SharedStore: Sendable {
     private let loan: ConnectionLoan
     private let checkpointer: WALCheckpointer
     private let hooks = Locked(Hooks())
-    /// Threads waiting for the lock now (a long step gives way sooner when there are).
-    private let waiting = Atomic<Int>(0)
     public let chunks: ChunkStore
     public let directory: String
     public let deviceID: DeviceID
@@ -62,9 +59,7 @@ public final class SharedStore: Sendable {
     /// `withLock` for requests, which change the namespace and read around the gate: they
     /// go on while the folder writes (Store+BackgroundFold).
     public func withNamespaceLock<T, E: Error>(_ body: (Store) throws(E) -> T) throws(E) -> T {
-        waiting.add(1, ordering: .relaxed)
-        return try locked.withLock { (store) throws(E) -> T in
-            waiting.subtract(1, ordering: .relaxed)
+        try locked.withLock { (store) throws(E) -> T in
             // Whatever the body changed in the tree is in the log before the lock goes
             // (and so before a request's reply): one frame per hold.
             defer { store.logTreeChanges() }
@@ -85,14 +80,38 @@ public final class SharedStore: Sendable {
         }
     }
 
+    /// Folds the overlay with the group commit's parts, each written while the lock is
+    /// let go, until at most `leaving` changes wait: work about to hold the lock through
+    /// the gate (a durability barrier, a sync cycle) calls it first, so the fold it does
+    /// there is short. Right after a burst the overlay can hold tens of thousands of
+    /// changes, hundreds of milliseconds of SQLite that requests would wait for.
+    public func foldAhead(leaving: Int = Store.foldAheadLeaves) throws(StoreError) {
+        while case .fold(let part) = try withLock({ (store) throws(StoreError) in try store.beginFold(leaving: leaving) }) {
+            part.write()
+            _ = try withLock { (store) throws(StoreError) in try store.finishFold(part) }
+        }
+    }
+
     /// Durability barrier, part 1 (`Store.syncFiles`), without the lock: a disk flush.
     public func syncFiles() throws(StoreError) { try chunks.sync() }
+
+    /// Durability barrier, part 2 (`Store.markDurable`), its disk flush without the lock:
+    /// requests go on meanwhile.
+    public func markDurable(upTo mark: DurabilityMark? = nil) throws(StoreError) {
+        let (store, barrier) = try withLock { (store) throws(StoreError) in (store, try store.beginBarrier(upTo: mark)) }
+        try store.writeBarrier(barrier)
+        withLock { $0.finishBarrier(barrier) }
+    }
 
     /// Checkpoints of both databases from connections of their own, without the lock.
     public func checkpointInBackground() throws(StoreError) {
         try checkpointer.run()
         try chunks.checkpoint()
     }
+
+    /// Between slices of background work, without the lock: it goes to whoever waited
+    /// for it (`Locked.yieldToWaiters`).
+    public func yieldToWaiters() { locked.yieldToWaiters() }
 
     /// Whether the calling thread holds the store's lock now.
     public var isHeldByCurrentThread: Bool { locked.isHeldByCurrentThread }
@@ -122,7 +141,7 @@ public final class SharedStore: Sendable {
         let (changes, waited) = try withLock { (store) throws(StoreError) -> (TreeChanges, Bool) in
             var changes = try body(store, busy?() ?? [])
             changes.conflicts += store.takeNewConflicts()
-            return (changes, waiting.load(ordering: .relaxed) > 0)
+            return (changes, locked.hasWaiters)
         }
         if !changes.isEmpty, let observer = hooks.withLock({ $0.observer }) { observer(changes) }
         return waited

@@ -192,7 +192,7 @@ final class SmallChunks: Sendable {
             guard let last = page.last else { return ids }
             ids += page.compactMap { ChunkID(raw: $0) }
             after = last
-            usleep(200) // let a waiting reader in (the lock is not fair)
+            state.yieldToWaiters() // a waiting reader goes first (the lock is not fair)
         }
     }
 
@@ -224,7 +224,7 @@ final class SmallChunks: Sendable {
             guard let db = s.db else { return false }
             return try db.vacuumStep()
         }) {
-            usleep(200) // let a waiting reader in (the lock is not fair)
+            state.yieldToWaiters() // a waiting reader goes first (the lock is not fair)
         }
     }
 

@@ -62,16 +62,22 @@ extension Store {
     /// Step 1: commits what waits when there is no fold to do; else takes a part and lends
     /// the connection to the calling thread, which must call `writeFold` next.
     /// - Parameter lastRequest: see `groupCommit`.
-    public func beginFold(lastRequest: Int64 = 0) throws(StoreError) -> FoldStart {
+    /// - Parameter leaving: fold ahead of work that would fold under the lock (`SharedStore.foldAhead`):
+    ///   a part whenever more than this many changes wait, burst or not, and nothing
+    ///   committed otherwise.
+    public func beginFold(lastRequest: Int64 = 0, leaving: Int? = nil) throws(StoreError) -> FoldStart {
         settleFoldLogging()
-        if overlay.isEmpty {
+        if let leaving {
+            guard overlay.unfolded.count > leaving else { return .ended(.done) }
+        } else if overlay.isEmpty {
             try commitBatch()
             return .ended(.done)
-        }
-        let times = (first: overlayTimes.first, last: max(overlayTimes.last, lastRequest))
-        guard foldPolicy.due(changes: overlay.unfolded.count, times: times, now: monotonicNanos()) else {
-            try commitBatchWithoutFold()
-            return .ended(.waiting)
+        } else {
+            let times = (first: overlayTimes.first, last: max(overlayTimes.last, lastRequest))
+            guard foldPolicy.due(changes: overlay.unfolded.count, times: times, now: monotonicNanos()) else {
+                try commitBatchWithoutFold()
+                return .ended(.waiting)
+            }
         }
         logTreeChanges(committingFirst: false)
         let prefix = overlay.prefix(upTo: foldPolicy.part(of: overlay.unfolded.count))

@@ -178,6 +178,9 @@ public final class Store: @unchecked Sendable {
     /// bookkeeping (Store+BackgroundFold), and the number the last one was given.
     var foldInFlight: FoldPart?
     var foldsBegun = 0
+    /// What `SharedStore.foldAhead` leaves to a fold under the lock: about 10 ms of SQLite
+    /// (a fold writes some 100,000 changes a second here).
+    public static let foldAheadLeaves = 1_000
     /// While the folder writes: what it was told and what it found (index side), and
     /// then what its bookkeeping applies to the namespace.
     var folderWork: FolderWork?
@@ -483,7 +486,7 @@ public final class Store: @unchecked Sendable {
     }
 
     /// Durability barrier, part 1: the chunks written so far reach the disk. Thread-safe:
-    /// callers run it without the store's lock, then `markDurable()` under it.
+    /// callers run it without the store's lock, then `markDurable()`.
     public func syncFiles() throws(StoreError) {
         try chunks.sync()
     }
@@ -510,29 +513,64 @@ public final class Store: @unchecked Sendable {
         return DurabilityMark(row: row, intentBytes: intents.size)
     }
 
-    /// Durability barrier, part 2: one transaction with synchronous=FULL, which fsyncs the
-    /// WAL and so makes every metadata change so far durable (the chunks they name already
-    /// are). It also marks the versions up to `mark` (`durabilityMark`) as durable.
-    /// Without a mark: everything written so far (the caller flushed every chunk).
+    /// Durability barrier, part 2, in one go (a store no other thread uses; a mount runs
+    /// its three steps through `SharedStore.markDurable`, the disk flush without the lock).
     public func markDurable(upTo given: DurabilityMark? = nil) throws(StoreError) {
+        let barrier = try beginBarrier(upTo: given)
+        try writeBarrier(barrier)
+        finishBarrier(barrier)
+    }
+
+    /// A durability barrier's commit on its way to the disk (`markDurable`'s steps).
+    public struct BarrierCommit: Sendable {
+        let mark: DurabilityMark
+        /// The last frame folded into the index when the barrier began: its commit makes
+        /// the operation log's segments up to there unneeded.
+        let foldedThrough: LogSequence
+    }
+
+    /// Part 2, step 1 (under the lock): everything into the index and committed, then the
+    /// connection lent to the calling thread, which must call `writeBarrier` next.
+    /// Without a mark: everything written so far (the caller flushed every chunk).
+    public func beginBarrier(upTo given: DurabilityMark?) throws(StoreError) -> BarrierCommit {
         let mark = given ?? DurabilityMark(row: .max, intentBytes: intents.size)
         try commitBatch()
+        let barrier = BarrierCommit(mark: mark, foldedThrough: foldedThrough)
+        db.claim() // another thread's loan, begun between its wait and this hold, ended
+        db.loan.lend()
+        return barrier
+    }
+
+    /// Step 2 (without the lock, on the thread the connection was lent to): one
+    /// transaction with synchronous=FULL, which fsyncs the WAL and so makes every
+    /// metadata change committed so far durable (the chunks they name already are). It
+    /// also marks the versions up to the mark as durable. Gives the connection back.
+    /// Requests go on meanwhile, on the overlay and the second connection, as they do
+    /// while the folder writes (Store+BackgroundFold).
+    public func writeBarrier(_ barrier: BarrierCommit) throws(StoreError) {
+        precondition(db.isBorrowedHere, "writeBarrier runs on the thread beginBarrier lent the connection to")
+        defer { db.loan.giveBack() }
         try db.execute("PRAGMA synchronous=FULL")
         defer { try? db.execute("PRAGMA synchronous=NORMAL") }
         // A transaction of its own, not a batch, its journal on disk: after a join its
         // UPDATE marks every record taken in (`SQLiteDatabase.openBatch`).
         try db.standalone(wholeTable: true) { () throws(StoreError) in
-            try db.query("UPDATE versions SET durable = 1 WHERE durable = 0 AND row <= ?", [.int(mark.row)])
+            try db.query("UPDATE versions SET durable = 1 WHERE durable = 0 AND row <= ?", [.int(barrier.mark.row)])
             // Always write something, so the commit (and its WAL fsync) really happens.
             try db.execute("REPLACE INTO settings(key, value) VALUES('last_sync', strftime('%s','now'))")
         }
+    }
+
+    /// Step 3 (under the lock, after `writeBarrier` succeeded): the logs let go of what
+    /// the barrier made durable.
+    public func finishBarrier(_ barrier: BarrierCommit) {
         // The saves logged before the mark are durable now, with their chunks (written
         // before the mark); those logged during the flush stay in the log.
         // The barrier itself succeeded: a log that could not be cut stays whole (replay
         // skips what the database has), and fsync must not report a failure it did not have.
-        do { try intents.dropPrefix(mark.intentBytes) } catch { log("ubiquity: cutting the intent log after a barrier failed (it stays as it is): \(error)") }
+        do { try intents.dropPrefix(barrier.mark.intentBytes) } catch { log("ubiquity: cutting the intent log after a barrier failed (it stays as it is): \(error)") }
         // Folded tree changes are durable in the index now: their segments go.
-        treeLog?.dropFolded(through: foldedThrough)
+        treeLog?.dropFolded(through: barrier.foldedThrough)
     }
 }
 

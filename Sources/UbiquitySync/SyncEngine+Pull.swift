@@ -315,7 +315,7 @@ extension SyncEngine {
             // indexes) and fall back to `pullSlice` once one does.
             sliceSize = waited ? max(1, options.pullSlice) : min(max(options.pullSlice, options.pullSliceMost), sliceSize * 2)
             start += slice.count
-            if start < ready.count { usleep(200) }
+            if start < ready.count { shared.yieldToWaiters() }
         }
         if !ready.isEmpty { downloader.poke() }
         return complete

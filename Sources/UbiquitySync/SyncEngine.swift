@@ -315,7 +315,12 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         state.withLock { $0.lastCycle = now }
         cycleLock.withLock { _ in
             let force = state.withLock { s in defer { s.pushNow = false }; return s.pushNow }
-            do { try cycle(pushPull: pushPull, force: force) } catch { logOnce("ubiquity: sync: \(error)") }
+            do {
+                // What the burst left is folded while requests go on, not in the cycle's
+                // first statement under the lock.
+                try shared.foldAhead()
+                try cycle(pushPull: pushPull, force: force)
+            } catch { logOnce("ubiquity: sync: \(error)") }
         }
     }
 
@@ -449,9 +454,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
                 more = try store.recordLocalChangesSlice(busy: busy)
                 return more ? TreeChanges() : try body(store, busy)
             }
-            // Between slices, let a waiting request take the store's lock (a pthread
-            // mutex is not fair: taking it again at once can keep a request out).
-            if more { usleep(200) }
+            // Between slices, a waiting request takes the store's lock (a pthread mutex
+            // is not fair: taking it again at once can keep a request out).
+            if more { shared.yieldToWaiters() }
         }
     }
 
@@ -480,9 +485,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         }
         guard let mark, mark.row > 0 else { return }
         try chunks.sync() // without the store's lock: a disk flush
-        try shared.withLock { (store) throws(StoreError) in
-            try store.markDurable(upTo: mark)
-        }
+        try shared.markDurable(upTo: mark)
     }
 
     func logOnce(_ message: String) {

@@ -4,6 +4,10 @@ import Synchronization
 /// State behind a pthread mutex. Used instead of `Synchronization.Mutex` because its
 /// `withLock` takes `inout sending`, which rejects closures that mix caller pointers with
 /// state (it cannot express "this closure touches only the state"). The state is reachable only inside `withLock`.
+///
+/// A pthread mutex is not fair: a thread that lets it go and takes it again at once
+/// usually wins over one blocked on it. Background work that holds the lock in slices
+/// hands it over between them with `yieldToWaiters`, which waits only while someone waits.
 public final class Locked<State>: @unchecked Sendable {
     // Heap-allocated: a pthread mutex must not move, and `&property` promises no stable address.
     private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
@@ -11,6 +15,12 @@ public final class Locked<State>: @unchecked Sendable {
     /// The thread holding the lock (0: none), so code that must never run under it (a
     /// fetch from the network) can check (`isHeldByCurrentThread`).
     private let owner = Atomic<UInt>(0)
+    /// Threads blocked in `withLock` now, and the number of acquisitions so far: a
+    /// yielder waits until the second moves (`yieldToWaiters`).
+    private let waiters = Atomic<Int>(0)
+    private let acquisitions = Atomic<UInt>(0)
+    /// Threads in `yieldToWaiters` on this lock (an acquisition wakes them only if some).
+    private let yielders = Atomic<Int>(0)
 
     /// Where the lock stands in the lock order (nil: not checked).
     private let rank: LockRank?
@@ -30,8 +40,16 @@ public final class Locked<State>: @unchecked Sendable {
 
     public func withLock<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
         let ranks = rank?.acquiring()
-        pthread_mutex_lock(mutex)
+        if pthread_mutex_trylock(mutex) != 0 {
+            waiters.add(1, ordering: .sequentiallyConsistent)
+            pthread_mutex_lock(mutex)
+            waiters.subtract(1, ordering: .sequentiallyConsistent)
+        }
         owner.store(UInt(pthread_self()), ordering: .relaxed)
+        // Sequentially consistent with the yielder's count: either it sees this
+        // acquisition, or this sees it waiting and wakes it.
+        acquisitions.add(1, ordering: .sequentiallyConsistent)
+        if yielders.load(ordering: .sequentiallyConsistent) > 0 { LockHandoff.shared.wakeAll() }
         defer {
             owner.store(0, ordering: .relaxed)
             pthread_mutex_unlock(mutex)
@@ -42,4 +60,63 @@ public final class Locked<State>: @unchecked Sendable {
 
     /// Whether the calling thread holds the lock now.
     public var isHeldByCurrentThread: Bool { owner.load(ordering: .relaxed) == UInt(pthread_self()) }
+
+    /// Whether another thread is blocked on the lock now.
+    public var hasWaiters: Bool { waiters.load(ordering: .relaxed) > 0 }
+
+    /// Called without the lock, between two holds of a slice of background work: while
+    /// another thread is blocked on the lock, waits until one of them has taken it
+    /// (bounded by `LockHandoff.longestNanoseconds`), so that the next slice does not take it again
+    /// first. Returns at once when no one waits.
+    public func yieldToWaiters() {
+        guard waiters.load(ordering: .sequentiallyConsistent) > 0 else { return }
+        let seen = acquisitions.load(ordering: .sequentiallyConsistent)
+        LockHandoff.shared.wait(yielders: yielders) {
+            acquisitions.load(ordering: .sequentiallyConsistent) != seen || waiters.load(ordering: .sequentiallyConsistent) == 0
+        }
+    }
+}
+
+/// Where threads in `Locked.yieldToWaiters` wait: one condition for every lock (yields
+/// are rare and brief; each yielder checks its own lock when woken).
+final class LockHandoff: @unchecked Sendable {
+    static let shared = LockHandoff()
+    /// The longest a yield waits (a waiter that is slow to be scheduled does not hold
+    /// background work up for longer).
+    static let longestNanoseconds = 20_000_000
+
+    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    private let condition = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+
+    private init() {
+        pthread_mutex_init(mutex, nil)
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        pthread_cond_init(condition, &attributes)
+        pthread_condattr_destroy(&attributes)
+    }
+
+    func wakeAll() {
+        pthread_mutex_lock(mutex)
+        pthread_cond_broadcast(condition)
+        pthread_mutex_unlock(mutex)
+    }
+
+    /// Waits until `done` holds, counted in `yielders` meanwhile (which `wakeAll`'s
+    /// callers read before they wake anyone).
+    func wait(yielders: borrowing Atomic<Int>, until done: () -> Bool) {
+        var deadline = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &deadline)
+        let nanoseconds = Int(deadline.tv_nsec) + Self.longestNanoseconds
+        deadline.tv_sec += nanoseconds / 1_000_000_000
+        deadline.tv_nsec = nanoseconds % 1_000_000_000
+        pthread_mutex_lock(mutex)
+        yielders.add(1, ordering: .sequentiallyConsistent)
+        while !done() {
+            if pthread_cond_timedwait(condition, mutex, &deadline) == ETIMEDOUT { break }
+        }
+        yielders.subtract(1, ordering: .sequentiallyConsistent)
+        pthread_mutex_unlock(mutex)
+    }
 }

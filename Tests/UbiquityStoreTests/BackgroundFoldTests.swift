@@ -137,6 +137,41 @@ import UbiquitySystem
         #expect(shared.withLock { $0.overlay.isEmpty })
     }
 
+    /// A directory `burst` and `files` files made in it, a request each.
+    static func burst(_ shared: SharedStore, files: Int) throws(StoreError) -> Inode {
+        let burst = try shared.withLock { (store) throws(StoreError) in
+            try store.create(parent: Store.rootInode, name: "burst", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+        }
+        for f in 0..<files {
+            _ = try shared.withLock { (store) throws(StoreError) in
+                try store.create(parent: burst.id, name: "b\(f)", kind: .file, mode: 0o644, uid: 1, gid: 1)
+            }
+        }
+        return burst
+    }
+
+    /// Work about to go through the gate under the lock (a barrier, a sync cycle) folds
+    /// ahead first, with off-lock parts, even while the burst goes on: what is left for
+    /// its fold under the lock is at most `Store.foldAheadLeaves` changes.
+    @Test func foldAheadLeavesLittleForTheGate() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "folder")
+        store.startBatching()
+        let shared = SharedStore(store)
+        let burst = try Self.burst(shared, files: 3_000)
+        #expect(try shared.groupCommit(lastRequest: monotonicNanos()) == .waiting)
+        let before = shared.withLock { $0.overlay.unfolded.count }
+        try shared.foldAhead()
+        let (left, parts) = shared.withLock { ($0.overlay.unfolded.count, $0.foldsBegun) }
+        #expect(before > Store.foldAheadLeaves && left <= Store.foldAheadLeaves && parts > 0,
+                "\(before) changes waited, \(left) left after \(parts) parts")
+        // Nothing to do: no part, no commit.
+        try shared.foldAhead()
+        #expect(shared.withLock { $0.foldsBegun } == parts)
+        #expect(shared.withLock { $0.entries(burst.id).count } == 3_000)
+    }
+
     /// While the folder holds the connection, requests on the namespace (create, lookup,
     /// listing, getattr, setattr, rename, link, unlink, xattrs) neither wait for it nor
     /// run a statement on it: they change the overlay, and read what it lacks from the
@@ -157,14 +192,7 @@ import UbiquitySystem
         store.foldPolicy.quiet = 0
         let shared = SharedStore(store)
         // A burst for the folder to write.
-        let burst = try shared.withLock { (store) throws(StoreError) in
-            try store.create(parent: Store.rootInode, name: "burst", kind: .directory, mode: 0o755, uid: 1, gid: 1)
-        }
-        for f in 0..<200 {
-            _ = try shared.withLock { (store) throws(StoreError) in
-                try store.create(parent: burst.id, name: "b\(f)", kind: .file, mode: 0o644, uid: 1, gid: 1)
-            }
-        }
+        let burst = try Self.burst(shared, files: 200)
         let lent = Atomic<Bool>(false), requestsDone = Atomic<Bool>(false)
         let folder = JoinableThread {
             let start = shared.withLock { (store) in try? store.beginFold() }
@@ -211,5 +239,46 @@ import UbiquitySystem
             #expect(store.entries(burst.id).count == 202)
             #expect(try store.xattr(try #require(store.child(d1, "f3")), "user.x") == [1, 2])
         }
+    }
+
+    /// A durability barrier's flush of the index (a transaction with synchronous=FULL)
+    /// runs without the store's lock: requests on the namespace go on meanwhile, without
+    /// a wait or a statement on its connection, and the barrier still marks the versions.
+    @Test func requestsGoOnWhileABarrierFlushes() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "barrier")
+        store.startBatching()
+        let shared = SharedStore(store)
+        let d = try shared.withLock { (store) throws in
+            let d = try store.create(parent: Store.rootInode, name: "d", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+            let saved = try store.create(parent: d.id, name: "saved", kind: .file, mode: 0o644, uid: 1, gid: 1)
+            try IntentLogTests.save(store, saved.id, "d/saved", Array("bytes".utf8))
+            try store.commitBatch()
+            return d
+        }
+        #expect(try shared.withLock { (store) throws(StoreError) in try store.hasUndurableVersions() })
+        let lent = Atomic<Bool>(false), requestsDone = Atomic<Bool>(false)
+        let barrier = JoinableThread {
+            guard let (store, commit) = try? shared.withLock({ (store) throws(StoreError) in (store, try store.beginBarrier(upTo: nil)) }) else { return }
+            lent.store(true, ordering: .releasing)
+            for _ in 0..<10_000 where !requestsDone.load(ordering: .acquiring) { usleep(1_000) }
+            do { try store.writeBarrier(commit) } catch { return }
+            shared.withLock { $0.finishBarrier(commit) }
+        }
+        while !lent.load(ordering: .acquiring) { usleep(100) }
+        let (waits, statements) = shared.withNamespaceLock { ($0.db.loanWaits, $0.db.statements) }
+        try shared.withNamespaceLock { (store) throws in
+            _ = try store.create(parent: d.id, name: "during", kind: .file, mode: 0o644, uid: 1, gid: 1)
+            #expect(store.child(d.id, "saved") != nil)
+            #expect(store.entries(d.id).count == 2)
+        }
+        let (waitsAfter, statementsAfter) = shared.withNamespaceLock { ($0.db.loanWaits, $0.db.statements) }
+        requestsDone.store(true, ordering: .releasing)
+        barrier.join()
+        #expect(waitsAfter == waits, "a request waited for the barrier's flush")
+        #expect(statementsAfter == statements, "a request ran a statement on the barrier's connection")
+        #expect(try shared.withLock { (store) throws(StoreError) in try store.hasUndurableVersions() } == false)
+        #expect(shared.withLock { $0.entries(d.id).count } == 2)
     }
 }
