@@ -3,7 +3,9 @@
 # settled, then 12,000 files of 1 KiB created (60,000 tree changes: the fold starts
 # while the burst goes on, at 50,000), and right after, listings of the 2,000
 # directories round after round for 8 s, during which the rest of the burst is folded
-# (it is 5 s old by then). Prints the median, 99th percentile and longest listing (ms)
+# (it is 5 s old by then); half a second into them, another process fsyncs the burst's
+# directory (as an editor does after a save), a durability barrier while the overlay
+# still holds most of the burst. Prints the median, 99th percentile and longest listing (ms)
 # of each run, then the median of each over BENCH_RUNS runs (default 3). With UBQ_REF=/path/to/an/older/ubiquity, that build runs too, the two
 # alternated. Release build; root not needed.
 #   scripts/bench-fold.sh        BENCH_RUNS=5 UBQ_REF=... scripts/bench-fold.sh
@@ -42,7 +44,10 @@ one() {
   sleep 3 # the directories folded: the group commit waits 0.3 s after a burst
   mkdir "$W/m/burst"
   "$W/bin/smallfiles" "$W/m/burst" 12000 create >/dev/null
+  (sleep 0.5; python3 -c 'import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd)' "$W/m/burst") &
+  local fsyncer=$!
   "$W/bin/listings" "$W/m" 2000 8 >"$W/out"
+  wait "$fsyncer"
   # The fold may still run: unmount waits for it, and the kernel may hold the mount a
   # moment after the last listing.
   for _ in $(seq 20); do "$1" unmount "$W/m" >/dev/null 2>&1 && break; sleep 0.5; done

@@ -1,3 +1,4 @@
+import Synchronization
 import UbiquitySystem
 
 /// A store that more than one thread uses (a mount: the filesystem's requests, the sync
@@ -52,9 +53,24 @@ public final class SharedStore: Sendable {
     /// group commit's folder has it, they wait for it before they take the lock, not
     /// holding the lock against requests meanwhile. Requests use `withNamespaceLock`.
     public func withLock<T, E: Error>(_ body: (Store) throws(E) -> T) throws(E) -> T {
-        loan.awaitEnd()
-        return try withNamespaceLock(body)
+        while true {
+            loan.awaitEnd()
+            // The folder may have been lent the connection while this thread waited for
+            // the lock (its first step holds it): then the lock goes back, and the wait
+            // is for the connection again, not under the lock against requests.
+            let done = try withNamespaceLock { (store) throws(E) -> T? in
+                loan.isLentElsewhere ? nil : try body(store)
+            }
+            if let done { return done }
+            lockRetries.add(1, ordering: .relaxed)
+        }
     }
+
+    /// Whether another thread is blocked on the lock now.
+    var hasWaiters: Bool { locked.hasWaiters }
+
+    /// Holds of the lock given back because the connection was lent meanwhile (tests).
+    let lockRetries = Atomic<Int>(0)
 
     /// `withLock` for requests, which change the namespace and read around the gate: they
     /// go on while the folder writes (Store+BackgroundFold).
@@ -141,7 +157,7 @@ public final class SharedStore: Sendable {
         let (changes, waited) = try withLock { (store) throws(StoreError) -> (TreeChanges, Bool) in
             var changes = try body(store, busy?() ?? [])
             changes.conflicts += store.takeNewConflicts()
-            return (changes, locked.hasWaiters)
+            return (changes, hasWaiters)
         }
         if !changes.isEmpty, let observer = hooks.withLock({ $0.observer }) { observer(changes) }
         return waited

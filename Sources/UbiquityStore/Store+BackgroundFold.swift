@@ -35,6 +35,10 @@ extension Store {
         let intentSequence: Int64
         /// Inodes it drops that have reserved ranges.
         let reserved: Set<InodeNumber>
+        /// When the part leaves the overlay at most half unfolded (its rows are then
+        /// rebuilt from the rest): the changes after the part, for the folder to build
+        /// the rest's rows from (`TreeOverlay.Rest`).
+        let rest: (changes: [TreeChange], generation: UInt64)?
 
         /// Step 2 (`Store.writeFold`), on the thread the connection was lent to.
         public func write() { store.writeFold(self) }
@@ -51,6 +55,7 @@ extension Store {
         let number: Int
         let error: StoreError?
         let placed: [String]
+        let rest: TreeOverlay.Rest?
     }
 
     /// What the group commit's first step found to do.
@@ -88,9 +93,12 @@ extension Store {
         var reserved: Set<InodeNumber> = []
         for case .dropInode(let id) in changes where reserves?[id] != nil { reserved.insert(id) }
         foldsBegun += 1
+        let count = overlay.changes.count
+        let rebuilds = end < count && end >= count - end
         let part = FoldPart(store: self, number: foldsBegun, changes: changes, end: end, through: prefix?.through ?? lastLogged,
                             fresh: overlay.freshHistories(in: changes), isLast: prefix == nil,
-                            intentSequence: intentSequence, reserved: reserved)
+                            intentSequence: intentSequence, reserved: reserved,
+                            rest: rebuilds ? (Array(overlay.changes[end...]), overlay.generation) : nil)
         foldInFlight = part
         db.loan.lend()
         return .fold(part)
@@ -124,7 +132,9 @@ extension Store {
             foldFailed = true
             failure = error
         }
-        foldOutcome = FoldOutcome(number: part.number, error: failure, placed: folderWork?.placed ?? [])
+        // The rest's rows, built here rather than under the lock at step 3.
+        let rest = failure == nil ? part.rest.map { TreeOverlay.Rest(of: $0.changes, generation: $0.generation, from: part.end) } : nil
+        foldOutcome = FoldOutcome(number: part.number, error: failure, placed: folderWork?.placed ?? [], rest: rest)
     }
 
     /// Step 3, under the lock: the part's bookkeeping (unless a claim did it already),
@@ -162,7 +172,7 @@ extension Store {
         }
         for path in outcome.placed { historyNames.noteTaken(path) }
         for id in part.reserved { reserves?[id] = nil }
-        overlay.markFolded(through: part.end, compacting: compacting)
+        overlay.markFolded(through: part.end, compacting: compacting, prebuilt: outcome.rest)
         foldedThrough = max(foldedThrough, part.through)
         return nil
     }

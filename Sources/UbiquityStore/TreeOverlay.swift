@@ -1,3 +1,5 @@
+import Synchronization
+
 /// The tree's changes that the operation log holds and the index (SQLite) does not yet:
 /// LevelDB's memtable over its tables. A request changes rows here and in one log frame;
 /// a fold writes them to SQLite later, in one transaction with the log's mark.
@@ -9,6 +11,10 @@
 ///
 /// Not thread-safe: the store's lock guards it.
 struct TreeOverlay {
+    /// Which overlay this is: every one made gets a new number, so a rest built from one
+    /// overlay's changes elsewhere (`Rest`) is never taken into another.
+    let generation = TreeOverlay.generations.add(1, ordering: .relaxed).newValue
+    private static let generations = Atomic<UInt64>(0)
     private(set) var changes: [TreeChange] = []
     /// Changes before this index are in SQLite already (a group commit's parts): the rows
     /// still show them, as SQLite has them too, and a fold starts after them, so a part
@@ -237,16 +243,45 @@ struct TreeOverlay {
         return (chosen.end, chosen.sequence)
     }
 
+    /// The rows of an overlay's changes from `from` to `through`, built from a copy of them
+    /// without the store's lock (the folder, while it writes the changes before `from`):
+    /// the rebuild that `markFolded` would otherwise do under the lock, a replay of tens
+    /// of thousands of changes after a burst.
+    struct Rest {
+        let generation: UInt64
+        let from: Int
+        let through: Int
+        let overlay: TreeOverlay
+
+        /// - Parameter changes: the overlay's changes from `from` on, copied (a copy of
+        ///   the whole array shared with the folder would be copied again at the next
+        ///   request's append, on its path).
+        init(of changes: [TreeChange], generation: UInt64, from: Int) {
+            self.generation = generation
+            self.from = from
+            through = from + changes.count
+            overlay = TreeOverlay(replaying: changes)
+        }
+    }
+
     /// The changes before `end` (whole frames, from `prefix`) are in SQLite now. Once they
     /// are half of what is held, the rows are rebuilt from the rest (so a stream of
     /// bursts does not keep them for ever, and the rebuilds cost each change once).
     /// - Parameter compacting: whether the rows may be rebuilt now (not while a caller
     ///   holds positions in `changes`: a request that a claim interrupted).
-    mutating func markFolded(through end: Int, compacting: Bool = true) {
+    /// - Parameter prebuilt: the rest's rows built from this overlay's changes, if any:
+    ///   only the changes made since are applied to it.
+    mutating func markFolded(through end: Int, compacting: Bool = true, prebuilt: Rest? = nil) {
         folded = max(folded, min(end, changes.count))
         freshHistories = []
         guard compacting, folded >= changes.count - folded else { return }
-        var rest = TreeOverlay(replaying: Array(changes[folded...]))
+        var rest: TreeOverlay
+        if let prebuilt, prebuilt.generation == generation, prebuilt.from == folded, prebuilt.through <= changes.count {
+            rest = prebuilt.overlay
+            for change in changes[prebuilt.through...] { rest.apply(change) }
+        } else {
+            rest = TreeOverlay(replaying: Array(changes[folded...]))
+        }
         rest.unlogged = max(unlogged - folded, 0)
         rest.frames = frames.filter { $0.end > folded }.map { (end: $0.end - folded, sequence: $0.sequence) }
         self = rest

@@ -281,4 +281,36 @@ import UbiquitySystem
         #expect(try shared.withLock { (store) throws(StoreError) in try store.hasUndurableVersions() } == false)
         #expect(shared.withLock { $0.entries(d.id).count } == 2)
     }
+
+    /// Work that needs the connection and was waiting for the store's lock while the
+    /// folder was lent the connection gives the lock back and waits for the connection
+    /// without it: requests go on, and its body runs once the part is written.
+    @Test func aHolderThatFindsTheConnectionLentGivesTheLockBack() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "folder")
+        store.startBatching()
+        store.foldPolicy.quiet = 0
+        let shared = SharedStore(store)
+        let burst = try Self.burst(shared, files: 50)
+        let ranLent = Atomic<Int>(-1)
+        var background: JoinableThread?
+        let part = try shared.withNamespaceLock { (store) throws -> Store.FoldPart in
+            background = JoinableThread {
+                shared.withLock { store in ranLent.store(store.db.isLentElsewhere ? 1 : 0, ordering: .relaxed) }
+            }
+            while !shared.hasWaiters { usleep(100) }
+            guard case .fold(let part) = try store.beginFold() else { throw StoreError.io(errno: EIO, "no part to fold") }
+            return part
+        }
+        // The background thread took the lock, found the connection lent, and let go.
+        for _ in 0..<10_000 where shared.lockRetries.load(ordering: .relaxed) == 0 { usleep(1_000) }
+        #expect(shared.lockRetries.load(ordering: .relaxed) == 1)
+        #expect(shared.withNamespaceLock { $0.entries(burst.id).count } == 50)
+        #expect(ranLent.load(ordering: .relaxed) == -1, "it ran while the connection was lent")
+        part.write()
+        _ = try shared.withLock { (store) throws(StoreError) in try store.finishFold(part) }
+        background?.join()
+        #expect(ranLent.load(ordering: .relaxed) == 0)
+    }
 }
