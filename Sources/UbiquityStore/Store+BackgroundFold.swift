@@ -55,7 +55,7 @@ extension Store {
         let number: Int
         let error: StoreError?
         let placed: [String]
-        let rest: TreeOverlay.Rest?
+        var rest: TreeOverlay.Rest?
     }
 
     /// What the group commit's first step found to do.
@@ -112,7 +112,9 @@ extension Store {
         folding = true
         historiesUnplaced = part.fresh
         folderWork = FolderWork(reserved: part.reserved)
+        writingAside = true
         defer {
+            writingAside = false
             folding = false
             historiesUnplaced = []
             folderWork = nil
@@ -162,7 +164,7 @@ extension Store {
         guard let part = foldInFlight else { return nil }
         db.waitUntilReturned()
         foldInFlight = nil
-        guard let outcome = foldOutcome, outcome.number == part.number else {
+        guard var outcome = foldOutcome, outcome.number == part.number else {
             return .database("the fold of part \(part.number) left no outcome")
         }
         foldOutcome = nil
@@ -172,7 +174,11 @@ extension Store {
         }
         for path in outcome.placed { historyNames.noteTaken(path) }
         for id in part.reserved { reserves?[id] = nil }
-        overlay.markFolded(through: part.end, compacting: compacting, prebuilt: outcome.rest)
+        // The rest's only holder from here, so that applying the changes since does not
+        // copy its tables.
+        var rest = outcome.rest
+        outcome.rest = nil
+        overlay.markFolded(through: part.end, compacting: compacting, prebuilt: &rest)
         foldedThrough = max(foldedThrough, part.through)
         return nil
     }

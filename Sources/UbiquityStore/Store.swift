@@ -184,6 +184,9 @@ public final class Store: @unchecked Sendable {
     /// While the folder writes: what it was told and what it found (index side), and
     /// then what its bookkeeping applies to the namespace.
     var folderWork: FolderWork?
+    /// Set by the borrower while it writes without the lock (`writeFold`, `writeBarrier`):
+    /// index side, read only by the borrower (`assertNamespaceSide`).
+    var writingAside = false
     var foldOutcome: FoldOutcome?
     /// When the overlay's first and latest changes came (`monotonicNanos`).
     var overlayTimes: (first: Int64, last: Int64) = (0, 0)
@@ -341,11 +344,11 @@ public final class Store: @unchecked Sendable {
         if lockFD >= 0 { close(lockFD) }
     }
 
-    /// Debug builds: the folder, which owns only the index side while it writes (between
-    /// the holds of the lock of its first and last steps), does not touch the namespace's
-    /// state.
+    /// Debug builds: the thread the connection is lent to, which owns only the index side
+    /// while it writes without the lock (a fold's part, a barrier's commit), does not
+    /// touch the namespace's state.
     @inline(__always) func assertNamespaceSide() {
-        assert(!isFolderWriting, "the folder touched the namespace's state")
+        assert(!(writingAside && db.isBorrowedHere), "the connection's borrower touched the namespace's state")
     }
 
     /// Whether the calling thread is the folder writing a part (`writeFold`): the one rule
@@ -549,15 +552,24 @@ public final class Store: @unchecked Sendable {
     /// while the folder writes (Store+BackgroundFold).
     public func writeBarrier(_ barrier: BarrierCommit) throws(StoreError) {
         precondition(db.isBorrowedHere, "writeBarrier runs on the thread beginBarrier lent the connection to")
-        defer { db.loan.giveBack() }
-        try db.execute("PRAGMA synchronous=FULL")
-        defer { try? db.execute("PRAGMA synchronous=NORMAL") }
-        // A transaction of its own, not a batch, its journal on disk: after a join its
-        // UPDATE marks every record taken in (`SQLiteDatabase.openBatch`).
-        try db.standalone(wholeTable: true) { () throws(StoreError) in
-            try db.query("UPDATE versions SET durable = 1 WHERE durable = 0 AND row <= ?", [.int(barrier.mark.row)])
-            // Always write something, so the commit (and its WAL fsync) really happens.
-            try db.execute("REPLACE INTO settings(key, value) VALUES('last_sync', strftime('%s','now'))")
+        writingAside = true
+        defer {
+            writingAside = false
+            db.loan.giveBack()
+        }
+        // Through the gate its UPDATE of `versions` would fold the overlay, which is the
+        // namespace's: the versions it marks are in SQLite already (`beginBarrier`
+        // folded and committed them, and the mark names none after).
+        try db.aroundGate { () throws(StoreError) in
+            try db.execute("PRAGMA synchronous=FULL")
+            defer { try? db.execute("PRAGMA synchronous=NORMAL") }
+            // A transaction of its own, not a batch, its journal on disk: after a join its
+            // UPDATE marks every record taken in (`SQLiteDatabase.openBatch`).
+            try db.standalone(wholeTable: true) { () throws(StoreError) in
+                try db.query("UPDATE versions SET durable = 1 WHERE durable = 0 AND row <= ?", [.int(barrier.mark.row)])
+                // Always write something, so the commit (and its WAL fsync) really happens.
+                try db.execute("REPLACE INTO settings(key, value) VALUES('last_sync', strftime('%s','now'))")
+            }
         }
     }
 

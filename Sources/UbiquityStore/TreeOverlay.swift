@@ -270,21 +270,28 @@ struct TreeOverlay {
     /// - Parameter compacting: whether the rows may be rebuilt now (not while a caller
     ///   holds positions in `changes`: a request that a claim interrupted).
     /// - Parameter prebuilt: the rest's rows built from this overlay's changes, if any:
-    ///   only the changes made since are applied to it.
-    mutating func markFolded(through end: Int, compacting: Bool = true, prebuilt: Rest? = nil) {
+    ///   only the changes made since are applied to it. Taken (nil after), so that it is
+    ///   not copied when they are.
+    mutating func markFolded(through end: Int, compacting: Bool = true, prebuilt: inout Rest?) {
         folded = max(folded, min(end, changes.count))
         freshHistories = []
         guard compacting, folded >= changes.count - folded else { return }
         var rest: TreeOverlay
-        if let prebuilt, prebuilt.generation == generation, prebuilt.from == folded, prebuilt.through <= changes.count {
-            rest = prebuilt.overlay
-            for change in changes[prebuilt.through...] { rest.apply(change) }
+        if let through = prebuilt?.through, prebuilt?.generation == generation, prebuilt?.from == folded,
+           through <= changes.count, let built = prebuilt.take()?.overlay {
+            rest = consume built
+            for change in changes[through...] { rest.apply(change) }
         } else {
             rest = TreeOverlay(replaying: Array(changes[folded...]))
         }
         rest.unlogged = max(unlogged - folded, 0)
         rest.frames = frames.filter { $0.end > folded }.map { (end: $0.end - folded, sequence: $0.sequence) }
         self = rest
+    }
+
+    mutating func markFolded(through end: Int, compacting: Bool = true) {
+        var none: Rest?
+        markFolded(through: end, compacting: compacting, prebuilt: &none)
     }
 
     /// `.some(node)` or `.some(nil)` (dropped) when the overlay has the inode's row; nil
