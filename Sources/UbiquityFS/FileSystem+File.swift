@@ -147,7 +147,7 @@ extension FileSystem {
                 try? refreshDownloadState(ino)
             }
         }
-        try commit(ino, open)
+        try commit(ino, open, ifClosed: true)
     }
 
     /// fsync(2): commit, then make the save durable: a file of up to 1 MiB by one frame of
@@ -300,9 +300,13 @@ extension FileSystem {
 
     /// Commits the open file's changes as a new version. A file unlinked meanwhile has
     /// no name to keep history under: its changes are dropped, as POSIX drops its data.
-    func commit(_ ino: InodeNumber, _ open: OpenFile) throws(Errno) {
+    /// - Parameter ifClosed: only while no handle has the file open (a last close): an
+    ///   open that came after the close was decided, and may truncate the content before
+    ///   this commit takes its lock, leaves the changes to its own last close. (A shell's
+    ///   `echo a >f; echo b >f` once saved an empty version between the two this way.)
+    func commit(_ ino: InodeNumber, _ open: OpenFile, ifClosed: Bool = false) throws(Errno) {
         let committed = try storeCall { () throws(StoreError) in
-            try open.content.commit { (list) throws(StoreError) -> ChunkList in
+            try open.content.commit(proceed: { !ifClosed || state.withLock { _ in open.handles == 0 } }) { (list) throws(StoreError) -> ChunkList in
                 try meta.withLock { (m) throws(StoreError) -> ChunkList in
                     guard let inode = m.store.inode(ino), inode.nlink > 0, let path = m.store.path(of: ino) else { return list }
                     var stored = list

@@ -411,10 +411,13 @@ public final class FileContent: @unchecked Sendable {
     /// commits of one file are recorded in order), and makes the list `record` returns
     /// (usually the same) the new base. Returns whether a commit happened.
     @discardableResult
-    public func commit(chunker: Chunker? = nil, record: (ChunkList) throws(StoreError) -> ChunkList) throws(StoreError) -> Bool {
+    /// - Parameter proceed: asked under the content's lock, before anything is done: false
+    ///   leaves the changes for a later commit (a last close that a new open overtook).
+    public func commit(chunker: Chunker? = nil, proceed: () -> Bool = { true },
+                       record: (ChunkList) throws(StoreError) -> ChunkList) throws(StoreError) -> Bool {
         let chunker = chunker ?? chunks.chunker
         return try state.withLock { (s) throws(StoreError) -> Bool in
-            guard s.changed else { return false }
+            guard s.changed, proceed() else { return false }
             let list: ChunkList
             do throws(StoreError) {
                 if let stream = s.stream, chunker == stream.chunker {
