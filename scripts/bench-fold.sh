@@ -13,14 +13,9 @@ set -euo pipefail
 export LC_ALL=C
 cd "$(dirname "$0")/.."
 RUNS=${BENCH_RUNS:-3}
-REF=${UBQ_REF:-}
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_RUNS must be a positive number" >&2; exit 2; }
-[[ -z $REF || -x $REF ]] || { echo "UBQ_REF=$REF is not an executable" >&2; exit 2; }
-
-. scripts/deps.sh
-install_missing "${BUILD_PACKAGES[@]}" gcc >&2
-swift build -c release >&2
-UBQ=$(swift build -c release --show-bin-path)/ubiquity
+. scripts/bench/common.sh
+release_build gcc
 
 W=$(mktemp -d /var/tmp/ubiquity-bench-fold.XXXXXX)
 mounted=
@@ -69,7 +64,6 @@ for run in $(seq "$RUNS"); do
   done
 done
 
-. scripts/bench/common.sh
 echo
 echo "Command: BENCH_RUNS=$RUNS${REF:+ UBQ_REF=$REF} scripts/bench-fold.sh (commit $(git rev-parse --short HEAD), release build); ms per listing, median of $RUNS runs"
 echo

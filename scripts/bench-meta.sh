@@ -13,15 +13,10 @@ cd "$(dirname "$0")/.."
 RUNS=${BENCH_RUNS:-3}
 FILES=${BENCH_FILES:-10000}
 SAVES=${BENCH_SAVES:-1000}
-REF=${UBQ_REF:-}
 [[ $RUNS =~ ^[1-9][0-9]*$ && $FILES =~ ^[1-9][0-9]*$ && $SAVES =~ ^[1-9][0-9]*$ ]] ||
   { echo "BENCH_RUNS, BENCH_FILES and BENCH_SAVES must be positive numbers" >&2; exit 2; }
-[[ -z $REF || -x $REF ]] || { echo "UBQ_REF=$REF is not an executable" >&2; exit 2; }
-
-. scripts/deps.sh
-install_missing "${BUILD_PACKAGES[@]}" gcc >&2
-swift build -c release >&2
-UBQ=$(swift build -c release --show-bin-path)/ubiquity
+. scripts/bench/common.sh
+release_build gcc
 
 W=$(mktemp -d /var/tmp/ubiquity-bench-meta.XXXXXX)
 pt_pid=
@@ -46,7 +41,6 @@ XDG_DATA_HOME="$W/xdg" "$UBQ" mount "$W/ubq" --store "$W/ubq-store" --backing "$
 [[ -n $REF ]] && XDG_DATA_HOME="$W/xdg-ref" "$REF" mount "$W/ref" --store "$W/ref-store" --backing "$W/ref-backing" >/dev/null
 for _ in $(seq 100); do mountpoint -q "$W/pt" && break; sleep 0.1; done
 
-. scripts/bench/common.sh
 # Waits until a Ubiquity mount has copied what the run before wrote to its backing
 # directory (so no upload of one run overlaps the next).
 settle() { if [[ $1 == pt ]]; then sync; else settle_mount "$W/$1"; fi; }

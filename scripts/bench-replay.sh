@@ -13,11 +13,8 @@ RUNS=${BENCH_RUNS:-3}
 FILES=${BENCH_FILES:-10000}
 [[ $RUNS =~ ^[1-9][0-9]*$ && $FILES =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_RUNS and BENCH_FILES must be positive numbers" >&2; exit 2; }
 
-. scripts/deps.sh
-install_missing "${BUILD_PACKAGES[@]}" >&2
 . scripts/bench/common.sh
-swift build -c release >&2
-UBQ=$(swift build -c release --show-bin-path)/ubiquity
+release_build
 
 W=$(mktemp -d /var/tmp/ubiquity-bench-replay.XXXXXX)
 cleanup() {

@@ -15,10 +15,8 @@ RUNS=${BENCH_RUNS:-3}
 MB=${BENCH_MB:-512}
 [[ $RUNS =~ ^[1-9][0-9]*$ && $MB =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_RUNS and BENCH_MB must be positive numbers" >&2; exit 2; }
 
-. scripts/deps.sh
-install_missing "${BUILD_PACKAGES[@]}" gcc fio util-linux >&2
-swift build -c release >&2
-UBQ=$(swift build -c release --show-bin-path)/ubiquity
+. scripts/bench/common.sh
+release_build gcc fio util-linux
 
 W=$(mktemp -d /var/tmp/ubiquity-bench-write.XXXXXX)
 SRC=/dev/shm/ubiquity-bench-write.$$
@@ -39,7 +37,6 @@ pt_pid=$!
 "$UBQ" mount "$W/ubq" --store "$W/ubq-store" --backing "$W/ubq-backing" >/dev/null
 for _ in $(seq 100); do mountpoint -q "$W/pt" && break; sleep 0.1; done
 
-. scripts/bench/common.sh
 # Waits until Ubiquity has copied what the row before wrote to its backing directory.
 settle() { settle_mount "$W/ubq"; }
 

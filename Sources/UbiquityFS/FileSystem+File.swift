@@ -302,8 +302,8 @@ extension FileSystem {
     /// no name to keep history under: its changes are dropped, as POSIX drops its data.
     /// - Parameter ifClosed: only while no handle has the file open (a last close): an
     ///   open that came after the close was decided, and may truncate the content before
-    ///   this commit takes its lock, leaves the changes to its own last close. (A shell's
-    ///   `echo a >f; echo b >f` once saved an empty version between the two this way.)
+    ///   this commit takes its lock, leaves the changes to its own last close (else a
+    ///   shell's `echo a >f; echo b >f` could save an empty version between the two).
     func commit(_ ino: InodeNumber, _ open: OpenFile, ifClosed: Bool = false) throws(Errno) {
         let committed = try storeCall { () throws(StoreError) in
             try open.content.commit(proceed: { !ifClosed || state.withLock { _ in open.handles == 0 } }) { (list) throws(StoreError) -> ChunkList in

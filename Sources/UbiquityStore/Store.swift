@@ -348,7 +348,9 @@ public final class Store: @unchecked Sendable {
     /// while it writes without the lock (a fold's part, a barrier's commit), does not
     /// touch the namespace's state.
     @inline(__always) func assertNamespaceSide() {
-        assert(!(writingAside && db.isBorrowedHere), "the connection's borrower touched the namespace's state")
+        // The borrower check first: only the borrower reads `writingAside`, so the lock's
+        // holder never reads what the borrower writes.
+        assert(!(db.isBorrowedHere && writingAside), "the connection's borrower touched the namespace's state")
     }
 
     /// Whether the calling thread is the folder writing a part (`writeFold`): the one rule

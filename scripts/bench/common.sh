@@ -1,4 +1,16 @@
-# Helpers the quick benchmark scripts (bench-write.sh, bench-meta.sh) share; sourced.
+# Helpers the quick benchmark scripts (bench-write.sh, bench-meta.sh, bench-fold.sh,
+# bench-replay.sh) share; sourced from the project's root.
+
+# Installs the build's Debian packages and those named ($@), builds the release binary
+# ($UBQ), and checks UBQ_REF, an older build to compare with ($REF, empty when unset).
+release_build() {
+  REF=${UBQ_REF:-}
+  [[ -z $REF || -x $REF ]] || { echo "UBQ_REF=$REF is not an executable" >&2; exit 2; }
+  . scripts/deps.sh
+  install_missing "${BUILD_PACKAGES[@]}" "$@" >&2
+  swift build -c release >&2
+  UBQ=$(swift build -c release --show-bin-path)/ubiquity
+}
 
 # Waits (up to 2 minutes) until the Ubiquity mount at $1 has copied everything to its
 # backing directory, so that no upload of one run overlaps the next; then flushes the disk.
