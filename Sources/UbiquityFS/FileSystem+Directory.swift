@@ -17,7 +17,7 @@ extension FileSystem {
     public func mkdir(parent: InodeNumber, name: String, mode: UInt32, caller: Caller) throws(Errno) -> Attributes {
         try meta.withLock { (m) throws(Errno) -> Attributes in
             let inode = try m.makeNode(parent: parent, name: name, kind: .directory, mode: mode, caller: caller)
-            m.lookups[inode.id, default: 0] += 1
+            references.add(inode.id)
             return m.attributes(inode)
         }
     }
@@ -34,7 +34,7 @@ extension FileSystem {
         return try meta.withLock { (m) throws(Errno) -> Attributes in
             let inode = try m.makeNode(parent: parent, name: name, kind: kind, mode: mode, caller: caller,
                                        rdev: kind == .blockDevice || kind == .characterDevice ? rdev : 0)
-            m.lookups[inode.id, default: 0] += 1
+            references.add(inode.id)
             return m.attributes(inode)
         }
     }
@@ -43,7 +43,7 @@ extension FileSystem {
         guard NameCodec.byteCount(target) <= 4095 else { throw .nameTooLong }
         return try meta.withLock { (m) throws(Errno) -> Attributes in
             let inode = try m.makeNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, target: target)
-            m.lookups[inode.id, default: 0] += 1
+            references.add(inode.id)
             return m.attributes(inode)
         }
     }
@@ -54,7 +54,7 @@ extension FileSystem {
             guard let inode = m.store.inode(ino) else { throw .notFound }
             guard inode.kind != .directory else { throw .notPermitted }
             try storeCall { () throws(StoreError) in try m.store.link(ino, parent: parent, name: name) }
-            m.lookups[ino, default: 0] += 1
+            references.add(ino)
             return m.attributes(m.store.inode(ino)!)
         }
     }
@@ -200,7 +200,11 @@ extension FileSystem {
     // MARK: readdir
 
     public func opendir(_ ino: InodeNumber) throws(Errno) -> HandleID {
-        try meta.withLock { (m) throws(Errno) -> HandleID in
+        if !VirtualViews.isVirtual(ino), !KeyValueDoor.owns(ino),
+           let (dir, _, _) = store.tree.inode(ino, holding: { _ in () }), dir.kind == .directory {
+            return handles.register(.directory(ino: ino, entries: nil))
+        }
+        return try meta.withLock { (m) throws(Errno) -> HandleID in
             if !VirtualViews.isVirtual(ino) {
                 guard let dir = m.store.inode(ino) else { throw .notFound }
                 guard dir.kind == .directory else { throw .notDirectory }
@@ -214,7 +218,21 @@ extension FileSystem {
     /// a new snapshot: POSIX wants every entry that exists at the rewind (t-hostile.py
     /// checks it). Nothing is listed at opendir: that would read every directory twice.
     public func readdir(_ handle: HandleID, fromStart: Bool = false) throws(Errno) -> [DirectoryEntry] {
-        try meta.withLock { (m) throws(Errno) -> [DirectoryEntry] in
+        // A directory of the tree (not the root, which lists the views too) whose names
+        // and inodes are all in the working set is listed without the filesystem's or
+        // the store's lock. The kernel runs one readdir of a handle at a time.
+        if case .directory(let ino, let entries) = handles[handle], ino != Store.rootInode,
+           !VirtualViews.isVirtual(ino), !KeyValueDoor.owns(ino) {
+            if !fromStart, let entries { return entries }
+            if let listed = store.tree.listing(ino, holding: { [openFiles] in openFiles[$0] }) {
+                let fresh = listed.map {
+                    DirectoryEntry(name: $0.name, attributes: Self.attributes($0.inode, primaryName: $0.primaryName, open: $0.extra))
+                }
+                handles[handle] = .directory(ino: ino, entries: fresh)
+                return fresh
+            }
+        }
+        return try meta.withLock { (m) throws(Errno) -> [DirectoryEntry] in
             guard case .directory(let ino, let entries) = m.handles[handle] else { throw .badHandle }
             if !fromStart, let entries { return entries }
             let fresh = try m.listing(ino, showVersions: options.showVersions)
@@ -223,18 +241,19 @@ extension FileSystem {
         }
     }
 
-    /// readdirplus hands the kernel an entry reference for each listed node. The counts
-    /// are the filesystem's own state: its lock only, not the store's.
+    /// readdirplus hands the kernel an entry reference for each listed node. The tree's
+    /// are counted under their own lock; the views' and keys' under the filesystem's.
     public func noteLookups(_ inos: [InodeNumber]) {
         guard !inos.isEmpty else { return }
+        let inTree = inos.filter { !KeyValueDoor.owns($0) && !VirtualViews.isVirtual($0) }
+        references.add(inTree)
+        guard inTree.count < inos.count else { return }
         state.withLock { m in
             for ino in inos {
                 if KeyValueDoor.owns(ino) {
                     m.kv.referenced(ino)
                 } else if VirtualViews.isVirtual(ino) {
                     m.views.referenced(ino)
-                } else {
-                    m.lookups[ino, default: 0] += 1
                 }
             }
         }

@@ -191,7 +191,7 @@ extension FileSystem.Meta {
         for ino in try store.pinnedFiles() {
             if let head = store.inode(ino)?.head { inUse.pinned.formUnion(try store.chunkList(row: head).ids) }
         }
-        for ino in openFiles.keys {
+        for (ino, _) in openFiles.all {
             if let head = store.inode(ino)?.head { inUse.open[ino] = Set(try store.chunkList(row: head).ids) }
         }
         return inUse

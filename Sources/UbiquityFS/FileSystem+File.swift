@@ -66,7 +66,7 @@ extension FileSystem {
             let inode = try m.makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller)
             let open = try m.openFile(inode.id)
             open.handles = 1
-            m.lookups[inode.id, default: 0] += 1
+            references.add(inode.id)
             let handle = m.register(.file(ino: inode.id, open: open, writable: true))
             if feed.isWatched, let path = m.store.path(of: inode.id) { publishFileEvents(m, [(.added, path)]) }
             return (m.attributes(inode), handle, open)
@@ -381,7 +381,7 @@ extension FileSystem {
         joinMaintenanceJobs()
         // A full disk must not keep the last commits and the unmount from finishing.
         if let pressure = spacePressure() { releaseReserve(because: pressure.reason) }
-        let open = state.withLock { m in m.openFiles.map { ($0.key, $0.value) } }
+        let open = openFiles.all
         for (ino, file) in open where file.content.isChanged {
             do { try commit(ino, file) } catch { log("ubiquity: committing inode \(ino) at unmount failed: \(error)") }
         }
@@ -416,7 +416,7 @@ extension FileSystem {
     @discardableResult
     public func commitIdle(now: Nanos = nowNanos()) -> Bool {
         let idle = Nanos(options.idleCommitSeconds * 1e9)
-        let open = state.withLock { m in m.openFiles.map { ($0.key, $0.value) } }
+        let open = openFiles.all
         var waiting = false
         for (ino, file) in open where file.content.isChanged {
             // One refused (logged once already) waits for the next write, which rings.

@@ -143,11 +143,11 @@ extension FileSystem.Meta {
     /// same lock before its reply, so one that races with this change either counts
     /// first (and its names are told) or finds the change made.
     func cachedByKernel(_ changes: TreeChanges) -> TreeChanges {
-        func known(_ ino: InodeNumber) -> Bool { ino == Store.rootInode || lookups[ino] != nil }
+        let known = references.known(changes.inodes.union(changes.downloads).union(changes.entries.map(\.parent)))
         var cached = changes
-        cached.inodes = changes.inodes.filter(known)
-        cached.downloads = changes.downloads.filter(known)
-        cached.entries = changes.entries.filter { known($0.parent) }
+        cached.inodes = changes.inodes.filter(known.contains)
+        cached.downloads = changes.downloads.filter(known.contains)
+        cached.entries = changes.entries.filter { known.contains($0.parent) }
         return cached
     }
 

@@ -9,14 +9,16 @@ import UbiquitySystem
 /// Locks, always taken in this order (`LockRank`, checked in debug builds), never while
 /// replying to the kernel:
 ///   1. a `FileContent`'s lock (per open file: its data and commits)
-///   2. `state`: the filesystem's own state (lookup counts, open files, views)
+///   2. `state`: the filesystem's own state (handles' listings, views, key-value door)
 ///   3. the store's lock (`SharedStore`: the tree and everything in SQLite; the sync
 ///      engine takes only this one)
 ///   4. the SQLite connection's hand-off (`ConnectionLoan`: the group commit's
 ///      folder writes outside 3 with it)
-///   5. leaves: the busy files, the handle table, the chunk cache's lock (inside
-///      ChunkStore)
-///   6. a `FileContent`'s summary (size, isChanged: readable under any of the above)
+///   5. the tree's working set (`TreeCache`): lookup and getattr of what it holds take
+///      it alone, so they never wait for 2 or 3
+///   6. leaves: the kernel's references (lookup counts), the open files, the busy
+///      files, the handle table, the chunk cache's lock (inside ChunkStore)
+///   7. a `FileContent`'s summary (size, isChanged: readable under any of the above)
 /// `meta` takes 2 then 3 (most operations need both); `state` alone serves what needs no
 /// store. Code holding `meta` must never call a FileContent data method (read, write,
 /// truncate, commit): a commit holds the content lock and waits for `meta`. Reads and
@@ -38,6 +40,10 @@ public final class FileSystem: Sendable {
     let busy = BusyFiles()
     /// Open handles (a leaf): reads and writes find theirs without `state`.
     let handles = HandleTable()
+    /// The kernel's lookup counts and the unlinked inodes they keep (a leaf).
+    let references = KernelReferences()
+    /// Open files by inode (a leaf): getattr reads their live size without `state`.
+    let openFiles = OpenFileTable()
     let chunks: ChunkStore
     public let options: Options
     let hooks = Locked(Hooks())
@@ -87,21 +93,24 @@ public final class FileSystem: Sendable {
             assert(shared.isHeldByCurrentThread, "the store used without its lock")
             return unguardedStore
         }
-        var lookups: [InodeNumber: UInt64] = [:]
-        /// Inodes that lost their last name and are still referenced (open, or known to
-        /// the kernel): dropped when that ends.
-        var unlinked: Set<InodeNumber> = []
-        var openFiles: [InodeNumber: OpenFile] = [:]
+        /// The kernel's lookup counts and unlinked inodes, under their own (leaf) lock:
+        /// `FileSystem.references`.
+        let references: KernelReferences
+        /// Open files by inode, under their own (leaf) lock: `FileSystem.openFiles`.
+        let openFiles: OpenFileTable
         /// The handles, under their own (leaf) lock: `FileSystem.handles`.
         let handles: HandleTable
         var views = VirtualViews()
         var kv = KeyValueDoor()
 
-        init(store: Store, shared: SharedStore, busy: BusyFiles, handles: HandleTable) {
+        init(store: Store, shared: SharedStore, busy: BusyFiles, handles: HandleTable, references: KernelReferences,
+             openFiles: OpenFileTable) {
             unguardedStore = store
             self.shared = shared
             self.busy = busy
             self.handles = handles
+            self.references = references
+            self.openFiles = openFiles
         }
     }
 
@@ -112,7 +121,8 @@ public final class FileSystem: Sendable {
         chunks = store.chunks
         let shared = SharedStore(store)
         self.store = shared
-        let state = Locked(Meta(store: store, shared: shared, busy: busy, handles: handles), rank: .filesystem)
+        let state = Locked(Meta(store: store, shared: shared, busy: busy, handles: handles, references: references,
+                                openFiles: openFiles), rank: .filesystem)
         self.state = state
         meta = MetaLock(state: state, store: shared)
         self.options = options
@@ -156,8 +166,22 @@ public final class FileSystem: Sendable {
         if parent == KeyValueDoor.root || (parent == Store.rootInode && name == KeyValueDoor.name) {
             return try kvLookup(parent: parent, name: name)
         }
+        let virtual = VirtualViews.isVirtual(parent) || (parent == Store.rootInode && VirtualViews.rootNames.contains(name))
+        // The working set answers without the filesystem's or the store's lock; the
+        // reference is counted under its lock (`TreeCache.lookUp`).
+        if !virtual, let found = store.tree.lookUp(parent, name, holding: { [references, openFiles] id in
+            references.add(id)
+            return openFiles[id]
+        }) {
+            switch found {
+            case .found(let inode, let primaryName, let open): return Self.attributes(inode, primaryName: primaryName, open: open)
+            case .absent(let remembered):
+                if remembered { return nil }
+                throw .notFound
+            }
+        }
         return try meta.withLock { (m) throws(Errno) -> Attributes? in
-            if VirtualViews.isVirtual(parent) || (parent == Store.rootInode && VirtualViews.rootNames.contains(name)) {
+            if virtual {
                 m.pruneViews()
                 let attributes = try m.views.lookup(parent: parent, name: name, store: m.store)
                 m.views.referenced(attributes.ino)
@@ -170,8 +194,7 @@ public final class FileSystem: Sendable {
                 if !m.store.writesAhead { throw .notFound }
                 return nil
             }
-            let id = inode.id
-            m.lookups[id, default: 0] += 1
+            references.add(inode.id)
             return m.attributes(inode)
         }
     }
@@ -187,17 +210,17 @@ public final class FileSystem: Sendable {
                 if KeyValueDoor.owns(ino) { m.kv.forget(ino, count: count) } else { m.views.forget(ino, count: count) }
             }
         }
-        let unreferenced = state.withLock { m -> Bool in
-            guard let current = m.lookups[ino] else { return false }
-            if current <= count { m.lookups[ino] = nil } else { m.lookups[ino] = current - count }
-            return m.lookups[ino] == nil && m.unlinked.contains(ino)
-        }
         // It checks again under both locks.
-        if unreferenced { meta.withLock { m in m.dropIfUnreferenced(ino) } }
+        if references.forget(ino, count: count) { meta.withLock { m in m.dropIfUnreferenced(ino) } }
     }
 
     public func getattr(_ ino: InodeNumber) throws(Errno) -> Attributes {
-        try meta.withLock { (m) throws(Errno) -> Attributes in
+        // The working set answers without the filesystem's or the store's lock.
+        if !KeyValueDoor.owns(ino) && !VirtualViews.isVirtual(ino),
+           let (inode, primaryName, open) = store.tree.inode(ino, holding: { [openFiles] in openFiles[$0] }) {
+            return Self.attributes(inode, primaryName: primaryName, open: open)
+        }
+        return try meta.withLock { (m) throws(Errno) -> Attributes in
             if KeyValueDoor.owns(ino) { return try m.kvAttributes(ino) }
             if VirtualViews.isVirtual(ino) { return try m.views.attributes(ino, store: m.store) }
             guard let inode = m.store.inode(ino) else { throw .notFound }
@@ -250,7 +273,11 @@ public final class FileSystem: Sendable {
     }
 
     public func readlink(_ ino: InodeNumber) throws(Errno) -> String {
-        try meta.withLock { (m) throws(Errno) -> String in
+        if !VirtualViews.isVirtual(ino), !KeyValueDoor.owns(ino), let (inode, _, _) = store.tree.inode(ino, holding: { _ in () }) {
+            guard inode.kind == .symlink, let target = inode.target else { throw .invalid }
+            return target
+        }
+        return try meta.withLock { (m) throws(Errno) -> String in
             guard let inode = m.store.inode(ino) else { throw .notFound }
             guard inode.kind == .symlink, let target = inode.target else { throw .invalid }
             return target
@@ -266,7 +293,7 @@ public final class FileSystem: Sendable {
     /// the reserve and size-limit left out: `writableBytes`); inode counts are ours.
     public func statfs() throws(Errno) -> FilesystemStats {
         let directory = store.directory
-        let count = store.withLock { $0.inodeCount }
+        let count = store.tree.inodeTotal ?? store.withLock { $0.inodeCount }
         var st = statvfs()
         if statvfs(directory, &st) != 0 { throw Errno(errno) }
         // Counts come in f_frsize units; report them in f_bsize units without overflowing.
@@ -282,15 +309,11 @@ public final class FileSystem: Sendable {
     }
 }
 
-extension FileSystem.Meta {
-    /// Attributes with the live size and mtime of an open file.
-    func attributes(_ inode: Inode) -> Attributes {
-        attributes(inode, primaryName: inode.kind == .file ? store.name(of: inode.id) : nil)
-    }
-
-    /// Attributes when the inode's primary name is known (a listing read it already).
-    func attributes(_ inode: Inode, primaryName: String?) -> Attributes {
-        if let open = openFiles[inode.id] {
+extension FileSystem {
+    /// Attributes with the live size and mtime of `open`, the file open at `inode`, if any.
+    /// `primaryName`: the inode's own (a TinyPix file shows its view's size).
+    static func attributes(_ inode: Inode, primaryName: String?, open: OpenFile?) -> Attributes {
+        if let open {
             let absent = open.content.isChanged ? 0 : inode.absent
             var a = Attributes(inode, size: open.content.size, allocated: open.content.allocatedBytes - absent)
             // A write since the last save stamps mtime and ctime; a later change of status
@@ -304,18 +327,29 @@ extension FileSystem.Meta {
         }
         return Attributes(inode)
     }
+}
+
+extension FileSystem.Meta {
+    /// Attributes with the live size and mtime of an open file.
+    func attributes(_ inode: Inode) -> Attributes {
+        attributes(inode, primaryName: inode.kind == .file ? store.name(of: inode.id) : nil)
+    }
+
+    /// Attributes when the inode's primary name is known (a listing read it already).
+    func attributes(_ inode: Inode, primaryName: String?) -> Attributes {
+        FileSystem.attributes(inode, primaryName: primaryName, open: openFiles[inode.id])
+    }
 
     /// `ino` lost its last name: it goes once nothing has it open and the kernel forgot it.
     mutating func noteUnlinked(_ ino: InodeNumber) {
-        unlinked.insert(ino)
+        references.noteUnlinked(ino)
         dropIfUnreferenced(ino)
     }
 
     /// Removes an unlinked inode once nothing has it open and the kernel forgot it. A set
     /// lookup for every other inode (forget of a listed file must not read the database).
     mutating func dropIfUnreferenced(_ ino: InodeNumber) {
-        guard unlinked.contains(ino), lookups[ino] == nil, openFiles[ino] == nil else { return }
-        unlinked.remove(ino)
+        guard openFiles[ino] == nil, references.takeUnreferenced(ino) else { return }
         guard let inode = store.inode(ino), inode.nlink == 0 else { return }
         do { try store.forget(ino) } catch { log("ubiquity: dropping inode \(ino): \(error)") }
     }

@@ -33,11 +33,16 @@ struct DirectoryCache {
 
     /// nil: `parent` is not loaded; `.some(nil)`: loaded, and `name` is not in it.
     mutating func lookUp(_ parent: InodeNumber, _ name: NameKey) -> InodeNumber?? {
-        if let names = newer[parent] { return .some(names[name]) }
+        listing(parent).map { $0[name] }
+    }
+
+    /// All of `parent`'s names, if it is loaded (a hit, as a lookup's).
+    mutating func listing(_ parent: InodeNumber) -> Names? {
+        if let names = newer[parent] { return names }
         guard let names = older.removeValue(forKey: parent) else { return nil }
         olderNames -= names.count
         keep(parent, names)
-        return .some(names[name])
+        return names
     }
 
     /// How many names `parent` has, if it is loaded.

@@ -23,6 +23,8 @@ public final class SharedStore: Sendable {
     private let checkpointer: WALCheckpointer
     private let hooks = Locked(Hooks())
     public let chunks: ChunkStore
+    /// The tree's working set, which lookup and getattr read without this lock.
+    public let tree: TreeCache
     public let directory: String
     public let deviceID: DeviceID
     public let deviceName: String
@@ -39,6 +41,7 @@ public final class SharedStore: Sendable {
         loan = store.db.loan
         checkpointer = store.checkpointer
         chunks = store.chunks
+        tree = store.workingSet
         directory = store.directory
         deviceID = store.deviceID
         deviceName = store.deviceName
@@ -68,6 +71,9 @@ public final class SharedStore: Sendable {
 
     /// Whether another thread is blocked on the lock now.
     var hasWaiters: Bool { locked.hasWaiters }
+
+    /// Acquisitions of the lock so far (tests: readers that must not take it).
+    var acquisitions: UInt { locked.acquisitionCount }
 
     /// Holds of the lock given back because the connection was lent meanwhile (tests).
     let lockRetries = Atomic<Int>(0)

@@ -113,10 +113,17 @@ extension Store {
     /// Writes one change: to the overlay when it is on, else to SQLite now.
     func record(_ change: TreeChange) throws(StoreError) {
         if overlayOn { addToOverlay(change) } else { try writeRow(change) }
+        // The working set follows each change as it is made: readers take it without the
+        // store's lock (`TreeCache`).
         switch change {
-        case .putEntry(let parent, let name, let inode): directories.put(parent, NameKey(name), inode)
-        case .removeEntry(let parent, let name): directories.remove(parent, NameKey(name))
-        case .dropInode(let id): directories.drop(id)
+        case .putInode(let node): tree.withLock { $0.inodes.put(node) }
+        case .putEntry(let parent, let name, let inode): tree.withLock { $0.directories.put(parent, NameKey(name), inode) }
+        case .removeEntry(let parent, let name): tree.withLock { $0.directories.remove(parent, NameKey(name)) }
+        case .dropInode(let id):
+            tree.withLock { t in
+                t.inodes.remove(id)
+                t.directories.drop(id)
+            }
         default: break
         }
     }

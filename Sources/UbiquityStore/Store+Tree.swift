@@ -34,14 +34,14 @@ extension Store {
     /// The inode and its primary name, from the cache or SQLite.
     func node(_ id: InodeNumber) throws(StoreError) -> TreeNode? {
         if let shadow = overlay.inode(id) { return shadow }
-        if let hit = cache.get(id) { return hit }
+        if let hit = tree.withLock({ $0.inodes.get(id) }) { return hit }
         guard id.fitsColumn,
               let node = try db.aroundGate({ () throws(StoreError) in
                   try db.rows("SELECT \(Self.inodeColumns) FROM inodes WHERE id = ?", [.inode(id)], Self.treeNode)
               }).first
         else { return nil }
         let checked = try node.get()
-        cache.put(checked)
+        tree.withLock { $0.inodes.put(checked) }
         return checked
     }
 
@@ -83,9 +83,9 @@ extension Store {
 
     /// Inodes in the store (statfs); counted once, then kept by create and forget.
     public var inodeCount: Int {
-        if let inodeTotal { return inodeTotal }
+        if let total = tree.inodeTotal { return total }
         let total = logged("count inodes") { () throws(StoreError) in try db.rows("SELECT count(*) FROM inodes", []) { Int($0.int(0)) }.first } ?? 0
-        inodeTotal = total
+        tree.withLock { $0.inodeTotal = total }
         return total
     }
 
@@ -148,21 +148,21 @@ extension Store {
     /// The entry from the directory's names in memory, loading them first if `loading`
     /// (nil: not loaded, or too big to load: the caller asks SQLite for the one name).
     private func loadedEntry(_ parent: InodeNumber, _ name: NameKey, loading: Bool) throws(StoreError) -> InodeNumber?? {
-        if let known = directories.lookUp(parent, name) { return known }
-        guard loading, !readOnly, !directories.isTooBig(parent) else { return nil }
+        if let known = tree.withLock({ $0.directories.lookUp(parent, name) }) { return known }
+        guard loading, !readOnly, !tree.withLock({ $0.directories.isTooBig(parent) }) else { return nil }
         try loadDirectory(parent)
-        return directories.lookUp(parent, name)
+        return tree.withLock { $0.directories.lookUp(parent, name) }
     }
 
     /// Reads a directory's names (and, for a small one, its inodes into the inode cache)
     /// with one query, around the gate; the overlay's changes to it go on top.
     private func loadDirectory(_ parent: InodeNumber) throws(StoreError) {
-        let limit = directories.largestLoaded + 1
+        let (limit, inodeCapacity) = tree.withLock { ($0.directories.largestLoaded + 1, $0.inodes.capacity) }
         let rows = try db.aroundGate { () throws(StoreError) in
             try db.rows("SELECT \(Self.qualifiedInodeColumns), e.name FROM entries e LEFT JOIN inodes i ON i.id = e.inode WHERE e.parent = ? LIMIT ?",
                         [.inode(parent), .int(Int64(limit))]) { (name: NameKey($0.text(19)), node: $0.isNull(0) ? nil : Self.treeNode($0)) }
         }
-        guard rows.count < limit else { return directories.tooBigToLoad(parent) }
+        guard rows.count < limit else { return tree.withLock { $0.directories.tooBigToLoad(parent) } }
         var names = DirectoryCache.Names(minimumCapacity: rows.count)
         for row in rows {
             // A damaged row, or an entry without its inode: the directory is not held, so
@@ -173,14 +173,18 @@ extension Store {
         // Each inode as SQLite has it, unless the overlay holds it (the cache never holds
         // anything older than the overlay); only a small directory's, so one listing
         // does not push the working set out.
-        if rows.count <= cache.capacity / 8 {
+        var nodes: [TreeNode] = []
+        if rows.count <= inodeCapacity / 8 {
             for row in rows {
-                if case .success(let node) = row.node, overlay.inode(node.inode.id) == nil { cache.put(node) }
+                if case .success(let node) = row.node, overlay.inode(node.inode.id) == nil { nodes.append(node) }
             }
         }
         for name in overlay.removedNames(parent) { names[name] = nil }
         for (name, id) in overlay.addedEntries(parent) { names[name] = id }
-        directories.load(parent, names)
+        tree.withLock { t in
+            for node in nodes { t.inodes.put(node) }
+            t.directories.load(parent, names)
+        }
     }
 
     /// The inode entry `name` of `parent` names (a lookup): one query for both.
@@ -205,7 +209,7 @@ extension Store {
         }).first else { return nil }
         let checked = try row.get()
         if let shadow = overlay.inode(checked.inode.id) { return shadow?.inode }
-        cache.put(checked) // the cache never holds anything SQLite and the overlay do not
+        tree.withLock { $0.inodes.put(checked) } // never anything SQLite and the overlay do not hold
         return checked.inode
     }
 
@@ -250,7 +254,7 @@ extension Store {
 
     public func isEmptyDirectory(_ id: InodeNumber) -> Bool {
         logged("list \(id)") { () throws(StoreError) in
-            if let count = directories.count(id) { return count == 0 }
+            if let count = tree.withLock({ $0.directories.count(id) }) { return count == 0 }
             guard overlay.addedEntries(id).isEmpty else { return false }
             let removed = overlay.removedNames(id)
             let names = try db.aroundGate { () throws(StoreError) in
@@ -292,9 +296,11 @@ extension Store {
     /// After a rollback: what memory kept of the tree (inodes, the count) may hold what
     /// was undone, so it is read again from SQLite and the overlay.
     func forgetCachedTree() {
-        cache.removeAll()
-        directories.removeAll()
-        inodeTotal = nil
+        tree.withLock { t in
+            t.inodes.removeAll()
+            t.directories.removeAll()
+            t.inodeTotal = nil
+        }
         reserves = nil
         historyNames.removeAll()
     }
@@ -304,7 +310,6 @@ extension Store {
         guard var node = try node(id) else { return }
         body(&node)
         try persist(node)
-        cache.put(node)
     }
 
     /// Creates an inode and its entry `name` in `parent`.
@@ -328,9 +333,10 @@ extension Store {
         }
         nextInode = nextInode.advanced(by: 1)
         if overlayOn { overlay.noteFresh(id, history: fileID == nil ? inode.fileID : nil) }
-        inodeTotal = inodeTotal.map { $0 + 1 }
-        cache.put(node)
-        if kind == .directory { directories.load(id, [:]) } // new, so known empty: no query at its first lookup
+        tree.withLock { t in
+            t.inodeTotal = t.inodeTotal.map { $0 + 1 }
+            if kind == .directory { t.directories.load(id, [:]) } // new, so known empty: no query at its first lookup
+        }
         return inode
     }
 
@@ -454,8 +460,7 @@ extension Store {
     public func forget(_ id: InodeNumber) throws(StoreError) {
         guard let node = try node(id), node.inode.nlink == 0, id != Store.rootInode else { return }
         try treeChange { () throws(StoreError) in try record(.dropInode(id)) }
-        cache.remove(id)
-        inodeTotal = inodeTotal.map { $0 - 1 }
+        tree.withLock { $0.inodeTotal = $0.inodeTotal.map { $0 - 1 } }
     }
 
     private func noteVacated(_ id: InodeNumber) throws(StoreError) {

@@ -37,27 +37,20 @@ public final class Store: @unchecked Sendable {
     private let lockFD: Int32
     public let readOnly: Bool
 
-    /// The working set of the tree (Store+Tree); the tree itself is in SQLite. Namespace
-    /// side, as are the two below (debug builds check that the folder never touches them).
-    var cache: InodeCache {
-        _read { assertNamespaceSide(); yield cacheState }
-        _modify { assertNamespaceSide(); yield &cacheState }
+    /// The working set of the tree (Store+Tree, `TreeCache`); the tree itself is in
+    /// SQLite. Namespace side, as are the history names below (debug builds check that
+    /// the folder never touches them); readers take it from `SharedStore.tree`.
+    var tree: TreeCache {
+        assertNamespaceSide()
+        return workingSet
     }
-    private var cacheState: InodeCache
-    /// Directories' names, loaded at a first lookup (`DirectoryCache`).
-    var directories: DirectoryCache {
-        _read { assertNamespaceSide(); yield directoriesState }
-        _modify { assertNamespaceSide(); yield &directoriesState }
-    }
-    private var directoriesState: DirectoryCache
+    let workingSet: TreeCache
     /// The names directories show histories at, read at a first create (`HistoryNames`).
     var historyNames: HistoryNames {
         _read { assertNamespaceSide(); yield historyNamesState }
         _modify { assertNamespaceSide(); yield &historyNamesState }
     }
     private var historyNamesState = HistoryNames()
-    /// Inodes in the store, once counted (statfs).
-    var inodeTotal: Int?
     /// The `reserves` table, read whole at the first look and kept with every write (nil:
     /// not read, or a rollback may have undone a write): a file's open reads it.
     var reserves: [InodeNumber: [Range<Int64>]]?
@@ -153,7 +146,9 @@ public final class Store: @unchecked Sendable {
     private var overlayState = TreeOverlay()
     /// The operation log the overlay's changes go to (nil: a read-only store, or a log
     /// that failed: changes then go straight to SQLite until the next open).
-    var treeLog: OperationLog?
+    var treeLog: OperationLog? {
+        didSet { workingSet.withLock { $0.answersAbsence = treeLog != nil } }
+    }
     /// The last frame appended to `treeLog`.
     var lastLogged = LogSequence.none
     /// Folds written inside transactions still open, with their level and the last frame
@@ -223,8 +218,7 @@ public final class Store: @unchecked Sendable {
                 cachedInodes: Int = 65_536, cachedNames: Int = Store.defaultCachedNames,
                 chunker: Chunker = .standard) throws(StoreError) {
         self.directory = directory
-        cacheState = InodeCache(capacity: cachedInodes)
-        directoriesState = DirectoryCache(budget: cachedNames)
+        workingSet = TreeCache(inodes: cachedInodes, names: cachedNames)
         self.readOnly = readOnly
         if readOnly {
             guard access(directory + "/meta.sqlite", R_OK) == 0 else {

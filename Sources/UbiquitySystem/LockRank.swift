@@ -10,17 +10,21 @@ import CUbiquity
 /// 3. `store`: `SharedStore`'s lock, the namespace and, when not lent, the index.
 /// 4. `connection`: the SQLite connection's hand-off (`ConnectionLoan`): the folder
 ///    holds it while it writes a fold outside the store's lock; a claim waits on it.
-/// 5. `leaf`: locks under which no other ranked lock is taken but a file's summary (the
-///    busy files, the handle table, the small chunks' database).
-/// 6. `summary`: a `FileContent`'s summary (its size and whether it changed), which the
+/// 5. `tree`: the tree's working set in memory (`TreeCache`): the store's holder takes it
+///    for the moment of a change; lookup and getattr take it alone, without 2 or 3.
+/// 6. `leaf`: locks under which no other ranked lock is taken but a file's summary (the
+///    busy files, the handle table, the open files, the kernel's references, the small
+///    chunks' database).
+/// 7. `summary`: a `FileContent`'s summary (its size and whether it changed), which the
 ///    busy files read under their lock.
 public enum LockRank: Int, Sendable {
     case content = 1
     case filesystem = 2
     case store = 3
     case connection = 4
-    case leaf = 5
-    case summary = 6
+    case tree = 5
+    case leaf = 6
+    case summary = 7
 
     /// Notes that the calling thread takes a lock of this rank (debug builds: traps when
     /// it holds one of this rank or above). Returns what to give `released`.
@@ -67,6 +71,6 @@ public enum LockRank: Int, Sendable {
     }
 
     private static func describe(_ held: UInt32) -> String {
-        (1...6).filter { held & 1 << UInt32($0) != 0 }.map { "\(LockRank(rawValue: $0)!)" }.joined(separator: ", ")
+        (1...7).filter { held & 1 << UInt32($0) != 0 }.map { "\(LockRank(rawValue: $0)!)" }.joined(separator: ", ")
     }
 }

@@ -61,6 +61,9 @@ public final class Locked<State>: @unchecked Sendable {
     /// Whether the calling thread holds the lock now.
     public var isHeldByCurrentThread: Bool { owner.load(ordering: .relaxed) == UInt(pthread_self()) }
 
+    /// Acquisitions so far (tests count them).
+    public var acquisitionCount: UInt { acquisitions.load(ordering: .sequentiallyConsistent) }
+
     /// Whether another thread is blocked on the lock now.
     public var hasWaiters: Bool { waiters.load(ordering: .relaxed) > 0 }
 

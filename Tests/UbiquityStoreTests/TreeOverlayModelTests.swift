@@ -1,4 +1,5 @@
 import Glibc
+import Synchronization
 import Testing
 import TestSupport
 import UbiquitySystem
@@ -69,6 +70,7 @@ import UbiquitySystem
     static let names = ["a", "b", "c", "d", "\u{e9}", "e\u{301}", "long name.txt", "n.swp"]
 
     static func check(_ store: Store, _ model: Model, _ context: String) {
+        checkWorkingSet(store.workingSet, model, context)
         var seen: Set<InodeNumber> = []
         var pending = [Store.rootInode]
         while let dir = pending.popLast() {
@@ -290,7 +292,7 @@ import UbiquitySystem
         store.forgetCachedTree()
         #expect(store.child(Store.rootInode, "a") == a.id)
         #expect(store.child(Store.rootInode, "b") == b.id, "the entry is there; its inode row is not")
-        #expect(store.directories.count(Store.rootInode) == nil)
+        #expect(store.tree.withLock { $0.directories.count(Store.rootInode) } == nil)
     }
 
     @Test func framesRoundTripAndDamageIsRefused() {
@@ -337,6 +339,43 @@ import UbiquitySystem
         // A count of four billion changes in a short frame is refused, not reserved.
         #expect(TreeChange.decode([TreeChange.frameVersion, 0xff, 0xff, 0xff, 0xff, 2]) == nil)
     }
+
+    /// What lookup and getattr read without the store's lock (`TreeCache`): whatever it
+    /// holds is the tree as it is now.
+    static func checkWorkingSet(_ tree: TreeCache, _ model: Model, _ context: String) {
+        var answered = 0
+        for (dir, node) in model.nodes where node.kind == .directory {
+            for (key, id) in node.children {
+                switch tree.lookUp(dir, key.name, holding: { $0 }) {
+                case .found(_, _, let found)?:
+                    #expect(found == id, "\(context): working set: \(key.name) in \(dir) is \(found), not \(id)")
+                    answered += 1
+                case .absent?: Issue.record("\(context): working set: \(key.name) in \(dir) is absent")
+                case nil: break
+                }
+            }
+            if case .found(_, _, let found)? = tree.lookUp(dir, "never-made", holding: { $0 }) {
+                Issue.record("\(context): working set: never-made in \(dir) is \(found)")
+            }
+        }
+        let highest = model.nodes.keys.map(\.rawValue).max() ?? 1
+        for raw in 1...(highest + 8) {
+            let id = InodeNumber(rawValue: raw)
+            guard let (inode, _, _) = tree.inode(id, holding: { _ in () }) else { continue }
+            guard let node = model.nodes[id] else {
+                #expect(inode.nlink == 0, "\(context): working set holds inode \(id), which is gone")
+                continue
+            }
+            #expect(inode.kind == node.kind && inode.mode == node.mode && inode.nlink == model.nlink(id),
+                    "\(context): working set: inode \(id) \(inode.kind) \(inode.mode) nlink \(inode.nlink) against \(node.kind) \(node.mode) nlink \(model.nlink(id))")
+            answered += 1
+        }
+        workingSetAnswers.add(answered, ordering: .relaxed)
+    }
+
+    /// Answers the working set gave in the checks (a check that never finds anything
+    /// there proves nothing).
+    static let workingSetAnswers = Atomic<Int>(0)
 
     @Test(arguments: [1, 2, 3, 4, 5, 6] as [UInt64])
     func agreesWithTheModelAcrossCrashes(seed given: UInt64) throws {
@@ -426,5 +465,6 @@ import UbiquitySystem
         print("TreeOverlayModelTests seed \(seed): \(crashes) crashes, \(replayed) changes replayed, \(model.nodes.count) inodes, \(model.versions.values.reduce(0, +)) versions, \(model.tombstones) tombstones, \(model.withdrawn.count) withdrawn, \(parts) folds of a part, at most \(heldFolded) folded changes held")
         #expect(crashes > 0 && replayed > 0 && parts > 0, "seed \(seed): the run must crash, replay and fold parts")
         if seed > 4 { #expect(heldFolded > 0, "seed \(seed): the overlay must hold folded changes at times") }
+        #expect(Self.workingSetAnswers.load(ordering: .relaxed) > 0, "seed \(seed): the working set must answer in the checks")
     }
 }

@@ -61,7 +61,8 @@ import TestSupport
             first.append(Self.measure(again) { again.cycle() })
             #expect(try again.store.db.rows("SELECT count(*) FROM pending", []) { $0.int(0) } == [0])
             #expect(try again.store.db.rows("SELECT count(*) FROM versions WHERE meta = 1", []) { $0.int(0) } == [0])
-            #expect(again.store.cache.count < 50, "inodes loaded by opening and one cycle: \(again.store.cache.count)")
+            let loaded = again.store.tree.withLock { $0.inodes.count }
+            #expect(loaded < 50, "inodes loaded by opening and one cycle: \(loaded)")
         }
         #expect(open[1] == open[0], "work of opening a store of 200 and 2000 files: \(open)")
         #expect(first[1] <= first[0] + first[0] / 2, "first cycle after opening, 200 and 2000 files: \(first)")
