@@ -69,6 +69,11 @@ public final class SharedStore: Sendable {
         }
     }
 
+    /// `withLock` for sync: the store as a `SyncLedger`, all sync may do to it.
+    public func withLedger<T, E: Error>(_ body: (any SyncLedger) throws(E) -> T) throws(E) -> T {
+        try withLock { (store) throws(E) -> T in try body(store) }
+    }
+
     /// Whether another thread is blocked on the lock now.
     var hasWaiters: Bool { locked.hasWaiters }
 
@@ -152,13 +157,13 @@ public final class SharedStore: Sendable {
         hooks.withLock { $0.busy = busy }
     }
 
-    /// A change to the tree from elsewhere (a sync step): `body` gets the store and the
-    /// files it must leave alone, and returns what it changed; the conflicts it made are
-    /// added, and the observer hears of it all once the lock is released. Returns whether
-    /// another thread was waiting for the lock by the end (a caller working in slices
-    /// makes the next one short).
+    /// A change to the tree from elsewhere (a sync step): `body` gets the store (as a
+    /// `SyncLedger`) and the files it must leave alone, and returns what it changed; the
+    /// conflicts it made are added, and the observer hears of it all once the lock is
+    /// released. Returns whether another thread was waiting for the lock by the end (a
+    /// caller working in slices makes the next one short).
     @discardableResult
-    public func change(_ body: (Store, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError) -> Bool {
+    public func change(_ body: (any SyncLedger, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError) -> Bool {
         let busy = hooks.withLock { $0.busy }
         let (changes, waited) = try withLock { (store) throws(StoreError) -> (TreeChanges, Bool) in
             var changes = try body(store, busy?() ?? [])

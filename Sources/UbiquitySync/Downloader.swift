@@ -105,7 +105,7 @@ final class Downloader: @unchecked Sendable {
         guard files != .stopped, everything else { return files }
         var conflicts: [ChunkWant] = []
         do {
-            try shared.withLock { (store) throws(StoreError) in
+            try shared.withLedger { (store) throws(StoreError) in
                 conflicts = try store.missingConflictChunks()
             }
             if !conflicts.isEmpty { try chunks.download(conflicts) }
@@ -133,7 +133,7 @@ final class Downloader: @unchecked Sendable {
             var wants: [ChunkWant] = []
             var seenLast: InodeNumber?
             do {
-                try shared.withLock { (store) throws(StoreError) in
+                try shared.withLedger { (store) throws(StoreError) in
                     var bytes: Int64 = 0
                     var seen: Set<ChunkID> = []
                     room = cacheLimit.map { $0 - (store.contentTotals()?.here ?? 0) } ?? Int64.max

@@ -119,7 +119,7 @@ extension SyncEngine {
     /// file (then the older one is deleted): after the durability barrier (a power loss
     /// must not take back a value other devices have taken). Returns whether it did.
     func pushKeyValues() throws(StoreError) -> Bool {
-        guard try shared.withLock({ (store) throws(StoreError) in try store.kvUnpublished() }) != nil else { return false }
+        guard try shared.withLedger({ (store) throws(StoreError) in try store.kvUnpublished() }) != nil else { return false }
         // The generation taken before a crash (or a power loss) may be gone from the store
         // while its PUT landed: this session's first publish looks at what is there.
         if memory.ownKeyValueListed == nil {
@@ -128,7 +128,7 @@ extension SyncEngine {
         var entries: [KVEntry]?
         var marker = ""
         var generation: UInt64 = 0
-        try shared.withLock { (store) throws(StoreError) in
+        try shared.withLedger { (store) throws(StoreError) in
             if let changed = try store.kvUnpublished() {
                 entries = try store.kvOwnEntries()
                 marker = changed
@@ -155,7 +155,7 @@ extension SyncEngine {
         // Published: unless a write came meanwhile (the next cycle publishes it). A
         // failure above leaves the mark, so the next cycle that reaches the store (or the
         // next mount, after a crash) publishes again.
-        try shared.withLock { (store) throws(StoreError) in
+        try shared.withLedger { (store) throws(StoreError) in
             try store.kvPublished(marker)
             try store.setSetting(Self.announceKey, "1")
         }

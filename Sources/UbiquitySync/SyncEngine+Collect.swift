@@ -20,7 +20,7 @@ extension SyncEngine {
     @discardableResult
     public func checkpointJournal(force: Bool = false) throws(StoreError) -> Checkpoint? {
         try cycleLock.withLock { (_: inout ()) throws(StoreError) -> Checkpoint? in
-            let due = try shared.withLock { (store) throws(StoreError) -> Bool in
+            let due = try shared.withLedger { (store) throws(StoreError) -> Bool in
                 if force { return true }
                 if try store.journalCheckpointDue() { return true }
                 let log = try store.setting(Self.logBytesKey).flatMap { Int64($0) } ?? 0
@@ -39,7 +39,7 @@ extension SyncEngine {
     @discardableResult
     func writeCheckpoint() throws(StoreError) -> Checkpoint {
         let devices = try backing.devices()
-        var seq = try shared.withLock { (store) throws(StoreError) in try store.setting(Self.seqKey).flatMap { UInt64($0) } ?? 0 }
+        var seq = try shared.withLedger { (store) throws(StoreError) in try store.setting(Self.seqKey).flatMap { UInt64($0) } ?? 0 }
         if let newest = devices.newestCheckpoint(of: backing.deviceID), newest.seq >= seq {
             // A checkpoint of this seq is there (readers may have read it): a new seq, by
             // an empty segment, so no key is ever written twice.
@@ -51,7 +51,7 @@ extension SyncEngine {
             var batch: [SyncRecord] = []
             while true {
                 // Small pages: saves wait for the store's lock meanwhile.
-                let page = try shared.withLock { (store) throws(StoreError) in try store.uploadedRecords(after: after, limit: 200) }
+                let page = try shared.withLedger { (store) throws(StoreError) in try store.uploadedRecords(after: after, limit: 200) }
                 if let last = page.last {
                     batch += page.map(\.record)
                     after = last.row
@@ -67,7 +67,7 @@ extension SyncEngine {
                 if page.isEmpty { return }
             }
         }
-        try shared.withLock { (store) throws(StoreError) in
+        try shared.withLedger { (store) throws(StoreError) in
             try store.journalRewritten(records: records)
             try store.setSetting(Self.logBytesKey, "0")
             try store.setSetting(Self.checkpointBytesKey, String(bytes))
@@ -94,12 +94,12 @@ extension SyncEngine {
         cycleLock.withLock { _ in memory.sparsePacks = report.sparse }
         // Not again for packs a repacking checkpoint already left named here (a chunk this
         // device cannot read keeps its place): a full checkpoint a day that changes nothing.
-        let tried = try shared.withLock { (store) throws(StoreError) in
+        let tried = try shared.withLedger { (store) throws(StoreError) in
             Set((try store.setting(Self.repackTriedKey) ?? "").split(separator: ",").map(String.init))
         }
         if !report.sparseHere.isSubset(of: tried), let repacked = try checkpointJournal(force: true) {
             text += "; repacked: wrote a checkpoint of this device's records (\(repacked.records) records, \(byteText(repacked.bytes))) naming none of the \(report.sparseHere.count) sparse packs"
-            try shared.withLock { (store) throws(StoreError) in
+            try shared.withLedger { (store) throws(StoreError) in
                 // Bounded: with more, the next gc tries again.
                 try store.setSetting(Self.repackTriedKey, report.sparseHere.count <= 1_000 ? report.sparseHere.sorted().joined(separator: ",") : "")
             }

@@ -132,7 +132,7 @@ extension SyncEngine {
         let listed = max(cursor.listedUpTo, look.cursor.listedUpTo)
         // Written only when it moved: a quiet poll writes nothing to the store.
         if listed != cursor.listedUpTo {
-            try shared.withLock { (store) throws(StoreError) in
+            try shared.withLedger { (store) throws(StoreError) in
                 try store.setSetting(Self.listedKey, String(listed))
             }
         }
@@ -183,7 +183,7 @@ extension SyncEngine {
         if let cursor = memory.cursor { return cursor }
         var cursor = SegmentLog.Cursor()
         var generations: [DeviceID: Int64] = [:]
-        try shared.withLock { (store) throws(StoreError) in
+        try shared.withLedger { (store) throws(StoreError) in
             cursor.listedUpTo = max(0, try store.setting(Self.listedKey).flatMap { Int64($0) } ?? 0)
             for (device, position) in try store.peerPositions() {
                 if position.offset > 0 { cursor.applied[device] = UInt64(position.offset) }
@@ -204,7 +204,7 @@ extension SyncEngine {
     private func savePosition(_ device: DeviceID, cursor: SegmentLog.Cursor) throws(StoreError) {
         let position = Store.JournalPosition(generation: memory.generations[device] ?? 0,
                                              offset: Int64(clamping: cursor.applied[device, default: 0]))
-        try shared.withLock { (store) throws(StoreError) in
+        try shared.withLedger { (store) throws(StoreError) in
             try store.setPeerPosition(device, position)
         }
         // The memory follows the store at once: a pull that fails after this (a GET that
@@ -226,7 +226,7 @@ extension SyncEngine {
             let source = "devices/\(device)/checkpoint-\(seq) part \(part)"
             guard try apply([(source, lines(bytes))], of: device, generation: generation) else { return false }
         }
-        let forgotten = try shared.withLock { (store) throws(StoreError) in try store.forgetPrunedRecords(of: device, before: generation) }
+        let forgotten = try shared.withLedger { (store) throws(StoreError) in try store.forgetPrunedRecords(of: device, before: generation) }
         if forgotten > 0 {
             log("ubiquity: sync: device \(device) wrote a checkpoint without \(forgotten) record(s) this device pruned: forgotten")
         }
@@ -288,7 +288,7 @@ extension SyncEngine {
                         sliceSize: inout Int) throws(StoreError) -> Bool {
         if records.isEmpty { return true }
         let ids = records.map(\.id)
-        let held = try shared.withLock { (store) throws(StoreError) in try store.knownRecords(ids, device: device, generation: generation) }
+        let held = try shared.withLedger { (store) throws(StoreError) in try store.knownRecords(ids, device: device, generation: generation) }
         var taken: Set<VersionID> = []
         let fresh = records.filter { !held.contains($0.id) && taken.insert($0.id).inserted }
         var places: [ChunkID: ChunkPlace] = [:]
@@ -296,7 +296,7 @@ extension SyncEngine {
         // Places first: a record may name a chunk by a place another record gave, and a
         // fetch (now, or a reader's later) looks places up in the store.
         if !places.isEmpty {
-            try shared.withLock { (store) throws(StoreError) in
+            try shared.withLedger { (store) throws(StoreError) in
                 try store.setChunkPlaces(places)
             }
         }
@@ -402,7 +402,7 @@ extension SyncEngine {
         }
         let notHere = unplaced.filter { !chunks.isLocal($0) }
         // (Stored by `apply` just before: places other records of the batch gave, too.)
-        let known = notHere.isEmpty ? [:] : try shared.withLock { (store) throws(StoreError) in try store.chunkPlaces(notHere) }
+        let known = notHere.isEmpty ? [:] : try shared.withLedger { (store) throws(StoreError) in try store.chunkPlaces(notHere) }
         // Small chunks are always here (a TinyPix picture is rendered from them under the
         // store's lock, with no fetch): one that came with a place and not inline (our
         // writers never do that) is fetched now, before its record applies.
@@ -482,7 +482,7 @@ extension SyncEngine: ChunkSource {
     public func fetch(_ wants: [ChunkWant], into chunks: ChunkStore, arrived: @escaping @Sendable (ChunkID) -> Void) -> [ChunkID: String] {
         let places: [ChunkID: ChunkPlace]
         do {
-            places = try shared.withLock { (store) throws(StoreError) in try store.chunkPlaces(wants.map(\.id)) }
+            places = try shared.withLedger { (store) throws(StoreError) in try store.chunkPlaces(wants.map(\.id)) }
         } catch {
             return Dictionary(uniqueKeysWithValues: wants.map { ($0.id, "looking up its place: \(error)") })
         }

@@ -23,12 +23,12 @@ extension SyncEngine {
     func startLog() throws(StoreError) {
         guard !memory.logReady else { return }
         _ = try settleReservation()
-        let (started, anyUploaded) = try shared.withLock { (store) throws(StoreError) in
+        let (started, anyUploaded) = try shared.withLedger { (store) throws(StoreError) in
             (try store.setting(Self.startedKey) == "1", !(try store.uploadedRecords(after: 0, limit: 1)).isEmpty)
         }
         if !started {
             if anyUploaded { try writeCheckpoint() }
-            try shared.withLock { (store) throws(StoreError) in
+            try shared.withLedger { (store) throws(StoreError) in
                 try store.setSetting(Self.startedKey, "1")
             }
         }
@@ -42,7 +42,7 @@ extension SyncEngine {
     /// (`If-None-Match: *` lets only one of two racing PUTs of it land). Returns the name
     /// to reuse, if any.
     func settleReservation() throws(StoreError) -> SegmentLog.SegmentName? {
-        let reserved = try shared.withLock { (store) throws(StoreError) in try store.setting(Self.reservedKey) ?? "" }
+        let reserved = try shared.withLedger { (store) throws(StoreError) in try store.setting(Self.reservedKey) ?? "" }
         guard let name = Self.reservedName(reserved, device: backing.deviceID) else { return nil }
         guard let bytes = try backing.segment(name) else {
             // Not there. A PUT of it that is still on its way could land later, but none
@@ -53,14 +53,14 @@ extension SyncEngine {
             guard now.subtractingClamped(name.time) > 120_000 else { return name }
             let fresh = SegmentLog.SegmentName(time: SegmentLog.time(now: now, cursor: memory.cursor ?? SegmentLog.Cursor()),
                                                device: backing.deviceID, seq: name.seq)
-            try shared.withLock { (store) throws(StoreError) in
+            try shared.withLedger { (store) throws(StoreError) in
                 try store.setSetting(Self.reservedKey, "\(fresh.time)-\(fresh.seq)")
                 try store.commitBatch() // before the PUT, as in `writeSegment`
             }
             return fresh
         }
         let ids = lines(bytes).compactMap { try? RecordCodec.decode($0, journalDevice: backing.deviceID).get().id }
-        try shared.withLock { (store) throws(StoreError) in
+        try shared.withLedger { (store) throws(StoreError) in
             try store.markUploaded(ids)
             try store.setSetting(Self.seqKey, String(name.seq))
             try store.setSetting(Self.reservedKey, "")
@@ -80,14 +80,14 @@ extension SyncEngine {
     /// (a `tar -x`, a copy of a tree) waits while it grows, up to `maxPushDelay`, so it
     /// goes out as a few full segments instead of one small segment per cycle.
     private func pushDue(force: Bool) throws(StoreError) -> Bool {
-        let pending = try shared.withLock { (store) throws(StoreError) in store.pendingUploadCount }
+        let pending = try shared.withLedger { (store) throws(StoreError) in store.pendingUploadCount }
         let now = bootSecondsDouble()
         let (before, then) = (memory.lastPending, memory.lastPendingTime)
         memory.lastPending = pending
         memory.lastPendingTime = now
         if pending == 0 {
             memory.pendingSince = nil
-            return try shared.withLock { (store) throws(StoreError) in
+            return try shared.withLedger { (store) throws(StoreError) in
                 if try store.kvUnpublished() != nil { return true }
                 return try store.setting(Self.announceKey) != nil
             }
@@ -153,10 +153,10 @@ extension SyncEngine {
         // so that peers (who list devices/ only on activity) look after it landed. The
         // segment is owed until one lands: a failed one goes with a later cycle.
         let published = try pushKeyValues()
-        let owed = try shared.withLock { (store) throws(StoreError) in try store.setting(Self.announceKey) } != nil
+        let owed = try shared.withLedger { (store) throws(StoreError) in try store.setting(Self.announceKey) } != nil
         if published || owed {
             try writeSegment([], ids: [])
-            try shared.withLock { (store) throws(StoreError) in try store.removeSetting(Self.announceKey) }
+            try shared.withLedger { (store) throws(StoreError) in try store.removeSetting(Self.announceKey) }
         }
     }
 
@@ -174,7 +174,7 @@ extension SyncEngine {
         if name == nil {
             let cursor = memory.cursor ?? SegmentLog.Cursor()
             let now = Int64(time(nil)).multipliedClamped(by: 1000)
-            try shared.withLock { (store) throws(StoreError) in
+            try shared.withLedger { (store) throws(StoreError) in
                 let seq = (try store.setting(Self.seqKey).flatMap { UInt64($0) } ?? 0) + 1
                 let reserved = SegmentLog.SegmentName(time: SegmentLog.time(now: now, cursor: cursor), device: backing.deviceID, seq: seq)
                 try store.setSetting(Self.reservedKey, "\(reserved.time)-\(seq)")
@@ -191,7 +191,7 @@ extension SyncEngine {
         // On failure the reservation stays: the next push settles it.
         try backing.putSegment(name, bytes)
         let size = bytes.count
-        try shared.withLock { (store) throws(StoreError) in
+        try shared.withLedger { (store) throws(StoreError) in
             try store.markUploaded(ids)
             try store.setSetting(Self.seqKey, String(name.seq))
             try store.setSetting(Self.reservedKey, "")
@@ -224,14 +224,14 @@ extension SyncEngine {
             // Chunks uploaded while they were written: their places first (every push
             // takes them, so they never pile up in memory).
             let (staged, packs) = stager.flush(large.keys)
-            try shared.withLock { (store) throws(StoreError) in
+            try shared.withLedger { (store) throws(StoreError) in
                 try store.setChunkPlaces(staged)
             }
             // Checked when uploaded: a pack staged long ago (a file open for days) is
             // checked again before it is named (the collector may have made it a fossil).
             memory.verifiedPacks.merge(packs) { _, uploaded in uploaded }
         }
-        let known = large.isEmpty ? [:] : try shared.withLock { (store) throws(StoreError) in try store.chunkPlaces(large.keys) }
+        let known = large.isEmpty ? [:] : try shared.withLedger { (store) throws(StoreError) in try store.chunkPlaces(large.keys) }
         let (gone, sparse) = try unusablePacks(Set(known.values.map(\.pack)))
         var places = known.filter { !gone.contains($0.value.pack) && !sparse.contains($0.value.pack) }
         // In the order of the files that name them: a file's chunks lie together in a
@@ -254,7 +254,7 @@ extension SyncEngine {
             for id in missing where places[id] == nil {
                 if let old = known[id], sparse.contains(old.pack) { places[id] = old }
             }
-            try shared.withLock { (store) throws(StoreError) in
+            try shared.withLedger { (store) throws(StoreError) in
                 try store.setChunkPlaces(uploaded)
             }
         }
@@ -262,7 +262,7 @@ extension SyncEngine {
         // fetched from a fossil the chunks that are not here); those in sparse packs stay
         // until a new place replaces them (above, or when the chunk is named next).
         if !gone.isEmpty {
-            try shared.withLock { (store) throws(StoreError) in
+            try shared.withLedger { (store) throws(StoreError) in
                 for pack in gone { try store.forgetPlaces(inPack: pack) }
             }
         }

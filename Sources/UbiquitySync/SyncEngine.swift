@@ -311,7 +311,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         // requests need. Asked for (`ubiquity sync`) or stopping, it runs.
         let now = monotonicNanos()
         let (asked, lastCycle) = state.withLock { ($0.pushNow || $0.stopped, $0.lastCycle) }
-        if !asked, shared.withLock({ $0.treeChangesSettling(since: lastCycle, now: now) }) { return }
+        if !asked, shared.withLedger({ $0.treeChangesSettling(since: lastCycle, now: now) }) { return }
         state.withLock { $0.lastCycle = now }
         cycleLock.withLock { _ in
             let force = state.withLock { s in defer { s.pushNow = false }; return s.pushNow }
@@ -405,7 +405,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             } catch { problem = error }
         }
         var pending = 0
-        try shared.withLock { (store) throws(StoreError) in
+        try shared.withLedger { (store) throws(StoreError) in
             pending = store.pendingUploadCount
             conflicts = try store.totalConflicts()
         }
@@ -447,7 +447,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     /// every request for the whole batch), and the last slice and `body` in one hold, so
     /// that reconcile never meets a view that forgot a local change made before it, and a
     /// push never sends a record without those of the changes made before it.
-    func withLocalChangesRecorded(_ body: (Store, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError) {
+    func withLocalChangesRecorded(_ body: (any SyncLedger, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError) {
         var more = true
         while more {
             try shared.change { (store, busy) throws(StoreError) -> TreeChanges in
@@ -480,7 +480,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     /// show, and its dot would be given to another record).
     func makeDurable() throws(StoreError) {
         var mark: DurabilityMark?
-        try shared.withLock { (store) throws(StoreError) in
+        try shared.withLedger { (store) throws(StoreError) in
             mark = try store.durabilityMark()
         }
         guard let mark, mark.row > 0 else { return }
