@@ -144,7 +144,7 @@ extension FileSystem {
             report.bytesFreed += freed.values.reduce(0, +)
             start += batch.count
             progress?("sweeping", start, ids.count)
-            usleep(200) // saves and readers of small chunks wait for the same lock (not fair)
+            chunks.yieldToWaiters() // saves and readers of small chunks wait for the same lock
         }
         if report.chunksDeleted > 0 { try storeCall { () throws(StoreError) in try chunks.compact() } }
         // The metadata's free pages, a step per hold of the filesystem's lock.

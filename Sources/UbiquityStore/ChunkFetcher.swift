@@ -64,6 +64,9 @@ final class ChunkFetcher: Sendable {
     private let sourceBox = Locked<SourceBox?>(nil)
     private let check = Locked<CheckBox?>(nil)
     private let timeoutNanos = Locked<Int64>(30_000_000_000)
+    /// The readers waiting for a fetch, as a group the downloader waits on to be empty
+    /// (`ChunkStore.awaitNoReaders`): background downloading yields to them.
+    let readers = DispatchGroup()
     /// Source calls at once: readers of many files must not start a thread each.
     private let slots = DispatchSemaphore(value: 16)
 
@@ -157,8 +160,12 @@ final class ChunkFetcher: Sendable {
         }
         guard wait else { return }
         waitFor = Array(waitFor.prefix(waiting))
+        readers.enter()
         state.withLock { $0.waiting += 1 }
-        defer { state.withLock { $0.waiting -= 1 } }
+        defer {
+            state.withLock { $0.waiting -= 1 }
+            readers.leave()
+        }
         let deadline = DispatchTime.now() + .nanoseconds(Int(timeoutNanos.withLock { $0 }))
         // Last first: the chunks of one request usually come in order from one GET, so the
         // reader wakes once when its last chunk is here, not once per chunk.

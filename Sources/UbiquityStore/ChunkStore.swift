@@ -166,6 +166,14 @@ public final class ChunkStore: Sendable {
     /// A checkpoint of the small chunks' database from a connection of its own.
     func checkpoint() throws(StoreError) { try small.checkpointer.run() }
 
+    /// Between two batches of a sweep: a save or a read of a small chunk that waits for
+    /// their database's lock takes it before the next batch does (the lock is not fair).
+    public func yieldToWaiters() { small.yieldToWaiters() }
+
+    /// Waits until no reader waits for a fetch, or until `deadline`; returns whether none
+    /// waits (background downloading lets readers have the network first).
+    public func awaitNoReaders(until deadline: DispatchTime) -> Bool { fetcher.readers.wait(timeout: deadline) == .success }
+
     /// Returns the pages of swept rows to the filesystem (gc's last step).
     public func compact() throws(StoreError) { try small.compact() }
 

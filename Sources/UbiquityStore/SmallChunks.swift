@@ -196,6 +196,9 @@ final class SmallChunks: Sendable {
         }
     }
 
+    /// Between two holds of background work: a thread waiting for the lock takes it first.
+    func yieldToWaiters() { state.yieldToWaiters() }
+
     /// Durability barrier for every row written so far (`all`: by any process, even if
     /// this one wrote none: recovery after a crash).
     func sync(all: Bool = false) throws(StoreError) {

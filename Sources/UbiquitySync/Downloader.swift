@@ -128,7 +128,7 @@ final class Downloader: @unchecked Sendable {
         while true {
             if state.withLock({ $0.stopped || !$0.enabled }) { return .stopped }
             // Reads first: a reader waiting for a fetch has the network to itself.
-            while chunks.fetchStatistics.readersWaiting > 0 && !state.withLock({ $0.stopped }) { usleep(20_000) }
+            while !chunks.awaitNoReaders(until: .now() + 1), !state.withLock({ $0.stopped }) {}
             var files: [InodeNumber] = []
             var wants: [ChunkWant] = []
             var seenLast: InodeNumber?

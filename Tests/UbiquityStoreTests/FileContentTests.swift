@@ -1,3 +1,4 @@
+import Dispatch
 import Glibc
 import Testing
 import TestSupport
@@ -158,5 +159,50 @@ extension FileContentTests {
         #expect(out == bytes)
         #expect(source.calls.count == 1, "\(source.calls.map(\.count)) chunks per call, of \(committed.count)")
         #expect(source.calls.first?.count == committed.count)
+    }
+}
+
+/// A source that holds every fetch until released.
+final class GatedChunkSource: ChunkSource, @unchecked Sendable {
+    let from: ChunkStore
+    let entered = DispatchSemaphore(value: 0)
+    let release = DispatchSemaphore(value: 0)
+    init(from: ChunkStore) { self.from = from }
+
+    func fetch(_ wants: [ChunkWant], into chunks: ChunkStore, arrived: @escaping @Sendable (ChunkID) -> Void) -> [ChunkID: String] {
+        entered.signal()
+        release.wait()
+        for want in wants {
+            try? chunks.putVerified(want.id, try from.read(want.id))
+            arrived(want.id)
+        }
+        return [:]
+    }
+}
+
+extension FileContentTests {
+    /// Background downloading waits for readers that wait for a fetch
+    /// (`ChunkStore.awaitNoReaders`): not while none waits, and until the last one has
+    /// its chunk, not to the next poll.
+    @Test func awaitNoReadersEndsWhenTheLastReaderHasItsChunk() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let there = try ChunkStore(directory: dir.path + "/there")
+        let bytes = Array(repeating: UInt8(7), count: 100_000)
+        let id = ChunkID(hashing: bytes)
+        try there.put(id, bytes)
+        let here = try ChunkStore(directory: dir.path + "/here")
+        let source = GatedChunkSource(from: there)
+        here.setSource(source)
+        #expect(here.awaitNoReaders(until: .now()), "no reader waits")
+        let read = Locked<[UInt8]?>(nil)
+        let reader = JoinableThread { read.withLock { $0 = try? here.read(id, size: bytes.count) } }
+        source.entered.wait()
+        while here.fetchStatistics.readersWaiting == 0 { usleep(1000) }
+        #expect(!here.awaitNoReaders(until: .now() + .milliseconds(50)), "a reader waits for its fetch")
+        source.release.signal()
+        #expect(here.awaitNoReaders(until: .now() + 30), "the reader has its chunk")
+        reader.join()
+        #expect(read.withLock { $0 } == bytes)
     }
 }
