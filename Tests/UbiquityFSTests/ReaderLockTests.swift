@@ -97,6 +97,42 @@ import UbiquitySystem
         try fs.release(s.open)
     }
 
+    /// Readers on other threads while a writer renames one file back and forth and
+    /// rewrites another: every answer is a state the tree was in (the one inode under one
+    /// of its two names; the other file's size one it had, 0 while a save truncates), and
+    /// no lock is taken out of order (debug builds trap).
+    @Test func readersDuringRenamesSeeOnlyStatesTheTreeWasIn() throws {
+        let s = try Self.setUp()
+        let fs = s.harness.fs!
+        let (name, ino) = s.files[0]
+        let other = s.files[1].ino
+        let directory = s.directory
+        let stop = Atomic<Bool>(false), wrong = Atomic<Int>(0), found = Atomic<Int>(0)
+        let readers = (0..<2).map { _ in
+            JoinableThread {
+                while !stop.load(ordering: .relaxed) {
+                    for candidate in [name, "renamed"] {
+                        guard let a = try? fs.lookupOrAbsence(parent: directory, name: candidate) else { continue }
+                        found.add(1, ordering: .relaxed)
+                        if a.ino != ino { wrong.add(1, ordering: .relaxed) }
+                        fs.forget(a.ino, count: 1)
+                    }
+                    if let size = try? fs.getattr(other).size, ![0, 2, 5].contains(size) { wrong.add(1, ordering: .relaxed) }
+                }
+            }
+        }
+        for round in 0..<1_000 {
+            try fs.rename(parent: s.directory, name: round % 2 == 0 ? name : "renamed", newParent: s.directory,
+                          newName: round % 2 == 0 ? "renamed" : name, flags: 0)
+            _ = try s.harness.save(s.files[1].name, round % 2 == 0 ? "fives" : "ff", in: s.directory)
+        }
+        stop.store(true, ordering: .relaxed)
+        for reader in readers { reader.join() }
+        #expect(wrong.load(ordering: .relaxed) == 0)
+        #expect(found.load(ordering: .relaxed) > 0)
+        try fs.release(s.open)
+    }
+
     /// A name sync removes is gone from the working set when the change is: a lookup
     /// after it misses, and a lookup before it counted its reference first, so the inode
     /// stays until the kernel forgets it.
