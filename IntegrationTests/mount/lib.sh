@@ -912,13 +912,17 @@ dump_sync_state() {
     echo "--- tree of $m (.conflicts included):"
     (cd "$m" && find . -path ./.versions -prune -o -print | LC_ALL=C sort | head -n 80)
     # What the daemon serves (O_DIRECT: past the kernel's page cache) against what a read
-    # gets, and the newest version's name, of the small files at the top: a file that
-    # reads old tells a missed notice from a change not applied.
-    echo "--- small files at the top of $m: cached read | direct read | newest version"
+    # gets, the newest version's name, the device of the version shown and whether the
+    # file has unsaved writes, of the small files at the top: a file that reads old tells
+    # a missed notice from a change not applied, and a change not applied from one
+    # deferred for unsaved writes.
+    echo "--- small files at the top of $m: cached read | direct read | newest version | shown from | dirty"
     (cd "$m" && find . -maxdepth 1 -type f -size -2k 2>/dev/null | LC_ALL=C sort | head -n 20 | while read -r f; do
-      printf '  %s: %q | %q | %s\n' "$f" "$(head -c 40 -- "$f" 2>&1)" \
+      printf '  %s: %q | %q | %s | %s | %s\n' "$f" "$(head -c 40 -- "$f" 2>&1)" \
         "$(dd if="$f" iflag=direct bs=4096 count=1 2>/dev/null | head -c 40)" \
-        "$(LC_ALL=C ls -1 -- ".versions/${f#./}" 2>/dev/null | tail -n 1)"
+        "$(LC_ALL=C ls -1 -- ".versions/${f#./}" 2>/dev/null | tail -n 1)" \
+        "$(getfattr --only-values -n user.ubiquity.device -- "$f" 2>/dev/null)" \
+        "$(getfattr --only-values -n user.ubiquity.dirty -- "$f" 2>/dev/null)"
     done)
   done < <(device_mounts)
   [[ -d $b/log ]] || return 0

@@ -200,8 +200,7 @@ extension FileSystem {
     // MARK: readdir
 
     public func opendir(_ ino: InodeNumber) throws(Errno) -> HandleID {
-        if !VirtualViews.isVirtual(ino), !KeyValueDoor.owns(ino),
-           let (dir, _, _) = store.tree.inode(ino, holding: { _ in () }), dir.kind == .directory {
+        if Self.isTreeNode(ino), let (dir, _, _) = store.tree.inode(ino, holding: { _ in () }), dir.kind == .directory {
             return handles.register(.directory(ino: ino, entries: nil))
         }
         return try meta.withLock { (m) throws(Errno) -> HandleID in
@@ -221,8 +220,7 @@ extension FileSystem {
         // A directory of the tree (not the root, which lists the views too) whose names
         // and inodes are all in the working set is listed without the filesystem's or
         // the store's lock. The kernel runs one readdir of a handle at a time.
-        if case .directory(let ino, let entries) = handles[handle], ino != Store.rootInode,
-           !VirtualViews.isVirtual(ino), !KeyValueDoor.owns(ino) {
+        if case .directory(let ino, let entries) = handles[handle], ino != Store.rootInode, Self.isTreeNode(ino) {
             if !fromStart, let entries { return entries }
             if let listed = store.tree.listing(ino, holding: { [openFiles] in openFiles[$0] }) {
                 let fresh = listed.map {
@@ -245,7 +243,7 @@ extension FileSystem {
     /// are counted under their own lock; the views' and keys' under the filesystem's.
     public func noteLookups(_ inos: [InodeNumber]) {
         guard !inos.isEmpty else { return }
-        let inTree = inos.filter { !KeyValueDoor.owns($0) && !VirtualViews.isVirtual($0) }
+        let inTree = inos.filter(Self.isTreeNode)
         references.add(inTree)
         guard inTree.count < inos.count else { return }
         state.withLock { m in

@@ -139,9 +139,10 @@ extension FileSystem.Meta {
     /// What of `changes` the kernel may hold in its caches. It holds nothing of an inode
     /// it was never given or has forgotten (no lookup count), nor any name in such a
     /// directory: a device joining a container makes whole directories the kernel has
-    /// never seen, and needs no notice for each of their names. A lookup counts under the
-    /// same lock before its reply, so one that races with this change either counts
-    /// first (and its names are told) or finds the change made.
+    /// never seen, and needs no notice for each of their names. A lookup counts its
+    /// reference before its reply, under the lock the change was made under (the working
+    /// set's, or the store's when it missed), so one that races with this change either
+    /// counts first (and its names are told) or finds the change made.
     func cachedByKernel(_ changes: TreeChanges) -> TreeChanges {
         let known = references.known(changes.inodes.union(changes.downloads).union(changes.entries.map(\.parent)))
         var cached = changes

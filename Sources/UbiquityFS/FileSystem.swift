@@ -216,8 +216,7 @@ public final class FileSystem: Sendable {
 
     public func getattr(_ ino: InodeNumber) throws(Errno) -> Attributes {
         // The working set answers without the filesystem's or the store's lock.
-        if !KeyValueDoor.owns(ino) && !VirtualViews.isVirtual(ino),
-           let (inode, primaryName, open) = store.tree.inode(ino, holding: { [openFiles] in openFiles[$0] }) {
+        if Self.isTreeNode(ino), let (inode, primaryName, open) = store.tree.inode(ino, holding: { [openFiles] in openFiles[$0] }) {
             return Self.attributes(inode, primaryName: primaryName, open: open)
         }
         return try meta.withLock { (m) throws(Errno) -> Attributes in
@@ -273,7 +272,7 @@ public final class FileSystem: Sendable {
     }
 
     public func readlink(_ ino: InodeNumber) throws(Errno) -> String {
-        if !VirtualViews.isVirtual(ino), !KeyValueDoor.owns(ino), let (inode, _, _) = store.tree.inode(ino, holding: { _ in () }) {
+        if Self.isTreeNode(ino), let (inode, _, _) = store.tree.inode(ino, holding: { _ in () }) {
             guard inode.kind == .symlink, let target = inode.target else { throw .invalid }
             return target
         }
@@ -310,6 +309,10 @@ public final class FileSystem: Sendable {
 }
 
 extension FileSystem {
+    /// Whether `ino` is a node of the tree, which the working set may hold: not one of the
+    /// history views' nodes or of the key-value door's, numbered apart (`NodeNumbering`).
+    static func isTreeNode(_ ino: InodeNumber) -> Bool { !VirtualViews.isVirtual(ino) && !KeyValueDoor.owns(ino) }
+
     /// Attributes with the live size and mtime of `open`, the file open at `inode`, if any.
     /// `primaryName`: the inode's own (a TinyPix file shows its view's size).
     static func attributes(_ inode: Inode, primaryName: String?, open: OpenFile?) -> Attributes {

@@ -410,9 +410,9 @@ public final class FileContent: @unchecked Sendable {
     /// store, calls `record` with the new chunk list (still under this content's lock, so
     /// commits of one file are recorded in order), and makes the list `record` returns
     /// (usually the same) the new base. Returns whether a commit happened.
-    @discardableResult
     /// - Parameter proceed: asked under the content's lock, before anything is done: false
     ///   leaves the changes for a later commit (a last close that a new open overtook).
+    @discardableResult
     public func commit(chunker: Chunker? = nil, proceed: () -> Bool = { true },
                        record: (ChunkList) throws(StoreError) -> ChunkList) throws(StoreError) -> Bool {
         let chunker = chunker ?? chunks.chunker

@@ -86,7 +86,4 @@ public final class TreeCache: Sendable {
 
     /// The inode count, once the store has counted (nil: ask the store).
     public var inodeTotal: Int? { state.withLock { $0.inodeTotal } }
-
-    /// Names held now (tests, status).
-    public var names: Int { state.withLock { $0.directories.names } }
 }
