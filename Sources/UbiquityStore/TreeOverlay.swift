@@ -18,7 +18,9 @@ struct TreeOverlay {
     private(set) var changes: [TreeChange] = []
     /// Changes before this index are in SQLite already (a group commit's parts): the rows
     /// still show them, as SQLite has them too, and a fold starts after them, so a part
-    /// costs its own changes and not a rebuild of the rest (`markFolded`).
+    /// costs its own changes and not a rebuild of the rest (`markFolded`). They hold only
+    /// while every write goes through the overlay: the gate drops them before anything
+    /// writes SQLite past it (`Store.foldTree`).
     private(set) var folded = 0
     /// Changes from this index on are not in a log frame yet.
     private(set) var unlogged = 0

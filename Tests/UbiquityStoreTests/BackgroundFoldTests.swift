@@ -33,8 +33,8 @@ import UbiquitySystem
     }
 
     /// The model test of the overlay (`TreeOverlayModelTests`) with a folder thread: random
-    /// tree changes, saves, editor saves, links and xattrs under the lock, folds of parts
-    /// written meanwhile, barriers, rollbacks, and kill -9 at random points (the files
+    /// tree changes, saves, editor saves, links and xattrs under the lock (some in a
+    /// transaction, as sync makes them), folds of parts written meanwhile, barriers, rollbacks, and kill -9 at random points (the files
     /// copied as they are, sometimes while a part is being written). The tree equals the
     /// model throughout and after every crash.
     @Test(arguments: [1, 2, 3, 4] as [UInt64])
@@ -70,6 +70,27 @@ import UbiquitySystem
                         _ = try store.db.rows("SELECT count(*) FROM entries", []) { $0.int(0) }
                         throw StoreError.database("abandoned")
                     }
+                }
+            case 6, 7:
+                // A part written whose bookkeeping is left to the lock's next holder, then a
+                // sync step's transaction, as when one takes the lock between the folder's
+                // write and its last step.
+                let lender = shared
+                let helper = JoinableThread {
+                    guard case .fold(let part)? = lender.withLock({ (store) in try? store.beginFold() }) else { return }
+                    part.write()
+                }
+                helper.join()
+                fallthrough
+            case 5:
+                // A change in a transaction of its own, as a sync step makes one: straight to
+                // SQLite, past whatever rows a part the folder wrote left in the overlay.
+                try shared.withLock { (store) throws in
+                    var failure: (any Error)?
+                    try store.standaloneStep { () throws(StoreError) in
+                        do { try TreeOverlayModelTests.step(store, &model, &rng) } catch { failure = error }
+                    }
+                    if let failure { throw failure }
                 }
             case 3, 4:
                 // kill -9, half the time without the lock: the folder may be writing.
@@ -137,6 +158,15 @@ import UbiquitySystem
         #expect(shared.withLock { $0.overlay.isEmpty })
     }
 
+    /// A mounted store's way of committing (batches, the operation log), with bursts
+    /// folded as soon as they are asked to be, and its shared store.
+    static func folding(_ path: String) throws -> (Store, SharedStore) {
+        let store = try Store(directory: path, deviceName: "folder")
+        store.startBatching()
+        store.foldPolicy.quiet = 0
+        return (store, SharedStore(store))
+    }
+
     /// A directory `burst` and `files` files made in it, a request each.
     static func burst(_ shared: SharedStore, files: Int) throws(StoreError) -> Inode {
         let burst = try shared.withLock { (store) throws(StoreError) in
@@ -187,10 +217,7 @@ import UbiquitySystem
                 for f in 0..<20 { _ = try store.create(parent: parent.id, name: "f\(f)", kind: .file, mode: 0o644, uid: 1, gid: 1) }
             }
         }
-        let store = try Store(directory: dir.path, deviceName: "folder")
-        store.startBatching()
-        store.foldPolicy.quiet = 0
-        let shared = SharedStore(store)
+        let (store, shared) = try Self.folding(dir.path)
         // A burst for the folder to write.
         let burst = try Self.burst(shared, files: 200)
         let lent = Atomic<Bool>(false), requestsDone = Atomic<Bool>(false)
@@ -241,6 +268,40 @@ import UbiquitySystem
         }
     }
 
+    /// A part that was all the overlay held, settled by a claim in the middle of a hold,
+    /// leaves its rows in the overlay; a transaction after it writes SQLite past them, as
+    /// a sync step does when it shows another device's version. Reads then see that
+    /// write, not the part's rows (t-sync-garbage's flow stalled: the peer's version
+    /// taken in and shown, the old one still read, until the next local change).
+    @Test func rowsOfAFoldedPartDoNotShadowALaterTransaction() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let (store, shared) = try Self.folding(dir.path)
+        let file = try shared.withLock { (store) throws(StoreError) in
+            try store.create(parent: Store.rootInode, name: "f", kind: .file, mode: 0o644, uid: 1, gid: 1)
+        }
+        // The folder writes the whole overlay; the lock's next holder settles the part.
+        let wrote = Atomic<Bool>(false)
+        let folder = JoinableThread {
+            guard case .fold(let part)? = shared.withLock({ (store) in try? store.beginFold() }) else { return }
+            store.writeFold(part)
+            wrote.store(true, ordering: .releasing)
+        }
+        folder.join()
+        let tookPart = wrote.load(ordering: .acquiring)
+        #expect(tookPart, "the folder took a part")
+        try shared.withLock { (store) throws(StoreError) in
+            try store.db.transaction { () throws(StoreError) in
+                guard var inode = store.inode(file.id) else { throw .database("inode \(file.id) is gone") }
+                inode.mode = 0o600
+                try store.update(inode)
+            }
+        }
+        shared.withLock { (store) in #expect(store.inode(file.id)?.mode == 0o600, "the transaction's write is read back") }
+        try shared.withLock { (store) throws(StoreError) in try store.commitBatch() }
+        shared.withLock { (store) in #expect(store.inode(file.id)?.mode == 0o600, "and after the next commit") }
+    }
+
     /// A durability barrier's flush of the index (a transaction with synchronous=FULL)
     /// runs without the store's lock: requests on the namespace go on meanwhile, without
     /// a wait or a statement on its connection, and the barrier still marks the versions.
@@ -288,10 +349,7 @@ import UbiquitySystem
     @Test func aHolderThatFindsTheConnectionLentGivesTheLockBack() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
-        let store = try Store(directory: dir.path, deviceName: "folder")
-        store.startBatching()
-        store.foldPolicy.quiet = 0
-        let shared = SharedStore(store)
+        let (_, shared) = try Self.folding(dir.path)
         let burst = try Self.burst(shared, files: 50)
         let ranLent = Atomic<Int>(-1)
         var background: JoinableThread?
