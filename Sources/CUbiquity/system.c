@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <stdio.h>
+#include <sys/random.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 #include "CUbiquity.h"
@@ -25,6 +26,8 @@ const int ubq_falloc_punch_hole = FALLOC_FL_PUNCH_HOLE;
 const int ubq_falloc_zero_range = FALLOC_FL_ZERO_RANGE;
 
 pid_t ubq_gettid(void) { return gettid(); }
+
+ssize_t ubq_getrandom(void *buffer, size_t length) { return getrandom(buffer, length, 0); }
 
 long long ubq_filesystem_type(int fd) {
     struct statfs st;

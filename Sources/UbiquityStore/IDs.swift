@@ -47,8 +47,7 @@ public struct ID128: Hashable, Comparable, Sendable {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
         let millis = UInt64(max(0, ts.tv_sec)) &* 1000 &+ UInt64(max(0, ts.tv_nsec) / 1_000_000)
-        var rng = SystemRandomNumberGenerator()
-        let random = rng.next() as UInt64, more = rng.next() as UInt64
+        let random = RandomPool.next(), more = RandomPool.next()
         return ID128(high: millis << 16 | random >> 48, low: more)
     }
 }

@@ -71,17 +71,24 @@ public final class TreeCache: Sendable {
     /// `holding` as in `lookUp`, once per entry.
     public func listing<Extra>(_ parent: InodeNumber, holding: (InodeNumber) -> Extra)
         -> [(name: String, inode: Inode, primaryName: String?, extra: Extra)]? {
-        let listed = state.withLock { s -> [(name: String, inode: Inode, primaryName: String?, extra: Extra)]? in
+        // Sorted outside the lock, and as positions into concrete types: a sort of the
+        // generic tuples moves each one through value witnesses, O(n log n) of them.
+        let found = state.withLock { s -> (nodes: [(name: String, node: TreeNode)], extras: [Extra])? in
             guard let names = s.directories.listing(parent) else { return nil }
-            var listed: [(name: String, inode: Inode, primaryName: String?, extra: Extra)] = []
-            listed.reserveCapacity(names.count)
+            var nodes: [(name: String, node: TreeNode)] = []
+            var extras: [Extra] = []
+            nodes.reserveCapacity(names.count)
+            extras.reserveCapacity(names.count)
             for (key, id) in names {
                 guard let node = s.inodes.get(id) else { return nil }
-                listed.append((key.name, node.inode, node.link?.name, holding(id)))
+                nodes.append((key.name, node))
+                extras.append(holding(id))
             }
-            return listed
+            return (nodes, extras)
         }
-        return listed?.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
+        guard let (nodes, extras) = found else { return nil }
+        let order = nodes.indices.sorted { nodes[$0].name.utf8.lexicographicallyPrecedes(nodes[$1].name.utf8) }
+        return order.map { (nodes[$0].name, nodes[$0].node.inode, nodes[$0].node.link?.name, extras[$0]) }
     }
 
     /// The inode count, once the store has counted (nil: ask the store).

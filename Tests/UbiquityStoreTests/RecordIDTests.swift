@@ -1,4 +1,5 @@
 import Glibc
+import Synchronization
 import Testing
 import UbiquitySystem
 import UbiquityStore
@@ -24,5 +25,20 @@ import UbiquityStore
         // Many in the same millisecond: all different.
         let burst = (0..<5_000).map { _ in FileID.new() }
         #expect(Set(burst).count == burst.count)
+    }
+
+    /// The ids' random words come from a pool drawn from the kernel 4 KiB at a time
+    /// (`RandomPool`): each word is handed out once, across refills and threads.
+    @Test func thePoolHandsOutEachWordOnce() {
+        let drawn = Mutex<[UInt64]>([])
+        let threads = (0..<4).map { _ in
+            JoinableThread {
+                let mine = (0..<3_000).map { _ in RandomPool.next() }
+                drawn.withLock { $0 += mine }
+            }
+        }
+        for thread in threads { thread.join() }
+        let words = drawn.withLock { $0 }
+        #expect(words.count == 12_000 && Set(words).count == words.count)
     }
 }

@@ -36,6 +36,9 @@ int ubq_rename_exchange(const char *a, const char *b);
 /// gettid(2): the calling thread's id (for setpriority of one thread).
 pid_t ubq_gettid(void);
 
+/// getrandom(2) with no flags: up to `length` random bytes into `buffer`.
+ssize_t ubq_getrandom(void *buffer, size_t length);
+
 /// fallocate(2) mode bits.
 extern const int ubq_falloc_keep_size;
 extern const int ubq_falloc_punch_hole;
