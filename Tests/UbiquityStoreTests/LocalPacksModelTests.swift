@@ -1,0 +1,218 @@
+import Glibc
+import Synchronization
+import Testing
+import TestSupport
+import UbiquitySystem
+@testable import UbiquityStore
+
+/// Local packs (`LocalPacks`) against a model: random puts (new chunks and chunks already
+/// there), reads, gc's removals, syncs, compactions, and crashes at random points. A crash
+/// is a copy of the files as they are, with each pack not flushed since cut at a random
+/// length past what the last sync flushed, sometimes with stray bytes after the cut (a
+/// power loss that kept part of a write), and a reopen from the copy.
+/// - Every chunk reads back verified while open, and none that was removed.
+/// - After a crash, every chunk synced and not removed since is there; whatever else is
+///   there was put once and reads back verified; nothing else is.
+/// - After a compaction of every pack with dead records, a sealed pack holds exactly its
+///   header and its live records, on the disk too: no byte is left behind.
+@Suite struct LocalPacksModelTests {
+    struct Model {
+        /// Everything ever put, by id, and the ids in the order they were first put (the
+        /// run's random choices go by it: a set's order differs between processes, and a
+        /// seed must replay).
+        var everPut: [ChunkID: [UInt8]] = [:]
+        var order: [ChunkID] = []
+        /// In the packs now (not removed).
+        var live: Set<ChunkID> = []
+        /// Live and flushed by a sync since it was last put: must survive a crash.
+        var durable: Set<ChunkID> = []
+    }
+
+    @Test(arguments: [1, 2, 3, 4] as [UInt64])
+    func agreesWithTheModelAcrossCrashes(seed given: UInt64) throws {
+        let seed = replayableSeed(given, variable: "UBQ_PACKS_SEED", test: "agreesWithTheModelAcrossCrashes",
+                                  filter: "LocalPacksModelTests")
+        var rng = SplitMix64(seed: seed)
+        var dir = TempDirectory()
+        defer { dir.cleanup() }
+        let limit = Int64(2_048 + rng.int(0..<16_384))
+        var packs = try LocalPacks(directory: dir.path + "/packs", packLimit: limit)
+        var model = Model()
+        // Each pack's size on the disk at the last sync: a crash keeps at least that much.
+        var flushed: [String: Int64] = [:]
+        var crashes = 0, compactions = 0, freedTotal: Int64 = 0
+        for round in 0..<1_500 {
+            let context = "seed \(seed), round \(round)"
+            switch rng.int(0..<100) {
+            case 0..<45:
+                // A new chunk, or one already there (a put of it is nothing).
+                let bytes: [UInt8]
+                if !model.order.isEmpty && rng.int(0..<5) == 0 {
+                    bytes = model.everPut[model.order[rng.int(0..<model.order.count)]]!
+                } else {
+                    bytes = rng.bytes(1 + rng.int(0..<3_000))
+                }
+                let id = ChunkID(hashing: bytes)
+                try packs.put(id, bytes)
+                if model.everPut.updateValue(bytes, forKey: id) == nil { model.order.append(id) }
+                model.live.insert(id)
+            case 45..<65:
+                guard !model.order.isEmpty else { continue }
+                let id = model.order[rng.int(0..<model.order.count)]
+                let read = try packs.read(id)
+                #expect(read == (model.live.contains(id) ? model.everPut[id] : nil), "\(context): read \(id)")
+            case 65..<75:
+                let removed = model.order.filter { model.live.contains($0) && rng.int(0..<3) == 0 }
+                packs.remove(removed)
+                model.live.subtract(removed)
+                model.durable.subtract(removed)
+            case 75..<85:
+                try packs.sync()
+                model.durable = model.live
+                flushed = Self.packSizes(dir.path + "/packs")
+            case 85..<90:
+                freedTotal += try packs.compact(deadShare: rng.int(0..<2) == 0 ? 0 : 0.5)
+                compactions += 1
+                // The compaction synced: everything live is flushed.
+                model.durable = model.live
+                flushed = Self.packSizes(dir.path + "/packs")
+            default:
+                // A crash: the files as they are, packs cut past their flushed length.
+                let copy = TempDirectory()
+                copyTree(dir.path, to: copy.path)
+                for (name, size) in Self.packSizes(copy.path + "/packs").sorted(by: { $0.key < $1.key }) {
+                    let kept = flushed[name] ?? 0
+                    guard size > kept, rng.int(0..<2) == 0 else { continue }
+                    let cut = kept + Int64(rng.int(0..<Int(size - kept + 1)))
+                    let path = copy.path + "/packs/" + name
+                    #expect(truncate(path, off_t(cut)) == 0)
+                    if rng.int(0..<3) == 0 { Self.append(rng.bytes(1 + rng.int(0..<100)), to: path) }
+                }
+                packs = try LocalPacks(directory: copy.path + "/packs", packLimit: limit)
+                dir.cleanup()
+                dir = copy
+                crashes += 1
+                for id in model.durable {
+                    #expect(try packs.read(id) == model.everPut[id], "\(context) after a crash: durable chunk \(id)")
+                }
+                var present: Set<ChunkID> = []
+                for (id, bytes) in model.everPut where packs.contains(id) {
+                    #expect(try packs.read(id) == bytes, "\(context) after a crash: chunk \(id)")
+                    present.insert(id)
+                }
+                #expect(packs.count == present.count, "\(context) after a crash: chunks that were never put")
+                // What the crash left is on the disk now.
+                model.live = present
+                model.durable = present
+                flushed = Self.packSizes(dir.path + "/packs")
+            }
+            #expect(packs.count == model.live.count, "\(context): count")
+        }
+        // No byte left behind: every pack with dead records rewritten, then each sealed
+        // pack is its header and its live records, and so is its file.
+        // A compaction's copies can fill the pack being written, which it then seals with
+        // its own dead records in it: compact until nothing is left to free.
+        try packs.sync()
+        while case let freed = try packs.compact(deadShare: 0), freed > 0 { freedTotal += freed }
+        let onDisk = Self.packSizes(dir.path + "/packs")
+        var liveTotal: Int64 = 0
+        for pack in packs.packs {
+            liveTotal += pack.live
+            let name = String(LocalPacks.path("", pack.number, "pack").dropFirst())
+            #expect(onDisk[name] == pack.bytes, "seed \(seed): pack \(pack.number) on the disk")
+            if pack.sealed {
+                #expect(pack.bytes == Int64(LocalPacks.fileHeader.count) + pack.live, "seed \(seed): sealed pack \(pack.number) holds dead bytes")
+            }
+        }
+        let expected = model.live.reduce(Int64(0)) { $0 + Int64(LocalPacks.recordHeaderSize + model.everPut[$1]!.count) }
+        #expect(liveTotal == expected, "seed \(seed): live bytes")
+        for id in model.live { #expect(try packs.read(id) == model.everPut[id], "seed \(seed) at the end: chunk \(id)") }
+        print("LocalPacksModelTests seed \(seed): pack limit \(limit), \(crashes) crashes, \(compactions) compactions freed \(freedTotal) bytes, \(packs.packs.count) packs, \(model.live.count) chunks live")
+        #expect(crashes > 0 && compactions > 0, "seed \(seed): the run must crash and compact")
+    }
+
+    /// A flipped byte in a record's bytes gives `.corruptChunk`, never the wrong bytes. A
+    /// pack without an index whose first record's bytes and second record's header are
+    /// damaged opens with the third alone: a record that does not hash is not the chunk,
+    /// and the scan finds the next header past the damaged one.
+    @Test func damageIsRefusedNotServed() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let packs = try LocalPacks(directory: dir.path + "/packs")
+        let chunks = [7, 9, 11].map { [UInt8](repeating: $0, count: 1_000) }
+        for chunk in chunks { try packs.put(ChunkID(hashing: chunk), chunk) }
+        try packs.sync()
+        let path = LocalPacks.path(dir.path + "/packs", 1, "pack")
+        let header = LocalPacks.fileHeader.count, record = LocalPacks.recordHeaderSize
+        Self.flip(path, at: Int64(header + record + 10))
+        #expect(throws: StoreError.corruptChunk(ChunkID(hashing: chunks[0]))) { try packs.read(ChunkID(hashing: chunks[0])) }
+        #expect(try packs.read(ChunkID(hashing: chunks[1])) == chunks[1])
+        Self.flip(path, at: Int64(header + record + 1_000 + 2))
+        let reopened = try LocalPacks(directory: dir.path + "/packs")
+        #expect(!reopened.contains(ChunkID(hashing: chunks[0])))
+        #expect(!reopened.contains(ChunkID(hashing: chunks[1])))
+        #expect(try reopened.read(ChunkID(hashing: chunks[2])) == chunks[2])
+    }
+
+    /// Readers on two threads while puts, removals, syncs and compactions run: a read
+    /// gives the chunk's bytes or nothing (removed meanwhile), never other bytes or a
+    /// damaged chunk, also while the pack it was in is compacted away.
+    @Test func readersDuringCompactionsSeeTheChunkOrNothing() throws {
+        let seed = replayableSeed(UInt64.random(in: 1...1_000_000), variable: "UBQ_PACKS_SEED",
+                                  test: "readersDuringCompactionsSeeTheChunkOrNothing", filter: "LocalPacksModelTests")
+        var rng = SplitMix64(seed: seed)
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let packs = try LocalPacks(directory: dir.path + "/packs", packLimit: 8_192)
+        let chunks = (0..<300).map { _ in rng.bytes(1 + rng.int(0..<2_000)) }
+        let stop = Atomic<Bool>(false), wrong = Atomic<Int>(0), reads = Atomic<Int>(0)
+        let readers = (0..<2).map { r in
+            JoinableThread {
+                var local = SplitMix64(seed: seed &+ UInt64(r) &+ 1)
+                while !stop.load(ordering: .relaxed) {
+                    let chunk = chunks[local.int(0..<chunks.count)]
+                    do {
+                        if let read = try packs.read(ChunkID(hashing: chunk)), read != chunk { wrong.add(1, ordering: .relaxed) }
+                    } catch {
+                        wrong.add(1, ordering: .relaxed)
+                    }
+                    reads.add(1, ordering: .relaxed)
+                }
+            }
+        }
+        for round in 0..<200 {
+            for chunk in chunks where rng.int(0..<4) == 0 { try packs.put(ChunkID(hashing: chunk), chunk) }
+            packs.remove(chunks.filter { _ in rng.int(0..<3) == 0 }.map { ChunkID(hashing: $0) })
+            if round % 5 == 0 { try packs.sync() }
+            if round % 7 == 0 { try packs.compact(deadShare: 0.3) }
+        }
+        stop.store(true, ordering: .relaxed)
+        for reader in readers { reader.join() }
+        #expect(wrong.load(ordering: .relaxed) == 0, "seed \(seed): wrong or damaged reads")
+        #expect(reads.load(ordering: .relaxed) > 0)
+    }
+
+    static func packSizes(_ directory: String) -> [String: Int64] {
+        var sizes: [String: Int64] = [:]
+        for name in (try? directoryEntries(directory)) ?? [] where name.hasSuffix(".pack") {
+            var st = stat()
+            if stat(directory + "/" + name, &st) == 0 { sizes[name] = Int64(st.st_size) }
+        }
+        return sizes
+    }
+
+    static func append(_ bytes: [UInt8], to path: String) {
+        let fd = open(path, O_WRONLY | O_APPEND)
+        defer { close(fd) }
+        _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+    }
+
+    static func flip(_ path: String, at offset: Int64) {
+        let fd = open(path, O_RDWR)
+        defer { close(fd) }
+        var byte: UInt8 = 0
+        _ = pread(fd, &byte, 1, off_t(offset))
+        byte ^= 0xff
+        _ = pwrite(fd, &byte, 1, off_t(offset))
+    }
+}
