@@ -320,7 +320,7 @@ public final class LocalPacks: Sendable {
             guard let id = ChunkID(raw: bytes[at..<(at + 32)]) else { return nil }
             let offset = readLE(bytes, at + 32, 8), length = readLE(bytes, at + 40, 8)
             guard offset >= UInt64(fileHeader.count + recordHeaderSize), length <= UInt64(maxChunkLength),
-                  offset + length <= size else { return nil }
+                  offset <= size, length <= size - offset else { return nil }
             places.append((id, Place(pack: pack, offset: Int64(offset), length: Int(length))))
         }
         return (Int64(size), places)
@@ -353,7 +353,8 @@ public final class LocalPacks: Sendable {
             var st = stat()
             guard fstat(fd, &st) == 0 else { throw .io(errno: errno, "stat \(path)") }
             let indexBytes = try StoreError.wrap { () throws(SystemError) in
-                try readFile(Self.path(directory, number, "idx"), limit: 1 << 30)
+                // A pack of 64 MiB has an index of a few MiB; a larger one is not an index.
+                try readFile(Self.path(directory, number, "idx"), limit: 1 << 28)
             }
             // The whole file counts, not only its records: nothing is appended to a pack
             // after an open, and what is not a record (a torn tail, stray bytes) is dead

@@ -152,6 +152,19 @@ import UbiquitySystem
         #expect(!reopened.contains(ChunkID(hashing: chunks[0])))
         #expect(!reopened.contains(ChunkID(hashing: chunks[1])))
         #expect(try reopened.read(ChunkID(hashing: chunks[2])) == chunks[2])
+        // An index whose numbers are hostile (an offset near 2^64), its check right: not
+        // an index, so the pack is scanned.
+        var index = LocalPacks.indexMagic
+        for value in [UInt64(1_000), 1] { index += (0..<8).map { UInt8(truncatingIfNeeded: value >> (8 * $0)) } }
+        index += ChunkID(hashing: chunks[2]).raw
+        for value in [UInt64.max - 10, 100] { index += (0..<8).map { UInt8(truncatingIfNeeded: value >> (8 * $0)) } }
+        let check = fnv1a(index)
+        index += (0..<8).map { UInt8(truncatingIfNeeded: check >> (8 * $0)) }
+        let fd = open(LocalPacks.path(dir.path + "/packs", 1, "idx"), O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        _ = index.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        close(fd)
+        let hostile = try LocalPacks(directory: dir.path + "/packs")
+        #expect(try hostile.read(ChunkID(hashing: chunks[2])) == chunks[2])
     }
 
     /// Readers on two threads while puts, removals, syncs and compactions run: a read
