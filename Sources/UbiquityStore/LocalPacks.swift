@@ -341,13 +341,16 @@ public final class LocalPacks: Sendable {
         let names = try StoreError.wrap { () throws(SystemError) in try directoryEntries(directory) }
         // An index a crash caught before its rename: written again at the next sync.
         for name in names where name.hasPrefix(".tmp-idx-") { unlink(directory + "/" + name) }
+        // Only the names this code gives (a stray `0000000A.pack` is not one).
         let numbers = names.compactMap { name -> UInt32? in
-            guard name.hasSuffix(".pack"), name.utf8.count == 13 else { return nil }
-            return UInt32(name.prefix(8), radix: 16)
+            guard name.hasSuffix(".pack"), name.utf8.count == 13, let number = UInt32(name.prefix(8), radix: 16),
+                  Self.path("", number, "pack").utf8.dropFirst().elementsEqual(name.utf8) else { return nil }
+            return number
         }.sorted()
         for number in numbers {
             let path = Self.path(directory, number, "pack")
             let fd = open(path, O_RDWR | O_CLOEXEC)
+            if fd < 0 && errno == EISDIR { continue } // not a pack
             if fd < 0 { throw .io(errno: errno, "open \(path)") }
             let pack = Pack(number: number, fd: fd, path: path)
             var st = stat()

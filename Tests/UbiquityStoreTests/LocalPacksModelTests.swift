@@ -163,8 +163,14 @@ import UbiquitySystem
         let fd = open(LocalPacks.path(dir.path + "/packs", 1, "idx"), O_WRONLY | O_CREAT | O_TRUNC, 0o600)
         _ = index.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
         close(fd)
+        // Names that are no pack of this code's: a directory with a pack's name, an upper-
+        // case name. They are left alone.
+        mkdir(LocalPacks.path(dir.path + "/packs", 16, "pack"), 0o700)
+        let upper = open(dir.path + "/packs/0000000A.pack", O_WRONLY | O_CREAT, 0o600)
+        close(upper)
         let hostile = try LocalPacks(directory: dir.path + "/packs")
         #expect(try hostile.read(ChunkID(hashing: chunks[2])) == chunks[2])
+        #expect(hostile.packs.map(\.number).sorted() == [1, 2, 3]) // 2: the one `reopened` began
     }
 
     /// Readers on two threads while puts, removals, syncs and compactions run: a read
