@@ -172,7 +172,10 @@ public final class LocalPacks: Sendable {
         }
         if fd < 0 { throw .io(errno: errno, "create \(path)") }
         let pack = Pack(number: number, fd: fd, path: path)
-        try Self.write(Self.fileHeader, to: pack, at: 0)
+        do { try Self.write(Self.fileHeader, to: pack, at: 0) } catch {
+            unlink(path) // holds nothing (a full disk, say): no file to leave behind
+            throw error
+        }
         state.withLock { s in
             s.packs[number] = PackState(pack: pack, size: Int64(Self.fileHeader.count))
             s.active = number
