@@ -1,5 +1,4 @@
 import Glibc
-import Synchronization
 import UbiquitySystem
 
 /// Chunks in local append-only pack files: the store's way to keep chunks without a file
@@ -81,7 +80,7 @@ public final class LocalPacks: Sendable {
     /// A pack takes records until it holds this many bytes (one record may pass it).
     public let packLimit: Int64
     private let state = Locked(State(), rank: .leaf)
-    private let appending = Mutex<Void>(())
+    private let appending = Locked((), rank: .packAppend)
 
     static let fileHeader: [UInt8] = Array("UBQLPCK1".utf8) + [UInt8](repeating: 0, count: 8)
     static let recordHeaderSize = 48
@@ -97,7 +96,7 @@ public final class LocalPacks: Sendable {
         if mkdir(directory, 0o700) != 0 && errno != EEXIST { throw StoreError.io(errno: errno, "create \(directory)") }
         let loaded = try Self.load(directory)
         state.withLock { $0 = loaded }
-        try appending.withLock { (_) throws(StoreError) in try startPackIfNeeded() }
+        try appending.withLock { (_: inout Void) throws(StoreError) in try startPackIfNeeded() }
     }
 
     // MARK: reads
@@ -125,7 +124,7 @@ public final class LocalPacks: Sendable {
     /// Appends the chunk unless it is here already. Durable after the next `sync`.
     public func put(_ id: ChunkID, _ bytes: [UInt8]) throws(StoreError) {
         guard bytes.count <= Self.maxChunkLength else { throw .invalidContent("a chunk of \(bytes.count) bytes is longer than a pack record may be") }
-        try appending.withLock { (_) throws(StoreError) in
+        try appending.withLock { (_: inout Void) throws(StoreError) in
             if contains(id) { return }
             try append(id, bytes)
         }
@@ -237,7 +236,7 @@ public final class LocalPacks: Sendable {
             // In the order they lie: the copies keep their neighbours.
             let live = state.withLock { s in Self.live(in: number, s).map(\.0) }
             for id in live {
-                try appending.withLock { (_) throws(StoreError) in
+                try appending.withLock { (_: inout Void) throws(StoreError) in
                     // Removed meanwhile, or already moved: nothing to copy. One that does
                     // not read (damaged) stays, and so does its pack, for fsck to repair.
                     guard state.withLock({ $0.index[id]?.pack == number }), let bytes = try? read(id) else { return }

@@ -12,10 +12,12 @@ import CUbiquity
 ///    holds it while it writes a fold outside the store's lock; a claim waits on it.
 /// 5. `tree`: the tree's working set in memory (`TreeCache`): the store's holder takes it
 ///    for the moment of a change; lookup and getattr take it alone, without 2 or 3.
-/// 6. `leaf`: locks under which no other ranked lock is taken but a file's summary (the
+/// 6. `packAppend`: local packs' appends (`LocalPacks`), held around the write of a record,
+///    which then takes the packs' index (a leaf).
+/// 7. `leaf`: locks under which no other ranked lock is taken but a file's summary (the
 ///    busy files, the handle table, the open files, the kernel's references, the small
-///    chunks' database).
-/// 7. `summary`: a `FileContent`'s summary (its size and whether it changed), which the
+///    chunks' database, the local packs' index).
+/// 8. `summary`: a `FileContent`'s summary (its size and whether it changed), which the
 ///    busy files read under their lock.
 public enum LockRank: Int, Sendable {
     case content = 1
@@ -23,8 +25,9 @@ public enum LockRank: Int, Sendable {
     case store = 3
     case connection = 4
     case tree = 5
-    case leaf = 6
-    case summary = 7
+    case packAppend = 6
+    case leaf = 7
+    case summary = 8
 
     /// Notes that the calling thread takes a lock of this rank (debug builds: traps when
     /// it holds one of this rank or above). Returns what to give `released`.
@@ -71,6 +74,6 @@ public enum LockRank: Int, Sendable {
     }
 
     private static func describe(_ held: UInt32) -> String {
-        (1...7).filter { held & 1 << UInt32($0) != 0 }.map { "\(LockRank(rawValue: $0)!)" }.joined(separator: ", ")
+        (1...8).filter { held & 1 << UInt32($0) != 0 }.map { "\(LockRank(rawValue: $0)!)" }.joined(separator: ", ")
     }
 }
