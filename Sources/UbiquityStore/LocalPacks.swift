@@ -11,7 +11,7 @@ import UbiquitySystem
 /// - `NNNNNNNN.idx`: a sealed pack's index (every record's id, offset and length), written
 ///   once the pack is full and flushed, so an open reads indexes, not every header. A
 ///   pack without one (the one being written, or one a crash caught before its index) is
-///   scanned at open up to its first record that is not whole, and cut there.
+///   scanned at open, its records' bytes hashed; nothing is appended to it after an open.
 ///
 /// In memory, an index from chunk to (pack, offset, length); lookups never touch the
 /// disk. Descriptors stay open; a pack is closed when the last reader holding it is done.
@@ -44,7 +44,8 @@ public final class LocalPacks: Sendable {
 
     private struct PackState {
         let pack: Pack
-        /// The end of the last whole record (where the next one goes, while active).
+        /// Its bytes: where the next record goes while it is the active pack; after an open,
+        /// the file's length (what is not a record there counts as dead).
         var size: Int64
         var liveBytes: Int64 = 0
         var deadBytes: Int64 = 0
@@ -84,7 +85,7 @@ public final class LocalPacks: Sendable {
 
     static let fileHeader: [UInt8] = Array("UBQLPCK1".utf8) + [UInt8](repeating: 0, count: 8)
     static let recordHeaderSize = 48
-    static let recordMagic: UInt32 = 0x5255_5055 // the bytes "UPUR" as a little-endian word
+    static let recordMagic: [UInt8] = Array("UPUR".utf8)
     static let indexMagic: [UInt8] = Array("UBQLIDX1".utf8)
     /// The longest record a scan or an index accepts (a chunk is at most 256 KiB; this
     /// bounds what a damaged length can make a reader allocate).
@@ -131,7 +132,9 @@ public final class LocalPacks: Sendable {
     }
 
     /// Under `appending`: the record goes at the active pack's end, then into the index.
-    private func append(_ id: ChunkID, _ bytes: [UInt8]) throws(StoreError) {
+    /// `moving`: a compaction's copy out of that pack, which the index takes only if the
+    /// chunk still lives there (one removed meanwhile stays removed; its copy is dead).
+    private func append(_ id: ChunkID, _ bytes: [UInt8], moving from: UInt32? = nil) throws(StoreError) {
         try startPackIfNeeded()
         let (pack, at) = state.withLock { s in (s.packs[s.active]!.pack, s.packs[s.active]!.size) }
         var record = Self.recordHeader(id, length: bytes.count)
@@ -146,10 +149,20 @@ public final class LocalPacks: Sendable {
             throw error
         }
         state.withLock { s in
-            s.packs[pack.number]!.size = at + Int64(record.count)
-            s.packs[pack.number]!.liveBytes += Int64(record.count)
+            let written = Int64(record.count)
+            s.packs[pack.number]!.size = at + written
             s.packs[pack.number]!.records.append(id)
-            s.index[id] = Place(pack: pack.number, offset: at + Int64(Self.recordHeaderSize), length: bytes.count)
+            if let from, s.index[id]?.pack != from {
+                s.packs[pack.number]!.deadBytes += written
+            } else {
+                s.packs[pack.number]!.liveBytes += written
+                if let old = s.index[id], old.pack != pack.number {
+                    let oldBytes = Int64(Self.recordHeaderSize + old.length)
+                    s.packs[old.pack]?.liveBytes -= oldBytes
+                    s.packs[old.pack]?.deadBytes += oldBytes
+                }
+                s.index[id] = Place(pack: pack.number, offset: at + Int64(Self.recordHeaderSize), length: bytes.count)
+            }
             if s.packs[pack.number]!.size >= packLimit { s.packs[pack.number]!.full = true }
         }
     }
@@ -231,22 +244,25 @@ public final class LocalPacks: Sendable {
             }
                 .map(\.pack.number).sorted()
         }
-        var freed: Int64 = 0
         for number in victims {
             // In the order they lie: the copies keep their neighbours.
             let live = state.withLock { s in Self.live(in: number, s).map(\.0) }
             for id in live {
                 try appending.withLock { (_: inout Void) throws(StoreError) in
-                    // Removed meanwhile, or already moved: nothing to copy. One that does
-                    // not read (damaged) stays, and so does its pack, for fsck to repair.
+                    // Removed meanwhile: nothing to copy. One that does not read (damaged)
+                    // stays, and so does its pack, for fsck to repair.
                     guard state.withLock({ $0.index[id]?.pack == number }), let bytes = try? read(id) else { return }
-                    try append(id, bytes)
+                    try append(id, bytes, moving: number)
                 }
             }
-            try sync()
+        }
+        // The copies flushed once for all the packs, before any old one goes.
+        try sync()
+        var freed: Int64 = 0
+        for number in victims {
             let gone = state.withLock { s -> PackState? in
-                // Anything put into this pack's place meanwhile would be lost: only a
-                // sealed pack is compacted, and nothing is appended to a sealed pack.
+                // Only a sealed pack is compacted, and nothing is appended to a sealed
+                // pack: what still lives here is what did not read.
                 guard Self.live(in: number, s).isEmpty else { return nil }
                 return s.packs.removeValue(forKey: number)
             }
@@ -277,7 +293,7 @@ public final class LocalPacks: Sendable {
     static func recordHeader(_ id: ChunkID, length: Int) -> [UInt8] {
         var header: [UInt8] = []
         header.reserveCapacity(recordHeaderSize)
-        appendLE(&header, UInt64(recordMagic), bytes: 4)
+        header += recordMagic
         appendLE(&header, UInt64(length), bytes: 4)
         header += id.raw
         appendLE(&header, fnv1a(header), bytes: 8)
@@ -288,18 +304,19 @@ public final class LocalPacks: Sendable {
     static func parseRecordHeader(_ header: ArraySlice<UInt8>) -> (ChunkID, Int)? {
         guard header.count == recordHeaderSize else { return nil }
         let h = Array(header)
-        guard readLE(h, 0, 4) == UInt64(recordMagic), readLE(h, 40, 8) == fnv1a(h[0..<40]),
+        guard h[0..<4].elementsEqual(recordMagic), readLE(h, 40, 8) == fnv1a(h[0..<40]),
               let id = ChunkID(raw: h[8..<40]) else { return nil }
         let length = Int(readLE(h, 4, 4))
         guard length <= maxChunkLength else { return nil }
         return (id, length)
     }
 
+    /// `entries` in the order they lie in the pack (`live(in:)`).
     static func indexFile(_ entries: [(ChunkID, Place)], packSize: Int64) -> [UInt8] {
         var out = indexMagic
         appendLE(&out, UInt64(packSize), bytes: 8)
         appendLE(&out, UInt64(entries.count), bytes: 8)
-        for (id, place) in entries.sorted(by: { $0.1.offset < $1.1.offset }) {
+        for (id, place) in entries {
             out += id.raw
             appendLE(&out, UInt64(place.offset), bytes: 8)
             appendLE(&out, UInt64(place.length), bytes: 8)
@@ -310,7 +327,7 @@ public final class LocalPacks: Sendable {
 
     /// A sealed pack's records from its index; nil when the index is not whole and right
     /// for a pack of `fileSize` bytes (the pack is then scanned).
-    static func parseIndex(_ bytes: [UInt8], pack: UInt32, fileSize: Int64) -> (size: Int64, places: [(ChunkID, Place)])? {
+    static func parseIndex(_ bytes: [UInt8], pack: UInt32, fileSize: Int64) -> [(ChunkID, Place)]? {
         guard bytes.count >= 32, Array(bytes[0..<8]) == indexMagic,
               readLE(bytes, bytes.count - 8, 8) == fnv1a(bytes[0..<(bytes.count - 8)]) else { return nil }
         let size = readLE(bytes, 8, 8), count = readLE(bytes, 16, 8)
@@ -325,7 +342,7 @@ public final class LocalPacks: Sendable {
                   offset <= size, length <= size - offset else { return nil }
             places.append((id, Place(pack: pack, offset: Int64(offset), length: Int(length))))
         }
-        return (Int64(size), places)
+        return places
     }
 
     private static func write(_ bytes: [UInt8], to pack: Pack, at offset: Int64) throws(StoreError) {
@@ -370,7 +387,7 @@ public final class LocalPacks: Sendable {
             if let indexBytes, let parsed = parseIndex(indexBytes, pack: number, fileSize: Int64(st.st_size)) {
                 entry.full = true
                 entry.sealed = true
-                places = parsed.places
+                places = parsed
             } else {
                 places = hasHeader ? try scan(pack, fileSize: Int64(st.st_size)) : []
             }
@@ -454,7 +471,7 @@ public final class LocalPacks: Sendable {
             }
             var i = 0
             while i + recordHeaderSize <= bytes.count {
-                if bytes[i] == 0x55, bytes[i + 1] == 0x50, bytes[i + 2] == 0x55, bytes[i + 3] == 0x52,
+                if bytes[i..<(i + 4)].elementsEqual(recordMagic),
                    let (_, length) = parseRecordHeader(bytes[i..<(i + recordHeaderSize)]),
                    start + Int64(i + recordHeaderSize + length) <= fileSize {
                     return start + Int64(i)

@@ -1,5 +1,4 @@
 import CUbiquity
-import Glibc
 import Synchronization
 
 /// Random 64-bit words for ids, drawn from the kernel 4 KiB at a time. The system's
@@ -17,7 +16,7 @@ public enum RandomPool {
     public static func next() -> UInt64 {
         pool.withLock { p in
             if p.next == p.words.count {
-                p.words.withUnsafeMutableBytes { fill($0) }
+                refill(&p.words)
                 p.next = 0
             }
             defer { p.next += 1 }
@@ -25,28 +24,20 @@ public enum RandomPool {
         }
     }
 
-    /// Fills `buffer` from the kernel (getrandom blocks only until the pool is first
-    /// seeded at boot); the system's generator takes over if the call fails.
-    private static func fill(_ buffer: UnsafeMutableRawBufferPointer) {
-        var done = 0
-        while done < buffer.count {
-            let got = ubq_getrandom(buffer.baseAddress! + done, buffer.count - done)
-            if got > 0 {
+    /// New words from the kernel (getrandom blocks only until its pool is first seeded at
+    /// boot); the system's generator gives them if the call fails.
+    private static func refill(_ words: inout [UInt64]) {
+        let filled = words.withUnsafeMutableBytes { raw -> Bool in
+            var done = 0
+            while done < raw.count {
+                let got = retryingEINTR { ubq_getrandom(raw.baseAddress! + done, raw.count - done) }
+                guard got > 0 else { return false }
                 done += got
-            } else if got < 0 && errno == EINTR {
-                continue
-            } else {
-                break
             }
+            return true
         }
-        guard done < buffer.count else { return }
+        if filled { return }
         var rng = SystemRandomNumberGenerator()
-        var at = done
-        while at < buffer.count {
-            var word = rng.next() as UInt64
-            let n = min(8, buffer.count - at)
-            withUnsafeBytes(of: &word) { buffer.baseAddress!.advanced(by: at).copyMemory(from: $0.baseAddress!, byteCount: n) }
-            at += n
-        }
+        for i in words.indices { words[i] = rng.next() }
     }
 }

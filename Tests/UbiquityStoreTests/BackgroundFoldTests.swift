@@ -34,9 +34,10 @@ import UbiquitySystem
 
     /// The model test of the overlay (`TreeOverlayModelTests`) with a folder thread: random
     /// tree changes, saves, editor saves, links and xattrs under the lock (some in a
-    /// transaction, as sync makes them), folds of parts written meanwhile, barriers, rollbacks, and kill -9 at random points (the files
-    /// copied as they are, sometimes while a part is being written). The tree equals the
-    /// model throughout and after every crash.
+    /// transaction, as sync makes them), folds of parts written meanwhile, barriers,
+    /// rollbacks, and kill -9 at random points (the files copied as they are, sometimes
+    /// while a part is being written). The tree equals the model throughout and after
+    /// every crash.
     @Test(arguments: [1, 2, 3, 4] as [UInt64])
     func agreesWithTheModelWhileAFolderWrites(seed given: UInt64) throws {
         let seed = replayableSeed(given, variable: "UBQ_FOLDER_SEED", test: "agreesWithTheModelWhileAFolderWrites",

@@ -211,6 +211,27 @@ import UbiquitySystem
         #expect(reads.load(ordering: .relaxed) > 0)
     }
 
+    /// Chunks gc removes while a compaction copies their packs stay removed: the copy of
+    /// one removed between its check and its write is dead, not back in the index.
+    @Test func removalsDuringACompactionStay() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let packs = try LocalPacks(directory: dir.path + "/packs", packLimit: 4_096)
+        for round in 0..<20 {
+            let chunks = (0..<400).map { i in [UInt8]("round \(round) chunk \(i) ".utf8) + [UInt8](repeating: UInt8(i % 251), count: 200) }
+            for chunk in chunks { try packs.put(ChunkID(hashing: chunk), chunk) }
+            // Every pack with some dead bytes, so the compaction below copies them all.
+            packs.remove(chunks.enumerated().filter { $0.offset % 50 == 0 }.map { ChunkID(hashing: $0.element) })
+            try packs.sync()
+            let removed = chunks.enumerated().filter { $0.offset % 2 == 1 }.map { ChunkID(hashing: $0.element) }
+            let remover = JoinableThread { for id in removed { packs.remove([id]) } }
+            try packs.compact(deadShare: 0)
+            remover.join()
+            for id in removed { #expect(!packs.contains(id), "round \(round): a chunk removed during the compaction is back") }
+            #expect(packs.count == (round + 1) * 192, "round \(round): live chunks (400 put, 8 and 200 removed, each round)")
+        }
+    }
+
     static func packSizes(_ directory: String) -> [String: Int64] {
         var sizes: [String: Int64] = [:]
         for name in (try? directoryEntries(directory)) ?? [] where name.hasSuffix(".pack") {
