@@ -1,52 +1,58 @@
 #!/usr/bin/env bash
-# Damaged chunk files are detected, never served: for a chunk with flipped bytes, a
-# truncated chunk, and a deleted chunk whose copy in the backing store is damaged too,
-# reading the file fails with EIO (cat exits non-zero with "Input/output error") and
-# what was read before the error is an exact prefix of the original that stops before
-# the damaged chunk; `ubiquity fsck` exits 1 and names each damaged chunk; undamaged
-# files in the same store read fine. A deleted chunk whose copy in the backing store is
-# good is not damage (files on demand: not here, fetched when read): the read returns
-# the right bytes and fsck counts it as not local.
+# Damaged chunks in the local packs are detected, never served: for a chunk with flipped
+# bytes, a chunk whose bytes half read back as zeros, and a chunk lost from its pack whose
+# copy in the backing store is damaged too, reading the file fails with EIO (cat exits
+# non-zero with "Input/output error") and what was read before the error is an exact
+# prefix of the original that stops before the damaged chunk; `ubiquity fsck` exits 1
+# and names each damaged chunk; undamaged files in the same store read fine. A lost
+# chunk whose copy in the backing store is good is not damage (files on demand: not
+# here, fetched when read): the read returns the right bytes and fsck counts it as not
+# local. `fsck --repair` while mounted fetches the damaged ones, and the mount serves
+# the repaired copies at once.
 # ubq-timeout: 120
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
+PACKS="$(dirname "$0")/local-packs.py"
 mount_fresh corrupt
 
-chunk_set() { find "$STORE/chunks" -type f -printf '%P\n' | LC_ALL=C sort; }
+chunk_set() { python3 "$PACKS" records "$STORE" | LC_ALL=C sort; }
 
-# locate REF NEWCHUNKS_FILE: among the chunk files that appeared with REF, pick one
-# that is neither the first nor the last of the file (so there is a readable prefix
-# and a readable tail). Prints "relative-path offset length". Chunks are named by
-# the sha256 of their bytes; the offset is found by searching the bytes in REF.
+# locate REF NEWRECORDS_FILE: among the pack records that appeared with REF, pick one
+# that is neither the first nor the last of the file (so there is a readable prefix and
+# a readable tail). Prints "sha256 offset-in-REF length". Records carry the sha256 of
+# their bytes; the offset is found by searching the bytes in REF.
 locate() {
-  python3 - "$1" "$2" "$STORE/chunks" <<'EOF'
+  python3 - "$1" "$2" "$STORE/chunks/packs" <<'EOF'
 import hashlib, os, sys
 ref = open(sys.argv[1], "rb").read()
 found = []
-for rel in open(sys.argv[2]).read().split():
-    data = open(os.path.join(sys.argv[3], rel), "rb").read()
-    if hashlib.sha256(data).hexdigest() != os.path.basename(rel):
-        sys.exit("chunk %s: name is not the sha256 of its bytes" % rel)
+for line in open(sys.argv[2]).read().splitlines():
+    sha, pack, at, n = line.split()
+    with open(os.path.join(sys.argv[3], pack), "rb") as f:
+        f.seek(int(at))
+        data = f.read(int(n))
+    if hashlib.sha256(data).hexdigest() != sha:
+        sys.exit("record %s: its bytes do not hash to its id" % sha)
     off = ref.find(data)
     if off < 0:
-        sys.exit("chunk %s: bytes not found in the reference file (not stored raw?)" % rel)
-    found.append((off, len(data), rel))
+        sys.exit("record %s: bytes not found in the reference file (not stored raw?)" % sha)
+    found.append((off, len(data), sha))
 found.sort()
 if len(found) < 3:
     sys.exit("expected a ~1 MiB random file to make at least 3 chunks, got %d" % len(found))
-# A last chunk of at most 2 KiB is a row of small.sqlite, not a file (store format 5):
-# the files then add up to all but that tail (seen in CI: about 1 run in 10).
+# A last chunk of at most 2 KiB is a row of small.sqlite, not a record (store format 5):
+# the records then add up to all but that tail (seen in CI: about 1 run in 10).
 covered = sum(n for _, n, _ in found)
 if covered != len(ref) and not (0 < len(ref) - covered <= 2048 and found[-1][0] + found[-1][1] == covered):
     sys.exit("the new chunks do not add up to the file size")
-off, n, rel = found[len(found) // 2]
-print(rel, off, n)
+off, n, sha = found[len(found) // 2]
+print(sha, off, n)
 EOF
 }
 
 # write_tracked NAME: 1 MiB of random bytes as NAME (reference in WORK); records the
-# chunk files that this write added. Sets CHUNK OFFSET LENGTH for the picked chunk.
+# pack records that this write added. Sets CHUNK OFFSET LENGTH for the picked chunk.
 write_tracked() {
   local name=$1 before after
   head -c $((1 << 20)) /dev/urandom >"$WORK/$name"
@@ -67,8 +73,8 @@ head -c $((700 << 10)) /dev/urandom >"$WORK/ok.bin"
 cp "$WORK/ok.bin" "$MNT/ok.bin"
 write_tracked flip.bin
 flip_chunk=$CHUNK flip_off=$OFFSET flip_len=$LENGTH
-write_tracked trunc.bin
-trunc_chunk=$CHUNK trunc_off=$OFFSET trunc_len=$LENGTH
+write_tracked zero.bin
+zero_chunk=$CHUNK zero_off=$OFFSET zero_len=$LENGTH
 write_tracked gone.bin
 gone_chunk=$CHUNK gone_off=$OFFSET gone_len=$LENGTH
 write_tracked healed.bin
@@ -76,22 +82,16 @@ healed_chunk=$CHUNK
 "$UBIQUITY" sync "$MNT" >/dev/null # the backing directory gets every chunk (fsck --repair below)
 unmount_it
 
-step "fsck of the intact store exits 0"
+step "the unmount gave every pack its index; fsck of the intact store exits 0"
+python3 "$PACKS" sealed "$STORE" || fail "a pack without its index after a clean unmount"
 out=$("$UBIQUITY" fsck --store "$STORE" 2>&1) || fail "fsck of an intact store failed: $out"
 
-step "damage: flip bytes, truncate, delete (chunk files are 0444: chmod first)"
-chmod u+w "$STORE/chunks/$flip_chunk" "$STORE/chunks/$trunc_chunk"
-python3 - "$STORE/chunks/$flip_chunk" <<'EOF'
-import sys
-p = sys.argv[1]
-b = bytearray(open(p, "rb").read())
-for i in (len(b) // 2, len(b) // 2 + 1, len(b) - 1):
-    b[i] ^= 0xFF
-open(p, "r+b").write(b)
-EOF
-truncate -s $((trunc_len / 2)) "$STORE/chunks/$trunc_chunk"
-rm -f "$STORE/chunks/$gone_chunk" "$STORE/chunks/$healed_chunk"
-hex=$(basename "$gone_chunk")
+step "damage: flip bytes, zero half a record, lose two records from their pack"
+python3 "$PACKS" damage "$STORE" flip "$flip_chunk"
+python3 "$PACKS" damage "$STORE" zero "$zero_chunk"
+python3 "$PACKS" damage "$STORE" lose "$gone_chunk"
+python3 "$PACKS" damage "$STORE" lose "$healed_chunk"
+hex=$gone_chunk
 # This one the backing directory lost too: its bytes in the pack that holds it are damaged
 # (the pack also holds the other files' chunks, which must still be repaired from it).
 pack=$(backing_packs_holding "$BACKING" "$hex")
@@ -154,8 +154,8 @@ EOF
 
 step "flipped bytes: EIO, never wrong bytes"
 check_damaged flip.bin "$flip_off" "$flip_len"
-step "truncated chunk: EIO"
-check_damaged trunc.bin "$trunc_off" "$trunc_len"
+step "half a chunk read back as zeros: EIO"
+check_damaged zero.bin "$zero_off" "$zero_len"
 step "deleted chunk whose backing copy is damaged too: EIO"
 check_damaged gone.bin "$gone_off" "$gone_len"
 
@@ -176,16 +176,16 @@ step "fsck (safe while mounted) exits 1 and names every damaged chunk"
 rc=0
 out=$("$UBIQUITY" fsck --store "$STORE" 2>&1) || rc=$?
 assert_eq 1 "$rc" "exit status of fsck on a damaged store"
-for c in "$flip_chunk" "$trunc_chunk"; do
-  assert_contains "$out" "$(basename "$c")" "fsck report naming chunk $(basename "$c")"
+for c in "$flip_chunk" "$zero_chunk"; do
+  assert_contains "$out" "$c" "fsck report naming chunk $c"
 done
 # The deleted chunk is in the backing store's pack as far as this store knows: not local.
 assert_contains "$out" "not local: 1 chunk(s)" "fsck report of the chunk not here"
 # The intact files' chunks must not be reported.
-while read -r c; do
-  case $c in "$flip_chunk" | "$trunc_chunk" | "$gone_chunk") continue ;; esac
-  assert_not_contains "$out" "$(basename "$c")" "fsck report (intact chunk $(basename "$c") named)"
-done < <(cat "$WORK/flip.bin.chunks" "$WORK/trunc.bin.chunks" "$WORK/gone.bin.chunks" "$WORK/healed.bin.chunks")
+while read -r c _; do
+  case $c in "$flip_chunk" | "$zero_chunk" | "$gone_chunk") continue ;; esac
+  assert_not_contains "$out" "$c" "fsck report (intact chunk $c named)"
+done < <(cat "$WORK/flip.bin.chunks" "$WORK/zero.bin.chunks" "$WORK/gone.bin.chunks" "$WORK/healed.bin.chunks")
 
 step "fsck --repair (live) fetches damaged chunks from the backing directory's packs, not what is only not local"
 rc=0
@@ -194,11 +194,11 @@ assert_eq 0 "$rc" "exit status of fsck --repair [$out]"
 assert_contains "$out" "repaired 2 chunk(s)" "fsck --repair report"
 assert_contains "$out" "not local: 1 chunk(s)" "fsck --repair report"
 assert_same_file "$WORK/flip.bin" "$MNT/flip.bin" "flip.bin after the repair"
-assert_same_file "$WORK/trunc.bin" "$MNT/trunc.bin" "trunc.bin after the repair"
+assert_same_file "$WORK/zero.bin" "$MNT/zero.bin" "zero.bin after the repair"
 check_damaged gone.bin "$gone_off" "$gone_len"
 rc=0
 out=$("$UBIQUITY" fsck --store "$STORE" 2>&1) || rc=$?
 assert_eq 0 "$rc" "fsck after the repair: gone.bin's chunk is not local (its backing copy is damaged: fsck --backing finds that)"
-assert_not_contains "$out" "$(basename "$flip_chunk")" "fsck after the repair (flip.bin's chunk)"
+assert_not_contains "$out" "$flip_chunk" "fsck after the repair (flip.bin's chunk)"
 
 pass

@@ -11,6 +11,10 @@ int ubq_syncfs(int fd) { return syncfs(fd); }
 
 int ubq_start_writeback(int fd) { return sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE); }
 
+int ubq_start_writeback_range(int fd, int64_t offset, int64_t count) {
+    return sync_file_range(fd, offset, count, SYNC_FILE_RANGE_WRITE);
+}
+
 int ubq_rename_noreplace(const char *from, const char *to) {
     return renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE);
 }

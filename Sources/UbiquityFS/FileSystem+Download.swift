@@ -133,7 +133,11 @@ extension FileSystem {
                 try m.store.setKeep(ino, .evicted)
                 return .done(bytes: freed)
             }
-            if case .done = outcome { try refreshDownloadState(ino) }
+            if case .done = outcome {
+                try refreshDownloadState(ino)
+                // The evicted records' space, once their packs are mostly freed.
+                try storeCall { () throws(StoreError) in try chunks.compactPacks() }
+            }
         } catch {
             return .failed("\(error)")
         }

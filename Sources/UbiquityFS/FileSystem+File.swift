@@ -390,6 +390,7 @@ extension FileSystem {
         // A clean stop leaves everything durable, so the next mount has nothing to check
         // (Store+Recovery).
         do { try fsyncDirectory() } catch { log("ubiquity: durability barrier at unmount failed: \(error)") }
+        chunks.seal()
         do { try withMeta { (m) throws(StoreError) in try m.store.checkpoint() } } catch { log("ubiquity: checkpoint at unmount failed: \(error)") }
     }
 

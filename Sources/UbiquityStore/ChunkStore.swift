@@ -2,45 +2,54 @@ import Dispatch
 import Glibc
 import UbiquitySystem
 
-/// Immutable chunks named by their SHA-256: files under `chunks/xx/` (256-way fan-out),
-/// and chunks of at most `SmallChunks.limit` bytes as rows of `chunks/small.sqlite`
-/// (`SmallChunks`). Lookups try the rows first, then the files (a store from before format
-/// 5 keeps its small chunks as files, which stay readable and are collected as usual).
+/// Immutable chunks named by their SHA-256: chunks of at most `SmallChunks.limit` bytes as
+/// rows of `chunks/small.sqlite` (`SmallChunks`), bigger ones as records of append-only
+/// packs in `chunks/packs/` (`LocalPacks`, store format 18). A store from before format 18
+/// also has chunk files under `chunks/xx/` (256-way fan-out; before format 5 small chunks
+/// too): they stay readable and are collected as usual, and a store made at format 18 or
+/// later has no such directories, so nothing looks for files there.
 ///
 /// Contract:
 /// - `put` is idempotent: a chunk that exists is not written again (same name, same bytes).
-/// - A chunk file appears only complete: bytes go to a temp name, then `rename` publishes it.
-/// - `put` does not fsync; `sync()` is the durability barrier for all chunks written so far
-///   (an fsync of each new chunk file and its directory, or one `syncfs` when there are
-///   many) and callers run it before recording a durable version that names them.
+/// - A chunk appears only complete: a row in one statement, a pack record in one write
+///   that an open checks (header and hash) before it believes it.
+/// - `put` does not flush; `sync()` is the durability barrier for all chunks written so
+///   far (the small chunks' WAL and the packs written since the last) and callers run it
+///   before recording a durable version that names them.
 /// - `read` re-hashes every chunk it returns and throws `.corruptChunk` on a mismatch, so
 ///   wrong bytes are never served. Verified chunks are kept in a small cache.
 /// - Garbage collection (`sweep`) deletes only a chunk no version named when its mark
 ///   began and that nobody wrote or claimed since: `put` and `contains` of a chunk that is
-///   already there renew its mtime, and they and `sweep` decide under one lock, so a
-///   commit that reuses an old chunk never loses it to a concurrent gc.
+///   already there renew its last use (a row's `used`, a pack record's time in memory, a
+///   file's mtime), and they and `sweep` decide under one lock, so a commit that reuses an
+///   old chunk never loses it to a concurrent gc. Packs give swept space back when gc
+///   compacts them (`compact`).
 public final class ChunkStore: Sendable {
     public let directory: String
     private let dirFD: Int32
     private let cache = Locked(ChunkCache(capacityBytes: ChunkCache.defaultCapacity))
     /// Chunks being read ahead, so two readers never fetch the same one twice.
     private let prefetching = Locked<Set<ChunkID>>([])
-    /// Chunk files written since the last `sync()`.
-    private let unsynced = Locked<Set<ChunkID>>([])
+    /// Chunks bigger than a row.
+    let packs: LocalPacks
+    /// Whether this store has the chunk files of a format before 18 (`chunks/00` exists):
+    /// only then are files looked for.
+    private let legacyFiles: Bool
     /// What a crashed process wrote may be in the page cache only (`leaveDeadProcessWritesToNextBarrier`).
     private let deadProcessWrites = Locked(false)
     private let flushCount = Locked(0)
     /// Held for a whole barrier (`sync`).
     private let barrier = Locked(())
-    /// Orders "is it there? keep it" (`put`, `contains`) against gc's "unused? delete".
+    /// Orders "is it there? keep it" (`put`, `contains`) against gc's "unused? delete" for
+    /// chunk files (rows and pack records have their own locks for it).
     private let claims = Locked(())
-    /// Bytes of chunk files this process wrote, less those it evicted (space pressure
+    /// Bytes of chunks this process added to packs, less those it evicted (space pressure
     /// estimates the store's size from the last gc's measure plus these).
     private let filesPut = Locked<Int64>(0)
     public var fileBytesPut: Int64 { filesPut.withLock { $0 } }
     /// Small chunks; their `used` times are the wall clock, as the files' mtimes are.
     private let small: SmallChunks
-    /// Told of each chunk file this device's writes made (`putWritten`): the sync engine
+    /// Told of each new chunk this device's writes made (`putWritten`): the sync engine
     /// uploads them while the file is still being written.
     public typealias WrittenObserver = @Sendable (ChunkID, UnsafeRawBufferPointer) -> Void
     /// Boxed: a closure kept in a generic `Locked` is wrapped in a new reabstraction
@@ -56,25 +65,36 @@ public final class ChunkStore: Sendable {
     /// Where this store's files are cut into chunks (FileContent, SequentialStream).
     public let chunker: Chunker
 
-    public init(directory: String, readOnly: Bool = false, chunker: Chunker = .standard) throws(StoreError) {
+    /// `othersMayWrite`: opened beside the process that owns the store (`LocalPacks`).
+    public init(directory: String, readOnly: Bool = false, othersMayWrite: Bool = false, chunker: Chunker = .standard) throws(StoreError) {
         self.directory = directory
         self.chunker = chunker
-        try StoreError.wrap { () throws(SystemError) in
-            try makeDirectory(directory)
-            for i in 0..<256 { try makeDirectory(directory + "/" + Hex.byte(i)) }
-        }
+        try StoreError.wrap { () throws(SystemError) in try makeDirectory(directory) }
+        legacyFiles = access(directory + "/00", F_OK) == 0
         small = try SmallChunks(directory: directory, readOnly: readOnly)
+        packs = try LocalPacks(directory: directory + "/packs", readOnly: readOnly, othersMayWrite: othersMayWrite)
         dirFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         if dirFD < 0 { throw .io(errno: errno, "open \(directory)") }
     }
 
-    deinit { close(dirFD) }
-
-    /// Where the chunk is kept, for messages: its file, or its row.
-    public func location(of id: ChunkID) -> String {
-        small.size(of: id) != nil ? "\(small.path), row \(id.hex)" : path(of: id)
+    deinit {
+        seal()
+        close(dirFD)
     }
 
+    /// The end of this process's writes (unmount, close): the pack being written gets its
+    /// index, so the next open reads indexes only. A put after it begins a new pack.
+    public func seal() {
+        do { try packs.seal() } catch { log("ubiquity: sealing the local packs: \(error)") }
+    }
+
+    /// Where the chunk is kept, for messages: its pack record, its row, or its file.
+    public func location(of id: ChunkID) -> String {
+        if let (path, offset, length) = packs.location(of: id) { return "\(path), \(length) bytes at \(offset)" }
+        return small.size(of: id) != nil ? "\(small.path), row \(id.hex)" : path(of: id)
+    }
+
+    /// The chunk file a store from before format 18 keeps the chunk in.
     public func path(of id: ChunkID) -> String {
         let hex = id.hex
         return "\(directory)/\(hex.prefix(2))/\(hex)"
@@ -82,21 +102,24 @@ public final class ChunkStore: Sendable {
 
     /// Whether the chunk is here; if so, it is claimed (kept from gc) as `put` does.
     public func contains(_ id: ChunkID) -> Bool {
-        small.claim(id, now: nowNanos()) || claimFile(id)
+        let now = nowNanos()
+        return packs.claim(id, now: now) || small.claim(id, now: now) || claimFile(id)
     }
 
     /// The size of the chunk as stored, nil when it is not here (not verified).
     public func size(of id: ChunkID) -> Int? {
-        if let size = small.size(of: id) { return size }
+        if let size = packs.size(of: id) ?? small.size(of: id) { return size }
+        guard legacyFiles else { return nil }
         var st = stat()
         return stat(path(of: id), &st) == 0 ? Int(st.st_size) : nil
     }
 
-    /// Disk space of every chunk file (small chunks are rows, in `smallChunkBytes`): a walk
-    /// of the chunk directories, for gc's measure.
+    /// Disk space of the chunks that are not rows (those are in `smallChunkBytes`): the
+    /// packs, and a walk of the chunk files of a store from before format 18, for gc's
+    /// measure.
     public func chunkFileBytes() -> Int64 {
-        var total: Int64 = 0
-        for i in 0..<256 {
+        var total = packs.diskBytes
+        for i in 0..<256 where legacyFiles {
             let dir = directory + "/" + Hex.byte(i)
             guard let d = opendir(dir) else { continue }
             while let entry = readdir(d) {
@@ -113,6 +136,7 @@ public final class ChunkStore: Sendable {
 
     /// Renews the chunk file's mtime if it exists: gc keeps it (see the contract above).
     private func claimFile(_ id: ChunkID) -> Bool {
+        guard legacyFiles else { return false }
         let p = path(of: id)
         return claims.withLock { _ in
             if utimensat(AT_FDCWD, p, nil, 0) == 0 { return true } // both times: now
@@ -139,8 +163,9 @@ public final class ChunkStore: Sendable {
     /// claimed at or after `cutoff` (gc's report says what its grace holds back).
     public func sweep(_ ids: [ChunkID], unusedSince cutoff: Nanos, held: inout GraceHeld) -> [ChunkID: Int64] {
         var freed = small.sweep(ids, unusedSince: cutoff, held: &held)
+        freed.merge(packs.sweep(ids, unusedSince: cutoff, held: &held), uniquingKeysWith: +)
         cache.withLock { c in for id in freed.keys { c.remove(id) } }
-        for id in ids {
+        for id in ids where legacyFiles {
             if let file = sweepFile(id, unusedSince: cutoff, held: &held) { freed[id, default: 0] += file }
         }
         return freed
@@ -150,7 +175,10 @@ public final class ChunkStore: Sendable {
     /// a file's time can be one that nanoseconds do not hold).
     func setLastUse(_ id: ChunkID, seconds: Int) throws(StoreError) {
         let (nanos, overflow) = Nanos(seconds).multipliedReportingOverflow(by: 1_000_000_000)
-        if !overflow { try small.setUsed(id, to: nanos) }
+        if !overflow {
+            try small.setUsed(id, to: nanos)
+            packs.setUsed(id, to: nanos)
+        }
         var times = [timespec(tv_sec: seconds, tv_nsec: 0), timespec(tv_sec: seconds, tv_nsec: 0)]
         _ = utimensat(AT_FDCWD, path(of: id), &times, 0)
     }
@@ -159,6 +187,7 @@ public final class ChunkStore: Sendable {
     /// good bytes: `put` keeps a copy that is there).
     public func discard(_ id: ChunkID) {
         _ = small.sweep([id], unusedSince: .max)
+        packs.remove([id])
         claims.withLock { _ in _ = unlink(path(of: id)) }
         cache.withLock { $0.remove(id) }
     }
@@ -174,8 +203,17 @@ public final class ChunkStore: Sendable {
     /// waits (background downloading lets readers have the network first).
     public func awaitNoReaders(until deadline: DispatchTime) -> Bool { fetcher.readers.wait(timeout: deadline) == .success }
 
-    /// Returns the pages of swept rows to the filesystem (gc's last step).
-    public func compact() throws(StoreError) { try small.compact() }
+    /// Gives what gc swept back to the filesystem (its last step): the pages of swept
+    /// rows, and the packs mostly swept or evicted (their live records copied first).
+    public func compact() throws(StoreError) {
+        try small.compact()
+        try compactPacks()
+    }
+
+    /// Rewrites the packs that are at least half removed chunks (after an eviction: its
+    /// chunks are not written down as gone, so only this gives their space back). Never
+    /// call it under a lock: it writes and flushes.
+    public func compactPacks() throws(StoreError) { try packs.compact(deadShare: 0.5) }
 
     /// Group commit of small chunks (a mounted store; see `SmallChunks.startBatching`).
     func startBatching(opened: Doorbell?, committed: Doorbell?) { small.startBatching(opened: opened, committed: committed) }
@@ -212,7 +250,7 @@ public final class ChunkStore: Sendable {
     }
 
     /// `put` for a chunk of this device's own writes (not one fetched from the backing
-    /// store): with `announce` (a file that syncs: not local-only), a new chunk file is
+    /// store): with `announce` (a file that syncs: not local-only), a new pack record is
     /// also shown to the observer.
     public func putWritten(_ id: ChunkID, _ bytes: UnsafeRawBufferPointer, announce: Bool) throws(StoreError) {
         guard try store(id, bytes), announce, let observer = writtenObserver.withLock({ $0 }) else { return }
@@ -221,47 +259,17 @@ public final class ChunkStore: Sendable {
 
     public func observeWritten(_ observer: WrittenObserver?) { writtenObserver.withLock { $0 = observer.map(ObserverBox.init) } }
 
-    /// Stores the chunk; true if it is a new file. `writeback`: start writing the new
-    /// file to disk at once (see below).
+    /// Stores the chunk; true if it is a new pack record. `writeback`: start writing it to
+    /// disk at once: the durability barrier before records leave (`sync`) then finds
+    /// little left to flush, instead of every chunk of a 1 GiB copy at once.
     private func store(_ id: ChunkID, _ bytes: UnsafeRawBufferPointer, writeback: Bool = true) throws(StoreError) -> Bool {
-        let final = path(of: id)
+        // Kept as a file by an older store: claiming it is enough.
+        if claimFile(id) { return false }
         if bytes.count <= SmallChunks.limit {
-            // Kept as a file by an older store: claiming it is enough.
-            if claimFile(id) { return false }
             try small.put(id, bytes, now: nowNanos())
             return false
         }
-        if claimFile(id) { return false }
-        let temp = final + ".tmp.\(getpid()).\(UInt32.random(in: 0...UInt32.max))"
-        let fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o444)
-        if fd < 0 { throw .io(errno: errno, "create chunk \(temp)") }
-        var written = 0
-        while written < bytes.count {
-            let n = write(fd, bytes.baseAddress! + written, bytes.count - written)
-            if n < 0 {
-                if errno == EINTR { continue }
-                let code = errno
-                close(fd); unlink(temp)
-                throw .io(errno: code, "write chunk \(id)")
-            }
-            written += n
-        }
-        // Start writing it to disk now (no wait): the durability barrier before records
-        // leave (`sync`) then finds little left to flush, instead of every chunk of a
-        // 1 GiB copy at once (a large part of the push's time).
-        if writeback { startWriteback(fd) }
-        // close can report a late write error (NFS, quota): never publish such a chunk.
-        if close(fd) != 0 {
-            let code = errno
-            unlink(temp)
-            throw .io(errno: code, "write chunk \(id)")
-        }
-        if rename(temp, final) != 0 {
-            let code = errno
-            unlink(temp)
-            throw .io(errno: code, "publish chunk \(id)")
-        }
-        unsynced.withLock { _ = $0.insert(id) }
+        guard try packs.put(id, bytes, now: nowNanos(), writeback: writeback) else { return false }
         filesPut.withLock { $0 += Int64(bytes.count) }
         return true
     }
@@ -273,7 +281,7 @@ public final class ChunkStore: Sendable {
     /// `put` of bytes the caller has just verified against `id` (a fetch): they also go
     /// in the cache of verified chunks, so the read that asked for them does not hash
     /// them a second time (hashing is much of the daemon's CPU in a cold read of a file
-    /// not here). The new file's writeback is left to the kernel: what was fetched is
+    /// not here). The new record's writeback is left to the kernel: what was fetched is
     /// a copy of bytes the backing store keeps, no barrier waits for it before a record
     /// leaves, and starting it at once would write every fetched byte in the reader's way
     /// (sync_file_range costs CPU, and the writes compete with the reads of the packs
@@ -286,7 +294,12 @@ public final class ChunkStore: Sendable {
     /// The chunk's bytes, verified against its name.
     public func read(_ id: ChunkID) throws(StoreError) -> [UInt8] {
         if let hit = cache.withLock({ $0.get(id) }) { return hit }
-        let bytes = try readUnverified(id)
+        var bytes = try readUnverified(id)
+        // A good copy may have come since, in a pack of another process's
+        // (`ubiquity fsck --repair` while mounted).
+        if ChunkID(hashing: bytes) != id, packs.contains(id), (try? packs.adoptSealedPacks()) ?? 0 > 0 {
+            bytes = try readUnverified(id)
+        }
         guard ChunkID(hashing: bytes) == id else {
             log("ubiquity: chunk \(id) is corrupt: content hash mismatch (\(location(of: id))); run `ubiquity fsck`")
             throw .corruptChunk(id)
@@ -373,6 +386,8 @@ public final class ChunkStore: Sendable {
     /// its read-ahead window at every request).
     private func isLocal(_ want: ChunkWant) -> Bool {
         guard want.size > SmallChunks.limit else { return isLocal(want.id) }
+        if packs.contains(want.id) { return true }
+        guard legacyFiles else { return false }
         var st = stat()
         return stat(path(of: want.id), &st) == 0
     }
@@ -411,17 +426,19 @@ public final class ChunkStore: Sendable {
 
     /// Deletes the local copies of chunks that are safe in the backing store (`ubiquity
     /// evict`, the cache limit; the caller checked their packs and passes only chunks
-    /// bigger than records carry): chunk files, and rows of `small.sqlite` (1-2 KiB: a
-    /// container of small files would otherwise hold its whole content here). Returns the
-    /// space freed (a row's, as SQLite counts it: its pages are reused, and given back
-    /// by gc). A commit that reuses one of them meanwhile names it by its place: it is
-    /// fetched when read.
+    /// bigger than records carry): pack records, rows of `small.sqlite` (1-2 KiB: a
+    /// container of small files would otherwise hold its whole content here) and old
+    /// chunk files. Returns the space freed: a row's, as SQLite counts it (its pages are
+    /// reused, and given back by gc); a record's, which `compactPacks` gives back when
+    /// its pack is mostly freed (the caller runs it outside its locks). A commit that
+    /// reuses one of them meanwhile names it by its place: it is fetched when read.
     public func evict(_ ids: [ChunkID]) -> Int64 {
         let rows = small.sweep(ids, unusedSince: .max)
-        var freed = rows.values.reduce(0, +), filesFreed: Int64 = 0
+        let records = packs.remove(ids)
+        var freed = rows.values.reduce(0, +) + records, filesFreed: Int64 = 0
         for id in ids {
             cache.withLock { $0.remove(id) }
-            if rows[id] != nil { continue }
+            if rows[id] != nil || !legacyFiles { continue }
             let p = path(of: id)
             claims.withLock { _ in
                 var st = stat()
@@ -430,7 +447,7 @@ public final class ChunkStore: Sendable {
             }
         }
         freed += filesFreed
-        filesPut.withLock { $0 -= filesFreed }
+        filesPut.withLock { $0 -= records + filesFreed }
         return freed
     }
 
@@ -457,7 +474,9 @@ public final class ChunkStore: Sendable {
     /// The raw file content, for fsck and repair; not verified. A file larger than any
     /// chunk can be is damage: it is reported as corrupt, not loaded.
     public func readUnverified(_ id: ChunkID) throws(StoreError) -> [UInt8] {
+        if let record = try packs.readUnverified(id) { return record }
         if let row = try small.get(id) { return row }
+        guard legacyFiles else { throw .missingChunk(id) }
         let bytes: [UInt8]?
         do throws(SystemError) {
             bytes = try readFile(path(of: id), limit: Self.maxChunkSize)
@@ -468,10 +487,11 @@ public final class ChunkStore: Sendable {
         return bytes
     }
 
-    /// Every chunk id present (for fsck and gc); one that is a row and a file is listed twice.
+    /// Every chunk id present (for fsck and gc); one kept in two ways (a row or a record,
+    /// and a file) is listed twice.
     public func allChunkIDs() -> [ChunkID] {
-        var ids = small.ids()
-        for i in 0..<256 {
+        var ids = small.ids() + packs.ids()
+        for i in 0..<256 where legacyFiles {
             guard let dir = opendir(directory + "/" + Hex.byte(i)) else { continue }
             while let entry = readdir(dir) {
                 let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
@@ -484,9 +504,8 @@ public final class ChunkStore: Sendable {
         return ids
     }
 
-    /// Durability barrier: every chunk written so far reaches the disk before this returns.
-    /// A few new chunks are fsynced one by one (an editor's save: one or two); many (a big
-    /// copy) with one syncfs of the whole filesystem, which is then cheaper.
+    /// Durability barrier: every chunk written so far reaches the disk before this returns
+    /// (the small chunks' WAL, the packs written since the last barrier).
     ///
     /// Barriers run one at a time (fsync, the periodic one, the one before an upload): a
     /// second one that found the pending set empty while the first was still flushing
@@ -497,30 +516,12 @@ public final class ChunkStore: Sendable {
 
     private func syncPending() throws(StoreError) {
         let everything = deadProcessWrites.withLock { left in defer { left = false }; return left }
-        let pending = unsynced.withLock { s -> Set<ChunkID> in defer { s = [] }; return s }
         do throws(StoreError) {
             try small.sync(all: everything)
-            if everything || pending.count > 32 {
-                try flushWholeStore()
-                return
-            }
-            var directories: Set<String> = []
-            for id in pending {
-                let p = path(of: id)
-                // Gone: gc deleted it (no version names it), so nothing is to be made
-                // durable. Failing here would fail every barrier after it.
-                try StoreError.wrap { () throws(SystemError) in
-                    do throws(SystemError) { try fsyncPath(p) } catch {
-                        guard error.code == ENOENT else { throw error }
-                        log("ubiquity: durability barrier: chunk \(id.hex) was deleted by gc before it was fsynced (no version names it)")
-                    }
-                }
-                directories.insert(String(p[..<p.lastIndex(of: "/")!]))
-            }
-            for d in directories { try StoreError.wrap { () throws(SystemError) in try fsyncPath(d, directory: true) } }
+            try packs.sync()
+            if everything { try flushWholeStore() }
         } catch {
-            // Not durable yet: the next barrier must try these chunks again.
-            unsynced.withLock { $0.formUnion(pending) }
+            // Not durable yet: the next barrier must try again.
             if everything { deadProcessWrites.withLock { $0 = true } }
             throw error
         }
@@ -537,8 +538,8 @@ public final class ChunkStore: Sendable {
     /// what the dead process wrote is made durable before its versions are (recovery).
     func syncEverything() throws(StoreError) {
         try small.sync(all: true)
+        try packs.sync()
         try flushWholeStore()
-        unsynced.withLock { $0 = [] }
     }
 
     /// One syncfs of the filesystem the store is on.

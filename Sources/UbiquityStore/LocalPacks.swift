@@ -1,9 +1,9 @@
 import Glibc
 import UbiquitySystem
 
-/// Chunks in local append-only pack files: the store's way to keep chunks without a file
-/// each. `ChunkStore` does not use it yet: `LocalPacksModelTests` holds it against a
-/// model, with crashes and torn tails, before it carries user data.
+/// Chunks in local append-only pack files: how `ChunkStore` keeps chunks bigger than a
+/// small chunk's row, without a file each (`LocalPacksModelTests` holds it against a
+/// model, with crashes and torn tails).
 ///
 /// On disk (`directory`, docs/FORMAT.md "Local packs"):
 /// - `NNNNNNNN.pack`: a 16-byte header, then records appended one after another, each a
@@ -13,8 +13,13 @@ import UbiquitySystem
 ///   pack without one (the one being written, or one a crash caught before its index) is
 ///   scanned at open, its records' bytes hashed; nothing is appended to it after an open.
 ///
-/// In memory, an index from chunk to (pack, offset, length); lookups never touch the
-/// disk. Descriptors stay open; a pack is closed when the last reader holding it is done.
+/// In memory, an index from chunk to (pack, offset, length, last use); lookups never touch
+/// the disk. Descriptors stay open; a pack is closed when the last reader holding it is done.
+///
+/// gc's rule is the chunk files' (see `ChunkStore`): `put` and `claim` of a chunk that is
+/// here renew its last use, and `sweep` removes only a chunk unused since its cutoff, both
+/// under the index's lock. Last uses are kept in memory only: an open gives each chunk
+/// its pack's mtime (when it was last appended to).
 ///
 /// Locks: appends take `appending` (one writer at a time, the write itself inside it: a
 /// record half written must never have a record after it, else a scan at open would stop
@@ -22,11 +27,12 @@ import UbiquitySystem
 /// never around I/O. Flushes (`sync`) run outside both.
 public final class LocalPacks: Sendable {
     /// Where a chunk's bytes are: the pack, the offset of its bytes (after the record's
-    /// header) and their length.
-    struct Place: Equatable {
+    /// header) and their length; and when it was last written or claimed.
+    struct Place {
         let pack: UInt32
         let offset: Int64
         let length: Int
+        var used: Nanos
     }
 
     /// One pack file, kept open while anything holds it.
@@ -49,12 +55,17 @@ public final class LocalPacks: Sendable {
         var size: Int64
         var liveBytes: Int64 = 0
         var deadBytes: Int64 = 0
+        /// Its size when it was last flushed (`sync` skips a pack with nothing new).
+        var flushed: Int64 = 0
         /// Full (or cut short by a failure) and not appended to again; `sealed` once its
         /// bytes are flushed and its index written.
         var full = false
         var sealed = false
         /// Without its header (made, and a crash came first): nothing in it, to delete.
         var headerless = false
+        /// Found without its index while another process may be writing it
+        /// (`othersMayWrite`): read, never flushed, indexed or compacted here.
+        var foreign = false
         /// The chunks written here, in the order they lie (removed ones too: the index
         /// says which still live here), so a pack's work costs its own records.
         var records: [ChunkID] = []
@@ -75,11 +86,16 @@ public final class LocalPacks: Sendable {
         var packs: [UInt32: PackState] = [:]
         var active: UInt32 = 0
         var nextNumber: UInt32 = 1
+        /// A pack was made or deleted, or an index written, since the directory's last
+        /// fsync.
+        var directoryChanged = false
     }
 
     public let directory: String
     /// A pack takes records until it holds this many bytes (one record may pass it).
     public let packLimit: Int64
+    /// Opened to read only (fsck, status): nothing is made, written or deleted.
+    public let readOnly: Bool
     private let state = Locked(State(), rank: .leaf)
     private let appending = Locked((), rank: .packAppend)
 
@@ -91,13 +107,20 @@ public final class LocalPacks: Sendable {
     /// bounds what a damaged length can make a reader allocate).
     static let maxChunkLength = 16 << 20
 
-    public init(directory: String, packLimit: Int64 = 64 << 20) throws(StoreError) {
+    /// `now`: the latest last use a chunk found here gets (its pack's mtime if earlier).
+    /// `othersMayWrite`: opened beside the
+    /// process that owns the store (`ubiquity fsck --repair` while mounted): a pack found
+    /// without its index may be that process's, still being written, and is left to it.
+    public init(directory: String, packLimit: Int64 = 64 << 20, readOnly: Bool = false, othersMayWrite: Bool = false,
+                now: Nanos = nowNanos()) throws(StoreError) {
         self.directory = directory
         self.packLimit = max(Int64(Self.fileHeader.count + Self.recordHeaderSize + 1), packLimit)
-        if mkdir(directory, 0o700) != 0 && errno != EEXIST { throw StoreError.io(errno: errno, "create \(directory)") }
-        let loaded = try Self.load(directory)
+        self.readOnly = readOnly
+        if readOnly && access(directory, F_OK) != 0 { return }
+        if !readOnly && mkdir(directory, 0o700) != 0 && errno != EEXIST { throw StoreError.io(errno: errno, "create \(directory)") }
+        var loaded = try Self.load(directory, readOnly: readOnly, removeTemporaries: !readOnly && !othersMayWrite, now: now)
+        if othersMayWrite { for (number, pack) in loaded.packs where !pack.sealed { loaded.packs[number]!.foreign = true } }
         state.withLock { $0 = loaded }
-        try appending.withLock { (_: inout Void) throws(StoreError) in try startPackIfNeeded() }
     }
 
     // MARK: reads
@@ -106,9 +129,32 @@ public final class LocalPacks: Sendable {
 
     public var count: Int { state.withLock { $0.index.count } }
 
+    /// The chunk's length, nil when it is not here.
+    public func size(of id: ChunkID) -> Int? { state.withLock { $0.index[id]?.length } }
+
+    /// Every chunk here.
+    public func ids() -> [ChunkID] { state.withLock { Array($0.index.keys) } }
+
+    /// Where the chunk's bytes are, for messages and tests: the pack's path and the offset
+    /// and length of its bytes there.
+    public func location(of id: ChunkID) -> (path: String, offset: Int64, length: Int)? {
+        state.withLock { s in
+            guard let place = s.index[id], let pack = s.packs[place.pack] else { return nil }
+            return (pack.pack.path, place.offset, place.length)
+        }
+    }
+
     /// The chunk's bytes, verified against its id; nil when it is not here. A record whose
     /// bytes do not hash to the id throws `.corruptChunk` (never wrong bytes).
     public func read(_ id: ChunkID) throws(StoreError) -> [UInt8]? {
+        guard let bytes = try readUnverified(id) else { return nil }
+        guard ChunkID(hashing: bytes) == id else { throw .corruptChunk(id) }
+        return bytes
+    }
+
+    /// The record's bytes as stored (fsck), nil when the chunk is not here; a record cut
+    /// short is `.corruptChunk`.
+    public func readUnverified(_ id: ChunkID) throws(StoreError) -> [UInt8]? {
         guard let (place, pack) = state.withLock({ s -> (Place, Pack)? in
             guard let place = s.index[id], let pack = s.packs[place.pack]?.pack else { return nil }
             return (place, pack)
@@ -116,31 +162,59 @@ public final class LocalPacks: Sendable {
         let bytes = try StoreError.wrap { () throws(SystemError) in
             try readBytes(pack.fd, count: place.length, at: place.offset, path: pack.path)
         }
-        guard bytes.count == place.length, ChunkID(hashing: bytes) == id else { throw .corruptChunk(id) }
+        guard bytes.count == place.length else { throw .corruptChunk(id) }
         return bytes
     }
 
     // MARK: writes
 
-    /// Appends the chunk unless it is here already. Durable after the next `sync`.
-    public func put(_ id: ChunkID, _ bytes: [UInt8]) throws(StoreError) {
+    /// Appends the chunk unless it is here already (then it is claimed). Durable after the
+    /// next `sync`. Returns whether it was appended. `writeback`: start writing the record
+    /// to disk at once, so that the barrier before a record leaves finds little to flush.
+    @discardableResult
+    public func put(_ id: ChunkID, _ bytes: UnsafeRawBufferPointer, now: Nanos = nowNanos(), writeback: Bool = false) throws(StoreError) -> Bool {
+        guard !readOnly else { throw .io(errno: EROFS, "\(directory) is open to read only") }
         guard bytes.count <= Self.maxChunkLength else { throw .invalidContent("a chunk of \(bytes.count) bytes is longer than a pack record may be") }
-        try appending.withLock { (_: inout Void) throws(StoreError) in
-            if contains(id) { return }
-            try append(id, bytes)
+        return try appending.withLock { (_: inout Void) throws(StoreError) -> Bool in
+            if claim(id, now: now) { return false }
+            try append(id, bytes, used: now, writeback: writeback)
+            return true
         }
+    }
+
+    @discardableResult
+    public func put(_ id: ChunkID, _ bytes: [UInt8], now: Nanos = nowNanos()) throws(StoreError) -> Bool {
+        try withBytes(bytes) { (raw) throws(StoreError) in try put(id, raw, now: now) }
+    }
+
+    /// Whether the chunk is here; if so, its last use becomes `now` (gc keeps it).
+    public func claim(_ id: ChunkID, now: Nanos = nowNanos()) -> Bool {
+        state.withLock { s in
+            guard s.index[id] != nil else { return false }
+            s.index[id]!.used = max(s.index[id]!.used, now)
+            return true
+        }
+    }
+
+    /// Sets the chunk's last use (tests: a chunk written long ago).
+    func setUsed(_ id: ChunkID, to time: Nanos) {
+        state.withLock { s in if s.index[id] != nil { s.index[id]!.used = time } }
     }
 
     /// Under `appending`: the record goes at the active pack's end, then into the index.
     /// `moving`: a compaction's copy out of that pack, which the index takes only if the
     /// chunk still lives there (one removed meanwhile stays removed; its copy is dead).
-    private func append(_ id: ChunkID, _ bytes: [UInt8], moving from: UInt32? = nil) throws(StoreError) {
+    private func append(_ id: ChunkID, _ bytes: UnsafeRawBufferPointer, used: Nanos, writeback: Bool = false,
+                        moving from: UInt32? = nil) throws(StoreError) {
         try startPackIfNeeded()
         let (pack, at) = state.withLock { s in (s.packs[s.active]!.pack, s.packs[s.active]!.size) }
-        var record = Self.recordHeader(id, length: bytes.count)
-        record += bytes
+        let header = Self.recordHeader(id, length: bytes.count)
+        let written = Int64(header.count + bytes.count)
         do {
-            try Self.write(record, to: pack, at: at)
+            try withBytes(header) { (head) throws(StoreError) in
+                try StoreError.wrap { () throws(SystemError) in try writeAll(pack.fd, head, bytes, at: at, path: pack.path) }
+            }
+            if writeback { startWriteback(pack.fd, offset: at, count: written) }
         } catch {
             // What the failed write left is not a record: nothing is appended after it (a
             // scan would stop there); the pack is cut back and the next append starts a new one.
@@ -149,7 +223,6 @@ public final class LocalPacks: Sendable {
             throw error
         }
         state.withLock { s in
-            let written = Int64(record.count)
             s.packs[pack.number]!.size = at + written
             s.packs[pack.number]!.records.append(id)
             if let from, s.index[id]?.pack != from {
@@ -161,7 +234,8 @@ public final class LocalPacks: Sendable {
                     s.packs[old.pack]?.liveBytes -= oldBytes
                     s.packs[old.pack]?.deadBytes += oldBytes
                 }
-                s.index[id] = Place(pack: pack.number, offset: at + Int64(Self.recordHeaderSize), length: bytes.count)
+                s.index[id] = Place(pack: pack.number, offset: at + Int64(Self.recordHeaderSize), length: bytes.count,
+                                    used: max(used, s.index[id]?.used ?? used))
             }
             if s.packs[pack.number]!.size >= packLimit { s.packs[pack.number]!.full = true }
         }
@@ -191,20 +265,39 @@ public final class LocalPacks: Sendable {
         state.withLock { s in
             s.packs[number] = PackState(pack: pack, size: Int64(Self.fileHeader.count))
             s.active = number
+            s.directoryChanged = true
         }
     }
 
-    /// Chunks no version names any more (gc): out of the index, their bytes counted dead
-    /// until `compact` rewrites their packs. Not persisted: after a crash they are back,
-    /// and gc's next sweep finds them again.
-    public func remove(_ ids: [ChunkID]) {
+    /// Chunks to drop whatever their last use (eviction, a damaged copy): out of the index,
+    /// their bytes counted dead until `compact` rewrites their packs. Returns the bytes of
+    /// the records removed. Not persisted: after a crash they are back (good copies, or
+    /// damage that reads as such), and the next eviction or repair finds them again.
+    @discardableResult
+    public func remove(_ ids: [ChunkID]) -> Int64 {
+        var held = GraceHeld()
+        return sweep(ids, unusedSince: .max, held: &held).values.reduce(0, +)
+    }
+
+    /// gc: removes each chunk unless it was written or claimed at or after `cutoff`, as
+    /// `remove` does. Returns the bytes of each record removed; counts the ones kept in
+    /// `held`.
+    public func sweep(_ ids: [ChunkID], unusedSince cutoff: Nanos, held: inout GraceHeld) -> [ChunkID: Int64] {
         state.withLock { s in
+            var freed: [ChunkID: Int64] = [:]
             for id in ids {
-                guard let place = s.index.removeValue(forKey: id) else { continue }
+                guard let place = s.index[id] else { continue }
                 let bytes = Int64(Self.recordHeaderSize + place.length)
+                guard place.used < cutoff else {
+                    held.add(bytes: bytes, lastUse: place.used)
+                    continue
+                }
+                s.index[id] = nil
                 s.packs[place.pack]?.liveBytes -= bytes
                 s.packs[place.pack]?.deadBytes += bytes
+                freed[id] = bytes
             }
+            return freed
         }
     }
 
@@ -213,37 +306,67 @@ public final class LocalPacks: Sendable {
     /// Makes every chunk put so far durable: the packs written since the last call are
     /// flushed (no lock held), then full ones get their index and are sealed.
     public func sync() throws(StoreError) {
+        guard !readOnly else { return }
         let (open, full) = state.withLock { s in
-            (s.packs.values.filter { !$0.sealed }.map(\.pack), s.packs.values.filter { $0.full && !$0.sealed }.map { ($0.pack, $0.size) })
+            (s.packs.values.filter { !$0.sealed && !$0.foreign && $0.flushed < $0.size }.map { ($0.pack, $0.size) },
+             s.packs.values.filter { $0.full && !$0.sealed && !$0.foreign }.map { ($0.pack, $0.size) })
         }
-        for pack in open where fdatasync(pack.fd) != 0 { throw .io(errno: errno, "flush \(pack.path)") }
+        for (pack, size) in open {
+            if fdatasync(pack.fd) != 0 { throw .io(errno: errno, "flush \(pack.path)") }
+            state.withLock { s in s.packs[pack.number].map { s.packs[pack.number]!.flushed = max($0.flushed, size) } }
+        }
         for (pack, size) in full {
             let entries = state.withLock { s in Self.live(in: pack.number, s) }
             try StoreError.wrap { () throws(SystemError) in
                 try writeFileAtomically(Self.path(directory, pack.number, "idx"), Self.indexFile(entries, packSize: size),
                                         tempPrefix: ".tmp-idx-", durable: true)
             }
-            state.withLock { $0.packs[pack.number]?.sealed = true }
+            state.withLock { $0.packs[pack.number]?.sealed = true; $0.directoryChanged = true }
         }
-        if !full.isEmpty || !open.isEmpty {
-            try StoreError.wrap { () throws(SystemError) in try fsyncPath(directory, directory: true) }
+        try syncDirectoryIfChanged()
+    }
+
+    /// The end of this process's appends (a clean close): the active pack is flushed and
+    /// gets its index, so the next open reads indexes only, not the last pack's records.
+    public func seal() throws(StoreError) {
+        guard !readOnly else { return }
+        appending.withLock { _ in state.withLock { s in s.packs[s.active]?.full = true } }
+        try sync()
+    }
+
+    /// One fsync of the directory when a pack was made or deleted or an index written
+    /// since the last.
+    private func syncDirectoryIfChanged() throws(StoreError) {
+        guard state.withLock({ s in defer { s.directoryChanged = false }; return s.directoryChanged }) else { return }
+        do throws(SystemError) { try fsyncPath(directory, directory: true) } catch {
+            state.withLock { $0.directoryChanged = true }
+            throw .io(errno: error.code, error.context)
         }
     }
 
     // MARK: compaction
 
-    /// Rewrites the sealed packs whose dead bytes are at least `deadShare` of what they
-    /// hold: their live chunks are appended to the active pack, flushed, and the old pack
-    /// and its index deleted. A crash in between leaves a chunk in both places, either
+    /// Rewrites the packs whose dead bytes are at least `deadShare` of what they hold:
+    /// their live chunks are appended to the active pack, flushed, and the old pack and
+    /// its index deleted. A crash in between leaves a chunk in both places, either
     /// good. Returns the bytes freed.
     @discardableResult
     public func compact(deadShare: Double = 0.5) throws(StoreError) -> Int64 {
-        let victims = state.withLock { s in
-            s.packs.values.filter {
-                $0.sealed && ($0.headerless || $0.deadBytes > 0 && Double($0.deadBytes) >= deadShare * Double($0.liveBytes + $0.deadBytes))
-            }
-                .map(\.pack.number).sorted()
+        guard !readOnly else { return 0 }
+        let worthIt = { (p: PackState) in
+            p.headerless || p.deadBytes > 0 && Double(p.deadBytes) >= deadShare * Double(p.liveBytes + p.deadBytes)
         }
+        // The pack being written too (a small store never fills one): it is ended first,
+        // so that its copies go to a new one, and sealed by the sync.
+        let endActive = appending.withLock { _ in
+            state.withLock { s in
+                guard let active = s.packs[s.active], !active.full, worthIt(active) else { return false }
+                s.packs[s.active]!.full = true
+                return true
+            }
+        }
+        if endActive { try sync() }
+        let victims = state.withLock { s in s.packs.values.filter { $0.sealed && worthIt($0) }.map(\.pack.number).sorted() }
         for number in victims {
             // In the order they lie: the copies keep their neighbours.
             let live = state.withLock { s in Self.live(in: number, s).map(\.0) }
@@ -251,8 +374,9 @@ public final class LocalPacks: Sendable {
                 try appending.withLock { (_: inout Void) throws(StoreError) in
                     // Removed meanwhile: nothing to copy. One that does not read (damaged)
                     // stays, and so does its pack, for fsck to repair.
-                    guard state.withLock({ $0.index[id]?.pack == number }), let bytes = try? read(id) else { return }
-                    try append(id, bytes, moving: number)
+                    guard let used = state.withLock({ $0.index[id].flatMap { $0.pack == number ? $0.used : nil } }),
+                          let bytes = try? read(id) else { return }
+                    try withBytes(bytes) { (raw) throws(StoreError) in try append(id, raw, used: used, moving: number) }
                 }
             }
         }
@@ -269,11 +393,15 @@ public final class LocalPacks: Sendable {
             guard let gone else { continue }
             unlink(Self.path(directory, number, "idx"))
             unlink(gone.pack.path)
+            state.withLock { $0.directoryChanged = true }
             freed += gone.size
         }
-        if freed > 0 { try StoreError.wrap { () throws(SystemError) in try fsyncPath(directory, directory: true) } }
+        try syncDirectoryIfChanged()
         return freed
     }
+
+    /// The bytes of every pack (what the store's chunks outside small.sqlite take).
+    public var diskBytes: Int64 { state.withLock { s in s.packs.values.reduce(0) { $0 + $1.size } } }
 
     /// Each pack: its number, bytes (header and whole records), bytes of live records,
     /// and whether it is sealed.
@@ -327,7 +455,7 @@ public final class LocalPacks: Sendable {
 
     /// A sealed pack's records from its index; nil when the index is not whole and right
     /// for a pack of `fileSize` bytes (the pack is then scanned).
-    static func parseIndex(_ bytes: [UInt8], pack: UInt32, fileSize: Int64) -> [(ChunkID, Place)]? {
+    static func parseIndex(_ bytes: [UInt8], pack: UInt32, fileSize: Int64, used: Nanos) -> [(ChunkID, Place)]? {
         guard bytes.count >= 32, Array(bytes[0..<8]) == indexMagic,
               readLE(bytes, bytes.count - 8, 8) == fnv1a(bytes[0..<(bytes.count - 8)]) else { return nil }
         let size = readLE(bytes, 8, 8), count = readLE(bytes, 16, 8)
@@ -340,7 +468,7 @@ public final class LocalPacks: Sendable {
             let offset = readLE(bytes, at + 32, 8), length = readLE(bytes, at + 40, 8)
             guard offset >= UInt64(fileHeader.count + recordHeaderSize), length <= UInt64(maxChunkLength),
                   offset <= size, length <= size - offset else { return nil }
-            places.append((id, Place(pack: pack, offset: Int64(offset), length: Int(length))))
+            places.append((id, Place(pack: pack, offset: Int64(offset), length: Int(length), used: used)))
         }
         return places
     }
@@ -355,69 +483,113 @@ public final class LocalPacks: Sendable {
 
     // MARK: open
 
-    private static func load(_ directory: String) throws(StoreError) -> State {
+    private static func load(_ directory: String, readOnly: Bool, removeTemporaries: Bool, now: Nanos) throws(StoreError) -> State {
         var s = State()
         let names = try StoreError.wrap { () throws(SystemError) in try directoryEntries(directory) }
         // An index a crash caught before its rename: written again at the next sync.
-        for name in names where name.hasPrefix(".tmp-idx-") { unlink(directory + "/" + name) }
-        // Only the names this code gives (a stray `0000000A.pack` is not one).
-        let numbers = names.compactMap { name -> UInt32? in
-            guard name.hasSuffix(".pack"), name.utf8.count == 13, let number = UInt32(name.prefix(8), radix: 16),
-                  Self.path("", number, "pack").utf8.dropFirst().elementsEqual(name.utf8) else { return nil }
-            return number
-        }.sorted()
-        for number in numbers {
-            let path = Self.path(directory, number, "pack")
-            let fd = open(path, O_RDWR | O_CLOEXEC)
-            if fd < 0 && errno == EISDIR { continue } // not a pack
-            if fd < 0 { throw .io(errno: errno, "open \(path)") }
-            let pack = Pack(number: number, fd: fd, path: path)
-            var st = stat()
-            guard fstat(fd, &st) == 0 else { throw .io(errno: errno, "stat \(path)") }
-            let indexBytes = try StoreError.wrap { () throws(SystemError) in
-                // A pack of 64 MiB has an index of a few MiB; a larger one is not an index.
-                try readFile(Self.path(directory, number, "idx"), limit: 1 << 28)
-            }
-            // The whole file counts, not only its records: nothing is appended to a pack
-            // after an open, and what is not a record (a torn tail, stray bytes) is dead
-            // until a compaction rewrites the pack.
-            var entry = PackState(pack: pack, size: Int64(st.st_size))
-            let places: [(ChunkID, Place)]
-            let hasHeader = try Self.hasHeader(pack)
-            if let indexBytes, let parsed = parseIndex(indexBytes, pack: number, fileSize: Int64(st.st_size)) {
-                entry.full = true
-                entry.sealed = true
-                places = parsed
-            } else {
-                places = hasHeader ? try scan(pack, fileSize: Int64(st.st_size)) : []
-            }
-            let headerBytes = hasHeader ? Int64(fileHeader.count) : 0
-            entry.headerless = !hasHeader
-            for (id, place) in places {
-                let bytes = Int64(recordHeaderSize + place.length)
-                // Twice (a compaction a crash cut short, or a chunk put again after gc
-                // removed it): the later copy counts.
-                if let old = s.index[id] {
-                    let oldBytes = Int64(recordHeaderSize + old.length)
-                    if old.pack == number {
-                        entry.liveBytes -= oldBytes
-                    } else {
-                        s.packs[old.pack]?.liveBytes -= oldBytes
-                        s.packs[old.pack]?.deadBytes += oldBytes
-                    }
-                }
-                s.index[id] = place
-                entry.liveBytes += bytes
-                entry.records.append(id)
-            }
-            entry.deadBytes = max(0, entry.size - headerBytes - entry.liveBytes)
-            s.packs[number] = entry
-            s.nextNumber = max(s.nextNumber, number == .max ? 1 : number + 1)
+        for name in names where name.hasPrefix(".tmp-idx-") && removeTemporaries { unlink(directory + "/" + name) }
+        for number in packNumbers(names) {
+            guard let (entry, places) = try openPack(directory, number, readOnly: readOnly, now: now, sealedOnly: false) else { continue }
+            merge(entry, places, into: &s)
         }
         // Appends go to a fresh pack: the last one may be another process's half record
         // away from full, and a new file costs nothing.
         for number in s.packs.keys { s.packs[number]?.full = true }
         return s
+    }
+
+    /// Takes in the sealed packs another process added since this one opened (`ubiquity
+    /// fsck --repair` while mounted writes its good copies to a pack of its own): their
+    /// copies count over the ones here. One not sealed yet is left for the next open (its
+    /// writer may still append to it). Returns how many were taken in.
+    public func adoptSealedPacks() throws(StoreError) -> Int {
+        let names = try StoreError.wrap { () throws(SystemError) in try directoryEntries(directory) }
+        let known = state.withLock { Set($0.packs.keys) }
+        var adopted = 0
+        for number in Self.packNumbers(names) where !known.contains(number) {
+            guard let (entry, places) = try Self.openPack(directory, number, readOnly: readOnly, now: nowNanos(), sealedOnly: true) else { continue }
+            state.withLock { s in
+                guard s.packs[number] == nil else { return }
+                Self.merge(entry, places, into: &s)
+                adopted += 1
+            }
+        }
+        return adopted
+    }
+
+    /// The pack numbers among a directory's names: only the names this code gives (a
+    /// stray `0000000A.pack` is not one), in order.
+    private static func packNumbers(_ names: [String]) -> [UInt32] {
+        names.compactMap { name -> UInt32? in
+            guard name.hasSuffix(".pack"), name.utf8.count == 13, let number = UInt32(name.prefix(8), radix: 16),
+                  Self.path("", number, "pack").utf8.dropFirst().elementsEqual(name.utf8) else { return nil }
+            return number
+        }.sorted()
+    }
+
+    /// A pack and its records, from its index or else a scan (nil: not a pack, or, with
+    /// `sealedOnly`, one without a whole index).
+    private static func openPack(_ directory: String, _ number: UInt32, readOnly: Bool, now: Nanos,
+                                 sealedOnly: Bool) throws(StoreError) -> (PackState, [(ChunkID, Place)])? {
+        let path = Self.path(directory, number, "pack")
+        let fd = open(path, (readOnly ? O_RDONLY : O_RDWR) | O_CLOEXEC)
+        if fd < 0 && (errno == EISDIR || sealedOnly && errno == ENOENT) { return nil } // not a pack; or gone since the listing
+        if fd < 0 { throw .io(errno: errno, "open \(path)") }
+        let pack = Pack(number: number, fd: fd, path: path)
+        var st = stat()
+        guard fstat(fd, &st) == 0 else { throw .io(errno: errno, "stat \(path)") }
+        // Its records were last used when it was last written, as far as an open knows.
+        // Claims of an earlier process are not kept, and need not be: a claim keeps a
+        // chunk for a save in progress, and a new process has none from before.
+        let (seconds, overflow) = Nanos(st.st_mtim.tv_sec).multipliedReportingOverflow(by: 1_000_000_000)
+        let now = overflow || seconds < 0 ? now : min(now, seconds.addingClamped(Nanos(st.st_mtim.tv_nsec)))
+        let indexBytes = try StoreError.wrap { () throws(SystemError) in
+            // A pack of 64 MiB has an index of a few MiB; a larger one is not an index.
+            try readFile(Self.path(directory, number, "idx"), limit: 1 << 28)
+        }
+        // The whole file counts, not only its records: nothing is appended to a pack
+        // after an open, and what is not a record (a torn tail, stray bytes) is dead
+        // until a compaction rewrites the pack.
+        var entry = PackState(pack: pack, size: Int64(st.st_size))
+        let places: [(ChunkID, Place)]
+        let hasHeader = try Self.hasHeader(pack)
+        if let indexBytes, let parsed = parseIndex(indexBytes, pack: number, fileSize: Int64(st.st_size), used: now) {
+            entry.full = true
+            entry.sealed = true
+            entry.flushed = entry.size
+            places = parsed
+        } else {
+            if sealedOnly { return nil }
+            places = hasHeader ? try scan(pack, fileSize: Int64(st.st_size), used: now) : []
+        }
+        entry.headerless = !hasHeader
+        return (entry, places)
+    }
+
+    /// A pack opened into the state: a chunk it holds that is already here counts from
+    /// this pack (a later copy: a compaction a crash cut short, a chunk put again after gc
+    /// removed it, a repair's copy).
+    private static func merge(_ pack: PackState, _ places: [(ChunkID, Place)], into s: inout State) {
+        var entry = pack
+        let number = entry.pack.number
+        for (id, place) in places {
+            let bytes = Int64(recordHeaderSize + place.length)
+            if let old = s.index[id] {
+                let oldBytes = Int64(recordHeaderSize + old.length)
+                if old.pack == number {
+                    entry.liveBytes -= oldBytes
+                } else {
+                    s.packs[old.pack]?.liveBytes -= oldBytes
+                    s.packs[old.pack]?.deadBytes += oldBytes
+                }
+            }
+            s.index[id] = place
+            entry.liveBytes += bytes
+            entry.records.append(id)
+        }
+        entry.deadBytes = max(0, entry.size - (entry.headerless ? 0 : Int64(fileHeader.count)) - entry.liveBytes)
+        s.packs[number] = entry
+        s.nextNumber = max(s.nextNumber, number == .max ? 1 : number + 1)
     }
 
     /// Whether the pack begins with its header. One that does not was made, and a crash
@@ -434,7 +606,7 @@ public final class LocalPacks: Sendable {
     /// The whole records of a pack without an index. Past a record that is not whole (a
     /// torn tail after a crash, or a damaged header) the scan looks for the next record
     /// header, so damage in the middle costs only its record.
-    private static func scan(_ pack: Pack, fileSize: Int64) throws(StoreError) -> [(ChunkID, Place)] {
+    private static func scan(_ pack: Pack, fileSize: Int64, used: Nanos) throws(StoreError) -> [(ChunkID, Place)] {
         var at = Int64(fileHeader.count)
         var places: [(ChunkID, Place)] = []
         while at + Int64(recordHeaderSize) <= fileSize {
@@ -449,7 +621,7 @@ public final class LocalPacks: Sendable {
                     try readBytes(pack.fd, count: length, at: at + Int64(recordHeaderSize), path: pack.path)
                 }
                 if data.count == length && ChunkID(hashing: data) == id {
-                    places.append((id, Place(pack: pack.number, offset: at + Int64(recordHeaderSize), length: length)))
+                    places.append((id, Place(pack: pack.number, offset: at + Int64(recordHeaderSize), length: length, used: used)))
                 }
                 at += Int64(recordHeaderSize + length)
                 continue

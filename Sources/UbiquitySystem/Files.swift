@@ -17,6 +17,28 @@ public func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, at offset: In
     }
 }
 
+/// Writes `first`, then `second` right after it, at `offset`: one pwritev for both
+/// unless the kernel takes less.
+public func writeAll(_ fd: Int32, _ first: UnsafeRawBufferPointer, _ second: UnsafeRawBufferPointer, at offset: Int64,
+                     path: String) throws(SystemError) {
+    guard !first.isEmpty, !second.isEmpty else {
+        try writeAll(fd, first.isEmpty ? second : first, at: offset, path: path)
+        return
+    }
+    var done = 0
+    while done < first.count {
+        var iov = [iovec(iov_base: UnsafeMutableRawPointer(mutating: first.baseAddress! + done), iov_len: first.count - done),
+                   iovec(iov_base: UnsafeMutableRawPointer(mutating: second.baseAddress!), iov_len: second.count)]
+        let n = retryingEINTR { pwritev(fd, &iov, 2, off_t(offset) + off_t(done)) }
+        if n < 0 { throw .last("write \(path)") }
+        done += n
+    }
+    let rest = done - first.count
+    if rest < second.count {
+        try writeAll(fd, UnsafeRawBufferPointer(rebasing: second[rest...]), at: offset + Int64(done), path: path)
+    }
+}
+
 public func writeAll(_ fd: Int32, _ bytes: [UInt8], path: String) throws(SystemError) {
     var result: Result<Void, SystemError> = .success(())
     bytes.withUnsafeBytes { raw in
@@ -135,6 +157,9 @@ public func fsyncPath(_ path: String, directory: Bool = false) throws(SystemErro
 /// Starts writing `fd`'s dirty pages to disk and returns (a later fsync or syncfs then
 /// has less to wait for). Best effort: a filesystem that cannot is no error.
 public func startWriteback(_ fd: Int32) { _ = ubq_start_writeback(fd) }
+
+/// `startWriteback` of `count` bytes at `offset` only.
+public func startWriteback(_ fd: Int32, offset: Int64, count: Int64) { _ = ubq_start_writeback_range(fd, offset, count) }
 
 /// syncfs(2): everything written to the filesystem holding `fd` reaches the disk.
 public func syncFilesystem(_ fd: Int32, path: String) throws(SystemError) {

@@ -97,7 +97,9 @@ struct FsckCommand: ParsableCommand {
             print("repairing \(report.damaged.count) chunk(s) from \(backingDir)")
             let result: Repair.Report
             do {
-                let chunks = try ChunkStore(directory: dir + "/chunks")
+                // The store may be mounted: its daemon takes in the repaired copies when it
+                // next reads one of these chunks (`ChunkStore.read`).
+                let chunks = try ChunkStore(directory: dir + "/chunks", othersMayWrite: true)
                 var progress: ((Int, Int) -> Void)?
                 if isatty(STDERR_FILENO) != 0 { progress = Self.repairProgress }
                 let places = try s.chunkPlaces(report.damaged.keys)

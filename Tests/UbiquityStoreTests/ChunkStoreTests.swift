@@ -17,17 +17,85 @@ import TestSupport
 
         // Flip one byte on disk: the read must fail, never return the changed bytes.
         store.dropCache()
-        let path = store.path(of: id)
-        chmod(path, 0o644)
-        let fd = open(path, O_WRONLY)
-        var flipped: UInt8 = bytes[500] ^ 0xFF
-        pwrite(fd, &flipped, 1, 500)
-        close(fd)
+        try ChunkDamage.flip(id, chunks: dir.path + "/chunks", at: 500)
         #expect(throws: StoreError.corruptChunk(id)) { try store.read(id) }
+        #expect(store.location(of: id).contains("/packs/00000001.pack, 100000 bytes at 64"), "\(store.location(of: id))")
 
         // A missing chunk is reported as missing.
-        unlink(path)
+        let other = ChunkID(hashing: gen.bytes(10))
+        #expect(throws: StoreError.missingChunk(other)) { try store.read(other) }
+    }
+
+    /// A store from before format 18 keeps chunks as files: they stay readable (and damage
+    /// in them is caught), a put of the same bytes claims the file instead of adding a
+    /// record, gc collects it.
+    @Test func chunkFilesOfAnOlderStoreStayReadable() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        ChunkDamage.makeOldLayout(chunks: dir.path + "/chunks")
+        let store = try ChunkStore(directory: dir.path + "/chunks")
+        var gen = SplitMix64(seed: 3)
+        let bytes = gen.bytes(100_000)
+        let id = ChunkID(hashing: bytes)
+        let path = store.path(of: id)
+        let fd = open(path, O_WRONLY | O_CREAT, 0o444)
+        _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        close(fd)
+        #expect(try store.read(id) == bytes)
+        #expect(store.location(of: id) == path)
+        try store.put(id, bytes)
+        #expect(store.packs.count == 0, "no second copy as a record")
+        #expect(store.allChunkIDs() == [id])
+
+        chmod(path, 0o644)
+        let writer = open(path, O_WRONLY)
+        var flipped: UInt8 = bytes[500] ^ 0xFF
+        pwrite(writer, &flipped, 1, 500)
+        close(writer)
+        store.dropCache()
+        #expect(throws: StoreError.corruptChunk(id)) { try store.read(id) }
+
+        #expect(store.sweep(id, unusedSince: nowNanos() + 1_000_000_000) != nil)
+        #expect(access(path, F_OK) != 0)
         #expect(throws: StoreError.missingChunk(id)) { try store.read(id) }
+    }
+
+    /// A chunk bigger than a row is a pack record: claimed by `put` and `contains`, swept
+    /// by its last use, compacted away by gc, and read back after a reopen from the index
+    /// that the close wrote.
+    @Test func recordsFollowTheContractOfFiles() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        var gen = SplitMix64(seed: 4)
+        let chunks = (0..<8).map { _ in gen.bytes(50_000) }
+        do {
+            let store = try ChunkStore(directory: dir.path + "/chunks")
+            for chunk in chunks { try store.put(ChunkID(hashing: chunk), chunk) }
+            #expect(access(dir.path + "/chunks/00", F_OK) != 0, "a new store has no chunk files' directories")
+            let old = ChunkID(hashing: chunks[0]), renewed = ChunkID(hashing: chunks[1])
+            try store.setLastUse(old, seconds: 1_000)
+            try store.setLastUse(renewed, seconds: 1_000)
+            #expect(store.contains(renewed))
+            var held = GraceHeld()
+            let cutoff = nowNanos() - 60_000_000_000
+            #expect(Array(store.sweep([old, renewed], unusedSince: cutoff, held: &held).keys) == [old])
+            #expect(held.chunks == 1, "the claimed one is kept")
+            #expect(!store.contains(old))
+            #expect(throws: StoreError.missingChunk(old)) { try store.read(old) }
+            try store.sync()
+        }
+        let reopened = try ChunkStore(directory: dir.path + "/chunks")
+        #expect(access(dir.path + "/chunks/packs/00000001.idx", F_OK) == 0, "sealed at the close")
+        // The index the close wrote lists the live records only.
+        #expect(Set(reopened.allChunkIDs()) == Set(chunks.dropFirst().map { ChunkID(hashing: $0) }))
+        for chunk in chunks.dropFirst() { #expect(try reopened.read(ChunkID(hashing: chunk)) == chunk) }
+        let gone = chunks.prefix(6).map { ChunkID(hashing: $0) }
+        #expect(reopened.sweep(gone, unusedSince: nowNanos() + 1).count == 5)
+        let before = reopened.chunkFileBytes()
+        try reopened.compact()
+        #expect(reopened.chunkFileBytes() < before / 2, "the pack, three quarters swept, is rewritten")
+        for chunk in chunks.suffix(2) { #expect(try reopened.read(ChunkID(hashing: chunk)) == chunk) }
+        #expect(Set(reopened.allChunkIDs()) == Set(chunks.suffix(2).map { ChunkID(hashing: $0) }))
     }
 
     /// Regression (t-backing-gc): gc deleted a chunk written since the last durability
@@ -60,7 +128,7 @@ import TestSupport
         #expect(Set(store.allChunkIDs()) == Set(ids))
     }
 
-    /// Small chunks are rows of chunks/small.sqlite (format 5), not files: read back,
+    /// Small chunks are rows of chunks/small.sqlite (format 5), not records: read back,
     /// verified, listed, swept by their `used` time, durable after `sync()`.
     @Test func smallChunksAreRowsWithTheContractOfFiles() throws {
         let dir = TempDirectory()
@@ -75,13 +143,13 @@ import TestSupport
         #expect(store.allChunkIDs() == [id])
         try store.sync()
 
-        // The biggest small chunk is a row, one byte more is a file.
+        // The biggest small chunk is a row, one byte more is a pack record.
         let edge = [UInt8](repeating: 7, count: SmallChunks.limit)
         let over = [UInt8](repeating: 7, count: SmallChunks.limit + 1)
         try store.put(ChunkID(hashing: edge), edge)
         try store.put(ChunkID(hashing: over), over)
-        #expect(access(store.path(of: ChunkID(hashing: edge)), F_OK) != 0)
-        #expect(access(store.path(of: ChunkID(hashing: over)), F_OK) == 0)
+        #expect(!store.packs.contains(ChunkID(hashing: edge)))
+        #expect(store.packs.contains(ChunkID(hashing: over)))
 
         // Damage in the row is caught by the hash, as in a file.
         store.dropCache()
@@ -105,6 +173,7 @@ import TestSupport
     @Test func smallChunkFilesOfAnOlderStoreStayReadable() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
+        ChunkDamage.makeOldLayout(chunks: dir.path + "/chunks")
         let store = try ChunkStore(directory: dir.path + "/chunks")
         let bytes = Array("kept as a file by format 4".utf8)
         let id = ChunkID(hashing: bytes)

@@ -132,7 +132,7 @@ import UbiquitySystem
         #expect(store.treeLog!.nextSequence.value > 1)
         let copy = Self.killed(dir)
         defer { copy.cleanup() }
-        unlink(try ChunkStore(directory: copy.path + "/chunks").path(of: ChunkID(hashing: lost)))
+        try ChunkDamage.lose(ChunkID(hashing: lost), chunks: copy.path + "/chunks")
         try reboot(copy.path)
         let reopened = try Store(directory: copy.path)
         #expect(reopened.replayedTreeChanges > 0)
@@ -247,7 +247,7 @@ import UbiquitySystem
         let copy = Self.killed(dir)
         defer { copy.cleanup() }
         // A power loss took b's chunk file; the crash cut the log's last write short.
-        unlink(try ChunkStore(directory: copy.path + "/chunks").path(of: ChunkID(hashing: lost)))
+        try ChunkDamage.lose(ChunkID(hashing: lost), chunks: copy.path + "/chunks")
         let fd = open(copy.path + "/intent.log", O_WRONLY | O_APPEND)
         _ = write(fd, [UInt8(200), 0, 0, 0, 1, 2], 6)
         close(fd)
@@ -276,7 +276,7 @@ import UbiquitySystem
         defer { copy.cleanup() }
         // The power loss: the WAL and the chunk file never reached the disk.
         #expect(truncate(copy.path + "/meta.sqlite-wal", 0) == 0)
-        unlink(try ChunkStore(directory: copy.path + "/chunks").path(of: ChunkID(hashing: bytes)))
+        try ChunkDamage.lose(ChunkID(hashing: bytes), chunks: copy.path + "/chunks")
         try reboot(copy.path)
         let reopened = try Store(directory: copy.path)
         #expect(reopened.recoveredSaves == ["f"])
@@ -303,7 +303,7 @@ import UbiquitySystem
         try store.checkpoint() // the batch noting the intent as applied is on the disk
         let copy = Self.killed(dir)
         defer { copy.cleanup() }
-        unlink(try ChunkStore(directory: copy.path + "/chunks").path(of: ChunkID(hashing: bytes)))
+        try ChunkDamage.lose(ChunkID(hashing: bytes), chunks: copy.path + "/chunks")
         try reboot(copy.path)
         let reopened = try Store(directory: copy.path)
         #expect(reopened.recovery.rolledBack.isEmpty, "\(reopened.recovery)")

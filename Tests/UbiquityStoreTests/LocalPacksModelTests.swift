@@ -6,11 +6,14 @@ import UbiquitySystem
 @testable import UbiquityStore
 
 /// Local packs (`LocalPacks`) against a model: random puts (new chunks and chunks already
-/// there), reads, gc's removals, syncs, compactions, and crashes at random points. A crash
+/// there), reads, claims, gc's sweeps by last use, removals, syncs, compactions, clean
+/// closes and crashes at random points. A crash
 /// is a copy of the files as they are, with each pack not flushed since cut at a random
 /// length past what the last sync flushed, sometimes with stray bytes after the cut (a
 /// power loss that kept part of a write), and a reopen from the copy.
 /// - Every chunk reads back verified while open, and none that was removed.
+/// - A sweep removes exactly the chunks last put or claimed before its cutoff (a reopen
+///   counts as a use of everything there), and holds back the others.
 /// - After a crash, every chunk synced and not removed since is there; whatever else is
 ///   there was put once and reads back verified; nothing else is.
 /// - After a compaction of every pack with dead records, a sealed pack holds exactly its
@@ -26,6 +29,8 @@ import UbiquitySystem
         var live: Set<ChunkID> = []
         /// Live and flushed by a sync since it was last put: must survive a crash.
         var durable: Set<ChunkID> = []
+        /// The last put or claim of each live chunk, on the run's clock.
+        var used: [ChunkID: Nanos] = [:]
     }
 
     @Test(arguments: [1, 2, 3, 4] as [UInt64])
@@ -36,14 +41,16 @@ import UbiquitySystem
         var dir = TempDirectory()
         defer { dir.cleanup() }
         let limit = Int64(2_048 + rng.int(0..<16_384))
-        var packs = try LocalPacks(directory: dir.path + "/packs", packLimit: limit)
+        var packs = try LocalPacks(directory: dir.path + "/packs", packLimit: limit, now: 0)
         var model = Model()
         // Each pack's size on the disk at the last sync: a crash keeps at least that much.
         var flushed: [String: Int64] = [:]
         var crashes = 0, compactions = 0, freedTotal: Int64 = 0
+        var closes = 0, swept = 0
         for round in 0..<1_500 {
             let context = "seed \(seed), round \(round)"
-            switch rng.int(0..<100) {
+            let clock = Nanos(round + 1)
+            switch rng.int(0..<110) {
             case 0..<45:
                 // A new chunk, or one already there (a put of it is nothing).
                 let bytes: [UInt8]
@@ -53,9 +60,10 @@ import UbiquitySystem
                     bytes = rng.bytes(1 + rng.int(0..<3_000))
                 }
                 let id = ChunkID(hashing: bytes)
-                try packs.put(id, bytes)
+                #expect(try packs.put(id, bytes, now: clock) == !model.live.contains(id), "\(context): put \(id)")
                 if model.everPut.updateValue(bytes, forKey: id) == nil { model.order.append(id) }
                 model.live.insert(id)
+                model.used[id] = clock
             case 45..<65:
                 guard !model.order.isEmpty else { continue }
                 let id = model.order[rng.int(0..<model.order.count)]
@@ -66,6 +74,7 @@ import UbiquitySystem
                 packs.remove(removed)
                 model.live.subtract(removed)
                 model.durable.subtract(removed)
+                for id in removed { model.used[id] = nil }
             case 75..<85:
                 try packs.sync()
                 model.durable = model.live
@@ -75,6 +84,43 @@ import UbiquitySystem
                 compactions += 1
                 // The compaction synced: everything live is flushed.
                 model.durable = model.live
+                flushed = Self.packSizes(dir.path + "/packs")
+            case 100..<104:
+                guard !model.order.isEmpty else { continue }
+                let id = model.order[rng.int(0..<model.order.count)]
+                #expect(packs.claim(id, now: clock) == model.live.contains(id), "\(context): claim \(id)")
+                if model.live.contains(id) { model.used[id] = clock }
+            case 104..<107:
+                // gc's sweep: a cutoff some rounds back, over some of the chunks ever put.
+                let cutoff = clock - Nanos(rng.int(0..<60))
+                let asked = model.order.filter { _ in rng.int(0..<2) == 0 }
+                var held = GraceHeld()
+                let freed = packs.sweep(asked, unusedSince: cutoff, held: &held)
+                let expected = Set(asked.filter { model.live.contains($0) && model.used[$0]! < cutoff })
+                #expect(Set(freed.keys) == expected, "\(context): swept at cutoff \(cutoff)")
+                #expect(held.chunks == asked.filter { model.live.contains($0) && model.used[$0]! >= cutoff }.count, "\(context): held")
+                model.live.subtract(expected)
+                model.durable.subtract(expected)
+                for id in expected { model.used[id] = nil }
+                swept += expected.count
+            case 107..<110:
+                // A clean close: everything flushed and every pack indexed; the reopen
+                // finds every live chunk (and maybe removed ones whose pack was indexed
+                // before their removal).
+                try packs.seal()
+                #expect(packs.packs.allSatisfy { $0.sealed }, "\(context): a pack not sealed by the close")
+                packs = try LocalPacks(directory: dir.path + "/packs", packLimit: limit, now: clock)
+                closes += 1
+                var present: Set<ChunkID> = []
+                for (id, bytes) in model.everPut where packs.contains(id) {
+                    #expect(try packs.read(id) == bytes, "\(context) after a close: chunk \(id)")
+                    present.insert(id)
+                }
+                #expect(model.live.isSubset(of: present), "\(context) after a close: live chunks lost")
+                #expect(packs.count == present.count, "\(context) after a close: chunks that were never put")
+                model.live = present
+                model.durable = present
+                model.used = Dictionary(uniqueKeysWithValues: present.map { ($0, clock) })
                 flushed = Self.packSizes(dir.path + "/packs")
             default:
                 // A crash: the files as they are, packs cut past their flushed length.
@@ -88,7 +134,7 @@ import UbiquitySystem
                     #expect(truncate(path, off_t(cut)) == 0)
                     if rng.int(0..<3) == 0 { Self.append(rng.bytes(1 + rng.int(0..<100)), to: path) }
                 }
-                packs = try LocalPacks(directory: copy.path + "/packs", packLimit: limit)
+                packs = try LocalPacks(directory: copy.path + "/packs", packLimit: limit, now: clock)
                 dir.cleanup()
                 dir = copy
                 crashes += 1
@@ -101,9 +147,10 @@ import UbiquitySystem
                     present.insert(id)
                 }
                 #expect(packs.count == present.count, "\(context) after a crash: chunks that were never put")
-                // What the crash left is on the disk now.
+                // What the crash left is on the disk now, all of it used at the open.
                 model.live = present
                 model.durable = present
+                model.used = Dictionary(uniqueKeysWithValues: present.map { ($0, clock) })
                 flushed = Self.packSizes(dir.path + "/packs")
             }
             #expect(packs.count == model.live.count, "\(context): count")
@@ -127,8 +174,8 @@ import UbiquitySystem
         let expected = model.live.reduce(Int64(0)) { $0 + Int64(LocalPacks.recordHeaderSize + model.everPut[$1]!.count) }
         #expect(liveTotal == expected, "seed \(seed): live bytes")
         for id in model.live { #expect(try packs.read(id) == model.everPut[id], "seed \(seed) at the end: chunk \(id)") }
-        print("LocalPacksModelTests seed \(seed): pack limit \(limit), \(crashes) crashes, \(compactions) compactions freed \(freedTotal) bytes, \(packs.packs.count) packs, \(model.live.count) chunks live")
-        #expect(crashes > 0 && compactions > 0, "seed \(seed): the run must crash and compact")
+        print("LocalPacksModelTests seed \(seed): pack limit \(limit), \(crashes) crashes, \(closes) closes, \(swept) swept, \(compactions) compactions freed \(freedTotal) bytes, \(packs.packs.count) packs, \(model.live.count) chunks live")
+        #expect(crashes > 0 && compactions > 0 && closes > 0 && swept > 0, "seed \(seed): the run must crash, close, sweep and compact")
     }
 
     /// A flipped byte in a record's bytes gives `.corruptChunk`, never the wrong bytes. A
@@ -170,7 +217,7 @@ import UbiquitySystem
         close(upper)
         let hostile = try LocalPacks(directory: dir.path + "/packs")
         #expect(try hostile.read(ChunkID(hashing: chunks[2])) == chunks[2])
-        #expect(hostile.packs.map(\.number).sorted() == [1, 2, 3]) // 2: the one `reopened` began
+        #expect(hostile.packs.map(\.number).sorted() == [1]) // an open begins no pack; a put does
     }
 
     /// Readers on two threads while puts, removals, syncs and compactions run: a read
@@ -230,6 +277,42 @@ import UbiquitySystem
             for id in removed { #expect(!packs.contains(id), "round \(round): a chunk removed during the compaction is back") }
             #expect(packs.count == (round + 1) * 192, "round \(round): live chunks (400 put, 8 and 200 removed, each round)")
         }
+    }
+
+    /// A second process beside the store's owner (`ubiquity fsck --repair` while mounted):
+    /// it leaves the owner's pack alone (no index for a pack still being written: the
+    /// owner's later records would not be in it), its own pack gets an index at its close,
+    /// and the owner takes that pack in when it asks, its copy counting over a damaged one.
+    @Test func aSecondWriterLeavesTheOwnersPackAloneAndItsCopiesAreTakenIn() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        var rng = SplitMix64(seed: 5)
+        let chunks = (0..<4).map { _ in rng.bytes(5_000) }
+        let ids = chunks.map { ChunkID(hashing: $0) }
+        let owner = try LocalPacks(directory: dir.path + "/packs")
+        try owner.put(ids[0], chunks[0])
+        try owner.put(ids[1], chunks[1])
+        try owner.sync()
+        let (ownerPack, offset, _) = try #require(owner.location(of: ids[1]))
+        Self.flip(ownerPack, at: offset + 10)
+        do {
+            let repairer = try LocalPacks(directory: dir.path + "/packs", othersMayWrite: true)
+            try repairer.put(ids[2], chunks[2])
+            try repairer.put(ids[1], chunks[1]) // there, as far as it knows: damaged, not a copy
+            repairer.remove([ids[1]])
+            try repairer.put(ids[1], chunks[1]) // the repair: a good copy
+            try repairer.seal()
+        }
+        #expect(access(String(ownerPack.dropLast(4)) + "idx", F_OK) != 0, "the owner's pack was indexed by another process")
+        try owner.put(ids[3], chunks[3]) // after the other's close, in the owner's pack
+        #expect(throws: StoreError.corruptChunk(ids[1])) { try owner.read(ids[1]) }
+        #expect(try owner.adoptSealedPacks() == 1)
+        #expect(try owner.adoptSealedPacks() == 0, "taken in once")
+        #expect(try owner.read(ids[1]) == chunks[1])
+        #expect(try owner.read(ids[2]) == chunks[2])
+        try owner.seal()
+        let reopened = try LocalPacks(directory: dir.path + "/packs")
+        for (id, chunk) in zip(ids, chunks) { #expect(try reopened.read(id) == chunk) }
     }
 
     static func packSizes(_ directory: String) -> [String: Int64] {

@@ -44,7 +44,7 @@ import UbiquitySystem
             try store.commitBatch()
         }
         // The power loss: the chunk file and the row never reached the disk.
-        unlink(try ChunkStore(directory: dir.path + "/chunks").path(of: ChunkID(hashing: lost)))
+        try ChunkDamage.lose(ChunkID(hashing: lost), chunks: dir.path + "/chunks")
         _ = try withDatabase(dir.path + "/chunks/small.sqlite") { (db) throws(StoreError) in
             try db.query("DELETE FROM chunks WHERE id = ?", [.blob(ChunkID(hashing: smallLost).raw)])
         }
@@ -88,7 +88,7 @@ import UbiquitySystem
             lastID = try Self.save(store, a, "a", last).id
             try store.commitBatch()
         }
-        unlink(try ChunkStore(directory: dir.path + "/chunks").path(of: ChunkID(hashing: lost)))
+        try ChunkDamage.lose(ChunkID(hashing: lost), chunks: dir.path + "/chunks")
         try reboot(dir.path)
         let store = try Store(directory: dir.path)
         #expect(store.recovery.rolledBack.count == 1)
@@ -113,7 +113,7 @@ import UbiquitySystem
             try store.commitBatch()
         }
         // Not what a crash of the process can do; the open must not look.
-        unlink(try ChunkStore(directory: dir.path + "/chunks").path(of: ChunkID(hashing: bytes)))
+        try ChunkDamage.lose(ChunkID(hashing: bytes), chunks: dir.path + "/chunks")
         let store = try Store(directory: dir.path)
         #expect(store.recovery == Store.RecoveryReport())
         #expect(try store.hasUndurableVersions())
@@ -153,7 +153,7 @@ import UbiquitySystem
             try store.markUploaded([v.id])
             try store.commitBatch()
         }
-        unlink(try ChunkStore(directory: dir.path + "/chunks").path(of: ChunkID(hashing: bytes)))
+        try ChunkDamage.lose(ChunkID(hashing: bytes), chunks: dir.path + "/chunks")
         try reboot(dir.path)
         let store = try Store(directory: dir.path)
         #expect(store.recovery.rolledBack.isEmpty)

@@ -291,20 +291,15 @@ import UbiquitySystem
         let f = try store.create(parent: Store.rootInode, name: "a", kind: .file, mode: 0o644, uid: 0, gid: 0)
         var list = ChunkList()
         for i in 0..<3 {
-            let b = [UInt8](repeating: UInt8(i), count: 3000) // files (over SmallChunks.limit)
+            let b = [UInt8](repeating: UInt8(i), count: 3000) // pack records (over SmallChunks.limit)
             let id = ChunkID(hashing: b)
             try store.chunks.put(id, b)
             list.append(id, size: b.count)
         }
         try store.commit(f.id, content: list, path: "a", local: false)
         #expect(try Fsck.run(store: store).problems.isEmpty)
-        unlink(store.chunks.path(of: list.ids[1]))
-        let path = store.chunks.path(of: list.ids[2])
-        chmod(path, 0o644)
-        let fd = open(path, O_WRONLY)
-        var x: UInt8 = 0xAA
-        pwrite(fd, &x, 1, 10)
-        close(fd)
+        store.chunks.discard(list.ids[1])
+        try ChunkDamage.flip(list.ids[2], chunks: dir.path + "/chunks", at: 10)
         let report = try Fsck.run(store: store)
         #expect(report.problems.count == 3) // corrupt chunk, version needs corrupt, version needs missing
         #expect(report.problems.contains { $0.contains(list.ids[1].hex) && $0.contains("missing") })

@@ -5,6 +5,7 @@
 #define UBIQUITY_CSYSTEM_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 #include <sys/xattr.h>
 
@@ -14,6 +15,9 @@ int ubq_syncfs(int fd);
 /// sync_file_range(2) with SYNC_FILE_RANGE_WRITE over the whole file: start writing its
 /// dirty pages to disk, without waiting.
 int ubq_start_writeback(int fd);
+
+/// sync_file_range(2) of `count` bytes at `offset`: start writing them back, no wait.
+int ubq_start_writeback_range(int fd, int64_t offset, int64_t count);
 
 /// renameat2(RENAME_NOREPLACE): publish `from` as `to` unless `to` exists (EEXIST);
 /// EINVAL where the filesystem cannot (NFS, some FUSE filesystems).
