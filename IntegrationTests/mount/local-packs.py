@@ -7,6 +7,8 @@ fault would, for the mount tests. Written from the format's description, not the
   local-packs.py damage STORE zero SHA   the second half of its bytes read back as zeros
   local-packs.py damage STORE lose SHA   the record gone: header zeroed, out of the index
   local-packs.py sealed STORE          exit 1 unless every pack has a whole index
+  local-packs.py to-files STORE        the store as format 17 kept it: every live record
+                                       a chunk file chunks/xx/<sha256>, no packs
 """
 import hashlib, os, struct, sys
 
@@ -88,12 +90,40 @@ def damage(store, mode, want):
             size, entries = parsed
             write_index(index, size, [e for e in entries if e[0].hex() != want])
 
+def to_files(store):
+    chunks = os.path.join(store, "chunks")
+    for i in range(256):
+        os.makedirs(os.path.join(chunks, "%02x" % i), exist_ok=True)
+    live = set()
+    for name in pack_names(store):
+        index = os.path.join(packs_dir(store), name[:-len(".pack")] + ".idx")
+        parsed = read_index(index) if os.path.exists(index) else None
+        if parsed is None:
+            sys.exit(f"pack {name} has no whole index (unmount first)")
+        live |= {(sha.hex(), name, off, n) for sha, off, n in parsed[1]}
+    for sha, name, off, n in sorted(live):
+        with open(os.path.join(packs_dir(store), name), "rb") as f:
+            f.seek(off)
+            data = f.read(n)
+        if hashlib.sha256(data).hexdigest() != sha:
+            sys.exit(f"record {sha} in {name} is damaged")
+        path = os.path.join(chunks, sha[:2], sha)
+        with open(path, "wb") as out:
+            out.write(data)
+        os.chmod(path, 0o444)
+    for name in os.listdir(packs_dir(store)):
+        os.unlink(os.path.join(packs_dir(store), name))
+    os.rmdir(packs_dir(store))
+    print(len(live))
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "records":
         for sha, name, off, n in records(sys.argv[2]):
             print(sha, name, off, n)
     elif len(sys.argv) == 5 and sys.argv[1] == "damage":
         damage(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif len(sys.argv) == 3 and sys.argv[1] == "to-files":
+        to_files(sys.argv[2])
     elif len(sys.argv) == 3 and sys.argv[1] == "sealed":
         for name in pack_names(sys.argv[2]):
             index = os.path.join(packs_dir(sys.argv[2]), name[:-len(".pack")] + ".idx")

@@ -164,6 +164,7 @@ extension Daemon {
             log("ubiquity: mounted \(mp) (store \(storeDir), backing \(backingDir), device \(fs.store.deviceName) \(fs.store.deviceID))")
             ready.succeeded()
             sync.start()
+            fs.startMovingChunkFiles()
             let status = session.run()
             sync.stop()
             control.stop()

@@ -379,6 +379,7 @@ extension FileSystem {
     /// Commits every open file with changes (unmount, SIGTERM): nothing acknowledged is lost.
     public func drain() {
         joinMaintenanceJobs()
+        stopMovingChunkFiles()
         // A full disk must not keep the last commits and the unmount from finishing.
         if let pressure = spacePressure() { releaseReserve(because: pressure.reason) }
         let open = openFiles.all

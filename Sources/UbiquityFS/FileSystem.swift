@@ -51,6 +51,8 @@ public final class FileSystem: Sendable {
     let reports = Locked(MaintenanceReports())
     /// Space pressure's measures (FileSystem+Space).
     let space = Locked(SpaceState())
+    /// The move of an older store's chunk files into packs (FileSystem+ChunkFiles).
+    let chunkFileMover = Locked(ChunkFileMover())
     /// When files were opened, since the cache keeper last wrote them (`Store.noteUses`):
     /// an open costs a dictionary entry, not a database write.
     let uses = Locked<[InodeNumber: Nanos]>([:])

@@ -1,5 +1,6 @@
 import Dispatch
 import Glibc
+import Synchronization
 import UbiquitySystem
 
 /// Immutable chunks named by their SHA-256: chunks of at most `SmallChunks.limit` bytes as
@@ -33,8 +34,9 @@ public final class ChunkStore: Sendable {
     /// Chunks bigger than a row.
     let packs: LocalPacks
     /// Whether this store has the chunk files of a format before 18 (`chunks/00` exists):
-    /// only then are files looked for.
-    private let legacyFiles: Bool
+    /// only then are files looked for. `moveChunkFilesIntoPacks` removes `00` last.
+    let legacyFilesFlag: Atomic<Bool>
+    public var legacyFiles: Bool { legacyFilesFlag.load(ordering: .acquiring) }
     /// What a crashed process wrote may be in the page cache only (`leaveDeadProcessWritesToNextBarrier`).
     private let deadProcessWrites = Locked(false)
     private let flushCount = Locked(0)
@@ -42,7 +44,7 @@ public final class ChunkStore: Sendable {
     private let barrier = Locked(())
     /// Orders "is it there? keep it" (`put`, `contains`) against gc's "unused? delete" for
     /// chunk files (rows and pack records have their own locks for it).
-    private let claims = Locked(())
+    let claims = Locked(())
     /// Bytes of chunks this process added to packs, less those it evicted (space pressure
     /// estimates the store's size from the last gc's measure plus these).
     private let filesPut = Locked<Int64>(0)
@@ -70,7 +72,7 @@ public final class ChunkStore: Sendable {
         self.directory = directory
         self.chunker = chunker
         try StoreError.wrap { () throws(SystemError) in try makeDirectory(directory) }
-        legacyFiles = access(directory + "/00", F_OK) == 0
+        legacyFilesFlag = Atomic(access(directory + "/00", F_OK) == 0)
         small = try SmallChunks(directory: directory, readOnly: readOnly)
         packs = try LocalPacks(directory: directory + "/packs", readOnly: readOnly, othersMayWrite: othersMayWrite)
         dirFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
@@ -272,6 +274,21 @@ public final class ChunkStore: Sendable {
         guard try packs.put(id, bytes, now: nowNanos(), writeback: writeback) else { return false }
         filesPut.withLock { $0 += Int64(bytes.count) }
         return true
+    }
+
+    /// Stores the chunk as a row or a record even when a chunk file holds it (moving the
+    /// files into packs).
+    func storeOutsideFiles(_ id: ChunkID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) {
+        if bytes.count <= SmallChunks.limit {
+            try small.put(id, bytes, now: nowNanos())
+        } else {
+            try packs.put(id, bytes, now: nowNanos(), writeback: true)
+        }
+    }
+
+    /// Whether the chunk is a row or a record; if so, it is claimed at `now`.
+    func claimOutsideFiles(_ id: ChunkID, now: Nanos) -> Bool {
+        packs.claim(id, now: now) || small.claim(id, now: now)
     }
 
     public func put(_ id: ChunkID, _ bytes: [UInt8]) throws(StoreError) {

@@ -11,8 +11,7 @@ enum ChunkDamage {
     static func lose(_ id: ChunkID, chunks: String) throws {
         let packs = try LocalPacks(directory: chunks + "/packs", readOnly: true)
         guard let (path, offset, length) = packs.location(of: id) else {
-            let hex = id.hex
-            unlink("\(chunks)/\(hex.prefix(2))/\(hex)")
+            unlink(filePath(id, chunks: chunks))
             return
         }
         try overwrite(path, at: offset - 48, with: [UInt8](repeating: 0, count: 48 + length))
@@ -29,6 +28,12 @@ enum ChunkDamage {
         _ = pread(fd, &byte, 1, off_t(offset) + off_t(at))
         close(fd)
         try overwrite(path, at: offset + Int64(at), with: [byte ^ 0xFF])
+    }
+
+    /// Where a store from before format 18 keeps the chunk as a file.
+    static func filePath(_ id: ChunkID, chunks: String) -> String {
+        let hex = id.hex
+        return "\(chunks)/\(hex.prefix(2))/\(hex)"
     }
 
     /// The chunk files' directories of a store from before format 18, made in `chunks`
