@@ -312,12 +312,14 @@ public final class ChunkStore: Sendable {
     public func read(_ id: ChunkID) throws(StoreError) -> [UInt8] {
         if let hit = cache.withLock({ $0.get(id) }) { return hit }
         var bytes = try readUnverified(id)
+        var good = ChunkID(hashing: bytes) == id
         // A good copy may have come since, in a pack of another process's
         // (`ubiquity fsck --repair` while mounted).
-        if ChunkID(hashing: bytes) != id, packs.contains(id), (try? packs.adoptSealedPacks()) ?? 0 > 0 {
+        if !good, packs.contains(id), (try? packs.adoptSealedPacks()) ?? 0 > 0 {
             bytes = try readUnverified(id)
+            good = ChunkID(hashing: bytes) == id
         }
-        guard ChunkID(hashing: bytes) == id else {
+        guard good else {
             log("ubiquity: chunk \(id) is corrupt: content hash mismatch (\(location(of: id))); run `ubiquity fsck`")
             throw .corruptChunk(id)
         }
