@@ -31,6 +31,12 @@ public final class ChunkStore: Sendable {
     private let cache = Locked(ChunkCache(capacityBytes: ChunkCache.defaultCapacity))
     /// Chunks being read ahead, so two readers never fetch the same one twice.
     private let prefetching = Locked<Set<ChunkID>>([])
+    /// Reads from disk in progress, one per chunk: a second reader of the chunk (the
+    /// foreground read behind a read-ahead of it) waits for the first and takes its bytes
+    /// from the cache, instead of reading and hashing the chunk again.
+    private let flights = Locked<[ChunkID: DispatchGroup]>([:], rank: .leaf)
+    /// Chunks read from disk and hashed (tests count them).
+    let readsFromDisk = Atomic<Int>(0)
     /// Chunks bigger than a row.
     let packs: LocalPacks
     /// Whether this store has the chunk files of a format before 18 (`chunks/00` exists):
@@ -311,6 +317,30 @@ public final class ChunkStore: Sendable {
     /// The chunk's bytes, verified against its name.
     public func read(_ id: ChunkID) throws(StoreError) -> [UInt8] {
         if let hit = cache.withLock({ $0.get(id) }) { return hit }
+        let (flight, leads) = flights.withLock { f -> (DispatchGroup, Bool) in
+            if let flight = f[id] { return (flight, false) }
+            let flight = DispatchGroup()
+            flight.enter()
+            f[id] = flight
+            return (flight, true)
+        }
+        if !leads {
+            flight.wait()
+            // Not in the cache: the first read failed (or the cache let it go at once);
+            // this one tries for itself.
+            if let hit = cache.withLock({ $0.get(id) }) { return hit }
+            return try readFromDisk(id)
+        }
+        defer {
+            flights.withLock { _ = $0.removeValue(forKey: id) }
+            flight.leave()
+        }
+        return try readFromDisk(id)
+    }
+
+    /// `read` of a chunk not in the cache: read, hashed, then cached.
+    private func readFromDisk(_ id: ChunkID) throws(StoreError) -> [UInt8] {
+        readsFromDisk.add(1, ordering: .relaxed)
         var bytes = try readUnverified(id)
         var good = ChunkID(hashing: bytes) == id
         // A good copy may have come since, in a pack of another process's

@@ -1,6 +1,9 @@
+import Dispatch
 import Glibc
+import Synchronization
 import Testing
 import TestSupport
+import UbiquitySystem
 @testable import UbiquityStore
 
 @Suite struct ChunkStoreTests {
@@ -96,6 +99,35 @@ import TestSupport
         #expect(reopened.chunkFileBytes() < before / 2, "the pack, three quarters swept, is rewritten")
         for chunk in chunks.suffix(2) { #expect(try reopened.read(ChunkID(hashing: chunk)) == chunk) }
         #expect(Set(reopened.allChunkIDs()) == Set(chunks.suffix(2).map { ChunkID(hashing: $0) }))
+    }
+
+    /// Readers of a chunk at the same moment (a read-ahead and the read behind it) read
+    /// and hash it once: the others wait for that read and take its bytes.
+    @Test func concurrentReadersOfAChunkReadItOnce() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try ChunkStore(directory: dir.path + "/chunks")
+        var gen = SplitMix64(seed: 6)
+        let bytes = gen.bytes(4 << 20) // long enough to hash that the readers overlap
+        let id = ChunkID(hashing: bytes)
+        try store.put(id, bytes)
+        for round in 0..<3 {
+            store.dropCache()
+            let before = store.readsFromDisk.load(ordering: .relaxed)
+            let wrong = Atomic<Int>(0)
+            let go = DispatchGroup()
+            go.enter()
+            let readers = (0..<6).map { _ in
+                JoinableThread {
+                    go.wait()
+                    if (try? store.read(id)) != bytes { wrong.add(1, ordering: .relaxed) }
+                }
+            }
+            go.leave()
+            for reader in readers { reader.join() }
+            #expect(wrong.load(ordering: .relaxed) == 0, "round \(round)")
+            #expect(store.readsFromDisk.load(ordering: .relaxed) - before == 1, "round \(round): reads from disk")
+        }
     }
 
     /// Regression (t-backing-gc): gc deleted a chunk written since the last durability
