@@ -257,6 +257,9 @@ public final class LocalPacks: Sendable {
             if fd >= 0 || errno != EEXIST { break }
         }
         if fd < 0 { throw .io(errno: errno, "create \(path)") }
+        // An index by this number whose pack is gone (deleted by hand) would be taken for
+        // this pack's at the next open, and name records that are not there.
+        if unlink(Self.path(directory, number, "idx")) == 0 { state.withLock { $0.directoryChanged = true } }
         let pack = Pack(number: number, fd: fd, path: path)
         do { try Self.write(Self.fileHeader, to: pack, at: 0) } catch {
             unlink(path) // holds nothing (a full disk, say): no file to leave behind

@@ -315,6 +315,30 @@ import UbiquitySystem
         for (id, chunk) in zip(ids, chunks) { #expect(try reopened.read(id) == chunk) }
     }
 
+    /// An index whose pack was deleted by hand is not taken for the index of a new pack
+    /// that gets its number.
+    @Test func anIndexWithoutItsPackIsNotANewPacksIndex() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        var rng = SplitMix64(seed: 8)
+        let old = (0..<3).map { _ in rng.bytes(3_000) }, new = (0..<3).map { _ in rng.bytes(5_000) }
+        do {
+            let packs = try LocalPacks(directory: dir.path + "/packs")
+            for chunk in old { try packs.put(ChunkID(hashing: chunk), chunk) }
+            try packs.seal()
+        }
+        unlink(LocalPacks.path(dir.path + "/packs", 1, "pack")) // the index stays
+        do {
+            let packs = try LocalPacks(directory: dir.path + "/packs")
+            #expect(packs.count == 0)
+            for chunk in new { try packs.put(ChunkID(hashing: chunk), chunk) } // pack 1 again
+            try packs.sync()
+        }
+        let reopened = try LocalPacks(directory: dir.path + "/packs")
+        for chunk in new { #expect(try reopened.read(ChunkID(hashing: chunk)) == chunk) }
+        for chunk in old { #expect(!reopened.contains(ChunkID(hashing: chunk))) }
+    }
+
     static func packSizes(_ directory: String) -> [String: Int64] {
         var sizes: [String: Int64] = [:]
         for name in (try? directoryEntries(directory)) ?? [] where name.hasSuffix(".pack") {
