@@ -8,8 +8,9 @@ import UbiquitySystem
 /// Crash-safe and resumable at any point: a file is unlinked only after its chunk's
 /// record (or row) was flushed, so a chunk is always in one place at least; a run after a
 /// crash finds the chunks moved already and only unlinks their files. gc meets either
-/// copy: at the unlink the record is claimed under the files' claim lock, so a commit
-/// that claimed the file meanwhile keeps the chunk (its record then counts as used now).
+/// copy: a file goes only while its record is there, and the record is claimed then,
+/// under the files' claim lock; a record gc removed since the put (while a commit's claim
+/// of the file kept the file) leaves its file in place.
 extension ChunkStore {
     public struct ChunkFileMove: Sendable, Equatable {
         public var files = 0
@@ -55,8 +56,8 @@ extension ChunkStore {
             try sync() // the records and rows, before any file goes
             for (id, path, size) in batch {
                 claims.withLock { _ in
-                    // Claimed now, under the lock a claim of the file takes: a commit that
-                    // claimed the file before this keeps the chunk through the record.
+                    // Under the lock a claim of the file takes: the file goes only while
+                    // its record (or row) is there, which is claimed now in its place.
                     guard claimOutsideFiles(id, now: nowNanos()) else { return }
                     if unlink(path) == 0 {
                         moved.files += 1

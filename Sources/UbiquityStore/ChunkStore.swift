@@ -37,8 +37,25 @@ public final class ChunkStore: Sendable {
     private let flights = Locked<[ChunkID: DispatchGroup]>([:], rank: .leaf)
     /// Chunks read from disk and hashed (tests count them).
     let readsFromDisk = Atomic<Int>(0)
-    /// Chunks bigger than a row.
-    let packs: LocalPacks
+    /// Chunks bigger than a row: opened with the store when it may be written (a mount:
+    /// what is wrong with them shows at the open). A store opened to read only (`ubiquity
+    /// status`, each `ubiquity query`'s snapshot, fsck) opens them at first use: most such
+    /// opens never read a chunk, and an open reads every pack's index.
+    private let writablePacks: LocalPacks?
+    private let readOnlyPacks = Locked<LocalPacks?>(nil)
+    var packs: LocalPacks {
+        if let writablePacks { return writablePacks }
+        return readOnlyPacks.withLock { p in
+            if let p { return p }
+            let opened: LocalPacks
+            do { opened = try LocalPacks(directory: directory + "/packs", readOnly: true) } catch {
+                log("ubiquity: the local packs of \(directory) cannot be read: \(error)")
+                opened = LocalPacks(noneAt: directory + "/packs")
+            }
+            p = opened
+            return opened
+        }
+    }
     /// Whether this store has the chunk files of a format before 18 (`chunks/00` exists):
     /// only then are files looked for. `moveChunkFilesIntoPacks` removes `00` last.
     let legacyFilesFlag: Atomic<Bool>
@@ -80,7 +97,7 @@ public final class ChunkStore: Sendable {
         try StoreError.wrap { () throws(SystemError) in try makeDirectory(directory) }
         legacyFilesFlag = Atomic(access(directory + "/00", F_OK) == 0)
         small = try SmallChunks(directory: directory, readOnly: readOnly)
-        packs = try LocalPacks(directory: directory + "/packs", readOnly: readOnly, othersMayWrite: othersMayWrite)
+        writablePacks = readOnly ? nil : try LocalPacks(directory: directory + "/packs", othersMayWrite: othersMayWrite)
         dirFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         if dirFD < 0 { throw .io(errno: errno, "open \(directory)") }
     }
@@ -93,7 +110,7 @@ public final class ChunkStore: Sendable {
     /// The end of this process's writes (unmount, close): the pack being written gets its
     /// index, so the next open reads indexes only. A put after it begins a new pack.
     public func seal() {
-        do { try packs.seal() } catch { log("ubiquity: sealing the local packs: \(error)") }
+        do { try writablePacks?.seal() } catch { log("ubiquity: sealing the local packs: \(error)") }
     }
 
     /// Where the chunk is kept, for messages: its pack record, its row, or its file.

@@ -123,6 +123,14 @@ public final class LocalPacks: Sendable {
         state.withLock { $0 = loaded }
     }
 
+    /// Packs that hold nothing and take nothing: what a store opened to read only uses
+    /// when its packs cannot be read (the error was logged).
+    init(noneAt directory: String) {
+        self.directory = directory
+        packLimit = 64 << 20
+        readOnly = true
+    }
+
     // MARK: reads
 
     public func contains(_ id: ChunkID) -> Bool { state.withLock { $0.index[id] != nil } }
@@ -370,15 +378,18 @@ public final class LocalPacks: Sendable {
         }
         if endActive { try sync() }
         let victims = state.withLock { s in s.packs.values.filter { $0.sealed && worthIt($0) }.map(\.pack.number).sorted() }
+        guard !victims.isEmpty else { return 0 }
         for number in victims {
             // In the order they lie: the copies keep their neighbours.
             let live = state.withLock { s in Self.live(in: number, s).map(\.0) }
             for id in live {
+                // Read and verified outside the appends' lock (writers wait only for the
+                // copy's write). One that does not read (damaged) stays, and so does its
+                // pack, for fsck to repair.
+                guard let bytes = try? read(id) else { continue }
                 try appending.withLock { (_: inout Void) throws(StoreError) in
-                    // Removed meanwhile: nothing to copy. One that does not read (damaged)
-                    // stays, and so does its pack, for fsck to repair.
-                    guard let used = state.withLock({ $0.index[id].flatMap { $0.pack == number ? $0.used : nil } }),
-                          let bytes = try? read(id) else { return }
+                    // Removed meanwhile: nothing to copy.
+                    guard let used = state.withLock({ $0.index[id].flatMap { $0.pack == number ? $0.used : nil } }) else { return }
                     try withBytes(bytes) { (raw) throws(StoreError) in try append(id, raw, used: used, moving: number) }
                 }
             }

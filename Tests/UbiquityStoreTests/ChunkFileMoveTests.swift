@@ -119,6 +119,39 @@ import UbiquitySystem
         #expect(try store.read(id) == bytes)
     }
 
+    /// A file goes only while its record is there: gc that removed the record between
+    /// the move's put and its flush (a commit had claimed the file since, so gc kept the
+    /// file) leaves the file, and the chunk readable from it.
+    @Test func aRecordSweptBeforeItsFileGoesKeepsTheFile() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        ChunkDamage.makeOldLayout(chunks: dir.path + "/chunks")
+        var rng = SplitMix64(seed: 9)
+        // Two chunks in one directory, so that the move asks to stop between them.
+        var pair: [[UInt8]] = []
+        while pair.count < 2 {
+            let bytes = rng.bytes(10_000)
+            if pair.isEmpty || ChunkID(hashing: bytes).hex.prefix(2) == ChunkID(hashing: pair[0]).hex.prefix(2) { pair.append(bytes) }
+        }
+        for bytes in pair { Self.write(bytes, to: ChunkDamage.filePath(ChunkID(hashing: bytes), chunks: dir.path + "/chunks")) }
+        let store = try ChunkStore(directory: dir.path + "/chunks")
+        var asked = 0, swept: ChunkID?
+        let moved = try store.moveChunkFilesIntoPacks(stop: {
+            asked += 1
+            // Before the second file of the directory: the first is a record, not flushed.
+            if swept == nil, let first = pair.map({ ChunkID(hashing: $0) }).first(where: { store.packs.contains($0) }) {
+                var held = GraceHeld()
+                #expect(store.packs.sweep([first], unusedSince: nowNanos() + 1, held: &held).count == 1)
+                swept = first
+            }
+            return false
+        })
+        let first = try #require(swept)
+        #expect(access(ChunkDamage.filePath(first, chunks: dir.path + "/chunks"), F_OK) == 0, "the file of the swept record went")
+        #expect(try store.read(first) == pair.first { ChunkID(hashing: $0) == first })
+        #expect(!moved.finished && moved.files == 1)
+    }
+
     static func write(_ bytes: [UInt8], to path: String) {
         let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o444)
         _ = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
