@@ -51,6 +51,7 @@ fi
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_RUNS must be a positive number" >&2; exit 2; }
 
 . scripts/deps.sh
+. scripts/bench/common.sh
 install_missing "${BUILD_PACKAGES[@]}" gcc fio git python3 rsync tar attr >&2
 
 # ---------------------------------------------------------------------------------------
@@ -172,16 +173,8 @@ fio_iops() { # fio's terse v3 output: field 8 is read IOPS, 49 write IOPS
   awk -F';' -v f="$1" '{ print $f }' "$2"
 }
 # Ubiquity copies new versions to its backing directory in the background. Wait until it
-# has (pending=0, at most 2 minutes) so that copying does not slow the next target down.
-ubq_settle() { # [MOUNT]: default the plain ubiquity mount
-  local i status
-  for i in $(seq 240); do
-    status=$(getfattr --only-values -n user.ubiquity.sync "${1:-$W/ubq}" 2>/dev/null) || true
-    grep -qx 'pending=0' <<< "$status" && return 0
-    sleep 0.5
-  done
-  echo "  (ubiquity still has pending uploads after 2 minutes; going on)" >&2
-}
+# has (at most 2 minutes) so that copying does not slow the next workload or target down.
+ubq_settle() { settle_mount "${1:-$W/ubq}"; } # [MOUNT]: default the plain ubiquity mount
 
 # ---------------------------------------------------------------------------------------
 # Test data, made once: in /dev/shm so that reading it costs no disk and drop_caches
@@ -218,10 +211,12 @@ bench_target() {
   local d=${dir[$t]} s out phase n start
   settle
 
-  # Sequential write of SEQ_MB + fsync; then, after dropping the page cache, a cold
-  # sequential read of the same file.
+  # Sequential write of SEQ_MB + fsync; then, after the write's upload (the write's own
+  # sync work, not the read's) and dropping the page cache, a cold sequential read of the
+  # same file.
   s=$(secs dd if="$SHM.rand" of="$d/big" bs=1M conv=fsync status=none)
   record seqw "$(div "$SEQ_MB" "$s")"
+  settle
   drop_caches
   s=$(secs dd if="$d/big" of=/dev/null bs=1M status=none)
   record seqr "$(div "$SEQ_MB" "$s")"

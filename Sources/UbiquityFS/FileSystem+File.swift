@@ -183,14 +183,20 @@ extension FileSystem {
     // MARK: data
 
     public func read(_ handle: HandleID, offset: Int64, count: Int) throws(Errno) -> [UInt8] {
+        let pieces = try readPieces(handle, offset: offset, count: count)
+        return pieces.count == 1 ? Array(pieces[0]) : Array(pieces.joined())
+    }
+
+    /// `read` as pieces for the reply to send in order (`FileContent.readPieces`).
+    public func readPieces(_ handle: HandleID, offset: Int64, count: Int) throws(Errno) -> [ArraySlice<UInt8>] {
         let content: FileContent
         switch handles[handle] {
         case .file(_, let open, _): content = open.content
         case .view(let view): content = view
-        case .keyValue(let kv): return kvRead(kv, offset: offset, count: count)
+        case .keyValue(let kv): return [kvRead(kv, offset: offset, count: count)[...]]
         case .directory, nil: throw .badHandle
         }
-        return try storeCall { () throws(StoreError) in try content.read(offset: offset, count: count) }
+        return try storeCall { () throws(StoreError) in try content.readPieces(offset: offset, count: count) }
     }
 
     public func write(_ handle: HandleID, offset: Int64, data: UnsafeRawBufferPointer) throws(Errno) -> Int {

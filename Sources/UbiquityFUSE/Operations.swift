@@ -144,8 +144,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.read = { req, _, size, offset, fi in
         reply(req) { () throws(Errno) in
-            let bytes = try context(req).fs.read(handle(fi), offset: Int64(offset), count: size)
-            _ = bytes.withUnsafeBufferPointer { fuse_reply_buf(req, UnsafeRawPointer($0.baseAddress)?.assumingMemoryBound(to: CChar.self), $0.count) }
+            replyPieces(req, try context(req).fs.readPieces(handle(fi), offset: Int64(offset), count: size))
         }
     }
 

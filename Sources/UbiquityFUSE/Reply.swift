@@ -123,6 +123,27 @@ func replyNoEntry(_ req: fuse_req_t?) {
     fuse_reply_entry(req, &e)
 }
 
+/// A read's bytes, sent from the pieces as they are (one iovec each, no copy into one
+/// buffer first). Each piece's address is valid only inside its own
+/// `withUnsafeBufferPointer`, so the calls nest; the caller bounds the count
+/// (`FileContent.maxPieces`).
+func replyPieces(_ req: fuse_req_t?, _ pieces: [ArraySlice<UInt8>]) {
+    let pieces = pieces.filter { !$0.isEmpty }
+    var iov: [iovec] = []
+    iov.reserveCapacity(pieces.count)
+    func nest(_ k: Int) {
+        guard k < pieces.count else {
+            _ = fuse_reply_iov(req, iov, Int32(iov.count))
+            return
+        }
+        pieces[k].withUnsafeBufferPointer { b in
+            iov.append(iovec(iov_base: UnsafeMutableRawPointer(mutating: b.baseAddress), iov_len: b.count))
+            nest(k + 1)
+        }
+    }
+    nest(0)
+}
+
 func replyAttr(_ req: fuse_req_t?, _ a: Attributes) {
     var st = statBuffer(a)
     fuse_reply_attr(req, &st, a.cacheSeconds(live: cacheTimeout))

@@ -29,11 +29,10 @@ public final class ChunkStore: Sendable {
     public let directory: String
     private let dirFD: Int32
     private let cache = Locked(ChunkCache(capacityBytes: ChunkCache.defaultCapacity))
-    /// Chunks being read ahead, so two readers never fetch the same one twice.
-    private let prefetching = Locked<Set<ChunkID>>([])
     /// Reads from disk in progress, one per chunk: a second reader of the chunk (the
     /// foreground read behind a read-ahead of it) waits for the first and takes its bytes
-    /// from the cache, instead of reading and hashing the chunk again.
+    /// from the cache, instead of reading and hashing the chunk again. Read-aheads lead
+    /// the flights of many chunks at once (`readRuns`).
     private let flights = Locked<[ChunkID: DispatchGroup]>([:], rank: .leaf)
     /// Chunks read from disk and hashed (tests count them).
     let readsFromDisk = Atomic<Int>(0)
@@ -334,25 +333,84 @@ public final class ChunkStore: Sendable {
     /// The chunk's bytes, verified against its name.
     public func read(_ id: ChunkID) throws(StoreError) -> [UInt8] {
         if let hit = cache.withLock({ $0.get(id) }) { return hit }
-        let (flight, leads) = flights.withLock { f -> (DispatchGroup, Bool) in
-            if let flight = f[id] { return (flight, false) }
-            let flight = DispatchGroup()
-            flight.enter()
-            f[id] = flight
-            return (flight, true)
-        }
-        if !leads {
-            flight.wait()
+        guard let flight = takeOff([id])[id] else {
+            flights.withLock { $0[id] }?.wait()
             // Not in the cache: the first read failed (or the cache let it go at once);
             // this one tries for itself.
             if let hit = cache.withLock({ $0.get(id) }) { return hit }
             return try readFromDisk(id)
         }
-        defer {
-            flights.withLock { _ = $0.removeValue(forKey: id) }
-            flight.leave()
-        }
+        defer { land(id, flight) }
         return try readFromDisk(id)
+    }
+
+    /// Opens a flight for each of `ids` that no read from disk is under way for; the
+    /// caller reads those and ends each flight with `land`.
+    private func takeOff(_ ids: [ChunkID]) -> [ChunkID: DispatchGroup] {
+        flights.withLock { f in
+            var led: [ChunkID: DispatchGroup] = [:]
+            for id in ids where f[id] == nil && led[id] == nil {
+                let flight = DispatchGroup()
+                flight.enter()
+                f[id] = flight
+                led[id] = flight
+            }
+            return led
+        }
+    }
+
+    private func land(_ id: ChunkID, _ flight: DispatchGroup) {
+        flights.withLock { _ = $0.removeValue(forKey: id) }
+        flight.leave()
+    }
+
+    /// Reads into the cache those of `ids` that are here and neither cached nor being
+    /// read: one `preadv` per run of neighbours in a pack, each chunk hashed once, a flight
+    /// per chunk so that a reader of one waits for it. `background`: a job per run (the
+    /// runs hash in parallel), else all on the calling thread. Failures are left for the
+    /// reader to meet (`read`).
+    private func readRuns(_ ids: [ChunkID], background: Bool) {
+        let uncached = cache.withLock { c in ids.filter { !c.contains($0) } }
+        let led = takeOff(uncached)
+        guard !led.isEmpty else { return }
+        let runs = packs.runs(of: Array(led.keys))
+        var inRuns = Set<ChunkID>()
+        for run in runs {
+            inRuns.formUnion(run.ids)
+            let work: @Sendable () -> Void = { [self] in load(run, led) }
+            if background { DispatchQueue.global(qos: .utility).async(execute: work) } else { work() }
+        }
+        // Rows and old chunk files: one by one.
+        for (id, flight) in led where !inRuns.contains(id) {
+            let work: @Sendable () -> Void = { [self] in
+                _ = try? readFromDisk(id)
+                land(id, flight)
+            }
+            if background { DispatchQueue.global(qos: .utility).async(execute: work) } else { work() }
+        }
+    }
+
+    /// The run's chunks into the cache, each flight ended as soon as its chunk is there.
+    /// A record that does not verify (or that the read did not reach) is read again alone,
+    /// which finds a repaired copy or logs the damage.
+    private func load(_ run: LocalPacks.Run, _ led: [ChunkID: DispatchGroup]) {
+        let records = try? packs.read(run)
+        for (k, id) in run.ids.enumerated() {
+            if let bytes = records?[k], bytes.count == run.lengths[k], ChunkID(hashing: bytes) == id {
+                readsFromDisk.add(1, ordering: .relaxed)
+                cache.withLock { $0.put(id, bytes) }
+            } else {
+                _ = try? readFromDisk(id)
+            }
+            land(id, led[id]!)
+        }
+    }
+
+    /// Reads and verifies `wants` (here, or fetched when not), those that lie together in
+    /// a pack with one read each run.
+    public func read(_ wants: [ChunkWant]) throws(StoreError) {
+        readRuns(wants.map(\.id), background: false)
+        for want in wants { _ = try read(want.id, size: want.size) }
     }
 
     /// `read` of a chunk not in the cache: read, hashed, then cached.
@@ -421,24 +479,13 @@ public final class ChunkStore: Sendable {
     public func prefetch(_ wants: [ChunkWant], fetchAtLeast: Int = 0) {
         // Chunks that are coming already need nothing (nor a look at the disk).
         let uncached = cache.withLock { c in wants.filter { !c.contains($0.id) } }
+        guard !uncached.isEmpty else { return }
         let coming = fetcher.inFlight(uncached.map(\.id))
-        let missing = prefetching.withLock { busy -> [ChunkWant] in
-            let fresh = uncached.filter { !coming.contains($0.id) && !busy.contains($0.id) }
-            busy.formUnion(fresh.map(\.id))
-            return fresh
+        var local: [ChunkID] = [], remote: [ChunkWant] = []
+        for want in uncached where !coming.contains(want.id) {
+            if isLocal(want) { local.append(want.id) } else { remote.append(want) }
         }
-        var remote: [ChunkWant] = []
-        for want in missing {
-            guard isLocal(want) else {
-                remote.append(want)
-                prefetching.withLock { _ = $0.remove(want.id) }
-                continue
-            }
-            DispatchQueue.global(qos: .utility).async { [self] in
-                _ = try? read(want.id)
-                prefetching.withLock { _ = $0.remove(want.id) }
-            }
-        }
+        readRuns(local, background: true)
         if !remote.isEmpty && fetcher.hasSource { try? fetcher.fetch(remote, into: self, waiting: 0, atLeast: fetchAtLeast) }
     }
 

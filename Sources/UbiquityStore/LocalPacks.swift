@@ -1,4 +1,5 @@
 import Glibc
+import Synchronization
 import UbiquitySystem
 
 /// Chunks in local append-only pack files: how `ChunkStore` keeps chunks bigger than a
@@ -97,6 +98,8 @@ public final class LocalPacks: Sendable {
     /// Opened to read only (fsck, status): nothing is made, written or deleted.
     public let readOnly: Bool
     private let state = Locked(State(), rank: .leaf)
+    /// Reads of records from disk, one per `preadv` or `pread` (tests count them).
+    let diskReads = Atomic<Int>(0)
     private let appending = Locked((), rank: .packAppend)
 
     static let fileHeader: [UInt8] = Array("UBQLPCK1".utf8) + [UInt8](repeating: 0, count: 8)
@@ -167,11 +170,89 @@ public final class LocalPacks: Sendable {
             guard let place = s.index[id], let pack = s.packs[place.pack]?.pack else { return nil }
             return (place, pack)
         }) else { return nil }
+        diskReads.add(1, ordering: .relaxed)
         let bytes = try StoreError.wrap { () throws(SystemError) in
             try readBytes(pack.fd, count: place.length, at: place.offset, path: pack.path)
         }
         guard bytes.count == place.length else { throw .corruptChunk(id) }
         return bytes
+    }
+
+    /// Records that lie back to back in one pack (each one's bytes, then the next one's
+    /// header), to be read with one `preadv`.
+    public struct Run: Sendable {
+        fileprivate let pack: Pack
+        /// Where the first record's bytes start.
+        fileprivate let offset: Int64
+        public let ids: [ChunkID]
+        public let lengths: [Int]
+    }
+
+    /// The chunks of `ids` that are here, as runs of neighbours in file order, each at most
+    /// `maxBytes` (one record may pass it) and `maxRecords`; the ids not here are left out.
+    public func runs(of ids: [ChunkID], maxBytes: Int = 1 << 20, maxRecords: Int = 64) -> [Run] {
+        let found = state.withLock { s in
+            ids.compactMap { id -> (ChunkID, Place, Pack)? in
+                guard let place = s.index[id], let pack = s.packs[place.pack]?.pack else { return nil }
+                return (id, place, pack)
+            }
+        }.sorted { ($0.1.pack, $0.1.offset) < ($1.1.pack, $1.1.offset) }
+        var runs: [Run] = []
+        var i = 0
+        while i < found.count {
+            let (firstID, first, pack) = found[i]
+            var ids = [firstID], lengths = [first.length]
+            var end = first.offset + Int64(first.length), bytes = first.length
+            i += 1
+            while i < found.count, found[i].1.pack == first.pack, found[i].1.offset == end + Int64(Self.recordHeaderSize),
+                  bytes < maxBytes, ids.count < maxRecords {
+                ids.append(found[i].0)
+                lengths.append(found[i].1.length)
+                end = found[i].1.offset + Int64(found[i].1.length)
+                bytes += Self.recordHeaderSize + found[i].1.length
+                i += 1
+            }
+            runs.append(Run(pack: pack, offset: first.offset, ids: ids, lengths: lengths))
+        }
+        return runs
+    }
+
+    /// The run's records as stored, not verified, in its order: one `preadv` straight into
+    /// each chunk's own array (the headers between them go to a scratch buffer). A record
+    /// the file ends before comes back short (the caller's length check catches it).
+    public func read(_ run: Run) throws(StoreError) -> [[UInt8]] {
+        diskReads.add(1, ordering: .relaxed)
+        var header = [UInt8](repeating: 0, count: Self.recordHeaderSize)
+        var failure: SystemError?
+        var out: [[UInt8]] = []
+        out.reserveCapacity(run.ids.count)
+        header.withUnsafeMutableBytes { scratch in
+            var iov: [iovec] = []
+            iov.reserveCapacity(2 * run.ids.count)
+            var got = 0
+            // Each array is made inside the closure of the one before, so that all of them
+            // exist, uninitialized, when the one read fills them; each then counts as
+            // initialized what the read reached of it.
+            // `start`: where record k's bytes begin, counted from the run's offset.
+            func allocate(_ k: Int, _ start: Int) {
+                guard k < run.lengths.count else {
+                    do throws(SystemError) { got = try readFully(run.pack.fd, iov, at: run.offset, path: run.pack.path) } catch {
+                        failure = error
+                    }
+                    return
+                }
+                let bytes = [UInt8](unsafeUninitializedCapacity: run.lengths[k]) { buffer, initialized in
+                    if k > 0 { iov.append(iovec(iov_base: scratch.baseAddress, iov_len: Self.recordHeaderSize)) }
+                    iov.append(iovec(iov_base: UnsafeMutableRawPointer(buffer.baseAddress), iov_len: run.lengths[k]))
+                    allocate(k + 1, start + run.lengths[k] + Self.recordHeaderSize)
+                    initialized = failure == nil ? min(max(got - start, 0), run.lengths[k]) : 0
+                }
+                out.append(bytes)
+            }
+            allocate(0, 0)
+        }
+        if let failure { throw .io(errno: failure.code, failure.context) }
+        return out.reversed()
     }
 
     // MARK: writes

@@ -60,6 +60,33 @@ public func readFully(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, a
     return done
 }
 
+/// Fills the buffers of `iov` in order from `offset` (one `preadv`, unless the kernel
+/// gives less), stopping early only at end of file. Returns the number of bytes read.
+public func readFully(_ fd: Int32, _ iov: [iovec], at offset: Int64, path: String) throws(SystemError) -> Int {
+    var rest = iov
+    var done = 0, first = 0
+    while first < rest.count {
+        let n = rest.withUnsafeBufferPointer { v in
+            // At most 1024 buffers a call (Linux's UIO_MAXIOV).
+            retryingEINTR { preadv(fd, v.baseAddress! + first, Int32(min(v.count - first, 1024)), off_t(offset) + off_t(done)) }
+        }
+        if n < 0 { throw .last("read \(path)") }
+        if n == 0 { break }
+        done += n
+        // Past the buffers filled; into the one filled in part.
+        var left = n
+        while first < rest.count, left >= rest[first].iov_len {
+            left -= rest[first].iov_len
+            first += 1
+        }
+        if left > 0 {
+            rest[first].iov_base = rest[first].iov_base! + left
+            rest[first].iov_len -= left
+        }
+    }
+    return done
+}
+
 /// Up to `count` bytes at `offset` (fewer only at end of file). The caller bounds `count`.
 /// Not zeroed first: what the read does not fill is never part of the array (zeroing the
 /// bytes the read then fills would write them twice, a cost a cold read feels).

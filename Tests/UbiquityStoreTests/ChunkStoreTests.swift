@@ -103,6 +103,33 @@ import UbiquitySystem
 
     /// Readers of a chunk at the same moment (a read-ahead and the read behind it) read
     /// and hash it once: the others wait for that read and take its bytes.
+    /// A sequential reader's chunks lie back to back in a pack: the read of a window of
+    /// them, and a read-ahead of them, each make one read per run (at most 1 MiB), and
+    /// hash each chunk once.
+    @Test func neighboursInAPackAreReadWithOneReadPerRun() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try ChunkStore(directory: dir.path + "/chunks")
+        var gen = SplitMix64(seed: 11)
+        let chunks = (0..<32).map { _ in gen.bytes(60_000) }
+        for bytes in chunks { try store.put(ChunkID(hashing: bytes), bytes) }
+        let wants = chunks.map { ChunkWant(id: ChunkID(hashing: $0), size: $0.count) }
+        for background in [false, true] {
+            store.dropCache()
+            let reads = store.packs.diskReads.load(ordering: .relaxed), hashed = store.readsFromDisk.load(ordering: .relaxed)
+            if background {
+                store.prefetch(wants)
+                for (want, bytes) in zip(wants, chunks) { #expect(try store.read(want.id) == bytes) }
+            } else {
+                try store.read(wants)
+                for (want, bytes) in zip(wants, chunks) { #expect(try store.read(want.id) == bytes) }
+            }
+            // 32 records of 60,048 bytes: runs of 18 and 14 (a run stops once it holds 1 MiB).
+            #expect(store.packs.diskReads.load(ordering: .relaxed) - reads == 2, "background: \(background)")
+            #expect(store.readsFromDisk.load(ordering: .relaxed) - hashed == 32, "background: \(background)")
+        }
+    }
+
     @Test func concurrentReadersOfAChunkReadItOnce() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }

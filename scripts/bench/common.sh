@@ -14,10 +14,20 @@ release_build() {
 
 # Waits (up to 2 minutes) until the Ubiquity mount at $1 has copied everything to its
 # backing directory, so that no upload of one run overlaps the next; then flushes the disk.
+# The status's pending count is the last cycle's: read right after a workload, before a
+# cycle has counted its versions, it says 0. So a cycle is asked for first, and the wait
+# is for one that began after the ask (requests-done reaching requests) and left nothing.
 settle_mount() {
-  for _ in $(seq 240); do
-    getfattr --only-values -n user.ubiquity.sync "$1" 2>/dev/null | grep -qx 'pending=0' && break
-    sleep 0.5
+  local asked status
+  setfattr -n user.ubiquity.control -v sync "$1"
+  asked=$(getfattr --absolute-names --only-values -n user.ubiquity.sync "$1" | awk -F= '$1 == "requests" { print $2 }')
+  for _ in $(seq 1200); do
+    status=$(getfattr --absolute-names --only-values -n user.ubiquity.sync "$1" 2>/dev/null) || true
+    if awk -F= -v asked="$asked" '$1 == "requests-done" && $2 >= asked { ok = 1 } END { exit !ok }' <<< "$status" &&
+       grep -qx 'pending=0' <<< "$status"; then
+      break
+    fi
+    sleep 0.1
   done
   sync
 }
