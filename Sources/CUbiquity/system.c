@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <linux/falloc.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <sys/random.h>
 #include <sys/vfs.h>
@@ -14,6 +15,8 @@ int ubq_start_writeback(int fd) { return sync_file_range(fd, 0, 0, SYNC_FILE_RAN
 int ubq_start_writeback_range(int fd, int64_t offset, int64_t count) {
     return sync_file_range(fd, offset, count, SYNC_FILE_RANGE_WRITE);
 }
+
+int ubq_limit_malloc_arenas(int count) { return mallopt(M_ARENA_MAX, count); }
 
 int ubq_rename_noreplace(const char *from, const char *to) {
     return renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE);

@@ -679,15 +679,17 @@ struct ChunkCache {
 
     init(capacityBytes: Int) { self.capacityBytes = capacityBytes }
 
-    /// A sixty-fourth of the machine's memory, at least 64 MiB and at most 512 MiB (384
-    /// MiB on a 24 GiB machine): a file read at random then hashes each chunk once, not
-    /// once per read (a 128 MiB file read in 4 KiB pieces against a 64 MiB cache hashes
-    /// 64 KiB for half of its reads).
+    /// A sixty-fourth of the machine's memory, at least 64 MiB and at most 128 MiB: a file
+    /// read at random hashes a chunk once while it stays here, not once per read (a file
+    /// twice the cache's size read in 4 KiB pieces hashes a whole chunk for half of its
+    /// reads). No more: a sequential reader passes every chunk through here, so the cache
+    /// is what a long read holds (a daemon reading 1 GiB held 490 MiB with 384 MiB, 100
+    /// MiB with 64) and what its allocator churns through.
     static var defaultCapacity: Int {
         let pages = sysconf(Int32(_SC_PHYS_PAGES)), size = sysconf(Int32(_SC_PAGESIZE))
         guard pages > 0, size > 0 else { return 64 << 20 }
         let (total, overflow) = pages.multipliedReportingOverflow(by: size)
-        return overflow ? 512 << 20 : min(max(total / 64, 64 << 20), 512 << 20)
+        return overflow ? 128 << 20 : min(max(total / 64, 64 << 20), 128 << 20)
     }
 
     func contains(_ id: ChunkID) -> Bool { young[id] != nil || old[id] != nil }

@@ -11,3 +11,7 @@ public enum Linux {
     public static let fallocPunchHole = ubq_falloc_punch_hole
     public static let fallocZeroRange = ubq_falloc_zero_range
 }
+
+/// At most `count` malloc arenas from now on (glibc makes up to eight per core, and each
+/// keeps the memory freed into it). Call it before starting threads.
+public func limitMallocArenas(_ count: Int32) { _ = ubq_limit_malloc_arenas(count) }

@@ -19,6 +19,9 @@ int ubq_start_writeback(int fd);
 /// sync_file_range(2) of `count` bytes at `offset`: start writing them back, no wait.
 int ubq_start_writeback_range(int fd, int64_t offset, int64_t count);
 
+/// mallopt(M_ARENA_MAX, count): at most `count` malloc arenas (0 on failure).
+int ubq_limit_malloc_arenas(int count);
+
 /// renameat2(RENAME_NOREPLACE): publish `from` as `to` unless `to` exists (EEXIST);
 /// EINVAL where the filesystem cannot (NFS, some FUSE filesystems).
 int ubq_rename_noreplace(const char *from, const char *to);
