@@ -330,18 +330,20 @@ public final class ChunkStore: Sendable {
         cache.withLock { $0.put(id, bytes) }
     }
 
-    /// The chunk's bytes, verified against its name.
-    public func read(_ id: ChunkID) throws(StoreError) -> [UInt8] {
+    /// The chunk's bytes, verified against its name. `once`: a reader that takes each
+    /// chunk once, in order (an upload): a chunk read from disk goes to the cache's
+    /// streaming part, not among the chunks random readers keep.
+    public func read(_ id: ChunkID, once: Bool = false) throws(StoreError) -> [UInt8] {
         if let hit = cache.withLock({ $0.get(id) }) { return hit }
         guard let flight = takeOff([id])[id] else {
             flights.withLock { $0[id] }?.wait()
             // Not in the cache: the first read failed (or the cache let it go at once);
             // this one tries for itself.
             if let hit = cache.withLock({ $0.get(id) }) { return hit }
-            return try readFromDisk(id)
+            return try readFromDisk(id, once: once)
         }
         defer { land(id, flight) }
-        return try readFromDisk(id)
+        return try readFromDisk(id, once: once)
     }
 
     /// Opens a flight for each of `ids` that no read from disk is under way for; the
@@ -366,9 +368,9 @@ public final class ChunkStore: Sendable {
 
     /// Reads into the cache those of `ids` that are here and neither cached nor being
     /// read: one `preadv` per run of neighbours in a pack, each chunk hashed once, a flight
-    /// per chunk so that a reader of one waits for it. `background`: a job per run (the
-    /// runs hash in parallel), else all on the calling thread. Failures are left for the
-    /// reader to meet (`read`).
+    /// per chunk so that a reader of one waits for it. `background` (a read-ahead): a job
+    /// per run (the runs hash in parallel), its chunks into the cache's streaming part;
+    /// else all on the calling thread. Failures are left for the reader to meet (`read`).
     private func readRuns(_ ids: [ChunkID], background: Bool) {
         let uncached = cache.withLock { c in ids.filter { !c.contains($0) } }
         let led = takeOff(uncached)
@@ -377,7 +379,7 @@ public final class ChunkStore: Sendable {
         var inRuns = Set<ChunkID>()
         for run in runs {
             inRuns.formUnion(run.ids)
-            let work: @Sendable () -> Void = { [self] in load(run, led) }
+            let work: @Sendable () -> Void = { [self] in load(run, led, streaming: background) }
             if background { DispatchQueue.global(qos: .utility).async(execute: work) } else { work() }
         }
         // Rows and old chunk files: one by one.
@@ -393,12 +395,12 @@ public final class ChunkStore: Sendable {
     /// The run's chunks into the cache, each flight ended as soon as its chunk is there.
     /// A record that does not verify (or that the read did not reach) is read again alone,
     /// which finds a repaired copy or logs the damage.
-    private func load(_ run: LocalPacks.Run, _ led: [ChunkID: DispatchGroup]) {
+    private func load(_ run: LocalPacks.Run, _ led: [ChunkID: DispatchGroup], streaming: Bool) {
         let records = try? packs.read(run)
         for (k, id) in run.ids.enumerated() {
             if let bytes = records?[k], bytes.count == run.lengths[k], ChunkID(hashing: bytes) == id {
                 readsFromDisk.add(1, ordering: .relaxed)
-                cache.withLock { $0.put(id, bytes) }
+                cache.withLock { $0.put(id, bytes, streaming: streaming) }
             } else {
                 _ = try? readFromDisk(id)
             }
@@ -414,7 +416,7 @@ public final class ChunkStore: Sendable {
     }
 
     /// `read` of a chunk not in the cache: read, hashed, then cached.
-    private func readFromDisk(_ id: ChunkID) throws(StoreError) -> [UInt8] {
+    private func readFromDisk(_ id: ChunkID, once: Bool = false) throws(StoreError) -> [UInt8] {
         readsFromDisk.add(1, ordering: .relaxed)
         var bytes = try readUnverified(id)
         var good = ChunkID(hashing: bytes) == id
@@ -428,7 +430,7 @@ public final class ChunkStore: Sendable {
             log("ubiquity: chunk \(id) is corrupt: content hash mismatch (\(location(of: id))); run `ubiquity fsck`")
             throw .corruptChunk(id)
         }
-        cache.withLock { $0.put(id, bytes) }
+        cache.withLock { $0.put(id, bytes, streaming: once) }
         return bytes
     }
 
@@ -518,12 +520,12 @@ public final class ChunkStore: Sendable {
 
     /// The chunk's bytes, verified; fetched from the source when it is not here (waiting
     /// up to the fetch timeout). Never call it under the filesystem's lock (refused).
-    public func read(_ id: ChunkID, size: Int) throws(StoreError) -> [UInt8] {
-        do { return try read(id) } catch {
+    public func read(_ id: ChunkID, size: Int, once: Bool = false) throws(StoreError) -> [UInt8] {
+        do { return try read(id, once: once) } catch {
             guard case .missingChunk = error, fetcher.hasSource else { throw error }
         }
         try fetcher.fetch([ChunkWant(id: id, size: size)], into: self, waiting: 1)
-        return try read(id)
+        return try read(id, once: once)
     }
 
     /// Makes the chunks local: those that are not are fetched, in one batch (neighbours in
@@ -668,56 +670,86 @@ public final class ChunkStore: Sendable {
 }
 
 /// Verified chunks kept in memory, so a sequential read hashes each chunk once and
-/// small random reads do not re-hash a whole chunk each time. Two generations give an
-/// approximate LRU in O(1): new entries go to `young`; when it holds half the budget it
-/// becomes `old` (dropping the previous old generation); a hit in `old` moves up.
+/// small random reads do not re-hash a whole chunk each time. Chunks read ahead for a
+/// sequential reader go to a small part of their own (`streaming`): the reader takes each
+/// once, and the kernel's page cache keeps what it read, so a long read neither holds
+/// more than that part nor pushes out the chunks of random readers.
 struct ChunkCache {
-    let capacityBytes: Int
-    private var young: [ChunkID: [UInt8]] = [:]
-    private var old: [ChunkID: [UInt8]] = [:]
-    private var youngBytes = 0
+    private var main: Generations
+    private var streaming: Generations
 
-    init(capacityBytes: Int) { self.capacityBytes = capacityBytes }
+    init(capacityBytes: Int, streamingBytes: Int = 32 << 20) {
+        main = Generations(capacityBytes: capacityBytes)
+        streaming = Generations(capacityBytes: streamingBytes)
+    }
 
-    /// A sixty-fourth of the machine's memory, at least 64 MiB and at most 128 MiB: a file
-    /// read at random hashes a chunk once while it stays here, not once per read (a file
-    /// twice the cache's size read in 4 KiB pieces hashes a whole chunk for half of its
-    /// reads). No more: a sequential reader passes every chunk through here, so the cache
-    /// is what a long read holds (a daemon reading 1 GiB held 490 MiB with 384 MiB, 100
-    /// MiB with 64) and what its allocator churns through.
+    /// A sixty-fourth of the machine's memory, at least 64 MiB and at most 512 MiB (384
+    /// MiB on a 24 GiB machine): a file read at random then hashes each chunk once, not
+    /// once per read (a 128 MiB file read in 4 KiB pieces against a 64 MiB cache hashes
+    /// 64 KiB for half of its reads).
     static var defaultCapacity: Int {
         let pages = sysconf(Int32(_SC_PHYS_PAGES)), size = sysconf(Int32(_SC_PAGESIZE))
         guard pages > 0, size > 0 else { return 64 << 20 }
         let (total, overflow) = pages.multipliedReportingOverflow(by: size)
-        return overflow ? 128 << 20 : min(max(total / 64, 64 << 20), 128 << 20)
+        return overflow ? 512 << 20 : min(max(total / 64, 64 << 20), 512 << 20)
     }
 
-    func contains(_ id: ChunkID) -> Bool { young[id] != nil || old[id] != nil }
+    func contains(_ id: ChunkID) -> Bool { main.contains(id) || streaming.contains(id) }
 
-    mutating func get(_ id: ChunkID) -> [UInt8]? {
-        if let hit = young[id] { return hit }
-        guard let hit = old.removeValue(forKey: id) else { return nil }
-        put(id, hit)
-        return hit
-    }
+    mutating func get(_ id: ChunkID) -> [UInt8]? { main.get(id) ?? streaming.get(id) }
 
-    mutating func put(_ id: ChunkID, _ value: [UInt8]) {
-        guard young[id] == nil else { return }
-        if youngBytes + value.count > capacityBytes / 2 {
-            old = young
-            young = [:]
-            youngBytes = 0
-        }
-        young[id] = value
-        youngBytes += value.count
+    mutating func put(_ id: ChunkID, _ value: [UInt8], streaming toStreaming: Bool = false) {
+        if toStreaming { streaming.put(id, value) } else { main.put(id, value) }
     }
 
     mutating func remove(_ id: ChunkID) {
-        if let v = young.removeValue(forKey: id) { youngBytes -= v.count }
-        old[id] = nil
+        main.remove(id)
+        streaming.remove(id)
     }
 
-    mutating func removeAll() { young = [:]; old = [:]; youngBytes = 0 }
+    mutating func removeAll() {
+        main.removeAll()
+        streaming.removeAll()
+    }
+
+    /// Two generations give an approximate LRU in O(1): new entries go to `young`; when it
+    /// holds half the budget it becomes `old` (dropping the previous old generation); a
+    /// hit in `old` moves up.
+    struct Generations {
+        let capacityBytes: Int
+        private var young: [ChunkID: [UInt8]] = [:]
+        private var old: [ChunkID: [UInt8]] = [:]
+        private var youngBytes = 0
+
+        init(capacityBytes: Int) { self.capacityBytes = capacityBytes }
+
+        func contains(_ id: ChunkID) -> Bool { young[id] != nil || old[id] != nil }
+
+        mutating func get(_ id: ChunkID) -> [UInt8]? {
+            if let hit = young[id] { return hit }
+            guard let hit = old.removeValue(forKey: id) else { return nil }
+            put(id, hit)
+            return hit
+        }
+
+        mutating func put(_ id: ChunkID, _ value: [UInt8]) {
+            guard young[id] == nil else { return }
+            if youngBytes + value.count > capacityBytes / 2 {
+                old = young
+                young = [:]
+                youngBytes = 0
+            }
+            young[id] = value
+            youngBytes += value.count
+        }
+
+        mutating func remove(_ id: ChunkID) {
+            if let v = young.removeValue(forKey: id) { youngBytes -= v.count }
+            old[id] = nil
+        }
+
+        mutating func removeAll() { young = [:]; old = [:]; youngBytes = 0 }
+    }
 }
 
 /// `withUnsafeBytes` for typed throws (the standard one rethrows `any Error`).

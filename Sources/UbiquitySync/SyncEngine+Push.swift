@@ -330,7 +330,9 @@ extension SyncEngine {
             if results.withLock({ $0.contains { if case .failure = $0 { true } else { false } } }) { break }
             let bytes: [UInt8]
             do throws(StoreError) {
-                if let size = sizes[id] { bytes = try chunks.read(id, size: size) } else { bytes = try chunks.read(id) }
+                // Each chunk once: the upload of a large file must not push out of the
+                // cache the chunks readers keep there.
+                if let size = sizes[id] { bytes = try chunks.read(id, size: size, once: true) } else { bytes = try chunks.read(id, once: true) }
             } catch {
                 guard tolerant(id) else { failure = error; break }
                 logOnce("ubiquity: sync: chunk \(id.hex) cannot be read here (\(error)); its record names it where it was, or by hash")

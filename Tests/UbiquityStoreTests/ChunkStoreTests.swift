@@ -130,6 +130,24 @@ import UbiquitySystem
         }
     }
 
+    /// A long sequential read passes through the streaming part only: it neither holds
+    /// more than that part nor pushes out the chunks random readers verified.
+    @Test func readAheadChunksDoNotPushOutTheRest() {
+        var cache = ChunkCache(capacityBytes: 8 << 20, streamingBytes: 1 << 20)
+        var gen = SplitMix64(seed: 12)
+        let kept = (0..<32).map { _ in gen.bytes(64 << 10) } // 2 MiB
+        for bytes in kept { cache.put(ChunkID(hashing: bytes), bytes) }
+        var streamed: [ChunkID] = []
+        for _ in 0..<256 { // 16 MiB, twice the main part
+            let bytes = gen.bytes(64 << 10)
+            streamed.append(ChunkID(hashing: bytes))
+            cache.put(streamed.last!, bytes, streaming: true)
+        }
+        #expect(kept.allSatisfy { cache.contains(ChunkID(hashing: $0)) })
+        #expect(streamed.filter { cache.contains($0) }.count <= 16, "more than the streaming part's 1 MiB held")
+        #expect(cache.contains(streamed.last!))
+    }
+
     @Test func concurrentReadersOfAChunkReadItOnce() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
