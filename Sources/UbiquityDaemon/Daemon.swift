@@ -104,8 +104,7 @@ extension Daemon {
     public static func serve(_ configuration: DaemonConfiguration) throws {
         // Two malloc arenas, not glibc's eight per core: the chunks a read passes through
         // are allocated by read-ahead jobs and freed by reply threads, and each arena keeps
-        // what is freed into it (a 10 GiB read held 300-340 MiB with the default, 223 MiB
-        // with two; issue 45 bounds it at 300 MiB).
+        // what is freed into it, which a long read would hold (docs/BENCHMARKS.md).
         limitMallocArenas(2)
         let c = configuration
         let mp = c.mountpoint, storeDir = c.storeDirectory, backingDir = c.backing
