@@ -373,6 +373,7 @@ public final class ChunkStore: Sendable {
     /// else all on the calling thread. Failures are left for the reader to meet (`read`).
     private func readRuns(_ ids: [ChunkID], background: Bool) {
         let uncached = cache.withLock { c in ids.filter { !c.contains($0) } }
+        guard !uncached.isEmpty else { return } // a warm read: no flights to look at
         let led = takeOff(uncached)
         guard !led.isEmpty else { return }
         let runs = packs.runs(of: Array(led.keys))
@@ -385,7 +386,7 @@ public final class ChunkStore: Sendable {
         // Rows and old chunk files: one by one.
         for (id, flight) in led where !inRuns.contains(id) {
             let work: @Sendable () -> Void = { [self] in
-                _ = try? readFromDisk(id)
+                _ = try? readFromDisk(id, once: background)
                 land(id, flight)
             }
             if background { DispatchQueue.global(qos: .utility).async(execute: work) } else { work() }
@@ -402,7 +403,7 @@ public final class ChunkStore: Sendable {
                 readsFromDisk.add(1, ordering: .relaxed)
                 cache.withLock { $0.put(id, bytes, streaming: streaming) }
             } else {
-                _ = try? readFromDisk(id)
+                _ = try? readFromDisk(id, once: streaming)
             }
             land(id, led[id]!)
         }
@@ -670,10 +671,11 @@ public final class ChunkStore: Sendable {
 }
 
 /// Verified chunks kept in memory, so a sequential read hashes each chunk once and
-/// small random reads do not re-hash a whole chunk each time. Chunks read ahead for a
-/// sequential reader go to a small part of their own (`streaming`): the reader takes each
-/// once, and the kernel's page cache keeps what it read, so a long read neither holds
-/// more than that part nor pushes out the chunks of random readers.
+/// small random reads do not re-hash a whole chunk each time. Chunks read once, in order
+/// (read ahead for a sequential reader, or read for an upload), go to a small part of
+/// their own (`streaming`): nobody asks for them again soon (the kernel's page cache keeps
+/// what a reader read), so a long read or upload neither holds more than that part nor
+/// pushes out the chunks of random readers.
 struct ChunkCache {
     private var main: Generations
     private var streaming: Generations

@@ -25,10 +25,12 @@ settle_mount() {
     status=$(getfattr --absolute-names --only-values -n user.ubiquity.sync "$1" 2>/dev/null) || true
     if awk -F= -v asked="$asked" '$1 == "requests-done" && $2 >= asked { ok = 1 } END { exit !ok }' <<< "$status" &&
        grep -qx 'pending=0' <<< "$status"; then
-      break
+      sync
+      return 0
     fi
     sleep 0.1
   done
+  echo "  ($1 still has pending uploads after 2 minutes; going on)" >&2
   sync
 }
 
