@@ -131,6 +131,15 @@ extension Daemon {
                 guard let interval = RetentionPolicy.duration(every) else { throw DaemonError.setting("--maintenance-every \(every): not a duration") }
                 fsOptions.maintenanceInterval = interval
             }
+            // For tests only (t-space.sh): gc's grace under space pressure in seconds
+            // instead of a minute, so the space the pressure freed comes back sooner.
+            if let text = c.environment("UBQ_TEST_PRESSURE_GRACE"), let seconds = Int64(text), (0...3600).contains(seconds) {
+                fsOptions.pressureGrace = seconds * 1_000_000_000
+                log("ubiquity: UBQ_TEST_PRESSURE_GRACE: gc's grace under space pressure is \(seconds) s (a test setting)")
+            }
+            // The space fallocate promised before this mount (or before a crash) is set
+            // aside again before the first write can draw on it.
+            try store.reservation.start(levels: try store.reservedHoleLevels())
             // From here on the store is used only through the filesystem's `SharedStore`.
             let fs = FileSystem(store: store, options: fsOptions)
             fs.relieveSpacePressure()

@@ -122,7 +122,7 @@ extension FileSystem {
         if let kv = keyValueHandle(handle) { return try kvFlush(kv) }
         guard let (ino, open) = try fileHandle(handle), open.content.hasWrites,
               state.withLock({ _ in open.handles }) == 1 else { return }
-        try commit(ino, open)
+        try onFullDisk { () throws(Errno) in try commit(ino, open) }
     }
 
     public func release(_ handle: HandleID) throws(Errno) {
@@ -159,14 +159,16 @@ extension FileSystem {
             // The intent frame carries the save and its path (replay finds or makes the
             // file there), so the operation log needs no flush of its own here; anything
             // else takes the barrier, which folds the log into the synced database.
-            try commit(ino, open)
-            if let fd = try withMeta({ (m) throws(StoreError) in try m.store.logDurably(ino) }) {
+            let durable = try onFullDisk { () throws(Errno) -> Bool in
+                try commit(ino, open)
+                guard let fd = try withMeta({ (m) throws(StoreError) in try m.store.logDurably(ino) }) else { return false }
                 defer { close(fd) }
                 guard fdatasync(fd) == 0 else { throw Errno(errno) }
-                return
+                return true
             }
+            if durable { return }
         }
-        try fsyncDirectory()
+        try onFullDisk { () throws(Errno) in try fsyncDirectory() }
     }
 
     /// The durability barrier, without a lock held during its disk flushes: the chunks',
@@ -215,10 +217,10 @@ extension FileSystem {
 
     /// fallocate(2), as Linux means it:
     /// - mode 0 and KEEP_SIZE reserve the range: the space a write of its holes needs is
-    ///   checked now (ENOSPC when the store's filesystem or its size-limit cannot take it),
-    ///   and the holes count in st_blocks. Mode 0 extends the size. The store keeps no
-    ///   blocks aside (content is chunked when written), so the check is made at the call,
-    ///   as a quota is, not a promise against other writers filling the disk later.
+    ///   set aside now in the store's reservation file (`SpaceReservation`; ENOSPC when
+    ///   the store's filesystem, its min-free or its size-limit cannot take it), so later
+    ///   writes into the range find room whoever filled the disk since; the holes count
+    ///   in st_blocks. Mode 0 extends the size.
     /// - PUNCH_HOLE (always with KEEP_SIZE) makes the range a hole: zeros, no blocks.
     /// - ZERO_RANGE makes it zeros that stay reserved; without KEEP_SIZE it may extend.
     /// - COLLAPSE_RANGE, INSERT_RANGE, UNSHARE_RANGE, WRITE_ZEROES and anything unknown:
@@ -235,14 +237,22 @@ extension FileSystem {
         let range = offset..<offset + length
         let sizeBefore = open.content.size
         if kind != Linux.fallocPunchHole {
-            try checkSpace(for: open.content.unreservedHoleBytes(in: range))
+            let added = open.content.addedReserve(in: range, zeroing: kind == Linux.fallocZeroRange)
+            try checkSpace(for: added)
+            try storeCall { () throws(StoreError) in try store.reservation.setAside(ino, added) }
         }
-        try storeCall { () throws(StoreError) in
-            if kind == 0 {
-                try open.content.reserve(range, keepSize: keepSize)
-            } else {
-                try open.content.zero(range, keepSize: keepSize, keepAllocated: kind == Linux.fallocZeroRange)
+        do throws(Errno) {
+            try storeCall { () throws(StoreError) in
+                if kind == 0 {
+                    try open.content.reserve(range, keepSize: keepSize)
+                } else {
+                    try open.content.zero(range, keepSize: keepSize, keepAllocated: kind == Linux.fallocZeroRange)
+                }
             }
+        } catch {
+            // What was set aside for a change that did not happen goes back.
+            store.reservation.settle(ino, level: open.content.reservedHoleBytes)
+            throw error
         }
         let contentChanged = kind != 0 || open.content.size != sizeBefore
         try recordReserve(ino, open) { (m, inode) in

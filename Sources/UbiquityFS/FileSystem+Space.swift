@@ -15,9 +15,6 @@ import UbiquitySystem
 /// made again when there is room.
 extension FileSystem {
     static let reserveBytes: Int64 = 16 << 20
-    /// gc's grace under pressure: short, since the space is needed now; a commit renews
-    /// the chunks it reuses, so it never loses one however short the grace.
-    static let pressureGrace: Nanos = 60 * 1_000_000_000
 
     /// Why the store is under pressure and how many bytes it should free (nil: it is not).
     func spacePressure() -> (reason: String, bytes: Int64)? {
@@ -59,7 +56,8 @@ extension FileSystem {
     }
 
     /// The store's size: its databases now, plus its chunk files as last measured (by gc,
-    /// or once here when none has) and what was written since.
+    /// or once here when none has) and what was written since, plus the space fallocate
+    /// set aside.
     func storeBytes() -> Int64 {
         let (metadata, small) = store.withLock { $0.databaseBytes }
         let put = chunks.fileBytesPut
@@ -82,7 +80,7 @@ extension FileSystem {
             files = chunks.chunkFileBytes()
             space.withLock { $0.chunkFiles = files; $0.putAtLastMeasure = put }
         }
-        return metadata.addingClamped(small).addingClamped(files)
+        return metadata.addingClamped(small).addingClamped(files).addingClamped(store.reservation.bytes)
     }
 
     static func chunkFileBytes(inSpaceSetting text: String) -> Int64? {
@@ -93,6 +91,12 @@ extension FileSystem {
     /// Runs at mount (before the first request: the reserve is made then), from the
     /// maintenance loop (every 10 s): relieves pressure, and keeps the reserve.
     public func relieveSpacePressure(now: Nanos = nowNanos()) {
+        // One at a time (the maintenance loop's, a save's that met a full disk): the
+        // second sees what the first freed instead of pruning for the same need again.
+        relief.withLock { _ in relieveSpacePressureAlone(now: now) }
+    }
+
+    private func relieveSpacePressureAlone(now: Nanos) {
         guard var pressure = spacePressure() else {
             collectWhatPressureDropped(now: now)
             keepReserve()
@@ -133,7 +137,7 @@ extension FileSystem {
                 after = next
             }
             let gc: GcReport
-            do { gc = try collectGarbage(grace: Self.pressureGrace) } catch {
+            do { gc = try collectGarbage(grace: options.pressureGrace) } catch {
                 log("ubiquity: space pressure: gc failed: \(error)")
                 break
             }
@@ -143,7 +147,7 @@ extension FileSystem {
             needed = still.bytes
         }
         // Chunks gc had to keep for the grace are freed by a gc once it has passed.
-        if !dropped.isEmpty { space.withLock { $0.collectAfter = now + Self.pressureGrace + 1_000_000_000 } }
+        if !dropped.isEmpty { space.withLock { $0.collectAfter = now + options.pressureGrace + 1_000_000_000 } }
         for v in dropped.prefix(50) {
             log("ubiquity: space pressure: dropped \(v.path) version of \(isoTime(v.committed)) (\(byteText(v.size)))")
         }
@@ -158,7 +162,7 @@ extension FileSystem {
         guard let due = space.withLock({ $0.collectAfter }), now >= due else { return }
         space.withLock { $0.collectAfter = nil }
         do {
-            let gc = try collectGarbage(grace: Self.pressureGrace)
+            let gc = try collectGarbage(grace: options.pressureGrace)
             log("ubiquity: space pressure: gc after the grace freed \(byteText(gc.bytesFreed))")
         } catch {
             log("ubiquity: space pressure: gc failed: \(error)")
@@ -166,6 +170,19 @@ extension FileSystem {
     }
 
     private var reservePath: String { store.directory + "/reserve" }
+
+    /// Runs a save (close, fsync); if it fails while the store's disk is full and the
+    /// reserve is still there, relieves the pressure at once (the reserve goes first: it
+    /// is for what must finish) and runs it again, rather than failing until the
+    /// maintenance loop notices.
+    func onFullDisk<T>(_ save: () throws(Errno) -> T) throws(Errno) -> T {
+        do { return try save() } catch {
+            guard access(reservePath, F_OK) == 0, let (free, _) = Self.freeSpace(of: store.directory),
+                  free < Self.reserveBytes / 16 else { throw error }
+            relieveSpacePressure()
+            return try save()
+        }
+    }
 
     /// Deletes the reserve so what must finish can (metadata commits, unmount).
     func releaseReserve(because reason: String) {

@@ -55,6 +55,8 @@ public final class FileSystem: Sendable {
     let chunkFileMover = Locked(ChunkFileMover())
     /// When files were opened, since the cache keeper last wrote them (`Store.noteUses`):
     /// an open costs a dictionary entry, not a database write.
+    /// Held around `relieveSpacePressure` only, before any other lock (so unranked).
+    let relief = Locked(())
     let uses = Locked<[InodeNumber: Nanos]>([:])
     /// What watchers are told (ChangeFeed); a leaf lock.
     public let feed = ChangeFeed()
@@ -82,6 +84,9 @@ public final class FileSystem: Sendable {
         /// `--cache-size`: past this many bytes of current contents here, the least
         /// recently used files that are safe in the backing store go (nil: no limit).
         public var cacheSize: Int64?
+        /// gc's grace under space pressure: short, since the space is needed now; a commit
+        /// renews the chunks it reuses, so it never loses one however short the grace.
+        public var pressureGrace: Nanos = 60 * 1_000_000_000
         public init() {}
     }
 

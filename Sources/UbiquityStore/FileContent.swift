@@ -45,8 +45,7 @@ public final class FileContent: @unchecked Sendable {
         /// Ranges fallocate reserved (kept in the store's `reserves`); their holes count
         /// in st_blocks as ext4's unwritten extents do.
         var reserved = ByteRanges()
-        /// The holes of `reserved`, as of the last change that is not a plain write (a
-        /// write into a reserved hole is counted twice until the next commit).
+        /// The holes of `reserved` (a write draws what it fills before its bytes land).
         var reserveHoles: Int64 = 0
         /// Whether `reserved` was ever non-empty (the store must then hear of changes).
         var hasReserve = false
@@ -80,12 +79,17 @@ public final class FileContent: @unchecked Sendable {
     /// commit reads first (`fetchBaseAround`).
     let remoteBase: Bool
 
+    /// The file's part of the space fallocate set aside: told of every change of the
+    /// reserved holes, and before a write fills some (nil: nothing is set aside).
+    let spaceAccount: SpaceReservation.Account?
+
     /// `reserved`: the ranges fallocate reserved earlier (the store keeps them).
     /// `announce`: see above.
     public init(base: ChunkList, chunks: ChunkStore, stagingDirectory: String, reserved: [Range<Int64>] = [],
-                announce: Bool = false, remoteBase: Bool = false) {
+                announce: Bool = false, remoteBase: Bool = false, reservation: SpaceReservation.Account? = nil) {
         self.announce = announce
         self.remoteBase = remoteBase
+        spaceAccount = reservation
         var initial = State(base: base, baseLimit: base.totalSize, size: base.totalSize, baseStored: base.storedBytes,
                             staging: StagingBuffer(directory: stagingDirectory))
         // Complete before the lock is made: a file is opened under the filesystem's and the
@@ -130,6 +134,7 @@ public final class FileContent: @unchecked Sendable {
                          reserveHoles: s.reserveHoles, committedStored: (s.committedBase ?? s.base).storedBytes,
                          reserved: s.reserved.ranges, hasReserve: s.hasReserve)
         }
+        if s.hasReserve { spaceAccount?.settle(s.reserveHoles) }
     }
 
     /// How far ahead of a sequential reader chunks are read (or fetched).
@@ -252,31 +257,59 @@ public final class FileContent: @unchecked Sendable {
         try fetchBaseAround(offset..<offset + Int64(data.count))
         try state.withLock { (s) throws(StoreError) in
             let end = offset + Int64(data.count)
-            if s.stream == nil { try startStream(&s, at: offset) }
-            if s.stream != nil {
-                if offset == s.stream!.size {
-                    // Chunks the earlier writes decided first: a full disk fails this write,
-                    // before its bytes are taken.
-                    try s.stream!.cutComplete()
-                    s.stream!.append(data)
-                    s.size = max(s.size, end)
-                    s.changed = true
-                    s.lastChange = nowNanos()
-                    publish(s)
-                    return
+            // The reserved holes this write fills stop being promised before its bytes
+            // land; if the disk is full it gives back what they held and tries again,
+            // so a disk others filled still has room for them. A failed write counts
+            // them again.
+            if s.hasReserve {
+                let filled = Self.reservedHoles(s, in: offset..<end)
+                if filled > 0 {
+                    s.reserveHoles -= filled
+                    spaceAccount?.settle(s.reserveHoles, drawn: true)
                 }
-                try settle(&s)
             }
-            // Bytes first, then the map: a failed write leaves the map as it was.
-            let at = s.dirty.location(for: offset..<end)
-            try StoreError.wrap { () throws(SystemError) in try s.staging.write(data, at: at) }
-            s.dirty.place(offset..<end)
-            s.size = max(s.size, end)
-            s.changed = true
-            s.lastChange = nowNanos()
-            publish(s)
+            do throws(StoreError) {
+                do throws(StoreError) {
+                    try write(&s, offset: offset, end: end, data)
+                } catch .io(errno: ENOSPC, _) where spaceAccount?.payDebt() == true {
+                    try write(&s, offset: offset, end: end, data)
+                }
+            } catch {
+                if s.hasReserve {
+                    s.reserveHoles = reserveHoles(s)
+                    publish(s)
+                }
+                throw error
+            }
         }
     }
+
+    /// `write` under the content's lock.
+    private func write(_ s: inout State, offset: Int64, end: Int64, _ data: UnsafeRawBufferPointer) throws(StoreError) {
+        if s.stream == nil { try startStream(&s, at: offset) }
+        if s.stream != nil {
+            if offset == s.stream!.size {
+                // Chunks the earlier writes decided first: a full disk fails this write,
+                // before its bytes are taken.
+                try s.stream!.cutComplete()
+                s.stream!.append(data)
+                s.size = max(s.size, end)
+                s.changed = true
+                s.lastChange = nowNanos()
+                publish(s)
+                return
+            }
+            try settle(&s)
+        }
+        // Bytes first, then the map: a failed write leaves the map as it was.
+        let at = s.dirty.location(for: offset..<end)
+        try StoreError.wrap { () throws(SystemError) in try s.staging.write(data, at: at) }
+        s.dirty.place(offset..<end)
+        s.size = max(s.size, end)
+        s.changed = true
+        s.lastChange = nowNanos()
+        publish(s)
+        }
 
     /// Sets the size; the caller checks `0...maxFileSize`. Growing adds a hole.
     public func truncate(_ newSize: Int64) throws(StoreError) {
@@ -388,10 +421,14 @@ public final class FileContent: @unchecked Sendable {
         s.zeroed.gaps(in: r).allSatisfy { s.dirty.covers($0) }
     }
 
-    /// Bytes a reservation of `r` would add: its holes not reserved already (fallocate's
-    /// space check).
-    public func unreservedHoleBytes(in r: Range<Int64>) -> Int64 {
-        state.withLock { s in s.reserved.gaps(in: r).reduce(0) { $0.addingClamped(Self.holeBytes(s, in: $1)) } }
+    /// Bytes a reservation of `r` would add (fallocate sets them aside first): its holes
+    /// not reserved already; when `zeroing` (ZERO_RANGE), all of `r` that is not a
+    /// reserved hole already, as all of it is one after.
+    public func addedReserve(in r: Range<Int64>, zeroing: Bool) -> Int64 {
+        state.withLock { s in
+            if zeroing { return (r.upperBound - r.lowerBound) - Self.reservedHoles(s, in: r) }
+            return s.reserved.gaps(in: r).reduce(0) { $0.addingClamped(Self.holeBytes(s, in: $1)) }
+        }
     }
 
     /// fallocate(2) modes 0 and KEEP_SIZE: reserves `r` (its holes count in st_blocks),
@@ -455,15 +492,23 @@ public final class FileContent: @unchecked Sendable {
         return try state.withLock { (s) throws(StoreError) -> Bool in
             guard s.changed, proceed() else { return false }
             let list: ChunkList
-            do throws(StoreError) {
+            func store(_ s: inout State) throws(StoreError) -> ChunkList {
                 if let stream = s.stream, chunker == stream.chunker {
                     var streamed = try stream.finished(into: chunks)
                     // A preallocated file's unwritten rest.
                     if s.size > streamed.totalSize { streamed.appendHole(s.size - streamed.totalSize) }
-                    list = try record(streamed)
-                } else {
-                    try settle(&s)
-                    list = try record(try rechunk(&s, chunker: chunker))
+                    return try record(streamed)
+                }
+                try settle(&s)
+                return try record(try rechunk(&s, chunker: chunker))
+            }
+            do throws(StoreError) {
+                // A full disk: what writes drew from the reservation is given back, and
+                // the save tried again (`SpaceReservation.payDebt`).
+                do throws(StoreError) {
+                    list = try store(&s)
+                } catch .io(errno: ENOSPC, _) where spaceAccount?.payDebt() == true {
+                    list = try store(&s)
                 }
             } catch {
                 if case .invalidContent = error {

@@ -305,10 +305,12 @@ public final class LocalPacks: Sendable {
             }
             if writeback { startWriteback(pack.fd, offset: at, count: written) }
         } catch {
-            // What the failed write left is not a record: nothing is appended after it (a
-            // scan would stop there); the pack is cut back and the next append starts a new one.
-            _ = ftruncate(pack.fd, off_t(at))
-            state.withLock { $0.packs[pack.number]?.full = true }
+            // What the failed write left is not a record: the pack is cut back to its last
+            // record and takes the next append there. If it cannot be cut, nothing is
+            // appended after it (a scan would stop there): the next append starts a new
+            // pack. (Starting one after every failure would leave a pack per retry on a
+            // full disk.)
+            if ftruncate(pack.fd, off_t(at)) != 0 { state.withLock { $0.packs[pack.number]?.full = true } }
             throw error
         }
         state.withLock { s in

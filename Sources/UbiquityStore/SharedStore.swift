@@ -23,6 +23,7 @@ public final class SharedStore: Sendable {
     private let checkpointer: WALCheckpointer
     private let hooks = Locked(Hooks())
     public let chunks: ChunkStore
+    public let reservation: SpaceReservation
     /// The tree's working set, which lookup and getattr read without this lock.
     public let tree: TreeCache
     public let directory: String
@@ -41,6 +42,7 @@ public final class SharedStore: Sendable {
         loan = store.db.loan
         checkpointer = store.checkpointer
         chunks = store.chunks
+        reservation = store.reservation
         tree = store.workingSet
         directory = store.directory
         deviceID = store.deviceID

@@ -26,7 +26,9 @@ final class StagingBuffer {
     func write(_ data: UnsafeRawBufferPointer, at: Int64) throws(SystemError) {
         let end = at + Int64(data.count)
         if fd < 0 && end <= Int64(Self.memoryLimit) {
-            if memory.count < Int(end) { memory.append(contentsOf: repeatElement(0, count: Int(end) - memory.count)) }
+            // Grows by a zeroed array (one memset and one memcpy), not an element-wise
+            // append: the staged bytes of every small file pass through here.
+            if memory.count < Int(end) { memory += [UInt8](repeating: 0, count: Int(end) - memory.count) }
             memory.withUnsafeMutableBytes { raw in
                 UnsafeMutableRawBufferPointer(rebasing: raw[Int(at)..<Int(end)]).copyMemory(from: data)
             }

@@ -173,7 +173,10 @@ extension Store {
             return error
         }
         for path in outcome.placed { historyNames.noteTaken(path) }
-        for id in part.reserved { reserves?[id] = nil }
+        for id in part.reserved {
+            reserves?[id] = nil
+            reservation.release(id)
+        }
         // The rest's only holder from here, so that applying the changes since does not
         // copy its tables.
         var rest = outcome.rest

@@ -40,6 +40,21 @@ extension Store {
         if let reserves, reserves[id] == nil { return }
         try db.query("DELETE FROM reserves WHERE inode = ?", [.inode(id)])
         reserves?[id] = nil
+        reservation.release(id)
+    }
+
+    /// The reserved holes of every file with a reserve, as committed (the mount sizes the
+    /// reservation file to them: `SpaceReservation.start`).
+    public func reservedHoleLevels() throws(StoreError) -> [InodeNumber: Int64] {
+        _ = try reservedRanges(Self.rootInode) // the table in memory, read once
+        var levels: [InodeNumber: Int64] = [:]
+        for id in (reserves ?? [:]).keys {
+            guard let inode = try node(id)?.inode, inode.kind == .file else { continue }
+            let stored = try inode.head.map { (row) throws(StoreError) in try chunkList(row: row) } ?? ChunkList()
+            let content = FileContent(base: stored, chunks: chunks, stagingDirectory: stagingDirectory, reserved: reserves?[id] ?? [])
+            levels[id] = content.reservedHoleBytes
+        }
+        return levels
     }
 
     /// "a-b,c-d": sorted, disjoint, non-empty ranges within 0...maxFileSize; nil otherwise.

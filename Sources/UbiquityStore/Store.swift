@@ -31,6 +31,9 @@ import UbiquitySystem
 public final class Store: @unchecked Sendable {
     public let directory: String
     public let chunks: ChunkStore
+    /// The disk space fallocate promised (`SpaceReservation`): its own lock, used by
+    /// open files' contents without the store's.
+    public let reservation: SpaceReservation
     public let deviceID: DeviceID
     public private(set) var deviceName: String
     let db: SQLiteDatabase
@@ -241,6 +244,7 @@ public final class Store: @unchecked Sendable {
             lockFD = -1
         }
         chunks = try ChunkStore(directory: directory + "/chunks", readOnly: readOnly, chunker: chunker)
+        reservation = SpaceReservation(directory: directory)
         intents = IntentLog(directory: directory)
         let db = try SQLiteDatabase(path: directory + "/meta.sqlite")
         checkpointer = WALCheckpointer(path: directory + "/meta.sqlite")
@@ -481,7 +485,7 @@ public final class Store: @unchecked Sendable {
         let syncs = path(of: id).map { !LocalOnly.contains($0) } ?? false
         return FileContent(base: try view(stored), chunks: chunks, stagingDirectory: stagingDirectory,
                            reserved: inode == nil ? [] : try reservedRanges(id), announce: syncs,
-                           remoteBase: (inode?.absent ?? 0) > 0)
+                           remoteBase: (inode?.absent ?? 0) > 0, reservation: reservation.account(for: id))
     }
 
     /// Durability barrier, part 1: the chunks written so far reach the disk. Thread-safe:

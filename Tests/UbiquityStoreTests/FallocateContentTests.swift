@@ -1,9 +1,11 @@
+import Glibc
 import Testing
 import TestSupport
 @testable import UbiquityStore
 
 /// fallocate on open content (issue 22): PUNCH_HOLE and ZERO_RANGE make zeros that commit
-/// as holes, reserved ranges count their holes (st_blocks), against a byte model.
+/// as holes, reserved ranges count their holes (st_blocks), against a byte model; the
+/// reservation file holds what the holes promise through every change and every restart.
 @Suite struct FallocateContentTests {
     /// Per byte of a small file: its value, whether it is data (written, not punched) and
     /// whether fallocate reserved it (past the end too).
@@ -44,9 +46,10 @@ import TestSupport
         let chunker = Chunker(minSize: 256, avgSize: 1024, maxSize: 4096)
         var gen = SplitMix64(seed: seed)
         var model = Model()
-        var content = FileContent(base: ChunkList(), chunks: chunks, stagingDirectory: dir.path)
+        let id = InodeNumber(rawValue: 7)
+        var reservation = SpaceReservation(directory: dir.path)
+        var content = FileContent(base: ChunkList(), chunks: chunks, stagingDirectory: dir.path, reservation: reservation.account(for: id))
         var committed = ChunkList()
-        var wroteSinceCommit = false
         func range() -> Range<Int> {
             let at = gen.int(0..<(1 << 17)), length = gen.int(1..<(1 << 15))
             return at..<at + length
@@ -58,9 +61,9 @@ import TestSupport
                 let at = gen.int(0..<(1 << 17)), d = gen.bytes(gen.int(1..<8000))
                 try d.withUnsafeBytes { try content.write(offset: Int64(at), $0) }
                 model.write(at, d)
-                wroteSinceCommit = true
             case 3:
                 let r = range(), keepSize = gen.int(0..<2) == 0
+                try reservation.setAside(id, content.addedReserve(in: Int64(r.lowerBound)..<Int64(r.upperBound), zeroing: false))
                 try content.reserve(Int64(r.lowerBound)..<Int64(r.upperBound), keepSize: keepSize)
                 if !keepSize { model.grow(r.upperBound) }
                 for i in r { model.reserved[i] = true }
@@ -70,6 +73,7 @@ import TestSupport
                 model.zero(r, keepSize: true, keepAllocated: false)
             case 5:
                 let r = range(), keepSize = gen.int(0..<2) == 0
+                try reservation.setAside(id, content.addedReserve(in: Int64(r.lowerBound)..<Int64(r.upperBound), zeroing: true))
                 try content.zero(Int64(r.lowerBound)..<Int64(r.upperBound), keepSize: keepSize, keepAllocated: true)
                 model.zero(r, keepSize: keepSize, keepAllocated: true)
             case 6:
@@ -77,9 +81,7 @@ import TestSupport
                 try content.truncate(Int64(n))
                 model.truncate(n)
             case 7:
-                if try content.commit(chunker: chunker, record: { committed = $0; return $0 }) || !content.isChanged {
-                    wroteSinceCommit = false
-                }
+                try content.commit(chunker: chunker, record: { committed = $0; return $0 })
                 if committed.count > 0 && !content.isChanged {
                     // Punched and never-written bytes are holes; a cut that begins in data
                     // may take zeros after it along (as for any sparse file).
@@ -91,7 +93,13 @@ import TestSupport
                             "\(context): reserved holes and data")
                 }
                 if gen.int(0..<2) == 0 {
-                    content = FileContent(base: committed, chunks: chunks, stagingDirectory: dir.path, reserved: content.reservation.ranges)
+                    // A restart: the promise is counted again from the committed content.
+                    let ranges = content.reservation.ranges
+                    reservation = SpaceReservation(directory: dir.path)
+                    let reopened = FileContent(base: committed, chunks: chunks, stagingDirectory: dir.path, reserved: ranges)
+                    try reservation.start(levels: [id: reopened.reservedHoleBytes])
+                    content = FileContent(base: committed, chunks: chunks, stagingDirectory: dir.path, reserved: ranges,
+                                          reservation: reservation.account(for: id))
                 }
             case 8:
                 let at = gen.int(0..<(model.size + 10))
@@ -108,11 +116,16 @@ import TestSupport
             }
             #expect(content.size == Int64(model.size), "\(context): size")
             // The kept count of reserved holes (updated by each call, not recounted) agrees
-            // with a recount, until a write lands in a reserved hole (counted twice then,
-            // until the next commit: documented).
-            if !wroteSinceCommit {
-                #expect(content.reservedHoleBytes == content.recountedReserveHoles, "\(context): incremental reserved holes")
-            }
+            // with a recount, and the reservation file holds it (and at most a slack more
+            // that writes drew).
+            #expect(content.reservedHoleBytes == content.recountedReserveHoles, "\(context): incremental reserved holes")
+            #expect(reservation.level(id) == content.reservedHoleBytes, "\(context): the promise")
+            #expect(reservation.bytes == SpaceReservation.need(content.reservedHoleBytes), "\(context): what it holds")
+            let held = reservation.heldBytes
+            #expect(held >= reservation.bytes && held < reservation.bytes + SpaceReservation.slack, "\(context): held \(held)")
+            var st = stat() // no file before the first reservation
+            #expect(stat(reservation.path, &st) == 0 ? Int64(st.st_size) == held : held == 0, "\(context): the file's size")
+            #expect(Int64(st.st_blocks) * 512 >= held, "\(context): the file's blocks")
         }
     }
 
