@@ -2,6 +2,7 @@
 # IntegrationTests/docs/run.sh: the documentation and what installs it.
 #   - README commands, links in README.md and docs/, help text wrapping (check_docs.py);
 #   - no comment in Sources tells the history of a change (scripts/check-comments.sh);
+#   - the README stays short: at most 300 lines (it is for users; docs/ has the rest);
 #   - scripts/install.sh into a scratch HOME installs a man page that `man ubiquity`
 #     finds, and bash completions that a new bash loads and that complete subcommands.
 # The last line is exactly "docs: passed" or the run fails.
@@ -17,6 +18,9 @@ scripts/check-comments.sh
 home=$(mktemp -d /tmp/ubiquity-docs.XXXXXX)
 trap 'rm -rf "$home"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
+
+lines=$(wc -l <README.md)
+((lines <= 300)) || fail "README.md has $lines lines, more than 300: move details to docs/"
 
 # install.sh with a prebuilt binary into a scratch HOME, no systemd user manager asked.
 env -u XDG_DATA_HOME -u XDG_CONFIG_HOME HOME="$home" UBIQUITY_BIN="$UBIQUITY" scripts/install.sh >"$home/install.log" 2>&1 ||
