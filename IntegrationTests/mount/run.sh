@@ -11,7 +11,7 @@
 # A scenario may declare its own time limit with a line `# ubq-timeout: SECONDS`
 # (default 90); past it the scenario gets SIGTERM (its trap cleans up), and if it is
 # stuck (e.g. in a request to a hung daemon) its mounts are swept and it is killed;
-# the whole suite also has a budget (UBQ_SUITE_BUDGET, default 900 s) so a hanging
+# the whole suite also has a budget (UBQ_SUITE_BUDGET, default 1200 s) so a hanging
 # product cannot make it run for more than a few minutes.
 set -euo pipefail
 
@@ -23,7 +23,7 @@ fi
 export UBIQUITY
 
 default_timeout=90
-budget=${UBQ_SUITE_BUDGET:-900}
+budget=${UBQ_SUITE_BUDGET:-1200}
 if [[ -n ${UBQ_LOG_DIR:-} ]]; then
   logdir=$UBQ_LOG_DIR own_logdir=0
   mkdir -p "$logdir"
