@@ -53,10 +53,10 @@ public final class FileSystem: Sendable {
     let space = Locked(SpaceState())
     /// The move of an older store's chunk files into packs (FileSystem+ChunkFiles).
     let chunkFileMover = Locked(ChunkFileMover())
-    /// When files were opened, since the cache keeper last wrote them (`Store.noteUses`):
-    /// an open costs a dictionary entry, not a database write.
     /// Held around `relieveSpacePressure` only, before any other lock (so unranked).
     let relief = Locked(())
+    /// When files were opened, since the cache keeper last wrote them (`Store.noteUses`):
+    /// an open costs a dictionary entry, not a database write.
     let uses = Locked<[InodeNumber: Nanos]>([:])
     /// What watchers are told (ChangeFeed); a leaf lock.
     public let feed = ChangeFeed()

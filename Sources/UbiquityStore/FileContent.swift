@@ -258,9 +258,8 @@ public final class FileContent: @unchecked Sendable {
         try state.withLock { (s) throws(StoreError) in
             let end = offset + Int64(data.count)
             // The reserved holes this write fills stop being promised before its bytes
-            // land; if the disk is full it gives back what they held and tries again,
-            // so a disk others filled still has room for them. A failed write counts
-            // them again.
+            // land (on a full disk, `givingBackDrawnSpace` frees them), so a disk others
+            // filled still has room for them. A failed write counts them again.
             if s.hasReserve {
                 let filled = Self.reservedHoles(s, in: offset..<end)
                 if filled > 0 {
@@ -269,11 +268,7 @@ public final class FileContent: @unchecked Sendable {
                 }
             }
             do throws(StoreError) {
-                do throws(StoreError) {
-                    try write(&s, offset: offset, end: end, data)
-                } catch .io(errno: ENOSPC, _) where spaceAccount?.payDebt() == true {
-                    try write(&s, offset: offset, end: end, data)
-                }
+                try givingBackDrawnSpace { () throws(StoreError) in try write(&s, offset: offset, end: end, data) }
             } catch {
                 if s.hasReserve {
                     s.reserveHoles = reserveHoles(s)
@@ -309,7 +304,18 @@ public final class FileContent: @unchecked Sendable {
         s.changed = true
         s.lastChange = nowNanos()
         publish(s)
+    }
+
+    /// Runs `body`; if the disk refuses it (ENOSPC) while the reservation file still holds
+    /// space that writes into reserved holes drew, gives that back
+    /// (`SpaceReservation.payDebt`) and runs it again.
+    private func givingBackDrawnSpace<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        do throws(StoreError) {
+            return try body()
+        } catch .io(errno: ENOSPC, _) where spaceAccount?.payDebt() == true {
+            return try body()
         }
+    }
 
     /// Sets the size; the caller checks `0...maxFileSize`. Growing adds a hole.
     public func truncate(_ newSize: Int64) throws(StoreError) {
@@ -503,13 +509,7 @@ public final class FileContent: @unchecked Sendable {
                 return try record(try rechunk(&s, chunker: chunker))
             }
             do throws(StoreError) {
-                // A full disk: what writes drew from the reservation is given back, and
-                // the save tried again (`SpaceReservation.payDebt`).
-                do throws(StoreError) {
-                    list = try store(&s)
-                } catch .io(errno: ENOSPC, _) where spaceAccount?.payDebt() == true {
-                    list = try store(&s)
-                }
+                list = try givingBackDrawnSpace { () throws(StoreError) in try store(&s) }
             } catch {
                 if case .invalidContent = error {
                     s.refusedChange = s.lastChange

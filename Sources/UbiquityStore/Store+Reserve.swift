@@ -48,12 +48,7 @@ extension Store {
     public func reservedHoleLevels() throws(StoreError) -> [InodeNumber: Int64] {
         _ = try reservedRanges(Self.rootInode) // the table in memory, read once
         var levels: [InodeNumber: Int64] = [:]
-        for id in (reserves ?? [:]).keys {
-            guard let inode = try node(id)?.inode, inode.kind == .file else { continue }
-            let stored = try inode.head.map { (row) throws(StoreError) in try chunkList(row: row) } ?? ChunkList()
-            let content = FileContent(base: stored, chunks: chunks, stagingDirectory: stagingDirectory, reserved: reserves?[id] ?? [])
-            levels[id] = content.reservedHoleBytes
-        }
+        for id in (reserves ?? [:]).keys { levels[id] = try openContent(id).reservedHoleBytes }
         return levels
     }
 
