@@ -10,7 +10,7 @@ BUILD_PACKAGES=(libfuse3-dev fuse3 libsqlite3-dev pkg-config)
 # workloads, vim-tiny for the editor saves, rsync for the xattr backups, gcc and libaio-dev
 # for the O_DIRECT check (t-direct-io.sh), a systemd user manager for the unit test, and
 # man-db and bash-completion for the installed man page and completions (docs suite).
-TEST_PACKAGES=(sqlite3 fio attr git python3 systemd dbus-user-session util-linux procps psmisc vim-tiny rsync gcc libc6-dev libaio-dev man-db bash-completion)
+TEST_PACKAGES=(sqlite3 fio attr git python3 strace systemd dbus-user-session util-linux procps psmisc vim-tiny rsync gcc libc6-dev libaio-dev man-db bash-completion)
 
 install_missing() {
   local need=() pkg

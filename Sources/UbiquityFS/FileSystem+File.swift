@@ -52,6 +52,8 @@ enum Handle {
 
 public struct OpenFlags: Sendable {
     public var raw: Int32
+    /// The kernel asks that set-id bits go with the truncation (`FileSystem.dropSetID`).
+    public var dropsSetID = false
     public init(_ raw: Int32) { self.raw = raw }
     var writable: Bool { raw & O_ACCMODE != O_RDONLY }
     var truncates: Bool { raw & O_TRUNC != 0 }
@@ -106,6 +108,7 @@ extension FileSystem {
         // cache limit could evict.
         if flags.writable || Store.usesMatter(size: size) { uses.withLock { $0[ino] = nowNanos() } }
         if flags.truncates && flags.writable {
+            if flags.dropsSetID { try dropSetID(ino) }
             try storeCall { () throws(StoreError) in try open.content.truncate(0) }
             noteWritten(open)
         }
@@ -201,10 +204,13 @@ extension FileSystem {
         return try storeCall { () throws(StoreError) in try content.readPieces(offset: offset, count: count) }
     }
 
-    public func write(_ handle: HandleID, offset: Int64, data: UnsafeRawBufferPointer) throws(Errno) -> Int {
+    /// `dropsSetID`: the kernel asks that set-id bits go first (`dropSetID`).
+    public func write(_ handle: HandleID, offset: Int64, data: UnsafeRawBufferPointer, dropsSetID: Bool = false) throws(Errno) -> Int {
         let open: OpenFile
         switch handles[handle] {
-        case .file(_, let file, true): open = file
+        case .file(let ino, let file, true):
+            open = file
+            if dropsSetID { try dropSetID(ino) }
         case .keyValue(let kv): return try kvWrite(kv, offset: offset, data: data)
         case .file, .view, .directory, nil: throw .badHandle
         }

@@ -242,6 +242,9 @@ public final class FileSystem: Sendable {
         public var size: Int64?
         public var atime: TimeChange?
         public var mtime: TimeChange?
+        /// The kernel asks that set-id bits go (a chown; a truncation by a caller without
+        /// CAP_FSETID): with a size, as `dropSetID` clears them.
+        public var dropsSetID = false
         public init() {}
     }
 
@@ -266,6 +269,8 @@ public final class FileSystem: Sendable {
             // chown by the owner clears set-id bits, as the kernel expects of filesystems.
             if (changes.uid != nil || changes.gid != nil) && inode.kind != .directory && changes.mode == nil {
                 inode.mode &= ~UInt32(S_ISUID | S_ISGID)
+            } else if changes.dropsSetID && changes.mode == nil {
+                inode.mode = Self.withoutSetID(inode.mode)
             }
             switch changes.atime { case .now: inode.atime = now; case .at(let t): inode.atime = t; case nil: break }
             switch changes.mtime { case .now: inode.mtime = now; case .at(let t): inode.mtime = t; case nil: break }
@@ -275,6 +280,34 @@ public final class FileSystem: Sendable {
             inode.ctime = now
             try m.store.update(inode)
             return m.attributes(inode)
+        }
+    }
+
+    /// Set-user-ID goes, and set-group-ID when the group may execute (without that bit it
+    /// marks mandatory locking, which a write keeps): the kernel's rule for a write or a
+    /// truncation by a caller without CAP_FSETID.
+    static func withoutSetID(_ mode: UInt32) -> UInt32 {
+        mode & UInt32(S_IXGRP) != 0 ? mode & ~UInt32(S_ISUID | S_ISGID) : mode & ~UInt32(S_ISUID)
+    }
+
+    /// Clears set-id bits as `withoutSetID` says, when the kernel asks (FUSE_HANDLE_KILLPRIV_V2:
+    /// it no longer does so itself). A file without them, nearly every one, costs a look
+    /// at the working set without a lock. The kernel refetches a written file's size and
+    /// times but not its mode, so it is told.
+    func dropSetID(_ ino: InodeNumber) throws(Errno) {
+        if Self.isTreeNode(ino), let (inode, _, _) = store.tree.inode(ino, holding: { _ in () }),
+           Self.withoutSetID(inode.mode) == inode.mode { return }
+        let dropped = try withMeta { (m) throws(StoreError) -> Bool in
+            guard var inode = m.store.inode(ino), Self.withoutSetID(inode.mode) != inode.mode else { return false }
+            inode.mode = Self.withoutSetID(inode.mode)
+            inode.ctime = m.store.clock()
+            try m.store.update(inode)
+            return true
+        }
+        if dropped {
+            var changes = TreeChanges()
+            changes.attributes = [ino]
+            hooks.withLock { $0.treeChanged }?(changes)
         }
     }
 

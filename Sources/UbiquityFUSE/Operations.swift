@@ -7,6 +7,9 @@ import UbiquitySystem
 // FUSE_SET_ATTR_* and UTIME_* are not all imported (macros); values from fuse_lowlevel.h.
 private let setMode: Int32 = 1 << 0, setUID: Int32 = 1 << 1, setGID: Int32 = 1 << 2, setSize: Int32 = 1 << 3
 private let setAtime: Int32 = 1 << 4, setMtime: Int32 = 1 << 5, setAtimeNow: Int32 = 1 << 7, setMtimeNow: Int32 = 1 << 8
+/// FATTR_KILL_SUIDGID (libfuse's FUSE_SET_ATTR_KILL_SUID): with FUSE_HANDLE_KILLPRIV_V2
+/// (`KernelChannel`), a chown, or a truncation by a caller without CAP_FSETID.
+private let setDropSetID: Int32 = 1 << 11
 
 /// The low-level operations table: one call into `FileSystem` per operation.
 func makeOperations() -> fuse_lowlevel_ops {
@@ -63,6 +66,7 @@ func makeOperations() -> fuse_lowlevel_ops {
             if toSet & setUID != 0 { changes.uid = st.st_uid }
             if toSet & setGID != 0 { changes.gid = st.st_gid }
             if toSet & setSize != 0 { changes.size = Int64(st.st_size) }
+            changes.dropsSetID = toSet & setDropSetID != 0
             if toSet & setAtimeNow != 0 { changes.atime = .now } else if toSet & setAtime != 0 { changes.atime = .at(st.st_atim.nanos) }
             if toSet & setMtimeNow != 0 { changes.mtime = .now } else if toSet & setMtime != 0 { changes.mtime = .at(st.st_mtim.nanos) }
             replyAttr(req, try context(req).fs.setattr(inode(ino), changes))
@@ -123,7 +127,9 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.open = { req, ino, fi in
         reply(req) { () throws(Errno) in
-            let handle = try context(req).fs.open(inode(ino), flags: OpenFlags(fi!.pointee.flags))
+            var flags = OpenFlags(fi!.pointee.flags)
+            flags.dropsSetID = KernelChannel.requestDropsSetID
+            let handle = try context(req).fs.open(inode(ino), flags: flags)
             fi!.pointee.fh = handle.rawValue
             // Content changes only through this mount, so the page cache stays valid.
             fi!.pointee.keep_cache = context(req).fs.keepsCache(handle) ? 1 : 0
@@ -151,7 +157,8 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.write = { req, _, buf, size, offset, fi in
         reply(req) { () throws(Errno) in
             let data = UnsafeRawBufferPointer(start: buf, count: size)
-            let written = try context(req).fs.write(handle(fi), offset: Int64(offset), data: data)
+            let written = try context(req).fs.write(handle(fi), offset: Int64(offset), data: data,
+                                                   dropsSetID: KernelChannel.requestDropsSetID)
             fuse_reply_write(req, written)
         }
     }

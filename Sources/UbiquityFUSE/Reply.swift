@@ -1,5 +1,6 @@
 import CFuse
 import Glibc
+import Synchronization
 import UbiquityFS
 import UbiquityStore
 
@@ -7,6 +8,8 @@ import UbiquityStore
 /// userdata pointer (callbacks cannot capture context).
 final class MountContext: Sendable {
     let fs: FileSystem
+    /// The INIT request whose reply `KernelChannel` amends (0: none pending).
+    let initUnique = Atomic<UInt64>(0)
     init(fs: FileSystem) { self.fs = fs }
 }
 

@@ -74,6 +74,11 @@ public final class FUSESession: @unchecked Sendable {
             if options.handleSignals { fuse_remove_signal_handlers(created) }
             throw .failed("cannot mount on \(mountpoint): does it exist, is it an empty directory you own, and is /dev/fuse usable (package fuse3)?")
         }
+        guard KernelChannel.install(on: created) else {
+            fuse_session_unmount(created)
+            if options.handleSignals { fuse_remove_signal_handlers(created) }
+            throw .failed("libfuse refused custom I/O on /dev/fuse (libfuse 3.14 or later is needed)")
+        }
         raiseReadahead()
     }
 
@@ -150,7 +155,7 @@ public final class FUSESession: @unchecked Sendable {
             guard let session, serving.withLock({ $0 }) else { return }
             for ino in changes.inodes { _ = fuse_lowlevel_notify_inval_inode(session, ino.rawValue, 0, 0) }
             // Content that arrived or went changes st_blocks only: the attributes (offset -1).
-            for ino in changes.downloads where !changes.inodes.contains(ino) {
+            for ino in changes.downloads.union(changes.attributes) where !changes.inodes.contains(ino) {
                 _ = fuse_lowlevel_notify_inval_inode(session, ino.rawValue, -1, 0)
             }
             invalidate(changes.entries)

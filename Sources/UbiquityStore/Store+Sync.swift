@@ -16,8 +16,12 @@ public struct TreeChanges: Sendable {
     /// Files whose download state changed (content arrived or was evicted): their
     /// st_blocks and `user.ubiquity.downloaded`, for the kernel and watchers.
     public var downloads: Set<InodeNumber> = []
+    /// Inodes whose attributes alone changed where the kernel keeps its own copy: set-id
+    /// bits a write cleared (`FileSystem.dropSetID`), which the kernel does not refetch.
+    public var attributes: Set<InodeNumber> = []
     public var isEmpty: Bool {
         inodes.isEmpty && entries.isEmpty && unlinked.isEmpty && keyValues.isEmpty && conflicts.isEmpty && downloads.isEmpty
+            && attributes.isEmpty
     }
     public init() {}
 }
