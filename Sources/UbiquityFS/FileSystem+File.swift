@@ -206,16 +206,15 @@ extension FileSystem {
 
     /// `dropsSetID`: the kernel asks that set-id bits go first (`dropSetID`).
     public func write(_ handle: HandleID, offset: Int64, data: UnsafeRawBufferPointer, dropsSetID: Bool = false) throws(Errno) -> Int {
-        let open: OpenFile
+        let (ino, open): (InodeNumber, OpenFile)
         switch handles[handle] {
-        case .file(let ino, let file, true):
-            open = file
-            if dropsSetID { try dropSetID(ino) }
+        case .file(let id, let file, true): (ino, open) = (id, file)
         case .keyValue(let kv): return try kvWrite(kv, offset: offset, data: data)
         case .file, .view, .directory, nil: throw .badHandle
         }
         guard offset >= 0 else { throw .invalid }
         guard offset <= maxFileSize - Int64(data.count) else { throw .fileTooBig }
+        if dropsSetID { try dropSetID(ino) }
         try storeCall { () throws(StoreError) in try open.content.write(offset: offset, data) }
         noteWritten(open)
         return data.count

@@ -51,7 +51,7 @@ enum KernelChannel {
     /// fuse_open_in.open_flags (after flags) and its FUSE_OPEN_KILL_SUIDGID.
     private static let openFlagsOffset = 4, openKillSetID: UInt32 = 1 << 0
     // fuse_out_header: len u32, error i32, unique u64 (16 bytes).
-    private static let outHeaderSize = 16
+    private static let outHeaderSize = 16, errorOffset = 4
 
     private static let dropsSetIDKey: pthread_key_t = {
         var key = pthread_key_t()
@@ -75,7 +75,7 @@ enum KernelChannel {
         case opcodeOpen: drops = (field(request, inHeaderSize + openFlagsOffset) ?? 0) & openKillSetID != 0
         case opcodeInit:
             // Offered by the kernel (5.11 and later): answered yes in the reply.
-            if (field(request, inHeaderSize + initFlagsOffset) ?? 0) & handleKillPrivV2 != 0, request.count >= inHeaderSize {
+            if (field(request, inHeaderSize + initFlagsOffset) ?? 0) & handleKillPrivV2 != 0 { // so the header is whole
                 mount.initUnique.store(request.loadUnaligned(fromByteOffset: uniqueOffset, as: UInt64.self), ordering: .releasing)
             }
         default: break
@@ -89,7 +89,7 @@ enum KernelChannel {
         guard wanted != 0, iov[0].iov_len >= outHeaderSize, let header = iov[0].iov_base,
               header.loadUnaligned(fromByteOffset: uniqueOffset, as: UInt64.self) == wanted else { return }
         mount.initUnique.store(0, ordering: .releasing)
-        guard header.loadUnaligned(fromByteOffset: 4, as: Int32.self) == 0,
+        guard header.loadUnaligned(fromByteOffset: errorOffset, as: Int32.self) == 0,
               iov[1].iov_len >= initFlagsOffset + 4, let reply = iov[1].iov_base else { return }
         let flags = reply.loadUnaligned(fromByteOffset: initFlagsOffset, as: UInt32.self)
         reply.storeBytes(of: flags | handleKillPrivV2, toByteOffset: initFlagsOffset, as: UInt32.self)
