@@ -161,7 +161,7 @@ extension Store {
         var removed: [Replica.Record] = []
         for key in vacated.members {
             for record in try replica.currentRecords(atOrBelow: key.name) where record.kind != .file || record.device == deviceID {
-                if try !presentLocally(record), try isShown(record) { removed.append(record) }
+                if try !presentLocally(record), try mustBeInTree(record) { removed.append(record) }
             }
         }
         for record in removed { try recordRemoval(of: record) }
@@ -189,23 +189,17 @@ extension Store {
     /// The whole-tree form of `recordLocalChanges` (once, after an upgrade from a store
     /// before format 4, which kept its change set in memory only).
     private func recordAllLocalChanges() throws(StoreError) {
-        var seenFiles: Set<FileID> = []
-        var seenPaths: Set<NameKey> = []
+        var seen = SeenNodes()
         try forEachNamedInode { (inode) throws(StoreError) in
-            guard let seen = try recordChange(of: inode) else { return }
-            switch seen {
-            case .file(let node): seenFiles.insert(node)
-            case .path(let path): seenPaths.insert(NameKey(path))
-            }
+            if let node = try recordChange(of: inode) { seen.insert(node) }
         }
         // Nodes the view shows that the tree lacks: deleted here (tombstone), or not shown
         // yet (queue them for reconcile). Shown ones are chosen before any tombstone (see
         // `recordLocalChanges`).
         var shown: [Replica.Record] = []
-        for record in try replica.allCurrent() where try isShown(record) { shown.append(record) }
+        for record in try replica.allCurrent() where try mustBeInTree(record) { shown.append(record) }
         for record in shown {
-            let present = record.kind == .file ? record.node.fileID.map(seenFiles.contains) == true : seenPaths.contains(NameKey(record.path))
-            if present { continue }
+            if seen.holds(record) { continue }
             // A path still queued for reconcile is not shown yet; a record of this device's
             // own that the tree lacks was deleted (an editor's temp file renamed over a
             // file, or a removal the crash kept from the change set); another device's is
@@ -259,30 +253,28 @@ extension Store {
     /// does and logs a `sync-scan check:` line for anything that walk would still record.
     /// It costs a walk of the tree per step, so it is never on by default.
     private func verifyIncrementalScan() throws(StoreError) {
-        var seenFiles: Set<FileID> = []
-        var seenPaths: Set<NameKey> = []
+        var seen = SeenNodes()
         try forEachNamedInode { (inode) throws(StoreError) in
             guard let path = try treePath(of: inode.id), !LocalOnly.contains(path) else { return }
             switch inode.kind {
             case .file:
                 guard let node = inode.fileID else { return }
-                seenFiles.insert(node)
+                seen.insert(.file(node))
                 if let row = inode.head, let head = try db.rows("SELECT path, local, file_id FROM versions WHERE row = ?", [.int(row)], { (path: $0.text(0), local: $0.int(1) != 0, node: $0.nodeID(2)) }).first,
                    !head.local, head.node == .file(node), !head.path.utf8.elementsEqual(path.utf8) {
                     log("sync-scan check: file \(path) (inode \(inode.id)) has head path \(head.path)")
                 }
             case .directory:
-                seenPaths.insert(NameKey(path))
+                seen.insert(.directory(path))
                 let shown = try replica.state(at: path).shown
                 if case .directory = shown {} else { log("sync-scan check: dir \(path) not shown as dir: \(shown)") }
             case .symlink:
-                seenPaths.insert(NameKey(path))
+                seen.insert(.symlink(path))
             default: break
             }
         }
-        for record in try replica.allCurrent() where try isShown(record) {
-            let present = record.kind == .file ? record.node.fileID.map(seenFiles.contains) == true : seenPaths.contains(NameKey(record.path))
-            if !present {
+        for record in try replica.allCurrent() where try mustBeInTree(record) {
+            if !seen.holds(record) {
                 let holders = try db.rows("SELECT id FROM inodes WHERE file_id = ?", [.node(record.node)]) { $0.inode(0) }
                     .map { "inode \($0) nlink \(inode($0)?.nlink ?? 0) path \(path(of: $0) ?? "nil")" }
                 log("sync-scan check: shown but missing: \(record.kind) \(record.path) node \(record.node.description.prefix(12)) device \(record.device == deviceID ? "own" : "other") holders \(holders)")
@@ -290,7 +282,33 @@ extension Store {
         }
     }
 
-    enum Seen { case file(FileID), path(String) }
+    enum Seen { case file(FileID), directory(String), symlink(String) }
+
+    /// What a walk of the tree found: files by history, directories and symlinks by path
+    /// and kind (a symlink record where the tree has a directory is not there; the same
+    /// rule as `presentLocally`).
+    struct SeenNodes {
+        private var files: Set<FileID> = []
+        private var directories: Set<NameKey> = []
+        private var symlinks: Set<NameKey> = []
+
+        mutating func insert(_ seen: Seen) {
+            switch seen {
+            case .file(let node): files.insert(node)
+            case .directory(let path): directories.insert(NameKey(path))
+            case .symlink(let path): symlinks.insert(NameKey(path))
+            }
+        }
+
+        func holds(_ record: Replica.Record) -> Bool {
+            switch record.kind {
+            case .file: return record.node.fileID.map(files.contains) == true
+            case .directory: return directories.contains(NameKey(record.path))
+            case .symlink: return symlinks.contains(NameKey(record.path))
+            default: return false
+            }
+        }
+    }
 
     /// Records `inode`'s state if the view does not show it yet; returns how the tree
     /// shows it (nil: a node that does not sync).
@@ -316,15 +334,15 @@ extension Store {
             // below it goes when they go (else a directory whose files move out after the
             // scan has passed it is lost: t-differential seed 394416407).
             if try replica.current(.directory(path)) != nil, case .directory(let mode) = try replica.state(at: path).shown,
-               mode == inode.mode & 0o7777 { return .path(path) }
+               mode == inode.mode & 0o7777 { return .directory(path) }
             try recordNode(.directory(path), kind: .directory, path: path, mode: inode.mode & 0o7777, mtime: inode.mtime)
-            return .path(path)
+            return .directory(path)
         case .symlink:
             let node = NodeID.symlink(path)
             if let current = try replica.current(node), current.target == inode.target,
-               case .node(let shown) = try replica.state(at: path).shown, shown.id == current.id { return .path(path) }
+               case .node(let shown) = try replica.state(at: path).shown, shown.id == current.id { return .symlink(path) }
             try recordNode(node, kind: .symlink, path: path, mode: 0o777, mtime: inode.mtime, target: inode.target)
-            return .path(path)
+            return .symlink(path)
         default:
             return nil // fifos, sockets and device nodes stay local
         }
@@ -339,11 +357,27 @@ extension Store {
         guard let (_, _, id) = try find(record.path), let inode = try lookUp(id), !LocalOnly.contains(record.path) else { return false }
         switch record.kind {
         case .file: return inode.kind == .file && inode.fileID.map { NodeID.file($0) } == record.node
-        default:
-            if inode.kind == .directory { return true }
+        // By kind: a symlink record where the tree has a directory is not there. Counted as
+        // there, it stayed current under the directory and came back when the directory
+        // went (t-differential seed 1949766429).
+        case .directory: return inode.kind == .directory
+        case .symlink:
             guard inode.kind == .symlink, let primary = try treePath(of: id) else { return false }
             return primary.utf8.elementsEqual(record.path.utf8)
+        default: return false
         }
+    }
+
+    /// Whether the tree must hold `record` (else it was removed here, or is not shown yet):
+    /// every record the view shows, and a symlink of this device's own that only this
+    /// device's records hide. That one was replaced here (a directory made where it was):
+    /// kept, it was a false conflict under the directory and came back when the directory
+    /// went (t-differential seed 1949766429). Hidden by another device's records it is a
+    /// conflict version, kept.
+    private func mustBeInTree(_ record: Replica.Record) throws(StoreError) -> Bool {
+        if try isShown(record) { return true }
+        guard record.kind == .symlink, record.device == deviceID else { return false }
+        return try replica.currentRecords(atOrBelow: record.path).allSatisfy { $0.device == deviceID }
     }
 
     /// Whether the view shows `record` at its path (a conflict version never is).

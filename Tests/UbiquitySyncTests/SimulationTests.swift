@@ -84,6 +84,54 @@ import UbiquitySystem
         #expect(try d.store.replica.current(.symlink("c d")) == nil) // a local second name
     }
 
+    /// Regression (t-differential seed 1949766429): a symlink replaced here by a
+    /// directory kept its record under the directory's (a false conflict), and came back
+    /// when the directory went. The step took a directory there for the symlink, and left
+    /// alone a record the directory hid.
+    @Test func symlinkReplacedByADirectoryIsGone() throws {
+        let temp = TempDirectory(prefix: "ubiquity-sim")
+        defer { temp.cleanup() }
+        mkdir(temp.path + "/backing", 0o755)
+        let d = try SimDevice(name: "one", root: temp.path, backing: temp.path + "/backing", clock: nowNanos)
+        _ = try d.fs.symlink(target: "../\u{65E5}\u{672C}", parent: Store.rootInode, name: "\u{65E5}\u{672C}", caller: d.me)
+        d.cycle()
+        #expect(try d.store.replica.current(.symlink("\u{65E5}\u{672C}")) != nil)
+        try d.fs.unlink(parent: Store.rootInode, name: "\u{65E5}\u{672C}")
+        _ = try d.directory("\u{65E5}\u{672C}", create: true)
+        d.cycle()
+        #expect(try d.store.replica.current(.symlink("\u{65E5}\u{672C}")) == nil)
+        #expect(try d.store.replica.state(at: "\u{65E5}\u{672C}").conflicts.isEmpty)
+        try d.fs.rmdir(parent: Store.rootInode, name: "\u{65E5}\u{672C}")
+        d.cycle()
+        #expect(try d.tree() == [:])
+    }
+
+    /// The other side of that rule: a symlink that another device's directory hides is a
+    /// conflict version, and stays one across a remount (the whole-tree step).
+    @Test func symlinkUnderAnotherDevicesDirectoryStaysAConflict() throws {
+        let temp = TempDirectory(prefix: "ubiquity-sim")
+        let root = temp.path
+        defer { temp.cleanup() }
+        mkdir(root + "/backing", 0o755)
+        mkdir(root + "/one", 0o755)
+        mkdir(root + "/two", 0o755)
+        do {
+            let one = try SimDevice(name: "one", root: root + "/one", backing: root + "/backing", clock: nowNanos)
+            let two = try SimDevice(name: "two", root: root + "/two", backing: root + "/backing", clock: nowNanos)
+            _ = try one.fs.symlink(target: "t", parent: Store.rootInode, name: "p", caller: one.me)
+            try two.save("p/x", "two's")
+            for _ in 0..<3 { one.cycle(); two.cycle() }
+            #expect(try one.tree() == ["p": "dir 755", "p/x": "file two's"])
+            #expect(try one.store.replica.state(at: "p").conflicts.map(\.kind) == [.symlink])
+            one.fs.drain()
+            two.fs.drain()
+        }
+        let again = try SimDevice(name: "one", root: root + "/one", backing: root + "/backing", clock: nowNanos)
+        again.cycle()
+        #expect(try again.store.replica.current(.symlink("p"))?.target == "t")
+        #expect(try again.store.replica.state(at: "p").conflicts.map(\.kind) == [.symlink])
+    }
+
     /// Seeds that broke the incremental sync step (the change set instead of a walk of
     /// the whole tree): a tombstone that revealed another device's file (187), a save
     /// whose older mtime lost to another device's (250, 338), a conflict at a path (337).
