@@ -13,6 +13,11 @@
 # stuck (e.g. in a request to a hung daemon) its mounts are swept and it is killed;
 # the whole suite also has a budget (UBQ_SUITE_BUDGET, default 1200 s) so a hanging
 # product cannot make it run for more than a few minutes.
+#
+# Scenarios run UBQ_MOUNT_LANES at a time (default 2: most of a scenario's time is spent
+# waiting for a sync poll, a daemon or a disk), longest time limit first. One that declares
+# `# ubq-alone: WHY` runs after the others, by itself: it counts what another scenario would
+# disturb (context switches) or stops what the others share (the S3 gateway).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -96,28 +101,34 @@ selected() {
   return 1
 }
 
-passed=0 failed=0 skipped=0
-failed_names=()
+lanes=${UBQ_MOUNT_LANES:-2}
+[[ $lanes =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: UBQ_MOUNT_LANES must be a positive number (got $lanes)" >&2; exit 2; }
 suite_start=$(now)
 
-for script in "$here"/t-*.sh "$here"/t-*.py; do
-  [[ -e $script ]] || continue
+# time_limit SCRIPT: its `# ubq-timeout:` line, or the default.
+time_limit() {
+  local limit
+  limit=$(sed -n 's/^# ubq-timeout: *\([0-9][0-9]*\).*/\1/p' "$1" | head -n1)
+  echo "${limit:-$default_timeout}"
+}
+
+# run_one SCRIPT: runs the scenario under its time limit, prints its result line and
+# leaves the result in $logdir/NAME.result for the summary.
+run_one() {
+  local script=$1 name log state limit spent left start pid deadline timed_out rc secs note result
   name=$(basename "$script")
   name=${name%.*}
-  selected "$name" || continue
   log="$logdir/$name.log"
   state="$logdir/$name.state"
   : >"$state"
 
-  limit=$(sed -n 's/^# ubq-timeout: *\([0-9][0-9]*\).*/\1/p' "$script" | head -n1)
-  limit=${limit:-$default_timeout}
+  limit=$(time_limit "$script")
   spent=$(elapsed "$suite_start")
   left=$(awk -v b="$budget" -v s="$spent" 'BEGIN { printf "%d", b - s }')
   if ((left < 15)); then
     printf 'FAIL %-22s   0.0s  (not run: suite budget of %ss used up)\n' "$name" "$budget"
-    failed=$((failed + 1))
-    failed_names+=("$name")
-    continue
+    echo FAIL >"$logdir/$name.result"
+    return
   fi
   ((limit > left)) && limit=$left
 
@@ -165,21 +176,47 @@ for script in "$here"/t-*.sh "$here"/t-*.py; do
     *) result=FAIL ;;
   esac
   printf '%s %-22s %6ss%s\n' "$result" "$name" "$secs" "${note:+  ($note)}"
+  echo "$result" >"$logdir/$name.result"
   case $result in
-    PASS)
-      passed=$((passed + 1))
-      rm -f "$log" "$state"
-      ;;
-    SKIP)
-      skipped=$((skipped + 1))
-      sed 's/^/    /' "$log"
-      rm -f "$log" "$state"
-      ;;
-    FAIL)
-      failed=$((failed + 1))
-      failed_names+=("$name")
-      ;;
+    PASS) rm -f "$log" "$state" ;;
+    SKIP) sed 's/^/    /' "$log"; rm -f "$log" "$state" ;;
   esac
+}
+
+# The scenarios selected: shared ones longest limit first (the long ones start early, so
+# the lanes end together), then the ones that run alone.
+shared=() alone=()
+while read -r _ script; do
+  name=$(basename "$script")
+  selected "${name%.*}" || continue
+  if grep -q '^# ubq-alone:' "$script"; then alone+=("$script"); else shared+=("$script"); fi
+done < <(for script in "$here"/t-*.sh "$here"/t-*.py; do
+           [[ -e $script ]] && echo "$(time_limit "$script") $script"
+         done | sort -k1,1nr -k2,2 -s)
+
+running=0
+for script in "${shared[@]}"; do
+  while ((running >= lanes)); do
+    wait -n || true
+    running=$((running - 1))
+  done
+  run_one "$script" &
+  running=$((running + 1))
+done
+wait
+for script in "${alone[@]}"; do run_one "$script"; done
+
+passed=0 failed=0 skipped=0
+failed_names=()
+for script in "${shared[@]}" "${alone[@]}"; do
+  name=$(basename "$script")
+  name=${name%.*}
+  case $(cat "$logdir/$name.result" 2>/dev/null || echo FAIL) in
+    PASS) passed=$((passed + 1)) ;;
+    SKIP) skipped=$((skipped + 1)) ;;
+    *) failed=$((failed + 1)); failed_names+=("$name") ;;
+  esac
+  rm -f "$logdir/$name.result"
 done
 
 # Logs of failing scenarios, after the summary lines so the table stays readable.

@@ -8,6 +8,7 @@
 # held open is autosaved after the idle interval, metadata commits, and the daemon stops
 # at once on unmount.
 # ubq-timeout: 120
+# ubq-alone: counts the daemon's context switches, which a scenario beside it would add to
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 

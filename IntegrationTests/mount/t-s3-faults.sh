@@ -8,6 +8,7 @@
 # SIGKILL in the middle of an upload: after a remount the upload is done again, and
 # nothing half-written is visible. Fails (does not skip) without a server.
 # ubq-timeout: 300
+# ubq-alone: stops and starts the S3 gateway that the other S3 scenarios use
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 

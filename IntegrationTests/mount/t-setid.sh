@@ -87,10 +87,20 @@ nobody truncate -s 5 t
 assert_eq 777 "$(stat -c %a t)" "mode after an unprivileged truncate"
 assert_eq 5 "$(stat -c %s t)" "size after the truncate"
 
+step "chown clears set-id bits, chown(f, -1, -1) too (the kernel sends a SETATTR that sets nothing)"
+echo o >o
+chmod 6755 o
+python3 -c 'import os; os.chown("o", -1, -1)'
+assert_eq 755 "$(stat -c %a o)" "mode after chown(o, -1, -1)"
+chmod 6745 o
+chown 0:0 o
+assert_eq 2745 "$(stat -c %a o)" "mode after chown 0:0 (set-group-ID without group execute stays, as on ext4)"
+
 step "the cleared modes are the store's: they survive a remount"
 cd /
 remount
 assert_eq 777 "$(stat -c %a "$MNT/f")" "f's mode after remount"
 assert_eq 777 "$(stat -c %a "$MNT/g")" "g's mode after remount"
 assert_eq 777 "$(stat -c %a "$MNT/t")" "t's mode after remount"
+assert_eq 2745 "$(stat -c %a "$MNT/o")" "o's mode after remount"
 pass

@@ -246,6 +246,11 @@ public final class FileSystem: Sendable {
         /// CAP_FSETID): with a size, as `dropSetID` clears them.
         public var dropsSetID = false
         public init() {}
+
+        /// An owner change, or no change at all (what `chown(f, -1, -1)` sends).
+        var isChown: Bool {
+            uid != nil || gid != nil || (mode == nil && size == nil && atime == nil && mtime == nil)
+        }
     }
 
     public enum TimeChange: Sendable { case now, at(Nanos) }
@@ -266,10 +271,11 @@ public final class FileSystem: Sendable {
             if let mode = changes.mode { inode.mode = mode & 0o7777 }
             if let uid = changes.uid { inode.uid = uid }
             if let gid = changes.gid { inode.gid = gid }
-            // chown by the owner clears set-id bits, as the kernel expects of filesystems.
-            if (changes.uid != nil || changes.gid != nil) && inode.kind != .directory && changes.mode == nil {
-                inode.mode &= ~UInt32(S_ISUID | S_ISGID)
-            } else if changes.dropsSetID && changes.mode == nil {
+            // A chown of a non-directory clears set-id bits, as the kernel leaves to a
+            // filesystem that handles killpriv (ext4 does the same by the same rule for
+            // root). `chown(f, -1, -1)` reaches us as a SETATTR that sets nothing: the kernel
+            // turned its "kill set-id" into a mode change and then dropped that change.
+            if inode.kind != .directory && changes.mode == nil && (changes.isChown || changes.dropsSetID) {
                 inode.mode = Self.withoutSetID(inode.mode)
             }
             switch changes.atime { case .now: inode.atime = now; case .at(let t): inode.atime = t; case nil: break }

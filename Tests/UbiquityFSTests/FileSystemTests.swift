@@ -614,3 +614,26 @@ extension RegressionTests {
         #expect(try h.read("q.nosync", in: a.ino) == "newer\n")
     }
 }
+
+extension RegressionTests {
+    /// `chown(f, -1, -1)` clears a file's set-user-ID bit on Linux; the kernel sends a FUSE
+    /// filesystem that handles killpriv a SETATTR that sets nothing for it, and the mode
+    /// stayed 4755 (t-differential.py, seed 1773870053). Set-group-ID goes when the group
+    /// may execute, as for root on ext4; a directory keeps both.
+    @Test func chownWithoutOwnersClearsSetID() throws {
+        let h = try Harness()
+        let nothing = FileSystem.AttributeChanges()
+        var mode = FileSystem.AttributeChanges()
+        for (before, after) in [(0o4755, 0o755), (0o6755, 0o755), (0o6745, 0o2745), (0o755, 0o755)] as [(UInt32, UInt32)] {
+            let (a, handle) = try h.fs.create(parent: Store.rootInode, name: "f\(before)", mode: 0o644, flags: OpenFlags(O_RDWR), caller: h.me)
+            try h.fs.release(handle)
+            mode.mode = before
+            _ = try h.fs.setattr(a.ino, mode)
+            #expect(try h.fs.setattr(a.ino, nothing).mode & 0o7777 == after, "chown(-1, -1) of a file of mode \(String(before, radix: 8))")
+        }
+        let d = try h.fs.mkdir(parent: Store.rootInode, name: "d", mode: 0o755, caller: h.me)
+        mode.mode = 0o6755
+        _ = try h.fs.setattr(d.ino, mode)
+        #expect(try h.fs.setattr(d.ino, nothing).mode & 0o7777 == 0o6755)
+    }
+}
