@@ -23,7 +23,8 @@
 # passphrase's scrypt (0.5 s, once per mount, before it) is left out of the join's time
 # in both columns: that row times from the mount's return. BENCH_BACKING=dir runs those
 # rows against a backing directory (on this disk) instead of the server, without the
-# rclone and aws columns.
+# rclone and aws columns. BENCH_TLS=1 sends every tool to the loopback server's HTTPS
+# endpoint (over TLS Ubiquity does not hash a body for its signature).
 set -euo pipefail
 export LC_ALL=C
 cd "$(dirname "$0")/.."
@@ -49,6 +50,14 @@ if [[ -z ${UBIQUITY_S3_BUCKET:-} && ${BENCH_BACKING:-s3} != dir ]]; then
   s3dir=$W/s3
   eval "$(S3_PORT=${S3_PORT:-7480} scripts/s3-server.sh start "$s3dir")"
 fi
+rclone_tls=()
+if [[ ${BENCH_TLS:-} == 1 ]]; then
+  [[ -n ${UBQ_S3_TLS_ENDPOINT:-} ]] || { echo "bench-s3: BENCH_TLS=1 needs the loopback server's HTTPS endpoint" >&2; exit 1; }
+  export AWS_ENDPOINT_URL=$UBQ_S3_TLS_ENDPOINT AWS_CA_BUNDLE=$UBQ_S3_TLS_CA
+  # The AWS CLI's default CRC checksums fail against this radosgw over TLS.
+  export AWS_REQUEST_CHECKSUM_CALCULATION=when_required AWS_RESPONSE_CHECKSUM_VALIDATION=when_required
+  rclone_tls=(--ca-cert "$UBQ_S3_TLS_CA")
+fi
 bucket=${UBIQUITY_S3_BUCKET:-}
 export RCLONE_CONFIG_BENCH_TYPE=s3 RCLONE_CONFIG_BENCH_PROVIDER=Other
 export RCLONE_CONFIG_BENCH_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-} RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-}
@@ -56,7 +65,7 @@ export RCLONE_CONFIG_BENCH_ENDPOINT=${AWS_ENDPOINT_URL:-} RCLONE_CONFIG_BENCH_RE
 export RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE=true
 
 # rclone 1.60 fails on any AWS_CA_BUNDLE ("unsupported transport"): it gets none.
-rclone_() { env -u AWS_CA_BUNDLE rclone --config /dev/null "$@"; }
+rclone_() { env -u AWS_CA_BUNDLE rclone --config /dev/null "${rclone_tls[@]}" "$@"; }
 now() { printf '%s' "${EPOCHREALTIME/,/.}"; }
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "-"; else print a[int((NR + 1) / 2)] }'; }
 run_id=$RANDOM

@@ -13,6 +13,8 @@
 #   eval "$(scripts/s3-server.sh start /tmp/s3)"; ubiquity mount ~/Cloud --backing s3://ubiquity-test
 #
 # The bucket `ubiquity-test` is made at start. Data lives in the OSD's memory: stop loses it.
+# The gateway also answers HTTPS on S3_TLS_PORT (default S3_PORT + 10000) with a
+# certificate of its own (DIR/cert.pem): UBQ_S3_TLS_ENDPOINT and UBQ_S3_TLS_CA name them.
 # S3_PORT (default 7480) and S3_MON_PORT (default 6789) let instances run side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +22,7 @@ cmd=${1:-} dir=${2:-}
 [[ $cmd =~ ^(start|stop|env|gateway-stop|gateway-start)$ && -n $dir ]] ||
   { echo "usage: scripts/s3-server.sh start|env|stop|gateway-stop|gateway-start DIR" >&2; exit 64; }
 port=${S3_PORT:-7480} mon_port=${S3_MON_PORT:-6789}
+tls_port=${S3_TLS_PORT:-$((port + 10000))}
 access=ubiquitytest secret=ubiquity-test-secret-key bucket=ubiquity-test
 
 print_env() {
@@ -29,6 +32,8 @@ export AWS_SECRET_ACCESS_KEY=$secret
 export AWS_ENDPOINT_URL=http://127.0.0.1:$(cat "$dir/port")
 export AWS_REGION=us-east-1
 export UBIQUITY_S3_BUCKET=$bucket
+export UBQ_S3_TLS_ENDPOINT=https://127.0.0.1:$(cat "$dir/tls-port")
+export UBQ_S3_TLS_CA=$dir/cert.pem
 EOT
 }
 
@@ -70,11 +75,15 @@ stop)
 esac
 
 . scripts/deps.sh
-install_missing ceph-mon ceph-osd radosgw ceph-common python3 curl >&2
+install_missing ceph-mon ceph-osd radosgw ceph-common python3 curl openssl >&2
 [[ ! -e $dir/mon.pid ]] || { echo "s3-server: $dir is in use (stop it first)" >&2; exit 1; }
 mkdir -p "$dir"/{mon,osd,rgw,run,log}
 dir=$(cd "$dir" && pwd)
 echo "$port" >"$dir/port"
+echo "$tls_port" >"$dir/tls-port"
+# A certificate for 127.0.0.1, its own CA: clients trust it through UBQ_S3_TLS_CA.
+openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=127.0.0.1" -addext "subjectAltName=IP:127.0.0.1" \
+  -keyout "$dir/key.pem" -out "$dir/cert.pem" >/dev/null 2>&1
 fsid=$(cat /proc/sys/kernel/random/uuid)
 conf=$dir/ceph.conf
 cat >"$conf" <<EOT
@@ -112,7 +121,7 @@ memstore device bytes = $(( ${S3_MEMSTORE_GIB:-12} << 30 ))
 osd crush update on start = false
 osd class update on start = false
 [client.rgw.a]
-rgw frontends = beast endpoint=127.0.0.1:$port
+rgw frontends = beast endpoint=127.0.0.1:$port ssl_endpoint=127.0.0.1:$tls_port ssl_certificate=$dir/cert.pem ssl_private_key=$dir/key.pem
 rgw data = $dir/rgw
 rgw dns name = 127.0.0.1
 EOT

@@ -32,6 +32,8 @@ public final class S3Store: BackingStore {
         public var requests = 0
         public var bytesUp: Int64 = 0
         public var bytesDown: Int64 = 0
+        /// Body bytes hashed for the signature (none over TLS: `SigV4.payloadHash`).
+        public var bytesHashed: Int64 = 0
         public var lastError: String?
     }
 
@@ -205,7 +207,9 @@ public final class S3Store: BackingStore {
         if path.isEmpty { path = "/" }
         let now = UTCTime(seconds: Int64(time(nil)) + skew.withLock { $0 })
         var all = headers + [("Host", host)]
-        all += signer.sign(method: method, path: path, query: query, headers: all, payloadHash: SigV4.payloadHash(body), time: now)
+        let payloadHash = SigV4.payloadHash(body, overTLS: endpoint.secure)
+        if payloadHash != SigV4.unsignedPayload { counters.withLock { $0.bytesHashed += Int64(body.count) } }
+        all += signer.sign(method: method, path: path, query: query, headers: all, payloadHash: payloadHash, time: now)
         let queryString = query.map { "\(SigV4.encode($0.0, slash: true))=\(SigV4.encode($0.1, slash: true))" }.joined(separator: "&")
         let url = "\(endpoint.secure ? "https" : "http")://\(host)\(path)\(queryString.isEmpty ? "" : "?" + queryString)"
         let what = "\(method) \(key.map { $0.path } ?? location)"

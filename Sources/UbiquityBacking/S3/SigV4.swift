@@ -2,7 +2,7 @@ import Crypto
 import UbiquitySystem
 
 /// AWS Signature Version 4 for S3 requests, with the payload's SHA-256 signed
-/// (`x-amz-content-sha256`), as AWS documents it ("Signature Calculations for the
+/// (`x-amz-content-sha256`; over TLS a body goes unsigned: `payloadHash(_:overTLS:)`), as AWS documents it ("Signature Calculations for the
 /// Authorization Header"). Pure: the time comes in, so tests pin it (golden vectors from
 /// botocore in SigV4Tests) and clock skew is corrected by the caller.
 struct SigV4 {
@@ -51,6 +51,17 @@ struct SigV4 {
     }
 
     static func payloadHash(_ bytes: [UInt8]) -> String { hex(SHA256.hash(data: bytes)) }
+
+    static let unsignedPayload = "UNSIGNED-PAYLOAD"
+
+    /// What `x-amz-content-sha256` says of a body. Over TLS a body goes unsigned: TLS keeps
+    /// it intact on the way, and signing it would cost a second SHA-256 pass over every
+    /// pack, whose chunks were hashed for their ids already. Over plain HTTP the signature
+    /// is what keeps a body from being swapped on the way, so it is hashed. An empty body
+    /// is always hashed (nothing to save, and every server takes it).
+    static func payloadHash(_ bytes: [UInt8], overTLS: Bool) -> String {
+        overTLS && !bytes.isEmpty ? unsignedPayload : payloadHash(bytes)
+    }
 
     /// URI encoding as SigV4 wants it: every byte but A-Z a-z 0-9 - _ . ~ as %XY (upper
     /// case); `/` kept in paths, encoded in query parameters.
