@@ -320,15 +320,20 @@ public final class ChunkStore: Sendable {
     /// `put` of bytes the caller has just verified against `id` (a fetch): they also go
     /// in the cache of verified chunks, so the read that asked for them does not hash
     /// them a second time (hashing is much of the daemon's CPU in a cold read of a file
-    /// not here). The new record's writeback is left to the kernel: what was fetched is
-    /// a copy of bytes the backing store keeps, no barrier waits for it before a record
-    /// leaves, and starting it at once would write every fetched byte in the reader's way
-    /// (sync_file_range costs CPU, and the writes compete with the reads of the packs
-    /// when those are on the same disk).
+    /// not here). They go to its streaming part: a reader takes what it fetched once, in
+    /// order, and a long read must not fill the main part (the daemon's RSS is bounded
+    /// while a big file not here is read). The new record's writeback is left to the
+    /// kernel: what was fetched is a copy of bytes the backing store keeps, no barrier
+    /// waits for it before a record leaves, and starting it at once would write every
+    /// fetched byte in the reader's way (sync_file_range costs CPU, and the writes compete
+    /// with the reads of the packs when those are on the same disk).
     public func putVerified(_ id: ChunkID, _ bytes: [UInt8]) throws(StoreError) {
         _ = try withBytes(bytes) { (raw) throws(StoreError) in try store(id, raw, writeback: false) }
-        cache.withLock { $0.put(id, bytes) }
+        cache.withLock { $0.put(id, bytes, streaming: true) }
     }
+
+    /// Bytes of chunks the cache holds (tests).
+    var cachedBytes: Int { cache.withLock { $0.bytes } }
 
     /// The chunk's bytes, verified against its name. `once`: a reader that takes each
     /// chunk once, in order (an upload): a chunk read from disk goes to the cache's
@@ -698,6 +703,8 @@ struct ChunkCache {
 
     func contains(_ id: ChunkID) -> Bool { main.contains(id) || streaming.contains(id) }
 
+    var bytes: Int { main.bytes + streaming.bytes }
+
     mutating func get(_ id: ChunkID) -> [UInt8]? { main.get(id) ?? streaming.get(id) }
 
     mutating func put(_ id: ChunkID, _ value: [UInt8], streaming toStreaming: Bool = false) {
@@ -722,14 +729,18 @@ struct ChunkCache {
         private var young: [ChunkID: [UInt8]] = [:]
         private var old: [ChunkID: [UInt8]] = [:]
         private var youngBytes = 0
+        private var oldBytes = 0
 
         init(capacityBytes: Int) { self.capacityBytes = capacityBytes }
+
+        var bytes: Int { youngBytes + oldBytes }
 
         func contains(_ id: ChunkID) -> Bool { young[id] != nil || old[id] != nil }
 
         mutating func get(_ id: ChunkID) -> [UInt8]? {
             if let hit = young[id] { return hit }
             guard let hit = old.removeValue(forKey: id) else { return nil }
+            oldBytes -= hit.count
             put(id, hit)
             return hit
         }
@@ -738,6 +749,7 @@ struct ChunkCache {
             guard young[id] == nil else { return }
             if youngBytes + value.count > capacityBytes / 2 {
                 old = young
+                oldBytes = youngBytes
                 young = [:]
                 youngBytes = 0
             }
@@ -747,10 +759,10 @@ struct ChunkCache {
 
         mutating func remove(_ id: ChunkID) {
             if let v = young.removeValue(forKey: id) { youngBytes -= v.count }
-            old[id] = nil
+            if let v = old.removeValue(forKey: id) { oldBytes -= v.count }
         }
 
-        mutating func removeAll() { young = [:]; old = [:]; youngBytes = 0 }
+        mutating func removeAll() { young = [:]; old = [:]; youngBytes = 0; oldBytes = 0 }
     }
 }
 
