@@ -83,7 +83,8 @@ echo "$port" >"$dir/port"
 echo "$tls_port" >"$dir/tls-port"
 # A certificate for 127.0.0.1, its own CA: clients trust it through UBQ_S3_TLS_CA.
 openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=127.0.0.1" -addext "subjectAltName=IP:127.0.0.1" \
-  -keyout "$dir/key.pem" -out "$dir/cert.pem" >/dev/null 2>&1
+  -keyout "$dir/key.pem" -out "$dir/cert.pem" >"$dir/log/openssl.out" 2>&1 ||
+  { echo "s3-server: openssl could not make the HTTPS certificate: $(cat "$dir/log/openssl.out")" >&2; exit 1; }
 fsid=$(cat /proc/sys/kernel/random/uuid)
 conf=$dir/ceph.conf
 cat >"$conf" <<EOT

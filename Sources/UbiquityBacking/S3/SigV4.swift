@@ -2,9 +2,10 @@ import Crypto
 import UbiquitySystem
 
 /// AWS Signature Version 4 for S3 requests, with the payload's SHA-256 signed
-/// (`x-amz-content-sha256`; over TLS a body goes unsigned: `payloadHash(_:overTLS:)`), as AWS documents it ("Signature Calculations for the
-/// Authorization Header"). Pure: the time comes in, so tests pin it (golden vectors from
-/// botocore in SigV4Tests) and clock skew is corrected by the caller.
+/// (`x-amz-content-sha256`; over TLS a body goes unsigned: `payloadHash(_:overTLS:)`), as
+/// AWS documents it ("Signature Calculations for the Authorization Header"). Pure: the
+/// time comes in, so tests pin it (golden vectors from botocore in SigV4Tests) and clock
+/// skew is corrected by the caller.
 struct SigV4 {
     struct Credentials: Sendable {
         let accessKey: String
