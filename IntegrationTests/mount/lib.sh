@@ -349,6 +349,10 @@ s3_backing() {
 # backing data, mounted as device $DEVICE (set DEVICE=... before it to name it). Sets
 # ROOT MNT STORE BACKING DATA and DAEMON_PID. Extra arguments go to `ubiquity mount`
 # (e.g. --poll 0.2) and are kept in MOUNT_ARGS for remount and _ubq_mount.
+#
+# UBQ_USER=UID (set before mount_fresh): the mount is that user's own, made and served by
+# a daemon running as UID (through fusermount3, without allow_other), as a login mount
+# is; ROOT is theirs. Needs root, which opens /dev/fuse to others for the scenario.
 MOUNT_ARGS=()
 mount_fresh() {
   local name=$1
@@ -357,6 +361,10 @@ mount_fresh() {
   ROOT="${TEST_PREFIX}${name}"
   [[ ! -e $ROOT ]] || fail "$ROOT already exists"
   mkdir -p "$ROOT"/{mnt,store,backing,data}
+  if [[ -n ${UBQ_USER:-} ]]; then
+    chown -R "$UBQ_USER:$UBQ_USER" "$ROOT"
+    _ubq_open_dev_fuse
+  fi
   _ubq_state "root $ROOT"
   MNT="$ROOT/mnt" STORE="$ROOT/store" BACKING="${UBQ_BACKING:-$ROOT/backing}" DATA="$ROOT/data"
   MOUNT_ARGS=("$@")
@@ -376,10 +384,11 @@ _ubq_mount() {
 # daemon by " mount MNT" in its command line.
 _UBQ_PID=
 _ubq_mount_at() {
-  local mnt=$1 store=$2 backing=$3 data=$4 device=$5 out pid
+  local mnt=$1 store=$2 backing=$3 data=$4 device=$5 out pid as=()
   shift 5
   ! is_mounted "$mnt" || is_dead_mount "$mnt" || fail "$mnt is already mounted"
-  if ! out=$(XDG_DATA_HOME="$data" timeout 60 "$UBIQUITY" mount "$mnt" --store "$store" \
+  [[ -z ${UBQ_USER:-} ]] || as=(setpriv --reuid="$UBQ_USER" --regid="$UBQ_USER" --clear-groups env HOME=/nonexistent)
+  if ! out=$(XDG_DATA_HOME="$data" timeout 60 ${as[@]+"${as[@]}"} "$UBIQUITY" mount "$mnt" --store "$store" \
     --backing "$backing" --device "$device" "$@" 2>&1); then
     _ubq_record_from_status "$mnt"
     fail "ubiquity mount $mnt failed: $out"
@@ -392,6 +401,50 @@ _ubq_mount_at() {
   [[ -n $pid ]] || fail "no daemon pid in the output of ubiquity mount: [$out]"
   _UBQ_PID=$pid
   is_mounted "$mnt" || fail "ubiquity mount returned 0 but $mnt is not mounted: [$out]"
+}
+
+# count_requests CMD...: runs CMD while strace records the requests the daemon
+# (DAEMON_PID) reads from /dev/fuse; sets REQUESTS to "opcode:count ..." of them (opcodes
+# of linux/fuse.h: 3 GETATTR, 10 UNLINK, 16 WRITE, 22 GETXATTR).
+REQUESTS=
+count_requests() {
+  local trace=$DATA/strace tracer
+  strace -f -q -e trace=read -e signal=none -x -s 8 -p "$DAEMON_PID" -o "$trace" &
+  tracer=$!
+  sleep 1 # attached to every thread
+  "$@"
+  sleep 0.5
+  kill -INT "$tracer"
+  wait "$tracer" || true
+  # Each completed read ("\x.."..., SIZE) = N) is one request, whose first 8 bytes are its
+  # length and opcode (fuse_in_header, little-endian).
+  REQUESTS=$(python3 - "$trace" <<'PY'
+import collections, re, sys
+seen = collections.Counter()
+for m in re.finditer(r'"((?:\\x[0-9a-f]{2}){8})"(?:\.\.\.)?, \d+\) = \d+', open(sys.argv[1]).read()):
+    head = bytes.fromhex(m.group(1).replace("\\x", ""))
+    seen[int.from_bytes(head[4:8], "little")] += 1
+print(" ".join(f"{op}:{n}" for op, n in sorted(seen.items())))
+PY
+  )
+}
+
+# request_count OPCODE: how many of that opcode count_requests saw (0 if none).
+request_count() {
+  local n
+  n=$(tr ' ' '\n' <<<"$REQUESTS" | sed -n "s/^$1://p")
+  echo "${n:-0}"
+}
+
+# _ubq_open_dev_fuse: lets every user open /dev/fuse (fusermount3 needs it: some machines
+# keep it root's) until the scenario exits.
+_UBQ_DEV_FUSE_MODE=
+_ubq_open_dev_fuse() {
+  [[ -z $_UBQ_DEV_FUSE_MODE ]] || return 0
+  [[ $(id -u) == 0 ]] || fail "UBQ_USER needs root (it mounts as another user)"
+  _UBQ_DEV_FUSE_MODE=$(stat -c %a /dev/fuse)
+  on_exit chmod "$_UBQ_DEV_FUSE_MODE" /dev/fuse
+  chmod a+rw /dev/fuse
 }
 
 # If mount failed half-way, still remember the mount point (default MNT) so cleanup
@@ -475,6 +528,7 @@ mount_device() {
   if [[ -z ${_UBQ_DEV_ARGS[$name]+set} ]]; then
     [[ ! -e $dir ]] || fail "mount_device $name: $dir already exists"
     mkdir -p "$dir"/{mnt,store,data}
+    [[ -z ${UBQ_USER:-} ]] || chown -R "$UBQ_USER:$UBQ_USER" "$dir"
     _UBQ_DEV_NAMES+=("$name")
     printf -v "MNT_$name" '%s' "$dir/mnt"
     printf -v "STORE_$name" '%s' "$dir/store"

@@ -22,39 +22,17 @@ nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
 
 step "200 writes are 200 requests, with no GETXATTR of security.capability between them"
 head -c 1M /dev/zero >rw
-# Requests as the daemon reads them: the first 8 bytes of each are its length and opcode
-# (fuse_in_header); 16 is WRITE, 22 GETXATTR.
-strace -f -q -e trace=read -e signal=none -x -s 8 -p "$DAEMON_PID" -o "$DATA/strace" &
-tracer=$!
-sleep 1 # attached to every thread
-python3 - <<'EOF'
+count_requests python3 - <<'EOF'
 import os
 fd = os.open("rw", os.O_WRONLY)
 for i in range(200):
     os.pwrite(fd, b"w" * 4096, (i * 7919 % 256) * 4096)
 os.close(fd)
 EOF
-sleep 0.5
-kill -INT "$tracer"
-wait "$tracer" || true
-# opcodes: "opcode:count ..." of the requests in strace's completed reads ("\x.."...,
-# SIZE) = N), whose first 8 bytes are the request's length and opcode (little-endian).
-opcodes() {
-  python3 - "$DATA/strace" <<'PY'
-import collections, re, sys
-seen = collections.Counter()
-for m in re.finditer(r'"((?:\\x[0-9a-f]{2}){8})"(?:\.\.\.)?, \d+\) = \d+', open(sys.argv[1]).read()):
-    head = bytes.fromhex(m.group(1).replace("\\x", ""))
-    seen[int.from_bytes(head[4:8], "little")] += 1
-print(" ".join(f"{op}:{n}" for op, n in sorted(seen.items())))
-PY
-}
-seen=$(opcodes)
-count() { tr ' ' '\n' <<<"$seen" | sed -n "s/^$1://p"; }
-writes=$(count 16)
-getxattrs=$(count 22)
-(( ${writes:-0} >= 200 )) || fail "strace saw ${writes:-0} WRITE requests for 200 writes (opcode:count $seen)"
-(( ${getxattrs:-0} <= 1 )) || fail "strace saw ${getxattrs} GETXATTR requests during 200 writes, at most the first write's expected (opcode:count $seen)"
+writes=$(request_count 16)
+getxattrs=$(request_count 22)
+(( writes >= 200 )) || fail "strace saw $writes WRITE requests for 200 writes (opcode:count $REQUESTS)"
+(( getxattrs <= 1 )) || fail "strace saw $getxattrs GETXATTR requests during 200 writes, at most the first write's expected (opcode:count $REQUESTS)"
 rm rw
 
 step "a write by root keeps set-id bits; an unprivileged one clears them"

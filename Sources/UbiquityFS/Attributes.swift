@@ -27,6 +27,8 @@ public struct Attributes: Sendable, Equatable {
         !VirtualViews.isVirtual(ino) || immutable ? live : 0
     }
 
+    public var isDirectory: Bool { mode & UInt32(S_IFMT) == UInt32(S_IFDIR) }
+
     /// st_blocks: 512-byte units of `allocated` (at most maxFileSize, so no overflow).
     public var blocks: Int64 { allocated / 512 + (allocated % 512 == 0 ? 0 : 1) }
 

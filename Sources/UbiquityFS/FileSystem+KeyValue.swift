@@ -74,7 +74,7 @@ extension FileSystem {
 
     // MARK: nodes
 
-    func kvLookup(parent: InodeNumber, name: String) throws(Errno) -> Attributes {
+    func kvLookup(parent: InodeNumber, name: String, counting: Bool = true) throws(Errno) -> Attributes {
         try meta.withLock { (m) throws(Errno) -> Attributes in
             if parent == Store.rootInode { return m.kvAttributes(KeyValueDoor.root, entry: nil) }
             guard parent == KeyValueDoor.root else { throw .notFound }
@@ -82,7 +82,7 @@ extension FileSystem {
                 throw .notFound
             }
             let ino = m.kv.number(name)
-            m.kv.referenced(ino)
+            if counting { m.kv.referenced(ino) }
             return m.kvAttributes(ino, entry: entry)
         }
     }

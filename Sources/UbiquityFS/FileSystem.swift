@@ -170,14 +170,24 @@ public final class FileSystem: Sendable {
     /// versions, conflicts and keys; and while the operation log is given up (a full
     /// disk), when a batch that fails to commit can bring back a removed name.
     public func lookupOrAbsence(parent: InodeNumber, name: String) throws(Errno) -> Attributes? {
+        try lookUp(parent: parent, name: name, counting: true)
+    }
+
+    /// What a lookup would answer, without the reference a lookup gives the kernel: for a
+    /// permission check on a node the request names by its parent (a rename's source).
+    public func attributes(parent: InodeNumber, name: String) throws(Errno) -> Attributes? {
+        try lookUp(parent: parent, name: name, counting: false)
+    }
+
+    private func lookUp(parent: InodeNumber, name: String, counting: Bool) throws(Errno) -> Attributes? {
         if parent == KeyValueDoor.root || (parent == Store.rootInode && name == KeyValueDoor.name) {
-            return try kvLookup(parent: parent, name: name)
+            return try kvLookup(parent: parent, name: name, counting: counting)
         }
         let virtual = VirtualViews.isVirtual(parent) || (parent == Store.rootInode && VirtualViews.rootNames.contains(name))
         // The working set answers without the filesystem's or the store's lock; the
         // reference is counted under its lock (`TreeCache.lookUp`).
         if !virtual, let found = store.tree.lookUp(parent, name, holding: { [references, openFiles] id in
-            references.add(id)
+            if counting { references.add(id) }
             return openFiles[id]
         }) {
             switch found {
@@ -191,7 +201,7 @@ public final class FileSystem: Sendable {
             if virtual {
                 m.pruneViews()
                 let attributes = try m.views.lookup(parent: parent, name: name, store: m.store)
-                m.views.referenced(attributes.ino)
+                if counting { m.views.referenced(attributes.ino) }
                 return attributes
             }
             // A failing database is EIO, not "no such name" (which the kernel would keep).
@@ -201,7 +211,7 @@ public final class FileSystem: Sendable {
                 if !m.store.writesAhead { throw .notFound }
                 return nil
             }
-            references.add(inode.id)
+            if counting { references.add(inode.id) }
             return m.attributes(inode)
         }
     }

@@ -1,6 +1,7 @@
 import CFuse
 import Glibc
 import Synchronization
+import UbiquitySystem
 
 /// libfuse's reads from and writes to /dev/fuse, through its custom-I/O hook, for one
 /// capability the libfuse of Debian 12 (3.14) cannot negotiate: FUSE_HANDLE_KILLPRIV_V2
@@ -82,6 +83,29 @@ enum KernelChannel {
         }
         if drops != requestDropsSetID { pthread_setspecific(dropsSetIDKey, drops ? UnsafeRawPointer(bitPattern: 1) : nil) }
     }
+
+    /// Expires every name the kernel keeps for the mount, found or known absent: each is
+    /// looked up again at its next use (FUSE_NOTIFY_INC_EPOCH: protocol 7.44, Linux 6.16;
+    /// libfuse 3.14 has no call for it). It takes no lock in the kernel, so a request may
+    /// send it before its reply.
+    static func expireNames(_ mount: MountContext) {
+        let fd = mount.channel.load(ordering: .acquiring)
+        guard fd >= 0 else { return }
+        // fuse_out_header alone: its length, the notice's code where a reply has its
+        // error, and unique 0 (a notice, not a reply).
+        var notice = [UInt8](repeating: 0, count: outHeaderSize)
+        notice.withUnsafeMutableBytes {
+            $0.storeBytes(of: UInt32(outHeaderSize).littleEndian, toByteOffset: 0, as: UInt32.self)
+            $0.storeBytes(of: notifyIncEpoch.littleEndian, toByteOffset: errorOffset, as: Int32.self)
+        }
+        let written = notice.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+        if written != outHeaderSize, !refusedEpoch.exchange(true, ordering: .relaxed) {
+            log("ubiquity: the kernel refused to expire its cached names (FUSE_NOTIFY_INC_EPOCH: \(errnoText(errno))): after a directory loses search permission, names under it the kernel cached still resolve for up to \(Int(cacheTimeout)) s")
+        }
+    }
+
+    private static let notifyIncEpoch: Int32 = 8
+    private static let refusedEpoch = Atomic<Bool>(false)
 
     /// Adds FUSE_HANDLE_KILLPRIV_V2 to a successful reply to the INIT that offered it.
     private static func amendInitReply(_ iov: UnsafeMutablePointer<iovec>, _ mount: MountContext) {

@@ -10,6 +10,8 @@ private let setAtime: Int32 = 1 << 4, setMtime: Int32 = 1 << 5, setAtimeNow: Int
 /// FATTR_KILL_SUIDGID (libfuse's FUSE_SET_ATTR_KILL_SUID): with FUSE_HANDLE_KILLPRIV_V2
 /// (`KernelChannel`), a chown, or a truncation by a caller without CAP_FSETID.
 private let setDropSetID: Int32 = 1 << 11
+/// renameat2's RENAME_EXCHANGE (linux/fs.h, not imported).
+private let renameExchange: UInt32 = 1 << 1
 
 /// The low-level operations table: one call into `FileSystem` per operation.
 func makeOperations() -> fuse_lowlevel_ops {
@@ -33,6 +35,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.lookup = { req, parent, cname in
         reply(req) { () throws(Errno) in
+            try require(req, parent, .execute, directory: true)
             if let found = try context(req).fs.lookupOrAbsence(parent: inode(parent), name: try name(cname)) {
                 replyEntry(req, found)
             } else {
@@ -58,7 +61,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         reply(req) { () throws(Errno) in replyAttr(req, try context(req).fs.getattr(inode(ino))) }
     }
 
-    ops.setattr = { req, ino, attr, toSet, _ in
+    ops.setattr = { req, ino, attr, toSet, fi in
         reply(req) { () throws(Errno) in
             let st = attr!.pointee
             var changes = FileSystem.AttributeChanges()
@@ -69,7 +72,19 @@ func makeOperations() -> fuse_lowlevel_ops {
             changes.dropsSetID = toSet & setDropSetID != 0
             if toSet & setAtimeNow != 0 { changes.atime = .now } else if toSet & setAtime != 0 { changes.atime = .at(st.st_atim.nanos) }
             if toSet & setMtimeNow != 0 { changes.mtime = .now } else if toSet & setMtime != 0 { changes.mtime = .at(st.st_mtim.nanos) }
-            replyAttr(req, try context(req).fs.setattr(inode(ino), changes))
+            let mount = context(req)
+            guard mount.checksPermissions else { return replyAttr(req, try mount.fs.setattr(inode(ino), changes)) }
+            let before = try mount.fs.getattr(inode(ino))
+            changes = try Permissions.checked(changes, of: before, throughHandle: fi != nil, by: requester(req))
+            let after = try mount.fs.setattr(inode(ino), changes)
+            // The kernel walks the names it keeps under a directory without asking: they
+            // must expire when someone may no longer search it. Before the reply, so no
+            // walk sees the new mode with the old names.
+            if before.isDirectory,
+               TreeChanges.narrowsSearch(from: before.mode, to: after.mode) || before.uid != after.uid || before.gid != after.gid {
+                KernelChannel.expireNames(mount)
+            }
+            replyAttr(req, after)
         }
     }
 
@@ -82,18 +97,21 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.mknod = { req, parent, cname, mode, rdev in
         reply(req) { () throws(Errno) in
+            try require(req, parent, [.write, .execute], directory: true)
             replyEntry(req, try context(req).fs.mknod(parent: inode(parent), name: try name(cname), mode: UInt32(mode), rdev: UInt64(rdev), caller: caller(req)))
         }
     }
 
     ops.mkdir = { req, parent, cname, mode in
         reply(req) { () throws(Errno) in
+            try require(req, parent, [.write, .execute], directory: true)
             replyEntry(req, try context(req).fs.mkdir(parent: inode(parent), name: try name(cname), mode: UInt32(mode), caller: caller(req)))
         }
     }
 
     ops.unlink = { req, parent, cname in
         reply(req) { () throws(Errno) in
+            try require(req, parent, [.write, .execute], directory: true)
             try context(req).fs.unlink(parent: inode(parent), name: try name(cname))
             fuse_reply_err(req, 0)
         }
@@ -101,6 +119,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.rmdir = { req, parent, cname in
         reply(req) { () throws(Errno) in
+            try require(req, parent, [.write, .execute], directory: true)
             try context(req).fs.rmdir(parent: inode(parent), name: try name(cname))
             fuse_reply_err(req, 0)
         }
@@ -108,12 +127,14 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.symlink = { req, target, parent, cname in
         reply(req) { () throws(Errno) in
+            try require(req, parent, [.write, .execute], directory: true)
             replyEntry(req, try context(req).fs.symlink(target: try UbiquityFUSE.target(target), parent: inode(parent), name: try name(cname), caller: caller(req)))
         }
     }
 
     ops.rename = { req, parent, cname, newParent, newName, flags in
         reply(req) { () throws(Errno) in
+            try requireRename(req, parent, try name(cname), newParent, try name(newName), flags: UInt32(flags))
             try context(req).fs.rename(parent: inode(parent), name: try name(cname), newParent: inode(newParent), newName: try name(newName), flags: UInt32(flags))
             fuse_reply_err(req, 0)
         }
@@ -121,12 +142,14 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.link = { req, ino, newParent, newName in
         reply(req) { () throws(Errno) in
+            try require(req, newParent, [.write, .execute], directory: true)
             replyEntry(req, try context(req).fs.link(inode(ino), parent: inode(newParent), name: try name(newName)))
         }
     }
 
     ops.open = { req, ino, fi in
         reply(req) { () throws(Errno) in
+            try require(req, ino, Permissions.needed(forOpen: fi!.pointee.flags))
             var flags = OpenFlags(fi!.pointee.flags)
             flags.dropsSetID = KernelChannel.requestDropsSetID
             let handle = try context(req).fs.open(inode(ino), flags: flags)
@@ -139,6 +162,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.create = { req, parent, cname, mode, fi in
         reply(req) { () throws(Errno) in
+            try require(req, parent, [.write, .execute], directory: true)
             let (attributes, handle) = try context(req).fs.create(parent: inode(parent), name: try name(cname), mode: UInt32(mode),
                                                                   flags: OpenFlags(fi!.pointee.flags), caller: caller(req))
             fi!.pointee.fh = handle.rawValue
@@ -186,6 +210,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.opendir = { req, ino, fi in
         reply(req) { () throws(Errno) in
+            try require(req, ino, .read, directory: true)
             fi!.pointee.fh = try context(req).fs.opendir(inode(ino)).rawValue
             fuse_reply_open(req, fi)
         }
@@ -230,6 +255,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.setxattr = { req, ino, cname, value, size, flags in
         reply(req) { () throws(Errno) in
+            try requireForXattr(req, ino, cname, .write)
             let bytes = Array(UnsafeRawBufferPointer(start: value, count: size))
             try context(req).fs.setxattr(inode(ino), name: try xattrName(cname), value: bytes, flags: flags)
             fuse_reply_err(req, 0)
@@ -238,6 +264,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.getxattr = { req, ino, cname, size in
         reply(req) { () throws(Errno) in
+            try requireForXattr(req, ino, cname, .read)
             let value = try context(req).fs.getxattr(inode(ino), name: try xattrName(cname))
             try replyXattr(req, value, size)
         }
@@ -252,7 +279,16 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.removexattr = { req, ino, cname in
         reply(req) { () throws(Errno) in
+            try requireForXattr(req, ino, cname, .write)
             try context(req).fs.removexattr(inode(ino), name: try xattrName(cname))
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    // Sent only where the kernel does not check (access(2), faccessat, chdir).
+    ops.access = { req, ino, mask in
+        reply(req) { () throws(Errno) in
+            try require(req, ino, Access(rawValue: UInt32(truncatingIfNeeded: mask) & 7))
             fuse_reply_err(req, 0)
         }
     }
@@ -276,6 +312,32 @@ func makeOperations() -> fuse_lowlevel_ops {
     return ops
 }
 
+/// A rename needs write and search on both directories, and, where a directory moves to
+/// another parent, write on it (its ".." changes); so does an exchanged directory.
+private func requireRename(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: String, _ newParent: fuse_ino_t, _ newName: String,
+                           flags: UInt32) throws(Errno) {
+    try require(req, parent, [.write, .execute], directory: true)
+    if newParent != parent { try require(req, newParent, [.write, .execute], directory: true) }
+    let mount = context(req)
+    guard mount.checksPermissions, newParent != parent else { return }
+    let who = requester(req)
+    guard who.uid != 0 else { return }
+    var moved = [(parent, name)]
+    if flags & renameExchange != 0 { moved.append((newParent, newName)) }
+    for (dir, entry) in moved {
+        if let a = try mount.fs.attributes(parent: inode(dir), name: entry), a.isDirectory {
+            try Permissions.check(a, .write, by: who)
+        }
+    }
+}
+
+/// `user.*` attributes are read and written as the file is (the kernel checks the other
+/// namespaces itself, and which nodes may have `user.*` ones).
+private func requireForXattr(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ cname: UnsafePointer<CChar>?, _ want: Access) throws(Errno) {
+    guard let cname, strncmp(cname, "user.", 5) == 0 else { return }
+    try require(req, ino, want)
+}
+
 /// getxattr/listxattr protocol: size 0 asks for the length; too small a buffer is ERANGE.
 private func replyXattr(_ req: fuse_req_t?, _ value: [UInt8], _ size: Int) throws(Errno) {
     if size == 0 {
@@ -294,6 +356,9 @@ private func readDirectory(_ req: fuse_req_t?, _ ino: InodeNumber, _ size: Int, 
     // The snapshot is shared, not copied: a call costs the entries it returns, so listing
     // a directory of N entries is O(N), not O(N²).
     let entries = try fs.readdir(handle, fromStart: offset == 0)
+    // Names with attributes become names the kernel walks without asking: only for a
+    // caller who may search the directory (entries with node 0 are names alone).
+    let attributesShown = !plus || (try? require(req, ino.rawValue, .execute, directory: true)) != nil
     var own: Attributes?
     var referenced: [InodeNumber] = []
     var buffer = [CChar](repeating: 0, count: size)
@@ -311,6 +376,7 @@ private func readDirectory(_ req: fuse_req_t?, _ ino: InodeNumber, _ size: Int, 
             let dest = buf.baseAddress! + used
             if plus {
                 var e = entryParam(attributes)
+                if !attributesShown { e.ino = 0 }
                 return withCName(entryName) { c, _ in fuse_add_direntry_plus(req, dest, size - used, c, &e, off_t(index + 1)) }
             } else {
                 var st = statBuffer(attributes)
@@ -319,7 +385,7 @@ private func readDirectory(_ req: fuse_req_t?, _ ino: InodeNumber, _ size: Int, 
         }
         if needed > size - used { break }
         // The kernel takes a reference for each readdirplus entry except "." and "..".
-        if plus && index >= 2 { referenced.append(attributes.ino) }
+        if plus && attributesShown && index >= 2 { referenced.append(attributes.ino) }
         used += needed
         index += 1
     }

@@ -10,7 +10,14 @@ final class MountContext: Sendable {
     let fs: FileSystem
     /// The INIT request whose reply `KernelChannel` amends (0: none pending).
     let initUnique = Atomic<UInt64>(0)
-    init(fs: FileSystem) { self.fs = fs }
+    /// Whether the daemon checks permissions itself (`Permissions.daemonChecks`).
+    let checksPermissions: Bool
+    /// /dev/fuse, for the notices libfuse has no call for (`KernelChannel.expireNames`).
+    let channel = Atomic<Int32>(-1)
+    init(fs: FileSystem, checksPermissions: Bool) {
+        self.fs = fs
+        self.checksPermissions = checksPermissions
+    }
 }
 
 /// Every request asks for it first: the request is noted as activity, which the group
@@ -24,6 +31,35 @@ func context(_ req: fuse_req_t?) -> MountContext {
 func caller(_ req: fuse_req_t?) -> Caller {
     let ctx = fuse_req_ctx(req)!.pointee
     return Caller(uid: ctx.uid, gid: ctx.gid) // the kernel has applied the umask already
+}
+
+/// The caller, for `Permissions`: its supplementary groups are read from /proc by libfuse
+/// only if a rule asks (the request carries uid, gid and pid only).
+func requester(_ req: fuse_req_t?) -> Requester {
+    let ctx = fuse_req_ctx(req)!.pointee
+    return Requester(uid: ctx.uid, gid: ctx.gid) {
+        var list = [gid_t](repeating: 0, count: 64)
+        var count = Int(fuse_req_getgroups(req, Int32(list.count), &list))
+        if count > list.count, count <= maxGroups {
+            list = [gid_t](repeating: 0, count: count)
+            count = Int(fuse_req_getgroups(req, Int32(list.count), &list))
+        }
+        return count > 0 ? Array(list.prefix(min(count, list.count))) : []
+    }
+}
+
+/// NGROUPS_MAX: more than this is no answer libfuse could give.
+private let maxGroups = 65536
+
+/// The daemon's own check that the caller may have `want` of `ino`, on mounts where the
+/// kernel does not check (none otherwise). `directory`: `ino` is known to be a directory
+/// (a request's parent), so root needs no attributes to be let through.
+func require(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ want: Access, directory: Bool = false) throws(Errno) {
+    let mount = context(req)
+    guard mount.checksPermissions else { return }
+    let who = requester(req)
+    if who.uid == 0, directory || !want.contains(.execute) { return }
+    try Permissions.check(try mount.fs.getattr(inode(ino)), want, by: who)
 }
 
 /// An inode number from the kernel, as the filesystem types it (the kernel's numbers

@@ -34,7 +34,8 @@ public final class FUSESession: @unchecked Sendable {
         self.fs = fs
         self.mountpoint = mountpoint
         self.options = options
-        context = Unmanaged.passRetained(MountContext(fs: fs))
+        let checks = Permissions.daemonChecks(mountOptions: options.mountOptions, kernelRelease: Self.kernelRelease())
+        context = Unmanaged.passRetained(MountContext(fs: fs, checksPermissions: checks))
         ops = makeOperations()
     }
 
@@ -49,8 +50,10 @@ public final class FUSESession: @unchecked Sendable {
         if isMountpoint(mountpoint) {
             throw .failed("\(mountpoint) is already a mount point; unmount it first (`ubiquity unmount \(mountpoint)` or `fusermount3 -u \(mountpoint)`)")
         }
-        // default_permissions: the kernel checks modes and ownership against our attributes.
-        var all = ["default_permissions", "fsname=\(options.fsname)", "subtype=ubiquity"]
+        var all = ["fsname=\(options.fsname)", "subtype=ubiquity"]
+        if !context.takeUnretainedValue().checksPermissions, !options.mountOptions.contains("default_permissions") {
+            all.append("default_permissions")
+        }
         all += options.mountOptions
         let argv = ["ubiquity", "-o", all.joined(separator: ",")]
         var cargs = argv.map { strdup($0) }
@@ -74,12 +77,20 @@ public final class FUSESession: @unchecked Sendable {
             if options.handleSignals { fuse_remove_signal_handlers(created) }
             throw .failed("cannot mount on \(mountpoint): does it exist, is it an empty directory you own, and is /dev/fuse usable (package fuse3)?")
         }
+        context.takeUnretainedValue().channel.store(fuse_session_fd(created), ordering: .releasing)
         guard KernelChannel.install(on: created) else {
             fuse_session_unmount(created)
             if options.handleSignals { fuse_remove_signal_handlers(created) }
             throw .failed("libfuse refused custom I/O on /dev/fuse (libfuse 3.14 or later is needed)")
         }
         raiseReadahead()
+    }
+
+    /// uname's release, such as "6.18.4-amd64".
+    static func kernelRelease() -> String {
+        var names = utsname()
+        uname(&names)
+        return withUnsafeBytes(of: &names.release) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
     }
 
     /// The kernel reads ahead 128 KiB at a time on a FUSE mount, and offers no more in
@@ -153,6 +164,10 @@ public final class FUSESession: @unchecked Sendable {
     public func invalidate(_ changes: TreeChanges) {
         notifications.async { [self] in
             guard let session, serving.withLock({ $0 }) else { return }
+            // Another device took a directory's search bit away (`Permissions`).
+            if changes.searchNarrowed, context.takeUnretainedValue().checksPermissions {
+                KernelChannel.expireNames(context.takeUnretainedValue())
+            }
             for ino in changes.inodes { _ = fuse_lowlevel_notify_inval_inode(session, ino.rawValue, 0, 0) }
             // Content that arrived or went changes st_blocks only: the attributes (offset -1).
             for ino in changes.downloads.union(changes.attributes) where !changes.inodes.contains(ino) {

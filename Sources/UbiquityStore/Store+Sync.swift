@@ -19,11 +19,17 @@ public struct TreeChanges: Sendable {
     /// Inodes whose attributes alone changed where the kernel keeps its own copy: set-id
     /// bits a write cleared (`FileSystem.dropSetID`), which the kernel does not refetch.
     public var attributes: Set<InodeNumber> = []
+    /// A directory lost an execute bit: where the daemon checks permissions, the names the
+    /// kernel keeps under it must expire, or it would still walk them (`FUSESession`).
+    public var searchNarrowed = false
     public var isEmpty: Bool {
         inodes.isEmpty && entries.isEmpty && unlinked.isEmpty && keyValues.isEmpty && conflicts.isEmpty && downloads.isEmpty
             && attributes.isEmpty
     }
     public init() {}
+
+    /// Whether a mode change takes an execute (search) bit away.
+    public static func narrowsSearch(from old: UInt32, to new: UInt32) -> Bool { old & ~new & 0o111 != 0 }
 }
 
 /// What a pull slice (`Store.takeIn`: its records taken in, then reconciled, in one
@@ -624,6 +630,7 @@ extension Store {
                 guard var inode = try node(id)?.inode, matches(inode, shown) else { deferred.insert(NameKey(path)); continue }
                 switch shown {
                 case .directory(let mode) where inode.mode & 0o7777 != mode:
+                    if TreeChanges.narrowsSearch(from: inode.mode, to: mode) { changes.searchNarrowed = true }
                     inode.mode = mode
                     try update(inode)
                     changes.inodes.insert(id)
