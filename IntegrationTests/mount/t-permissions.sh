@@ -8,6 +8,7 @@
 # - as an unprivileged user on their own mount, a script of permission cases answers as
 #   on ext4, the names the kernel cached under a directory that loses search permission
 #   (present and absent) included;
+# - a sticky directory's rule, which the kernel leaves to the daemon then;
 # - the random differential test as that user (t-differential.py --user).
 # ubq-timeout: 240
 set -euo pipefail
@@ -160,6 +161,22 @@ if out=$(as_user cat "$MNT/shared/f" 2>&1); then
 fi
 assert_contains "$out" "Permission denied" "reading shared/f"
 unmount_device peer
+unmount_it
+
+step "a sticky directory keeps others' entries from the mount's owner (the kernel leaves that rule to the daemon)"
+UBQ_USER=
+mount_fresh sticky
+mkdir "$MNT/t"
+chmod 1777 "$MNT/t"
+echo x >"$MNT/t/roots"
+unmount_it
+chown -R 65534:65534 "$ROOT" # the store is uid 65534's now; its nodes still say root
+UBQ_USER=65534
+_ubq_mount
+if out=$(as_user rm -f "$MNT/t/roots" 2>&1); then fail "uid 65534 removed root's file from root's sticky directory"; fi
+assert_contains "$out" "Operation not permitted" "removing root's file from a sticky directory"
+if out=$(as_user mv "$MNT/t/roots" "$MNT/t/moved" 2>&1); then fail "uid 65534 renamed root's file in root's sticky directory"; fi
+as_user sh -c "echo y >'$MNT/t/mine' && mv '$MNT/t/mine' '$MNT/t/mine2' && rm '$MNT/t/mine2'"
 unmount_it
 
 step "random operations as uid 65534 against ext4 (t-differential.py --user)"

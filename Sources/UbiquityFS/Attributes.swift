@@ -28,6 +28,7 @@ public struct Attributes: Sendable, Equatable {
     }
 
     public var isDirectory: Bool { mode & UInt32(S_IFMT) == UInt32(S_IFDIR) }
+    public var isSticky: Bool { mode & UInt32(S_ISVTX) != 0 }
 
     /// st_blocks: 512-byte units of `allocated` (at most maxFileSize, so no overflow).
     public var blocks: Int64 { allocated / 512 + (allocated % 512 == 0 ? 0 : 1) }

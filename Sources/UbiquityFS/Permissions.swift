@@ -32,8 +32,8 @@ public struct Requester {
 /// The kernel's permission rules, for a mount on which the daemon checks permissions
 /// itself instead of the kernel (`default_permissions` off; `FUSESession` says when).
 /// Linux's `generic_permission`, and `setattr_prepare`'s rules for owners, groups, modes
-/// and times; everything else the kernel still checks itself (sticky directories,
-/// `trusted.*` attributes, file descriptors' modes, exec of a file with no x bit at all).
+/// and times, and the sticky directory's; everything else the kernel still checks itself
+/// (`trusted.*` attributes, file descriptors' modes, exec of a file with no x bit at all).
 public enum Permissions {
     /// Who checks permissions: the kernel (`default_permissions`) or this daemon
     /// (`Permissions`, called from the FUSE layer's operations).
@@ -80,6 +80,14 @@ public enum Permissions {
     /// EACCES unless `allows`.
     public static func check(_ a: Attributes, _ want: Access, by who: Requester) throws(Errno) {
         if !allows(a, want, by: who) { throw Errno(EACCES) }
+    }
+
+    /// Whether `who` may remove or rename away an entry of `dir` whose node is `child`:
+    /// in a sticky directory, only the entry's owner or the directory's may (Linux's
+    /// `check_sticky`; EPERM otherwise). Without `default_permissions` the kernel strips
+    /// the sticky bit from its own copy of a mode and leaves this rule to the daemon.
+    public static func mayRemove(_ child: Attributes, from dir: Attributes, by who: Requester) -> Bool {
+        who.isRoot || !dir.isSticky || child.uid == who.uid || dir.uid == who.uid
     }
 
     /// What open(2) with `flags` needs: the access mode's bits, write for O_TRUNC, and for

@@ -112,6 +112,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.unlink = { req, parent, cname in
         reply(req) { () throws(Errno) in
             try require(req, parent, [.write, .execute], directory: true)
+            try requireRemovable(req, parent, try name(cname))
             try context(req).fs.unlink(parent: inode(parent), name: try name(cname))
             fuse_reply_err(req, 0)
         }
@@ -120,6 +121,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.rmdir = { req, parent, cname in
         reply(req) { () throws(Errno) in
             try require(req, parent, [.write, .execute], directory: true)
+            try requireRemovable(req, parent, try name(cname))
             try context(req).fs.rmdir(parent: inode(parent), name: try name(cname))
             fuse_reply_err(req, 0)
         }
@@ -318,6 +320,8 @@ private func requireRename(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: Str
                            flags: UInt32) throws(Errno) {
     try require(req, parent, [.write, .execute], directory: true)
     if newParent != parent { try require(req, newParent, [.write, .execute], directory: true) }
+    try requireRemovable(req, parent, name)
+    try requireRemovable(req, newParent, newName) // the entry it replaces, if any
     let mount = context(req)
     guard mount.checksPermissions, newParent != parent else { return }
     let who = requester(req)
@@ -329,6 +333,18 @@ private func requireRename(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: Str
             try Permissions.check(a, .write, by: who)
         }
     }
+}
+
+/// An entry of a sticky directory goes (unlink, rmdir, rename from or over it) only by
+/// its owner or the directory's (`Permissions.mayRemove`).
+private func requireRemovable(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: String) throws(Errno) {
+    let mount = context(req)
+    guard mount.checksPermissions else { return }
+    let who = requester(req)
+    guard who.uid != 0 else { return }
+    let dir = try mount.fs.getattr(inode(parent))
+    guard dir.isSticky, let child = try mount.fs.attributes(parent: inode(parent), name: name) else { return }
+    if !Permissions.mayRemove(child, from: dir, by: who) { throw .notPermitted }
 }
 
 /// `user.*` attributes are read and written as the file is (the kernel checks the other

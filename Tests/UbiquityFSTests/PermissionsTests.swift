@@ -96,6 +96,16 @@ import Testing
         #expect(outcome(FileSystem.AttributeChanges(), by: other) == 0)
     }
 
+    @Test func aStickyDirectoryKeepsEntriesToTheirOwnersAndItsOwn() {
+        let sticky = node(0o1777, uid: 1000, directory: true), open = node(0o777, uid: 1000, directory: true)
+        let theirs = node(0o644, uid: 1001)
+        #expect(!Permissions.mayRemove(theirs, from: sticky, by: user(1002)))
+        #expect(Permissions.mayRemove(theirs, from: sticky, by: user(1001)))  // the entry's owner
+        #expect(Permissions.mayRemove(theirs, from: sticky, by: user(1000)))  // the directory's
+        #expect(Permissions.mayRemove(theirs, from: sticky, by: user(0, 0)))
+        #expect(Permissions.mayRemove(theirs, from: open, by: user(1002)))
+    }
+
     @Test func theDaemonChecksOnlyOnAMountOfItsOwnerOnAKernelThatCanExpireNames() {
         #expect(Permissions.daemonChecks(mountOptions: [], kernelRelease: "6.18.44-fc-v782"))
         #expect(Permissions.daemonChecks(mountOptions: ["allow_root"], kernelRelease: "6.16.0"))
