@@ -13,6 +13,8 @@
 # Release build. Needs root (drops the page cache for cold reads and cold metadata).
 #   scripts/bench.sh [--quick]      --quick: 1 run and smaller sizes, a smoke run of a few minutes
 #   BENCH_RUNS=5 scripts/bench.sh   more runs per cell
+#   BENCH_ROWS=names scripts/bench.sh   only the rows of names and small files (small files,
+#                                       tar -x, du, find, rsync, git clone, editor saves)
 set -euo pipefail
 set -E # so that the ERR trap below also names a failure inside a function
 export LC_ALL=C # decimal points, and sort's order, whatever the caller's locale
@@ -48,6 +50,12 @@ else
   RAND_SECS=15
 fi
 [ -n "${BENCH_RUNS:-}" ] && cmdline="BENCH_RUNS=$BENCH_RUNS $cmdline"
+ROWS=${BENCH_ROWS:-all}
+case $ROWS in
+  all) ;;
+  names) cmdline="BENCH_ROWS=names $cmdline" ;;
+  *) echo "BENCH_ROWS must be all or names" >&2; exit 2 ;;
+esac
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_RUNS must be a positive number" >&2; exit 2; }
 
 . scripts/deps.sh
@@ -210,7 +218,14 @@ settle() {
 bench_target() {
   local d=${dir[$t]} s out phase n start
   settle
+  if [ "$ROWS" = all ]; then bench_data; fi
+  bench_names
+  if [[ $t == ubq* ]]; then ubq_settle "${dir[$t]}"; fi
+}
 
+# Sequential and random reads and writes of big files.
+bench_data() {
+  local d=${dir[$t]} s phase
   # Sequential write of SEQ_MB + fsync; then, after the write's upload (the write's own
   # sync work, not the read's) and dropping the page cache, a cold sequential read of the
   # same file.
@@ -253,6 +268,11 @@ bench_target() {
     if [ $phase = randwrite ]; then record randw "$(fio_iops 49 "$W/fio.out")"; else record randr "$(fio_iops 8 "$W/fio.out")"; fi
   done
   rm -f "$d"/rw.*
+}
+
+# Names and small files.
+bench_names() {
+  local d=${dir[$t]} s out phase n start
 
   # Small files: create+write, stat, read, delete of FILES files of 1 KiB in one directory.
   settle
@@ -291,8 +311,6 @@ bench_target() {
   read -r _ s <<< "$out"
   record save "$(div "$SAVES" "$s")"
   rm -rf "$d/ed"
-
-  if [[ $t == ubq* ]]; then ubq_settle "${dir[$t]}"; fi
 }
 
 echo "raw values: $RAW" >&2
