@@ -782,8 +782,9 @@ class Executor:
             if x.ok == y.ok and (x.ok or x.value == y.value):
                 return True
             # With --user, by design: the kernel opens a fifo itself, without a request,
-            # so where the daemon checks permissions a fifo's mode does not stop its owner.
-            if os.geteuid() != 0 and special and x.ok and (y.ok, y.value) == (False, "EACCES"):
+            # so where the daemon checks permissions a fifo's mode does not stop its owner
+            # (the open succeeds, or meets the fifo's own ENXIO: a writer without readers).
+            if os.geteuid() != 0 and special and (y.ok, y.value) == (False, "EACCES") and (x.ok or x.value == "ENXIO"):
                 self.eacces_later["fifo opened"] += 1
                 return True
             return False
