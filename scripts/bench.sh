@@ -216,7 +216,6 @@ settle() {
 }
 
 bench_target() {
-  local d=${dir[$t]} s out phase n start
   settle
   if [ "$ROWS" = all ]; then bench_data; fi
   bench_names

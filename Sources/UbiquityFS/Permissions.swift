@@ -10,23 +10,30 @@ public struct Access: OptionSet, Sendable {
 }
 
 /// Who asks, for the permission rules below. The supplementary groups are read only when
-/// a rule needs them (a file neither theirs nor of their own group): the FUSE request
-/// carries uid, gid and pid, and the groups cost a read of /proc.
+/// a rule needs them (a file neither theirs nor of their own group), and once: the FUSE
+/// request carries uid, gid and pid, and the groups cost a read of /proc.
 public struct Requester {
     public let uid: UInt32
     public let gid: UInt32
-    private let groups: () -> [UInt32]
+    private let groups: Groups
 
     public init(uid: UInt32, gid: UInt32, groups: @escaping () -> [UInt32]) {
         self.uid = uid
         self.gid = gid
-        self.groups = groups
+        self.groups = Groups(read: groups)
     }
 
     /// Root is taken to hold CAP_DAC_OVERRIDE, CAP_FOWNER and CAP_CHOWN, as it does unless
     /// it dropped them.
     var isRoot: Bool { uid == 0 }
-    func inGroup(_ group: UInt32) -> Bool { group == gid || groups().contains(group) }
+    func inGroup(_ group: UInt32) -> Bool { group == gid || groups.list.contains(group) }
+
+    /// One request's groups, read at the first rule that asks.
+    private final class Groups {
+        let read: () -> [UInt32]
+        lazy var list: [UInt32] = read()
+        init(read: @escaping () -> [UInt32]) { self.read = read }
+    }
 }
 
 /// The kernel's permission rules, for a mount on which the daemon checks permissions

@@ -43,6 +43,12 @@ import Testing
         #expect(asked.count == 0)
         _ = Permissions.allows(node(0o060, gid: 7), .read, by: user(1001, 100, asked: asked))
         #expect(asked.count == 1)
+        // One request asks /proc once, however many rules need its groups.
+        let who = user(1001, 100, groups: [7], asked: asked)
+        _ = try? Permissions.checked({ var c = FileSystem.AttributeChanges(); c.gid = 8; return c }(),
+                                     of: node(0o2660, uid: 1001, gid: 9), throughHandle: false, by: who)
+        _ = Permissions.allows(node(0o060, gid: 7), .read, by: who)
+        #expect(asked.count == 2)
     }
 
     @Test func rootPassesExceptToExecuteAFileWithNoExecuteBit() {
