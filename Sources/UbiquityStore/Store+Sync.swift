@@ -109,7 +109,11 @@ extension Store {
             return false
         }
         guard !changed.isEmpty || !vacated.isEmpty || !recheck.isEmpty || !orphaned.isEmpty else { return false }
-        return try syncStep { () throws(StoreError) -> Bool in try recordChanges(limit: Self.changesPerSlice) }
+        // The paths to look at again are mostly looked at in the same slice (`queueUnshownPaths`):
+        // rows written for them would be deleted unseen, two statements a path (a file deleted).
+        return try syncStep { () throws(StoreError) -> Bool in
+            try recheck.holdingWrites { () throws(StoreError) -> Bool in try recordChanges(limit: Self.changesPerSlice) }
+        }
     }
 
     /// Runs a step of sync as one transaction: what it consumes of the change set goes
@@ -165,14 +169,21 @@ extension Store {
         // nothing another device made is lost (simulation seed 187).
         // Which records are shown is decided before any tombstone.
         var removed: [Replica.Record] = []
+        var below: [(key: NameKey, records: [Replica.Record])] = []
         for key in vacated.members {
-            for record in try replica.currentRecords(atOrBelow: key.name) where record.kind != .file || record.device == deviceID {
+            let records = try replica.currentRecords(atOrBelow: key.name)
+            below.append((key, records))
+            for record in records where record.kind != .file || record.device == deviceID {
                 if try !presentLocally(record), try mustBeInTree(record) { removed.append(record) }
             }
         }
         for record in removed { try recordRemoval(of: record) }
-        for key in vacated.members {
-            for record in try replica.currentRecords(atOrBelow: key.name) { try recheck.insert(NameKey(record.path)) }
+        // What the tombstones revealed is looked at again; without tombstones, the records
+        // are the ones just read.
+        for (key, records) in below {
+            for record in removed.isEmpty ? records : try replica.currentRecords(atOrBelow: key.name) {
+                try recheck.insert(NameKey(record.path))
+            }
         }
         try queueUnshownPaths()
         if getenv("UBQ_VERIFY_SYNC_SCAN") != nil { try verifyIncrementalScan() }

@@ -436,10 +436,17 @@ public final class Store: @unchecked Sendable {
     /// Whether tree changes are coming in a burst (a sync step would fold them all at
     /// once, under the store's lock): the sync engine's loop waits while they come, but
     /// not for a pause of reads (a change from a peer must come in while the reader
-    /// polls), and at most twice the longest wait since its last cycle (`since`), so a
-    /// stream of bursts does not keep sync out.
-    public func treeChangesSettling(since lastCycle: Int64, now: Int64 = monotonicNanos()) -> Bool {
-        !overlay.isEmpty && now - overlayTimes.last < foldPolicy.quiet && now - lastCycle < 2 * foldPolicy.age
+    /// polls). The loop asks only while `syncMayWait`.
+    public func treeChangesSettling(now: Int64 = monotonicNanos()) -> Bool {
+        !overlay.isEmpty && now - overlayTimes.last < foldPolicy.quiet
+    }
+
+    /// Whether the sync engine's loop may still put a cycle off for requests (a burst of
+    /// tree changes, requests waiting for a slice of the step) since the last cycle that ran
+    /// whole (`since`): twice the group commit's longest wait, so a stream of bursts does
+    /// not keep sync out.
+    public func syncMayWait(since lastCycle: Int64, now: Int64 = monotonicNanos()) -> Bool {
+        now - lastCycle < 2 * foldPolicy.age
     }
 
     /// Commits what the batch holds, but not the overlay: small chunks first (a committed
@@ -449,6 +456,8 @@ public final class Store: @unchecked Sendable {
         try chunks.commitSmallChunks()
         try db.commitBatch()
     }
+
+    public func commitSettings() throws(StoreError) { try commitBatchWithoutFold() }
 
     /// A big step (records taken in, a sync step) as a transaction of its own after the
     /// batch, its inner transactions without savepoints (`SQLiteDatabase.standalone`);

@@ -18,8 +18,10 @@ public protocol SyncLedger: AnyObject {
     func removeSetting(_ key: String) throws(StoreError)
     func addToSetting(_ key: String, _ delta: Int64) throws(StoreError)
     /// Commits the open group-commit batch: a setting that must be on the disk before a
-    /// request to the backing store (a reserved segment name) is.
-    func commitBatch() throws(StoreError)
+    /// request to the backing store (a reserved segment name) is. The tree's overlay is not
+    /// folded for it (it is safe in the operation log): that fold, under the lock, was
+    /// what requests waited for after a burst.
+    func commitSettings() throws(StoreError)
 
     // MARK: this device's records, out
 
@@ -31,7 +33,8 @@ public protocol SyncLedger: AnyObject {
     func durabilityMark() throws(StoreError) -> DurabilityMark
     func journalCheckpointDue() throws(StoreError) -> Bool
     func journalRewritten(records: Int64) throws(StoreError)
-    func treeChangesSettling(since lastCycle: Int64, now: Int64) -> Bool
+    func treeChangesSettling(now: Int64) -> Bool
+    func syncMayWait(since lastCycle: Int64, now: Int64) -> Bool
 
     // MARK: peers' records, in
 

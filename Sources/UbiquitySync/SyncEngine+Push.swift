@@ -55,7 +55,7 @@ extension SyncEngine {
                                                device: backing.deviceID, seq: name.seq)
             try shared.withLedger { (store) throws(StoreError) in
                 try store.setSetting(Self.reservedKey, "\(fresh.time)-\(fresh.seq)")
-                try store.commitBatch() // before the PUT, as in `writeSegment`
+                try store.commitSettings() // before the PUT, as in `writeSegment`
             }
             return fresh
         }
@@ -181,7 +181,7 @@ extension SyncEngine {
                 // Committed before the PUT: left in the open group-commit batch, a kill -9
                 // after the PUT would lose it, and the next session would write the same
                 // seq again, which the backing store refuses ("exists already").
-                try store.commitBatch()
+                try store.commitSettings()
                 name = reserved
             }
         }

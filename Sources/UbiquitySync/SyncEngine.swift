@@ -83,8 +83,8 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         var pollNow = true
         /// Set by requestSync: the next cycle pushes everything pending, burst or not.
         var pushNow = false
-        /// When a cycle of the loop last ran (`monotonicNanos`): it waits for a burst of
-        /// tree changes to pause at most `Store.treeChangesSettling`'s wait after that.
+        /// When the last cycle of the loop that ran whole began (`monotonicNanos`): requests
+        /// put the next off for at most `Store.syncMayWait` after that.
         var lastCycle: Int64 = 0
         /// Set by requestSync / syncNow / resume: records that wait are tried again now.
         var retryNow = false
@@ -231,7 +231,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             throw .io(errno: EAGAIN, "syncing is paused")
         }
         state.withLock { $0.pollNow = true; $0.retryNow = true }
-        try cycleLock.withLock { (_: inout ()) throws(StoreError) in try cycle(pushPull: true, force: true) }
+        _ = try cycleLock.withLock { (_: inout ()) throws(StoreError) in try cycle(pushPull: true, force: true) }
     }
 
     public func requestSync() throws(StoreError) {
@@ -309,18 +309,23 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         // A burst of local tree changes waits in the store's overlay until it pauses
         // (`Store.groupCommit`); a cycle now would fold it all at once, under the lock the
         // requests need. Asked for (`ubiquity sync`) or stopping, it runs.
+        // Requests that wait for a slice of its local changes put it off the same way
+        // (`cycle`'s `yielding`): sync is background work, and the store's lock is theirs
+        // first. Either wait ends `Store.syncMayWait` after the last cycle that ran whole.
         let now = monotonicNanos()
         let (asked, lastCycle) = state.withLock { ($0.pushNow || $0.stopped, $0.lastCycle) }
-        if !asked, shared.withLedger({ $0.treeChangesSettling(since: lastCycle, now: now) }) { return }
-        state.withLock { $0.lastCycle = now }
+        let mayWait = !asked && shared.withLedger { $0.syncMayWait(since: lastCycle, now: now) }
+        if mayWait, shared.withLedger({ $0.treeChangesSettling(now: now) }) { return }
         cycleLock.withLock { _ in
             let force = state.withLock { s in defer { s.pushNow = false }; return s.pushNow }
+            var ran = true
             do {
                 // What the burst left is folded while requests go on, not in the cycle's
                 // first statement under the lock.
                 try shared.foldAhead()
-                try cycle(pushPull: pushPull, force: force)
+                ran = try cycle(pushPull: pushPull, force: force, yielding: mayWait)
             } catch { logOnce("ubiquity: sync: \(error)") }
+            if ran { state.withLock { $0.lastCycle = now } }
         }
     }
 
@@ -380,15 +385,19 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
 
     // MARK: one cycle
 
-    /// Callers hold `cycleLock`.
-    func cycle(pushPull: Bool, force: Bool = false) throws(StoreError) {
+    /// Callers hold `cycleLock`. `yielding`: requests that wait for the store's lock while
+    /// local changes are recorded end the cycle there (`withLocalChangesRecorded`); returns
+    /// false then, and the rest of the cycle waits for the next.
+    @discardableResult
+    func cycle(pushPull: Bool, force: Bool = false, yielding: Bool = false) throws(StoreError) -> Bool {
         var problem: StoreError?
         var conflicts = 0
-        try withLocalChangesRecorded { (store, busy) throws(StoreError) -> TreeChanges in
+        let recorded = try withLocalChangesRecorded(yielding: yielding) { (store, busy) throws(StoreError) -> TreeChanges in
             let changes = try store.reconcile(busy: busy)
             conflicts = try store.totalConflicts()
             return changes
         }
+        guard recorded else { return false }
         if pushPull {
             do {
                 try openBacking()
@@ -440,6 +449,7 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
             logOnce("ubiquity: sync: working offline: \(failed)")
             throw failed
         }
+        return true
     }
 
     /// Runs `body` in a hold of the store's lock in which every local change is
@@ -447,17 +457,25 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     /// every request for the whole batch), and the last slice and `body` in one hold, so
     /// that reconcile never meets a view that forgot a local change made before it, and a
     /// push never sends a record without those of the changes made before it.
-    func withLocalChangesRecorded(_ body: (any SyncLedger, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError) {
+    ///
+    /// `yielding`: a slice that ends with another thread waiting for the lock (requests:
+    /// a burst of opens, unlinks or saves) ends the work there, before `body`, and returns
+    /// false; what is left waits in the change set for a later cycle.
+    @discardableResult
+    func withLocalChangesRecorded(yielding: Bool = false, _ body: (any SyncLedger, Set<InodeNumber>) throws(StoreError) -> TreeChanges) throws(StoreError) -> Bool {
         var more = true
         while more {
-            try shared.change { (store, busy) throws(StoreError) -> TreeChanges in
+            let waited = try shared.change { (store, busy) throws(StoreError) -> TreeChanges in
                 more = try store.recordLocalChangesSlice(busy: busy)
                 return more ? TreeChanges() : try body(store, busy)
             }
+            guard more else { return true }
+            if yielding && waited { return false }
             // Between slices, a waiting request takes the store's lock (a pthread mutex
             // is not fair: taking it again at once can keep a request out).
-            if more { shared.yieldToWaiters() }
+            shared.yieldToWaiters()
         }
+        return true
     }
 
     /// Checks FORMAT once a session (and after a failure); on a store of format 4, this

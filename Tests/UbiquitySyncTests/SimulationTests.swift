@@ -201,7 +201,7 @@ final class SimDevice {
         engine = SyncEngine(store: fs.store, backing: backing, options: options)
     }
 
-    func cycle() { try? engine.cycle(pushPull: !paused) }
+    func cycle() { _ = try? engine.cycle(pushPull: !paused) }
 
     func directory(_ path: String, create: Bool) throws -> InodeNumber? {
         var ino = Store.rootInode
