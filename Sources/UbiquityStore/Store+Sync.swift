@@ -538,9 +538,14 @@ extension Store {
     }
 
     public func markUploaded(_ ids: [VersionID]) throws(StoreError) {
-        try db.transaction { () throws(StoreError) in
-            for id in ids { try db.query("UPDATE versions SET uploaded = 1 WHERE id = ?", [.id(id)]) }
-            try addToSetting(Self.journalRecordsKey, Int64(ids.count))
+        // Around the gate: the records pushed were read from SQLite (`pendingUploads`
+        // folds), and no change the overlay holds rewrites a folded version's row. Through
+        // it, each segment pushed during a burst folded the burst under the lock.
+        try db.aroundGate { () throws(StoreError) in
+            try db.transaction { () throws(StoreError) in
+                for id in ids { try db.query("UPDATE versions SET uploaded = 1 WHERE id = ?", [.id(id)]) }
+                try addToSetting(Self.journalRecordsKey, Int64(ids.count))
+            }
         }
         uploadsInFlight.subtract(ids)
     }

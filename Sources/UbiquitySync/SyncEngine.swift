@@ -497,6 +497,9 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
     /// take back a record other devices have (recovery would roll back a version they
     /// show, and its dot would be given to another record).
     func makeDurable() throws(StoreError) {
+        // The mark and the barrier's first step fold what the overlay holds under the
+        // store's lock: a burst that goes on while records go out is folded ahead, off it.
+        try shared.foldAhead()
         var mark: DurabilityMark?
         try shared.withLedger { (store) throws(StoreError) in
             mark = try store.durabilityMark()

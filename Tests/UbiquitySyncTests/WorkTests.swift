@@ -516,6 +516,25 @@ import TestSupport
         #expect(try d.store.db.rows("SELECT count(*) FROM pending WHERE kind IN (2, 3)", []) { $0.int(0) } == [0])
     }
 
+    /// Records go out while a burst waits in the overlay: marking them uploaded folds none
+    /// of it (the records were read from SQLite; through the gate, each segment pushed
+    /// during a burst folded the burst under the store's lock).
+    @Test func markingRecordsUploadedFoldsNothing() throws {
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let d = try Self.device(files: 0, in: temp)
+        for i in 0..<20 { try d.save("f\(i)", "content \(i)") }
+        try d.engine.withLocalChangesRecorded { _, _ in TreeChanges() }
+        let batch = try d.store.pendingUploads(limit: 100)
+        #expect(batch.count >= 20)
+        for i in 0..<50 { _ = try d.fs.mkdir(parent: Store.rootInode, name: "burst\(i)", mode: 0o755, caller: d.me) }
+        let waiting = d.store.overlay.unfolded.count
+        #expect(waiting >= 50)
+        try d.store.markUploaded(batch.map(\.id))
+        #expect(d.store.overlay.unfolded.count == waiting, "marking records uploaded folded the overlay")
+        #expect(try d.store.pendingUploads(limit: 100).allSatisfy { !batch.map(\.id).contains($0.id) })
+    }
+
     @Test func renameAndDeleteCostTheirOwnPaths() throws {
         let costs = try Self.costsAtTwoSizes { d in
             let dir = try d.fs.lookup(parent: Store.rootInode, name: "dir0").ino
