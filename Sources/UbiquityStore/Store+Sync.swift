@@ -540,7 +540,9 @@ extension Store {
     public func markUploaded(_ ids: [VersionID]) throws(StoreError) {
         // Around the gate: the records pushed were read from SQLite (`pendingUploads`
         // folds), and no change the overlay holds rewrites a folded version's row. Through
-        // it, each segment pushed during a burst folded the burst under the lock.
+        // it, each segment pushed during a burst folded the burst under the lock. A write:
+        // the connection is claimed first, or a loan would send it to the read-only reader.
+        db.claim()
         try db.aroundGate { () throws(StoreError) in
             try db.transaction { () throws(StoreError) in
                 for id in ids { try db.query("UPDATE versions SET uploaded = 1 WHERE id = ?", [.id(id)]) }

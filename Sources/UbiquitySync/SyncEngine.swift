@@ -312,12 +312,18 @@ public final class SyncEngine: SyncControl, @unchecked Sendable {
         // Requests that wait for a slice of its local changes put it off the same way
         // (`cycle`'s `yielding`): sync is background work, and the store's lock is theirs
         // first. Either wait ends `Store.syncMayWait` after the last cycle that ran whole.
-        let now = monotonicNanos()
-        let (asked, lastCycle) = state.withLock { ($0.pushNow || $0.stopped, $0.lastCycle) }
-        let mayWait = !asked && shared.withLedger { $0.syncMayWait(since: lastCycle, now: now) }
-        if mayWait, shared.withLedger({ $0.treeChangesSettling(now: now) }) { return }
         cycleLock.withLock { _ in
-            let force = state.withLock { s in defer { s.pushNow = false }; return s.pushNow }
+            // Whether it was asked for is read and taken in one hold of the state's lock:
+            // a request that comes later finds `pushNow` set for the next cycle, never
+            // taken by a cycle that then puts its work off (its caller would be told it
+            // was done).
+            let now = monotonicNanos()
+            let (force, stopped, lastCycle) = state.withLock { s in
+                defer { s.pushNow = false }
+                return (s.pushNow, s.stopped, s.lastCycle)
+            }
+            let mayWait = !force && !stopped && shared.withLedger { $0.syncMayWait(since: lastCycle, now: now) }
+            if mayWait, shared.withLedger({ $0.treeChangesSettling(now: now) }) { return }
             var ran = true
             do {
                 // What the burst left is folded while requests go on, not in the cycle's

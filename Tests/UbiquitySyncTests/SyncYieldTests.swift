@@ -78,6 +78,38 @@ import UbiquitySystem
         #expect(d.fs.store.withLock { $0.changed.isEmpty && $0.pendingUploadCount == 0 })
     }
 
+    /// `ubiquity sync` while requests keep the lock busy (a thread waits at the end of every
+    /// slice): the cycle it asks for runs whole. A cycle that puts its work off must never
+    /// take the request with it, or the request would be counted done with nothing sent.
+    @Test func aRequestedSyncRunsWholeWhileRequestsWait() throws {
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let backing = MemoryStore()
+        let d = try Self.device(temp, backing)
+        let shared = d.fs.store
+        let waiters = Locked<[JoinableThread]>([])
+        shared.provideBusyFiles {
+            let waiter = JoinableThread { shared.withNamespaceLock { _ in } }
+            while !shared.hasWaiters { usleep(50) }
+            waiters.withLock { $0.append(waiter) }
+            return []
+        }
+        d.engine.start()
+        try d.engine.requestSync()
+        func status(_ key: String) -> Int? {
+            d.engine.statusText().split(separator: "\n").first { $0.hasPrefix(key + "=") }.flatMap { Int($0.dropFirst(key.count + 1)) }
+        }
+        let deadline = monotonicNanos() + 60_000_000_000
+        while (status("requests-done") ?? 0) < 1 && monotonicNanos() < deadline { usleep(10_000) }
+        let done = status("requests-done") ?? 0
+        let recorded = shared.withLock { $0.changed.isEmpty && $0.pendingUploadCount == 0 }
+        d.engine.stop()
+        shared.provideBusyFiles(nil)
+        for waiter in waiters.withLock({ $0 }) { waiter.join() }
+        #expect(done >= 1, "the requested sync was not done within 60 s")
+        #expect(recorded, "the requested sync was counted done with local changes not recorded or not sent")
+    }
+
     /// The loop's wait ends: requests put cycles off for at most twice the group commit's
     /// longest wait after the last cycle that ran whole.
     @Test func theWaitIsBounded() throws {
