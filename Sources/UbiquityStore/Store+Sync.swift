@@ -169,22 +169,22 @@ extension Store {
         // nothing another device made is lost (simulation seed 187).
         // Which records are shown is decided before any tombstone.
         var removed: [Replica.Record] = []
-        var below: [(key: NameKey, records: [Replica.Record])] = []
+        var paths: [String] = []
         for key in vacated.members {
-            let records = try replica.currentRecords(atOrBelow: key.name)
-            below.append((key, records))
-            for record in records where record.kind != .file || record.device == deviceID {
+            for record in try replica.currentRecords(atOrBelow: key.name) {
+                paths.append(record.path)
+                guard record.kind != .file || record.device == deviceID else { continue }
                 if try !presentLocally(record), try mustBeInTree(record) { removed.append(record) }
             }
         }
         for record in removed { try recordRemoval(of: record) }
-        // What the tombstones revealed is looked at again; without tombstones, the records
-        // are the ones just read.
-        for (key, records) in below {
-            for record in removed.isEmpty ? records : try replica.currentRecords(atOrBelow: key.name) {
-                try recheck.insert(NameKey(record.path))
-            }
+        // The paths under what went are looked at again: those just read, unless tombstones
+        // changed what is shown there (then read again, with what they revealed).
+        if !removed.isEmpty {
+            paths = []
+            for key in vacated.members { paths += try replica.currentRecords(atOrBelow: key.name).map(\.path) }
         }
+        for path in paths { try recheck.insert(NameKey(path)) }
         try queueUnshownPaths()
         if getenv("UBQ_VERIFY_SYNC_SCAN") != nil { try verifyIncrementalScan() }
         try vacated.removeAll()
@@ -539,9 +539,9 @@ extension Store {
 
     public func markUploaded(_ ids: [VersionID]) throws(StoreError) {
         // Around the gate: the records pushed were read from SQLite (`pendingUploads`
-        // folds), and no change the overlay holds rewrites a folded version's row. Through
-        // it, each segment pushed during a burst folded the burst under the lock. A write:
-        // the connection is claimed first, or a loan would send it to the read-only reader.
+        // folds), and no change the overlay holds rewrites a folded version's row; through
+        // it, every segment pushed would fold what a running burst left, under the lock. A
+        // write: the connection is claimed first, or a loan would send it to the reader.
         db.claim()
         try db.aroundGate { () throws(StoreError) in
             try db.transaction { () throws(StoreError) in

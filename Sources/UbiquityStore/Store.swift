@@ -457,6 +457,7 @@ public final class Store: @unchecked Sendable {
         try db.commitBatch()
     }
 
+    /// `SyncLedger.commitSettings`.
     public func commitSettings() throws(StoreError) { try commitBatchWithoutFold() }
 
     /// A big step (records taken in, a sync step) as a transaction of its own after the

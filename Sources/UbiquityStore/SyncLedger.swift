@@ -19,8 +19,8 @@ public protocol SyncLedger: AnyObject {
     func addToSetting(_ key: String, _ delta: Int64) throws(StoreError)
     /// Commits the open group-commit batch: a setting that must be on the disk before a
     /// request to the backing store (a reserved segment name) is. The tree's overlay is not
-    /// folded for it (it is safe in the operation log): that fold, under the lock, was
-    /// what requests waited for after a burst.
+    /// folded for it: it is safe in the operation log, and a fold here would run under the
+    /// lock that requests wait for.
     func commitSettings() throws(StoreError)
 
     // MARK: this device's records, out
