@@ -368,17 +368,26 @@ extension Store {
     ///   the same inode follows is not written (a file made, written and closed is three
     ///   puts). A local save is the one change that reads inodes (whether another inode's
     ///   head is the row it replaces), so puts before it are written.
+    /// - A save takes the path, mode and mtime its file has at the end of the fold, when
+    ///   the file is still there with that save as its head and one name. The save has
+    ///   not left the device (it enters SQLite, the synced view and uploads only now), so
+    ///   nobody saw the state it replaces; the sync step then finds nothing to record for
+    ///   the file. `rsync` and `cp -p` save a temp file, then set its mode and times and
+    ///   rename it: without this, each file became two records, the second costing the
+    ///   sync step about 30 statements (`WorkTests.copiedFilesAreOneRecordEach`).
     static func written(_ changes: [TreeChange]) -> [TreeChange] {
         var withdrawn: (rows: Set<Int64>, histories: Set<FileID>) = ([], [])
         for case .withdraw(let row, _, let fileID) in changes {
             withdrawn.rows.insert(row)
             withdrawn.histories.insert(fileID)
         }
+        let amended = amendedSaves(changes)
         var result: [TreeChange] = []
         var later: Set<InodeNumber> = [] // inodes a later change writes, since the last local save
         for change in changes.reversed() {
             switch change {
             case .save(let v) where withdrawn.rows.contains(v.row): continue
+            case .save(let v) where amended[v.row] != nil: result.append(.save(amended[v.row]!)); continue
             case .localSave(let v, _, _) where withdrawn.rows.contains(v.row): continue
             case .history(let fileID, _, _) where withdrawn.histories.contains(fileID): continue
             case .putInode(let node) where !later.insert(node.inode.id).inserted: continue
@@ -389,6 +398,37 @@ extension Store {
             result.append(change)
         }
         return result.reversed()
+    }
+
+    /// The saves of `changes` that `written` amends, by row, as they are written.
+    private static func amendedSaves(_ changes: [TreeChange]) -> [Int64: SavedVersion] {
+        var last: [InodeNumber: Inode?] = [:] // each inode as the fold leaves it (nil: dropped)
+        var shown: [FileID: (path: String, live: Bool)] = [:] // each history as the fold leaves it
+        var tombstoned: Set<FileID> = []
+        for change in changes {
+            switch change {
+            case .putInode(let node): last[node.inode.id] = node.inode
+            case .dropInode(let id): last[id] = .some(nil)
+            case .history(let fileID, let path, let live): shown[fileID] = (path, live)
+            case .tombstone(_, _, let fileID, _, _, _): tombstoned.insert(fileID)
+            default: break
+            }
+        }
+        var holders: [Int64: Inode] = [:] // by the row of the version that is its head
+        for case let inode?? in last.values where inode.kind == .file && inode.nlink == 1 {
+            if let head = inode.head { holders[head] = inode }
+        }
+        var amended: [Int64: SavedVersion] = [:]
+        for case .save(var v) in changes {
+            guard let inode = holders[v.row], inode.fileID == v.fileID, !tombstoned.contains(v.fileID),
+                  let history = shown[v.fileID], history.live else { continue }
+            if v.path.utf8.elementsEqual(history.path.utf8) && v.mode == inode.mode && v.mtime == inode.mtime { continue }
+            v.path = history.path
+            v.mode = inode.mode
+            v.mtime = inode.mtime
+            amended[v.row] = v
+        }
+        return amended
     }
 
     /// A transaction level ended: folds inside it now belong to the level around it (or

@@ -348,6 +348,32 @@ import UbiquitySystem
         #expect(records == [chunks[0], Array(chunks[1][..<400]), []])
     }
 
+    /// Small records start their writeback a batch at a time (one sync_file_range per MiB,
+    /// not one per file), and a sync starts the count over.
+    @Test func writebackStartsABatchAtATime() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let packs = try LocalPacks(directory: dir.path + "/packs")
+        var gen = SplitMix64(seed: 11)
+        func put(_ count: Int) throws {
+            for _ in 0..<count {
+                let bytes = gen.bytes(4_096)
+                _ = try bytes.withUnsafeBytes { (raw) throws(StoreError) in try packs.put(ChunkID(hashing: bytes), raw, writeback: true) }
+            }
+        }
+        let record = 4_096 + LocalPacks.recordHeaderSize
+        let perBatch = Int((LocalPacks.writebackBatch + Int64(record) - 1) / Int64(record))
+        try put(perBatch - 1)
+        #expect(packs.writebacksStarted.load(ordering: .relaxed) == 0)
+        try put(1)
+        #expect(packs.writebacksStarted.load(ordering: .relaxed) == 1)
+        try put(3 * perBatch)
+        #expect(packs.writebacksStarted.load(ordering: .relaxed) == 4)
+        try packs.sync()
+        try put(perBatch - 1)
+        #expect(packs.writebacksStarted.load(ordering: .relaxed) == 4, "a sync flushed what waited: the batch starts over")
+    }
+
     @Test func anIndexWithoutItsPackIsNotANewPacksIndex() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }

@@ -591,4 +591,51 @@ import TestSupport
         }
         #expect(costs[1] <= costs[0] + 20, "work of save 100 and save 3000 of one file: \(costs)")
     }
+
+    /// A copy as `rsync -a` and `cp -p` make it: a temp file saved, its mode and times set,
+    /// then renamed into place. The save's version takes the file's final path, mode and
+    /// mtime when it is folded (`Store.written`), so each file is one record and the sync
+    /// step looks at it as at any new file; as two records (the save, then a meta record
+    /// at the new path) the step cost 36 statements a file.
+    @Test func copiedFilesAreOneRecordEach() throws {
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let d = try Self.device(files: 200, in: temp)
+        let dir = try d.fs.lookup(parent: Store.rootInode, name: "dir0").ino
+        try d.engine.cycle(pushPull: true)
+        func versions() throws -> Int {
+            let counts: [Int64] = try d.store.db.rows("SELECT count(*) FROM versions", []) { $0.int(0) }
+            return Int(counts[0])
+        }
+        let versionsBefore = try versions()
+        let n = 100
+        let mtime: Nanos = 1_600_000_000 * 1_000_000_000
+        for i in 0..<n {
+            let (attributes, h) = try d.fs.create(parent: dir, name: ".r\(i).tmp", mode: 0o600, flags: OpenFlags(O_WRONLY), caller: d.me)
+            _ = try Array("file \(i)".utf8).withUnsafeBytes { try d.fs.write(h, offset: 0, data: $0) }
+            try d.fs.release(h)
+            var mode = FileSystem.AttributeChanges()
+            mode.mode = 0o644
+            _ = try d.fs.setattr(attributes.ino, mode)
+            var times = FileSystem.AttributeChanges()
+            times.mtime = .at(mtime)
+            _ = try d.fs.setattr(attributes.ino, times)
+            try d.fs.rename(parent: dir, name: ".r\(i).tmp", newParent: dir, newName: "r\(i)", flags: 0)
+        }
+        try d.store.commitBatch() // the saves' fold is not the step's (`foldWorkIsBounded`)
+        let before = d.store.db.statements
+        try d.engine.cycle(pushPull: false)
+        let perFile = Double(d.store.db.statements - before) / Double(n)
+        print("WorkTests.copiedFilesAreOneRecordEach: statements of the sync step per copied file \(perFile)")
+        #expect(perFile <= 8, "statements per copied file in the sync step: \(perFile)")
+        let added = try versions() - versionsBefore
+        #expect(added == n, "versions per copied file: \(Double(added) / Double(n))")
+        let rows = try d.store.db.rows("SELECT path, mode, mtime FROM versions WHERE path LIKE 'dir0/r%' ORDER BY row", []) {
+            (path: $0.text(0), mode: UInt32($0.int(1)), mtime: $0.int(2))
+        }
+        #expect(rows.count == n)
+        #expect(rows.allSatisfy { $0.mode & 0o7777 == 0o644 && $0.mtime == mtime }, "\(rows.prefix(3))")
+        try d.engine.cycle(pushPull: true)
+        #expect(try d.store.db.rows("SELECT count(*) FROM versions WHERE path LIKE 'dir0/.r%'", []) { $0.int(0) } == [0])
+    }
 }
