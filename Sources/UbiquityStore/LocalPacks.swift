@@ -102,8 +102,10 @@ public final class LocalPacks: Sendable {
     private let state = Locked(State(), rank: .leaf)
     /// Reads of records from disk, one per `preadv` or `pread` (tests count them).
     let diskReads = Atomic<Int>(0)
-    /// Writebacks started by appends, one sync_file_range each (tests count them).
+    /// Writebacks started by appends, one sync_file_range each, and their bytes (tests
+    /// count them).
     let writebacksStarted = Atomic<Int>(0)
+    let writebackBytes = Atomic<Int64>(0)
     private let appending = Locked((), rank: .packAppend)
 
     static let fileHeader: [UInt8] = Array("UBQLPCK1".utf8) + [UInt8](repeating: 0, count: 8)
@@ -307,7 +309,7 @@ public final class LocalPacks: Sendable {
             try withBytes(header) { (head) throws(StoreError) in
                 try StoreError.wrap { () throws(SystemError) in try writeAll(pack.fd, head, bytes, at: at, path: pack.path) }
             }
-            if writeback { startWritebackIfDue(pack, end: at + written) }
+            startWritebackIfDue(pack, record: at..<(at + written), writeback: writeback)
         } catch {
             // What the failed write left is not a record: the pack is cut back to its last
             // record and takes the next append there. If it cannot be cut, nothing is
@@ -342,18 +344,25 @@ public final class LocalPacks: Sendable {
     /// daemon's CPU in an `rsync -a` of small files, and a small write to the disk each).
     static let writebackBatch: Int64 = 1 << 20
 
-    /// Under `appending`: starts writeback of `pack` up to `end` once a batch waits.
-    private func startWritebackIfDue(_ pack: Pack, end: Int64) {
-        let from = state.withLock { s -> Int64? in
+    /// Under `appending`, after `record` was written to `pack`: starts writeback up to its
+    /// end once a batch waits. A record without writeback (a fetched chunk) is passed
+    /// over: what waits before it starts now, so the batch never takes it in.
+    private func startWritebackIfDue(_ pack: Pack, record: Range<Int64>, writeback: Bool) {
+        let range = state.withLock { s -> Range<Int64>? in
             guard let p = s.packs[pack.number] else { return nil }
             let from = max(p.writebackFrom, p.flushed)
-            guard end - from >= Self.writebackBatch else { return nil }
-            s.packs[pack.number]!.writebackFrom = end
-            return from
+            if writeback {
+                guard record.upperBound - from >= Self.writebackBatch else { return nil }
+                s.packs[pack.number]!.writebackFrom = record.upperBound
+                return from..<record.upperBound
+            }
+            s.packs[pack.number]!.writebackFrom = record.upperBound
+            return from < record.lowerBound ? from..<record.lowerBound : nil
         }
-        guard let from else { return }
-        startWriteback(pack.fd, offset: from, count: end - from)
+        guard let range else { return }
+        startWriteback(pack.fd, offset: range.lowerBound, count: range.upperBound - range.lowerBound)
         writebacksStarted.add(1, ordering: .relaxed)
+        writebackBytes.add(range.upperBound - range.lowerBound, ordering: .relaxed)
     }
 
     /// Under `appending`: a new active pack when there is none or it is full.

@@ -400,8 +400,9 @@ extension Store {
         return result.reversed()
     }
 
-    /// The saves of `changes` that `written` amends, by row, as they are written.
-    private static func amendedSaves(_ changes: [TreeChange]) -> [Int64: SavedVersion] {
+    /// The saves of `changes` that `written` amends, by row, as they are written (also
+    /// what the overlay keeps of a folded part: `TreeOverlay.markFolded`).
+    static func amendedSaves<C: Collection<TreeChange>>(_ changes: C) -> [Int64: SavedVersion] {
         var last: [InodeNumber: Inode?] = [:] // each inode as the fold leaves it (nil: dropped)
         var shown: [FileID: (path: String, live: Bool)] = [:] // each history as the fold leaves it
         var tombstoned: Set<FileID> = []
@@ -414,13 +415,13 @@ extension Store {
             default: break
             }
         }
-        var holders: [Int64: Inode] = [:] // by the row of the version that is its head
+        var holders: [Int64: Inode?] = [:] // by the row of the version that is its head (nil: two have it)
         for case let inode?? in last.values where inode.kind == .file && inode.nlink == 1 {
-            if let head = inode.head { holders[head] = inode }
+            if let head = inode.head { holders[head] = holders[head] == nil ? inode : .some(nil) }
         }
         var amended: [Int64: SavedVersion] = [:]
         for case .save(var v) in changes {
-            guard let inode = holders[v.row], inode.fileID == v.fileID, !tombstoned.contains(v.fileID),
+            guard let inode = holders[v.row] ?? nil, inode.fileID == v.fileID, !tombstoned.contains(v.fileID),
                   let history = shown[v.fileID], history.live else { continue }
             if v.path.utf8.elementsEqual(history.path.utf8) && v.mode == inode.mode && v.mtime == inode.mtime { continue }
             v.path = history.path

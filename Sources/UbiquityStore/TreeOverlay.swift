@@ -275,7 +275,10 @@ struct TreeOverlay {
     ///   only the changes made since are applied to it. Taken (nil after), so that it is
     ///   not copied when they are.
     mutating func markFolded(through end: Int, compacting: Bool = true, prebuilt: inout Rest?) {
+        let start = folded
         folded = max(folded, min(end, changes.count))
+        // The saves kept here read as SQLite has them: as the fold amended them.
+        for (row, save) in Store.amendedSaves(changes[start..<folded]) where saves[row] != nil { saves[row] = save }
         freshHistories = []
         guard compacting, folded >= changes.count - folded else { return }
         var rest: TreeOverlay

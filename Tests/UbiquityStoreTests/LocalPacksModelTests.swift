@@ -372,6 +372,16 @@ import UbiquitySystem
         try packs.sync()
         try put(perBatch - 1)
         #expect(packs.writebacksStarted.load(ordering: .relaxed) == 4, "a sync flushed what waited: the batch starts over")
+        // A fetched chunk (no writeback of its own) starts what waits before it and is
+        // never in a batch: a batch after it starts past it.
+        let fetched = gen.bytes(4_096)
+        _ = try fetched.withUnsafeBytes { (raw) throws(StoreError) in try packs.put(ChunkID(hashing: fetched), raw, writeback: false) }
+        #expect(packs.writebacksStarted.load(ordering: .relaxed) == 5)
+        let bytesBefore = packs.writebackBytes.load(ordering: .relaxed)
+        try put(perBatch)
+        #expect(packs.writebacksStarted.load(ordering: .relaxed) == 6)
+        #expect(packs.writebackBytes.load(ordering: .relaxed) - bytesBefore == Int64(perBatch * record),
+                "the batch after a fetched chunk took it in")
     }
 
     @Test func anIndexWithoutItsPackIsNotANewPacksIndex() throws {

@@ -167,7 +167,7 @@ import UbiquitySystem
     @Test(arguments: [31, UInt64.random(in: 100...UInt64.max)])
     func namesOfAnyBytesRoundTrip(seed: UInt64) throws {
         var gen = SplitMix64(seed: seed)
-        let special: [[UInt8]] = [[0xFF], [0xC3], [0xF4, 0x8F, 0xBF, 0xBF], [0xF4, 0x8F, 0xBE, 0x80], [0xED, 0xA0, 0x80], Array("é".utf8), [0x0A], [0xF4, 0x80, 0x80, 0x80]]
+        let special: [[UInt8]] = [[0xFF], [0xC3], [0xF4, 0x8F, 0xBF, 0xBF], [0xF4, 0x8F, 0xBE, 0x80], [0xED, 0xA0, 0x80], Array("é".utf8), [0x0A], [0xF4, 0x80, 0x80, 0x80], Array("\u{FFFD}".utf8)]
         for i in 0..<2000 {
             var bytes: [UInt8] = []
             for _ in 0..<gen.int(1..<12) {
@@ -178,6 +178,7 @@ import UbiquitySystem
             if bytes.isEmpty || bytes == [0x2E] || bytes == [0x2E, 0x2E] { continue }
             let name = NameCodec.string(bytes)
             #expect(NameCodec.bytes(name) == bytes, "seed \(seed) #\(i): \(bytes)")
+            #expect(bytes.withUnsafeBytes { NameCodec.string($0) } == name, "seed \(seed) #\(i): \(bytes)")
             #expect(NameCodec.byteCount(name) == bytes.count, "seed \(seed) #\(i)")
             let record = Self.sample(path: "dir/" + name)
             if LocalOnly.contains(record.path) { continue } // editor scratch names never travel
