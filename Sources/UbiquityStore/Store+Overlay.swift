@@ -111,8 +111,17 @@ extension Store {
     }
 
     /// Writes one change: to the overlay when it is on, else to SQLite now.
-    func record(_ change: TreeChange) throws(StoreError) {
-        if overlayOn { addToOverlay(change) } else { try writeRow(change) }
+    /// - Parameter needsFrame: false for a change that a crash may lose because the next
+    ///   open makes it again (an unlinked inode dropped at FORGET: the open drops every
+    ///   inode no entry names). It waits for the next frame instead of taking one of its
+    ///   own before the lock goes.
+    func record(_ change: TreeChange, needsFrame: Bool = true) throws(StoreError) {
+        if overlayOn {
+            addToOverlay(change)
+            if needsFrame { frameDue = true }
+        } else {
+            try writeRow(change)
+        }
         // The working set follows each change as it is made: readers take it without the
         // store's lock (`TreeCache`).
         switch change {
@@ -240,9 +249,15 @@ extension Store {
     /// the batch is open, it is committed (the overlay folded into it first) before a
     /// change is logged, so no logged change survives a crash that the writes it may
     /// depend on did not.
-    public func logTreeChanges() { logTreeChanges(committingFirst: true) }
+    /// What the shared store does as each hold of its lock ends: the changes not logged go
+    /// in one frame, unless none of them needs one (`record`'s `needsFrame`).
+    public func logTreeChanges() {
+        guard frameDue else { return }
+        logTreeChanges(committingFirst: true)
+    }
 
     func logTreeChanges(committingFirst: Bool) {
+        frameDue = false
         guard overlay.hasUnlogged, let opLog = treeLog else { return }
         // What the batch holds is the request's too, and may depend on the tree changes
         // not logged yet (a version row deleted while the inode that named it moves on in

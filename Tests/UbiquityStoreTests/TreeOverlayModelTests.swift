@@ -280,6 +280,35 @@ import UbiquitySystem
         #expect(again.child(Store.rootInode, "moved") == made.id)
     }
 
+    /// The drop of an unlinked inode at FORGET takes no frame of its own: kill -9 before
+    /// the next frame loses it, and the next open drops the inode again (no entry names
+    /// it), with its xattrs.
+    @Test func aDropAtForgetThatNoFrameHoldsIsMadeAgainAtOpen() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "model")
+        store.startBatching()
+        let made = try store.create(parent: Store.rootInode, name: "doomed", kind: .file, mode: 0o644, uid: 1, gid: 1)
+        try store.setXattr(made.id, "user.tag", [1])
+        store.logTreeChanges()
+        try store.foldTree()
+        _ = try store.removeEntry(parent: Store.rootInode, name: "doomed")
+        store.logTreeChanges()
+        let frames = store.treeLog!.nextSequence
+        try store.forget(made.id)
+        store.logTreeChanges()
+        #expect(store.treeLog!.nextSequence == frames, "the drop took a frame")
+        let copy = TempDirectory()
+        defer { copy.cleanup() }
+        copyTree(dir.path, to: copy.path)
+        unlink(copy.path + "/lock")
+        let again = try Store(directory: copy.path, deviceName: "model")
+        #expect(again.inode(made.id) == nil, "the unlinked inode is back after a crash")
+        let rows: [Int64] = try again.db.rows("SELECT count(*) FROM inodes WHERE id = ?", [.inode(made.id)]) { $0.int(0) }
+        let xattrs: [Int64] = try again.db.rows("SELECT count(*) FROM xattrs WHERE inode = ?", [.inode(made.id)]) { $0.int(0) }
+        #expect(rows == [0] && xattrs == [0], "rows of the dropped inode: \(rows), xattrs: \(xattrs)")
+    }
+
     /// A directory with an entry whose inode row is gone (or damaged) is not held in
     /// memory: each of its names is looked up by itself, so none reads as absent.
     @Test func aDirectoryWithADanglingEntryIsNotHeldInMemory() throws {
