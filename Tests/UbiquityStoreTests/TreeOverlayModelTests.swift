@@ -254,9 +254,14 @@ import UbiquitySystem
         }
     }
 
-    /// Frames round-trip, and no bytes make the decoder trap or allocate without bound:
-    /// every prefix of a frame, every frame with a byte flipped, and random bytes decode
-    /// to a frame or to nil.
+    /// The store in `dir` as kill -9 leaves it (its files as they are), opened from a copy.
+    static func openedAfterKill(_ dir: TempDirectory) throws -> (TempDirectory, Store) {
+        let copy = TempDirectory()
+        copyTree(dir.path, to: copy.path)
+        unlink(copy.path + "/lock")
+        return (copy, try Store(directory: copy.path, deviceName: "model"))
+    }
+
     /// A write the batch holds and the tree changes of the same hold of the lock are kept
     /// by a crash together: when the lock goes with the batch open, the batch commits
     /// with the overlay folded (a frame written after the batch's commit would leave a
@@ -271,11 +276,8 @@ import UbiquitySystem
         #expect(store.db.hasOpenBatch && !store.overlay.isEmpty)
         store.logTreeChanges()
         #expect(store.overlay.isEmpty && !store.db.hasOpenBatch, "the batch and the hold's tree changes commit together")
-        let copy = TempDirectory()
+        let (copy, again) = try Self.openedAfterKill(dir)
         defer { copy.cleanup() }
-        copyTree(dir.path, to: copy.path)
-        unlink(copy.path + "/lock")
-        let again = try Store(directory: copy.path, deviceName: "model")
         #expect(try again.setting("batch_write") == "kept")
         #expect(again.child(Store.rootInode, "moved") == made.id)
     }
@@ -298,11 +300,8 @@ import UbiquitySystem
         try store.forget(made.id)
         store.logTreeChanges()
         #expect(store.treeLog!.nextSequence == frames, "the drop took a frame")
-        let copy = TempDirectory()
+        let (copy, again) = try Self.openedAfterKill(dir)
         defer { copy.cleanup() }
-        copyTree(dir.path, to: copy.path)
-        unlink(copy.path + "/lock")
-        let again = try Store(directory: copy.path, deviceName: "model")
         #expect(again.inode(made.id) == nil, "the unlinked inode is back after a crash")
         let rows: [Int64] = try again.db.rows("SELECT count(*) FROM inodes WHERE id = ?", [.inode(made.id)]) { $0.int(0) }
         let xattrs: [Int64] = try again.db.rows("SELECT count(*) FROM xattrs WHERE inode = ?", [.inode(made.id)]) { $0.int(0) }
@@ -324,6 +323,9 @@ import UbiquitySystem
         #expect(store.tree.withLock { $0.directories.count(Store.rootInode) } == nil)
     }
 
+    /// Frames round-trip, and no bytes make the decoder trap or allocate without bound:
+    /// every prefix of a frame, every frame with a byte flipped, and random bytes decode
+    /// to a frame or to nil.
     @Test func framesRoundTripAndDamageIsRefused() {
         let seed = replayableSeed(5, variable: "UBQ_OVERLAY_SEED", test: "framesRoundTripAndDamageIsRefused",
                                   filter: "TreeOverlayModelTests")
