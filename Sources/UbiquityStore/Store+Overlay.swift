@@ -111,17 +111,8 @@ extension Store {
     }
 
     /// Writes one change: to the overlay when it is on, else to SQLite now.
-    /// - Parameter needsFrame: false for a change that a crash may lose because the next
-    ///   open makes it again (an unlinked inode dropped at FORGET: the open drops every
-    ///   inode no entry names). It waits for the next frame instead of taking one of its
-    ///   own before the lock goes.
-    func record(_ change: TreeChange, needsFrame: Bool = true) throws(StoreError) {
-        if overlayOn {
-            addToOverlay(change)
-            if needsFrame { frameDue = true }
-        } else {
-            try writeRow(change)
-        }
+    func record(_ change: TreeChange) throws(StoreError) {
+        if overlayOn { addToOverlay(change) } else { try writeRow(change) }
         // The working set follows each change as it is made: readers take it without the
         // store's lock (`TreeCache`).
         switch change {
@@ -250,14 +241,13 @@ extension Store {
     /// change is logged, so no logged change survives a crash that the writes it may
     /// depend on did not.
     /// What the shared store does as each hold of its lock ends: the changes not logged go
-    /// in one frame, unless none of them needs one (`record`'s `needsFrame`).
+    /// in one frame, unless none of them needs one (`TreeOverlay.unloggedNeedFrame`).
     public func logTreeChanges() {
-        guard frameDue else { return }
+        guard overlay.unloggedNeedFrame else { return }
         logTreeChanges(committingFirst: true)
     }
 
     func logTreeChanges(committingFirst: Bool) {
-        frameDue = false
         guard overlay.hasUnlogged, let opLog = treeLog else { return }
         // What the batch holds is the request's too, and may depend on the tree changes
         // not logged yet (a version row deleted while the inode that named it moves on in
@@ -402,7 +392,7 @@ extension Store {
         for change in changes.reversed() {
             switch change {
             case .save(let v) where withdrawn.rows.contains(v.row): continue
-            case .save(let v) where amended[v.row] != nil: result.append(.save(amended[v.row]!)); continue
+            case .save(let v): result.append(.save(amended[v.row] ?? v)); continue
             case .localSave(let v, _, _) where withdrawn.rows.contains(v.row): continue
             case .history(let fileID, _, _) where withdrawn.histories.contains(fileID): continue
             case .putInode(let node) where !later.insert(node.inode.id).inserted: continue

@@ -459,7 +459,7 @@ extension Store {
     /// Drops an inode that no entry names and nothing has open.
     public func forget(_ id: InodeNumber) throws(StoreError) {
         guard let node = try node(id), node.inode.nlink == 0, id != Store.rootInode else { return }
-        try treeChange { () throws(StoreError) in try record(.dropInode(id), needsFrame: false) }
+        try treeChange { () throws(StoreError) in try record(.dropInode(id)) }
         tree.withLock { $0.inodeTotal = $0.inodeTotal.map { $0 - 1 } }
     }
 

@@ -154,8 +154,6 @@ public final class Store: @unchecked Sendable {
     }
     /// The last frame appended to `treeLog`.
     var lastLogged = LogSequence.none
-    /// The overlay has a change not logged that a reply must wait for (`record`).
-    var frameDue = false
     /// Folds written inside transactions still open, with their level and the last frame
     /// they cover: a rollback gives their changes back to the overlay.
     var openFolds: [(level: Int, changes: [TreeChange], through: LogSequence)] = []

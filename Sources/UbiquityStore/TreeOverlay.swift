@@ -106,6 +106,13 @@ struct TreeOverlay {
     /// one, `Store.foldTree`).
     var isEmpty: Bool { changes.count == folded }
     var hasUnlogged: Bool { unlogged < changes.count }
+    /// Whether a change not logged yet must be in a frame before the lock goes (before a
+    /// reply). A drop of an inode need not: only an inode no entry names is dropped, and
+    /// the next open drops every such inode, so a crash that loses the drop loses nothing
+    /// (an `rm -rf` is then one frame a file, the unlink's, not two).
+    var unloggedNeedFrame: Bool {
+        changes[unlogged...].contains { if case .dropInode = $0 { return false } else { return true } }
+    }
 
     mutating func apply(_ change: TreeChange) {
         changes.append(change)
@@ -277,10 +284,15 @@ struct TreeOverlay {
     mutating func markFolded(through end: Int, compacting: Bool = true, prebuilt: inout Rest?) {
         let start = folded
         folded = max(folded, min(end, changes.count))
-        // The saves kept here read as SQLite has them: as the fold amended them.
-        for (row, save) in Store.amendedSaves(changes[start..<folded]) where saves[row] != nil { saves[row] = save }
         freshHistories = []
-        guard compacting, folded >= changes.count - folded else { return }
+        guard compacting, folded >= changes.count - folded else {
+            // The rows stay: the saves among them read as SQLite has them, as the fold
+            // amended them.
+            if !saves.isEmpty {
+                for (row, save) in Store.amendedSaves(changes[start..<folded]) where saves[row] != nil { saves[row] = save }
+            }
+            return
+        }
         var rest: TreeOverlay
         if let through = prebuilt?.through, prebuilt?.generation == generation, prebuilt?.from == folded,
            through <= changes.count, let built = prebuilt.take()?.overlay {

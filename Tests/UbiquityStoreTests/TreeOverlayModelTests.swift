@@ -254,6 +254,13 @@ import UbiquitySystem
         }
     }
 
+    /// A store in `dir` that batches its statements, as a mount's does.
+    static func batchingStore(in dir: TempDirectory) throws -> Store {
+        let store = try Store(directory: dir.path, deviceName: "model")
+        store.startBatching()
+        return store
+    }
+
     /// The store in `dir` as kill -9 leaves it (its files as they are), opened from a copy.
     static func openedAfterKill(_ dir: TempDirectory) throws -> (TempDirectory, Store) {
         let copy = TempDirectory()
@@ -269,8 +276,7 @@ import UbiquitySystem
     @Test func aBatchWriteAndTheTreeChangesOfItsHoldSurviveACrashTogether() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
-        let store = try Store(directory: dir.path, deviceName: "model")
-        store.startBatching()
+        let store = try Self.batchingStore(in: dir)
         let made = try store.create(parent: Store.rootInode, name: "moved", kind: .file, mode: 0o644, uid: 1, gid: 1)
         try store.db.statement("REPLACE INTO settings(key, value) VALUES('batch_write', 'kept')", [])
         #expect(store.db.hasOpenBatch && !store.overlay.isEmpty)
@@ -288,8 +294,7 @@ import UbiquitySystem
     @Test func aDropAtForgetThatNoFrameHoldsIsMadeAgainAtOpen() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
-        let store = try Store(directory: dir.path, deviceName: "model")
-        store.startBatching()
+        let store = try Self.batchingStore(in: dir)
         let made = try store.create(parent: Store.rootInode, name: "doomed", kind: .file, mode: 0o644, uid: 1, gid: 1)
         try store.setXattr(made.id, "user.tag", [1])
         store.logTreeChanges()
