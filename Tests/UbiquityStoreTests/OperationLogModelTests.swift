@@ -153,8 +153,82 @@ import UbiquitySystem
         #expect(replayed.isEmpty)
         #expect(log.nextSequence == LogSequence(6))
         let names = try directoryEntries(directory)
-        #expect(!names.isEmpty && names.allSatisfy { $0.contains(".log.dropped-") }, "\(names)")
+        #expect(!names.isEmpty && names.allSatisfy { $0.contains(".seg.dropped-") }, "\(names)")
         #expect(try log.append([1]) == LogSequence(6))
+    }
+
+    /// Format 19: segments of formats 15 to 18 (`.log`, SHA-256 checks) are read, a torn
+    /// tail cut off, and never appended to; new frames go to `.seg` segments (CRC-32C),
+    /// and a reopen, a kill -9 with a torn frame, and the folding of the old frames all
+    /// keep the one gapless log. Replay: `UBQ_OPLOG_SEED=N ... --filter OperationLogModelTests`.
+    @Test(arguments: [1, 2, UInt64.random(in: 3...UInt64.max)])
+    func segmentsOfTheOlderFormatAreReadAndNeverAppendedTo(seed: UInt64) throws {
+        let seed = replayableSeed(seed, variable: "UBQ_OPLOG_SEED", test: "OperationLogModelTests", filter: "OperationLogModelTests")
+        var rng = SplitMix64(seed: seed)
+        for trial in 0..<40 {
+            let temp = TempDirectory(prefix: "ubiquity-oplog-legacy")
+            defer { temp.cleanup() }
+            let directory = temp.path + "/oplog"
+            try makeDirectories(directory, mode: 0o700)
+            // What a format-18 program left: frames 1...old in segments of a few frames each.
+            let old = rng.int(1..<30)
+            var payloads: [[UInt8]] = (0..<old).map { i in Array("old \(i) ".utf8) + [UInt8](repeating: 5, count: rng.int(0..<300)) }
+            var first = 1
+            while first <= old {
+                let last = min(old, first + rng.int(0..<8))
+                var bytes: [UInt8] = []
+                for sequence in first...last {
+                    var frame = OperationLog.encode(payloads[sequence - 1], kind: .sha256)
+                    OperationLog.stamp(&frame, LogSequence(UInt64(sequence)))
+                    bytes += frame
+                }
+                try writeFileAtomically(OperationLog.segmentPath(directory, LogSequence(UInt64(first)), kind: .sha256), bytes, tempPrefix: ".t")
+                first = last + 1
+            }
+            let torn = rng.int(0..<2) == 0
+            if torn {
+                var frame = OperationLog.encode(Array("torn".utf8), kind: .sha256)
+                OperationLog.stamp(&frame, LogSequence(UInt64(old + 1)))
+                try appendRaw(Array(frame.prefix(rng.int(1..<frame.count))), toLastSegmentIn: directory)
+            }
+            let legacy = try OperationLog.segmentFiles(directory).map(\.path)
+            let sizes = Dictionary(uniqueKeysWithValues: legacy.map { ($0, fileSize($0)) })
+            let mark = rng.int(0..<old + 1)
+            let context = "seed \(seed) trial \(trial): \(old) old frames, folded through \(mark), torn \(torn)"
+
+            var replayed: [[UInt8]] = []
+            var log: OperationLog? = try OperationLog(directory: directory, after: LogSequence(UInt64(mark)), segmentBytes: 4096) { _, p in replayed.append(Array(p)) }
+            #expect(replayed == Array(payloads[mark...]), "\(context): the old frames after the mark replay")
+            let added = rng.int(1..<20)
+            for i in 0..<added {
+                let payload = Array("new \(i) ".utf8) + [UInt8](repeating: 9, count: rng.int(0..<600))
+                #expect(try log!.append(payload) == LogSequence(UInt64(old + i + 1)), "\(context)")
+                payloads.append(payload)
+            }
+            let segments = try OperationLog.segmentFiles(directory)
+            #expect(segments.filter { $0.kind == .sha256 }.allSatisfy { legacy.contains($0.path) }, "\(context)")
+            #expect(segments.contains { $0.kind == .crc32c && $0.first == LogSequence(UInt64(old + 1)) },
+                    "\(context): the first new frame begins a .seg segment: \(segments.map(\.path))")
+            for path in legacy where segments.contains(where: { $0.path == path }) {
+                #expect(fileSize(path) <= sizes[path]!, "\(context): \(path) was appended to")
+            }
+            // kill -9, perhaps inside the next append: the log reopens to every whole frame.
+            let tornAgain = rng.int(0..<2) == 0
+            if tornAgain {
+                var frame = OperationLog.encode(Array("cut".utf8))
+                OperationLog.stamp(&frame, log!.nextSequence)
+                try appendRaw(Array(frame.prefix(rng.int(1..<frame.count))), toLastSegmentIn: directory)
+            }
+            log = nil
+            replayed = []
+            log = try OperationLog(directory: directory, after: LogSequence(UInt64(mark)), segmentBytes: 4096) { _, p in replayed.append(Array(p)) }
+            #expect(replayed == Array(payloads[mark...]), "\(context), torn again \(tornAgain): old and new frames replay in order")
+            // Everything folded: the old segments go, the log goes on.
+            try log!.sync()
+            log!.dropFolded(through: LogSequence(UInt64(payloads.count)))
+            #expect(legacy.allSatisfy { access($0, F_OK) != 0 }, "\(context): the .log segments are gone once folded")
+            #expect(try log!.append([7]) == LogSequence(UInt64(payloads.count + 1)), "\(context)")
+        }
     }
 }
 
@@ -299,6 +373,11 @@ private final class Engine {
         OperationLog.stamp(&frame, log.nextSequence)
         return Array(frame.prefix(rng.int(1..<frame.count)))
     }
+}
+
+private func fileSize(_ path: String) -> Int64 {
+    var st = stat()
+    return stat(path, &st) == 0 ? Int64(st.st_size) : -1
 }
 
 private func appendRaw(_ bytes: [UInt8], toLastSegmentIn directory: String) throws {
