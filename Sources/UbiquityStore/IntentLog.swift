@@ -20,8 +20,8 @@ struct Intent: Equatable {
     var chunkBytes: [ChunkID: [UInt8]] = [:]
 }
 
-/// `intent.log` (store format 7): the saves acknowledged since the last commit of the
-/// metadata batch, one frame each, appended with a single write(2).
+/// `intent.seg` (store format 19; `intent.log` from format 7): the saves acknowledged since
+/// the last commit of the metadata batch, one frame each, appended with a single write(2).
 ///
 /// Why: a save must survive a crash of the daemon when close() returns. Committing the
 /// SQLite batch at every close would do that but writes about 24 pages (96 KiB of WAL) per
@@ -30,9 +30,11 @@ struct Intent: Equatable {
 /// with the group commit (every 100 ms) and the log is emptied. Power loss is a separate
 /// guarantee (fsync, the durability barrier) and the log plays no part in it.
 ///
-/// A frame: length (4 bytes LE) of the payload, the payload, and the first 8 bytes of the
-/// payload's SHA-256; a frame that is cut short or does not match ends the log (a write
-/// torn by the crash). Payload: sequence (8), version id (16 bytes), mtime (8), mode, uid,
+/// A frame: length (4 bytes LE) of the payload, the payload, and the CRC-32C of length and
+/// payload (`FrameCheck`; an `intent.log` of formats 7 to 18 has the first 8 bytes of the
+/// payload's SHA-256 and is converted at open, `convertOlderLog`); a frame that is cut
+/// short or does not match ends the log (a write torn by the crash). Payload: sequence
+/// (8), version id (16 bytes), mtime (8), mode, uid,
 /// gid (4 each), path length (4) and UTF-8 path, content length (4) and
 /// `ChunkList.encoded`, count of chunks carried (4) and for each its 32-byte id, length
 /// (4) and bytes.
@@ -45,8 +47,11 @@ final class IntentLog {
     private(set) var size: Int64 = 0
 
     init(directory: String) {
-        path = directory + "/intent.log"
+        path = directory + "/intent.seg"
     }
+
+    /// The log of store formats 7 to 18, SHA-256 checked: `convertOlderLog` replaces it.
+    static func olderPath(_ directory: String) -> String { directory + "/intent.log" }
 
     deinit { if fd >= 0 { close(fd) } }
 
@@ -63,9 +68,7 @@ final class IntentLog {
         }
         let payload = Self.encode(intent)
         guard payload.count <= Self.maxFrame else { throw .io(errno: EFBIG, "intent of \(payload.count) bytes") }
-        var frame = Self.le(UInt32(payload.count))
-        frame += payload
-        frame += ChunkID(hashing: payload).raw.prefix(8)
+        let frame = Self.frame(payload)
         try StoreError.wrap { () throws(SystemError) in try writeAll(fd, frame, path: path) }
         size += Int64(frame.count)
     }
@@ -145,21 +148,69 @@ final class IntentLog {
 
     /// The intents in the log, up to the first frame that is damaged or cut short, and
     /// where the last whole frame ends.
-    static func frames(path: String) throws(StoreError) -> (intents: [Intent], end: Int64) {
-        guard let bytes = try StoreError.wrap({ () throws(SystemError) in try readFile(path, limit: 1 << 30) }) else { return ([], 0) }
+    static func frames(path: String, check: FrameCheck = .crc32c) throws(StoreError) -> (intents: [Intent], end: Int64) {
+        let (payloads, end) = try payloads(path: path, check: check)
         var intents: [Intent] = []
+        for payload in payloads {
+            guard let intent = decode(payload) else { return (intents, end) }
+            intents.append(intent)
+        }
+        return (intents, end)
+    }
+
+    /// A frame of `payload` as this version writes it.
+    static func frame(_ payload: [UInt8]) -> [UInt8] {
+        let length = le(UInt32(payload.count))
+        return length + payload + length.withUnsafeBytes { l in payload.withUnsafeBytes { p in FrameCheck.crc32c.compute(l, p) } }
+    }
+
+    /// The whole frames' payloads, and where the last ends. Format 7 to 18 checked the
+    /// payload alone; format 19 checks length and payload.
+    private static func payloads(path: String, check: FrameCheck) throws(StoreError) -> (payloads: [[UInt8]], end: Int64) {
+        guard let bytes = try StoreError.wrap({ () throws(SystemError) in try readFile(path, limit: 1 << 30) }) else { return ([], 0) }
+        var payloads: [[UInt8]] = []
         var at = 0
         while bytes.count - at >= 4 {
             let length = Int(Self.u32(bytes, at))
-            guard length <= maxFrame, bytes.count - at - 4 >= length + 8 else { break }
+            guard length <= maxFrame, bytes.count - at - 4 >= length + check.size else { break }
             let payload = Array(bytes[at + 4..<at + 4 + length])
-            guard ChunkID(hashing: payload).raw.prefix(8).elementsEqual(bytes[at + 4 + length..<at + 12 + length]),
-                  let intent = decode(payload) else { break }
-            intents.append(intent)
-            at += 12 + length
+            let computed = payload.withUnsafeBytes { p in
+                check == .crc32c ? bytes[at..<at + 4].withUnsafeBytes { l in check.compute(l, p) } : check.compute(p)
+            }
+            guard computed.elementsEqual(bytes[at + 4 + length..<at + 4 + length + check.size]) else { break }
+            payloads.append(payload)
+            at += 4 + length + check.size
         }
         if at < bytes.count { log("ubiquity: \(path): \(bytes.count - at) bytes after the last whole intent ignored (cut short by the crash)") }
-        return (intents, Int64(at))
+        return (payloads, Int64(at))
+    }
+
+    /// Store format 19: an `intent.log` an older version left (SHA-256 checked) becomes
+    /// `intent.seg`, frame by frame, before anything reads or appends to the log. The copy
+    /// is written, flushed and renamed into place before the old log is unlinked, so a
+    /// crash at any point leaves one of them whole: an old log next to a new one is a
+    /// conversion that ended before its unlink (nothing appends until it is done).
+    static func convertOlderLog(directory: String) throws(StoreError) {
+        let older = olderPath(directory), current = directory + "/intent.seg"
+        guard access(older, F_OK) == 0 else { return }
+        if access(current, F_OK) != 0 {
+            let (payloads, _) = try payloads(path: older, check: .sha256)
+            let temp = current + ".tmp"
+            try StoreError.wrap { () throws(SystemError) in
+                let fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+                if fd < 0 { throw .last("create \(temp)") }
+                defer { close(fd) }
+                try writeAll(fd, payloads.flatMap { frame($0) }, path: temp)
+                if fdatasync(fd) != 0 { throw .last("fdatasync \(temp)") }
+                if rename(temp, current) != 0 { throw .last("rename \(temp)") }
+                try fsyncPath(directory, directory: true)
+            }
+            log("ubiquity: \(older): \(payloads.count) saves moved to \(current) (store format 19)")
+        }
+        try StoreError.wrap { () throws(SystemError) in
+            if unlink(older) != 0 && errno != ENOENT { throw .last("unlink \(older)") }
+            try fsyncPath(directory, directory: true)
+        }
     }
 
     static func encode(_ i: Intent) -> [UInt8] {

@@ -6,7 +6,7 @@ import UbiquitySystem
 ///     meta.sqlite      metadata: tree, versions, histories, xattrs (SQLite, WAL)
 ///     chunks/xx/<sha>  immutable chunk files named by their SHA-256
 ///     staging/         bytes written to open files since their last commit
-///     intent.log       saves acknowledged since the last metadata commit (IntentLog)
+///     intent.seg       saves acknowledged since the last metadata commit (IntentLog)
 ///     log/             tree changes and saves not yet folded into meta.sqlite (Store+Overlay)
 ///     lock             held (flock) by the one process using the store
 ///
@@ -321,6 +321,7 @@ public final class Store: @unchecked Sendable {
             // (the crash took small.sqlite's batch): back first, or the check below
             // would roll those saves back.
             unlink(intents.path + ".tmp") // a `dropPrefix` the stop interrupted; the log is whole
+            try IntentLog.convertOlderLog(directory: directory)
             let logged = try IntentLog.frames(path: intents.path)
             try restoreChunksOfLoggedSaves(logged.intents)
             recovery = try recoverUndurableVersions()

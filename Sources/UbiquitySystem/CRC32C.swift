@@ -28,9 +28,17 @@ public enum CRC32C {
 
     /// The checksum of the buffers one after another, as if they were one.
     public static func checksum(_ buffers: UnsafeRawBufferPointer...) -> UInt32 {
-        var crc: UInt32 = 0xFFFF_FFFF
-        for buffer in buffers { crc = update(crc, buffer) }
-        return ~crc
+        var crc = Running()
+        for buffer in buffers { crc.update(buffer) }
+        return crc.value
+    }
+
+    /// A checksum taken a piece at a time.
+    public struct Running {
+        private var state: UInt32 = 0xFFFF_FFFF
+        public init() {}
+        public mutating func update(_ bytes: UnsafeRawBufferPointer) { state = CRC32C.update(state, bytes) }
+        public var value: UInt32 { ~state }
     }
 
     public static func checksum(_ bytes: some Sequence<UInt8>) -> UInt32 {

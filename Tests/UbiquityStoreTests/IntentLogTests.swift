@@ -90,7 +90,7 @@ import UbiquitySystem
         #expect(try Self.versionCount(reopened, "old") == 2, "the replayed save continues the file's history")
         // The log is empty now, and a second open replays nothing.
         var st = stat()
-        #expect(stat(copy.path + "/intent.log", &st) == 0 && st.st_size == 0)
+        #expect(stat(copy.path + "/intent.seg", &st) == 0 && st.st_size == 0)
     }
 
     @Test func aCommittedBatchIsNotReplayed() throws {
@@ -100,11 +100,11 @@ import UbiquitySystem
         store.startBatching()
         let f = try Self.file(store, "f")
         try Self.save(store, f, "f", Array("one".utf8))
-        let log = try #require(try readFile(dir.path + "/intent.log", limit: 1 << 20))
+        let log = try #require(try readFile(dir.path + "/intent.seg", limit: 1 << 20))
         try store.commitBatch()
         // A kill between the batch's commit and the log's truncation: the log still holds
         // the save, and the database says it is applied.
-        let fd = open(dir.path + "/intent.log", O_WRONLY | O_TRUNC)
+        let fd = open(dir.path + "/intent.seg", O_WRONLY | O_TRUNC)
         _ = log.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
         close(fd)
         let copy = Self.killed(dir)
@@ -248,7 +248,7 @@ import UbiquitySystem
         defer { copy.cleanup() }
         // A power loss took b's chunk file; the crash cut the log's last write short.
         try ChunkDamage.lose(ChunkID(hashing: lost), chunks: copy.path + "/chunks")
-        let fd = open(copy.path + "/intent.log", O_WRONLY | O_APPEND)
+        let fd = open(copy.path + "/intent.seg", O_WRONLY | O_APPEND)
         _ = write(fd, [UInt8(200), 0, 0, 0, 1, 2], 6)
         close(fd)
         try reboot(copy.path)
@@ -373,11 +373,11 @@ import UbiquitySystem
         try Self.save(store, b, "b", Array("during the flush".utf8))
         try store.syncFiles()
         try store.markDurable(upTo: mark)
-        #expect(try IntentLog.read(path: dir.path + "/intent.log").map(\.path) == ["b"])
+        #expect(try IntentLog.read(path: dir.path + "/intent.seg").map(\.path) == ["b"])
         let next = try store.durabilityMark()
         try store.syncFiles()
         try store.markDurable(upTo: next)
-        #expect(try IntentLog.read(path: dir.path + "/intent.log").isEmpty)
+        #expect(try IntentLog.read(path: dir.path + "/intent.seg").isEmpty)
         // A mark no barrier followed (the sync engine's, when nothing waits) leaves no
         // state behind: the next barrier still empties the log (it once kept it forever,
         // found by WorkTests).
@@ -386,10 +386,53 @@ import UbiquitySystem
         let third = try store.durabilityMark()
         try store.syncFiles()
         try store.markDurable(upTo: third)
-        #expect(try IntentLog.read(path: dir.path + "/intent.log").isEmpty)
+        #expect(try IntentLog.read(path: dir.path + "/intent.seg").isEmpty)
         // Appends go on in the replaced file.
         try Self.save(store, a, "a", Array("after".utf8))
-        #expect(try IntentLog.read(path: dir.path + "/intent.log").map(\.path) == ["a"])
+        #expect(try IntentLog.read(path: dir.path + "/intent.seg").map(\.path) == ["a"])
+    }
+
+    /// Store format 19: an `intent.log` of formats 7 to 18 (SHA-256 checked frames) that a
+    /// kill -9 left is converted at open and its saves recorded again, whether the log has
+    /// a torn tail, and whether an earlier open was killed inside the conversion (before
+    /// its rename: a temp file; after it: both logs).
+    @Test(arguments: [1, 2, 3, UInt64.random(in: 4...UInt64.max)])
+    func anIntentLogOfTheOlderFormatIsConvertedAtOpen(seed: UInt64) throws {
+        print("IntentLogTests.anIntentLogOfTheOlderFormatIsConvertedAtOpen seed \(seed)")
+        var rng = SplitMix64(seed: seed)
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "test")
+        store.startBatching()
+        var expected: [String: [UInt8]] = [:]
+        for i in 0..<rng.int(1..<6) {
+            let bytes = [UInt8](repeating: UInt8(i), count: rng.int(1..<5000))
+            try Self.save(store, try Self.file(store, "f\(i)"), "f\(i)", bytes)
+            expected["f\(i)"] = bytes
+        }
+        let copy = Self.killed(dir)
+        defer { copy.cleanup() }
+        // What an older version's kill -9 left: the same frames, checked the older way.
+        let current = copy.path + "/intent.seg", older = copy.path + "/intent.log"
+        var legacy: [UInt8] = []
+        for intent in try IntentLog.read(path: current) {
+            let payload = IntentLog.encode(intent)
+            legacy += withUnsafeBytes(of: UInt32(payload.count).littleEndian) { Array($0) } + payload
+            legacy += payload.withUnsafeBytes { FrameCheck.sha256.compute($0) }
+        }
+        let torn = rng.int(0..<2) == 0
+        if torn { legacy += [UInt8](repeating: 0x5a, count: rng.int(1..<40)) }
+        try writeFileAtomically(older, legacy, tempPrefix: ".t")
+        let stage = rng.int(0..<3)
+        switch stage {
+        case 0: unlink(current)                                          // never converted
+        case 1: unlink(current); try writeFileAtomically(current + ".tmp", [1, 2, 3], tempPrefix: ".t") // killed before the rename
+        default: break                                                   // killed after the rename
+        }
+        let reopened = try Store(directory: copy.path)
+        #expect(reopened.recoveredSaves.sorted() == expected.keys.sorted(), "seed \(seed), stage \(stage), torn \(torn)")
+        for (path, bytes) in expected { #expect(try Self.content(reopened, path) == bytes, "seed \(seed): \(path)") }
+        #expect(access(older, F_OK) != 0 && access(current + ".tmp", F_OK) != 0, "seed \(seed): the older log is gone")
     }
 
     @Test func framesRoundTrip() throws {
