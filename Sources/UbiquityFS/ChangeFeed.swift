@@ -178,12 +178,12 @@ public final class Subscription: @unchecked Sendable {
 extension FileSystem {
     /// Tells watchers about files at these paths (nothing is worked out when nobody
     /// watches). Called under the metadata lock, from the operation that made the change.
-    func publishFileEvents(_ m: Meta, _ changes: [(FileEvent.Kind, String)]) {
+    func publishFileEvents(_ store: any FileSystemStore, _ changes: [(FileEvent.Kind, String)]) {
         guard feed.isWatched else { return }
         var events: [FeedEvent] = []
         // Local-only files too: the snapshot lists them (state local-only).
         for (kind, path) in changes {
-            let item = kind == .removed ? nil : (try? m.store.queryItem(at: path)) ?? nil
+            let item = kind == .removed ? nil : (try? store.queryItem(at: path)) ?? nil
             if kind != .removed && item == nil { continue } // not a regular file (any more)
             events.append(.file(FileEvent(kind: kind, path: path, item: item)))
         }
@@ -192,42 +192,42 @@ extension FileSystem {
 
     /// Files a sync step changed (the tree's changes, with paths), remote key-value
     /// changes and new conflicts.
-    func publishSyncEvents(_ m: Meta, _ changes: TreeChanges) {
+    func publishSyncEvents(_ store: any FileSystemStore, _ changes: TreeChanges) {
         var files: [(FileEvent.Kind, String)] = []
         for entry in changes.entries {
-            guard let dir = m.store.path(of: entry.parent) else { continue }
+            guard let dir = store.path(of: entry.parent) else { continue }
             let path = dir.isEmpty ? entry.name : dir + "/" + entry.name
-            if let id = m.store.child(entry.parent, entry.name) {
-                if m.store.inode(id)?.kind == .file { files.append((.added, path)) }
+            if let id = store.child(entry.parent, entry.name) {
+                if store.inode(id)?.kind == .file { files.append((.added, path)) }
             } else {
                 files.append((.removed, path))
             }
         }
-        for ino in changes.inodes where m.store.inode(ino)?.kind == .file {
-            if let path = m.store.path(of: ino) { files.append((.changed, path)) }
+        for ino in changes.inodes where store.inode(ino)?.kind == .file {
+            if let path = store.path(of: ino) { files.append((.changed, path)) }
         }
         for ino in changes.downloads where !changes.inodes.contains(ino) {
-            if let path = m.store.path(of: ino) { files.append((.download, path)) }
+            if let path = store.path(of: ino) { files.append((.download, path)) }
         }
         for path in changes.conflicts { files.append((.conflict, path)) }
         feed.publish(changes.keyValues.map { .keyValue($0) })
-        publishFileEvents(m, files)
+        publishFileEvents(store, files)
     }
 }
 
 extension FileSystem.Meta {
     /// The path of the entry `name` in directory `parent` (a hard link's other names
     /// have their own paths).
-    func childPath(_ parent: InodeNumber, _ name: String) -> String? {
+    func childPath(_ parent: InodeNumber, _ name: String, store: any FileSystemStore) -> String? {
         guard let dir = store.path(of: parent) else { return nil }
         return dir.isEmpty ? name : dir + "/" + name
     }
 
     /// The paths of the regular files at `parent`/`name`: itself, or those below it when
     /// it is a directory (at most 10,000: a watcher of a bigger move sees its first ones).
-    func filePaths(_ parent: InodeNumber, _ name: String) -> Set<String> {
+    func filePaths(_ parent: InodeNumber, _ name: String, store: any FileSystemStore) -> Set<String> {
         guard !VirtualViews.isVirtual(parent), let id = store.child(parent, name), let inode = store.inode(id),
-              let path = childPath(parent, name) else { return [] }
+              let path = childPath(parent, name, store: store) else { return [] }
         if inode.kind == .file { return [path] }
         guard inode.kind == .directory else { return [] }
         var result: Set<String> = []

@@ -16,7 +16,7 @@ extension FileSystem {
     static let evictionPage = 64
 
     /// The content totals (O(1)).
-    public func contentTotals() -> ContentTotals? { meta.withLock { $0.store.contentTotals() } }
+    public func contentTotals() -> ContentTotals? { meta.withLock { $1.contentTotals() } }
 
     /// Writes the opens noted since the last call, `usesPerHold` per hold of the lock (a
     /// `grep -r` over a million files must not hold every other request behind one long
@@ -33,7 +33,7 @@ extension FileSystem {
             // running in a slice.
             if n > 0 && n % 16 == 0 { checkpointInBackground() }
             let slice = sorted[start..<min(start + Self.usesPerHold, sorted.count)]
-            do { try withMetaSlice { (m) throws(StoreError) in try m.store.noteUses(slice) } } catch {
+            do { try withMetaSlice { (_, store) throws(StoreError) in try store.noteUses(slice) } } catch {
                 log("ubiquity: cache: noting when files were used: \(error)")
                 return
             }
@@ -60,7 +60,7 @@ extension FileSystem {
     /// store that cannot shrink does not cost a walk of its files every 10 s.
     func evictLeastRecentlyUsed(now: Nanos = nowNanos(), until enough: () -> Bool) -> (files: Int, bytes: Int64) {
         guard hasSync else { return (0, 0) } // nowhere to fetch them back from
-        let state = { self.meta.withLock { m in EvictionState(here: m.store.contentTotals()?.here ?? 0, pending: m.store.pendingUploadCount) } }
+        let state = { self.meta.withLock { _, store in EvictionState(here: store.contentTotals()?.here ?? 0, pending: store.pendingUploadCount) } }
         if let last = space.withLock({ $0.evictionExhausted }), last.state == state(), now - last.at < 300 * 1_000_000_000 {
             return (0, 0)
         }
@@ -87,7 +87,7 @@ extension FileSystem {
         while !enough() {
             let page: [(used: Nanos, ino: InodeNumber)]
             do {
-                page = try withMetaSlice { (m) throws(StoreError) in try m.store.evictionCandidates(after: cursor, limit: Self.evictionPage) }
+                page = try withMetaSlice { (_, store) throws(StoreError) in try store.evictionCandidates(after: cursor, limit: Self.evictionPage) }
             } catch {
                 log("ubiquity: cache: \(error)")
                 return (files, freed, false)

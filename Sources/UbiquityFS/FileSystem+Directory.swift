@@ -15,10 +15,10 @@ public enum RenameFlags {
 
 extension FileSystem {
     public func mkdir(parent: InodeNumber, name: String, mode: UInt32, caller: Caller) throws(Errno) -> Attributes {
-        try meta.withLock { (m) throws(Errno) -> Attributes in
-            let inode = try m.makeNode(parent: parent, name: name, kind: .directory, mode: mode, caller: caller)
+        try meta.withLock { (m, store) throws(Errno) -> Attributes in
+            let inode = try m.makeNode(parent: parent, name: name, kind: .directory, mode: mode, caller: caller, store: store)
             references.add(inode.id)
-            return m.attributes(inode)
+            return m.attributes(inode, store: store)
         }
     }
 
@@ -31,52 +31,52 @@ extension FileSystem {
             try release(handle)
             return attributes
         }
-        return try meta.withLock { (m) throws(Errno) -> Attributes in
+        return try meta.withLock { (m, store) throws(Errno) -> Attributes in
             let inode = try m.makeNode(parent: parent, name: name, kind: kind, mode: mode, caller: caller,
-                                       rdev: kind == .blockDevice || kind == .characterDevice ? rdev : 0)
+                                       rdev: kind == .blockDevice || kind == .characterDevice ? rdev : 0, store: store)
             references.add(inode.id)
-            return m.attributes(inode)
+            return m.attributes(inode, store: store)
         }
     }
 
     public func symlink(target: String, parent: InodeNumber, name: String, caller: Caller) throws(Errno) -> Attributes {
         guard NameCodec.byteCount(target) <= 4095 else { throw .nameTooLong }
-        return try meta.withLock { (m) throws(Errno) -> Attributes in
-            let inode = try m.makeNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, target: target)
+        return try meta.withLock { (m, store) throws(Errno) -> Attributes in
+            let inode = try m.makeNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, target: target, store: store)
             references.add(inode.id)
-            return m.attributes(inode)
+            return m.attributes(inode, store: store)
         }
     }
 
     public func link(_ ino: InodeNumber, parent: InodeNumber, name: String) throws(Errno) -> Attributes {
-        try meta.withLock { (m) throws(Errno) -> Attributes in
-            try m.checkNewName(parent: parent, name: name)
-            guard let inode = m.store.inode(ino) else { throw .notFound }
+        try meta.withLock { (m, store) throws(Errno) -> Attributes in
+            try m.checkNewName(parent: parent, name: name, store: store)
+            guard let inode = store.inode(ino) else { throw .notFound }
             guard inode.kind != .directory else { throw .notPermitted }
-            try storeCall { () throws(StoreError) in try m.store.link(ino, parent: parent, name: name) }
+            try storeCall { () throws(StoreError) in try store.link(ino, parent: parent, name: name) }
             references.add(ino)
-            return m.attributes(m.store.inode(ino)!)
+            return m.attributes(store.inode(ino)!, store: store)
         }
     }
 
     public func unlink(parent: InodeNumber, name: String) throws(Errno) {
         if parent == KeyValueDoor.root { return try kvUnlink(parent: parent, name: name) }
         if VirtualViews.isVirtual(parent) { return try discardConflict(parent: parent, name: name) }
-        try meta.withLock { (m) throws(Errno) in
-            let (id, inode) = try m.existing(parent: parent, name: name)
+        try meta.withLock { (m, store) throws(Errno) in
+            let (id, inode) = try m.existing(parent: parent, name: name, store: store)
             guard inode.kind != .directory else { throw .isDirectory }
-            let path = feed.isWatched ? m.childPath(parent, name) : nil
-            try m.removeName(parent: parent, name: name, id: id)
-            if let path, inode.kind == .file { publishFileEvents(m, [(.removed, path)]) }
+            let path = feed.isWatched ? m.childPath(parent, name, store: store) : nil
+            try m.removeName(parent: parent, name: name, id: id, store: store)
+            if let path, inode.kind == .file { publishFileEvents(store, [(.removed, path)]) }
         }
     }
 
     public func rmdir(parent: InodeNumber, name: String) throws(Errno) {
-        try meta.withLock { (m) throws(Errno) in
-            let (id, inode) = try m.existing(parent: parent, name: name)
+        try meta.withLock { (m, store) throws(Errno) in
+            let (id, inode) = try m.existing(parent: parent, name: name, store: store)
             guard inode.kind == .directory else { throw .notDirectory }
-            guard m.store.isEmptyDirectory(id) else { throw .notEmpty }
-            try m.removeName(parent: parent, name: name, id: id)
+            guard store.isEmptyDirectory(id) else { throw .notEmpty }
+            try m.removeName(parent: parent, name: name, id: id, store: store)
         }
     }
 
@@ -92,59 +92,59 @@ extension FileSystem {
             return try takeConflict(parent: parent, name: name, newParent: newParent, newName: newName)
         }
         // Commit the source's pending writes first, so the content that moves is a version.
-        let pending = meta.withLock { m -> (InodeNumber, OpenFile)? in
-            guard let id = m.store.child(parent, name), let open = m.openFiles[id], open.content.isChanged else { return nil }
+        let pending = meta.withLock { (m, store) -> (InodeNumber, OpenFile)? in
+            guard let id = store.child(parent, name), let open = m.openFiles[id], open.content.isChanged else { return nil }
             return (id, open)
         }
         if let (id, open) = pending { try commit(id, open) }
 
-        try meta.withLock { (m) throws(Errno) in
+        try meta.withLock { (m, store) throws(Errno) in
             // For watchers, in the same hold of the lock as the rename (a query that
             // subscribes meanwhile sees it in its snapshot or as events): the files at both
             // names before and after (a directory's files).
             let watched = feed.isWatched
-            let before = watched ? m.filePaths(parent, name).union(m.filePaths(newParent, newName)) : []
-            try renameLocked(&m, parent: parent, name: name, newParent: newParent, newName: newName, flags: flags)
+            let before = watched ? m.filePaths(parent, name, store: store).union(m.filePaths(newParent, newName, store: store)) : []
+            try renameLocked(&m, store, parent: parent, name: name, newParent: newParent, newName: newName, flags: flags)
             if watched {
-                let after = m.filePaths(parent, name).union(m.filePaths(newParent, newName))
-                publishFileEvents(m, before.subtracting(after).sorted().map { (.removed, $0) }
+                let after = m.filePaths(parent, name, store: store).union(m.filePaths(newParent, newName, store: store))
+                publishFileEvents(store, before.subtracting(after).sorted().map { (.removed, $0) }
                                     + after.sorted().map { (before.contains($0) ? .changed : .added, $0) })
             }
         }
     }
 
-    private func renameLocked(_ m: inout Meta, parent: InodeNumber, name: String, newParent: InodeNumber, newName: String,
+    private func renameLocked(_ m: inout Meta, _ store: any FileSystemStore, parent: InodeNumber, name: String, newParent: InodeNumber, newName: String,
                               flags: UInt32) throws(Errno) {
         if VirtualViews.isVirtual(parent) || VirtualViews.isVirtual(newParent) {
             throw .readOnly
         }
         if newParent == Store.rootInode && VirtualViews.rootNames.contains(newName) { throw .readOnly }
-        let (sourceID, source) = try m.existing(parent: parent, name: name)
-        guard let newDir = m.store.inode(newParent) else { throw .notFound }
+        let (sourceID, source) = try m.existing(parent: parent, name: name, store: store)
+        guard let newDir = store.inode(newParent) else { throw .notFound }
         guard newDir.kind == .directory else { throw .notDirectory }
         try checkName(newName)
-        if source.kind == .directory && m.isAncestor(sourceID, of: newParent) { throw .invalid }
-        let targetID = m.store.child(newParent, newName)
+        if source.kind == .directory && m.isAncestor(sourceID, of: newParent, store: store) { throw .invalid }
+        let targetID = store.child(newParent, newName)
         if targetID == sourceID { return }
 
         if flags & RenameFlags.exchange != 0 {
             guard let targetID else { throw .notFound }
-            if let target = m.store.inode(targetID), target.kind == .directory, m.isAncestor(targetID, of: parent) { throw .invalid }
-            try storeCall { () throws(StoreError) in try m.store.exchangeEntries(parent, name, newParent, newName) }
-            try m.pathsChanged(sourceID)
-            try m.pathsChanged(targetID)
+            if let target = store.inode(targetID), target.kind == .directory, m.isAncestor(targetID, of: parent, store: store) { throw .invalid }
+            try storeCall { () throws(StoreError) in try store.exchangeEntries(parent, name, newParent, newName) }
+            try m.pathsChanged(sourceID, store: store)
+            try m.pathsChanged(targetID, store: store)
             return
         }
         var continued: (fileID: FileID, head: Int64?)?
-        if let targetID, let target = m.store.inode(targetID) {
+        if let targetID, let target = store.inode(targetID) {
             if flags & RenameFlags.noReplace != 0 { throw .exists }
             if source.kind == .directory {
                 guard target.kind == .directory else { throw .notDirectory }
-                guard m.store.isEmptyDirectory(targetID) else { throw .notEmpty }
+                guard store.isEmptyDirectory(targetID) else { throw .notEmpty }
             } else if target.kind == .directory {
                 throw .isDirectory
             }
-            let targetPath = m.store.path(of: targetID) ?? ""
+            let targetPath = store.path(of: targetID) ?? ""
             // Only a target whose last name goes hands its history on: a hard-linked
             // target lives on under its other names and keeps its history (seed 105).
             if source.kind == .file, target.kind == .file, target.nlink == 1, let fileID = target.fileID,
@@ -156,12 +156,12 @@ extension FileSystem {
         // grid, so encode it now; a save of an invalid grid over a picture is refused
         // before anything changes, as a refused write is.
         var content = try storeCall { () throws(StoreError) -> ChunkList in
-            try source.head.map { (row) throws(StoreError) in try m.store.chunkList(row: row) } ?? ChunkList()
+            try source.head.map { (row) throws(StoreError) in try store.chunkList(row: row) } ?? ChunkList()
         }
         var encoded = false
         if source.kind == .file, TinyPixView.applies(to: newName), !TinyPixView.applies(to: name) {
             do throws(StoreError) {
-                content = try TinyPixView.stored(from: content, chunks: m.store.chunks, path: newName)
+                content = try TinyPixView.stored(from: content, chunks: store.chunks, path: newName)
                 encoded = true
             } catch {
                 // Content that is not here (files on demand) cannot be read under the
@@ -170,14 +170,14 @@ extension FileSystem {
             }
         }
         if let targetID {
-            try m.removeName(parent: newParent, name: newName, id: targetID, historyContinues: continued != nil)
+            try m.removeName(parent: newParent, name: newName, id: targetID, historyContinues: continued != nil, store: store)
         }
-        try storeCall { () throws(StoreError) in try m.store.moveEntry(from: parent, name, to: newParent, newName) }
+        try storeCall { () throws(StoreError) in try store.moveEntry(from: parent, name, to: newParent, newName) }
         if encoded && continued == nil {
-            let path = m.store.path(of: sourceID) ?? newName
+            let path = store.path(of: sourceID) ?? newName
             let finalContent = content
             _ = try storeCall { () throws(StoreError) in
-                try m.store.commit(sourceID, content: finalContent, path: path, local: LocalOnly.contains(path))
+                try store.commit(sourceID, content: finalContent, path: path, local: LocalOnly.contains(path))
             }
         }
         if let continued {
@@ -189,12 +189,12 @@ extension FileSystem {
                 // A source with a longer history keeps it, shown at its old path.
                 // Only a history this device made: another device's file keeps its own
                 // (else a synced file's only version leaves .versions/: simulation seed 20).
-                if let old = source.fileID { try m.store.endHistoryRenamedOver(old) }
-                try m.store.adoptHistory(sourceID, fileID: continued.fileID, head: continued.head)
-                try m.store.commit(sourceID, content: content, path: m.store.path(of: sourceID) ?? newName, local: false)
+                if let old = source.fileID { try store.endHistoryRenamedOver(old) }
+                try store.adoptHistory(sourceID, fileID: continued.fileID, head: continued.head)
+                try store.commit(sourceID, content: content, path: store.path(of: sourceID) ?? newName, local: false)
             }
         }
-        try m.pathsChanged(sourceID)
+        try m.pathsChanged(sourceID, store: store)
     }
 
     // MARK: readdir
@@ -203,9 +203,9 @@ extension FileSystem {
         if Self.isTreeNode(ino), let (dir, _, _) = store.tree.inode(ino, holding: { _ in () }), dir.kind == .directory {
             return handles.register(.directory(ino: ino, entries: nil))
         }
-        return try meta.withLock { (m) throws(Errno) -> HandleID in
+        return try meta.withLock { (m, store) throws(Errno) -> HandleID in
             if !VirtualViews.isVirtual(ino) {
-                guard let dir = m.store.inode(ino) else { throw .notFound }
+                guard let dir = store.inode(ino) else { throw .notFound }
                 guard dir.kind == .directory else { throw .notDirectory }
             }
             return m.register(.directory(ino: ino, entries: nil))
@@ -230,10 +230,10 @@ extension FileSystem {
                 return fresh
             }
         }
-        return try meta.withLock { (m) throws(Errno) -> [DirectoryEntry] in
+        return try meta.withLock { (m, store) throws(Errno) -> [DirectoryEntry] in
             guard case .directory(let ino, let entries) = m.handles[handle] else { throw .badHandle }
             if !fromStart, let entries { return entries }
-            let fresh = try m.listing(ino, showVersions: options.showVersions)
+            let fresh = try m.listing(ino, showVersions: options.showVersions, store: store)
             m.handles[handle] = .directory(ino: ino, entries: fresh)
             return fresh
         }
@@ -283,7 +283,7 @@ extension FileSystem.Meta {
     }
 
     /// The entries of directory `ino` (control entries at the root), with attributes.
-    mutating func listing(_ ino: InodeNumber, showVersions: Bool) throws(Errno) -> [DirectoryEntry] {
+    mutating func listing(_ ino: InodeNumber, showVersions: Bool, store: any FileSystemStore) throws(Errno) -> [DirectoryEntry] {
         if ino == KeyValueDoor.root {
             // Open key files and open listings of .kv keep their keys' numbers.
             var pinned: Set<InodeNumber> = []
@@ -296,7 +296,7 @@ extension FileSystem.Meta {
             }
             kv.pruneUnreferenced { pinned }
             return try storeCall { () throws(StoreError) in try store.kvEntries() }.map { entry in
-                DirectoryEntry(name: entry.key, attributes: kvAttributes(kv.number(entry.key), entry: entry))
+                DirectoryEntry(name: entry.key, attributes: kvAttributes(kv.number(entry.key), entry: entry, store: store))
             }
         }
         if KeyValueDoor.owns(ino) { throw .notDirectory }
@@ -311,7 +311,7 @@ extension FileSystem.Meta {
         return list
     }
 
-    func existing(parent: InodeNumber, name: String) throws(Errno) -> (InodeNumber, Inode) {
+    func existing(parent: InodeNumber, name: String, store: any FileSystemStore) throws(Errno) -> (InodeNumber, Inode) {
         if VirtualViews.isVirtual(parent) || (parent == Store.rootInode && VirtualViews.rootNames.contains(name)) { throw .readOnly }
         guard let dir = store.inode(parent) else { throw .notFound }
         guard dir.kind == .directory else { throw .notDirectory }
@@ -319,7 +319,7 @@ extension FileSystem.Meta {
         return (id, inode)
     }
 
-    func checkNewName(parent: InodeNumber, name: String) throws(Errno) {
+    func checkNewName(parent: InodeNumber, name: String, store: any FileSystemStore) throws(Errno) {
         if VirtualViews.isVirtual(parent) { throw .readOnly }
         if parent == Store.rootInode && VirtualViews.rootNames.contains(name) { throw .exists }
         try checkName(name)
@@ -330,8 +330,8 @@ extension FileSystem.Meta {
     }
 
     mutating func makeNode(parent: InodeNumber, name: String, kind: NodeKind, mode: UInt32, caller: Caller,
-                           rdev: UInt64 = 0, target: String? = nil) throws(Errno) -> Inode {
-        try checkNewName(parent: parent, name: name)
+                           rdev: UInt64 = 0, target: String? = nil, store: any FileSystemStore) throws(Errno) -> Inode {
+        try checkNewName(parent: parent, name: name, store: store)
         // A set-group-ID directory passes its group on (and, to directories, the bit).
         let dir = store.inode(parent)!
         let sgid = dir.mode & UInt32(S_ISGID) != 0
@@ -353,7 +353,7 @@ extension FileSystem.Meta {
 
     /// Removes one name. A file whose last name goes gets a tombstone in its history
     /// (unless its history continues under another inode: rename over).
-    mutating func removeName(parent: InodeNumber, name: String, id: InodeNumber, historyContinues: Bool = false) throws(Errno) {
+    mutating func removeName(parent: InodeNumber, name: String, id: InodeNumber, historyContinues: Bool = false, store: any FileSystemStore) throws(Errno) {
         let path = store.path(of: id) ?? name
         let before = store.inode(id)!
         let after = try storeCall { () throws(StoreError) in try store.removeEntry(parent: parent, name: name, id: id) }
@@ -365,10 +365,10 @@ extension FileSystem.Meta {
                 try storeCall { () throws(StoreError) in try store.commitTombstone(fileID: fileID, head: before.head, path: path) }
             }
         }
-        if after?.nlink == 0 { noteUnlinked(id) }
+        if after?.nlink == 0 { noteUnlinked(id, store: store) }
     }
 
-    func isAncestor(_ ancestor: InodeNumber, of node: InodeNumber) -> Bool {
+    func isAncestor(_ ancestor: InodeNumber, of node: InodeNumber, store: any FileSystemStore) -> Bool {
         var current = node
         var steps = 0
         while steps < 4096 {
@@ -384,11 +384,11 @@ extension FileSystem.Meta {
 
     /// After a rename: move where the histories below `id` are shown, and give files that
     /// moved between local-only and synced names a version at their new path.
-    mutating func pathsChanged(_ id: InodeNumber) throws(Errno) {
+    mutating func pathsChanged(_ id: InodeNumber, store: any FileSystemStore) throws(Errno) {
         guard let inode = store.inode(id) else { return }
         switch inode.kind {
         case .directory:
-            for entry in store.entries(id) { try pathsChanged(entry.id) }
+            for entry in store.entries(id) { try pathsChanged(entry.id, store: store) }
         case .file:
             guard let path = store.path(of: id), let fileID = inode.fileID, let headRow = inode.head else { return }
             let head = try storeCall { () throws(StoreError) in try store.version(row: headRow) }

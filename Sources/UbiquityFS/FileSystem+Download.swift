@@ -20,20 +20,20 @@ extension FileSystem {
     /// their paths and the bytes of each not here. Reads a directory per hold of the lock.
     public func keepTargets(at path: String) throws(Errno) -> [(ino: InodeNumber, path: String, absent: Int64)] {
         let clean = path.split(separator: "/").joined(separator: "/")
-        let start = try withMeta { (m) throws(StoreError) -> (InodeNumber, NodeKind)? in
-            guard let ino = clean.isEmpty ? Store.rootInode : m.store.locate(clean)?.2, let inode = m.store.inode(ino) else { return nil }
+        let start = try withMeta { (_, store) throws(StoreError) -> (InodeNumber, NodeKind)? in
+            guard let ino = clean.isEmpty ? Store.rootInode : store.locate(clean)?.2, let inode = store.inode(ino) else { return nil }
             return (ino, inode.kind)
         }
         guard let (root, kind) = start else { throw .notFound }
         if kind == .file {
-            let absent = try withMeta { (m) throws(StoreError) in m.store.inode(root)?.absent ?? 0 }
+            let absent = try withMeta { (_, store) throws(StoreError) in store.inode(root)?.absent ?? 0 }
             return [(root, clean, absent)]
         }
         guard kind == .directory else { return [] }
         var result: [(ino: InodeNumber, path: String, absent: Int64)] = []
         var pending: [(InodeNumber, String)] = [(root, clean)]
         while let (dir, prefix) = pending.popLast() {
-            let entries = try withMetaSlice { (m) throws(StoreError) in m.store.entriesWithInodes(dir) }
+            let entries = try withMetaSlice { (_, store) throws(StoreError) in store.entriesWithInodes(dir) }
             for entry in entries {
                 // The hidden views and the key-value door are not files of the tree.
                 if dir == Store.rootInode && (VirtualViews.rootNames.contains(entry.name) || entry.name == KeyValueDoor.name) { continue }
@@ -52,7 +52,7 @@ extension FileSystem {
     /// arrive (in pieces of at most 8 MiB).
     public func download(_ ino: InodeNumber, progress: (Int64) -> Void = { _ in }) -> KeepOutcome {
         do {
-            let wants = try withMeta { (m) throws(StoreError) in try m.store.missingChunks(of: ino) }
+            let wants = try withMeta { (_, store) throws(StoreError) in try store.missingChunks(of: ino) }
             var fetched: Int64 = 0
             var start = 0
             while start < wants.count {
@@ -76,7 +76,7 @@ extension FileSystem {
     /// `ubiquity pin` / `unpin`: what this device keeps of the file (pinning does not
     /// download by itself: the caller downloads, and the background download keeps it).
     public func setKeep(_ ino: InodeNumber, _ keep: KeepPolicy) throws(Errno) {
-        try withMeta { (m) throws(StoreError) in try m.store.setKeep(ino, keep) }
+        try withMeta { (_, store) throws(StoreError) in try store.setKeep(ino, keep) }
     }
 
     /// `ubiquity evict`: drops the local copies of file `ino`'s content, which its packs
@@ -91,12 +91,12 @@ extension FileSystem {
         enum Plan { case evict(head: Int64?, [ChunkID: ChunkPlace]), refuse(String) }
         let plan: Plan
         do {
-            plan = try meta.withLock { (m) throws(StoreError) -> Plan in
-                if let why = m.evictRefusal(ino, closedOnly: closedOnly) { return .refuse(why) }
-                guard let head = m.store.inode(ino)?.head else { return .evict(head: nil, [:]) }
-                guard try m.store.isUploaded(row: head) else { return .refuse("its current version is not uploaded yet (`ubiquity sync` uploads it)") }
-                let ids = Set(try m.store.chunkList(row: head).chunks.filter { $0.size > Store.inlineChunkLimit && chunks.isLocal($0.id) }.map(\.id))
-                let places = try m.store.chunkPlaces(ids)
+            plan = try meta.withLock { (m, store) throws(StoreError) -> Plan in
+                if let why = m.evictRefusal(ino, closedOnly: closedOnly, store: store) { return .refuse(why) }
+                guard let head = store.inode(ino)?.head else { return .evict(head: nil, [:]) }
+                guard try store.isUploaded(row: head) else { return .refuse("its current version is not uploaded yet (`ubiquity sync` uploads it)") }
+                let ids = Set(try store.chunkList(row: head).chunks.filter { $0.size > Store.inlineChunkLimit && chunks.isLocal($0.id) }.map(\.id))
+                let places = try store.chunkPlaces(ids)
                 if let unplaced = ids.first(where: { places[$0] == nil }) {
                     return .refuse("chunk \(unplaced.hex) has no known place in the backing store")
                 }
@@ -124,13 +124,13 @@ extension FileSystem {
         // store answered, the file may have been pinned, opened, written or replaced.
         let outcome: KeepOutcome
         do {
-            outcome = try meta.withLock { (m) throws(StoreError) -> KeepOutcome in
-                if let why = m.evictRefusal(ino, closedOnly: closedOnly) { return .refused(why) }
-                guard m.store.inode(ino)?.head == head else { return .refused("it changed while the backing store was asked") }
+            outcome = try meta.withLock { (m, store) throws(StoreError) -> KeepOutcome in
+                if let why = m.evictRefusal(ino, closedOnly: closedOnly, store: store) { return .refused(why) }
+                guard store.inode(ino)?.head == head else { return .refused("it changed while the backing store was asked") }
                 var inUse = keeping ?? ChunksInUse()
-                if keeping == nil { inUse = try m.chunksInUse() }
+                if keeping == nil { inUse = try m.chunksInUse(store: store) }
                 let freed = chunks.evict(places.keys.filter { !inUse.contains($0, besides: ino) })
-                try m.store.setKeep(ino, .evicted)
+                try store.setKeep(ino, .evicted)
                 return .done(bytes: freed)
             }
             if case .done = outcome {
@@ -147,7 +147,7 @@ extension FileSystem {
     /// The chunks of pinned files and of open ones (worked out once by a caller that
     /// evicts many files): an eviction leaves them, whatever other file it is for.
     public func chunksInUse() throws(Errno) -> ChunksInUse {
-        try withMeta { (m) throws(StoreError) in try m.chunksInUse() }
+        try withMeta { (m, store) throws(StoreError) in try m.chunksInUse(store: store) }
     }
 
     /// What pinned and open files use, each open file's apart (a file evicted while it
@@ -167,10 +167,10 @@ extension FileSystem {
     func refreshDownloadState(_ ino: InodeNumber) throws(Errno) {
         var changes = TreeChanges()
         changes.downloads.insert(ino)
-        let changed = try withMeta { (m) throws(StoreError) -> Bool in
-            let before = m.store.inode(ino)?.absent
-            let refreshed = try m.store.refreshAbsent(ino)
-            if refreshed.stateChanged { publishSyncEvents(m, changes) }
+        let changed = try withMeta { (_, store) throws(StoreError) -> Bool in
+            let before = store.inode(ino)?.absent
+            let refreshed = try store.refreshAbsent(ino)
+            if refreshed.stateChanged { publishSyncEvents(store, changes) }
             return refreshed.absent != before
         }
         // Nothing came or went (a download of a file all here): the kernel keeps its view.
@@ -180,7 +180,7 @@ extension FileSystem {
 
 extension FileSystem.Meta {
     /// Why file `ino` may not be evicted now (nil: it may).
-    func evictRefusal(_ ino: InodeNumber, closedOnly: Bool) -> String? {
+    func evictRefusal(_ ino: InodeNumber, closedOnly: Bool, store: any FileSystemStore) -> String? {
         guard let inode = store.inode(ino), inode.kind == .file else { return "not a regular file" }
         if LocalOnly.contains(store.path(of: ino) ?? "") { return "a local-only file: it is never uploaded" }
         if inode.keep == .pinned { return "pinned (`ubiquity unpin` it first)" }
@@ -190,7 +190,7 @@ extension FileSystem.Meta {
     }
 
     /// The chunks of the current contents of pinned files and of open files.
-    func chunksInUse() throws(StoreError) -> FileSystem.ChunksInUse {
+    func chunksInUse(store: any FileSystemStore) throws(StoreError) -> FileSystem.ChunksInUse {
         var inUse = FileSystem.ChunksInUse()
         for ino in try store.pinnedFiles() {
             if let head = store.inode(ino)?.head { inUse.pinned.formUnion(try store.chunkList(row: head).ids) }

@@ -64,14 +64,14 @@ extension FileSystem {
 
     public func create(parent: InodeNumber, name: String, mode: UInt32, flags: OpenFlags, caller: Caller) throws(Errno) -> (Attributes, HandleID) {
         if parent == KeyValueDoor.root { return try kvCreate(parent: parent, name: name, flags: flags) }
-        let (attributes, handle, open) = try meta.withLock { (m) throws(Errno) -> (Attributes, HandleID, OpenFile) in
-            let inode = try m.makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller)
-            let open = try m.openFile(inode.id)
+        let (attributes, handle, open) = try meta.withLock { (m, store) throws(Errno) -> (Attributes, HandleID, OpenFile) in
+            let inode = try m.makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller, store: store)
+            let open = try m.openFile(inode.id, store: store)
             open.handles = 1
             references.add(inode.id)
             let handle = m.register(.file(ino: inode.id, open: open, writable: true))
-            if feed.isWatched, let path = m.store.path(of: inode.id) { publishFileEvents(m, [(.added, path)]) }
-            return (m.attributes(inode), handle, open)
+            if feed.isWatched, let path = store.path(of: inode.id) { publishFileEvents(store, [(.added, path)]) }
+            return (m.attributes(inode, store: store), handle, open)
         }
         // A new file is a save even if nothing is written: its empty first version.
         try storeCall { () throws(StoreError) in try open.content.truncate(0) }
@@ -92,15 +92,15 @@ extension FileSystem {
         if KeyValueDoor.owns(ino) { return try kvOpen(ino, flags: flags) }
         if VirtualViews.isVirtual(ino) {
             if flags.writable || flags.truncates { throw .readOnly }
-            return try meta.withLock { (m) throws(Errno) -> HandleID in
-                let content = try m.views.content(ino, store: m.store)
+            return try meta.withLock { (m, store) throws(Errno) -> HandleID in
+                let content = try m.views.content(ino, store: store)
                 return m.register(.view(content: content))
             }
         }
-        let (handle, open, size) = try meta.withLock { (m) throws(Errno) -> (HandleID, OpenFile, Int64) in
-            guard let inode = m.store.inode(ino) else { throw .notFound }
+        let (handle, open, size) = try meta.withLock { (m, store) throws(Errno) -> (HandleID, OpenFile, Int64) in
+            guard let inode = store.inode(ino) else { throw .notFound }
             guard inode.kind == .file else { throw inode.kind == .directory ? .isDirectory : .invalid }
-            let open = try m.openFile(ino)
+            let open = try m.openFile(ino, store: store)
             open.handles += 1
             return (m.register(.file(ino: ino, open: open, writable: flags.writable)), open, inode.size)
         }
@@ -140,13 +140,13 @@ extension FileSystem {
         defer {
             // Chunks a reader fetched: the file's count of bytes not here follows.
             let fetched = chunks.fetchStatistics.chunks != open.fetchMark
-            meta.withLock { m in
+            meta.withLock { m, store in
                 if open.handles == 0 && m.openFiles[ino] === open && !open.content.isChanged {
                     m.closeFile(ino)
-                    m.dropIfUnreferenced(ino)
+                    m.dropIfUnreferenced(ino, store: store)
                 }
             }
-            if fetched && (try? withMeta { (m) throws(StoreError) in (m.store.inode(ino)?.absent ?? 0) > 0 }) == true {
+            if fetched && (try? withMeta { (_, store) throws(StoreError) in (store.inode(ino)?.absent ?? 0) > 0 }) == true {
                 try? refreshDownloadState(ino)
             }
         }
@@ -164,7 +164,7 @@ extension FileSystem {
             // else takes the barrier, which folds the log into the synced database.
             let durable = try onFullDisk { () throws(Errno) -> Bool in
                 try commit(ino, open)
-                guard let fd = try withMeta({ (m) throws(StoreError) in try m.store.logDurably(ino) }) else { return false }
+                guard let fd = try withMeta({ (_, store) throws(StoreError) in try store.logDurably(ino) }) else { return false }
                 defer { close(fd) }
                 guard fdatasync(fd) == 0 else { throw Errno(errno) }
                 return true
@@ -179,7 +179,7 @@ extension FileSystem {
     public func fsyncDirectory() throws(Errno) {
         try storeCall { () throws(StoreError) in
             try store.foldAhead()
-            let mark = try store.withLock { (store) throws(StoreError) in try store.durabilityMark() }
+            let mark = try store.durabilityMark()
             try store.syncFiles()
             try store.markDurable(upTo: mark)
         }
@@ -260,9 +260,9 @@ extension FileSystem {
             throw error
         }
         let contentChanged = kind != 0 || open.content.size != sizeBefore
-        try recordReserve(ino, open) { (m, inode) in
+        try recordReserve(ino, open) { (store, inode) in
             // ctime always, mtime when the content or the size changed (at the next save).
-            inode.ctime = m.store.clock()
+            inode.ctime = store.clock()
             if contentChanged { open.pendingMTime = inode.ctime }
         }
         if contentChanged { autosaveDue.ring() }
@@ -297,16 +297,16 @@ extension FileSystem {
     func truncate(_ ino: InodeNumber, to size: Int64) throws(Errno) {
         guard size >= 0 else { throw .invalid }
         guard size <= maxFileSize else { throw .fileTooBig }
-        let (open, temporary) = try meta.withLock { (m) throws(Errno) -> (OpenFile, Bool) in
-            guard let inode = m.store.inode(ino) else { throw .notFound }
+        let (open, temporary) = try meta.withLock { (m, store) throws(Errno) -> (OpenFile, Bool) in
+            guard let inode = store.inode(ino) else { throw .notFound }
             guard inode.kind == .file else { throw inode.kind == .directory ? .isDirectory : .invalid }
             let temporary = m.openFiles[ino] == nil
-            let open = try m.openFile(ino)
+            let open = try m.openFile(ino, store: store)
             open.handles += 1
             return (open, temporary)
         }
         defer {
-            meta.withLock { m in
+            meta.withLock { m, _ in
                 open.handles -= 1
                 if open.handles == 0 && !open.content.isChanged && m.openFiles[ino] === open { m.closeFile(ino) }
             }
@@ -328,8 +328,8 @@ extension FileSystem {
     func commit(_ ino: InodeNumber, _ open: OpenFile, ifClosed: Bool = false) throws(Errno) {
         let committed = try storeCall { () throws(StoreError) in
             try open.content.commit(proceed: { !ifClosed || state.withLock { _ in open.handles == 0 } }) { (list) throws(StoreError) -> ChunkList in
-                try meta.withLock { (m) throws(StoreError) -> ChunkList in
-                    guard let inode = m.store.inode(ino), inode.nlink > 0, let path = m.store.path(of: ino) else { return list }
+                try meta.withLock { (_, store) throws(StoreError) -> ChunkList in
+                    guard let inode = store.inode(ino), inode.nlink > 0, let path = store.path(of: ino) else { return list }
                     var stored = list
                     if open.isTinyPix { stored = try TinyPixView.stored(from: list, chunks: chunks, path: path) }
                     // A saved file survives a crash of this process once this returns: the
@@ -337,13 +337,13 @@ extension FileSystem {
                     // right after a write does not lose the file (the systemd test checks it).
                     let written = open.takePendingMTime()
                     do throws(StoreError) {
-                        try m.store.commit(ino, content: stored, path: path, local: LocalOnly.contains(path), written: written)
+                        try store.commit(ino, content: stored, path: path, local: LocalOnly.contains(path), written: written)
                     } catch {
                         // Kept for the next commit, unless a later write set a newer time.
                         if let written { open.restorePendingMTime(written) }
                         throw error
                     }
-                    publishFileEvents(m, [(.changed, path)])
+                    publishFileEvents(store, [(.changed, path)])
                     return open.isTinyPix ? try TinyPixView.view(of: stored, chunks: chunks) : list
                 }
             }
@@ -355,15 +355,15 @@ extension FileSystem {
     /// (the reserve is not content, so it outlives commits and reaches the inode directly).
     /// `also` changes the inode in the same hold of the lock and the same update (fallocate's
     /// ctime), so one call costs one inode write.
-    private func recordReserve(_ ino: InodeNumber, _ open: OpenFile, also: (Meta, inout Inode) -> Void = { _, _ in }) throws(Errno) {
-        try withMeta { (m) throws(StoreError) in
-            guard var inode = m.store.inode(ino) else { return }
-            also(m, &inode)
+    private func recordReserve(_ ino: InodeNumber, _ open: OpenFile, also: (any FileSystemStore, inout Inode) -> Void = { _, _ in }) throws(Errno) {
+        try withMeta { (_, store) throws(StoreError) in
+            guard var inode = store.inode(ino) else { return }
+            also(store, &inode)
             if !open.isTinyPix {
                 inode.allocated = open.content.committedStoredBytes.addingClamped(open.content.reservedHoleBytes)
-                try m.store.setReservedRanges(ino, open.content.reservation.ranges)
+                try store.setReservedRanges(ino, open.content.reservation.ranges)
             }
-            try m.store.update(inode)
+            try store.update(inode)
         }
     }
 
@@ -390,7 +390,7 @@ extension FileSystem {
     /// Returns false when the commit failed.
     @discardableResult
     public func commitMetadata() -> Bool {
-        do { try withMeta { (m) throws(StoreError) in try m.store.commitBatch() } } catch {
+        do { try withMeta { (_, store) throws(StoreError) in try store.commitBatch() } } catch {
             log("ubiquity: metadata commit failed: \(error)")
             return false
         }
@@ -413,7 +413,7 @@ extension FileSystem {
         // (Store+Recovery).
         do { try fsyncDirectory() } catch { log("ubiquity: durability barrier at unmount failed: \(error)") }
         chunks.seal()
-        do { try withMeta { (m) throws(StoreError) in try m.store.checkpoint() } } catch { log("ubiquity: checkpoint at unmount failed: \(error)") }
+        do { try withMeta { (_, store) throws(StoreError) in try store.checkpoint() } } catch { log("ubiquity: checkpoint at unmount failed: \(error)") }
     }
 
     /// Database checkpoints off the serving connections (the session's loop, every 5 s):
@@ -429,7 +429,7 @@ extension FileSystem {
         // The probe below goes through the gate: what a burst left is folded first, while
         // requests go on (`SharedStore.foldAhead`), not under the locks.
         do { try store.foldAhead() } catch { log("ubiquity: folding before the durability barrier failed: \(error)") }
-        guard (try? store.withLock { (store) throws(StoreError) in try store.hasUndurableVersions() || store.treeLogNeedsTrim }) == true else { return }
+        guard (try? store.needsDurableWork()) == true else { return }
         do { try fsyncDirectory() } catch { log("ubiquity: periodic durability barrier failed: \(error)") }
     }
 
@@ -489,7 +489,7 @@ extension FileSystem.Meta {
     }
 
     /// The open state of a file, created from its current version on first open.
-    mutating func openFile(_ ino: InodeNumber) throws(Errno) -> OpenFile {
+    mutating func openFile(_ ino: InodeNumber, store: any FileSystemStore) throws(Errno) -> OpenFile {
         if let open = openFiles[ino] { return open }
         let isTinyPix = store.name(of: ino).map(TinyPixView.applies) ?? false
         let chunks = store.chunks

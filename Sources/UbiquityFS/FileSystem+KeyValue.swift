@@ -75,15 +75,15 @@ extension FileSystem {
     // MARK: nodes
 
     func kvLookup(parent: InodeNumber, name: String, counting: Bool = true) throws(Errno) -> Attributes {
-        try meta.withLock { (m) throws(Errno) -> Attributes in
-            if parent == Store.rootInode { return m.kvAttributes(KeyValueDoor.root, entry: nil) }
+        try meta.withLock { (m, store) throws(Errno) -> Attributes in
+            if parent == Store.rootInode { return m.kvAttributes(KeyValueDoor.root, entry: nil, store: store) }
             guard parent == KeyValueDoor.root else { throw .notFound }
-            guard let entry = try storeCall({ () throws(StoreError) in try m.store.kvEntry(name) }), !entry.isTombstone else {
+            guard let entry = try storeCall({ () throws(StoreError) in try store.kvEntry(name) }), !entry.isTombstone else {
                 throw .notFound
             }
             let ino = m.kv.number(name)
             if counting { m.kv.referenced(ino) }
-            return m.kvAttributes(ino, entry: entry)
+            return m.kvAttributes(ino, entry: entry, store: store)
         }
     }
 
@@ -92,15 +92,15 @@ extension FileSystem {
     func kvCreate(parent: InodeNumber, name: String, flags: OpenFlags) throws(Errno) -> (Attributes, HandleID) {
         guard parent == KeyValueDoor.root else { throw .readOnly }
         do throws(KVError) { try KeyValues.check(key: name, limits: kvLimits) } catch { throw StoreError.keyValue(error).errno }
-        return try meta.withLock { (m) throws(Errno) -> (Attributes, HandleID) in
-            let current = try storeCall { () throws(StoreError) in try m.store.kvEntry(name) }.flatMap { $0.isTombstone ? nil : $0 }
+        return try meta.withLock { (m, store) throws(Errno) -> (Attributes, HandleID) in
+            let current = try storeCall { () throws(StoreError) in try store.kvEntry(name) }.flatMap { $0.isTombstone ? nil : $0 }
             if current != nil && flags.raw & O_EXCL != 0 { throw .exists }
             let open = KeyValueOpen(key: name, writable: true, buffer: [], type: current?.type)
             open.dirty = true
             let ino = m.kv.number(name)
             m.kv.referenced(ino)
             let handle = m.register(.keyValue(open))
-            var a = m.kvAttributes(ino, entry: current)
+            var a = m.kvAttributes(ino, entry: current, store: store)
             a.size = 0
             a.allocated = 0
             return (a, handle)
@@ -108,10 +108,10 @@ extension FileSystem {
     }
 
     func kvOpen(_ ino: InodeNumber, flags: OpenFlags) throws(Errno) -> HandleID {
-        try meta.withLock { (m) throws(Errno) -> HandleID in
+        try meta.withLock { (m, store) throws(Errno) -> HandleID in
             if ino == KeyValueDoor.root { throw .isDirectory }
             guard let key = m.kv.key(ino) else { throw .notFound }
-            let current = try storeCall { () throws(StoreError) in try m.store.kvEntry(key) }.flatMap { $0.isTombstone ? nil : $0 }
+            let current = try storeCall { () throws(StoreError) in try store.kvEntry(key) }.flatMap { $0.isTombstone ? nil : $0 }
             let truncate = flags.writable && flags.truncates
             guard current != nil || truncate || flags.raw & O_CREAT != 0 else { throw .notFound }
             let open = KeyValueOpen(key: key, writable: flags.writable, buffer: truncate ? [] : current?.value ?? [], type: current?.type)
@@ -121,7 +121,7 @@ extension FileSystem {
     }
 
     func kvRead(_ open: KeyValueOpen, offset: Int64, count: Int) -> [UInt8] {
-        meta.withLock { _ in
+        meta.withLock { _, _ in
             guard offset >= 0, offset < Int64(open.buffer.count), count > 0 else { return [] }
             let start = Int(offset)
             return Array(open.buffer[start..<min(open.buffer.count, start + min(count, open.buffer.count - start))])
@@ -135,10 +135,10 @@ extension FileSystem {
         guard offset >= 0 else { throw .invalid }
         let (end, overflow) = offset.addingReportingOverflow(Int64(data.count))
         guard !overflow, end <= Int64(kvLimits.maxValueBytes) else {
-            meta.withLock { _ in open.tooBig = true }
+            meta.withLock { _, _ in open.tooBig = true }
             throw .fileTooBig
         }
-        meta.withLock { _ in
+        meta.withLock { _, _ in
             let start = Int(offset)
             if open.buffer.count < start + data.count { open.buffer += [UInt8](repeating: 0, count: start + data.count - open.buffer.count) }
             open.buffer.replaceSubrange(start..<start + data.count, with: data)
@@ -150,7 +150,7 @@ extension FileSystem {
 
     /// close(2): applies what was written since the last apply; its error is close()'s.
     func kvFlush(_ open: KeyValueOpen) throws(Errno) {
-        guard meta.withLock({ _ in open.wrote }) else { return }
+        guard meta.withLock({ _, _ in open.wrote }) else { return }
         try kvApply(open)
     }
 
@@ -160,18 +160,18 @@ extension FileSystem {
     }
 
     private func kvApply(_ open: KeyValueOpen) throws(Errno) {
-        try meta.withLock { (m) throws(Errno) in
+        try meta.withLock { (_, store) throws(Errno) in
             guard open.dirty else { return }
             open.dirty = false
             open.wrote = false
             if open.tooBig { throw .fileTooBig } // the old value stays
-            let current = try storeCall { () throws(StoreError) in try m.store.kvEntry(open.key) }.flatMap { $0.isTombstone ? nil : $0 }
+            let current = try storeCall { () throws(StoreError) in try store.kvEntry(open.key) }.flatMap { $0.isTombstone ? nil : $0 }
             let type = open.type ?? KeyValues.defaultType(current: current?.type)
             let limits = kvLimits
             // A set value survives a crash once close() returns; one that fails is not set.
             let entry = try storeCall { () throws(StoreError) -> KVEntry in
-                try m.store.kvCommitted { () throws(StoreError) -> KVEntry in
-                    try m.store.kvSet(open.key, type: type, content: open.buffer, limits: limits)
+                try store.kvCommitted { () throws(StoreError) -> KVEntry in
+                    try store.kvSet(open.key, type: type, content: open.buffer, limits: limits)
                 }
             }
             open.buffer = entry.value
@@ -183,7 +183,7 @@ extension FileSystem {
     func kvTruncate(_ ino: InodeNumber, to size: Int64) throws(Errno) {
         guard size >= 0 else { throw .invalid }
         guard size <= Int64(kvLimits.maxValueBytes) else { throw .fileTooBig }
-        let open: [KeyValueOpen] = try meta.withLock { (m) throws(Errno) -> [KeyValueOpen] in
+        let open: [KeyValueOpen] = try meta.withLock { (m, _) throws(Errno) -> [KeyValueOpen] in
             guard let key = m.kv.key(ino) else { throw ino == KeyValueDoor.root ? .isDirectory : .notFound }
             return m.handles.values.compactMap { h in
                 if case .keyValue(let o) = h, o.key == key, o.writable { return o }
@@ -191,7 +191,7 @@ extension FileSystem {
             }
         }
         if !open.isEmpty {
-            meta.withLock { _ in
+            meta.withLock { _, _ in
                 for o in open {
                     o.buffer = Array(o.buffer.prefix(Int(size))) + [UInt8](repeating: 0, count: max(0, Int(size) - o.buffer.count))
                     o.dirty = true
@@ -200,13 +200,13 @@ extension FileSystem {
             }
             return
         }
-        try meta.withLock { (m) throws(Errno) in
+        try meta.withLock { (m, store) throws(Errno) in
             guard let key = m.kv.key(ino) else { throw .notFound }
-            guard let current = try storeCall({ () throws(StoreError) in try m.store.kvEntry(key) }), !current.isTombstone else { throw .notFound }
+            guard let current = try storeCall({ () throws(StoreError) in try store.kvEntry(key) }), !current.isTombstone else { throw .notFound }
             let value = Array(current.value.prefix(Int(size))) + [UInt8](repeating: 0, count: max(0, Int(size) - current.value.count))
             try storeCall { () throws(StoreError) in
-                try m.store.kvCommitted { () throws(StoreError) in
-                    _ = try m.store.kvSet(key, type: current.type, content: value, limits: kvLimits)
+                try store.kvCommitted { () throws(StoreError) in
+                    _ = try store.kvSet(key, type: current.type, content: value, limits: kvLimits)
                 }
             }
         }
@@ -215,9 +215,9 @@ extension FileSystem {
 
     func kvUnlink(parent: InodeNumber, name: String) throws(Errno) {
         guard parent == KeyValueDoor.root else { throw .readOnly }
-        try meta.withLock { (m) throws(Errno) in
+        try meta.withLock { (_, store) throws(Errno) in
             let removed = try storeCall { () throws(StoreError) -> Bool in
-                try m.store.kvCommitted { () throws(StoreError) -> Bool in try m.store.kvRemove(name) }
+                try store.kvCommitted { () throws(StoreError) -> Bool in try store.kvRemove(name) }
             }
             if !removed { throw .notFound }
         }
@@ -227,14 +227,14 @@ extension FileSystem {
     // MARK: xattrs
 
     func kvGetxattr(_ ino: InodeNumber, name: String) throws(Errno) -> [UInt8] {
-        try meta.withLock { (m) throws(Errno) -> [UInt8] in
+        try meta.withLock { (m, store) throws(Errno) -> [UInt8] in
             if ino == KeyValueDoor.root {
                 let l = kvLimits
                 switch name {
                 case KeyValueDoor.limitsAttribute:
                     return Array("keys=\(l.maxKeys) bytes=\(l.maxTotalBytes) value=\(l.maxValueBytes) key=\(l.maxKeyBytes)".utf8)
                 case KeyValueDoor.usageAttribute:
-                    let usage = try storeCall { () throws(StoreError) in try m.store.kvUsage() }
+                    let usage = try storeCall { () throws(StoreError) in try store.kvUsage() }
                     return Array("keys=\(usage.keys) bytes=\(usage.bytes)".utf8)
                 default: throw .noData
                 }
@@ -244,7 +244,7 @@ extension FileSystem {
                 if case .keyValue(let o) = h, o.key == key, o.dirty { return o.type }
                 return nil
             }.first
-            let current = try storeCall { () throws(StoreError) in try m.store.kvEntry(key) }.flatMap { $0.isTombstone ? nil : $0 }
+            let current = try storeCall { () throws(StoreError) in try store.kvEntry(key) }.flatMap { $0.isTombstone ? nil : $0 }
             switch name {
             case KeyValueDoor.typeAttribute:
                 guard let type = pending ?? current?.type else { throw .noData }
@@ -273,7 +273,7 @@ extension FileSystem {
         guard let text = String(validating: value, as: UTF8.self), let type = KVType(name: text.trimmingWhitespace) else {
             throw .invalid
         }
-        let applied = try meta.withLock { (m) throws(Errno) -> Bool in
+        let applied = try meta.withLock { (m, store) throws(Errno) -> Bool in
             guard let key = m.kv.key(ino) else { throw ino == KeyValueDoor.root ? .notSupported : .notFound }
             // The handles with content to apply take the type (the CLI's open, fsetxattr,
             // write, close); a handle that changed nothing is left alone.
@@ -283,11 +283,11 @@ extension FileSystem {
                 pending = true
             }
             if pending { return false }
-            guard let current = try storeCall({ () throws(StoreError) in try m.store.kvEntry(key) }), !current.isTombstone else { throw .notFound }
+            guard let current = try storeCall({ () throws(StoreError) in try store.kvEntry(key) }), !current.isTombstone else { throw .notFound }
             if current.type == type { return false }
             try storeCall { () throws(StoreError) in
-                try m.store.kvCommitted { () throws(StoreError) in
-                    _ = try m.store.kvSet(key, type: type, content: current.value, limits: kvLimits)
+                try store.kvCommitted { () throws(StoreError) in
+                    _ = try store.kvSet(key, type: type, content: current.value, limits: kvLimits)
                 }
             }
             return true
@@ -304,8 +304,8 @@ extension FileSystem {
 extension FileSystem.Meta {
     /// A key file's attributes from the store (the size an open handle will set shows
     /// only after its close).
-    func kvAttributes(_ ino: InodeNumber) throws(Errno) -> Attributes {
-        if ino == KeyValueDoor.root { return kvAttributes(ino, entry: nil) }
+    func kvAttributes(_ ino: InodeNumber, store: any FileSystemStore) throws(Errno) -> Attributes {
+        if ino == KeyValueDoor.root { return kvAttributes(ino, entry: nil, store: store) }
         guard let key = kv.key(ino) else { throw .notFound }
         let entry = try storeCall { () throws(StoreError) in try store.kvEntry(key) }
         let open = handles.values.contains { h in
@@ -313,13 +313,13 @@ extension FileSystem.Meta {
             return false
         }
         guard let entry, !entry.isTombstone else {
-            if open { return kvAttributes(ino, entry: nil) }
+            if open { return kvAttributes(ino, entry: nil, store: store) }
             throw .notFound
         }
-        return kvAttributes(ino, entry: entry)
+        return kvAttributes(ino, entry: entry, store: store)
     }
 
-    func kvAttributes(_ ino: InodeNumber, entry: KVEntry?) -> Attributes {
+    func kvAttributes(_ ino: InodeNumber, entry: KVEntry?, store: any FileSystemStore) -> Attributes {
         let root = store.inode(Store.rootInode)
         let uid = root?.uid ?? 0, gid = root?.gid ?? 0
         if ino == KeyValueDoor.root {

@@ -18,9 +18,9 @@ extension FileSystem {
         var report = PruneReport()
         var after: FileID?
         repeat {
-            let page = try withMetaSlice { (m) throws(StoreError) -> Store.PruneResult in
-                let result = try m.store.prune(policy: policy, now: now, under: under, after: after, dryRun: dryRun)
-                try m.store.commitBatch()
+            let page = try withMetaSlice { (_, store) throws(StoreError) -> Store.PruneResult in
+                let result = try store.prune(policy: policy, now: now, under: under, after: after, dryRun: dryRun)
+                try store.commitBatch()
                 return result
             }
             report.versions += page.versions
@@ -70,21 +70,21 @@ extension FileSystem {
         var prunable: Set<Int64> = []
         if let policy {
             progress?("measuring what prune would free", 0, 1)
-            let now = meta.withLock { $0.store.clock() }
+            let now = meta.withLock { $1.clock() }
             prunable = Set(try prune(policy: policy, now: now, dryRun: true).versions.map(\.row))
         }
         var current: Set<Int64> = [], inode: InodeNumber? = .zero
         while let after = inode {
-            inode = try withMetaSlice { (m) throws(StoreError) in try m.store.currentVersionRows(afterInode: after, limit: 2_000, into: &current) }
+            inode = try withMetaSlice { (_, store) throws(StoreError) in try store.currentVersionRows(afterInode: after, limit: 2_000, into: &current) }
         }
         let putAtStart = chunks.fileBytesPut
         let markStart = nowNanos()
-        let total = meta.withLock { $0.store.versionRowCount }
+        let total = meta.withLock { $1.versionRowCount }
         var marked: Set<ChunkID> = []
         // Chunks open files and views read from (a pruned version's view stays readable).
         // Their content locks come before the metadata lock (FileSystem.swift), so the
         // contents are read after it is released.
-        let open = meta.withLock { m in
+        let open = meta.withLock { m, _ in
             m.handles.values.compactMap { handle -> FileContent? in
                 switch handle {
                 case .file(_, let open, _): return open.content
@@ -103,8 +103,8 @@ extension FileSystem {
             // The lock is held only to read a page of chunk lists; the sets are filled
             // after it is released (saves wait for that lock: writes' p99 during gc).
             var lists: [(row: Int64, list: ChunkList)] = []
-            let page = try withMetaSlice { (m) throws(StoreError) -> (last: Int64, rows: Int)? in
-                try m.store.markChunks(afterRow: after, limit: 500) { row, list in lists.append((row, list)) }
+            let page = try withMetaSlice { (_, store) throws(StoreError) -> (last: Int64, rows: Int)? in
+                try store.markChunks(afterRow: after, limit: 500) { row, list in lists.append((row, list)) }
             }
             guard let page else { break }
             for (row, list) in lists {
@@ -148,14 +148,14 @@ extension FileSystem {
         }
         if report.chunksDeleted > 0 { try storeCall { () throws(StoreError) in try chunks.compact() } }
         // The metadata's free pages, a step per hold of the filesystem's lock.
-        while try withMetaSlice({ (m) throws(StoreError) in try m.store.compactDatabaseStep() }) {}
+        while try withMetaSlice({ (_, store) throws(StoreError) in try store.compactDatabaseStep() }) {}
         func bytes(_ set: Set<ChunkID>) -> Int64 { set.reduce(0) { $0 + Int64(sizes[$1] ?? 0) } }
         report.currentBytes = bytes(shown)
         report.historyBytes = bytes(kept.union(dropped).subtracting(shown))
         report.prunableBytes = bytes(dropped.subtracting(shown).subtracting(kept))
         report.chunkFileBytes = chunks.chunkFileBytes()
         let setting = report.spaceSetting(at: nowNanos())
-        try withMeta { (m) throws(StoreError) in try m.store.setSetting("space", setting) }
+        try withMeta { (_, store) throws(StoreError) in try store.setSetting("space", setting) }
         space.withLock { $0.chunkFiles = report.chunkFileBytes; $0.putAtLastMeasure = putAtStart }
         return report
     }
@@ -236,7 +236,7 @@ extension FileSystem {
         }
         policy.apply(keepWithin: try duration("keep-within"), keepDeletedWithin: try duration("keep-deleted-within"))
         guard options.isEmpty else { throw .invalid }
-        let now = meta.withLock { $0.store.clock() }
+        let now = meta.withLock { $1.clock() }
         try startJob("prune") { [self, policy, path] () throws(Errno) -> String in
             try prune(policy: policy, now: now, under: path, dryRun: dryRun).text(dryRun: dryRun, limit: 400)
         }
@@ -331,8 +331,8 @@ extension FileSystem {
     /// loop, every 10 s).
     public func compactIfMuchFree() {
         do {
-            guard try withMeta({ (m) throws(StoreError) in try m.store.hasMuchFreeSpace() }) else { return }
-            while try withMetaSlice({ (m) throws(StoreError) in try m.store.compactDatabaseStep() }) {}
+            guard try withMeta({ (_, store) throws(StoreError) in try store.hasMuchFreeSpace() }) else { return }
+            while try withMetaSlice({ (_, store) throws(StoreError) in try store.compactDatabaseStep() }) {}
         } catch {
             log("ubiquity: giving free pages of the store back: \(error)")
         }
@@ -345,9 +345,9 @@ extension FileSystem {
         guard interval > 0 else { return }
         let last: Nanos?
         do {
-            last = try withMeta { (m) throws(StoreError) -> Nanos? in
-                guard let last = try m.store.setting("last_maintenance").flatMap({ Nanos($0) }) else {
-                    try m.store.setSetting("last_maintenance", String(now)) // a first mount: one interval from now
+            last = try withMeta { (_, store) throws(StoreError) -> Nanos? in
+                guard let last = try store.setting("last_maintenance").flatMap({ Nanos($0) }) else {
+                    try store.setSetting("last_maintenance", String(now)) // a first mount: one interval from now
                     return nil
                 }
                 return last
@@ -358,7 +358,7 @@ extension FileSystem {
         }
         guard let last, RetentionPolicy.age(last, now: now) >= interval else { return }
         do {
-            let pruned = try prune(policy: options.retention, now: meta.withLock { $0.store.clock() }, dryRun: false)
+            let pruned = try prune(policy: options.retention, now: meta.withLock { $1.clock() }, dryRun: false)
             reports.withLock { $0.prune = pruned.text(dryRun: false, limit: 400) }
             let gc = try collectGarbage(policy: options.retention).summary + "\n" + collectBacking()
             reports.withLock { $0.gc = gc + "\n" }
@@ -367,7 +367,7 @@ extension FileSystem {
             log("ubiquity: maintenance: \(error)")
         }
         do {
-            try withMeta { (m) throws(StoreError) in try m.store.setSetting("last_maintenance", String(now)) }
+            try withMeta { (_, store) throws(StoreError) in try store.setSetting("last_maintenance", String(now)) }
         } catch {
             log("ubiquity: maintenance: \(error)")
         }

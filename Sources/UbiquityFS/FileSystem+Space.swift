@@ -59,14 +59,14 @@ extension FileSystem {
     /// or once here when none has) and what was written since, plus the space fallocate
     /// set aside.
     func storeBytes() -> Int64 {
-        let (metadata, small) = store.withLock { $0.databaseBytes }
+        let (metadata, small) = store.databaseBytes
         let put = chunks.fileBytesPut
         func measure(_ s: inout SpaceState) -> Int64? { s.chunkFiles.map { $0.addingClamped(put.subtractingClamped(s.putAtLastMeasure)) } }
         var measured = space.withLock { measure(&$0) }
         if measured == nil {
             // The last gc's measure, kept in the store: read once per mount (statfs and
             // fallocate call this; no SQL statement on their path after that).
-            let setting = store.withLock { (try? $0.setting("space")) ?? nil }
+            let setting = (try? store.setting("space")) ?? nil
             measured = space.withLock { s -> Int64? in
                 if s.chunkFiles == nil { s.chunkFiles = setting.flatMap(Self.chunkFileBytes(inSpaceSetting:)) }
                 return measure(&s)
@@ -122,9 +122,9 @@ extension FileSystem {
             while covered < needed {
                 let page: (versions: [Store.PrunedVersion], resumeAfter: Int64?)
                 do {
-                    page = try withMetaSlice { (m) throws(StoreError) in
-                        let page = try m.store.pruneOldest(limit: 200, bytes: needed - covered, after: after)
-                        try m.store.commitBatch()
+                    page = try withMetaSlice { (_, store) throws(StoreError) in
+                        let page = try store.pruneOldest(limit: 200, bytes: needed - covered, after: after)
+                        try store.commitBatch()
                         return page
                     }
                 } catch {

@@ -35,10 +35,10 @@ extension FileSystem {
     func storeChanged(_ changes: TreeChanges) {
         var cached = changes
         do {
-            try meta.withLock { (m) throws(StoreError) in
+            try meta.withLock { (m, store) throws(StoreError) in
                 cached = m.cachedByKernel(changes)
-                try m.treeChanged(changes)
-                if feed.isWatched { publishSyncEvents(m, changes) }
+                try m.treeChanged(changes, store: store)
+                if feed.isWatched { publishSyncEvents(store, changes) }
             }
         } catch {
             log("ubiquity: after a sync step: \(error)")
@@ -46,13 +46,10 @@ extension FileSystem {
         hooks.withLock { $0.treeChanged }?(cached)
     }
 
-    /// Runs `body` under the store's lock after committing the batch, so a second
-    /// connection opened there sees every change made so far (a query's snapshot).
+    /// A query's snapshot: `body` runs where a second connection sees every change made
+    /// so far (`SharedStore.withCommittedBatch`).
     public func withStoreSnapshot<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
-        try store.withLock { (s) throws(StoreError) -> T in
-            try s.commitBatch()
-            return try body()
-        }
+        try store.withCommittedBatch(body)
     }
 
     public static let committedAttribute = "user.ubiquity.committed"
@@ -96,28 +93,28 @@ extension FileSystem {
 
     /// `rm .conflicts/<path>/<name>`: discards that conflict version.
     func discardConflict(parent: InodeNumber, name: String) throws(Errno) {
-        try meta.withLock { (m) throws(Errno) in
-            guard let (path, version) = try m.views.conflictVersion(parent: parent, name: name, store: m.store) else { throw .readOnly }
-            try storeCall { () throws(StoreError) in try m.store.discardConflict(version.id) }
-            publishFileEvents(m, [(.changed, path)]) // its state, once no conflict is left
+        try meta.withLock { (m, store) throws(Errno) in
+            guard let (path, version) = try m.views.conflictVersion(parent: parent, name: name, store: store) else { throw .readOnly }
+            try storeCall { () throws(StoreError) in try store.discardConflict(version.id) }
+            publishFileEvents(store, [(.changed, path)]) // its state, once no conflict is left
         }
     }
 
     /// `mv .conflicts/<path>/<name> <path>`: makes that version the file's current one.
     /// Moving it anywhere else is EXDEV, so `mv` copies it there and then discards it.
     func takeConflict(parent: InodeNumber, name: String, newParent: InodeNumber, newName: String) throws(Errno) {
-        let changes = try meta.withLock { (m) throws(Errno) -> TreeChanges in
-            guard let (path, version) = try m.views.conflictVersion(parent: parent, name: name, store: m.store) else { throw .readOnly }
-            guard !VirtualViews.isVirtual(newParent), let dir = m.store.path(of: newParent) else { throw Errno(EXDEV) }
+        let changes = try meta.withLock { (m, store) throws(Errno) -> TreeChanges in
+            guard let (path, version) = try m.views.conflictVersion(parent: parent, name: name, store: store) else { throw .readOnly }
+            guard !VirtualViews.isVirtual(newParent), let dir = store.path(of: newParent) else { throw Errno(EXDEV) }
             let target = dir.isEmpty ? newName : dir + "/" + newName
             guard target.utf8.elementsEqual(path.utf8) else { throw Errno(EXDEV) }
-            guard let ino = m.store.child(newParent, newName) else { throw Errno(EXDEV) }
+            guard let ino = store.child(newParent, newName) else { throw Errno(EXDEV) }
             if m.busyFiles().contains(ino) { throw .busy }
-            try storeCall { () throws(StoreError) in try m.store.takeConflict(version.id, path: path) }
+            try storeCall { () throws(StoreError) in try store.takeConflict(version.id, path: path) }
             var changes = TreeChanges()
             changes.inodes.insert(ino)
-            try storeCall { () throws(StoreError) in try m.treeChanged(changes) }
-            publishFileEvents(m, [(.changed, path)])
+            try storeCall { () throws(StoreError) in try m.treeChanged(changes, store: store) }
+            publishFileEvents(store, [(.changed, path)])
             return changes
         }
         if let notify = hooks.withLock({ $0.treeChanged }) { notify(changes) }
@@ -154,12 +151,12 @@ extension FileSystem.Meta {
 
     /// After sync changed the tree: open readers move to the new current version, the
     /// hidden views are rebuilt, unlinked inodes go once unused.
-    mutating func treeChanged(_ changes: TreeChanges) throws(StoreError) {
+    mutating func treeChanged(_ changes: TreeChanges, store: any FileSystemStore) throws(StoreError) {
         for ino in changes.inodes {
             guard let old = openFiles[ino], !old.content.isChanged else { continue }
             openFiles[ino] = nil
             let fresh: OpenFile
-            do { fresh = try openFile(ino) } catch {
+            do { fresh = try openFile(ino, store: store) } catch {
                 openFiles[ino] = old
                 busy.open(ino, old.content)
                 continue
@@ -167,7 +164,7 @@ extension FileSystem.Meta {
             fresh.handles = old.handles
             handles.replace(old, with: fresh)
         }
-        for ino in changes.unlinked { noteUnlinked(ino) }
+        for ino in changes.unlinked { noteUnlinked(ino, store: store) }
     }
 }
 

@@ -42,29 +42,29 @@ extension FileSystem {
             // brought): watchers heard, the kernel forgets st_blocks (outside every lock).
             if !downloadChanged.isEmpty { hooks.withLock { $0.treeChanged }?(downloadChanged) }
         }
-        return try meta.withLock { (m) throws(Errno) -> [UInt8] in
+        return try meta.withLock { (m, store) throws(Errno) -> [UInt8] in
             if VirtualViews.isVirtual(ino) { throw .noData }
-            guard m.store.inode(ino) != nil else { throw .notFound }
+            guard store.inode(ino) != nil else { throw .notFound }
             if name.hasPrefix(Self.statusPrefix) {
-                let status = try m.status(ino)
+                let status = try m.status(ino, store: store)
                 if status.downloadChanged {
                     downloadChanged.downloads.insert(ino)
-                    publishSyncEvents(m, downloadChanged)
+                    publishSyncEvents(store, downloadChanged)
                 }
                 guard let value = status.values[String(name.dropFirst(Self.statusPrefix.count))] else { throw .noData }
                 return Array(value.utf8)
             }
-            guard let value = try storeCall({ () throws(StoreError) in try m.store.xattr(ino, name) }) else { throw .noData }
+            guard let value = try storeCall({ () throws(StoreError) in try store.xattr(ino, name) }) else { throw .noData }
             return value
         }
     }
 
     public func listxattr(_ ino: InodeNumber) throws(Errno) -> [String] {
         if KeyValueDoor.owns(ino) { return try kvListxattr(ino) }
-        return try meta.withLock { (m) throws(Errno) -> [String] in
+        return try meta.withLock { (_, store) throws(Errno) -> [String] in
             if VirtualViews.isVirtual(ino) { return [] }
-            guard m.store.inode(ino) != nil else { throw .notFound }
-            return try storeCall { () throws(StoreError) in try m.store.xattrNames(ino) }
+            guard store.inode(ino) != nil else { throw .notFound }
+            return try storeCall { () throws(StoreError) in try store.xattrNames(ino) }
         }
     }
 
@@ -73,36 +73,36 @@ extension FileSystem {
         try Self.checkXattrName(name)
         if try control(ino, name: name, value: value) { return }
         if KeyValueDoor.owns(ino) { return try kvSetxattr(ino, name: name, value: value) }
-        try meta.withLock { (m) throws(Errno) in
+        try meta.withLock { (m, store) throws(Errno) in
             if VirtualViews.isVirtual(ino) { throw .readOnly }
-            guard m.store.inode(ino) != nil else { throw .notFound }
+            guard store.inode(ino) != nil else { throw .notFound }
             if name.hasPrefix(Self.statusPrefix) { throw .notPermitted }
             guard name.hasPrefix("user."), name.count > 5 else { throw .notSupported }
             guard NameCodec.byteCount(name) <= 255 else { throw .range }
             guard value.count <= 65536 else { throw Errno(E2BIG) }
             // Only XATTR_CREATE (1) and XATTR_REPLACE (2) ask whether it exists.
             if flags & 3 != 0 {
-                let exists = try storeCall { () throws(StoreError) in try m.store.xattr(ino, name) != nil }
+                let exists = try storeCall { () throws(StoreError) in try store.xattr(ino, name) != nil }
                 if flags & 1 != 0 && exists { throw .exists }
                 if flags & 2 != 0 && !exists { throw .noData }
             }
             try storeCall { () throws(StoreError) in
-                try m.store.setXattr(ino, name, value)
-                try m.touchCtime(ino)
+                try store.setXattr(ino, name, value)
+                try m.touchCtime(ino, store: store)
             }
         }
     }
 
     public func removexattr(_ ino: InodeNumber, name: String) throws(Errno) {
         try Self.checkXattrName(name)
-        try meta.withLock { (m) throws(Errno) in
+        try meta.withLock { (m, store) throws(Errno) in
             if VirtualViews.isVirtual(ino) { throw .readOnly }
             if name.hasPrefix(Self.statusPrefix) { throw .notPermitted }
             guard name.hasPrefix("user.") else { throw .noData }
             // ENODATA is an answer, not a fault: thrown outside storeCall, which logs faults.
             let removed = try storeCall { () throws(StoreError) -> Bool in
-                guard try m.store.removeXattr(ino, name) else { return false }
-                try m.touchCtime(ino)
+                guard try store.removeXattr(ino, name) else { return false }
+                try m.touchCtime(ino, store: store)
                 return true
             }
             if !removed { throw .noData }
@@ -112,7 +112,7 @@ extension FileSystem {
 
 extension FileSystem.Meta {
     /// A change of a node's metadata (an attribute set or removed): ctime is now.
-    func touchCtime(_ ino: InodeNumber) throws(StoreError) {
+    func touchCtime(_ ino: InodeNumber, store: any FileSystemStore) throws(StoreError) {
         guard var inode = store.inode(ino) else { return }
         inode.ctime = store.clock()
         try store.update(inode)
@@ -120,7 +120,7 @@ extension FileSystem.Meta {
 
     /// Status attributes of a node (names without the `user.ubiquity.` prefix), and
     /// whether looking changed its recorded download state (see `downloadState`).
-    func status(_ ino: InodeNumber) throws(Errno) -> (values: [String: String], downloadChanged: Bool) {
+    func status(_ ino: InodeNumber, store: any FileSystemStore) throws(Errno) -> (values: [String: String], downloadChanged: Bool) {
         guard let inode = store.inode(ino), inode.kind == .file else { return ([:], false) }
         let path = store.path(of: ino) ?? ""
         var result: [String: String] = [
@@ -128,7 +128,7 @@ extension FileSystem.Meta {
             "dirty": openFiles[ino]?.content.isChanged == true ? "1" : "0",
             "conflicts": String(try storeCall { () throws(StoreError) in try store.conflictCount(at: path) }),
         ]
-        let download = try downloadState(inode)
+        let download = try downloadState(inode, store: store)
         result["downloaded"] = download.state
         if let name = store.name(of: ino), TinyPixView.applies(to: name) {
             try TinyPixView.addStatus(&result, inode: inode, store: store)
@@ -150,7 +150,7 @@ extension FileSystem.Meta {
     /// `not-downloaded` (Apple's Current / Downloaded / NotDownloaded); with the last
     /// fetch's failure when one failed since. `changed`: the state recorded was stale
     /// (chunks that came for other files sharing them count too, looked at again here).
-    func downloadState(_ inode: Inode) throws(Errno) -> (state: String, changed: Bool) {
+    func downloadState(_ inode: Inode, store: any FileSystemStore) throws(Errno) -> (state: String, changed: Bool) {
         guard inode.absent > 0 else { return ("current", false) }
         let refreshed = try storeCall { () throws(StoreError) in try store.refreshAbsent(inode.id) }
         let state = DownloadState(allocated: inode.allocated, absent: refreshed.absent).rawValue

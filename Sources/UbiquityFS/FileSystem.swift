@@ -90,16 +90,10 @@ public final class FileSystem: Sendable {
         public init() {}
     }
 
-    /// The filesystem's own state (`state`), and the store when `meta` holds its lock too.
+    /// The filesystem's own state (`state`). The store is not here: `meta` hands it to
+    /// its body beside this, under the store's lock (`MetaLock.withLock`).
     struct Meta {
-        /// Reached through `store`, which checks (in debug builds) that its lock is held.
-        private let unguardedStore: Store
-        private let shared: SharedStore
         let busy: BusyFiles
-        var store: Store {
-            assert(shared.isHeldByCurrentThread, "the store used without its lock")
-            return unguardedStore
-        }
         /// The kernel's lookup counts and unlinked inodes, under their own (leaf) lock:
         /// `FileSystem.references`.
         let references: KernelReferences
@@ -110,10 +104,7 @@ public final class FileSystem: Sendable {
         var views = VirtualViews()
         var kv = KeyValueDoor()
 
-        init(store: Store, shared: SharedStore, busy: BusyFiles, handles: HandleTable, references: KernelReferences,
-             openFiles: OpenFileTable) {
-            unguardedStore = store
-            self.shared = shared
+        init(busy: BusyFiles, handles: HandleTable, references: KernelReferences, openFiles: OpenFileTable) {
             self.busy = busy
             self.handles = handles
             self.references = references
@@ -128,8 +119,7 @@ public final class FileSystem: Sendable {
         chunks = store.chunks
         let shared = SharedStore(store)
         self.store = shared
-        let state = Locked(Meta(store: store, shared: shared, busy: busy, handles: handles, references: references,
-                                openFiles: openFiles), rank: .filesystem)
+        let state = Locked(Meta(busy: busy, handles: handles, references: references, openFiles: openFiles), rank: .filesystem)
         self.state = state
         meta = MetaLock(state: state, store: shared)
         self.options = options
@@ -146,14 +136,14 @@ public final class FileSystem: Sendable {
     /// then the locks handed to the requests that waited meanwhile (`MetaLock.yieldToWaiters`):
     /// a pthread mutex is not fair, and a loop that takes it again at once can keep a
     /// waiting FUSE request out for the whole loop (seconds, for a gc of many chunks).
-    func withMetaSlice<T>(_ body: (inout Meta) throws(StoreError) -> T) throws(Errno) -> T {
+    func withMetaSlice<T>(_ body: (inout Meta, any FileSystemStore) throws(StoreError) -> T) throws(Errno) -> T {
         defer { meta.yieldToWaiters() }
         return try withMeta(body)
     }
 
     /// Runs `body` under the metadata lock, with store errors mapped to errno.
-    func withMeta<T>(_ body: (inout Meta) throws(StoreError) -> T) throws(Errno) -> T {
-        try storeCall { () throws(StoreError) -> T in try meta.withLock { (m) throws(StoreError) -> T in try body(&m) } }
+    func withMeta<T>(_ body: (inout Meta, any FileSystemStore) throws(StoreError) -> T) throws(Errno) -> T {
+        try storeCall { () throws(StoreError) -> T in try meta.withLock { (m, store) throws(StoreError) -> T in try body(&m, store) } }
     }
 
     // MARK: lookup, forget, getattr
@@ -197,22 +187,22 @@ public final class FileSystem: Sendable {
                 throw .notFound
             }
         }
-        return try meta.withLock { (m) throws(Errno) -> Attributes? in
+        return try meta.withLock { (m, store) throws(Errno) -> Attributes? in
             if virtual {
                 m.pruneViews()
-                let attributes = try m.views.lookup(parent: parent, name: name, store: m.store)
+                let attributes = try m.views.lookup(parent: parent, name: name, store: store)
                 if counting { m.views.referenced(attributes.ino) }
                 return attributes
             }
             // A failing database is EIO, not "no such name" (which the kernel would keep).
-            guard let dir = try storeCall({ () throws(StoreError) in try m.store.lookUp(parent) }) else { throw .notFound }
+            guard let dir = try storeCall({ () throws(StoreError) in try store.lookUp(parent) }) else { throw .notFound }
             guard dir.kind == .directory else { throw .notDirectory }
-            guard let inode = try storeCall({ () throws(StoreError) in try m.store.lookUp(parent, name) }) else {
-                if !m.store.writesAhead { throw .notFound }
+            guard let inode = try storeCall({ () throws(StoreError) in try store.lookUp(parent, name) }) else {
+                if !store.writesAhead { throw .notFound }
                 return nil
             }
             if counting { references.add(inode.id) }
-            return m.attributes(inode)
+            return m.attributes(inode, store: store)
         }
     }
 
@@ -223,12 +213,12 @@ public final class FileSystem: Sendable {
     /// store work (a fold, a sync step).
     public func forget(_ ino: InodeNumber, count: UInt64) {
         if KeyValueDoor.owns(ino) || VirtualViews.isVirtual(ino) {
-            return meta.withLock { m in
+            return meta.withLock { m, _ in
                 if KeyValueDoor.owns(ino) { m.kv.forget(ino, count: count) } else { m.views.forget(ino, count: count) }
             }
         }
         // It checks again under both locks.
-        if references.forget(ino, count: count) { meta.withLock { m in m.dropIfUnreferenced(ino) } }
+        if references.forget(ino, count: count) { meta.withLock { m, store in m.dropIfUnreferenced(ino, store: store) } }
     }
 
     public func getattr(_ ino: InodeNumber) throws(Errno) -> Attributes {
@@ -236,11 +226,11 @@ public final class FileSystem: Sendable {
         if Self.isTreeNode(ino), let (inode, primaryName, open) = store.tree.inode(ino, holding: { [openFiles] in openFiles[$0] }) {
             return Self.attributes(inode, primaryName: primaryName, open: open)
         }
-        return try meta.withLock { (m) throws(Errno) -> Attributes in
-            if KeyValueDoor.owns(ino) { return try m.kvAttributes(ino) }
-            if VirtualViews.isVirtual(ino) { return try m.views.attributes(ino, store: m.store) }
-            guard let inode = m.store.inode(ino) else { throw .notFound }
-            return m.attributes(inode)
+        return try meta.withLock { (m, store) throws(Errno) -> Attributes in
+            if KeyValueDoor.owns(ino) { return try m.kvAttributes(ino, store: store) }
+            if VirtualViews.isVirtual(ino) { return try m.views.attributes(ino, store: store) }
+            guard let inode = store.inode(ino) else { throw .notFound }
+            return m.attributes(inode, store: store)
         }
     }
 
@@ -275,9 +265,9 @@ public final class FileSystem: Sendable {
         if let size = changes.size {
             try truncate(ino, to: size)
         }
-        return try withMeta { (m) throws(StoreError) -> Attributes in
-            guard var inode = m.store.inode(ino) else { throw .io(errno: ENOENT, "setattr") }
-            let now = m.store.clock()
+        return try withMeta { (m, store) throws(StoreError) -> Attributes in
+            guard var inode = store.inode(ino) else { throw .io(errno: ENOENT, "setattr") }
+            let now = store.clock()
             if let mode = changes.mode { inode.mode = mode & 0o7777 }
             if let uid = changes.uid { inode.uid = uid }
             if let gid = changes.gid { inode.gid = gid }
@@ -294,8 +284,8 @@ public final class FileSystem: Sendable {
             if changes.mtime != nil { m.openFiles[ino]?.pendingMTime = nil }
             if changes.size != nil && changes.mtime == nil { inode.mtime = now }
             inode.ctime = now
-            try m.store.update(inode)
-            return m.attributes(inode)
+            try store.update(inode)
+            return m.attributes(inode, store: store)
         }
     }
 
@@ -313,11 +303,11 @@ public final class FileSystem: Sendable {
     func dropSetID(_ ino: InodeNumber) throws(Errno) {
         if Self.isTreeNode(ino), let (inode, _, _) = store.tree.inode(ino, holding: { _ in () }),
            Self.withoutSetID(inode.mode) == inode.mode { return }
-        let dropped = try withMeta { (m) throws(StoreError) -> Bool in
-            guard var inode = m.store.inode(ino), Self.withoutSetID(inode.mode) != inode.mode else { return false }
+        let dropped = try withMeta { (_, store) throws(StoreError) -> Bool in
+            guard var inode = store.inode(ino), Self.withoutSetID(inode.mode) != inode.mode else { return false }
             inode.mode = Self.withoutSetID(inode.mode)
-            inode.ctime = m.store.clock()
-            try m.store.update(inode)
+            inode.ctime = store.clock()
+            try store.update(inode)
             return true
         }
         if dropped {
@@ -332,8 +322,8 @@ public final class FileSystem: Sendable {
             guard inode.kind == .symlink, let target = inode.target else { throw .invalid }
             return target
         }
-        return try meta.withLock { (m) throws(Errno) -> String in
-            guard let inode = m.store.inode(ino) else { throw .notFound }
+        return try meta.withLock { (_, store) throws(Errno) -> String in
+            guard let inode = store.inode(ino) else { throw .notFound }
             guard inode.kind == .symlink, let target = inode.target else { throw .invalid }
             return target
         }
@@ -348,7 +338,7 @@ public final class FileSystem: Sendable {
     /// the reserve and size-limit left out: `writableBytes`); inode counts are ours.
     public func statfs() throws(Errno) -> FilesystemStats {
         let directory = store.directory
-        let count = store.tree.inodeTotal ?? store.withLock { $0.inodeCount }
+        let count = store.tree.inodeTotal ?? store.inodeCount
         var st = statvfs()
         if statvfs(directory, &st) != 0 { throw Errno(errno) }
         // Counts come in f_frsize units; report them in f_bsize units without overflowing.
@@ -390,7 +380,7 @@ extension FileSystem {
 
 extension FileSystem.Meta {
     /// Attributes with the live size and mtime of an open file.
-    func attributes(_ inode: Inode) -> Attributes {
+    func attributes(_ inode: Inode, store: any FileSystemStore) -> Attributes {
         attributes(inode, primaryName: inode.kind == .file ? store.name(of: inode.id) : nil)
     }
 
@@ -400,14 +390,14 @@ extension FileSystem.Meta {
     }
 
     /// `ino` lost its last name: it goes once nothing has it open and the kernel forgot it.
-    mutating func noteUnlinked(_ ino: InodeNumber) {
+    mutating func noteUnlinked(_ ino: InodeNumber, store: any FileSystemStore) {
         references.noteUnlinked(ino)
-        dropIfUnreferenced(ino)
+        dropIfUnreferenced(ino, store: store)
     }
 
     /// Removes an unlinked inode once nothing has it open and the kernel forgot it. A set
     /// lookup for every other inode (forget of a listed file must not read the database).
-    mutating func dropIfUnreferenced(_ ino: InodeNumber) {
+    mutating func dropIfUnreferenced(_ ino: InodeNumber, store: any FileSystemStore) {
         guard openFiles[ino] == nil, references.takeUnreferenced(ino) else { return }
         guard let inode = store.inode(ino), inode.nlink == 0 else { return }
         do { try store.forget(ino) } catch { log("ubiquity: dropping inode \(ino): \(error)") }

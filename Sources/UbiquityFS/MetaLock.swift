@@ -7,9 +7,14 @@ struct MetaLock: Sendable {
     let state: Locked<FileSystem.Meta>
     let store: SharedStore
 
-    func withLock<R, E: Error>(_ body: (inout FileSystem.Meta) throws(E) -> R) throws(E) -> R {
+    /// Runs `body` with the filesystem's state and the store, each under its lock. The
+    /// store comes only as this argument (`Meta` holds none), so it is used under its lock
+    /// by construction, and only as what the filesystem may do to it (`FileSystemStore`).
+    /// An existential of one class-bound protocol: a reference and a witness table, no
+    /// allocation.
+    func withLock<R, E: Error>(_ body: (inout FileSystem.Meta, any FileSystemStore) throws(E) -> R) throws(E) -> R {
         try state.withLock { (m) throws(E) -> R in
-            try store.withNamespaceLock { (_) throws(E) -> R in try body(&m) }
+            try store.withNamespaceLock { (store) throws(E) -> R in try body(&m, store) }
         }
     }
 

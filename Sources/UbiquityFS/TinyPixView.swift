@@ -41,7 +41,7 @@ enum TinyPixView {
 
     /// `tinypix`: "grid" when shown as a grid, "as-is" when the stored file is not 8 bytes;
     /// `raw`: the stored bytes in hex (the raw 8 bytes stay reachable from the mount).
-    static func addStatus(_ status: inout [String: String], inode: Inode, store: Store) throws(Errno) {
+    static func addStatus(_ status: inout [String: String], inode: Inode, store: any FileSystemStore) throws(Errno) {
         guard let row = inode.head else { return }
         guard inode.size <= 64 else { status["tinypix"] = "as-is"; return }
         let bytes = try storeCall { () throws(StoreError) in try read(try store.chunkList(row: row), store.chunks) }

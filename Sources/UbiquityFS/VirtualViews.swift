@@ -58,7 +58,7 @@ struct VirtualViews {
     /// left out unless asked for (`find`, `du`, `rsync -a`, backups and indexers then see
     /// the live tree only; it works when named); `.conflicts` is listed only while it holds
     /// something, so its presence is the signal.
-    mutating func rootEntries(store: Store, showVersions: Bool) throws(Errno) -> [DirectoryEntry] {
+    mutating func rootEntries(store: any FileSystemStore, showVersions: Bool) throws(Errno) -> [DirectoryEntry] {
         var entries: [DirectoryEntry] = []
         if showVersions { entries.append(DirectoryEntry(name: ".versions", attributes: try attributes(Self.versionsRoot, store: store))) }
         if try storeCall({ () throws(StoreError) in try store.totalConflicts() }) > 0 {
@@ -67,7 +67,7 @@ struct VirtualViews {
         return entries
     }
 
-    mutating func entries(_ ino: InodeNumber, store: Store) throws(Errno) -> [DirectoryEntry] {
+    mutating func entries(_ ino: InodeNumber, store: any FileSystemStore) throws(Errno) -> [DirectoryEntry] {
         guard let node = nodes.key(ino) else { throw .notFound }
         var result: [DirectoryEntry] = []
         switch node {
@@ -109,7 +109,7 @@ struct VirtualViews {
         return names.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
     }
 
-    private mutating func versionEntries(_ list: [(String, Version)], path: String, conflict: Bool, store: Store) throws(Errno) -> [DirectoryEntry] {
+    private mutating func versionEntries(_ list: [(String, Version)], path: String, conflict: Bool, store: any FileSystemStore) throws(Errno) -> [DirectoryEntry] {
         let tinypix = TinyPixView.applies(to: path)
         var result: [DirectoryEntry] = []
         for (name, version) in list {
@@ -121,7 +121,7 @@ struct VirtualViews {
     }
 
     /// The conflict version `name` in the conflict list `parent`, with the file's path.
-    mutating func conflictVersion(parent: InodeNumber, name: String, store: Store) throws(Errno) -> (String, Version)? {
+    mutating func conflictVersion(parent: InodeNumber, name: String, store: any FileSystemStore) throws(Errno) -> (String, Version)? {
         guard case .conflictList(let path) = nodes.key(parent) else { return nil }
         guard let (_, version) = try conflicts(at: path, store: store).first(where: { $0.0.utf8.elementsEqual(name.utf8) }) else {
             throw .notFound
@@ -129,7 +129,7 @@ struct VirtualViews {
         return (path, version)
     }
 
-    mutating func lookup(parent: InodeNumber, name: String, store: Store) throws(Errno) -> Attributes {
+    mutating func lookup(parent: InodeNumber, name: String, store: any FileSystemStore) throws(Errno) -> Attributes {
         if parent == Store.rootInode {
             return try attributes(name == ".versions" ? Self.versionsRoot : Self.conflictsRoot, store: store)
         }
@@ -155,7 +155,7 @@ struct VirtualViews {
         }
     }
 
-    mutating func attributes(_ ino: InodeNumber, store: Store) throws(Errno) -> Attributes {
+    mutating func attributes(_ ino: InodeNumber, store: any FileSystemStore) throws(Errno) -> Attributes {
         guard let node = nodes.key(ino), let root = store.inode(Store.rootInode) else { throw .notFound }
         switch node {
         case .directory, .history, .conflictDirectory, .conflictList:
@@ -168,7 +168,7 @@ struct VirtualViews {
     }
 
     /// A version's content for reading.
-    func content(_ ino: InodeNumber, store: Store) throws(Errno) -> FileContent {
+    func content(_ ino: InodeNumber, store: any FileSystemStore) throws(Errno) -> FileContent {
         guard case .version(let row, _, _, let tinypix, _) = nodes.key(ino) else { throw nodes.key(ino) == nil ? .notFound : .isDirectory }
         let list = try storeCall { () throws(StoreError) -> ChunkList in
             let stored = try store.chunkList(row: row)
@@ -178,14 +178,14 @@ struct VirtualViews {
     }
 
     /// The conflict versions of the file at `path`, oldest first, with their names.
-    private func conflicts(at path: String, store: Store) throws(Errno) -> [(String, Version)] {
+    private func conflicts(at path: String, store: any FileSystemStore) throws(Errno) -> [(String, Version)] {
         var all = try storeCall { () throws(StoreError) in try store.conflicts(at: path) }
         all.sort { ($0.committed, $0.id) < ($1.committed, $1.id) }
         return Array(zip(VersionName.names(all, extension: VersionName.fileExtension(path)), all))
     }
 
     /// The versions shown at `path` (committed in `window`), oldest first, with their names.
-    private func versions(at path: String, committed window: ClosedRange<Nanos> = .min ... .max, store: Store) throws(Errno) -> [(String, Version)] {
+    private func versions(at path: String, committed window: ClosedRange<Nanos> = .min ... .max, store: any FileSystemStore) throws(Errno) -> [(String, Version)] {
         var all: [Version] = []
         for id in try storeCall({ () throws(StoreError) in try store.histories(at: path) }) {
             all += try storeCall { () throws(StoreError) in try store.versions(of: id, committed: window) }

@@ -132,6 +132,38 @@ public final class SharedStore: Sendable {
         withLock { $0.finishBarrier(barrier) }
     }
 
+    /// The mark a durability barrier makes durable up to (`Store.durabilityMark`).
+    public func durabilityMark() throws(StoreError) -> DurabilityMark {
+        try withLock { (store) throws(StoreError) in try store.durabilityMark() }
+    }
+
+    /// Whether a periodic durability barrier has work: versions saved since the last one,
+    /// or an operation log to trim.
+    public func needsDurableWork() throws(StoreError) -> Bool {
+        try withLock { (store) throws(StoreError) in try store.hasUndurableVersions() || store.treeLogNeedsTrim }
+    }
+
+    /// The databases' sizes (`Store.databaseBytes`).
+    public var databaseBytes: (metadata: Int64, smallChunks: Int64) { withLock { $0.databaseBytes } }
+
+    /// The inodes in the tree (`Store.inodeCount`), for statfs when the working set does
+    /// not know.
+    public var inodeCount: Int { withLock { $0.inodeCount } }
+
+    /// A setting of the store's (`Store.setting`).
+    public func setting(_ key: String) throws(StoreError) -> String? {
+        try withLock { (store) throws(StoreError) in try store.setting(key) }
+    }
+
+    /// Runs `body` under the store's lock after committing the batch, so a second
+    /// connection opened there sees every change made so far (a query's snapshot).
+    public func withCommittedBatch<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        try withLock { (store) throws(StoreError) -> T in
+            try store.commitBatch()
+            return try body()
+        }
+    }
+
     /// Checkpoints of both databases from connections of their own, without the lock.
     public func checkpointInBackground() throws(StoreError) {
         try checkpointer.run()

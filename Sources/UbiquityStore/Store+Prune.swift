@@ -21,11 +21,14 @@ extension Store {
         public init() {}
     }
 
+    /// Histories one call of `prune` looks at unless told otherwise.
+    public static let pruneSlice = 50
+
     /// Prunes (or with `dryRun`, only lists) the versions of up to `limit` histories after
     /// `after` (in file id order) that `policy` does not keep at `now`. `under`: only
     /// histories shown at that path or below it ("" for all).
     public func prune(policy: RetentionPolicy, now: Nanos, under: String = "", after: FileID? = nil,
-                      limit: Int = 50, dryRun: Bool) throws(StoreError) -> PruneResult {
+                      limit: Int = pruneSlice, dryRun: Bool) throws(StoreError) -> PruneResult {
         var result = PruneResult()
         let page = try db.rows("SELECT file_id, path, live FROM histories WHERE file_id > ? ORDER BY file_id LIMIT ?",
                                [after.map { .id($0) } ?? .blob([]), .int(Int64(limit))]) { (id: $0.fileID(0), path: $0.text(1), live: $0.int(2) != 0) }

@@ -105,7 +105,7 @@ final class Downloader: @unchecked Sendable {
         guard files != .stopped, everything else { return files }
         var conflicts: [ChunkWant] = []
         do {
-            try shared.withLedger { (store) throws(StoreError) in
+            try withOnDemand { (store) throws(StoreError) in
                 conflicts = try store.missingConflictChunks()
             }
             if !conflicts.isEmpty { try chunks.download(conflicts) }
@@ -133,7 +133,7 @@ final class Downloader: @unchecked Sendable {
             var wants: [ChunkWant] = []
             var seenLast: InodeNumber?
             do {
-                try shared.withLedger { (store) throws(StoreError) in
+                try withOnDemand { (store) throws(StoreError) in
                     var bytes: Int64 = 0
                     var seen: Set<ChunkID> = []
                     room = cacheLimit.map { $0 - (store.contentTotals()?.here ?? 0) } ?? Int64.max
@@ -164,7 +164,7 @@ final class Downloader: @unchecked Sendable {
             after = last
             if fetch(wants) == false { failed = true }
             do {
-                try shared.change { (store, _) throws(StoreError) -> TreeChanges in
+                try changeOnDemand { (store) throws(StoreError) -> TreeChanges in
                     var changes = TreeChanges()
                     for ino in files where try store.refreshAbsent(ino).stateChanged { changes.downloads.insert(ino) }
                     return changes
@@ -174,6 +174,16 @@ final class Downloader: @unchecked Sendable {
                 return .failed
             }
         }
+    }
+
+    /// The store as the downloader uses it (files on demand), under the store's lock.
+    private func withOnDemand<T>(_ body: (any OnDemand) throws(StoreError) -> T) throws(StoreError) -> T {
+        try shared.withLedger { (store) throws(StoreError) -> T in try body(store) }
+    }
+
+    /// `SharedStore.change` with the store as the downloader uses it.
+    private func changeOnDemand(_ body: (any OnDemand) throws(StoreError) -> TreeChanges) throws(StoreError) {
+        try shared.change { (store, _) throws(StoreError) -> TreeChanges in try body(store) }
     }
 
     /// Fetches in pieces, so a reader waits behind at most one of them; false if any failed.

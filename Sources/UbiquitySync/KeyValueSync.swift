@@ -80,6 +80,12 @@ enum KeyValueCodec {
 extension SyncEngine {
     static let keyValueGenerationKey = "kv_generation"
 
+    /// The store as the key-value sync uses it (its entries and its settings), under the
+    /// store's lock.
+    private func withKeyValueLedger<T>(_ body: (any KeyValueLedger & SyncSettings) throws(StoreError) -> T) throws(StoreError) -> T {
+        try shared.withLedger { (store) throws(StoreError) -> T in try body(store) }
+    }
+
     /// Takes in the key-value files of other devices that changed since last read (the
     /// listing of `devices/` names each device's newest generation). A device's file that
     /// cannot be read is logged and skipped (the others, and this device's own
@@ -104,7 +110,8 @@ extension SyncEngine {
         let (entries, rejected) = KeyValueCodec.decode(bytes, device: device)
         for why in rejected.prefix(5) { logOnce("ubiquity: sync: \(key): \(why)") }
         var refused: [String] = []
-        try shared.change { (store, _) throws(StoreError) -> TreeChanges in
+        try shared.change { (ledger, _) throws(StoreError) -> TreeChanges in
+            let store: any KeyValueLedger = ledger
             let merged = try store.kvMerge(entries)
             refused = merged.rejected
             var changes = TreeChanges()
@@ -119,7 +126,7 @@ extension SyncEngine {
     /// file (then the older one is deleted): after the durability barrier (a power loss
     /// must not take back a value other devices have taken). Returns whether it did.
     func pushKeyValues() throws(StoreError) -> Bool {
-        guard try shared.withLedger({ (store) throws(StoreError) in try store.kvUnpublished() }) != nil else { return false }
+        guard try withKeyValueLedger({ (store) throws(StoreError) in try store.kvUnpublished() }) != nil else { return false }
         // The generation taken before a crash (or a power loss) may be gone from the store
         // while its PUT landed: this session's first publish looks at what is there.
         if memory.ownKeyValueListed == nil {
@@ -128,7 +135,7 @@ extension SyncEngine {
         var entries: [KVEntry]?
         var marker = ""
         var generation: UInt64 = 0
-        try shared.withLedger { (store) throws(StoreError) in
+        try withKeyValueLedger { (store) throws(StoreError) in
             if let changed = try store.kvUnpublished() {
                 entries = try store.kvOwnEntries()
                 marker = changed
@@ -155,7 +162,7 @@ extension SyncEngine {
         // Published: unless a write came meanwhile (the next cycle publishes it). A
         // failure above leaves the mark, so the next cycle that reaches the store (or the
         // next mount, after a crash) publishes again.
-        try shared.withLedger { (store) throws(StoreError) in
+        try withKeyValueLedger { (store) throws(StoreError) in
             try store.kvPublished(marker)
             try store.setSetting(Self.announceKey, "1")
         }

@@ -97,14 +97,14 @@ final class Harness {
         let content = String(repeating: "x", count: Int(Store.inlineChunkLimit) + 1)
         let inodes = try (0..<count).map { try h.save("f\($0)", content) }
         h.fs.commitMetadata()
-        h.fs.meta.withLock { $0.store.startBatching() }
+        h.fs.withMetaLock { $1.startBatching() }
         for i in 0..<count { _ = try h.read("f\(i)") }
-        let before = h.fs.meta.withLock { $0.store.db.standaloneCommits }
+        let before = h.fs.withMetaLock { $1.db.standaloneCommits }
         h.fs.writeUses()
-        h.fs.meta.withLock { m in
-            #expect(!m.store.db.hasOpenBatch, "the uses wait in the batch")
-            #expect(m.store.db.standaloneCommits - before == 3)
-            let used = (try? m.store.db.rows("SELECT count(*) FROM inodes WHERE used > 0 AND id IN (\(inodes.map { String($0.rawValue) }.joined(separator: ",")))", []) { $0.int(0) }.first) ?? 0
+        h.fs.withMetaLock { _, store in
+            #expect(!store.db.hasOpenBatch, "the uses wait in the batch")
+            #expect(store.db.standaloneCommits - before == 3)
+            let used = (try? store.db.rows("SELECT count(*) FROM inodes WHERE used > 0 AND id IN (\(inodes.map { String($0.rawValue) }.joined(separator: ",")))", []) { $0.int(0) }.first) ?? 0
             #expect(used == Int64(count))
         }
     }
@@ -120,7 +120,7 @@ final class Harness {
         h.fs.commitMetadata()
         h.fs.writeUses() // whatever the saves noted
         func used(_ ino: InodeNumber) -> Int64 {
-            h.fs.meta.withLock { m in (try? m.store.db.rows("SELECT used FROM inodes WHERE id = ?", [.inode(ino)]) { $0.int(0) }.first) ?? -1 }
+            h.fs.withMetaLock { _, store in (try? store.db.rows("SELECT used FROM inodes WHERE id = ?", [.inode(ino)]) { $0.int(0) }.first) ?? -1 }
         }
         let before = (used(small), used(big), used(written))
         _ = try h.read("small")
@@ -215,16 +215,16 @@ final class Harness {
     @Test func historyViewsForgetWhatTheKernelForgot() throws {
         let h = try Harness()
         let count = VirtualViews.unreferencedLimit + 500
-        try h.fs.meta.withLock { (m) throws(StoreError) in
-            let f = try m.store.create(parent: Store.rootInode, name: "many.txt", kind: .file, mode: 0o644, uid: 0, gid: 0)
-            for _ in 0..<count { try m.store.commit(f.id, content: ChunkList(), path: "many.txt", local: false) }
+        try h.fs.withMetaLock { (_, store) throws(StoreError) in
+            let f = try store.create(parent: Store.rootInode, name: "many.txt", kind: .file, mode: 0o644, uid: 0, gid: 0)
+            for _ in 0..<count { try store.commit(f.id, content: ChunkList(), path: "many.txt", local: false) }
         }
         let versions = try h.fs.lookup(parent: Store.rootInode, name: ".versions").ino
         let hist = try h.fs.lookup(parent: versions, name: "many.txt").ino
         let handle = try h.fs.opendir(hist)
         let listed = try h.fs.readdir(handle)
         #expect(listed.count == count)
-        let nodes = { h.fs.meta.withLock { $0.views.nodeCount } }
+        let nodes = { h.fs.meta.withLock { m, _ in m.views.nodeCount } }
         _ = try h.fs.lookup(parent: Store.rootInode, name: ".versions") // would prune, but the handle pins them
         #expect(nodes() >= count)
         h.fs.releasedir(handle)
@@ -380,7 +380,7 @@ import Dispatch
         let held = Locked(true)
         let holding = DispatchSemaphore(value: 0)
         let holder = JoinableThread { [fs = h.fs!] in
-            fs.meta.withLock { _ in
+            fs.meta.withLock { _, _ in
                 holding.signal()
                 while held.withLock({ $0 }) { usleep(1_000) }
             }
@@ -465,7 +465,7 @@ import Dispatch
     /// sync step of 400 ms that every request waited for).
     @Test func atomicSavesCostTheSameAtTheThousandthAsAtTheFirst() throws {
         let h = try Harness()
-        let store = h.fs.meta.withLock { $0.store }
+        let store = h.fs.withMetaLock { $1 }
         func save(_ i: Int) throws -> Int {
             let before = store.work.database + store.work.replica
             let (a, handle) = try h.fs.create(parent: Store.rootInode, name: ".doc.txt.tmp", mode: 0o644,
@@ -483,8 +483,8 @@ import Dispatch
         let late = try (200..<210).map(save).max()!
         #expect(late <= first + first / 2, "work per save: \(first) at first, \(late) after 200 saves")
         #expect(try h.read("doc.txt") == "version 209")
-        let records = try h.fs.meta.withLock { (m) throws(StoreError) in
-            try m.store.db.rows("SELECT count(*) FROM versions", []) { Int($0.int(0)) }.first ?? 0
+        let records = try h.fs.withMetaLock { (_, store) throws(StoreError) in
+            try store.db.rows("SELECT count(*) FROM versions", []) { Int($0.int(0)) }.first ?? 0
         }
         #expect(records == 210, "one record per save")
         #expect(try h.versionNames("") == ["doc.txt"])

@@ -16,9 +16,9 @@ import UbiquitySystem
 
     /// Every pending record counts as uploaded (no sync in these tests).
     static func uploadAll(_ h: Harness) throws {
-        try h.fs.meta.withLock { (m) throws(StoreError) in
-            try m.store.recordLocalChanges(busy: [])
-            try m.store.markUploaded(try m.store.pendingUploads(limit: 1_000_000).map(\.id))
+        try h.fs.withMetaLock { (_, store) throws(StoreError) in
+            try store.recordLocalChanges(busy: [])
+            try store.markUploaded(try store.pendingUploads(limit: 1_000_000).map(\.id))
         }
     }
 
@@ -43,7 +43,7 @@ import UbiquitySystem
         #expect(measured.currentBytes == 2 * 75)
         #expect(measured.historyBytes == 9 * 75 + 4 * 75 + 76)
         #expect(measured.prunableBytes == measured.historyBytes)
-        let space = try #require(try h.fs.meta.withLock { (m) throws(StoreError) in try m.store.setting("space") })
+        let space = try #require(try h.fs.withMetaLock { (_, store) throws(StoreError) in try store.setting("space") })
         #expect(space.contains("history=1051 prunable=1051"), "\(space)")
         #expect(try h.versionNames("a.txt").count == 10)
         let pruned = try h.fs.prune(policy: Self.strict, now: nowNanos() + 1_000_000_000, dryRun: false)
@@ -58,7 +58,7 @@ import UbiquitySystem
         #expect(try h.read("a.txt") == "a version 9" + pad)
         #expect(try h.read("b.txt") == "b version 4" + pad)
         #expect(try h.fs.collectGarbage(grace: 0).chunksDeleted == 0)
-        let fsck = try h.fs.meta.withLock { (m) throws(StoreError) in try Fsck.run(store: m.store) }
+        let fsck = try h.fs.withMetaLock { (_, store) throws(StoreError) in try Fsck.run(store: store) }
         #expect(fsck.problems.isEmpty, "\(fsck.problems)")
     }
 
@@ -68,14 +68,14 @@ import UbiquitySystem
         let h = try Harness()
         for i in 0..<50 { try h.save("f\(i).txt", "content \(i)") }
         let pragma = { (name: String) throws -> Int64 in
-            try h.fs.meta.withLock { (m) throws(StoreError) in try m.store.db.rows("PRAGMA \(name)", []) { $0.int(0) }.first ?? 0 }
+            try h.fs.withMetaLock { (_, store) throws(StoreError) in try store.db.rows("PRAGMA \(name)", []) { $0.int(0) }.first ?? 0 }
         }
-        try h.fs.meta.withLock { (m) throws(StoreError) in
-            try m.store.commitBatch()
-            try m.store.db.execute("CREATE TABLE filler(x BLOB)")
-            for _ in 0..<400 { try m.store.db.query("INSERT INTO filler VALUES(zeroblob(4000))", []) }
-            try m.store.db.execute("DROP TABLE filler")
-            try m.store.commitBatch()
+        try h.fs.withMetaLock { (_, store) throws(StoreError) in
+            try store.commitBatch()
+            try store.db.execute("CREATE TABLE filler(x BLOB)")
+            for _ in 0..<400 { try store.db.query("INSERT INTO filler VALUES(zeroblob(4000))", []) }
+            try store.db.execute("DROP TABLE filler")
+            try store.commitBatch()
         }
         let freeBefore = try pragma("freelist_count"), pagesBefore = try pragma("page_count")
         #expect(freeBefore >= 400, "\(freeBefore) free pages of \(pagesBefore)")
@@ -83,11 +83,11 @@ import UbiquitySystem
         #expect(try pragma("freelist_count") == 0)
         #expect(try pragma("page_count") <= pagesBefore - freeBefore)
         // A few free pages stay (SQLite reuses them): no vacuum for them.
-        try h.fs.meta.withLock { (m) throws(StoreError) in
-            try m.store.db.execute("CREATE TABLE filler(x BLOB)")
-            for _ in 0..<20 { try m.store.db.query("INSERT INTO filler VALUES(zeroblob(4000))", []) }
-            try m.store.db.execute("DROP TABLE filler")
-            try m.store.commitBatch()
+        try h.fs.withMetaLock { (_, store) throws(StoreError) in
+            try store.db.execute("CREATE TABLE filler(x BLOB)")
+            for _ in 0..<20 { try store.db.query("INSERT INTO filler VALUES(zeroblob(4000))", []) }
+            try store.db.execute("DROP TABLE filler")
+            try store.commitBatch()
         }
         let few = try pragma("freelist_count")
         #expect(few >= 20)
@@ -108,7 +108,7 @@ import UbiquitySystem
         #expect(try h.fs.prune(policy: Self.strict, now: nowNanos() + 1_000_000_000, dryRun: false).versions.count == 9)
         #expect(try h.fs.collectGarbage(grace: 0).chunksDeleted == 0)
         #expect(try h.read("a.txt") == "a version 9")
-        let fsck = try h.fs.meta.withLock { (m) throws(StoreError) in try Fsck.run(store: m.store) }
+        let fsck = try h.fs.withMetaLock { (_, store) throws(StoreError) in try Fsck.run(store: store) }
         #expect(fsck.problems.isEmpty, "\(fsck.problems)")
     }
 
@@ -161,7 +161,7 @@ import UbiquitySystem
         for (n, k) in order.enumerated() { try h.save("f\(n % 20).txt", contents[k]) }
         stop.withLock { $0 = true }
         collector.join()
-        let fsck = try h.fs.meta.withLock { (m) throws(StoreError) in try Fsck.run(store: m.store) }
+        let fsck = try h.fs.withMetaLock { (_, store) throws(StoreError) in try Fsck.run(store: store) }
         #expect(fsck.problems.isEmpty, "seed \(seed): \(fsck.problems.prefix(5))")
         for n in 0..<20 { #expect(try h.read("f\(n).txt") == contents[order[order.count - 20 + n]], "seed \(seed)") }
     }
@@ -180,7 +180,7 @@ import UbiquitySystem
         // Hold the metadata lock: a gc answered when done could not finish meanwhile.
         let held = Locked(true)
         let holder = JoinableThread { [fs = h.fs!] in
-            fs.meta.withLock { _ in while held.withLock({ $0 }) { usleep(1_000) } }
+            fs.meta.withLock { _, _ in while held.withLock({ $0 }) { usleep(1_000) } }
         }
         usleep(50_000)
         #expect(try h.fs.control(Store.rootInode, name: FileSystem.controlAttribute, value: control))
@@ -217,7 +217,7 @@ import UbiquitySystem
         // at creation.)
         var tight = options
         tight.retention.sizeLimit = size - Int64(version * 21 / 2)
-        let fs = FileSystem(store: h.fs.meta.withLock { $0.store }, options: tight)
+        let fs = FileSystem(store: h.fs.withMetaLock { $1 }, options: tight)
         #expect(fs.spacePressure() != nil)
         fs.relieveSpacePressure()
         #expect(fs.spacePressure() == nil, "\(fs.storeBytes()) > \(size - Int64(version * 21 / 2))")

@@ -58,21 +58,21 @@ import UbiquitySystem
     }
 
     static func historyCount(_ d: SimDevice) throws -> Int {
-        try d.fs.meta.withLock { (m) throws(StoreError) in
-            Int(try m.store.db.rows("SELECT count(*) FROM versions WHERE local = 0 AND kind = 1", []) { $0.int(0) }.first ?? 0)
+        try d.fs.withMetaLock { (_, store) throws(StoreError) in
+            Int(try store.db.rows("SELECT count(*) FROM versions WHERE local = 0 AND kind = 1", []) { $0.int(0) }.first ?? 0)
         }
     }
 
     static func prunedRemembered(_ d: SimDevice) throws -> Int {
-        try d.fs.meta.withLock { (m) throws(StoreError) in
-            Int(try m.store.db.rows("SELECT count(*) FROM pruned_records", []) { $0.int(0) }.first ?? 0)
+        try d.fs.withMetaLock { (_, store) throws(StoreError) in
+            Int(try store.db.rows("SELECT count(*) FROM pruned_records", []) { $0.int(0) }.first ?? 0)
         }
     }
 
     /// The pack `d` knows holds `text`'s one chunk.
     static func pack(of text: String, on d: SimDevice) throws -> String? {
         let id = ChunkID(hashing: Array(text.utf8))
-        return try d.fs.meta.withLock { (m) throws(StoreError) in try m.store.chunkPlaces([id])[id]?.pack }
+        return try d.fs.withMetaLock { (_, store) throws(StoreError) in try store.chunkPlaces([id])[id]?.pack }
     }
 
     @Test func checkpointsDropPrunedRecordsAndReadersDoNotTakeThemBack() throws {
@@ -311,8 +311,8 @@ import UbiquitySystem
         usleep(2_200_000)
         try a.fs.release(handle)
         a.cycle()
-        let ids = try a.fs.meta.withLock { (m) throws(StoreError) in
-            try m.store.chunkPlaces(a.fs.chunks.allChunkIDs()).filter { $0.value.pack == staged }
+        let ids = try a.fs.withMetaLock { (_, store) throws(StoreError) in
+            try store.chunkPlaces(a.fs.chunks.allChunkIDs()).filter { $0.value.pack == staged }
         }
         #expect(ids.isEmpty, "\(ids.count) places still in the fossil \(staged)")
         let b = try world.device("b")
@@ -378,7 +378,7 @@ import UbiquitySystem
         let big = String(repeating: "big content ", count: 400)
         try a.save("big.txt", big)
         a.cycle()
-        #expect(try a.fs.meta.withLock { (m) throws(StoreError) in try m.store.hasUndurableVersions() } == false)
+        #expect(try a.fs.withMetaLock { (_, store) throws(StoreError) in try store.hasUndurableVersions() } == false)
         let old = try #require(try Self.pack(of: big, on: a))
         try world.store.delete(Pack.key(old))
         a.engine.memory.verifiedPacks = [:] // an hour later: a checks again

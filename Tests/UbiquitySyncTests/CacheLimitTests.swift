@@ -93,7 +93,7 @@ import UbiquitySystem
         // What went is fetched again when read, and counts again.
         #expect(try OnDemandTests.read("f0", on: b) == files["f0"])
         #expect(try OnDemandTests.downloaded("f0", on: b) == "current")
-        try b.fs.meta.withLock { (m) throws(StoreError) in #expect(m.store.contentTotals() == (try m.store.countedContentTotals())) }
+        try b.fs.withMetaLock { (_, store) throws(StoreError) in #expect(store.contentTotals() == (try store.countedContentTotals())) }
     }
 
     @Test func backgroundDownloadingStopsAtTheLimitButForPinnedFiles() throws {
@@ -184,8 +184,8 @@ import UbiquitySystem
             default: try d.engine.cycle(pushPull: true)
             }
             for device in [a, b] {
-                let (kept, counted) = try device.fs.meta.withLock { (m) throws(StoreError) in
-                    (m.store.contentTotals(), try m.store.countedContentTotals())
+                let (kept, counted) = try device.fs.withMetaLock { (_, store) throws(StoreError) in
+                    (store.contentTotals(), try store.countedContentTotals())
                 }
                 #expect(kept == counted, "step \(step), \(device.name), seed \(seed)")
                 if kept != counted { return }

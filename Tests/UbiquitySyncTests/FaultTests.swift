@@ -107,13 +107,13 @@ import UbiquitySystem
         for d in devices {
             #expect(d.store.pendingUploadCount == 0, "\(d.name), \(context)")
             let seqs = SegmentRecoveryTests.seqs(memory, d.store.deviceID)
-            let last = (try d.fs.meta.withLock { (m) throws(StoreError) in try m.store.setting(SyncEngine.seqKey) }).flatMap { UInt64($0) } ?? 0
+            let last = (try d.fs.withMetaLock { (_, store) throws(StoreError) in try store.setting(SyncEngine.seqKey) }).flatMap { UInt64($0) } ?? 0
             // Segments a checkpoint covers may be collected (never a later one): the rest
             // are contiguous up to the last seq written.
             if let first = seqs.first {
                 #expect(seqs == Array(first...last), "\(d.name) segments \(seqs), last \(last), \(context)")
             }
-            let fsck = try d.fs.meta.withLock { (m) throws(StoreError) in try Fsck.run(store: m.store) }
+            let fsck = try d.fs.withMetaLock { (_, store) throws(StoreError) in try Fsck.run(store: store) }
             #expect(fsck.problems.isEmpty, "\(d.name): \(fsck.problems.prefix(3)), \(context)")
         }
         // A device that joins now sees the same.

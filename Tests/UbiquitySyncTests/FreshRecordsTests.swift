@@ -68,7 +68,7 @@ import UbiquityBacking
         print("FreshRecordsTests seed \(seed): slices of \(options.pullSlice) to \(options.pullSliceMost), \(failures) failed on purpose, \(joining.store.freshRecordsTaken) records taken in bulk")
         #expect(bulk == (joining.store.freshRecordsTaken > 0), "seed \(seed): \(joining.store.freshRecordsTaken) taken in bulk")
         #expect(clean.store.freshRecordsTaken == 0)
-        let (kept, rebuilt) = try joining.fs.meta.withLock { (m) throws(StoreError) in try m.store.viewAsKeptAndRebuilt() }
+        let (kept, rebuilt) = try joining.fs.withMetaLock { (_, store) throws(StoreError) in try store.viewAsKeptAndRebuilt() }
         #expect(kept == rebuilt, "seed \(seed): \(Set(kept).symmetricDifference(rebuilt).sorted())")
         let (j, c) = (try Self.rows(of: joining), try Self.rows(of: clean))
         let sameRows = j == c // not in the expectation: it would print every row of both
@@ -154,8 +154,8 @@ import UbiquityBacking
     /// What a join leaves, by ids and paths (rows and device numbers are local): every
     /// record, the synced view, the histories and `.versions/` directories, what waits.
     static func rows(of device: SimDevice) throws -> [String] {
-        try device.fs.meta.withLock { (m) throws(StoreError) -> [String] in
-            let db = m.store.db
+        try device.fs.withMetaLock { (_, store) throws(StoreError) -> [String] in
+            let db = store.db
             var rows: [String] = []
             rows += try db.rows("""
                 SELECT hex(id), hex(file_id), hex(parents), device_id, committed, mtime, mode, size, tombstone, local, hex(path),

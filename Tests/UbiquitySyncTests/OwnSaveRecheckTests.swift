@@ -44,10 +44,10 @@ import UbiquityBacking
             let tree = try device.tree()
             for (path, what) in expected { #expect(tree[path] == what, "\(device.name) \(path): \(tree[path] ?? "nothing")") }
             #expect(tree["d/gone.txt"] == nil && tree["d/moved.txt"] == nil && tree["d/.kept.txt.swp"] == nil, "\(device.name): \(tree)")
-            let (kept, rebuilt) = try device.fs.meta.withLock { (m) throws(StoreError) in try m.store.viewAsKeptAndRebuilt() }
+            let (kept, rebuilt) = try device.fs.withMetaLock { (_, store) throws(StoreError) in try store.viewAsKeptAndRebuilt() }
             #expect(kept == rebuilt)
         }
-        #expect(try a.fs.meta.withLock { (m) throws(StoreError) in try m.store.totalConflicts() } == 0)
+        #expect(try a.fs.withMetaLock { (_, store) throws(StoreError) in try store.totalConflicts() } == 0)
     }
 
     /// A save at a path another device's file holds is not alone there: it is checked, and
@@ -60,7 +60,7 @@ import UbiquityBacking
         try b.save("same.txt", "from b")
         try Self.settle([a, b])
         for device in [a, b] {
-            #expect(try device.fs.meta.withLock { (m) throws(StoreError) in try m.store.totalConflicts() } == 1, "\(device.name)")
+            #expect(try device.fs.withMetaLock { (_, store) throws(StoreError) in try store.totalConflicts() } == 1, "\(device.name)")
             #expect(try device.tree()["same.txt"] == (try a.tree()["same.txt"]))
         }
     }

@@ -42,7 +42,7 @@ import UbiquityBacking
         for device in [a, b] {
             let tombstones = try device.store.db.rows("SELECT count(*) FROM versions WHERE tombstone = 1", []) { $0.int(0) }
             #expect(tombstones == [0], "\(device.name)")
-            let (kept, rebuilt) = try device.fs.meta.withLock { (m) throws(StoreError) in try m.store.viewAsKeptAndRebuilt() }
+            let (kept, rebuilt) = try device.fs.withMetaLock { (_, store) throws(StoreError) in try store.viewAsKeptAndRebuilt() }
             #expect(kept == rebuilt, "\(device.name)")
         }
     }

@@ -48,8 +48,8 @@ import TestSupport
         let lines = records.map { ArraySlice(Array(RecordCodec.encode($0).utf8.dropLast())) } // without the newline
         let complete = try device.engine.apply([(source: "test", lines: lines)], of: other, generation: 1)
         #expect(complete, "a record whose chunk's place comes later waits for good")
-        let held = try device.fs.meta.withLock { (m) throws(StoreError) in
-            try m.store.db.rows("SELECT count(*) FROM versions WHERE local = 0", []) { $0.int(0) }
+        let held = try device.fs.withMetaLock { (_, store) throws(StoreError) in
+            try store.db.rows("SELECT count(*) FROM versions WHERE local = 0", []) { $0.int(0) }
         }
         #expect(held == [Int64(count)])
     }

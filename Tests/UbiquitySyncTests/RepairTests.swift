@@ -94,9 +94,9 @@ import UbiquitySystem
             try b.fs.chunks.put(id, Array(repeating: 0x78, count: 100))
         }
         b.fs.chunks.dropCache()
-        let report = try b.fs.meta.withLock { (m) throws(StoreError) in try Fsck.run(store: m.store) }
+        let report = try b.fs.withMetaLock { (_, store) throws(StoreError) in try Fsck.run(store: store) }
         #expect(Set(report.damaged.keys) == Set(ids))
-        let places = try b.fs.meta.withLock { (m) throws(StoreError) in try m.store.chunkPlaces(report.damaged.keys) }
+        let places = try b.fs.withMetaLock { (_, store) throws(StoreError) in try store.chunkPlaces(report.damaged.keys) }
         #expect(places.count == ids.count)
         memory.resetCounts()
         let repaired = try Repair.run(damaged: report.damaged, chunks: b.fs.chunks, backing: memory, places: places)
@@ -104,7 +104,7 @@ import UbiquitySystem
         #expect(memory.counts.of(.get) == ids.count && memory.counts.of(.put) == 0)
         #expect(memory.counts.bytesDown <= 200_000)
         b.fs.chunks.dropCache()
-        #expect(try b.fs.meta.withLock { (m) throws(StoreError) in try Fsck.run(store: m.store) }.problems.isEmpty)
+        #expect(try b.fs.withMetaLock { (_, store) throws(StoreError) in try Fsck.run(store: store) }.problems.isEmpty)
         #expect(try b.tree() == ["big.txt": "file " + big])
     }
 }

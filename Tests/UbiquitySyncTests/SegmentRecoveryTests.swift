@@ -19,13 +19,13 @@ import UbiquitySystem
     }
 
     static func setting(_ d: SimDevice, _ key: String) throws -> String? {
-        try d.fs.meta.withLock { (m) throws(StoreError) in try m.store.setting(key) }
+        try d.fs.withMetaLock { (_, store) throws(StoreError) in try store.setting(key) }
     }
 
     /// Records `d` has made and not sent, as lines of a segment (small chunks inline).
     static func pendingLines(_ d: SimDevice) throws -> (ids: [VersionID], bytes: [UInt8]) {
         try d.engine.cycle(pushPull: false)
-        let records = try d.fs.meta.withLock { (m) throws(StoreError) in try m.store.pendingUploads(limit: 1000) }
+        let records = try d.fs.withMetaLock { (_, store) throws(StoreError) in try store.pendingUploads(limit: 1000) }
         var bytes: [UInt8] = []
         for var record in records {
             for (id, _) in record.chunks.chunks { record.inline[id] = try d.fs.chunks.read(id) }
@@ -52,7 +52,7 @@ import UbiquitySystem
         #expect(ids.count == 2)
         let name = SegmentLog.SegmentName(time: Int64(time(nil)) * 1000, device: me, seq: 2)
         try memory.put(name.key, bytes, ifAbsent: true)
-        try a.fs.meta.withLock { (m) throws(StoreError) in try m.store.setSetting(SyncEngine.reservedKey, "\(name.time)-2") }
+        try a.fs.withMetaLock { (_, store) throws(StoreError) in try store.setSetting(SyncEngine.reservedKey, "\(name.time)-2") }
 
         // The next session finds it: its records are out, seq 2 is not written again.
         let again = SyncEngine(store: a.fs.store, backing: memory, options: options)
@@ -83,7 +83,7 @@ import UbiquitySystem
         try a.engine.cycle(pushPull: false)
         // Reserved, then the process died before the PUT.
         let t = Int64(time(nil)) * 1000 - 5000
-        try a.fs.meta.withLock { (m) throws(StoreError) in try m.store.setSetting(SyncEngine.reservedKey, "\(t)-2") }
+        try a.fs.withMetaLock { (_, store) throws(StoreError) in try store.setSetting(SyncEngine.reservedKey, "\(t)-2") }
         let again = SyncEngine(store: a.fs.store, backing: memory, options: options)
         try again.cycle(pushPull: true)
         #expect(Self.seqs(memory, me) == [1, 2])

@@ -269,9 +269,9 @@ final class SimDevice {
 
     /// The live keys: key -> value and writer.
     func keyValues() -> [String: String] {
-        fs.meta.withLock { m in
+        fs.withMetaLock { _, store in
             var result: [String: String] = [:]
-            for e in (try? m.store.kvEntries()) ?? [] {
+            for e in (try? store.kvEntries()) ?? [] {
                 result[e.key] = String(decoding: e.value, as: UTF8.self) + " by " + e.stamp.device.hex
             }
             return result
@@ -279,10 +279,10 @@ final class SimDevice {
     }
 
     func conflicts() -> [String: [String]] {
-        fs.meta.withLock { m in
+        fs.withMetaLock { _, store in
             var result: [String: [String]] = [:]
-            for path in (try? m.store.conflictedPaths()) ?? ["<error>"] {
-                result[path] = (try? m.store.replica.state(at: path).conflicts.map(\.id.hex).sorted()) ?? ["<error>"]
+            for path in (try? store.conflictedPaths()) ?? ["<error>"] {
+                result[path] = (try? store.replica.state(at: path).conflicts.map(\.id.hex).sorted()) ?? ["<error>"]
             }
             return result
         }
@@ -443,8 +443,8 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
             let paths = Set(firstConflicts.keys).symmetricDifference(conflicts.keys)
                 .union(firstConflicts.keys.filter { firstConflicts[$0] != conflicts[$0] })
             let describe = { (x: SimDevice) -> String in
-                x.fs.meta.withLock { m in
-                    ((try? m.store.replica.records(atPaths: Array(paths))) ?? [])
+                x.fs.withMetaLock { _, store in
+                    ((try? store.replica.records(atPaths: Array(paths))) ?? [])
                         .map { "\($0.id) node=\($0.node) parents=\($0.parents) tomb=\($0.isTombstone) dev=\($0.device) path=\($0.path)" }
                         .sorted().joined(separator: "\n")
                 }
@@ -456,11 +456,11 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
     // device with a cache limit gets under it once all is uploaded, and still reads the
     // same tree (what it evicted comes back when read).
     for d in devices {
-        let (kept, counted) = try d.fs.meta.withLock { (m) throws(StoreError) in (m.store.contentTotals(), try m.store.countedContentTotals()) }
+        let (kept, counted) = try d.fs.withMetaLock { (_, store) throws(StoreError) in (store.contentTotals(), try store.countedContentTotals()) }
         if kept != counted { Issue.record("\(d.name)'s content totals \(String(describing: kept)) are not the files' \(counted), \(context)") }
         // The synced view and `.versions/`' directory counts, as sync steps (slices that
         // remember what they wrote) kept them, are what building them again writes.
-        let (asKept, rebuilt) = try d.fs.meta.withLock { (m) throws(StoreError) in try m.store.viewAsKeptAndRebuilt() }
+        let (asKept, rebuilt) = try d.fs.withMetaLock { (_, store) throws(StoreError) in try store.viewAsKeptAndRebuilt() }
         if asKept != rebuilt {
             let diff = Set(asKept).symmetricDifference(rebuilt).sorted().prefix(20)
             Issue.record("\(d.name)'s view differs from one built again, \(context):\n\(diff.joined(separator: "\n"))")
@@ -468,10 +468,10 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
     }
     devices[2].fs.keepCacheLimit()
     if let here = devices[2].fs.contentTotals()?.here, here > 3_000 {
-        let files = devices[2].fs.meta.withLock { m -> [String] in
-            (try? m.store.db.rows("SELECT id, size, allocated, absent, keep, used, head FROM inodes WHERE kind = 1", []) { r in
-                let chunks: [String] = ((try? m.store.chunkList(row: r.int(6))).map { $0.chunks.map { "\($0.id.hex.prefix(6)):\($0.size):\(m.store.chunks.isLocal($0.id))" } }) ?? []
-                return "\(m.store.path(of: r.inode(0)) ?? "?") \(r.int(0)) size \(r.int(1)) allocated \(r.int(2)) absent \(r.int(3)) keep \(r.int(4)) used \(r.int(5)) \(chunks)"
+        let files = devices[2].fs.withMetaLock { (_, store) -> [String] in
+            (try? store.db.rows("SELECT id, size, allocated, absent, keep, used, head FROM inodes WHERE kind = 1", []) { r in
+                let chunks: [String] = ((try? store.chunkList(row: r.int(6))).map { $0.chunks.map { "\($0.id.hex.prefix(6)):\($0.size):\(store.chunks.isLocal($0.id))" } }) ?? []
+                return "\(store.path(of: r.inode(0)) ?? "?") \(r.int(0)) size \(r.int(1)) allocated \(r.int(2)) absent \(r.int(3)) keep \(r.int(4)) used \(r.int(5)) \(chunks)"
             }) ?? []
         }
         Issue.record("dev2 keeps \(here) bytes of contents, more than its cache limit of 3,000, \(context)\n\(files.joined(separator: "\n"))\ntrace:\n\(trace.suffix(30).joined(separator: "\n"))")
@@ -480,26 +480,26 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
     // Every version committed anywhere is a record everywhere, with a history to show it.
     var committed: Set<String> = []
     for d in devices {
-        try d.fs.meta.withLock { (m) throws(StoreError) in
-            for id in try m.store.db.rows("SELECT id FROM \(Store.versionsWithDevices) WHERE device_id = ? AND tombstone = 0 AND local = 0 AND kind = 1 AND meta = 0",
-                                          [.device(m.store.deviceID)], { $0.versionID(0).hex }) where !pruned.contains(id) { committed.insert(id) }
+        try d.fs.withMetaLock { (_, store) throws(StoreError) in
+            for id in try store.db.rows("SELECT id FROM \(Store.versionsWithDevices) WHERE device_id = ? AND tombstone = 0 AND local = 0 AND kind = 1 AND meta = 0",
+                                          [.device(store.deviceID)], { $0.versionID(0).hex }) where !pruned.contains(id) { committed.insert(id) }
         }
-        let fsck = try d.fs.meta.withLock { (m) throws(StoreError) in try Fsck.run(store: m.store) }
+        let fsck = try d.fs.withMetaLock { (_, store) throws(StoreError) in try Fsck.run(store: store) }
         if !fsck.problems.isEmpty {
             Issue.record("\(d.name)'s store is damaged, \(context): \(fsck.problems.prefix(5))\ntrace:\n\(trace.suffix(40).joined(separator: "\n"))")
         }
     }
     for d in devices {
-        let missing = try d.fs.meta.withLock { (m) throws(StoreError) -> [String] in
+        let missing = try d.fs.withMetaLock { (_, store) throws(StoreError) -> [String] in
             var missing: [String] = []
             for id in committed {
-                guard let node = try m.store.replica.record(id: VersionID(hex: id) ?? .zero)?.node else { missing.append(id); continue }
+                guard let node = try store.replica.record(id: VersionID(hex: id) ?? .zero)?.node else { missing.append(id); continue }
                 // A device that pruned may have dropped the copy of a version that shows
                 // only through another history (the rename case below): the record stays.
                 if prunedOn.contains(d.name) { continue }
                 // A temp file saved once and renamed over a file has no history of its own
                 // (by design): its content is the target's next version.
-                if try m.store.db.rows("""
+                if try store.db.rows("""
                     SELECT count(*) FROM versions v JOIN histories h ON v.file_id = h.file_id
                     WHERE v.file_id = ? OR v.chunks = (SELECT chunks FROM versions WHERE id = ?)
                     """, [.node(node), .id(VersionID(hex: id) ?? .zero)], { $0.int(0) }).first == 0 {
@@ -510,11 +510,11 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
         }
         if !missing.isEmpty {
             let detail = devices.map { x in
-                x.fs.meta.withLock { m in
+                x.fs.withMetaLock { m, store in
                     missing.map { id in
-                        let r = try? m.store.replica.record(id: VersionID(hex: id) ?? .zero)
-                        let h = (try? m.store.db.rows("SELECT path, live FROM histories WHERE file_id = ?", [r.map { .node($0.node) } ?? .null]) { "\($0.text(0)) live=\($0.int(1))" }) ?? []
-                        let rows = (try? m.store.db.rows("SELECT id, parents, tombstone, meta, uploaded, device_name FROM \(Store.versionsWithDevices) WHERE file_id = ? ORDER BY row", [r.map { .node($0.node) } ?? .null]) {
+                        let r = try? store.replica.record(id: VersionID(hex: id) ?? .zero)
+                        let h = (try? store.db.rows("SELECT path, live FROM histories WHERE file_id = ?", [r.map { .node($0.node) } ?? .null]) { "\($0.text(0)) live=\($0.int(1))" }) ?? []
+                        let rows = (try? store.db.rows("SELECT id, parents, tombstone, meta, uploaded, device_name FROM \(Store.versionsWithDevices) WHERE file_id = ? ORDER BY row", [r.map { .node($0.node) } ?? .null]) {
                             "\($0.versionID(0).hex.prefix(6)) p=\($0.versionIDs(1).map { $0.hex.prefix(6) }) t=\($0.int(2)) m=\($0.int(3)) up=\($0.int(4)) \($0.text(5))"
                         }) ?? []
                         return "\(x.name): \(id) node=\(r.map { $0.node.description } ?? "-") path=\(r?.path ?? "-") dev=\(r?.device.hex ?? "-") history=\(h)\n    " + rows.joined(separator: "\n    ")
@@ -528,7 +528,7 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
 
 /// Discards or takes one conflict version through the `.conflicts/` view, as `rm`/`mv` do.
 func resolveSomeConflict(_ d: SimDevice, _ rng: inout SplitMix64) throws {
-    let paths = try d.fs.meta.withLock { (m) throws(StoreError) in try m.store.conflictedPaths() }
+    let paths = try d.fs.withMetaLock { (_, store) throws(StoreError) in try store.conflictedPaths() }
     guard !paths.isEmpty else { return }
     let path = paths[Int(rng.next() % UInt64(paths.count))]
     var ino = try d.fs.lookup(parent: Store.rootInode, name: ".conflicts").ino

@@ -12,10 +12,10 @@ import UbiquityBacking
 @Suite struct SummedCountTests {
     /// A device's own records not uploaded yet, as another device takes them in.
     static func records(of device: SimDevice) throws -> [SyncRecord] {
-        try device.fs.meta.withLock { (m) throws(StoreError) -> [SyncRecord] in
-            try m.store.commitBatch()
-            try m.store.recordLocalChanges(busy: [])
-            return try m.store.pendingUploads(limit: 1000)
+        try device.fs.withMetaLock { (_, store) throws(StoreError) -> [SyncRecord] in
+            try store.commitBatch()
+            try store.recordLocalChanges(busy: [])
+            return try store.pendingUploads(limit: 1000)
         }
     }
 
@@ -39,21 +39,21 @@ import UbiquityBacking
         try a.save("new/three.txt", "3")
         let files = try Self.records(of: a).filter { $0.kind == .file }.sorted { $0.path < $1.path }
         #expect(files.map(\.path) == ["new/deep/one.txt", "new/deep/two.txt", "new/three.txt"])
-        try b.fs.meta.withLock { (m) throws(StoreError) in
-            try m.store.commitBatch()
-            try m.store.db.transaction { () throws(StoreError) in
-                try m.store.replica.deferringConflicts { () throws(StoreError) in
-                    _ = try m.store.insert(files[0], from: .otherDevice)
+        try b.fs.withMetaLock { (_, store) throws(StoreError) in
+            try store.commitBatch()
+            try store.db.transaction { () throws(StoreError) in
+                try store.replica.deferringConflicts { () throws(StoreError) in
+                    _ = try store.insert(files[0], from: .otherDevice)
                     do {
-                        try m.store.db.transaction { () throws(StoreError) in
-                            _ = try m.store.insert(files[1], from: .otherDevice)
+                        try store.db.transaction { () throws(StoreError) in
+                            _ = try store.insert(files[1], from: .otherDevice)
                             throw StoreError.database("rolled back on purpose")
                         }
                     } catch {}
-                    _ = try m.store.insert(files[2], from: .otherDevice)
+                    _ = try store.insert(files[2], from: .otherDevice)
                 }
             }
-            let (kept, rebuilt) = try m.store.viewAsKeptAndRebuilt()
+            let (kept, rebuilt) = try store.viewAsKeptAndRebuilt()
             #expect(kept == rebuilt, "\(Set(kept).symmetricDifference(rebuilt).sorted())")
             #expect(kept.contains("path new in : 0 nodes, 2 below"))
         }
@@ -82,7 +82,7 @@ import UbiquityBacking
         for device in [b, c] {
             device.cycle()
             device.cycle()
-            let (kept, rebuilt) = try device.fs.meta.withLock { (m) throws(StoreError) in try m.store.viewAsKeptAndRebuilt() }
+            let (kept, rebuilt) = try device.fs.withMetaLock { (_, store) throws(StoreError) in try store.viewAsKeptAndRebuilt() }
             #expect(kept == rebuilt, "\(device.name): \(Set(kept).symmetricDifference(rebuilt).sorted())")
             #expect(try device.tree().keys.sorted() == ["x", "x/y", "x/z", "x/z/g.txt"])
         }

@@ -33,7 +33,7 @@ import UbiquitySystem
         defer { engine.stop() }
         // Hold the filesystem's lock: a request answered when its cycle ends could not return.
         let held = Locked(true)
-        let holder = JoinableThread { [fs = d.fs] in fs.meta.withLock { _ in while held.withLock({ $0 }) { usleep(1_000) } } }
+        let holder = JoinableThread { [fs = d.fs] in fs.meta.withLock { _, _ in while held.withLock({ $0 }) { usleep(1_000) } } }
         usleep(50_000)
         let before = Self.status(engine)["requests"] ?? -1
         #expect(try d.fs.control(Store.rootInode, name: FileSystem.controlAttribute, value: Array("sync".utf8)))

@@ -21,20 +21,20 @@ import TestSupport
             let a = try SimDevice(name: "a", root: temp.path, backing: backing, clock: nowNanos)
             try a.save("p/q/one", "from a")
             a.cycle()
-            let records = try a.fs.meta.withLock { (m) throws(StoreError) in try m.store.ownRecords("1 = 1", after: 0, limit: 100).map(\.record) }
+            let records = try a.fs.withMetaLock { (_, store) throws(StoreError) in try store.ownRecords("1 = 1", after: 0, limit: 100).map(\.record) }
             let b = try SimDevice(name: "b", root: temp.path, backing: backing, clock: nowNanos)
             try b.save("x/y/z", "from b")
-            let waiting = try b.fs.meta.withLock { (m) throws(StoreError) in !m.store.overlay.isEmpty }
+            let waiting = try b.fs.withMetaLock { (_, store) throws(StoreError) in !store.overlay.isEmpty }
             #expect(waiting, "b's save must wait in the overlay for the slice to fold it")
             let failing = b.store.db.statements + k
             b.store.db.failingStatements = [failing]
-            _ = try? b.fs.meta.withLock { (m) throws(StoreError) in try m.store.takeIn(records, busy: []) }
+            _ = try? b.fs.withMetaLock { (_, store) throws(StoreError) in try store.takeIn(records, busy: []) }
             b.store.db.failingStatements = []
-            if try b.fs.meta.withLock({ (m) throws(StoreError) in m.store.overlay.isEmpty }) { overlaysFolded += 1 }
+            if try b.fs.withMetaLock({ (_, store) throws(StoreError) in store.overlay.isEmpty }) { overlaysFolded += 1 }
             b.cycle()
             b.cycle()
-            let (kept, rebuilt) = try b.fs.meta.withLock { (m) throws(StoreError) -> ([String], [String]) in
-                let db = m.store.db
+            let (kept, rebuilt) = try b.fs.withMetaLock { (_, store) throws(StoreError) -> ([String], [String]) in
+                let db = store.db
                 let read = { () throws(StoreError) -> [String] in
                     try db.rows("SELECT parent, name, leaves, total FROM history_dirs ORDER BY parent, name", []) {
                         "\($0.text(0))/\($0.text(1)) \($0.int(2)) \($0.int(3))"

@@ -18,8 +18,8 @@ import UbiquitySystem
     /// store (and FORMAT 4 if `format` is set). `d`'s engine has not opened the store.
     static func pushAsFormat4(_ d: SimDevice, into dir: DirectoryStore, format: Bool) throws {
         try d.engine.cycle(pushPull: false) // local changes become records
-        let (records, chunks) = try d.fs.meta.withLock { (m) throws(StoreError) -> ([SyncRecord], ChunkStore) in
-            (try m.store.pendingUploads(limit: 10_000), m.store.chunks)
+        let (records, chunks) = try d.fs.withMetaLock { (_, store) throws(StoreError) -> ([SyncRecord], ChunkStore) in
+            (try store.pendingUploads(limit: 10_000), store.chunks)
         }
         #expect(!records.isEmpty)
         var journal = ""
@@ -35,7 +35,7 @@ import UbiquitySystem
             journal += RecordCodec.encode(record)
         }
         try dir.put(BackingKey(checked: "devices/\(d.store.deviceID)/journal"), Array(journal.utf8))
-        try d.fs.meta.withLock { (m) throws(StoreError) in try m.store.markUploaded(records.map(\.id)) }
+        try d.fs.withMetaLock { (_, store) throws(StoreError) in try store.markUploaded(records.map(\.id)) }
         if format { try dir.put(Backing.formatKey, Array("ubiquity-backing 4\n".utf8)) }
     }
 

@@ -191,7 +191,7 @@ import TestSupport
             defer { try? b.fs.release(handle) }
             #expect(try b.fs.read(handle, offset: 0, count: 100) == Array(text.utf8), "\(path.unicodeScalars.map(\.value))")
         }
-        let (kept, rebuilt) = try b.fs.meta.withLock { (m) throws(StoreError) in try m.store.viewAsKeptAndRebuilt() }
+        let (kept, rebuilt) = try b.fs.withMetaLock { (_, store) throws(StoreError) in try store.viewAsKeptAndRebuilt() }
         #expect(kept == rebuilt)
     }
 
