@@ -272,14 +272,27 @@ extension Store {
     /// `path(of:)` with a failed read thrown, for sync, which decides from the answer: a
     /// read that failed must not pass for an inode with no path.
     func treePath(of id: InodeNumber) throws(StoreError) -> String? {
+        // Asked several times in a file's life (open, save, unlink): the names are gathered
+        // once and copied into a string of the right size, not joined piece by piece.
         var components: [String] = []
+        components.reserveCapacity(8)
+        var bytes = 0
         var current = id
         while current != Store.rootInode {
             guard let link = try node(current)?.link, components.count < 4096 else { return nil }
             components.append(link.name)
+            bytes += link.name.utf8.count + 1
             current = link.parent
         }
-        return components.reversed().joined(separator: "/")
+        guard bytes > 0 else { return "" }
+        return String(unsafeUninitializedCapacity: bytes - 1) { out in
+            var at = 0
+            for (i, var name) in components.reversed().enumerated() {
+                if i > 0 { out[at] = UInt8(ascii: "/"); at += 1 }
+                at = name.withUTF8 { UnsafeMutableBufferPointer(rebasing: out[at...]).initialize(fromContentsOf: $0) + at }
+            }
+            return at
+        }
     }
 
     /// Runs a tree mutation as one transaction; if it fails, the cache (which may hold

@@ -110,6 +110,22 @@ import UbiquitySystem
 
     /// Format 12 keeps content totals by triggers and when files were used: a format-11
     /// store gets the totals from one count of its files, and the triggers from then on.
+    /// A path is its names from the root, joined by "/", whatever bytes they hold; the
+    /// root's is empty (`treePath` builds the string in one piece).
+    @Test func pathsJoinNamesOfAnyLength() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "test")
+        var parent = Store.rootInode
+        var names: [String] = []
+        for name in ["a", "naïve dir", String(repeating: "x", count: 255), "日本", "ß"] {
+            parent = try store.create(parent: parent, name: name, kind: .directory, mode: 0o755, uid: 0, gid: 0).id
+            names.append(name)
+            #expect(store.path(of: parent) == names.joined(separator: "/"))
+        }
+        #expect(store.path(of: Store.rootInode) == "")
+    }
+
     @Test func formatElevenStoreGetsContentTotals() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
