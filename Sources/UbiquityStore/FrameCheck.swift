@@ -5,8 +5,9 @@ import UbiquitySystem
 /// checked: what finds a write torn by a crash or damaged on the disk. Not a defence
 /// against forgery: the logs are the device's own files.
 enum FrameCheck: Sendable {
-    /// CRC-32C, 4 bytes little-endian: what store format 19 on writes. SHA-256 cost
-    /// 36 instructions a byte here (callgrind; no SHA extensions), on every request.
+    /// CRC-32C, 4 bytes little-endian: what store format 19 on writes. A frame is checked
+    /// on every request, and SHA-256 without the CPU's SHA extensions costs some 36
+    /// instructions a byte (docs/BENCHMARKS.md, "Instructions per request").
     case crc32c
     /// The first 8 bytes of SHA-256: formats 7 to 18, read only.
     case sha256
