@@ -64,9 +64,9 @@ extension Store {
 
     /// A read the filesystem cannot act on a failure of (getattr, lookup): a failing database
     /// is logged and the node reported missing.
-    func logged<T>(_ what: String, _ body: () throws(StoreError) -> T?) -> T? {
+    func logged<T>(_ what: @autoclosure () -> String, _ body: () throws(StoreError) -> T?) -> T? {
         do { return try body() } catch {
-            log("ubiquity: \(what): \(error)")
+            log("ubiquity: \(what()): \(error)")
             return nil
         }
     }
