@@ -4,7 +4,7 @@ import UbiquitySystem
 /// How a frame of the store's own logs (the operation log's segments, the intent log) is
 /// checked: what finds a write torn by a crash or damaged on the disk. Not a defence
 /// against forgery: the logs are the device's own files.
-enum FrameCheck: Sendable {
+enum FrameCheck: CaseIterable, Sendable {
     /// CRC-32C, 4 bytes little-endian: what store format 19 on writes. A frame is checked
     /// on every request, and SHA-256 without the CPU's SHA extensions costs some 36
     /// instructions a byte (docs/BENCHMARKS.md, "Instructions per request").

@@ -161,7 +161,11 @@ final class IntentLog {
     /// A frame of `payload` as this version writes it.
     static func frame(_ payload: [UInt8]) -> [UInt8] {
         let length = le(UInt32(payload.count))
-        return length + payload + length.withUnsafeBytes { l in payload.withUnsafeBytes { p in FrameCheck.crc32c.compute(l, p) } }
+        var frame = length
+        frame.reserveCapacity(4 + payload.count + FrameCheck.crc32c.size)
+        frame += payload
+        frame += length.withUnsafeBytes { l in payload.withUnsafeBytes { p in FrameCheck.crc32c.compute(l, p) } }
+        return frame
     }
 
     /// The whole frames' payloads, and where the last ends. Format 7 to 18 checked the

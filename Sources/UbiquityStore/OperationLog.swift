@@ -24,7 +24,7 @@ public struct LogSequence: Comparable, Hashable, Sendable, CustomStringConvertib
 /// enough ago to be durable on its own.
 ///
 /// Segment files are named by the sequence of their first frame (16 hex digits) and an
-/// extension that says how their frames are checked (`SegmentKind`): `.seg` is written,
+/// extension that says how their frames are checked (`FrameCheck`): `.seg` is written,
 /// `.log` (store formats 15 to 18) is still read. A frame is `length` (u32, payload
 /// bytes), `sequence` (u64), the payload, then `check`: the CRC-32C of length and payload
 /// (4 bytes; `.log`: the first 8 bytes of their SHA-256), computed before the lock is
@@ -53,16 +53,9 @@ public final class OperationLog: Sendable {
     public static let defaultSegmentBytes: Int64 = 8 << 20
     static let headerBytes = 12
 
-    /// How a segment's frames are checked (`FrameCheck`), named by its file's extension:
-    /// `.seg` CRC-32C (store format 19 on), `.log` SHA-256 (formats 15 to 18, read only).
-    enum SegmentKind: CaseIterable, Sendable {
-        case crc32c
-        case sha256
-
-        var fileExtension: String { self == .crc32c ? ".seg" : ".log" }
-        var frameCheck: FrameCheck { self == .crc32c ? .crc32c : .sha256 }
-        var checkBytes: Int { frameCheck.size }
-    }
+    /// A segment's file extension says how its frames are checked: `.seg` CRC-32C (store
+    /// format 19 on), `.log` SHA-256 (formats 15 to 18, read only).
+    static func fileExtension(_ check: FrameCheck) -> String { check == .crc32c ? ".seg" : ".log" }
 
     public let directory: String
     let segmentBytes: Int64
@@ -118,7 +111,7 @@ public final class OperationLog: Sendable {
             doomed += found[..<start].map(\.path)
             found.removeFirst(start)
         }
-        var kept: [(first: LogSequence, path: String, kind: SegmentKind, end: Int64, size: Int64)] = []
+        var kept: [(first: LogSequence, path: String, kind: FrameCheck, end: Int64, size: Int64)] = []
         var frames: [(LogSequence, ArraySlice<UInt8>)] = []
         var expected: LogSequence? = nil // the sequence the next frame must have
         var broken = false
@@ -137,7 +130,7 @@ public final class OperationLog: Sendable {
             }
             // A segment holds at most `segmentBytes` and one more frame; a bigger file is
             // not one this log wrote, and is refused (EFBIG) before anything is allocated.
-            let limit = Int(self.segmentBytes) + Self.maxPayload + Self.headerBytes + segment.kind.checkBytes
+            let limit = Int(self.segmentBytes) + Self.maxPayload + Self.headerBytes + segment.kind.size
             let bytes = try StoreError.wrap { () throws(SystemError) in try readFile(segment.path, limit: limit) } ?? []
             var at = 0, sequence = segment.first
             // A folded frame is only walked over: its rows are in the index already.
@@ -325,17 +318,17 @@ public final class OperationLog: Sendable {
         s.unsynced.append(open.fd)
     }
 
-    static func segmentPath(_ directory: String, _ first: LogSequence, kind: SegmentKind = .crc32c) -> String {
+    static func segmentPath(_ directory: String, _ first: LogSequence, kind: FrameCheck = .crc32c) -> String {
         let hex = String(first.value, radix: 16)
-        return directory + "/" + String(repeating: "0", count: 16 - hex.count) + hex + kind.fileExtension
+        return directory + "/" + String(repeating: "0", count: 16 - hex.count) + hex + fileExtension(kind)
     }
 
     /// The segment files in `directory`, in sequence order; other names are left alone.
     /// Two files for one sequence (a `.log` and a `.seg`) cannot both be the log: refused.
-    static func segmentFiles(_ directory: String) throws(StoreError) -> [(first: LogSequence, path: String, kind: SegmentKind)] {
+    static func segmentFiles(_ directory: String) throws(StoreError) -> [(first: LogSequence, path: String, kind: FrameCheck)] {
         let names = try StoreError.wrap { () throws(SystemError) in try directoryEntries(directory) }
-        let found = names.compactMap { name -> (first: LogSequence, path: String, kind: SegmentKind)? in
-            guard name.utf8.count == 20, let kind = SegmentKind.allCases.first(where: { name.hasSuffix($0.fileExtension) }),
+        let found = names.compactMap { name -> (first: LogSequence, path: String, kind: FrameCheck)? in
+            guard name.utf8.count == 20, let kind = FrameCheck.allCases.first(where: { name.hasSuffix(fileExtension($0)) }),
                   let value = UInt64(name.prefix(16), radix: 16), value > 0 else { return nil }
             return (LogSequence(value), directory + "/" + name, kind)
         }.sorted { $0.first < $1.first }
@@ -348,9 +341,9 @@ public final class OperationLog: Sendable {
     // MARK: frames
 
     /// A frame of `payload` with sequence 0 (`stamp` numbers it).
-    static func encode(_ payload: [UInt8], kind: SegmentKind = .crc32c) -> [UInt8] {
+    static func encode(_ payload: [UInt8], kind: FrameCheck = .crc32c) -> [UInt8] {
         var frame = [UInt8]()
-        frame.reserveCapacity(headerBytes + payload.count + kind.checkBytes)
+        frame.reserveCapacity(headerBytes + payload.count + kind.size)
         append(UInt32(payload.count), to: &frame)
         append(UInt64(0), to: &frame)
         frame += payload
@@ -365,15 +358,15 @@ public final class OperationLog: Sendable {
 
     /// Hashed where the bytes are: the append (a request's path) and the replay at open
     /// copy nothing for it.
-    static func check(_ length: ArraySlice<UInt8>, _ payload: ArraySlice<UInt8>, kind: SegmentKind) -> [UInt8] {
-        length.withUnsafeBytes { l in payload.withUnsafeBytes { p in kind.frameCheck.compute(l, p) } }
+    static func check(_ length: ArraySlice<UInt8>, _ payload: ArraySlice<UInt8>, kind: FrameCheck) -> [UInt8] {
+        length.withUnsafeBytes { l in payload.withUnsafeBytes { p in kind.compute(l, p) } }
     }
 
     /// The frame at `at` if it is whole, checks out (unless not `verify`) and has
     /// `sequence`; nil ends the log.
-    static func frame(in bytes: [UInt8], at: Int, sequence: LogSequence, kind: SegmentKind = .crc32c,
+    static func frame(in bytes: [UInt8], at: Int, sequence: LogSequence, kind: FrameCheck = .crc32c,
                       verify: Bool = true) -> (payload: ArraySlice<UInt8>, end: Int)? {
-        let checkBytes = kind.checkBytes
+        let checkBytes = kind.size
         guard bytes.count - at >= headerBytes + checkBytes else { return nil }
         let length = Int(read(UInt32.self, bytes, at))
         guard length <= maxPayload, bytes.count - at - headerBytes - checkBytes >= length else { return nil }
