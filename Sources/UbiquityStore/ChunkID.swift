@@ -46,7 +46,7 @@ public struct ChunkID: Hashable, Sendable, CustomStringConvertible {
         return withUnsafeBytes(of: &words) { Array($0) }
     }
 
-    public var hex: String { Hex.encode(raw) }
+    public var hex: String { withUnsafeBytes(of: (a, b, c, d)) { Hex.encode($0) } }
 
     public var description: String { hex }
 }

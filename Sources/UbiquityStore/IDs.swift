@@ -34,7 +34,7 @@ public struct ID128: Hashable, Comparable, Sendable {
         (0..<16).map { i in UInt8(truncatingIfNeeded: (i < 8 ? high : low) >> (8 * (7 - i % 8))) }
     }
 
-    public var hex: String { Hex.encode(bytes) }
+    public var hex: String { withUnsafeBytes(of: (high.bigEndian, low.bigEndian)) { Hex.encode($0) } }
 
     public static func < (a: ID128, b: ID128) -> Bool { (a.high, a.low) < (b.high, b.low) }
 

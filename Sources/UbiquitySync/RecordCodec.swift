@@ -17,31 +17,125 @@ public enum RecordCodec {
     /// previous dot), small chunks as their bytes in `chunks` (`=<hex>`), and a 128-bit
     /// checksum: a tiny file's version is about 300 bytes instead of 460 (docs/FORMAT.md).
     public static func encode(_ r: SyncRecord) -> String {
-        var fields: [(String, String)] = [("id", r.id.hex)]
-        if r.kind != .file { fields.append(("kind", kindName(r.kind))) }
-        if r.kind == .file { fields.append(("node", r.node.description)) }
-        fields += [
-            ("parents", r.parents.map(\.hex).joined(separator: ",")), ("name", percent(r.deviceName)),
-            ("committed", String(r.committed)), ("mtime", String(r.mtime)), ("mode", String(r.mode & 0o7777)),
-        ]
-        if r.isTombstone { fields.append(("tomb", "1")) }
-        fields.append(("path", percent(r.path)))
+        // Written as bytes in place: every save passes here, and fields built as strings and
+        // joined cost as much as the line's checksum (a small file's chunk is in the line).
+        var line = Line(capacity: 400 + 2 * r.inline.values.reduce(0) { $0 + $1.count })
+        line.field("id", r.id.hex)
+        if r.kind != .file { line.field("kind", kindName(r.kind)) }
+        if r.kind == .file { line.field("node", r.node.description) }
+        line.key("parents")
+        line.list(r.parents) { $0.text($1.hex) }
+        line.key("name")
+        line.percent(r.deviceName)
+        line.field("committed", String(r.committed))
+        line.field("mtime", String(r.mtime))
+        line.field("mode", String(r.mode & 0o7777))
+        if r.isTombstone { line.field("tomb", "1") }
+        line.key("path")
+        line.percent(r.path)
         if r.kind == .file {
-            if r.isMeta { fields.append(("meta", "1")) }
-            fields += [("size", String(r.chunks.totalSize)), ("chunks", chunkItems(r.chunks, inline: r.inline, places: r.places))]
+            if r.isMeta { line.field("meta", "1") }
+            line.field("size", String(r.chunks.totalSize))
+            line.key("chunks")
+            line.chunkItems(r.chunks, inline: r.inline, places: r.places)
         }
-        if r.kind == .symlink { fields.append(("target", percent(r.target ?? ""))) }
+        if r.kind == .symlink {
+            line.key("target")
+            line.percent(r.target ?? "")
+        }
         if !r.xattrs.isEmpty {
-            fields.append(("xattrs", r.xattrs.map { percent($0.name) + ":" + Hex.encode($0.value) }.joined(separator: ",")))
-        }
-        if !r.lineage.isEmpty {
-            fields.append(("dot", String(r.lineage.dot)))
-            if !r.lineage.isLinear(device: r.deviceID) {
-                fields.append(("context", r.lineage.contextText))
+            line.key("xattrs")
+            line.list(r.xattrs) { line, xattr in
+                line.percent(xattr.name)
+                line.byte(":")
+                line.hex(xattr.value)
             }
         }
-        let body = fields.map { "\($0)=\($1)" }.joined(separator: " ")
-        return "U2 \(checksum(Array(body.utf8), hexDigits: 32)) \(body)\n"
+        if !r.lineage.isEmpty {
+            line.field("dot", String(r.lineage.dot))
+            if !r.lineage.isLinear(device: r.deviceID) {
+                line.field("context", r.lineage.contextText)
+            }
+        }
+        return line.finished()
+    }
+
+    /// A `U2` line as it is written: the body's fields, then the checksum put in front.
+    private struct Line {
+        private var body: [UInt8] = []
+
+        init(capacity: Int) { body.reserveCapacity(capacity) }
+
+        mutating func key(_ key: StaticString) {
+            if !body.isEmpty { body.append(0x20) }
+            body.append(contentsOf: UnsafeRawBufferPointer(start: key.utf8Start, count: key.utf8CodeUnitCount))
+            body.append(UInt8(ascii: "="))
+        }
+
+        mutating func field(_ key: StaticString, _ value: String) {
+            self.key(key)
+            text(value)
+        }
+
+        mutating func text(_ text: String) { body.append(contentsOf: text.utf8) }
+
+        mutating func byte(_ c: Unicode.Scalar) { body.append(UInt8(ascii: c)) }
+
+        /// `items`, each written by `item`, separated by commas.
+        mutating func list<T>(_ items: [T], _ item: (inout Line, T) -> Void) {
+            for (i, element) in items.enumerated() {
+                if i > 0 { byte(",") }
+                item(&self, element)
+            }
+        }
+
+        mutating func hex(_ bytes: [UInt8]) { bytes.withUnsafeBytes { Hex.append($0, to: &body) } }
+
+        mutating func percent(_ text: String) { RecordCodec.appendPercent(text, to: &body) }
+
+        /// The chunk list: a hole as `hole:<size>`; a chunk's first item as its bytes
+        /// (`=<hex>`, inline) or `<id>:<size>@<pack>:<offset>` when its place is known;
+        /// any other as `<id>:<size>`.
+        mutating func chunkItems(_ list: ChunkList, inline: [ChunkID: [UInt8]], places: [ChunkID: ChunkPlace]) {
+            var written: Set<ChunkID> = []
+            for i in 0..<list.count {
+                if i > 0 { byte(",") }
+                if list.isHole(i) {
+                    text("hole:")
+                    text(String(list.size(i)))
+                    continue
+                }
+                let id = list.ids[i]
+                let first = written.insert(id).inserted
+                if first, let bytes = inline[id] ?? list.inline[id] {
+                    byte("=")
+                    hex(bytes)
+                    continue
+                }
+                text(id.hex)
+                byte(":")
+                text(String(list.size(i)))
+                if first, let place = places[id] {
+                    byte("@")
+                    text(place.pack)
+                    byte(":")
+                    text(String(place.offset))
+                }
+            }
+        }
+
+        /// `U2 <checksum> <body>\n`.
+        func finished() -> String {
+            let digest = SHA256.hash(data: body)
+            var line: [UInt8] = []
+            line.reserveCapacity(body.count + 37)
+            line.append(contentsOf: "U2 ".utf8)
+            digest.withUnsafeBytes { Hex.append(UnsafeRawBufferPointer(rebasing: $0.prefix(16)), to: &line) }
+            line.append(0x20)
+            line.append(contentsOf: body)
+            line.append(0x0A)
+            return String(decoding: line, as: UTF8.self)
+        }
     }
 
     /// Decodes one line (without its `\n`) from the journal of device `journalDevice`.
@@ -213,18 +307,6 @@ public enum RecordCodec {
     /// `=<hex bytes>` for the first occurrence of a chunk in `inline` or kept inline by the
     /// list (format 4), and
     /// `@<pack>:<offset>` after the first occurrence of a chunk in `places` (format 5).
-    static func chunkItems(_ list: ChunkList, inline: [ChunkID: [UInt8]] = [:], places: [ChunkID: ChunkPlace] = [:]) -> String {
-        var written: Set<ChunkID> = []
-        return (0..<list.count).map { i in
-            if list.isHole(i) { return "hole:\(list.size(i))" }
-            let id = list.ids[i]
-            let first = written.insert(id).inserted
-            if first, let bytes = inline[id] ?? list.inline[id] { return "=" + Hex.encode(bytes) }
-            if first, let place = places[id] { return "\(id.hex):\(list.size(i))@\(place.pack):\(place.offset)" }
-            return "\(id.hex):\(list.size(i))"
-        }.joined(separator: ",")
-    }
-
     static func kindName(_ kind: NodeKind) -> String {
         switch kind {
         case .directory: "dir"
@@ -235,27 +317,33 @@ public enum RecordCodec {
 
     // MARK: encodings
 
-    static func sha256Hex(_ bytes: [UInt8]) -> String { Hex.encode(SHA256.hash(data: bytes)) }
+    static func sha256Hex(_ bytes: [UInt8]) -> String { SHA256.hash(data: bytes).withUnsafeBytes { Hex.encode($0) } }
 
     /// A line's checksum: the first `hexDigits` hex digits of the body's SHA-256.
     static func checksum(_ body: [UInt8], hexDigits: Int) -> String { String(sha256Hex(body).prefix(hexDigits)) }
 
     public static func percent(_ text: String) -> String {
-        let hexDigits = Array("0123456789ABCDEF".utf8)
         var out: [UInt8] = []
+        appendPercent(text, to: &out)
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// `text` with every byte but letters, digits and `._~-/` written as `%XX`.
+    static func appendPercent(_ text: String, to out: inout [UInt8]) {
+        let hexDigits: StaticString = "0123456789ABCDEF"
         for b in text.utf8 {
             switch b {
             case 0x41...0x5A, 0x61...0x7A, 0x30...0x39, UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "~"),
                  UInt8(ascii: "-"), UInt8(ascii: "/"):
                 out.append(b)
             default:
-                out += [UInt8(ascii: "%"), hexDigits[Int(b >> 4)], hexDigits[Int(b & 15)]]
+                out.append(UInt8(ascii: "%"))
+                out.append(hexDigits.utf8Start[Int(b >> 4)])
+                out.append(hexDigits.utf8Start[Int(b & 15)])
             }
         }
-        return String(decoding: out, as: UTF8.self)
     }
 
-    /// Percent-decoding; nil when an escape is broken or the result is not valid UTF-8.
     public static func unpercent(_ text: String) -> String? {
         var out: [UInt8] = []
         let utf8 = Array(text.utf8)

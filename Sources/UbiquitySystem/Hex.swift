@@ -27,6 +27,19 @@ public enum Hex {
         }
     }
 
+    /// Appends the digits of `bytes` to `out` (a journal line written in place).
+    public static func append(_ bytes: UnsafeRawBufferPointer, to out: inout [UInt8]) {
+        let start = out.count
+        out.append(contentsOf: repeatElement(0, count: bytes.count * 2))
+        out.withUnsafeMutableBufferPointer { out in
+            guard let base = out.baseAddress?.advanced(by: start) else { return }
+            for (i, b) in bytes.enumerated() {
+                base[2 * i] = digit(b >> 4)
+                base[2 * i + 1] = digit(b & 15)
+            }
+        }
+    }
+
     /// The lowercase digit of a value 0...15.
     @inline(__always) private static func digit(_ value: UInt8) -> UInt8 {
         value < 10 ? 0x30 + value : 0x61 - 10 + value
