@@ -618,7 +618,14 @@ struct EntryRef: Equatable {
 struct NameKey: Hashable {
     let name: String
     init(_ name: String) { self.name = name }
-    static func == (a: NameKey, b: NameKey) -> Bool { a.name.utf8.elementsEqual(b.name.utf8) }
+    static func == (a: NameKey, b: NameKey) -> Bool {
+        // One memcmp: the generic `utf8.elementsEqual` stepped through the two views a
+        // byte at a time, at every probe of the overlay's and the working set's tables.
+        var a = a.name, b = b.name
+        return a.withUTF8 { x in
+            b.withUTF8 { y in x.count == y.count && (x.isEmpty || memcmp(x.baseAddress!, y.baseAddress!, x.count) == 0) }
+        }
+    }
     func hash(into hasher: inout Hasher) {
         var bytes = name
         bytes.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }

@@ -126,6 +126,18 @@ import UbiquitySystem
         #expect(store.path(of: Store.rootInode) == "")
     }
 
+    /// Names are keys byte for byte: canonically equivalent spellings are two names on
+    /// Linux, and a prefix or a longer name is another name.
+    @Test func namesCompareByteForByte() {
+        let nfc = "caf\u{E9}", nfd = "cafe\u{301}"
+        #expect(nfc == nfd) // Swift's String says so; a directory may hold both
+        #expect(NameKey(nfc) != NameKey(nfd))
+        #expect(NameKey(nfc) == NameKey(String(decoding: Array(nfc.utf8), as: UTF8.self)))
+        #expect(NameKey("") == NameKey("") && NameKey("") != NameKey("a"))
+        #expect(NameKey("ab") != NameKey("abc") && NameKey(String(repeating: "x", count: 255)) == NameKey(String(repeating: "x", count: 255)))
+        #expect(Set([NameKey(nfc), NameKey(nfd), NameKey(nfc)]).count == 2)
+    }
+
     @Test func formatElevenStoreGetsContentTotals() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
