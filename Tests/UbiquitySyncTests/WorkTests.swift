@@ -319,9 +319,11 @@ import TestSupport
         print("WorkTests.foldWorkIsBounded: statements of the fold per file created \(created) and deleted \(deleted) at 200 and 2,000 files")
         #expect(created[1] <= created[0] * 1.1 && deleted[1] <= deleted[0] * 1.1, "fold statements per file at 200 and 2,000 files: \(created), \(deleted)")
         // A file made since the last fold has no history, heads, current record or dot
-        // to read: the fold of its first save only writes.
-        #expect(created[1] <= 11, "fold statements per file created: \(created)")
-        #expect(deleted[1] <= 17.5, "fold statements per file deleted: \(deleted)")
+        // to read: the fold of its first save writes, and reads back only its path's
+        // counts in the synced view (a read instead of a RETURNING clause, a third of its
+        // cost: `Replica.addToPath`).
+        #expect(created[1] <= 12, "fold statements per file created: \(created)")
+        #expect(deleted[1] <= 18.5, "fold statements per file deleted: \(deleted)")
     }
 
     /// A group commit's fold that fails (a trigger refuses one history row here) leaves
