@@ -89,7 +89,7 @@ extension Store {
     /// Only intents of a mounted store (it batches) can be pending, and those a fold
     /// brings back from the log (the open's, before batching starts).
     func keepWithdrawals(_ ids: [VersionID]) throws(StoreError) {
-        guard !ids.isEmpty, db.batching || folding else { return }
+        guard !ids.isEmpty, db.batching || index.folding else { return }
         let kept = try withdrawnSetting().union(ids)
         try setSetting(Self.withdrawnKey, kept.map(\.hex).sorted().joined(separator: ","))
         withdrawalsKept = true
