@@ -372,4 +372,30 @@ import UbiquitySystem
         background?.join()
         #expect(ranLent.load(ordering: .relaxed) == 0)
     }
+
+    /// A holder asleep waiting for the index is woken by the first hold of the store's
+    /// lock that ends with the index back, whoever's it is (here a request's, before the
+    /// folder's own bookkeeping), and settles the part itself as it uses the connection.
+    @Test func anyHoldAfterThePartWakesAHolderWaitingForTheIndex() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let (_, shared) = try Self.folding(dir.path)
+        let burst = try Self.burst(shared, files: 20)
+        let start = try shared.withNamespaceLock { (store) throws(StoreError) in try store.beginFold() }
+        guard case .fold(let part) = start else { throw StoreError.io(errno: EIO, "no part to fold") }
+        let folded = Atomic<Int>(-1)
+        let background = JoinableThread {
+            shared.withLock { store in
+                do { try store.commitBatch() } catch { return }
+                folded.store(store.overlay.isEmpty && store.foldInFlight == nil ? 1 : 0, ordering: .relaxed)
+            }
+        }
+        for _ in 0..<10_000 where shared.waitingForIndex == 0 { usleep(1_000) }
+        #expect(shared.waitingForIndex == 1)
+        part.write()
+        shared.withNamespaceLock { _ in }
+        background.join()
+        #expect(folded.load(ordering: .relaxed) == 1)
+        #expect(shared.withLock { $0.entries(burst.id).count } == 20)
+    }
 }
