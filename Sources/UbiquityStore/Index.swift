@@ -42,8 +42,27 @@ final class Index: @unchecked Sendable {
     /// What the last part written left to its bookkeeping (`Store.settleFold`).
     var foldOutcome: Store.FoldOutcome?
 
-    init(connection: SQLiteDatabase) {
+    // What a fold and a sync step write besides the tables, used by whoever has the
+    // connection (the store reaches them through accessors that claim it first).
+
+    /// The synced view computed from all records (`Replica`).
+    let replica: Replica
+    /// Paths this device's own records changed the view of, and paths where the tree may
+    /// not show the view yet (`Store.recheck`, `Store.unreconciled`): a fold adds to them.
+    let recheck: PendingSet<NameKey>
+    let unreconciled: PendingSet<NameKey>
+    /// What a pull slice (or a fold) wrote that it reads again, while it runs.
+    var takingIn: TakeInMemo?
+    /// Records handed to the sync engine and not marked uploaded yet.
+    var uploadsInFlight: Set<VersionID> = []
+    /// Whether `settings` may hold withdrawals (`Store.keepWithdrawals`).
+    var withdrawalsKept = false
+
+    init(connection: SQLiteDatabase, replica: Replica, recheck: PendingSet<NameKey>, unreconciled: PendingSet<NameKey>) {
         self.connection = connection
+        self.replica = replica
+        self.recheck = recheck
+        self.unreconciled = unreconciled
         connection.guarded(by: lock)
     }
 

@@ -59,7 +59,7 @@ extension Store {
         // Saves withdrawn since the intents were last noted as applied: those folds kept
         // (`keepWithdrawals`), and those the replay brings back.
         withdrawnAtOpen = try withdrawnSetting()
-        withdrawalsKept = !withdrawnAtOpen.isEmpty
+        index.withdrawalsKept = !withdrawnAtOpen.isEmpty
         for case .withdraw(_, let id, _) in replayed { withdrawnAtOpen.insert(id) }
         for case .pending(let kind, let key) in replayed { restorePending(kind, key) }
         // Weak: the database and the sets live as long as the store, and the store's

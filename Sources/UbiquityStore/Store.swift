@@ -18,16 +18,15 @@ import UbiquitySystem
 /// - The namespace: the overlay and the operation log, the caches of the tree, history
 ///   names, the next inode and version row, the intents, the local change sets
 ///   (`changed`, `vacated`, `orphaned`, `held`). The lock's holder owns it.
-/// - The index (`Index`, under its own lock): the SQLite connection `db` and the memos
-///   a fold writes (`Index.folding`, `historiesUnplaced`, `foldFailed`,
-///   `replacedInFold`); with them, still here, the synced view `replica`, the sets a
-///   fold adds to (`recheck`, `unreconciled`) and the memos of pulls (`takingIn`,
-///   `withdrawalsKept`, `uploadsInFlight`). The lock's holder uses them whenever no other
-///   thread holds the index's lock; the group commit's folder holds it while it writes a
-///   part outside the store's lock (Store+BackgroundFold), handed the index and the part
-///   only. The accessors of the index side wait for the index's lock
-///   (`SQLiteDatabase.claim`); reads around the gate meanwhile go to a read-only
-///   connection.
+/// - The index (`Index`, under its own lock): the SQLite connection `db`, the synced
+///   view `replica`, the sets a fold adds to (`recheck`, `unreconciled`), and the memos
+///   of folds and pulls (`Index.folding`, `historiesUnplaced`, `foldFailed`,
+///   `replacedInFold`, `withdrawalsKept`, `takingIn`, `uploadsInFlight`). The lock's
+///   holder uses them whenever no other thread holds the index's lock; the group
+///   commit's folder holds it while it writes a part outside the store's lock
+///   (Store+BackgroundFold), handed the index and the part only. The accessors here of
+///   the index side wait for the index's lock (`SQLiteDatabase.claim`); reads around the
+///   gate meanwhile go to a read-only connection.
 ///
 /// Lock order: the store's lock, then the index's (`IndexLock`).
 public final class Store: @unchecked Sendable {
@@ -70,10 +69,9 @@ public final class Store: @unchecked Sendable {
     /// Records `pendingUploads` handed to the sync engine and not marked uploaded yet:
     /// `withdrawUnsentHistory` leaves them alone. Index side (below).
     var uploadsInFlight: Set<VersionID> {
-        _read { db.claim(); yield uploadsInFlightState }
-        _modify { db.claim(); yield &uploadsInFlightState }
+        _read { db.claim(); yield index.uploadsInFlight }
+        _modify { db.claim(); yield &index.uploadsInFlight }
     }
-    private var uploadsInFlightState: Set<VersionID> = []
     /// Saves not yet in a committed batch (Store+Intents), and the last sequence given.
     let intents: IntentLog
     var intentSequence: Int64 = 0
@@ -83,9 +81,8 @@ public final class Store: @unchecked Sendable {
     /// The synced view computed from all records (see Replica). Index side (below).
     var replica: Replica {
         db.claim()
-        return replicaState
+        return index.replica
     }
-    private let replicaState: Replica
     /// What the sync step still has to look at, each kept in SQLite with the change that
     /// caused it (PendingSet), so no crash loses one and opening never walks the tree:
     /// - `changed`: inodes whose attributes, names, paths or xattrs changed since the sync
@@ -113,14 +110,12 @@ public final class Store: @unchecked Sendable {
     /// Index side (below): a fold adds the paths its records change.
     var recheck: PendingSet<NameKey> {
         db.claim()
-        return recheckState
+        return index.recheck
     }
     var unreconciled: PendingSet<NameKey> {
         db.claim()
-        return unreconciledState
+        return index.unreconciled
     }
-    private let recheckState: PendingSet<NameKey>
-    private let unreconciledState: PendingSet<NameKey>
     let orphaned: PendingSet<FileID>
     let held: PendingSet<FileID>
     /// Set by an upgrade from a store before format 4, which kept no change set: the
@@ -136,10 +131,9 @@ public final class Store: @unchecked Sendable {
     /// What a pull slice (or a fold) wrote that it reads again, while `takeIn` runs (nil
     /// otherwise). Index side (below).
     var takingIn: TakeInMemo? {
-        _read { db.claim(); yield takingInState }
-        _modify { db.claim(); yield &takingInState }
+        _read { db.claim(); yield index.takingIn }
+        _modify { db.claim(); yield &index.takingIn }
     }
-    private var takingInState: TakeInMemo?
     /// Whether a pull slice takes fresh records in bulk (`Store+FreshRecords`); tests turn
     /// it off to hold the bulk path against the one-at-a-time one.
     var takesFreshRecordsInBulk = true
@@ -183,8 +177,6 @@ public final class Store: @unchecked Sendable {
     /// operation log's replay or by folds since the intents were last applied: their
     /// frames in the intent log are not saves to record again (the open only).
     var withdrawnAtOpen: Set<VersionID> = []
-    /// Whether `settings` may hold withdrawals (`keepWithdrawals`).
-    var withdrawalsKept = false
     /// Tree changes the open replayed from the operation log (status, tests).
     public private(set) var replayedTreeChanges = 0
     /// Timestamps of everything the store records; tests inject a clock.
@@ -284,13 +276,12 @@ public final class Store: @unchecked Sendable {
             self.deviceName = try get("device_name") ?? defaultDeviceName()
         }
         self.db = db
-        index = Index(connection: db)
-        replicaState = Replica(db: db)
         let name = { (key: NameKey) in key.name }, load = !readOnly
+        index = Index(connection: db, replica: Replica(db: db),
+                      recheck: try PendingSet(.recheck, db: db, load: load, key: name, parse: NameKey.init),
+                      unreconciled: try PendingSet(.unreconciled, db: db, load: load, key: name, parse: NameKey.init))
         changed = try PendingSet(.inode, db: db, load: load, key: Self.changedKey, parse: Self.changedInode)
         vacated = try PendingSet(.vacated, db: db, load: load, key: name, parse: NameKey.init)
-        recheckState = try PendingSet(.recheck, db: db, load: load, key: name, parse: NameKey.init)
-        unreconciledState = try PendingSet(.unreconciled, db: db, load: load, key: name, parse: NameKey.init)
         orphaned = try PendingSet(.orphaned, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
         held = try PendingSet(.held, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
         needsFullScan = try get("full_scan") == "1"
