@@ -29,7 +29,7 @@ final class IndexLock: @unchecked Sendable {
     /// Takes the lock for the calling thread until `giveBack` (the folder, under the
     /// store's lock: no one else uses the connection then).
     func lend() {
-        LockRank.index.acquiredHeld()
+        LockRank.index.acquiring()
         pthread_mutex_lock(mutex)
         holder.store(Self.thisThread, ordering: .releasing)
     }
@@ -38,7 +38,7 @@ final class IndexLock: @unchecked Sendable {
     func giveBack() {
         holder.store(0, ordering: .releasing)
         pthread_mutex_unlock(mutex)
-        LockRank.index.releasedHeld()
+        LockRank.index.released()
     }
 
     /// Whether another thread than the caller holds the lock.

@@ -2,7 +2,7 @@ import CUbiquity
 
 /// The lock order of a mount, in one place: a thread takes a ranked lock only while every
 /// ranked lock it holds has a lower rank. Debug builds check it at every acquisition
-/// (`Locked(_:rank:)`, the index's lock) and trap on a violation; release builds
+/// (`Locked(_:rank:)`, the index's lock, also while it is held across calls) and trap on a violation; release builds
 /// check nothing.
 ///
 /// 1. `content`: a `FileContent`'s lock (per open file: its data and commits).
@@ -32,37 +32,23 @@ public enum LockRank: Int, Sendable {
     case summary = 8
 
     /// Notes that the calling thread takes a lock of this rank (debug builds: traps when
-    /// it holds one of this rank or above). Returns what to give `released`.
+    /// it holds one of this rank or above), until `released`.
     @inline(__always)
-    public func acquiring() -> UInt32 {
+    public func acquiring() {
         #if DEBUG
         let held = ubq_lock_ranks_held()
         precondition(held >> UInt32(rawValue) == 0,
                      "lock order: taking a lock of rank \(self) while holding ranks \(Self.describe(held))")
         ubq_set_lock_ranks_held(held | 1 << UInt32(rawValue))
-        return held
-        #else
-        return 0
         #endif
     }
 
-    /// The lock taken by `acquiring` is released: the thread holds what it held before.
+    /// The lock of this rank taken by `acquiring` is released. Only its own rank is let
+    /// go: a lock taken under it and held across calls (the index's, lent under the
+    /// store's lock, which goes first) stays noted, so what the thread takes before it
+    /// lets that one go is checked against it too.
     @inline(__always)
-    public static func released(_ before: UInt32) {
-        #if DEBUG
-        ubq_set_lock_ranks_held(before)
-        #endif
-    }
-
-    /// Notes a lock of this rank held across calls (`lend` … `giveBack`), released by
-    /// `releasedHeld`.
-    @inline(__always)
-    public func acquiredHeld() {
-        _ = acquiring()
-    }
-
-    @inline(__always)
-    public func releasedHeld() {
+    public func released() {
         #if DEBUG
         ubq_set_lock_ranks_held(ubq_lock_ranks_held() & ~(1 << UInt32(rawValue)))
         #endif
@@ -72,7 +58,8 @@ public enum LockRank: Int, Sendable {
     /// (a wait on one, such as a claim of the index's connection).
     @inline(__always)
     public func checkMayWait() {
-        LockRank.released(acquiring())
+        acquiring()
+        released()
     }
 
     private static func describe(_ held: UInt32) -> String {

@@ -46,8 +46,8 @@ public final class Locked<State>: @unchecked Sendable {
     }
 
     public func withLock<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
-        let ranks = acquire()
-        defer { release(ranks) }
+        acquire()
+        defer { release() }
         return try body(&state)
     }
 
@@ -57,8 +57,8 @@ public final class Locked<State>: @unchecked Sendable {
     /// another thread has (the index the group commit's folder holds) and must not hold
     /// the lock against everyone while it waits.
     public func withLock<R, E: Error>(when ready: (State) -> Bool, _ body: (inout State) throws(E) -> R) throws(E) -> R {
-        let ranks = acquire()
-        defer { release(ranks) }
+        acquire()
+        defer { release() }
         while !ready(state) {
             sleepers.add(1, ordering: .relaxed)
             owner.store(0, ordering: .relaxed)
@@ -81,8 +81,8 @@ public final class Locked<State>: @unchecked Sendable {
     public var sleeperCount: Int { sleepers.load(ordering: .relaxed) }
 
     @inline(__always)
-    private func acquire() -> UInt32? {
-        let ranks = rank?.acquiring()
+    private func acquire() {
+        rank?.acquiring()
         if pthread_mutex_trylock(mutex) != 0 {
             waiters.add(1, ordering: .sequentiallyConsistent)
             pthread_mutex_lock(mutex)
@@ -93,14 +93,13 @@ public final class Locked<State>: @unchecked Sendable {
         // acquisition, or this sees it waiting and wakes it.
         acquisitions.add(1, ordering: .sequentiallyConsistent)
         if yielders.load(ordering: .sequentiallyConsistent) > 0 { LockHandoff.shared.wakeAll() }
-        return ranks
     }
 
     @inline(__always)
-    private func release(_ ranks: UInt32?) {
+    private func release() {
         owner.store(0, ordering: .relaxed)
         pthread_mutex_unlock(mutex)
-        if let ranks { LockRank.released(ranks) }
+        rank?.released()
     }
 
     /// Whether the calling thread holds the lock now.
