@@ -1,7 +1,8 @@
 import UbiquitySystem
 
-/// The index: `meta.sqlite`'s serving connection, its lock, and what a fold's part
-/// writes while its folder holds that lock. One owner per thread at a time: the store's
+/// The index: `meta.sqlite`'s serving connection, its lock, and the state a fold and a
+/// sync step write with it (the synced view, the sets a fold adds to, the memos of folds
+/// and pulls). One user at a time: the store's
 /// lock holder (`SharedStore`) uses the connection whenever no other thread holds the
 /// index's lock; the group commit's folder takes the lock under the store's lock
 /// (`lend`, Store+BackgroundFold), lets the store's lock go, writes the part with the
