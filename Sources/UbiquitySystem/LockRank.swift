@@ -2,8 +2,8 @@ import CUbiquity
 
 /// The lock order of a mount, in one place: a thread takes a ranked lock only while every
 /// ranked lock it holds has a lower rank. Debug builds check it at every acquisition
-/// (`Locked(_:rank:)`, the index's lock, also while it is held across calls) and trap on a violation; release builds
-/// check nothing.
+/// (`Locked(_:rank:)`, the index's lock, which counts as held across calls until it is
+/// let go) and trap on a violation; release builds check nothing.
 ///
 /// 1. `content`: a `FileContent`'s lock (per open file: its data and commits).
 /// 2. `filesystem`: `FileSystem.state`, the filesystem's own state.
