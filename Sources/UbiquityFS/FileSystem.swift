@@ -12,8 +12,8 @@ import UbiquitySystem
 ///   2. `state`: the filesystem's own state (handles' listings, views, key-value door)
 ///   3. the store's lock (`SharedStore`: the tree and everything in SQLite; the sync
 ///      engine takes only this one)
-///   4. the SQLite connection's hand-off (`ConnectionLoan`: the group commit's
-///      folder writes outside 3 with it)
+///   4. the index's lock (`Index`: the SQLite connection; the group commit's folder
+///      holds it while it writes outside 3)
 ///   5. the tree's working set (`TreeCache`): lookup and getattr of what it holds take
 ///      it alone, so they never wait for 2 or 3
 ///   6. leaves: the kernel's references (lookup counts), the open files, the busy

@@ -4,8 +4,8 @@ import Synchronization
 import UbiquitySystem
 
 /// A thin wrapper over one SQLite connection. Not thread-safe: the owner serializes access
-/// (the store runs every statement under its lock, except while it lends the connection
-/// to its folder: `lend`).
+/// (the index's: the store's lock holder runs its statements, except while another thread
+/// holds the index's lock, `Index`).
 final class SQLiteDatabase {
     private var db: OpaquePointer?
     private var cache: [String: OpaquePointer] = [:]
@@ -48,46 +48,52 @@ final class SQLiteDatabase {
         committed?.release()
     }
 
-    // MARK: the folder's loan (Store+BackgroundFold)
+    // MARK: the index's lock (Index, Store+BackgroundFold)
 
-    /// Who has the connection: the store's lock holder, or the group commit's folder,
-    /// which writes a fold with it outside that lock. Any other thread that needs it
-    /// meanwhile waits for it back (`claim`), except reads around the gate, which go to
-    /// `reader`.
-    let loan = ConnectionLoan()
-    /// A second connection, read-only, for reads around the gate while the connection is
-    /// lent: they see what is committed, and the overlay holds the fold under way until
-    /// the store marks it folded, so they see each row either there or in SQLite.
+    /// Who has the connection (the index's, `Index.lend`; nil: a connection no other
+    /// thread uses): the store's lock holder, or the thread that holds the index's lock,
+    /// such as the group commit's folder, which writes a fold with it outside the store's
+    /// lock. The store's holder that needs it meanwhile waits for it back (`claim`),
+    /// except for reads around the gate, which go to `reader`.
+    private var lock: IndexLock?
+    /// A second connection, read-only, for reads around the gate while another thread
+    /// holds the index's lock: they see what is committed, and the overlay holds the fold
+    /// under way until the store marks it folded, so they see each row either there or in
+    /// SQLite.
     var reader: SQLiteDatabase?
-    /// Reads around the gate under way on the lender's side that go to `reader` (touched
-    /// only by threads that are not the borrower).
+    /// Reads around the gate under way on the store's side that go to `reader` (touched
+    /// only by threads that do not hold the index's lock).
     private var asideDepth = 0
-    /// Called on the lender's side after a claim got the connection back: the store
+    /// Called on the store's side after a claim got the connection back: the store
     /// finishes the fold's bookkeeping (`Store.settleFold`) before it uses it.
     var returned: (() -> Void)?
 
-    /// Times the lender's side waited for the connection (the work tests count them:
-    /// requests on the namespace alone never do). Touched by the lender's side only.
+    /// Times the store's side waited for the connection (the work tests count them:
+    /// requests on the namespace alone never do). Touched by the store's side only.
     private(set) var loanWaits = 0
 
-    /// Whether the connection is lent to another thread than the caller.
-    var isLentElsewhere: Bool { loan.isLentElsewhere }
-    /// Whether the calling thread is the borrower.
-    var isBorrowedHere: Bool { loan.isBorrowedHere }
+    /// Makes `lock` the index's lock this connection is used under (`Index`).
+    func guarded(by lock: IndexLock) { self.lock = lock }
 
-    /// Before any use of the connection: when it is lent to another thread, waits until it
-    /// comes back, then lets the store finish the fold's bookkeeping.
+    /// Whether another thread than the caller holds the index's lock.
+    var isLentElsewhere: Bool { lock?.isLentElsewhere ?? false }
+    /// Whether the calling thread holds the index's lock.
+    var isBorrowedHere: Bool { lock?.isBorrowedHere ?? false }
+
+    /// Before any use of the connection: when another thread holds the index's lock,
+    /// waits until it lets it go, then lets the store finish the fold's bookkeeping.
     func claim() {
         guard isLentElsewhere else { return }
         waitUntilReturned()
         returned?()
     }
 
-    /// Waits until a loan to another thread, if any, ends (the lender's side).
+    /// Waits until another thread that holds the index's lock, if any, lets it go (the
+    /// store's side).
     func waitUntilReturned() {
-        guard isLentElsewhere else { return }
+        guard let lock, lock.isLentElsewhere else { return }
         loanWaits += 1
-        loan.awaitEnd()
+        lock.awaitEnd()
     }
 
     /// Rung when the group commit's batch opens: the filesystem's group-commit loop sleeps

@@ -8,7 +8,7 @@ import UbiquitySystem
 ///
 /// Lock order, everywhere (`LockRank`, checked in debug builds): the filesystem's lock
 /// (`FileSystem.meta`, which guards only the filesystem's own state: handles, lookups,
-/// open files, views), then this one, then the connection's hand-off, then leaf locks
+/// open files, views), then this one, then the index's (`Index`), then leaf locks
 /// (the chunk store's, a file's summary, the busy files). The sync engine takes only
 /// this one. No request to the backing store runs under either: this lock is
 /// held for SQLite work only, and a fetch of a chunk asked for under it is refused
@@ -17,9 +17,9 @@ import UbiquitySystem
 /// reader waits for its own bytes.
 public final class SharedStore: Sendable {
     private let locked: Locked<Store>
-    /// What runs outside the lock: the connection's hand-off (to wait for the folder),
-    /// the checkpoints' own connection.
-    private let loan: ConnectionLoan
+    /// What runs outside the lock: the index (its lock, to wait for the folder; a
+    /// barrier's commit), the checkpoints' own connection.
+    private let index: Index
     private let checkpointer: WALCheckpointer
     private let hooks = Locked(Hooks())
     public let chunks: ChunkStore
@@ -39,7 +39,7 @@ public final class SharedStore: Sendable {
 
     public init(_ store: Store) {
         locked = Locked(store, rank: .store)
-        loan = store.db.loan
+        index = store.index
         checkpointer = store.checkpointer
         chunks = store.chunks
         reservation = store.reservation
@@ -55,19 +55,14 @@ public final class SharedStore: Sendable {
     /// between them).
     ///
     /// Most callers (sync, downloads, maintenance) use the SQLite connection: while the
-    /// group commit's folder has it, they wait for it before they take the lock, not
-    /// holding the lock against requests meanwhile. Requests use `withNamespaceLock`.
+    /// group commit's folder holds the index's lock, `body` waits for it with the store's
+    /// lock let go (`Locked.withLock(when:_:)`), so requests go on meanwhile; the hold
+    /// that ends after the folder let the index go wakes it (`endHold`). Requests use
+    /// `withNamespaceLock`.
     public func withLock<T, E: Error>(_ body: (Store) throws(E) -> T) throws(E) -> T {
-        while true {
-            loan.awaitEnd()
-            // The folder may have been lent the connection while this thread waited for
-            // the lock (its first step holds it): then the lock goes back, and the wait
-            // is for the connection again, not under the lock against requests.
-            let done = try withNamespaceLock { (store) throws(E) -> T? in
-                loan.isLentElsewhere ? nil : try body(store)
-            }
-            if let done { return done }
-            lockRetries.add(1, ordering: .relaxed)
+        try locked.withLock(when: { [index] _ in !index.isLentElsewhere }) { (store) throws(E) -> T in
+            defer { endHold(store) }
+            return try body(store)
         }
     }
 
@@ -82,23 +77,31 @@ public final class SharedStore: Sendable {
     /// Acquisitions of the lock so far (tests: readers that must not take it).
     var acquisitions: UInt { locked.acquisitionCount }
 
-    /// Holds of the lock given back because the connection was lent meanwhile (tests).
-    let lockRetries = Atomic<Int>(0)
+    /// Callers of `withLock` waiting for the index now, with the lock let go (tests).
+    var waitingForIndex: Int { locked.sleeperCount }
 
     /// `withLock` for requests, which change the namespace and read around the gate: they
     /// go on while the folder writes (Store+BackgroundFold).
     public func withNamespaceLock<T, E: Error>(_ body: (Store) throws(E) -> T) throws(E) -> T {
         try locked.withLock { (store) throws(E) -> T in
-            // Whatever the body changed in the tree is in the log before the lock goes
-            // (and so before a request's reply): one frame per hold.
-            defer { store.logTreeChanges() }
+            defer { endHold(store) }
             return try body(store)
         }
     }
 
+    /// As each hold ends: whatever the body changed in the tree is in the log before the
+    /// lock goes (and so before a request's reply), one frame per hold; and once no
+    /// thread holds the index, the holders waiting for it look again (the folder's last
+    /// step is such a hold, after it let the index go).
+    private func endHold(_ store: Store) {
+        store.logTreeChanges()
+        if !index.isLent { locked.wakeSleepers() }
+    }
+
     /// The group commit's step (`Store.groupCommit`), with the part of the overlay it
-    /// folds written while the lock is let go (Store+BackgroundFold): requests go on
-    /// meanwhile, and only what needs the SQLite connection waits for it.
+    /// folds written while the lock is let go (Store+BackgroundFold), with the index and
+    /// the part alone: requests go on meanwhile, and only what needs the SQLite
+    /// connection waits for it.
     public func groupCommit(lastRequest: Int64) throws(StoreError) -> Store.GroupCommit {
         let start = try withLock { (store) throws(StoreError) in try store.beginFold(lastRequest: lastRequest) }
         switch start {
@@ -127,9 +130,12 @@ public final class SharedStore: Sendable {
     /// Durability barrier, part 2 (`Store.markDurable`), its disk flush without the lock:
     /// requests go on meanwhile.
     public func markDurable(upTo mark: DurabilityMark? = nil) throws(StoreError) {
-        let (store, barrier) = try withLock { (store) throws(StoreError) in (store, try store.beginBarrier(upTo: mark)) }
-        try store.writeBarrier(barrier)
-        withLock { $0.finishBarrier(barrier) }
+        let barrier = try withLock { (store) throws(StoreError) in try store.beginBarrier(upTo: mark) }
+        var failure: StoreError?
+        do throws(StoreError) { try index.writeBarrier(barrier) } catch { failure = error }
+        // A hold after the commit either way: it wakes whoever waits for the index.
+        withLock { store in if failure == nil { store.finishBarrier(barrier) } }
+        if let failure { throw failure }
     }
 
     /// The mark a durability barrier makes durable up to (`Store.durabilityMark`).

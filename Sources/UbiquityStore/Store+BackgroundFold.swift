@@ -5,23 +5,24 @@ import UbiquitySystem
 /// and read what they do not find there from a second, read-only connection.
 ///
 /// Three steps (a mount runs them through `SharedStore.groupCommit`):
-/// 1. `beginFold`, under the lock: takes a part of the overlay (whole frames), commits
-///    the batch (reads while the connection is lent see only what is committed), and
-///    lends the connection to the calling thread.
-/// 2. `writeFold`, without the lock: writes the part in one transaction with its mark,
-///    touching only the index side (Store), and gives the connection back. What it does
-///    to the namespace (history names placed) waits in `foldOutcome`.
-/// 3. `finishFold`, under the lock: marks the part folded in the overlay and applies
-///    the outcome. Until then the overlay holds the part, so a reader sees each of its
-///    rows there or in SQLite, never neither.
+/// 1. `beginFold`, under the store's lock: takes a part of the overlay (whole frames),
+///    commits the batch (reads while the index is lent see only what is committed), and
+///    lends the index (its lock) to the calling thread.
+/// 2. `FoldPart.write` (`Index.write`), without the store's lock: writes the part in one
+///    transaction with its mark, with the index and the part alone, and lets the index's
+///    lock go. What it does to the namespace (history names placed) waits in the index's
+///    `foldOutcome`.
+/// 3. `finishFold`, under the store's lock: marks the part folded in the overlay and
+///    applies the outcome. Until then the overlay holds the part, so a reader sees each
+///    of its rows there or in SQLite, never neither.
 ///
-/// Anything else that needs the connection while it is lent waits for it and then does
-/// step 3 itself (`settleFold`), so the lock's holder never finds a fold half done.
-extension Store {
-    /// A part of the overlay on its way to SQLite; while its connection is lent, also the
-    /// folder's way to the store's index side (`write`).
+/// Anything else that needs the connection while the index is lent waits for it and then
+/// does step 3 itself (`settleFold`), so the store's holder never finds a fold half done.
+extension Store: FoldWriter {
+    /// A part of the overlay on its way to SQLite, and the index it goes to: all the
+    /// folder is handed.
     public struct FoldPart {
-        let store: Store
+        let index: Index
         let number: Int
         let changes: [TreeChange]
         /// Where it ends in the overlay's changes, and its last frame.
@@ -40,11 +41,11 @@ extension Store {
         /// the rest's rows from (`TreeOverlay.Rest`).
         let rest: (changes: [TreeChange], generation: UInt64)?
 
-        /// Step 2 (`Store.writeFold`), on the thread the connection was lent to.
-        public func write() { store.writeFold(self) }
+        /// Step 2 (`Index.write`), on the thread the index was lent to.
+        public func write() { index.write(self) }
     }
 
-    /// What the folder was told and found, while it writes (index side).
+    /// What the folder was told and found, while it writes (`Index.folderWork`).
     struct FolderWork {
         let reserved: Set<InodeNumber>
         var placed: [String] = []
@@ -65,7 +66,7 @@ extension Store {
     }
 
     /// Step 1: commits what waits when there is no fold to do; else takes a part and lends
-    /// the connection to the calling thread, which must call `writeFold` next.
+    /// the index to the calling thread, which must call `FoldPart.write` next.
     /// - Parameter lastRequest: see `groupCommit`.
     /// - Parameter leaving: fold ahead of work that would fold under the lock (`SharedStore.foldAhead`):
     ///   a part whenever more than this many changes wait, burst or not, and nothing
@@ -95,48 +96,22 @@ extension Store {
         foldsBegun += 1
         let count = overlay.changes.count
         let rebuilds = end < count && end >= count - end
-        let part = FoldPart(store: self, number: foldsBegun, changes: changes, end: end, through: prefix?.through ?? lastLogged,
+        let part = FoldPart(index: index, number: foldsBegun, changes: changes, end: end, through: prefix?.through ?? lastLogged,
                             fresh: overlay.freshHistories(in: changes), isLast: prefix == nil,
                             intentSequence: intentSequence, reserved: reserved,
                             rest: rebuilds ? (Array(overlay.changes[end...]), overlay.generation) : nil)
         foldInFlight = part
-        db.loan.lend()
+        index.lend()
         return .fold(part)
     }
 
-    /// Step 2, without the store's lock, on the thread `beginFold` lent the connection to:
-    /// writes the part and gives the connection back. Touches only the index side.
-    public func writeFold(_ part: FoldPart) {
-        precondition(db.isBorrowedHere, "writeFold runs on the thread beginFold lent the connection to")
-        defer { db.loan.giveBack() }
-        folding = true
-        historiesUnplaced = part.fresh
-        folderWork = FolderWork(reserved: part.reserved)
-        writingAside = true
-        defer {
-            writingAside = false
-            folding = false
-            historiesUnplaced = []
-            folderWork = nil
-        }
-        var failure: StoreError?
-        do {
-            try db.aroundGate { () throws(StoreError) in
-                try db.standalone { () throws(StoreError) in
-                    try writeFolded(part.changes, fresh: part.fresh, through: part.through)
-                    // Only with the last part: a save still in the overlay is not in
-                    // SQLite, so its intent must stay to be replayed.
-                    if part.isLast { try noteIntentsApplied(through: part.intentSequence) }
-                }
-            }
-            if part.isLast { foldFailed = false }
-        } catch {
-            foldFailed = true
-            failure = error
-        }
-        // The rest's rows, built here rather than under the lock at step 3.
-        let rest = failure == nil ? part.rest.map { TreeOverlay.Rest(of: $0.changes, generation: $0.generation, from: part.end) } : nil
-        foldOutcome = FoldOutcome(number: part.number, error: failure, placed: folderWork?.placed ?? [], rest: rest)
+    /// Step 2's SQL (`Index.write`, inside its transaction), on the thread the index was
+    /// lent to: touches only the index side.
+    func writeFoldPart(_ part: FoldPart) throws(StoreError) {
+        try writeFolded(part.changes, fresh: part.fresh, through: part.through)
+        // Only with the last part: a save still in the overlay is not in SQLite, so its
+        // intent must stay to be replayed.
+        if part.isLast { try noteIntentsApplied(through: part.intentSequence) }
     }
 
     /// Step 3, under the lock: the part's bookkeeping (unless a claim did it already),
@@ -153,8 +128,8 @@ extension Store {
         return .done
     }
 
-    /// Finishes the fold in flight, if any: waits for the folder to give the connection
-    /// back, then marks the part folded and applies its outcome (a failed part stays in
+    /// Finishes the fold in flight, if any: waits for the folder to let the index's lock
+    /// go, then marks the part folded and applies its outcome (a failed part stays in
     /// the overlay, folded again later). Called before the lock's holder uses the
     /// connection (`SQLiteDatabase.returned`) or folds.
     /// - Parameter compacting: the overlay may rebuild its rows (`TreeOverlay.markFolded`):
@@ -164,10 +139,10 @@ extension Store {
         guard let part = foldInFlight else { return nil }
         db.waitUntilReturned()
         foldInFlight = nil
-        guard var outcome = foldOutcome, outcome.number == part.number else {
+        guard var outcome = index.foldOutcome, outcome.number == part.number else {
             return .database("the fold of part \(part.number) left no outcome")
         }
-        foldOutcome = nil
+        index.foldOutcome = nil
         if let error = outcome.error {
             overlay.forgetFresh()
             return error

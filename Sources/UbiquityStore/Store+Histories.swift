@@ -20,7 +20,7 @@ extension Store {
             WHERE row BETWEEN ? AND ? AND kind = \(NodeKind.file.rawValue)
             """, [.int(rows.lowerBound), .int(rows.upperBound)])
         for file in files {
-            historiesUnplaced.remove(file.id)
+            index.historiesUnplaced.remove(file.id)
             takingIn?.histories[file.id] = (file.path, true)
             try countHistoryPath(file.path, by: 1)
         }
@@ -31,7 +31,7 @@ extension Store {
     /// placed where it is.
     func placeHistory(_ fileID: FileID, path: String, live: Bool?, keepExisting: Bool = false) throws(StoreError) {
         var old = takingIn?.histories[fileID]
-        if old == nil && historiesUnplaced.remove(fileID) == nil {
+        if old == nil && index.historiesUnplaced.remove(fileID) == nil {
             old = try db.rows("SELECT path, live FROM histories WHERE file_id = ?", [.id(fileID)]) { (path: $0.text(0), live: $0.int(1) != 0) }.first
         }
         if old != nil && keepExisting { return }
@@ -157,7 +157,7 @@ extension Store {
     private func countHistoryPath(_ path: String, by delta: Int64) throws(StoreError) {
         if delta > 0 {
             // The names are the namespace's: the folder leaves them to the fold's bookkeeping.
-            if isFolderWriting { folderWork?.placed.append(path) } else { historyNames.noteTaken(path) }
+            if isFolderWriting { index.folderWork?.placed.append(path) } else { historyNames.noteTaken(path) }
         }
         guard takingIn != nil else { return try Self.countHistoryPath(path, by: delta, in: db) }
         try Self.countHistoryPath(path, by: delta, in: db) { self.takingIn?.historyDirectories[$0, default: 0] += delta }

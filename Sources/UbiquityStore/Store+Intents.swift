@@ -74,9 +74,9 @@ extension Store {
         if applied > 0 {
             try db.query("REPLACE INTO settings(key, value) VALUES('intent_applied', ?)", [.text(String(applied))])
         }
-        if withdrawalsKept {
+        if index.withdrawalsKept {
             try removeSetting(Self.withdrawnKey)
-            withdrawalsKept = false
+            index.withdrawalsKept = false
         }
     }
 
@@ -89,10 +89,10 @@ extension Store {
     /// Only intents of a mounted store (it batches) can be pending, and those a fold
     /// brings back from the log (the open's, before batching starts).
     func keepWithdrawals(_ ids: [VersionID]) throws(StoreError) {
-        guard !ids.isEmpty, db.batching || folding else { return }
+        guard !ids.isEmpty, db.batching || index.folding else { return }
         let kept = try withdrawnSetting().union(ids)
         try setSetting(Self.withdrawnKey, kept.map(\.hex).sorted().joined(separator: ","))
-        withdrawalsKept = true
+        index.withdrawalsKept = true
     }
 
     func withdrawnSetting() throws(StoreError) -> Set<VersionID> {

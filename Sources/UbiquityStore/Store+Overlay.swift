@@ -27,7 +27,7 @@ extension Store {
     var overlayOn: Bool {
         if db.isBorrowedHere { return false }
         guard treeLog != nil, db.batching else { return false }
-        return db.isLentElsewhere || (!db.inTransaction && !folding)
+        return db.isLentElsewhere || (!db.inTransaction && !index.folding)
     }
 
     /// Opens the operation log and replays what it holds after the index's mark into the
@@ -59,7 +59,7 @@ extension Store {
         // Saves withdrawn since the intents were last noted as applied: those folds kept
         // (`keepWithdrawals`), and those the replay brings back.
         withdrawnAtOpen = try withdrawnSetting()
-        withdrawalsKept = !withdrawnAtOpen.isEmpty
+        index.withdrawalsKept = !withdrawnAtOpen.isEmpty
         for case .withdraw(_, let id, _) in replayed { withdrawnAtOpen.insert(id) }
         for case .pending(let kind, let key) in replayed { restorePending(kind, key) }
         // Weak: the database and the sets live as long as the store, and the store's
@@ -172,7 +172,7 @@ extension Store {
             // The folder knows from the fold's first step which dropped inodes had a
             // reserve (the table's copy in memory is the namespace's).
             if isFolderWriting {
-                if folderWork?.reserved.contains(id) == true { try db.query("DELETE FROM reserves WHERE inode = ?", [.inode(id)]) }
+                if index.folderWork?.reserved.contains(id) == true { try db.query("DELETE FROM reserves WHERE inode = ?", [.inode(id)]) }
             } else {
                 try dropReservedRanges(id)
             }
@@ -195,7 +195,7 @@ extension Store {
             // A local file keeps only its latest version; one another inode still shows
             // stays (else a hard link can point at nothing: t-differential.py seed 105).
             if let replaces {
-                replacedInFold += try db.rows("DELETE FROM versions WHERE row = ?1 AND local = 1 AND NOT EXISTS (SELECT 1 FROM inodes WHERE head = ?1 AND id != ?2) RETURNING id",
+                index.replacedInFold += try db.rows("DELETE FROM versions WHERE row = ?1 AND local = 1 AND NOT EXISTS (SELECT 1 FROM inodes WHERE head = ?1 AND id != ?2) RETURNING id",
                                               [.int(replaces), .inode(inode)]) { $0.versionID(0) }
             }
             let record = SyncRecord(id: v.id, node: .file(v.fileID), kind: .file, parents: v.parents, deviceID: deviceID,
@@ -225,7 +225,7 @@ extension Store {
     /// rolled back wrote nothing. The intent log's replay commits its saves straight to
     /// SQLite, after the gate folded what the operation log brought back.
     private func mayBeWritten(_ id: VersionID) throws(StoreError) -> Bool {
-        if folding && !foldFailed { return false }
+        if index.folding && !index.foldFailed { return false }
         return try versionExists(id)
     }
 
@@ -300,11 +300,11 @@ extension Store {
         let changes = Array(overlay.changes[overlay.folded..<(part?.end ?? overlay.changes.count)])
         let through = part?.through ?? lastLogged
         let fresh = overlay.freshHistories(in: changes)
-        folding = true
-        historiesUnplaced = fresh
+        index.folding = true
+        index.historiesUnplaced = fresh
         defer {
-            folding = false
-            historiesUnplaced = []
+            index.folding = false
+            index.historiesUnplaced = []
         }
         func fold() throws(StoreError) { try writeFolded(changes, fresh: fresh, through: through) }
         do {
@@ -327,14 +327,14 @@ extension Store {
             }
         } catch {
             overlay.forgetFresh()
-            foldFailed = true
+            index.foldFailed = true
             throw error
         }
         if let part {
             overlay.markFolded(through: part.end)
         } else {
             overlay = TreeOverlay()
-            foldFailed = false
+            index.foldFailed = false
         }
         if db.level > 0 {
             openFolds.append((db.level, changes, through))
@@ -349,7 +349,7 @@ extension Store {
     /// records wrote is not read back (`remembering`), nor what the histories begun since
     /// the last fold surely lack (`rememberFreshNodes`).
     func writeFolded(_ changes: [TreeChange], fresh: Set<FileID>, through: LogSequence) throws(StoreError) {
-        replacedInFold = []
+        index.replacedInFold = []
         try replica.remembering { () throws(StoreError) in
             replica.rememberFreshNodes(Set(fresh.map { NodeID.file($0) }))
             try replica.deferringConflicts { () throws(StoreError) in
@@ -360,7 +360,7 @@ extension Store {
         }
         // Saves that are gone for good, whose intents may not be applied yet: an
         // editor's temp file withdrawn, a local file's version replaced.
-        var withdrawn = replacedInFold
+        var withdrawn = index.replacedInFold
         for case .withdraw(_, let id, _) in changes { withdrawn.append(id) }
         try keepWithdrawals(withdrawn)
         try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(Self.treeLogMarkKey), .text(String(through.value))])

@@ -18,16 +18,17 @@ import UbiquitySystem
 /// - The namespace: the overlay and the operation log, the caches of the tree, history
 ///   names, the next inode and version row, the intents, the local change sets
 ///   (`changed`, `vacated`, `orphaned`, `held`). The lock's holder owns it.
-/// - The index: the SQLite connection `db`, the synced view `replica`, the sets a fold
-///   adds to (`recheck`, `unreconciled`), and the memos of folds and pulls (`takingIn`,
-///   `historiesUnplaced`, `replacedInFold`, `folding`, `foldFailed`, `withdrawalsKept`,
-///   `uploadsInFlight`). Whoever holds the connection owns it: the lock's holder, or the
-///   group commit's folder while the connection is lent to it, outside the lock
-///   (Store+BackgroundFold). The accessors of the index side wait for the connection
-///   to come back (`SQLiteDatabase.claim`); reads around the gate meanwhile go to a
-///   read-only connection.
+/// - The index (`Index`, under its own lock): the SQLite connection `db`, the synced
+///   view `replica`, the sets a fold adds to (`recheck`, `unreconciled`), and the memos
+///   of folds and pulls (`Index.folding`, `historiesUnplaced`, `foldFailed`,
+///   `replacedInFold`, `withdrawalsKept`, `takingIn`, `uploadsInFlight`). The lock's
+///   holder uses them whenever no other thread holds the index's lock; the group
+///   commit's folder holds it while it writes a part outside the store's lock
+///   (Store+BackgroundFold), handed the index and the part only. The accessors here of
+///   the index side wait for the index's lock (`SQLiteDatabase.claim`); reads around the
+///   gate meanwhile go to a read-only connection.
 ///
-/// Lock order: the store's lock, then the connection's hand-off (`ConnectionLoan`).
+/// Lock order: the store's lock, then the index's (`IndexLock`).
 public final class Store: @unchecked Sendable {
     public let directory: String
     public let chunks: ChunkStore
@@ -37,6 +38,8 @@ public final class Store: @unchecked Sendable {
     public let deviceID: DeviceID
     public private(set) var deviceName: String
     let db: SQLiteDatabase
+    /// The connection `db` under its own lock, and what a fold writes with it.
+    let index: Index
     private let lockFD: Int32
     public let readOnly: Bool
 
@@ -66,10 +69,9 @@ public final class Store: @unchecked Sendable {
     /// Records `pendingUploads` handed to the sync engine and not marked uploaded yet:
     /// `withdrawUnsentHistory` leaves them alone. Index side (below).
     var uploadsInFlight: Set<VersionID> {
-        _read { db.claim(); yield uploadsInFlightState }
-        _modify { db.claim(); yield &uploadsInFlightState }
+        _read { db.claim(); yield index.uploadsInFlight }
+        _modify { db.claim(); yield &index.uploadsInFlight }
     }
-    private var uploadsInFlightState: Set<VersionID> = []
     /// Saves not yet in a committed batch (Store+Intents), and the last sequence given.
     let intents: IntentLog
     var intentSequence: Int64 = 0
@@ -79,9 +81,8 @@ public final class Store: @unchecked Sendable {
     /// The synced view computed from all records (see Replica). Index side (below).
     var replica: Replica {
         db.claim()
-        return replicaState
+        return index.replica
     }
-    private let replicaState: Replica
     /// What the sync step still has to look at, each kept in SQLite with the change that
     /// caused it (PendingSet), so no crash loses one and opening never walks the tree:
     /// - `changed`: inodes whose attributes, names, paths or xattrs changed since the sync
@@ -109,14 +110,12 @@ public final class Store: @unchecked Sendable {
     /// Index side (below): a fold adds the paths its records change.
     var recheck: PendingSet<NameKey> {
         db.claim()
-        return recheckState
+        return index.recheck
     }
     var unreconciled: PendingSet<NameKey> {
         db.claim()
-        return unreconciledState
+        return index.unreconciled
     }
-    private let recheckState: PendingSet<NameKey>
-    private let unreconciledState: PendingSet<NameKey>
     let orphaned: PendingSet<FileID>
     let held: PendingSet<FileID>
     /// Set by an upgrade from a store before format 4, which kept no change set: the
@@ -132,10 +131,9 @@ public final class Store: @unchecked Sendable {
     /// What a pull slice (or a fold) wrote that it reads again, while `takeIn` runs (nil
     /// otherwise). Index side (below).
     var takingIn: TakeInMemo? {
-        _read { db.claim(); yield takingInState }
-        _modify { db.claim(); yield &takingInState }
+        _read { db.claim(); yield index.takingIn }
+        _modify { db.claim(); yield &index.takingIn }
     }
-    private var takingInState: TakeInMemo?
     /// Whether a pull slice takes fresh records in bulk (`Store+FreshRecords`); tests turn
     /// it off to hold the bulk path against the one-at-a-time one.
     var takesFreshRecordsInBulk = true
@@ -164,14 +162,6 @@ public final class Store: @unchecked Sendable {
     /// save can name its row before it is folded; SQLite's own choice for a row written
     /// directly is always past them, as the gate folds first).
     var nextVersionRow: Int64 = 1
-    /// Set while the overlay is folded: what the fold writes goes to SQLite.
-    var folding = false
-    /// Histories begun since the last fold (`TreeOverlay.isFresh`) whose row in
-    /// `histories` the fold under way has not written yet: `placeHistory` need not look.
-    var historiesUnplaced: Set<FileID> = []
-    /// A fold failed since the overlay was last folded whole: what it wrote may be in
-    /// SQLite already, so folds look for each version before writing it.
-    var foldFailed = false
     /// The group commit's fold written outside the lock, from its first step to its
     /// bookkeeping (Store+BackgroundFold), and the number the last one was given.
     var foldInFlight: FoldPart?
@@ -179,13 +169,6 @@ public final class Store: @unchecked Sendable {
     /// What `SharedStore.foldAhead` leaves to a fold under the lock: about 10 ms of SQLite
     /// (a fold writes some 100,000 changes a second here).
     public static let foldAheadLeaves = 1_000
-    /// While the folder writes: what it was told and what it found (index side), and
-    /// then what its bookkeeping applies to the namespace.
-    var folderWork: FolderWork?
-    /// Set by the borrower while it writes without the lock (`writeFold`, `writeBarrier`):
-    /// index side, read only by the borrower (`assertNamespaceSide`).
-    var writingAside = false
-    var foldOutcome: FoldOutcome?
     /// When the overlay's first and latest changes came (`monotonicNanos`).
     var overlayTimes: (first: Int64, last: Int64) = (0, 0)
     /// When the group commit folds the overlay (`Store.groupCommit`); tests shorten it.
@@ -194,10 +177,6 @@ public final class Store: @unchecked Sendable {
     /// operation log's replay or by folds since the intents were last applied: their
     /// frames in the intent log are not saves to record again (the open only).
     var withdrawnAtOpen: Set<VersionID> = []
-    /// Whether `settings` may hold withdrawals (`keepWithdrawals`).
-    var withdrawalsKept = false
-    /// Local files' versions the fold under way deleted, replaced by newer ones.
-    var replacedInFold: [VersionID] = []
     /// Tree changes the open replayed from the operation log (status, tests).
     public private(set) var replayedTreeChanges = 0
     /// Timestamps of everything the store records; tests inject a clock.
@@ -297,15 +276,16 @@ public final class Store: @unchecked Sendable {
             self.deviceName = try get("device_name") ?? defaultDeviceName()
         }
         self.db = db
-        replicaState = Replica(db: db)
         let name = { (key: NameKey) in key.name }, load = !readOnly
+        index = Index(connection: db, replica: Replica(db: db),
+                      recheck: try PendingSet(.recheck, db: db, load: load, key: name, parse: NameKey.init),
+                      unreconciled: try PendingSet(.unreconciled, db: db, load: load, key: name, parse: NameKey.init))
         changed = try PendingSet(.inode, db: db, load: load, key: Self.changedKey, parse: Self.changedInode)
         vacated = try PendingSet(.vacated, db: db, load: load, key: name, parse: NameKey.init)
-        recheckState = try PendingSet(.recheck, db: db, load: load, key: name, parse: NameKey.init)
-        unreconciledState = try PendingSet(.unreconciled, db: db, load: load, key: name, parse: NameKey.init)
         orphaned = try PendingSet(.orphaned, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
         held = try PendingSet(.held, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
         needsFullScan = try get("full_scan") == "1"
+        index.writer = self
         if !readOnly {
             let number = try db.transaction { () throws(StoreError) -> Int64 in try deviceNumber(deviceID, name: self.deviceName) }
             ownDeviceNumber = number
@@ -343,19 +323,19 @@ public final class Store: @unchecked Sendable {
         if lockFD >= 0 { close(lockFD) }
     }
 
-    /// Debug builds: the thread the connection is lent to, which owns only the index side
+    /// Debug builds: the thread the index is lent to, which owns only the index side
     /// while it writes without the lock (a fold's part, a barrier's commit), does not
     /// touch the namespace's state.
     @inline(__always) func assertNamespaceSide() {
-        // The borrower check first: only the borrower reads `writingAside`, so the lock's
-        // holder never reads what the borrower writes.
-        assert(!(db.isBorrowedHere && writingAside), "the connection's borrower touched the namespace's state")
+        // The holder check first: only the index lock's holder reads `writingAside`, so
+        // the store's holder never reads what the folder writes.
+        assert(!(index.isBorrowedHere && index.writingAside), "the index lock's holder touched the namespace's state")
     }
 
-    /// Whether the calling thread is the folder writing a part (`writeFold`): the one rule
+    /// Whether the calling thread is the folder writing a part (`Index.write`): the one rule
     /// for code both sides run. Race-free from any thread: only the borrower reads
     /// `folderWork` here.
-    var isFolderWriting: Bool { db.isBorrowedHere && folderWork != nil }
+    var isFolderWriting: Bool { index.isBorrowedHere && index.folderWork != nil }
 
     /// A value kept in the store's settings (nil: not set).
     public func setting(_ key: String) throws(StoreError) -> String? {
@@ -382,11 +362,9 @@ public final class Store: @unchecked Sendable {
         db.batchOpened = opened
         if let committed { db.ringOnCommit(committed) }
         chunks.startBatching(opened: opened, committed: committed)
-        // Reads around the gate while the group commit's folder has the connection.
+        // Reads around the gate while the group commit's folder has the index.
         do {
-            let reader = try SQLiteDatabase(path: directory + "/meta.sqlite", readOnly: true)
-            try reader.execute("PRAGMA cache_size=-8192")
-            db.reader = reader
+            try index.openReader()
         } catch {
             log("ubiquity: no second connection to \(directory)/meta.sqlite (\(error)): reads wait while the group commit folds")
         }
@@ -429,7 +407,7 @@ public final class Store: @unchecked Sendable {
         switch try beginFold(lastRequest: lastRequest) {
         case .ended(let result): return result
         case .fold(let part):
-            writeFold(part)
+            part.write()
             return try finishFold(part)
         }
     }
@@ -531,7 +509,7 @@ public final class Store: @unchecked Sendable {
     /// its three steps through `SharedStore.markDurable`, the disk flush without the lock).
     public func markDurable(upTo given: DurabilityMark? = nil) throws(StoreError) {
         let barrier = try beginBarrier(upTo: given)
-        try writeBarrier(barrier)
+        try index.writeBarrier(barrier)
         finishBarrier(barrier)
     }
 
@@ -544,44 +522,15 @@ public final class Store: @unchecked Sendable {
     }
 
     /// Part 2, step 1 (under the lock): everything into the index and committed, then the
-    /// connection lent to the calling thread, which must call `writeBarrier` next.
+    /// index lent to the calling thread, which must call `Index.writeBarrier` next.
     /// Without a mark: everything written so far (the caller flushed every chunk).
     public func beginBarrier(upTo given: DurabilityMark?) throws(StoreError) -> BarrierCommit {
         let mark = given ?? DurabilityMark(row: .max, intentBytes: intents.size)
         try commitBatch()
         let barrier = BarrierCommit(mark: mark, foldedThrough: foldedThrough)
-        db.claim() // another thread's loan, begun between its wait and this hold, ended
-        db.loan.lend()
+        db.claim() // a part another thread writes, ended
+        index.lend()
         return barrier
-    }
-
-    /// Step 2 (without the lock, on the thread the connection was lent to): one
-    /// transaction with synchronous=FULL, which fsyncs the WAL and so makes every
-    /// metadata change committed so far durable (the chunks they name already are). It
-    /// also marks the versions up to the mark as durable. Gives the connection back.
-    /// Requests go on meanwhile, on the overlay and the second connection, as they do
-    /// while the folder writes (Store+BackgroundFold).
-    public func writeBarrier(_ barrier: BarrierCommit) throws(StoreError) {
-        precondition(db.isBorrowedHere, "writeBarrier runs on the thread beginBarrier lent the connection to")
-        writingAside = true
-        defer {
-            writingAside = false
-            db.loan.giveBack()
-        }
-        // Through the gate its UPDATE of `versions` would fold the overlay, which is the
-        // namespace's: the versions it marks are in SQLite already (`beginBarrier`
-        // folded and committed them, and the mark names none after).
-        try db.aroundGate { () throws(StoreError) in
-            try db.execute("PRAGMA synchronous=FULL")
-            defer { try? db.execute("PRAGMA synchronous=NORMAL") }
-            // A transaction of its own, not a batch, its journal on disk: after a join its
-            // UPDATE marks every record taken in (`SQLiteDatabase.openBatch`).
-            try db.standalone(wholeTable: true) { () throws(StoreError) in
-                try db.query("UPDATE versions SET durable = 1 WHERE durable = 0 AND row <= ?", [.int(barrier.mark.row)])
-                // Always write something, so the commit (and its WAL fsync) really happens.
-                try db.execute("REPLACE INTO settings(key, value) VALUES('last_sync', strftime('%s','now'))")
-            }
-        }
     }
 
     /// Step 3 (under the lock, after `writeBarrier` succeeded): the logs let go of what

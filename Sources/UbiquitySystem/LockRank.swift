@@ -2,14 +2,16 @@ import CUbiquity
 
 /// The lock order of a mount, in one place: a thread takes a ranked lock only while every
 /// ranked lock it holds has a lower rank. Debug builds check it at every acquisition
-/// (`Locked(_:rank:)`, the connection's hand-off) and trap on a violation; release builds
-/// check nothing.
+/// (`Locked(_:rank:)`, the index's lock, which counts as held across calls until it is
+/// let go) and trap on a violation; release builds check nothing.
 ///
 /// 1. `content`: a `FileContent`'s lock (per open file: its data and commits).
 /// 2. `filesystem`: `FileSystem.state`, the filesystem's own state.
-/// 3. `store`: `SharedStore`'s lock, the namespace and, when not lent, the index.
-/// 4. `connection`: the SQLite connection's hand-off (`ConnectionLoan`): the folder
-///    holds it while it writes a fold outside the store's lock; a claim waits on it.
+/// 3. `store`: `SharedStore`'s lock, the namespace; its holder uses the index's
+///    connection whenever no one holds 4.
+/// 4. `index`: the index's lock (`Index`, `IndexLock`): the group commit's folder holds it
+///    while it writes a part outside the store's lock, as does a barrier's commit; the
+///    store's holder that needs the connection meanwhile waits on it.
 /// 5. `tree`: the tree's working set in memory (`TreeCache`): the store's holder takes it
 ///    for the moment of a change; lookup and getattr take it alone, without 2 or 3.
 /// 6. `packAppend`: local packs' appends (`LocalPacks`), held around the write of a record,
@@ -23,54 +25,41 @@ public enum LockRank: Int, Sendable {
     case content = 1
     case filesystem = 2
     case store = 3
-    case connection = 4
+    case index = 4
     case tree = 5
     case packAppend = 6
     case leaf = 7
     case summary = 8
 
     /// Notes that the calling thread takes a lock of this rank (debug builds: traps when
-    /// it holds one of this rank or above). Returns what to give `released`.
+    /// it holds one of this rank or above), until `released`.
     @inline(__always)
-    public func acquiring() -> UInt32 {
+    public func acquiring() {
         #if DEBUG
         let held = ubq_lock_ranks_held()
         precondition(held >> UInt32(rawValue) == 0,
                      "lock order: taking a lock of rank \(self) while holding ranks \(Self.describe(held))")
         ubq_set_lock_ranks_held(held | 1 << UInt32(rawValue))
-        return held
-        #else
-        return 0
         #endif
     }
 
-    /// The lock taken by `acquiring` is released: the thread holds what it held before.
+    /// The lock of this rank taken by `acquiring` is released. Only its own rank is let
+    /// go: a lock taken under it and held across calls (the index's, lent under the
+    /// store's lock, which goes first) stays noted, so what the thread takes before it
+    /// lets that one go is checked against it too.
     @inline(__always)
-    public static func released(_ before: UInt32) {
-        #if DEBUG
-        ubq_set_lock_ranks_held(before)
-        #endif
-    }
-
-    /// Notes a lock of this rank held across calls (`lend` … `giveBack`), released by
-    /// `releasedHeld`.
-    @inline(__always)
-    public func acquiredHeld() {
-        _ = acquiring()
-    }
-
-    @inline(__always)
-    public func releasedHeld() {
+    public func released() {
         #if DEBUG
         ubq_set_lock_ranks_held(ubq_lock_ranks_held() & ~(1 << UInt32(rawValue)))
         #endif
     }
 
     /// Debug builds: traps when the calling thread could not take a lock of this rank now
-    /// (a wait on one, such as a claim of the connection).
+    /// (a wait on one, such as a claim of the index's connection).
     @inline(__always)
     public func checkMayWait() {
-        LockRank.released(acquiring())
+        acquiring()
+        released()
     }
 
     private static func describe(_ held: UInt32) -> String {

@@ -21,6 +21,10 @@ public final class Locked<State>: @unchecked Sendable {
     private let acquisitions = Atomic<UInt>(0)
     /// Threads in `yieldToWaiters` on this lock (an acquisition wakes them only if some).
     private let yielders = Atomic<Int>(0)
+    /// Where holders whose condition does not hold yet sleep with the lock let go
+    /// (`withLock(when:_:)`), and how many sleep there now (changed under the lock).
+    private let condition = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+    private let sleepers = Atomic<Int>(0)
 
     /// Where the lock stands in the lock order (nil: not checked).
     private let rank: LockRank?
@@ -31,15 +35,54 @@ public final class Locked<State>: @unchecked Sendable {
         self.state = state
         self.rank = rank
         pthread_mutex_init(mutex, nil)
+        pthread_cond_init(condition, nil)
     }
 
     deinit {
+        pthread_cond_destroy(condition)
+        condition.deallocate()
         pthread_mutex_destroy(mutex)
         mutex.deallocate()
     }
 
     public func withLock<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
-        let ranks = rank?.acquiring()
+        acquire()
+        defer { release() }
+        return try body(&state)
+    }
+
+    /// `withLock`, with `body` run only once `ready` holds: until then the caller sleeps
+    /// with the lock let go (a condition wait), so others take it meanwhile, and looks
+    /// again each time a holder calls `wakeSleepers`. For a holder that needs something
+    /// another thread has (the index the group commit's folder holds) and must not hold
+    /// the lock against everyone while it waits.
+    public func withLock<R, E: Error>(when ready: (State) -> Bool, _ body: (inout State) throws(E) -> R) throws(E) -> R {
+        acquire()
+        defer { release() }
+        while !ready(state) {
+            sleepers.add(1, ordering: .relaxed)
+            owner.store(0, ordering: .relaxed)
+            pthread_cond_wait(condition, mutex)
+            owner.store(UInt(pthread_self()), ordering: .relaxed)
+            sleepers.subtract(1, ordering: .relaxed)
+        }
+        return try body(&state)
+    }
+
+    /// Wakes the callers of `withLock(when:_:)` asleep now, to look at their condition
+    /// again. Called by the lock's holder: a sleeper looks and falls asleep under the
+    /// lock, so no wake-up is lost between the two.
+    public func wakeSleepers() {
+        guard sleepers.load(ordering: .relaxed) > 0 else { return }
+        pthread_cond_broadcast(condition)
+    }
+
+    /// Callers of `withLock(when:_:)` asleep now (tests).
+    public var sleeperCount: Int { sleepers.load(ordering: .relaxed) }
+
+    @inline(__always)
+    private func acquire() {
+        rank?.acquiring()
         if pthread_mutex_trylock(mutex) != 0 {
             waiters.add(1, ordering: .sequentiallyConsistent)
             pthread_mutex_lock(mutex)
@@ -50,12 +93,13 @@ public final class Locked<State>: @unchecked Sendable {
         // acquisition, or this sees it waiting and wakes it.
         acquisitions.add(1, ordering: .sequentiallyConsistent)
         if yielders.load(ordering: .sequentiallyConsistent) > 0 { LockHandoff.shared.wakeAll() }
-        defer {
-            owner.store(0, ordering: .relaxed)
-            pthread_mutex_unlock(mutex)
-            if let ranks { LockRank.released(ranks) }
-        }
-        return try body(&state)
+    }
+
+    @inline(__always)
+    private func release() {
+        owner.store(0, ordering: .relaxed)
+        pthread_mutex_unlock(mutex)
+        rank?.released()
     }
 
     /// Whether the calling thread holds the lock now.

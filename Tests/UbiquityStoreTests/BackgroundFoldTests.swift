@@ -203,7 +203,7 @@ import UbiquitySystem
         #expect(shared.withLock { $0.entries(burst.id).count } == 3_000)
     }
 
-    /// While the folder holds the connection, requests on the namespace (create, lookup,
+    /// While the folder holds the index, requests on the namespace (create, lookup,
     /// listing, getattr, setattr, rename, link, unlink, xattrs) neither wait for it nor
     /// run a statement on it: they change the overlay, and read what it lacks from the
     /// second connection.
@@ -218,7 +218,7 @@ import UbiquitySystem
                 for f in 0..<20 { _ = try store.create(parent: parent.id, name: "f\(f)", kind: .file, mode: 0o644, uid: 1, gid: 1) }
             }
         }
-        let (store, shared) = try Self.folding(dir.path)
+        let (_, shared) = try Self.folding(dir.path)
         // A burst for the folder to write.
         let burst = try Self.burst(shared, files: 200)
         let lent = Atomic<Bool>(false), requestsDone = Atomic<Bool>(false)
@@ -229,7 +229,7 @@ import UbiquitySystem
             // Holds the connection until the requests are done (a bound, not a timing:
             // a request that waited would keep them from being done).
             for _ in 0..<10_000 where !requestsDone.load(ordering: .acquiring) { usleep(1_000) }
-            store.writeFold(part)
+            part.write()
             _ = try? shared.withLock { (store) throws(StoreError) in try store.finishFold(part) }
         }
         while !lent.load(ordering: .acquiring) { usleep(100) }
@@ -277,7 +277,7 @@ import UbiquitySystem
     @Test func rowsOfAFoldedPartDoNotShadowALaterTransaction() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
-        let (store, shared) = try Self.folding(dir.path)
+        let (_, shared) = try Self.folding(dir.path)
         let file = try shared.withLock { (store) throws(StoreError) in
             try store.create(parent: Store.rootInode, name: "f", kind: .file, mode: 0o644, uid: 1, gid: 1)
         }
@@ -285,7 +285,7 @@ import UbiquitySystem
         let wrote = Atomic<Bool>(false)
         let folder = JoinableThread {
             guard case .fold(let part)? = shared.withLock({ (store) in try? store.beginFold() }) else { return }
-            store.writeFold(part)
+            part.write()
             wrote.store(true, ordering: .releasing)
         }
         folder.join()
@@ -325,7 +325,7 @@ import UbiquitySystem
             guard let (store, commit) = try? shared.withLock({ (store) throws(StoreError) in (store, try store.beginBarrier(upTo: nil)) }) else { return }
             lent.store(true, ordering: .releasing)
             for _ in 0..<10_000 where !requestsDone.load(ordering: .acquiring) { usleep(1_000) }
-            do { try store.writeBarrier(commit) } catch { return }
+            do { try store.index.writeBarrier(commit) } catch { return }
             shared.withLock { $0.finishBarrier(commit) }
         }
         while !lent.load(ordering: .acquiring) { usleep(100) }
@@ -345,9 +345,9 @@ import UbiquitySystem
     }
 
     /// Work that needs the connection and was waiting for the store's lock while the
-    /// folder was lent the connection gives the lock back and waits for the connection
-    /// without it: requests go on, and its body runs once the part is written.
-    @Test func aHolderThatFindsTheConnectionLentGivesTheLockBack() throws {
+    /// folder was lent the index waits for the index with the store's lock let go:
+    /// requests go on, and its body runs once the part is written.
+    @Test func aHolderThatFindsTheIndexLentLetsTheLockGo() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }
         let (_, shared) = try Self.folding(dir.path)
@@ -362,14 +362,43 @@ import UbiquitySystem
             guard case .fold(let part) = try store.beginFold() else { throw StoreError.io(errno: EIO, "no part to fold") }
             return part
         }
-        // The background thread took the lock, found the connection lent, and let go.
-        for _ in 0..<10_000 where shared.lockRetries.load(ordering: .relaxed) == 0 { usleep(1_000) }
-        #expect(shared.lockRetries.load(ordering: .relaxed) == 1)
-        #expect(shared.withNamespaceLock { $0.entries(burst.id).count } == 50)
-        #expect(ranLent.load(ordering: .relaxed) == -1, "it ran while the connection was lent")
+        // The background thread took the lock, found the index lent, and let go.
+        for _ in 0..<10_000 where shared.waitingForIndex == 0 { usleep(1_000) }
+        #expect(shared.waitingForIndex == 1)
+        // A request meanwhile, from a thread of its own (this one holds the index).
+        let listed = Atomic<Int>(-1)
+        JoinableThread { listed.store(shared.withNamespaceLock { $0.entries(burst.id).count }, ordering: .relaxed) }.join()
+        #expect(listed.load(ordering: .relaxed) == 50)
+        #expect(ranLent.load(ordering: .relaxed) == -1, "it ran while the index was lent")
         part.write()
         _ = try shared.withLock { (store) throws(StoreError) in try store.finishFold(part) }
         background?.join()
         #expect(ranLent.load(ordering: .relaxed) == 0)
+    }
+
+    /// A holder asleep waiting for the index is woken by the first hold of the store's
+    /// lock that ends with the index back, whoever's it is (here a request's, before the
+    /// folder's own bookkeeping), and settles the part itself as it uses the connection.
+    @Test func anyHoldAfterThePartWakesAHolderWaitingForTheIndex() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let (_, shared) = try Self.folding(dir.path)
+        let burst = try Self.burst(shared, files: 20)
+        let start = try shared.withNamespaceLock { (store) throws(StoreError) in try store.beginFold() }
+        guard case .fold(let part) = start else { throw StoreError.io(errno: EIO, "no part to fold") }
+        let folded = Atomic<Int>(-1)
+        let background = JoinableThread {
+            shared.withLock { store in
+                do { try store.commitBatch() } catch { return }
+                folded.store(store.overlay.isEmpty && store.foldInFlight == nil ? 1 : 0, ordering: .relaxed)
+            }
+        }
+        for _ in 0..<10_000 where shared.waitingForIndex == 0 { usleep(1_000) }
+        #expect(shared.waitingForIndex == 1)
+        part.write()
+        shared.withNamespaceLock { _ in }
+        background.join()
+        #expect(folded.load(ordering: .relaxed) == 1)
+        #expect(shared.withLock { $0.entries(burst.id).count } == 20)
     }
 }

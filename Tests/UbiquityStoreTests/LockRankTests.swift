@@ -39,6 +39,24 @@ import UbiquitySystem
         }
     }
 
+    /// The index's lock, lent under the store's lock and held after it goes, is still
+    /// noted: the store's lock taken before the index is let go traps (a holder of the
+    /// store's lock that claims the connection would wait for this thread forever).
+    @Test func theStoresLockWhileTheIndexIsLentTraps() async {
+        await #expect(processExitsWith: .failure) {
+            let store = Locked(0, rank: .store), index = IndexLock()
+            store.withLock { _ in index.lend() }
+            store.withLock { _ in }
+        }
+    }
+
+    @Test func theIndexLentAndLetGoLeavesTheOrderAsItWas() {
+        let store = Locked(0, rank: .store), index = IndexLock()
+        store.withLock { _ in index.lend() }
+        index.giveBack()
+        store.withLock { _ in }
+    }
+
     @Test func theFilesystemsLockUnderTheStoresTraps() async {
         await #expect(processExitsWith: .failure) {
             let filesystem = Locked(0, rank: .filesystem), store = Locked(0, rank: .store)
