@@ -86,12 +86,22 @@ final class Index: @unchecked Sendable {
     /// `write` a part or `writeBarrier`, each of which lets it go.
     func lend() { lock.lend() }
 
+    /// Told each time the lock is let go (`SharedStore`: it wakes the holders that wait
+    /// for the index with its lock let go), so no such wait depends on a hold that
+    /// happens to come after.
+    var letGo: (() -> Void)?
+
+    private func giveBack() {
+        lock.giveBack()
+        letGo?()
+    }
+
     /// Step 2 of a part (Store+BackgroundFold), without the store's lock, on the thread
     /// the lock was lent to: writes the part in one transaction with its mark, leaves
     /// what it found to the bookkeeping (`foldOutcome`), and lets the lock go.
     func write(_ part: Store.FoldPart) {
         precondition(isBorrowedHere, "a part is written on the thread the index was lent to")
-        defer { lock.giveBack() }
+        defer { giveBack() }
         folding = true
         historiesUnplaced = part.fresh
         folderWork = Store.FolderWork(reserved: part.reserved)
@@ -129,7 +139,7 @@ final class Index: @unchecked Sendable {
         writingAside = true
         defer {
             writingAside = false
-            lock.giveBack()
+            giveBack()
         }
         // Through the gate its UPDATE of `versions` would fold the overlay, which is the
         // namespace's: the versions it marks are in SQLite already (`beginBarrier`

@@ -40,6 +40,7 @@ public final class SharedStore: Sendable {
     public init(_ store: Store) {
         locked = Locked(store, rank: .store)
         index = store.index
+        index.letGo = { [weak locked] in locked?.wakeSleepersFromAnyThread() }
         checkpointer = store.checkpointer
         chunks = store.chunks
         reservation = store.reservation

@@ -300,6 +300,10 @@ extension Store {
         let changes = Array(overlay.changes[overlay.folded..<(part?.end ?? overlay.changes.count)])
         let through = part?.through ?? lastLogged
         let fresh = overlay.freshHistories(in: changes)
+        // The fold writes: it waits for whoever holds the index (a barrier's commit; a
+        // folder's part is settled above), since its gate would otherwise send its
+        // statements to the read-only connection that reads around it.
+        db.claim()
         index.folding = true
         index.historiesUnplaced = fresh
         defer {

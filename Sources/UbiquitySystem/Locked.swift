@@ -73,8 +73,19 @@ public final class Locked<State>: @unchecked Sendable {
     /// again. Called by the lock's holder: a sleeper looks and falls asleep under the
     /// lock, so no wake-up is lost between the two.
     public func wakeSleepers() {
+        assert(isHeldByCurrentThread, "wakeSleepers without the lock can miss a sleeper about to wait")
         guard sleepers.load(ordering: .relaxed) > 0 else { return }
         pthread_cond_broadcast(condition)
+    }
+
+    /// `wakeSleepers` from any thread: one that does not hold the lock (it just let go of
+    /// what the sleepers wait for) takes it for the moment, so that a sleeper about to
+    /// wait is either asleep by then or sees the change.
+    public func wakeSleepersFromAnyThread() {
+        if isHeldByCurrentThread { return wakeSleepers() }
+        acquire()
+        defer { release() }
+        wakeSleepers()
     }
 
     /// Callers of `withLock(when:_:)` asleep now (tests).

@@ -303,13 +303,9 @@ import UbiquitySystem
         shared.withLock { (store) in #expect(store.inode(file.id)?.mode == 0o600, "and after the next commit") }
     }
 
-    /// A durability barrier's flush of the index (a transaction with synchronous=FULL)
-    /// runs without the store's lock: requests on the namespace go on meanwhile, without
-    /// a wait or a statement on its connection, and the barrier still marks the versions.
-    @Test func requestsGoOnWhileABarrierFlushes() throws {
-        let dir = TempDirectory()
-        defer { dir.cleanup() }
-        let store = try Store(directory: dir.path, deviceName: "barrier")
+    /// A shared store holding `d/saved`, saved and committed but not yet durable; and `d`.
+    static func storeWithASave(_ path: String) throws -> (SharedStore, InodeNumber) {
+        let store = try Store(directory: path, deviceName: "barrier")
         store.startBatching()
         let shared = SharedStore(store)
         let d = try shared.withLock { (store) throws in
@@ -319,21 +315,44 @@ import UbiquitySystem
             try store.commitBatch()
             return d
         }
-        #expect(try shared.withLock { (store) throws(StoreError) in try store.hasUndurableVersions() })
-        let lent = Atomic<Bool>(false), requestsDone = Atomic<Bool>(false)
-        let barrier = JoinableThread {
-            guard let (store, commit) = try? shared.withLock({ (store) throws(StoreError) in (store, try store.beginBarrier(upTo: nil)) }) else { return }
+        return (shared, d.id)
+    }
+
+    /// A durability barrier on a thread of its own: it holds the index from its first step
+    /// (returned once it does) through `holding`, then commits and finishes.
+    static func barrier(_ shared: SharedStore, holding: @escaping @Sendable () -> Void) -> JoinableThread {
+        let lent = Atomic<Bool>(false)
+        let thread = JoinableThread {
+            guard let (store, commit) = try? shared.withLock({ (store) throws(StoreError) in (store, try store.beginBarrier(upTo: nil)) }) else {
+                lent.store(true, ordering: .releasing)
+                return
+            }
             lent.store(true, ordering: .releasing)
-            for _ in 0..<10_000 where !requestsDone.load(ordering: .acquiring) { usleep(1_000) }
+            holding()
             do { try store.index.writeBarrier(commit) } catch { return }
             shared.withLock { $0.finishBarrier(commit) }
         }
         while !lent.load(ordering: .acquiring) { usleep(100) }
+        return thread
+    }
+
+    /// A durability barrier's flush of the index (a transaction with synchronous=FULL)
+    /// runs without the store's lock: requests on the namespace go on meanwhile, without
+    /// a wait or a statement on its connection, and the barrier still marks the versions.
+    @Test func requestsGoOnWhileABarrierFlushes() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let (shared, d) = try Self.storeWithASave(dir.path)
+        #expect(try shared.withLock { (store) throws(StoreError) in try store.hasUndurableVersions() })
+        let requestsDone = Atomic<Bool>(false)
+        let barrier = Self.barrier(shared) {
+            for _ in 0..<10_000 where !requestsDone.load(ordering: .acquiring) { usleep(1_000) }
+        }
         let (waits, statements) = shared.withNamespaceLock { ($0.db.loanWaits, $0.db.statements) }
         try shared.withNamespaceLock { (store) throws in
-            _ = try store.create(parent: d.id, name: "during", kind: .file, mode: 0o644, uid: 1, gid: 1)
-            #expect(store.child(d.id, "saved") != nil)
-            #expect(store.entries(d.id).count == 2)
+            _ = try store.create(parent: d, name: "during", kind: .file, mode: 0o644, uid: 1, gid: 1)
+            #expect(store.child(d, "saved") != nil)
+            #expect(store.entries(d).count == 2)
         }
         let (waitsAfter, statementsAfter) = shared.withNamespaceLock { ($0.db.loanWaits, $0.db.statements) }
         requestsDone.store(true, ordering: .releasing)
@@ -341,7 +360,26 @@ import UbiquitySystem
         #expect(waitsAfter == waits, "a request waited for the barrier's flush")
         #expect(statementsAfter == statements, "a request ran a statement on the barrier's connection")
         #expect(try shared.withLock { (store) throws(StoreError) in try store.hasUndurableVersions() } == false)
-        #expect(shared.withLock { $0.entries(d.id).count } == 2)
+        #expect(shared.withLock { $0.entries(d).count } == 2)
+    }
+
+    /// A request that folds the overlay itself (a commit through the gate) while a
+    /// barrier's commit holds the index waits for the index: its fold writes with the
+    /// serving connection, never through the read-only one that reads around the gate
+    /// (which failed with "attempt to write a readonly database", an EIO to the caller).
+    @Test func aFoldThroughTheGateWaitsForABarriersCommit() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let (shared, d) = try Self.storeWithASave(dir.path)
+        let barrier = Self.barrier(shared) { usleep(200_000) } // the request below comes while the index is held
+        try shared.withNamespaceLock { (store) throws in
+            _ = try store.create(parent: d, name: "during", kind: .file, mode: 0o644, uid: 1, gid: 1)
+            #expect(store.db.isLentElsewhere, "the request came while the barrier held the index")
+            try store.commitBatch()
+        }
+        barrier.join()
+        #expect(shared.withLock { $0.entries(d).map(\.name).sorted() } == ["during", "saved"])
+        shared.withLock { #expect($0.overlay.isEmpty, "the request's fold was written") }
     }
 
     /// Work that needs the connection and was waiting for the store's lock while the
@@ -400,5 +438,26 @@ import UbiquitySystem
         background.join()
         #expect(folded.load(ordering: .relaxed) == 1)
         #expect(shared.withLock { $0.entries(burst.id).count } == 20)
+    }
+
+    /// Letting the index go wakes a holder waiting for it by itself: no hold of the
+    /// store's lock has to come after (a lender that fails or returns early).
+    @Test func lettingTheIndexGoWakesAHolderWaitingForIt() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let (_, shared) = try Self.folding(dir.path)
+        _ = try Self.burst(shared, files: 20)
+        let start = try shared.withNamespaceLock { (store) throws(StoreError) in try store.beginFold() }
+        guard case .fold(let part) = start else { throw StoreError.io(errno: EIO, "no part to fold") }
+        let ran = Atomic<Bool>(false)
+        let background = JoinableThread { shared.withLock { _ in ran.store(true, ordering: .releasing) } }
+        for _ in 0..<10_000 where shared.waitingForIndex == 0 { usleep(1_000) }
+        #expect(shared.waitingForIndex == 1)
+        part.write()
+        for _ in 0..<5_000 where !ran.load(ordering: .acquiring) { usleep(1_000) }
+        let woke = ran.load(ordering: .acquiring)
+        #expect(woke, "the holder still slept 5 s after the index was let go")
+        shared.withNamespaceLock { _ in } // whatever the outcome, nothing is left asleep
+        background.join()
     }
 }
