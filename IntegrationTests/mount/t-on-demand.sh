@@ -204,7 +204,10 @@ evictor=$!
 sleep 0.2
 kill -9 "$(pid_of beta)"
 wait "$evictor" 2>/dev/null || true
-for i in $(seq 100); do _process_alive "$(pid_of beta)" || break; sleep 0.1; done
+# A daemon killed in the middle of an eviction's disk work may take a while to exit (its
+# threads finish the system calls they are in); its mount is dead only once it has.
+for i in $(seq 300); do _process_alive "$(pid_of beta)" || break; sleep 0.1; done
+! _process_alive "$(pid_of beta)" || fail "beta's daemon still alive 30 s after SIGKILL during an eviction: $(ps -o stat=,wchan= -L -p "$(pid_of beta)" | sort | uniq -c | tr '\n' ';')"
 mount_device beta
 for d in d01 d02 d03 d04; do
   for f in "$A/many/$d"/*; do
