@@ -121,4 +121,39 @@ ubq kv set crashproof yes --type bool --mount "$A"
 crash_daemon
 _ubq_mount
 assert_eq true "$(kv_get "$A" crashproof)" "a bool set just before kill -9"
+
+step "a store of format 19 (the keys in meta.sqlite) upgrades at mount, after a crash mid-upgrade too"
+keys_before=$(ls "$A/.kv")
+unmount_it
+# Back to format 19: the rows and the two settings into meta.sqlite, no kv.sqlite; and a
+# kv.sqlite.new half written, as a crash before the upgrade's rename leaves it.
+python3 - "$STORE" <<'PY'
+import os, sqlite3, sys
+store = sys.argv[1]
+meta = sqlite3.connect(store + "/meta.sqlite")
+meta.execute("""CREATE TABLE kv(key TEXT PRIMARY KEY, type INTEGER NOT NULL, value BLOB NOT NULL,
+                stamp INTEGER NOT NULL, device TEXT NOT NULL, device_name TEXT NOT NULL,
+                tombstone INTEGER NOT NULL) WITHOUT ROWID""")
+meta.execute("ATTACH DATABASE ? AS new", (store + "/kv.sqlite",))
+meta.execute("INSERT INTO kv SELECT key, type, value, stamp, device, device_name, tombstone FROM new.kv")
+meta.execute("INSERT INTO settings(key, value) SELECT 'kv_' || key, value FROM new.kv_state")
+meta.commit()
+meta.execute("DETACH DATABASE new")
+meta.execute("UPDATE settings SET value = '19' WHERE key = 'format'")
+meta.commit()
+meta.close()
+for suffix in ("", "-wal", "-shm"):
+    if os.path.exists(store + "/kv.sqlite" + suffix):
+        os.unlink(store + "/kv.sqlite" + suffix)
+with open(store + "/kv.sqlite.new", "wb") as f:
+    f.write(b"SQLite format 3\0 cut short")
+PY
+_ubq_mount
+assert_eq true "$(kv_get "$A" crashproof)" "crashproof after the upgrade"
+assert_eq 0 "$(kv_get "$A" selectedColorIndex)" "selectedColorIndex after the upgrade"
+assert_eq "$keys_before" "$(ls "$A/.kv")" "ls .kv after the upgrade"
+assert_eq "0 20" "$(python3 -c 'import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); print(c.execute("SELECT count(*) FROM sqlite_master WHERE name = ?", ("kv",)).fetchone()[0], c.execute("SELECT value FROM settings WHERE key = ?", ("format",)).fetchone()[0])' "$STORE/meta.sqlite")" "meta.sqlite's old table gone, format 20"
+assert_missing "$STORE/kv.sqlite.new"
+ubq kv set afterUpgrade 1 --type integer --mount "$A"
+wait_eq 1 "a key set after the upgrade, on beta" kv_get "$B" afterUpgrade
 pass

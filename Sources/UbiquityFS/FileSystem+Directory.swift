@@ -295,8 +295,9 @@ extension FileSystem.Meta {
                 }
             }
             kv.pruneUnreferenced { pinned }
-            return try storeCall { () throws(StoreError) in try store.kvEntries() }.map { entry in
-                DirectoryEntry(name: entry.key, attributes: kvAttributes(kv.number(entry.key), entry: entry, store: store))
+            let owner = KeyValueDoor.Owner(store.inode(Store.rootInode))
+            return try storeCall { () throws(StoreError) in try store.keyValues.entries() }.map { entry in
+                DirectoryEntry(name: entry.key, attributes: Self.kvAttributes(kv.number(entry.key), entry: entry, owner: owner))
             }
         }
         if KeyValueDoor.owns(ino) { throw .notDirectory }

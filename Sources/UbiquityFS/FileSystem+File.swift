@@ -157,7 +157,11 @@ extension FileSystem {
     /// the intent log and its fdatasync (outside the metadata lock, so concurrent fsyncs
     /// share the disk flush), anything else by the durability barrier.
     public func fsync(_ handle: HandleID) throws(Errno) {
-        if let kv = keyValueHandle(handle) { return try kvFlush(kv) } // applied is durable
+        if let kv = keyValueHandle(handle) {
+            // Applied (committed), then flushed to the disk, without any lock held.
+            try kvFlush(kv)
+            return try storeCall { () throws(StoreError) in try keyValues.makeDurable() }
+        }
         if let (ino, open) = try fileHandle(handle) {
             // The intent frame carries the save and its path (replay finds or makes the
             // file there), so the operation log needs no flush of its own here; anything

@@ -72,18 +72,37 @@ final class KeyValueOpen: @unchecked Sendable {
 extension FileSystem {
     var kvLimits: KVLimits { options.kvLimits }
 
+    /// The key-value store: requests on `.kv/` take its lock under the filesystem's, never
+    /// the store's.
+    var keyValues: KeyValueTable { store.keyValues }
+
+    /// `.kv/` and its keys are the root's: its owner, and its time for `.kv/` itself. From
+    /// the working set without the store's lock; from the store when it is not there.
+    func kvOwner() -> KeyValueDoor.Owner {
+        if let (root, _, _) = store.tree.inode(Store.rootInode, holding: { _ in () }) {
+            return KeyValueDoor.Owner(uid: root.uid, gid: root.gid, time: root.mtime)
+        }
+        return meta.withLock { _, store in KeyValueDoor.Owner(store.inode(Store.rootInode)) }
+    }
+
+    func kvGetattr(_ ino: InodeNumber) throws(Errno) -> Attributes {
+        let owner = kvOwner()
+        return try state.withLock { (m) throws(Errno) -> Attributes in try m.kvAttributes(ino, keyValues: keyValues, owner: owner) }
+    }
+
     // MARK: nodes
 
     func kvLookup(parent: InodeNumber, name: String, counting: Bool = true) throws(Errno) -> Attributes {
-        try meta.withLock { (m, store) throws(Errno) -> Attributes in
-            if parent == Store.rootInode { return m.kvAttributes(KeyValueDoor.root, entry: nil, store: store) }
-            guard parent == KeyValueDoor.root else { throw .notFound }
-            guard let entry = try storeCall({ () throws(StoreError) in try store.kvEntry(name) }), !entry.isTombstone else {
+        let owner = kvOwner()
+        if parent == Store.rootInode { return FileSystem.Meta.kvAttributes(KeyValueDoor.root, entry: nil, owner: owner) }
+        guard parent == KeyValueDoor.root else { throw .notFound }
+        return try state.withLock { (m) throws(Errno) -> Attributes in
+            guard let entry = try storeCall({ () throws(StoreError) in try keyValues.entry(name) }), !entry.isTombstone else {
                 throw .notFound
             }
             let ino = m.kv.number(name)
             if counting { m.kv.referenced(ino) }
-            return m.kvAttributes(ino, entry: entry, store: store)
+            return FileSystem.Meta.kvAttributes(ino, entry: entry, owner: owner)
         }
     }
 
@@ -92,15 +111,16 @@ extension FileSystem {
     func kvCreate(parent: InodeNumber, name: String, flags: OpenFlags) throws(Errno) -> (Attributes, HandleID) {
         guard parent == KeyValueDoor.root else { throw .readOnly }
         do throws(KVError) { try KeyValues.check(key: name, limits: kvLimits) } catch { throw StoreError.keyValue(error).errno }
-        return try meta.withLock { (m, store) throws(Errno) -> (Attributes, HandleID) in
-            let current = try storeCall { () throws(StoreError) in try store.kvEntry(name) }.flatMap { $0.isTombstone ? nil : $0 }
+        let owner = kvOwner()
+        return try state.withLock { (m) throws(Errno) -> (Attributes, HandleID) in
+            let current = try storeCall { () throws(StoreError) in try keyValues.entry(name) }.flatMap { $0.isTombstone ? nil : $0 }
             if current != nil && flags.raw & O_EXCL != 0 { throw .exists }
             let open = KeyValueOpen(key: name, writable: true, buffer: [], type: current?.type)
             open.dirty = true
             let ino = m.kv.number(name)
             m.kv.referenced(ino)
             let handle = m.register(.keyValue(open))
-            var a = m.kvAttributes(ino, entry: current, store: store)
+            var a = FileSystem.Meta.kvAttributes(ino, entry: current, owner: owner)
             a.size = 0
             a.allocated = 0
             return (a, handle)
@@ -108,10 +128,10 @@ extension FileSystem {
     }
 
     func kvOpen(_ ino: InodeNumber, flags: OpenFlags) throws(Errno) -> HandleID {
-        try meta.withLock { (m, store) throws(Errno) -> HandleID in
+        try state.withLock { (m) throws(Errno) -> HandleID in
             if ino == KeyValueDoor.root { throw .isDirectory }
             guard let key = m.kv.key(ino) else { throw .notFound }
-            let current = try storeCall { () throws(StoreError) in try store.kvEntry(key) }.flatMap { $0.isTombstone ? nil : $0 }
+            let current = try storeCall { () throws(StoreError) in try keyValues.entry(key) }.flatMap { $0.isTombstone ? nil : $0 }
             let truncate = flags.writable && flags.truncates
             guard current != nil || truncate || flags.raw & O_CREAT != 0 else { throw .notFound }
             let open = KeyValueOpen(key: key, writable: flags.writable, buffer: truncate ? [] : current?.value ?? [], type: current?.type)
@@ -121,7 +141,7 @@ extension FileSystem {
     }
 
     func kvRead(_ open: KeyValueOpen, offset: Int64, count: Int) -> [UInt8] {
-        meta.withLock { _, _ in
+        state.withLock { _ in
             guard offset >= 0, offset < Int64(open.buffer.count), count > 0 else { return [] }
             let start = Int(offset)
             return Array(open.buffer[start..<min(open.buffer.count, start + min(count, open.buffer.count - start))])
@@ -135,10 +155,10 @@ extension FileSystem {
         guard offset >= 0 else { throw .invalid }
         let (end, overflow) = offset.addingReportingOverflow(Int64(data.count))
         guard !overflow, end <= Int64(kvLimits.maxValueBytes) else {
-            meta.withLock { _, _ in open.tooBig = true }
+            state.withLock { _ in open.tooBig = true }
             throw .fileTooBig
         }
-        meta.withLock { _, _ in
+        state.withLock { _ in
             let start = Int(offset)
             if open.buffer.count < start + data.count { open.buffer += [UInt8](repeating: 0, count: start + data.count - open.buffer.count) }
             open.buffer.replaceSubrange(start..<start + data.count, with: data)
@@ -150,7 +170,7 @@ extension FileSystem {
 
     /// close(2): applies what was written since the last apply; its error is close()'s.
     func kvFlush(_ open: KeyValueOpen) throws(Errno) {
-        guard meta.withLock({ _, _ in open.wrote }) else { return }
+        guard state.withLock({ _ in open.wrote }) else { return }
         try kvApply(open)
     }
 
@@ -160,19 +180,18 @@ extension FileSystem {
     }
 
     private func kvApply(_ open: KeyValueOpen) throws(Errno) {
-        try meta.withLock { (_, store) throws(Errno) in
+        try state.withLock { (_) throws(Errno) in
             guard open.dirty else { return }
             open.dirty = false
             open.wrote = false
             if open.tooBig { throw .fileTooBig } // the old value stays
-            let current = try storeCall { () throws(StoreError) in try store.kvEntry(open.key) }.flatMap { $0.isTombstone ? nil : $0 }
+            let current = try storeCall { () throws(StoreError) in try keyValues.entry(open.key) }.flatMap { $0.isTombstone ? nil : $0 }
             let type = open.type ?? KeyValues.defaultType(current: current?.type)
             let limits = kvLimits
-            // A set value survives a crash once close() returns; one that fails is not set.
+            // A set value survives a crash once close() returns (its own commit); one that
+            // fails is not set.
             let entry = try storeCall { () throws(StoreError) -> KVEntry in
-                try store.kvCommitted { () throws(StoreError) -> KVEntry in
-                    try store.kvSet(open.key, type: type, content: open.buffer, limits: limits)
-                }
+                try keyValues.set(open.key, type: type, content: open.buffer, limits: limits)
             }
             open.buffer = entry.value
         }
@@ -183,7 +202,7 @@ extension FileSystem {
     func kvTruncate(_ ino: InodeNumber, to size: Int64) throws(Errno) {
         guard size >= 0 else { throw .invalid }
         guard size <= Int64(kvLimits.maxValueBytes) else { throw .fileTooBig }
-        let open: [KeyValueOpen] = try meta.withLock { (m, _) throws(Errno) -> [KeyValueOpen] in
+        let open: [KeyValueOpen] = try state.withLock { (m) throws(Errno) -> [KeyValueOpen] in
             guard let key = m.kv.key(ino) else { throw ino == KeyValueDoor.root ? .isDirectory : .notFound }
             return m.handles.values.compactMap { h in
                 if case .keyValue(let o) = h, o.key == key, o.writable { return o }
@@ -191,7 +210,7 @@ extension FileSystem {
             }
         }
         if !open.isEmpty {
-            meta.withLock { _, _ in
+            state.withLock { _ in
                 for o in open {
                     o.buffer = Array(o.buffer.prefix(Int(size))) + [UInt8](repeating: 0, count: max(0, Int(size) - o.buffer.count))
                     o.dirty = true
@@ -200,14 +219,12 @@ extension FileSystem {
             }
             return
         }
-        try meta.withLock { (m, store) throws(Errno) in
+        try state.withLock { (m) throws(Errno) in
             guard let key = m.kv.key(ino) else { throw .notFound }
-            guard let current = try storeCall({ () throws(StoreError) in try store.kvEntry(key) }), !current.isTombstone else { throw .notFound }
+            guard let current = try storeCall({ () throws(StoreError) in try keyValues.entry(key) }), !current.isTombstone else { throw .notFound }
             let value = Array(current.value.prefix(Int(size))) + [UInt8](repeating: 0, count: max(0, Int(size) - current.value.count))
             try storeCall { () throws(StoreError) in
-                try store.kvCommitted { () throws(StoreError) in
-                    _ = try store.kvSet(key, type: current.type, content: value, limits: kvLimits)
-                }
+                _ = try keyValues.set(key, type: current.type, content: value, limits: kvLimits)
             }
         }
         requestSyncSoon()
@@ -215,10 +232,10 @@ extension FileSystem {
 
     func kvUnlink(parent: InodeNumber, name: String) throws(Errno) {
         guard parent == KeyValueDoor.root else { throw .readOnly }
-        try meta.withLock { (_, store) throws(Errno) in
-            let removed = try storeCall { () throws(StoreError) -> Bool in
-                try store.kvCommitted { () throws(StoreError) -> Bool in try store.kvRemove(name) }
-            }
+        // Under the filesystem's lock, as every other change to keys (a close's apply
+        // reads, checks and sets in one hold).
+        try state.withLock { (_) throws(Errno) in
+            let removed = try storeCall { () throws(StoreError) -> Bool in try keyValues.remove(name) }
             if !removed { throw .notFound }
         }
         requestSyncSoon()
@@ -227,14 +244,14 @@ extension FileSystem {
     // MARK: xattrs
 
     func kvGetxattr(_ ino: InodeNumber, name: String) throws(Errno) -> [UInt8] {
-        try meta.withLock { (m, store) throws(Errno) -> [UInt8] in
+        try state.withLock { (m) throws(Errno) -> [UInt8] in
             if ino == KeyValueDoor.root {
                 let l = kvLimits
                 switch name {
                 case KeyValueDoor.limitsAttribute:
                     return Array("keys=\(l.maxKeys) bytes=\(l.maxTotalBytes) value=\(l.maxValueBytes) key=\(l.maxKeyBytes)".utf8)
                 case KeyValueDoor.usageAttribute:
-                    let usage = try storeCall { () throws(StoreError) in try store.kvUsage() }
+                    let usage = try storeCall { () throws(StoreError) in try keyValues.usage() }
                     return Array("keys=\(usage.keys) bytes=\(usage.bytes)".utf8)
                 default: throw .noData
                 }
@@ -244,7 +261,7 @@ extension FileSystem {
                 if case .keyValue(let o) = h, o.key == key, o.dirty { return o.type }
                 return nil
             }.first
-            let current = try storeCall { () throws(StoreError) in try store.kvEntry(key) }.flatMap { $0.isTombstone ? nil : $0 }
+            let current = try storeCall { () throws(StoreError) in try keyValues.entry(key) }.flatMap { $0.isTombstone ? nil : $0 }
             switch name {
             case KeyValueDoor.typeAttribute:
                 guard let type = pending ?? current?.type else { throw .noData }
@@ -273,7 +290,7 @@ extension FileSystem {
         guard let text = String(validating: value, as: UTF8.self), let type = KVType(name: text.trimmingWhitespace) else {
             throw .invalid
         }
-        let applied = try meta.withLock { (m, store) throws(Errno) -> Bool in
+        let applied = try state.withLock { (m) throws(Errno) -> Bool in
             guard let key = m.kv.key(ino) else { throw ino == KeyValueDoor.root ? .notSupported : .notFound }
             // The handles with content to apply take the type (the CLI's open, fsetxattr,
             // write, close); a handle that changed nothing is left alone.
@@ -283,12 +300,10 @@ extension FileSystem {
                 pending = true
             }
             if pending { return false }
-            guard let current = try storeCall({ () throws(StoreError) in try store.kvEntry(key) }), !current.isTombstone else { throw .notFound }
+            guard let current = try storeCall({ () throws(StoreError) in try keyValues.entry(key) }), !current.isTombstone else { throw .notFound }
             if current.type == type { return false }
             try storeCall { () throws(StoreError) in
-                try store.kvCommitted { () throws(StoreError) in
-                    _ = try store.kvSet(key, type: type, content: current.value, limits: kvLimits)
-                }
+                _ = try keyValues.set(key, type: type, content: current.value, limits: kvLimits)
             }
             return true
         }
@@ -301,34 +316,48 @@ extension FileSystem {
     }
 }
 
+extension KeyValueDoor {
+    /// Whose `.kv/` and its keys are (the root's owner), and `.kv/`'s own time.
+    struct Owner {
+        var uid: UInt32, gid: UInt32, time: Nanos
+
+        init(uid: UInt32, gid: UInt32, time: Nanos) {
+            self.uid = uid
+            self.gid = gid
+            self.time = time
+        }
+
+        /// No root (a damaged store): root's, and the epoch.
+        init(_ root: Inode?) { self.init(uid: root?.uid ?? 0, gid: root?.gid ?? 0, time: root?.mtime ?? 0) }
+    }
+}
+
 extension FileSystem.Meta {
-    /// A key file's attributes from the store (the size an open handle will set shows
-    /// only after its close).
-    func kvAttributes(_ ino: InodeNumber, store: any FileSystemStore) throws(Errno) -> Attributes {
-        if ino == KeyValueDoor.root { return kvAttributes(ino, entry: nil, store: store) }
+    /// A key file's attributes from the key-value store (the size an open handle will set
+    /// shows only after its close).
+    func kvAttributes(_ ino: InodeNumber, keyValues: KeyValueTable, owner: KeyValueDoor.Owner) throws(Errno) -> Attributes {
+        if ino == KeyValueDoor.root { return Self.kvAttributes(ino, entry: nil, owner: owner) }
         guard let key = kv.key(ino) else { throw .notFound }
-        let entry = try storeCall { () throws(StoreError) in try store.kvEntry(key) }
+        let entry = try storeCall { () throws(StoreError) in try keyValues.entry(key) }
         let open = handles.values.contains { h in
             if case .keyValue(let o) = h { return o.key == key }
             return false
         }
         guard let entry, !entry.isTombstone else {
-            if open { return kvAttributes(ino, entry: nil, store: store) }
+            if open { return Self.kvAttributes(ino, entry: nil, owner: owner) }
             throw .notFound
         }
-        return kvAttributes(ino, entry: entry, store: store)
+        return Self.kvAttributes(ino, entry: entry, owner: owner)
     }
 
-    func kvAttributes(_ ino: InodeNumber, entry: KVEntry?, store: any FileSystemStore) -> Attributes {
-        let root = store.inode(Store.rootInode)
-        let uid = root?.uid ?? 0, gid = root?.gid ?? 0
+    static func kvAttributes(_ ino: InodeNumber, entry: KVEntry?, owner: KeyValueDoor.Owner) -> Attributes {
         if ino == KeyValueDoor.root {
-            var a = Attributes(virtual: ino, directory: true, size: 0, time: root?.mtime ?? 0, uid: uid, gid: gid)
+            var a = Attributes(virtual: ino, directory: true, size: 0, time: owner.time, uid: owner.uid, gid: owner.gid)
             a.mode = UInt32(S_IFDIR) | 0o755
             return a
         }
         var a = Attributes(virtual: ino, directory: false, size: Int64(entry?.value.count ?? 0), time: entry?.stamp.time ?? 0,
-                           uid: uid, gid: gid)
+                           uid: owner.uid, gid: owner.gid)
         a.mode = UInt32(S_IFREG) | 0o644
         return a
     }

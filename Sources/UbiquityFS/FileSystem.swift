@@ -213,7 +213,7 @@ public final class FileSystem: Sendable {
     /// store work (a fold, a sync step).
     public func forget(_ ino: InodeNumber, count: UInt64) {
         if KeyValueDoor.owns(ino) || VirtualViews.isVirtual(ino) {
-            return meta.withLock { m, _ in
+            return state.withLock { m in
                 if KeyValueDoor.owns(ino) { m.kv.forget(ino, count: count) } else { m.views.forget(ino, count: count) }
             }
         }
@@ -226,8 +226,8 @@ public final class FileSystem: Sendable {
         if Self.isTreeNode(ino), let (inode, primaryName, open) = store.tree.inode(ino, holding: { [openFiles] in openFiles[$0] }) {
             return Self.attributes(inode, primaryName: primaryName, open: open)
         }
+        if KeyValueDoor.owns(ino) { return try kvGetattr(ino) }
         return try meta.withLock { (m, store) throws(Errno) -> Attributes in
-            if KeyValueDoor.owns(ino) { return try m.kvAttributes(ino, store: store) }
             if VirtualViews.isVirtual(ino) { return try m.views.attributes(ino, store: store) }
             guard let inode = store.inode(ino) else { throw .notFound }
             return m.attributes(inode, store: store)

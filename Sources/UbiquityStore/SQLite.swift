@@ -30,7 +30,11 @@ final class SQLiteDatabase {
     /// directory (a WAL the crashed process made may not have had its name flushed). A
     /// checkpoint would also copy the WAL into the database, which at an open after a
     /// crash cost more than the rest of the open.
-    func syncCommitted() throws(StoreError) {
+    func syncCommitted() throws(StoreError) { try Self.syncCommitted(path: path) }
+
+    /// `syncCommitted` of the database at `path`, from any thread: it touches the files
+    /// only, so its owner need not hold the connection's lock.
+    static func syncCommitted(path: String) throws(StoreError) {
         let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
         try StoreError.wrap { () throws(SystemError) in
             do throws(SystemError) { try fsyncPath(path + "-wal") } catch {
@@ -544,16 +548,6 @@ final class SQLiteDatabase {
     var hasOpenBatch: Bool {
         claim()
         return batchOpen
-    }
-
-    /// Ends the batch without its changes (also after a COMMIT that failed and left the
-    /// transaction open; without a transaction it does nothing).
-    func rollbackBatch() {
-        claim()
-        let wasOpen = batchOpen
-        batchOpen = false
-        try? execute("ROLLBACK")
-        if wasOpen { levelEnded?(1, false) }
     }
 
     private var errorMessage: String { String(cString: sqlite3_errmsg(db)) }

@@ -3,7 +3,7 @@ import UbiquitySystem
 /// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
 /// by a newer program is refused rather than misread.
 enum Schema {
-    static let formatVersion = 19
+    static let formatVersion = 20
 
     static let statements = [
         """
@@ -100,7 +100,8 @@ enum Schema {
         Store.devicesSchema,
     ] + Store.contentTotalsSchema
         + Replica.schema // format 4: the synced view (Replica)
-        + Store.kvSchema // format 8: the key-value store
+    // Formats 8 to 19 had the key-value store's table `kv` here; format 20 moved it to a
+    // database of its own (`KeyValueTable`).
 
     /// Columns added since format 1, added to an older store when it is opened.
     /// Format 2 (sync), on versions:

@@ -24,6 +24,9 @@ public final class SharedStore: Sendable {
     private let hooks = Locked(Hooks())
     public let chunks: ChunkStore
     public let reservation: SpaceReservation
+    /// The key-value store, under its own lock (taken without this one, or under the
+    /// filesystem's).
+    public let keyValues: KeyValueTable
     /// The tree's working set, which lookup and getattr read without this lock.
     public let tree: TreeCache
     public let directory: String
@@ -44,6 +47,7 @@ public final class SharedStore: Sendable {
         checkpointer = store.checkpointer
         chunks = store.chunks
         reservation = store.reservation
+        keyValues = store.keyValues
         tree = store.workingSet
         directory = store.directory
         deviceID = store.deviceID
@@ -211,7 +215,13 @@ public final class SharedStore: Sendable {
             changes.conflicts += store.takeNewConflicts()
             return (changes, hasWaiters)
         }
-        if !changes.isEmpty, let observer = hooks.withLock({ $0.observer }) { observer(changes) }
+        announce(changes)
         return waited
+    }
+
+    /// Tells the observer of changes made without this lock (keys another device set in
+    /// `keyValues`).
+    public func announce(_ changes: TreeChanges) {
+        if !changes.isEmpty, let observer = hooks.withLock({ $0.observer }) { observer(changes) }
     }
 }

@@ -4,6 +4,7 @@ import UbiquitySystem
 /// A container's local store: a directory holding
 ///
 ///     meta.sqlite      metadata: tree, versions, histories, xattrs (SQLite, WAL)
+///     kv.sqlite        the key-value store (`KeyValueTable`, under a lock of its own)
 ///     chunks/xx/<sha>  immutable chunk files named by their SHA-256
 ///     staging/         bytes written to open files since their last commit
 ///     intent.seg       saves acknowledged since the last metadata commit (IntentLog)
@@ -35,6 +36,8 @@ public final class Store: @unchecked Sendable {
     /// The disk space fallocate promised (`SpaceReservation`): its own lock, used by
     /// open files' contents without the store's.
     public let reservation: SpaceReservation
+    /// The key-value store (`.kv/`): its own database and lock, used without the store's.
+    public let keyValues: KeyValueTable
     public let deviceID: DeviceID
     public private(set) var deviceName: String
     let db: SQLiteDatabase
@@ -180,7 +183,9 @@ public final class Store: @unchecked Sendable {
     /// Tree changes the open replayed from the operation log (status, tests).
     public private(set) var replayedTreeChanges = 0
     /// Timestamps of everything the store records; tests inject a clock.
-    public var clock: @Sendable () -> Nanos = nowNanos
+    public var clock: @Sendable () -> Nanos = nowNanos {
+        didSet { keyValues.setClock(clock) }
+    }
 
     /// `cachedNames` unless a mount says otherwise.
     public static let defaultCachedNames = 262_144
@@ -275,6 +280,9 @@ public final class Store: @unchecked Sendable {
         } else {
             self.deviceName = try get("device_name") ?? defaultDeviceName()
         }
+        keyValues = try KeyValueTable(directory: directory, deviceID: deviceID, deviceName: self.deviceName, clock: nowNanos,
+                                      readOnly: readOnly)
+        if !readOnly { try Self.dropMovedKeyValues(db) }
         self.db = db
         let name = { (key: NameKey) in key.name }, load = !readOnly
         index = Index(connection: db, replica: Replica(db: db),
@@ -449,13 +457,6 @@ public final class Store: @unchecked Sendable {
             try chunks.commitSmallChunks()
             return result
         }
-    }
-
-    /// Rolls back the open batch (a key-value change whose commit failed: the batch holds
-    /// nothing else, `kvCommitted` committed it first).
-    func abandonBatch() {
-        db.rollbackBatch()
-        forgetCachedTree()
     }
 
     /// Staging holds only uncommitted bytes of open files; after a restart nothing is open.

@@ -137,17 +137,6 @@ public protocol FSConflicts: AnyObject {
     func chunkPlaces(_ ids: some Sequence<ChunkID>) throws(StoreError) -> [ChunkID: ChunkPlace]
 }
 
-/// The key-value store (`.kv/`): entries as this device sees them, and a change made
-/// durable with its own commit of the batch (`kvCommitted`). Guarded by the store's lock.
-public protocol KeyValueStore: AnyObject {
-    func kvEntry(_ key: String) throws(StoreError) -> KVEntry?
-    func kvEntries() throws(StoreError) -> [KVEntry]
-    func kvSet(_ key: String, type: KVType, content: [UInt8], limits: KVLimits) throws(StoreError) -> KVEntry
-    func kvRemove(_ key: String) throws(StoreError) -> Bool
-    func kvUsage() throws(StoreError) -> (keys: Int, bytes: Int)
-    func kvCommitted<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T
-}
-
 /// The index as a whole: the group-commit batch, checkpoints, compaction, settings, and
 /// the constants requests need (clock, chunks, staging). What holds the lock for long
 /// (a fold, a barrier's flush) is `SharedStore`'s, outside the lock; this is what runs
@@ -162,11 +151,13 @@ public protocol FSMaintenance: AnyObject {
     var clock: @Sendable () -> Nanos { get }
     var chunks: ChunkStore { get }
     var stagingDirectory: String { get }
+    /// The key-value store, under its own lock (`SharedStore.keyValues`).
+    var keyValues: KeyValueTable { get }
 }
 
 /// All the filesystem may do to the store under its lock: what `MetaLock` hands a request.
 /// One protocol (not a composition) so the existential is a reference and one witness
 /// table: a request passes it to its helpers and calls through it many times.
-public protocol FileSystemStore: FSNamespace, FSVersions, FSConflicts, KeyValueStore, FSMaintenance {}
+public protocol FileSystemStore: FSNamespace, FSVersions, FSConflicts, FSMaintenance {}
 
 extension Store: FileSystemStore {}

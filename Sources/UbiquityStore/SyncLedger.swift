@@ -1,4 +1,4 @@
-/// What sync (the sync engine, the downloader, the key-value sync) does to the store, and
+/// What sync (the sync engine and the downloader) does to the store, and
 /// all it may: the shared store hands it this, not the `Store` (`SharedStore.withLedger`,
 /// `SharedStore.change`), so sync reaches the tree only through the synced view's steps
 /// (take in, reconcile, record local changes) and never through a request's operations
@@ -7,8 +7,9 @@
 /// downloader: `OnDemand`). Every part is guarded by the store's lock (`SharedStore`)
 /// until a later step of the split (ARCHITECTURE.md "The Store split") gives the synced
 /// view a lock of its own. The device's identity, the store's directory and the chunks
-/// are `SharedStore`'s constants, read without the lock.
-public typealias SyncLedger = LocalRecords & PeerRecords & ChunkPlaceLedger & OnDemand & KeyValueLedger & SyncSettings
+/// are `SharedStore`'s constants, read without the lock; the key-value store
+/// (`SharedStore.keyValues`) has a lock of its own.
+public typealias SyncLedger = LocalRecords & PeerRecords & ChunkPlaceLedger & OnDemand & SyncSettings
 
 /// This device's records, out: the local changes made into records, the ones waiting for
 /// upload, the journal's checkpoints, and when a cycle may wait for the tree to settle.
@@ -59,16 +60,6 @@ public protocol OnDemand: AnyObject {
     func contentTotals() -> ContentTotals?
 }
 
-/// The key-value store as sync sees it: this device's entries to publish, peers' entries
-/// to merge, and whether a publish is owed. Used by the key-value sync. Guarded by the
-/// store's lock.
-public protocol KeyValueLedger: AnyObject {
-    func kvOwnEntries() throws(StoreError) -> [KVEntry]
-    func kvMerge(_ entries: [KVEntry]) throws(StoreError) -> (changes: [KVChange], rejected: [String])
-    func kvUnpublished() throws(StoreError) -> String?
-    func kvPublished(_ generation: String) throws(StoreError)
-}
-
 /// Sync's settings: cursors, sequence numbers, flags. Guarded by the store's lock.
 public protocol SyncSettings: AnyObject {
     func setting(_ key: String) throws(StoreError) -> String?
@@ -82,4 +73,4 @@ public protocol SyncSettings: AnyObject {
     func commitSettings() throws(StoreError)
 }
 
-extension Store: LocalRecords, PeerRecords, ChunkPlaceLedger, OnDemand, KeyValueLedger, SyncSettings {}
+extension Store: LocalRecords, PeerRecords, ChunkPlaceLedger, OnDemand, SyncSettings {}

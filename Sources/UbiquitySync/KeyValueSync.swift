@@ -80,11 +80,8 @@ enum KeyValueCodec {
 extension SyncEngine {
     static let keyValueGenerationKey = "kv_generation"
 
-    /// The store as the key-value sync uses it (its entries and its settings), under the
-    /// store's lock.
-    private func withKeyValueLedger<T>(_ body: (any KeyValueLedger & SyncSettings) throws(StoreError) -> T) throws(StoreError) -> T {
-        try shared.withLedger { (store) throws(StoreError) -> T in try body(store) }
-    }
+    /// The key-value store, under its own lock (never the store's).
+    private var keyValues: KeyValueTable { shared.keyValues }
 
     /// Takes in the key-value files of other devices that changed since last read (the
     /// listing of `devices/` names each device's newest generation). A device's file that
@@ -109,63 +106,51 @@ extension SyncEngine {
         }
         let (entries, rejected) = KeyValueCodec.decode(bytes, device: device)
         for why in rejected.prefix(5) { logOnce("ubiquity: sync: \(key): \(why)") }
-        var refused: [String] = []
-        try shared.change { (ledger, _) throws(StoreError) -> TreeChanges in
-            let store: any KeyValueLedger = ledger
-            let merged = try store.kvMerge(entries)
-            refused = merged.rejected
-            var changes = TreeChanges()
-            changes.keyValues = merged.changes
-            return changes
-        }
-        for why in refused.prefix(5) { logOnce("ubiquity: sync: \(key): \(why)") }
+        let merged = try keyValues.merge(entries)
+        var changes = TreeChanges()
+        changes.keyValues = merged.changes
+        shared.announce(changes)
+        for why in merged.rejected.prefix(5) { logOnce("ubiquity: sync: \(key): \(why)") }
         memory.keyValueSeen[device] = generation
     }
 
     /// Publishes this device's entries when they changed, as a new generation of its
-    /// file (then the older one is deleted): after the durability barrier (a power loss
+    /// file (then the older one is deleted), once the values are durable (a power loss
     /// must not take back a value other devices have taken). Returns whether it did.
     func pushKeyValues() throws(StoreError) -> Bool {
-        guard try withKeyValueLedger({ (store) throws(StoreError) in try store.kvUnpublished() }) != nil else { return false }
+        guard try keyValues.unpublished() != nil else { return false }
         // The generation taken before a crash (or a power loss) may be gone from the store
         // while its PUT landed: this session's first publish looks at what is there.
         if memory.ownKeyValueListed == nil {
             memory.ownKeyValueListed = try backing.keyValueGenerations(of: backing.deviceID).max() ?? 0
         }
-        var entries: [KVEntry]?
-        var marker = ""
-        var generation: UInt64 = 0
-        try withKeyValueLedger { (store) throws(StoreError) in
-            if let changed = try store.kvUnpublished() {
-                entries = try store.kvOwnEntries()
-                marker = changed
-                // Each attempt takes a generation of its own before its PUT, as a
-                // segment's name is reserved: a PUT that seemed to fail may have landed and
-                // been read, and a reader does not read a generation it has read again, so
-                // other entries under that name would never reach it.
-                let stored = try store.setting(Self.keyValueGenerationKey).flatMap { UInt64($0) } ?? 0
-                let newest = max(stored, memory.ownKeyValueListed ?? 0)
-                // The listing is the backing store's word: a name at the last number
-                // there is has no successor (refused, not a trap).
-                guard newest < UInt64.max else {
-                    throw .invalidContent("devices/\(backing.deviceID.hex)/ holds key-value generation \(String(newest, radix: 16)), the last there is: nothing can follow it")
-                }
-                generation = newest + 1
-                try store.setSetting(Self.keyValueGenerationKey, String(generation))
+        guard let (marker, entries) = try keyValues.unpublishedEntries() else { return false }
+        // Each attempt takes a generation of its own before its PUT, as a segment's name
+        // is reserved: a PUT that seemed to fail may have landed and been read, and a
+        // reader does not read a generation it has read again, so other entries under
+        // that name would never reach it.
+        let generation = try shared.withLedger { (store) throws(StoreError) -> UInt64 in
+            let stored = try store.setting(Self.keyValueGenerationKey).flatMap { UInt64($0) } ?? 0
+            let newest = max(stored, memory.ownKeyValueListed ?? 0)
+            // The listing is the backing store's word: a name at the last number there is
+            // has no successor (refused, not a trap).
+            guard newest < UInt64.max else {
+                throw .invalidContent("devices/\(backing.deviceID.hex)/ holds key-value generation \(String(newest, radix: 16)), the last there is: nothing can follow it")
             }
+            try store.setSetting(Self.keyValueGenerationKey, String(newest + 1))
+            return newest + 1
         }
-        guard let entries else { return false }
-        try makeDurable()
+        // Not the store's barrier: the generation noted above may be lost to a power loss,
+        // and the listing above covers that.
+        try keyValues.makeDurable()
         let key = Backing.keyValueKey(backing.deviceID, generation: generation)
         let bytes = KeyValueCodec.encode(entries)
         try backing.call("put \(key)") { () throws(BackingError) in try backing.store.put(key, bytes) }
         // Published: unless a write came meanwhile (the next cycle publishes it). A
         // failure above leaves the mark, so the next cycle that reaches the store (or the
         // next mount, after a crash) publishes again.
-        try withKeyValueLedger { (store) throws(StoreError) in
-            try store.kvPublished(marker)
-            try store.setSetting(Self.announceKey, "1")
-        }
+        try keyValues.published(marker)
+        try shared.withLedger { (store) throws(StoreError) in try store.setSetting(Self.announceKey, "1") }
         // The previous attempt's file, if it landed. One older than that (the previous
         // attempt failed) is the gc's, as are files this device could not delete.
         if generation > 1 {

@@ -87,10 +87,8 @@ extension SyncEngine {
         memory.lastPendingTime = now
         if pending == 0 {
             memory.pendingSince = nil
-            return try shared.withLedger { (store) throws(StoreError) in
-                if try store.kvUnpublished() != nil { return true }
-                return try store.setting(Self.announceKey) != nil
-            }
+            if try shared.keyValues.unpublished() != nil { return true }
+            return try shared.withLedger { (store) throws(StoreError) in try store.setting(Self.announceKey) != nil }
         }
         let since = memory.pendingSince ?? now
         memory.pendingSince = since

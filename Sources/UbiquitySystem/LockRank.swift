@@ -16,10 +16,12 @@ import CUbiquity
 ///    for the moment of a change; lookup and getattr take it alone, without 2 or 3.
 /// 6. `packAppend`: local packs' appends (`LocalPacks`), held around the write of a record,
 ///    which then takes the packs' index (a leaf).
-/// 7. `leaf`: locks under which no other ranked lock is taken but a file's summary (the
+/// 7. `keyValues`: the key-value store's database (`KeyValueTable`), taken under the
+///    filesystem's lock (`.kv/`) or alone (the key-value sync); nothing is taken under it.
+/// 8. `leaf`: locks under which no other ranked lock is taken but a file's summary (the
 ///    busy files, the handle table, the open files, the kernel's references, the small
 ///    chunks' database, the local packs' index).
-/// 8. `summary`: a `FileContent`'s summary (its size and whether it changed), which the
+/// 9. `summary`: a `FileContent`'s summary (its size and whether it changed), which the
 ///    busy files read under their lock.
 public enum LockRank: Int, Sendable {
     case content = 1
@@ -28,8 +30,9 @@ public enum LockRank: Int, Sendable {
     case index = 4
     case tree = 5
     case packAppend = 6
-    case leaf = 7
-    case summary = 8
+    case keyValues = 7
+    case leaf = 8
+    case summary = 9
 
     /// Notes that the calling thread takes a lock of this rank (debug builds: traps when
     /// it holds one of this rank or above), until `released`.
@@ -63,6 +66,6 @@ public enum LockRank: Int, Sendable {
     }
 
     private static func describe(_ held: UInt32) -> String {
-        (1...8).filter { held & 1 << UInt32($0) != 0 }.map { "\(LockRank(rawValue: $0)!)" }.joined(separator: ", ")
+        (1..<32).filter { held & 1 << UInt32($0) != 0 }.compactMap { LockRank(rawValue: $0).map { "\($0)" } }.joined(separator: ", ")
     }
 }

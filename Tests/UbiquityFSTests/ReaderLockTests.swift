@@ -80,21 +80,29 @@ import UbiquitySystem
         let s = try Self.setUp()
         let fs = s.harness.fs!
         _ = try fs.statfs()
-        let held = Atomic<Bool>(false), done = Atomic<Bool>(false), releasedByReader = Atomic<Bool>(false)
+        let finishedUnderTheLock = try Self.whileAnotherThreadHoldsTheStoresLock(fs) { () throws in try Self.read(s) }
+        #expect(finishedUnderTheLock, "the reads finished while the store's lock was held")
+        try fs.release(s.open)
+    }
+
+    /// Runs `work` while another thread holds the store's lock, until `work` is done or
+    /// for a minute; returns whether `work` was done before the holder let go.
+    static func whileAnotherThreadHoldsTheStoresLock(_ fs: FileSystem, _ work: () throws -> Void) throws -> Bool {
+        let held = Atomic<Bool>(false), done = Atomic<Bool>(false), releasedByWork = Atomic<Bool>(false)
         let holder = JoinableThread {
             fs.store.withLock { _ in
                 held.store(true, ordering: .sequentiallyConsistent)
                 for _ in 0..<60_000 where !done.load(ordering: .sequentiallyConsistent) { usleep(1000) }
-                releasedByReader.store(done.load(ordering: .sequentiallyConsistent), ordering: .sequentiallyConsistent)
+                releasedByWork.store(done.load(ordering: .sequentiallyConsistent), ordering: .sequentiallyConsistent)
             }
         }
         while !held.load(ordering: .sequentiallyConsistent) { usleep(100) }
-        try Self.read(s)
+        var failure: (any Error)?
+        do { try work() } catch { failure = error }
         done.store(true, ordering: .sequentiallyConsistent)
         holder.join()
-        let finishedUnderTheLock = releasedByReader.load(ordering: .sequentiallyConsistent)
-        #expect(finishedUnderTheLock, "the reads finished while the store's lock was held")
-        try fs.release(s.open)
+        if let failure { throw failure }
+        return releasedByWork.load(ordering: .sequentiallyConsistent)
     }
 
     /// Readers on other threads while a writer renames one file back and forth and

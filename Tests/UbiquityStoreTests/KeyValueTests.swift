@@ -79,33 +79,33 @@ import UbiquitySystem
         limits.maxKeys = 3
         limits.maxTotalBytes = 100
         limits.maxValueBytes = 40
-        try store.kvSet("n", type: .integer, content: Array("7".utf8), limits: limits)
+        try store.keyValues.set("n", type: .integer, content: Array("7".utf8), limits: limits)
         #expect(throws: StoreError.keyValue(.badValue(.integer, "expected a whole number from -2^63 to 2^63-1"))) {
-            try store.kvSet("n", type: .integer, content: Array("x".utf8), limits: limits)
+            try store.keyValues.set("n", type: .integer, content: Array("x".utf8), limits: limits)
         }
-        #expect(try store.kvEntry("n")?.value == Array("7\n".utf8))
+        #expect(try store.keyValues.entry("n")?.value == Array("7\n".utf8))
         #expect(throws: StoreError.keyValue(.valueTooLarge(limit: 40, size: 41))) {
-            try store.kvSet("big", type: .data, content: [UInt8](repeating: 1, count: 41), limits: limits)
+            try store.keyValues.set("big", type: .data, content: [UInt8](repeating: 1, count: 41), limits: limits)
         }
         #expect(throws: StoreError.keyValue(.keyTooLong(limit: 64, bytes: 65))) {
-            try store.kvSet(String(repeating: "é", count: 32) + "x", type: .string, content: [], limits: limits)
+            try store.keyValues.set(String(repeating: "é", count: 32) + "x", type: .string, content: [], limits: limits)
         }
-        #expect(throws: StoreError.self) { try store.kvSet("a/b", type: .string, content: [], limits: limits) }
-        try store.kvSet("a", type: .data, content: [UInt8](repeating: 1, count: 40), limits: limits)
-        try store.kvSet("b", type: .data, content: [UInt8](repeating: 1, count: 40), limits: limits) // 3 + 41 + 41 = 85
+        #expect(throws: StoreError.self) { try store.keyValues.set("a/b", type: .string, content: [], limits: limits) }
+        try store.keyValues.set("a", type: .data, content: [UInt8](repeating: 1, count: 40), limits: limits)
+        try store.keyValues.set("b", type: .data, content: [UInt8](repeating: 1, count: 40), limits: limits) // 3 + 41 + 41 = 85
         #expect(throws: StoreError.keyValue(.tooManyKeys(limit: 3))) {
-            try store.kvSet("c", type: .string, content: [], limits: limits)
+            try store.keyValues.set("c", type: .string, content: [], limits: limits)
         }
         // Replacing counts the old value out: b at 40 bytes fits, "n" grown over the total does not.
-        try store.kvSet("b", type: .data, content: [UInt8](repeating: 2, count: 40), limits: limits)
+        try store.keyValues.set("b", type: .data, content: [UInt8](repeating: 2, count: 40), limits: limits)
         #expect(throws: StoreError.keyValue(.totalTooLarge(limit: 100, used: 85, needed: 101))) {
-            try store.kvSet("n", type: .string, content: [UInt8](repeating: 0x41, count: 18), limits: limits)
+            try store.keyValues.set("n", type: .string, content: [UInt8](repeating: 0x41, count: 18), limits: limits)
         }
-        #expect(try store.kvUsage().keys == 3)
-        #expect(try store.kvRemove("a"))
-        #expect(try !store.kvRemove("a"))
-        try store.kvSet("c", type: .string, content: [], limits: limits)
-        #expect(try store.kvEntries().map(\.key) == ["b", "c", "n"])
+        #expect(try store.keyValues.usage().keys == 3)
+        #expect(try store.keyValues.remove("a"))
+        #expect(try !store.keyValues.remove("a"))
+        try store.keyValues.set("c", type: .string, content: [], limits: limits)
+        #expect(try store.keyValues.entries().map(\.key) == ["b", "c", "n"])
     }
 
     /// Every order of taking in the same writes gives the same winners (a seeded
@@ -137,10 +137,10 @@ import UbiquitySystem
             var rest = order[...]
             while !rest.isEmpty {
                 let n = rng.int(1..<8)
-                _ = try store.kvMerge(Array(rest.prefix(n)))
+                _ = try store.keyValues.merge(Array(rest.prefix(n)))
                 rest = rest.dropFirst(n)
             }
-            results.append(try store.kvEntries())
+            results.append(try store.keyValues.entries())
         }
         for r in results.dropFirst() { #expect(r == results[0], "seed \(seed)") }
 
@@ -149,16 +149,16 @@ import UbiquitySystem
         defer { dir.cleanup() }
         let store = try Store(directory: dir.path, deviceName: "late")
         let future = nowNanos() + 3_600_000_000_000
-        _ = try store.kvMerge([KVEntry(key: "x", type: .string, value: Array("ahead".utf8),
+        _ = try store.keyValues.merge([KVEntry(key: "x", type: .string, value: Array("ahead".utf8),
                                        stamp: KVStamp(time: future, device: DeviceID(hex: "ffffffffffffffff")!), isTombstone: false)])
-        let mine = try store.kvSet("x", type: .string, content: Array("after".utf8), limits: KVLimits())
+        let mine = try store.keyValues.set("x", type: .string, content: Array("after".utf8), limits: KVLimits())
         #expect(mine.stamp.time > future)
-        #expect(try store.kvEntry("x")?.value == Array("after".utf8))
+        #expect(try store.keyValues.entry("x")?.value == Array("after".utf8))
         // A peer's value that is not in canonical form is refused, not stored.
-        let merged = try store.kvMerge([KVEntry(key: "y", type: .integer, value: Array(" 3".utf8),
+        let merged = try store.keyValues.merge([KVEntry(key: "y", type: .integer, value: Array(" 3".utf8),
                                                 stamp: KVStamp(time: future, device: DeviceID(hex: "ffffffffffffffff")!), isTombstone: false)])
         #expect(merged.rejected.count == 1 && merged.changes.isEmpty)
-        #expect(try store.kvEntry("y") == nil)
+        #expect(try store.keyValues.entry("y") == nil)
     }
 
     @Test func stateSurvivesReopenAndPublishingIsTracked() throws {
@@ -166,32 +166,32 @@ import UbiquitySystem
         defer { dir.cleanup() }
         do {
             let store = try Store(directory: dir.path, deviceName: "one")
-            #expect(try !store.kvNeedsPublishing)
-            try store.kvSet("color", type: .integer, content: Array("2".utf8), limits: KVLimits())
-            #expect(try store.kvNeedsPublishing)
+            #expect(try !(store.keyValues.unpublished() != nil))
+            try store.keyValues.set("color", type: .integer, content: Array("2".utf8), limits: KVLimits())
+            #expect(try (store.keyValues.unpublished() != nil))
             try store.commitBatch()
         }
         let store = try Store(directory: dir.path)
-        #expect(try store.kvEntry("color")?.value == Array("2\n".utf8))
-        #expect(try store.kvNeedsPublishing)
-        #expect(try store.kvOwnEntries().map(\.key) == ["color"])
+        #expect(try store.keyValues.entry("color")?.value == Array("2\n".utf8))
+        #expect(try (store.keyValues.unpublished() != nil))
+        #expect(try store.keyValues.ownEntries().map(\.key) == ["color"])
         // A publication covers the writes read for it, not one made meanwhile.
-        let mark = try #require(try store.kvUnpublished())
-        try store.kvSet("other", type: .string, content: [], limits: KVLimits())
-        try store.kvPublished(mark)
-        #expect(try store.kvNeedsPublishing)
-        try store.kvPublished(try #require(try store.kvUnpublished()))
-        #expect(try !store.kvNeedsPublishing)
+        let mark = try #require(try store.keyValues.unpublished())
+        try store.keyValues.set("other", type: .string, content: [], limits: KVLimits())
+        try store.keyValues.published(mark)
+        #expect(try (store.keyValues.unpublished() != nil))
+        try store.keyValues.published(try #require(try store.keyValues.unpublished()))
+        #expect(try !(store.keyValues.unpublished() != nil))
         // Another device's win takes the key out of this device's own entries.
-        _ = try store.kvMerge([KVEntry(key: "color", type: .integer, value: Array("1\n".utf8),
+        _ = try store.keyValues.merge([KVEntry(key: "color", type: .integer, value: Array("1\n".utf8),
                                        stamp: KVStamp(time: nowNanos() + 1_000_000_000_000, device: DeviceID(hex: "ffffffffffffffff")!),
                                        isTombstone: false)])
-        #expect(try store.kvOwnEntries().map(\.key) == ["other"])
+        #expect(try store.keyValues.ownEntries().map(\.key) == ["other"])
         // A stamp more than 30 days ahead (a broken clock) is refused: it would win forever.
-        let far = try store.kvMerge([KVEntry(key: "color", type: .integer, value: Array("9\n".utf8),
+        let far = try store.keyValues.merge([KVEntry(key: "color", type: .integer, value: Array("9\n".utf8),
                                              stamp: KVStamp(time: nowNanos() + 31 * 86_400 * 1_000_000_000, device: DeviceID(hex: "eeeeeeeeeeeeeeee")!),
                                              isTombstone: false)])
         #expect(far.changes.isEmpty && far.rejected.count == 1)
-        #expect(try store.kvEntry("color")?.value == Array("1\n".utf8))
+        #expect(try store.keyValues.entry("color")?.value == Array("1\n".utf8))
     }
 }

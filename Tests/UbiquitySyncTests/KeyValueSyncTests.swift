@@ -120,7 +120,7 @@ import UbiquitySystem
         try a.kvSet("selectedColorIndex", 2)
         #expect(throws: StoreError.self) { try a.engine.cycle(pushPull: true) }
         store.setFault(nil)
-        #expect(try a.store.kvUnpublished() == nil, "the key-value file went out")
+        #expect(try a.store.keyValues.unpublished() == nil, "the key-value file went out")
         a.cycle()
         b.cycle()
         #expect(b.keyValues()["selectedColorIndex"]?.hasPrefix("2\n") == true, "\(b.keyValues())")

@@ -271,7 +271,7 @@ final class SimDevice {
     func keyValues() -> [String: String] {
         fs.withMetaLock { _, store in
             var result: [String: String] = [:]
-            for e in (try? store.kvEntries()) ?? [] {
+            for e in (try? store.keyValues.entries()) ?? [] {
                 result[e.key] = String(decoding: e.value, as: UTF8.self) + " by " + e.stamp.device.hex
             }
             return result
