@@ -121,13 +121,17 @@ for f in "$B"/many/d01/*; do
   [[ $(xattr "$f" user.ubiquity.downloaded) == current ]] || fail "$f is not current after ubiquity download"
 done
 
-step "ubiquity evict: local copies dropped, the file still listed and read again on demand"
+step "ubiquity evict: local copies dropped (their disk space at once), the file still listed and read again on demand"
 assert_eq current "$(xattr "$B/one.bin" user.ubiquity.downloaded)" "one.bin before evict"
+packs_before=$(du -s --block-size=1 "$STORE_beta/chunks/packs" | cut -f1)
 out=$(ubq evict "$B/one.bin")
 assert_contains "$out" "evicted $B/one.bin" "ubiquity evict's report"
 assert_eq not-downloaded "$(xattr "$B/one.bin" user.ubiquity.downloaded)" "one.bin after evict"
 blocks=$(stat -c %b "$B/one.bin")
 ((blocks <= 2)) || fail "st_blocks of one.bin after evict: $blocks"
+# The 3 MiB of one.bin's records are holes in their packs now, whatever else the packs hold.
+packs_after=$(du -s --block-size=1 "$STORE_beta/chunks/packs" | cut -f1)
+((packs_before - packs_after >= 3 * 1024 * 1024 * 9 / 10)) || fail "the packs' disk use went from $packs_before to $packs_after bytes: one.bin's 3 MiB not given back"
 assert_same_file "$ROOT/one.bin" "$B/one.bin" "one.bin read again after evict"
 
 step "evict while a reader holds the file open: the reader reads on, right"

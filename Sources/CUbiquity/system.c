@@ -32,6 +32,8 @@ const int ubq_falloc_keep_size = FALLOC_FL_KEEP_SIZE;
 const int ubq_falloc_punch_hole = FALLOC_FL_PUNCH_HOLE;
 const int ubq_falloc_zero_range = FALLOC_FL_ZERO_RANGE;
 
+int ubq_fallocate(int fd, int mode, int64_t offset, int64_t length) { return fallocate(fd, mode, offset, length); }
+
 pid_t ubq_gettid(void) { return gettid(); }
 
 ssize_t ubq_getrandom(void *buffer, size_t length) { return getrandom(buffer, length, 0); }

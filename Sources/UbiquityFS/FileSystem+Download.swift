@@ -135,7 +135,7 @@ extension FileSystem {
             }
             if case .done = outcome {
                 try refreshDownloadState(ino)
-                // The evicted records' space, once their packs are mostly freed.
+                // The evicted records' space: holes now, packs mostly freed rewritten.
                 try storeCall { () throws(StoreError) in try chunks.compactPacks() }
             }
         } catch {

@@ -234,10 +234,14 @@ public final class ChunkStore: Sendable {
         try compactPacks()
     }
 
-    /// Rewrites the packs that are at least half removed chunks (after an eviction: its
-    /// chunks are not written down as gone, so only this gives their space back). Never
-    /// call it under a lock: it writes and flushes.
-    public func compactPacks() throws(StoreError) { try packs.compact(deadShare: 0.5) }
+    /// Gives removed records' space back: their bytes become holes at once
+    /// (`LocalPacks.punchRemoved`), and the packs that are at least half removed chunks
+    /// are rewritten (their records' headers, and what a punch could not make a hole).
+    /// Never call it under a lock: it writes and flushes.
+    public func compactPacks() throws(StoreError) {
+        try packs.punchRemoved()
+        try packs.compact(deadShare: 0.5)
+    }
 
     /// Group commit of small chunks (a mounted store; see `SmallChunks.startBatching`).
     func startBatching(opened: Doorbell?, committed: Doorbell?) { small.startBatching(opened: opened, committed: committed) }
@@ -426,6 +430,12 @@ public final class ChunkStore: Sendable {
         readsFromDisk.add(1, ordering: .relaxed)
         var bytes = try readUnverified(id)
         var good = ChunkID(hashing: bytes) == id
+        // Evicted while it was read, its bytes punched (`LocalPacks.punchRemoved`): read
+        // again, which finds it elsewhere or says it is missing (a reader then fetches it).
+        if !good, !packs.contains(id) {
+            bytes = try readUnverified(id)
+            good = ChunkID(hashing: bytes) == id
+        }
         // A good copy may have come since, in a pack of another process's
         // (`ubiquity fsck --repair` while mounted).
         if !good, packs.contains(id), (try? packs.adoptSealedPacks()) ?? 0 > 0 {
@@ -550,8 +560,8 @@ public final class ChunkStore: Sendable {
     /// bigger than records carry): pack records, rows of `small.sqlite` (1-2 KiB: a
     /// container of small files would otherwise hold its whole content here) and old
     /// chunk files. Returns the space freed: a row's, as SQLite counts it (its pages are
-    /// reused, and given back by gc); a record's, which `compactPacks` gives back when
-    /// its pack is mostly freed (the caller runs it outside its locks). A commit that
+    /// reused, and given back by gc); a record's, which `compactPacks` gives back (the
+    /// caller runs it outside its locks). A commit that
     /// reuses one of them meanwhile names it by its place: it is fetched when read.
     public func evict(_ ids: [ChunkID]) -> Int64 {
         let rows = small.sweep(ids, unusedSince: .max)

@@ -72,6 +72,10 @@ public final class LocalPacks: Sendable {
         /// The chunks written here, in the order they lie (removed ones too: the index
         /// says which still live here), so a pack's work costs its own records.
         var records: [ChunkID] = []
+        /// The bytes of records removed since the last `punchRemoved`, to become holes.
+        var toPunch: [Range<Int64>] = []
+        /// Bytes made holes by this process (the file's length still counts them).
+        var punched: Int64 = 0
     }
 
     /// A pack's chunks that still live there, with their places, in the order they lie.
@@ -107,6 +111,9 @@ public final class LocalPacks: Sendable {
     let writebacksStarted = Atomic<Int>(0)
     let writebackBytes = Atomic<Int64>(0)
     private let appending = Locked((), rank: .packAppend)
+    /// Held by a compaction or a punch: one at a time, so neither rewrites the index of a
+    /// pack the other is deleting.
+    private let upkeep = Locked((), rank: .packUpkeep)
 
     static let fileHeader: [UInt8] = Array("UBQLPCK1".utf8) + [UInt8](repeating: 0, count: 8)
     static let recordHeaderSize = 48
@@ -164,14 +171,23 @@ public final class LocalPacks: Sendable {
     /// The chunk's bytes, verified against its id; nil when it is not here. A record whose
     /// bytes do not hash to the id throws `.corruptChunk` (never wrong bytes).
     public func read(_ id: ChunkID) throws(StoreError) -> [UInt8]? {
-        guard let bytes = try readUnverified(id) else { return nil }
-        guard ChunkID(hashing: bytes) == id else { throw .corruptChunk(id) }
-        return bytes
+        guard let (bytes, place) = try readRecord(id) else { return nil }
+        guard ChunkID(hashing: bytes) != id else { return bytes }
+        // Removed while it was read, and its bytes punched (`punchRemoved`): as a read
+        // after the removal, from where the index says it is now, if anywhere.
+        guard let now = state.withLock({ $0.index[id] }), now.pack == place.pack, now.offset == place.offset else {
+            guard let (again, _) = try readRecord(id) else { return nil }
+            guard ChunkID(hashing: again) == id else { throw .corruptChunk(id) }
+            return again
+        }
+        throw .corruptChunk(id)
     }
 
     /// The record's bytes as stored (fsck), nil when the chunk is not here; a record cut
     /// short is `.corruptChunk`.
-    public func readUnverified(_ id: ChunkID) throws(StoreError) -> [UInt8]? {
+    public func readUnverified(_ id: ChunkID) throws(StoreError) -> [UInt8]? { try readRecord(id)?.bytes }
+
+    private func readRecord(_ id: ChunkID) throws(StoreError) -> (bytes: [UInt8], place: Place)? {
         guard let (place, pack) = state.withLock({ s -> (Place, Pack)? in
             guard let place = s.index[id], let pack = s.packs[place.pack]?.pack else { return nil }
             return (place, pack)
@@ -181,7 +197,7 @@ public final class LocalPacks: Sendable {
             try readBytes(pack.fd, count: place.length, at: place.offset, path: pack.path)
         }
         guard bytes.count == place.length else { throw .corruptChunk(id) }
-        return bytes
+        return (bytes, place)
     }
 
     /// Records that lie back to back in one pack (each one's bytes, then the next one's
@@ -397,9 +413,10 @@ public final class LocalPacks: Sendable {
     }
 
     /// Chunks to drop whatever their last use (eviction, a damaged copy): out of the index,
-    /// their bytes counted dead until `compact` rewrites their packs. Returns the bytes of
-    /// the records removed. Not persisted: after a crash they are back (good copies, or
-    /// damage that reads as such), and the next eviction or repair finds them again.
+    /// their bytes counted dead until `punchRemoved` makes them holes or `compact`
+    /// rewrites their packs. Returns the bytes of the records removed. Not persisted until
+    /// then: after a crash they are back (good copies, or damage that reads as such), and
+    /// the next eviction or repair finds them again.
     @discardableResult
     public func remove(_ ids: [ChunkID]) -> Int64 {
         var held = GraceHeld()
@@ -422,6 +439,7 @@ public final class LocalPacks: Sendable {
                 s.index[id] = nil
                 s.packs[place.pack]?.liveBytes -= bytes
                 s.packs[place.pack]?.deadBytes += bytes
+                s.packs[place.pack]?.toPunch.append(place.offset..<(place.offset + Int64(place.length)))
                 freed[id] = bytes
             }
             return freed
@@ -471,6 +489,65 @@ public final class LocalPacks: Sendable {
         }
     }
 
+    // MARK: punching
+
+    /// Gives the space of removed records (an eviction, gc's sweep) back at once, where a
+    /// compaction would wait until their pack is mostly dead and then copy the rest: their
+    /// bytes become holes (fallocate PUNCH_HOLE; a record's header stays, so a scan still
+    /// walks the pack, and a punched record's zeros do not hash to its id). A sealed pack's
+    /// index names its records, so it is first written again without them, flushed with
+    /// the directory, and only then are they punched: after a crash, a record an index
+    /// names is whole. The pack being written has no index (what a sync seals it with
+    /// is read after the removal); a full pack whose index is not written yet waits for
+    /// the next call; another process's is left alone. Returns the bytes punched. Never
+    /// call it under a lock: it writes and flushes.
+    @discardableResult
+    public func punchRemoved() throws(StoreError) -> Int64 {
+        guard !readOnly else { return 0 }
+        return try upkeep.withLock { (_: inout Void) throws(StoreError) -> Int64 in
+            typealias Work = (pack: Pack, size: Int64, index: [(ChunkID, Place)]?, ranges: [Range<Int64>])
+            var work = state.withLock { s -> [Work] in
+                var work: [Work] = []
+                for (number, p) in s.packs where !p.toPunch.isEmpty && !p.foreign && (p.sealed || !p.full) {
+                    // The live records and the ranges in one hold: no range's record is in
+                    // the index written below.
+                    work.append((p.pack, p.size, p.sealed ? Self.live(in: number, s) : nil, p.toPunch))
+                    s.packs[number]!.toPunch = []
+                }
+                return work.sorted { $0.pack.number < $1.pack.number }
+            }
+            // What is not punched goes back, to be punched by a later call.
+            defer {
+                state.withLock { s in for w in work { s.packs[w.pack.number]?.toPunch += w.ranges } }
+            }
+            for w in work {
+                guard let entries = w.index else { continue }
+                try StoreError.wrap { () throws(SystemError) in
+                    try writeFileAtomically(Self.path(directory, w.pack.number, "idx"), Self.indexFile(entries, packSize: w.size),
+                                            tempPrefix: ".tmp-idx-", durable: true)
+                }
+                state.withLock { $0.directoryChanged = true }
+            }
+            try syncDirectoryIfChanged()
+            var total: Int64 = 0
+            while let w = work.first {
+                var done: Int64 = 0
+                for range in w.ranges where Linux.fallocate(w.pack.fd, mode: Linux.fallocPunchHole | Linux.fallocKeepSize,
+                                                                            offset: range.lowerBound, length: Int64(range.count)) == 0 {
+                    done += Int64(range.count)
+                }
+                // A filesystem without holes (or a failure): the compaction frees them.
+                work.removeFirst()
+                state.withLock { s in
+                    s.packs[w.pack.number]?.punched += done
+                    s.packs[w.pack.number]?.deadBytes -= done
+                }
+                total += done
+            }
+            return total
+        }
+    }
+
     // MARK: compaction
 
     /// Rewrites the packs whose dead bytes are at least `deadShare` of what they hold:
@@ -480,6 +557,11 @@ public final class LocalPacks: Sendable {
     @discardableResult
     public func compact(deadShare: Double = 0.5) throws(StoreError) -> Int64 {
         guard !readOnly else { return 0 }
+        return try upkeep.withLock { (_: inout Void) throws(StoreError) -> Int64 in try compactAlone(deadShare: deadShare) }
+    }
+
+    /// `compact`, under `upkeep`.
+    private func compactAlone(deadShare: Double) throws(StoreError) -> Int64 {
         let worthIt = { (p: PackState) in
             p.headerless || p.deadBytes > 0 && Double(p.deadBytes) >= deadShare * Double(p.liveBytes + p.deadBytes)
         }
@@ -530,8 +612,9 @@ public final class LocalPacks: Sendable {
         return freed
     }
 
-    /// The bytes of every pack (what the store's chunks outside small.sqlite take).
-    public var diskBytes: Int64 { state.withLock { s in s.packs.values.reduce(0) { $0 + $1.size } } }
+    /// The bytes of every pack (what the store's chunks outside small.sqlite take), holes
+    /// left out.
+    public var diskBytes: Int64 { state.withLock { s in s.packs.values.reduce(0) { $0 + $1.size - $1.punched } } }
 
     /// Each pack: its number, bytes (header and whole records), bytes of live records,
     /// and whether it is sealed.

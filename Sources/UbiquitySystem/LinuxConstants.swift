@@ -10,6 +10,11 @@ public enum Linux {
     public static let fallocKeepSize = ubq_falloc_keep_size
     public static let fallocPunchHole = ubq_falloc_punch_hole
     public static let fallocZeroRange = ubq_falloc_zero_range
+
+    /// fallocate(2): 0 or -1 and errno.
+    public static func fallocate(_ fd: Int32, mode: Int32, offset: Int64, length: Int64) -> Int32 {
+        ubq_fallocate(fd, mode, offset, length)
+    }
 }
 
 /// At most `count` malloc arenas from now on (glibc makes up to eight per core, and each

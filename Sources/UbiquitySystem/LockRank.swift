@@ -14,14 +14,16 @@ import CUbiquity
 ///    store's holder that needs the connection meanwhile waits on it.
 /// 5. `tree`: the tree's working set in memory (`TreeCache`): the store's holder takes it
 ///    for the moment of a change; lookup and getattr take it alone, without 2 or 3.
-/// 6. `packAppend`: local packs' appends (`LocalPacks`), held around the write of a record,
+/// 6. `packUpkeep`: local packs' compactions and punches (`LocalPacks`), one at a time,
+///    taken under no other lock (they write and flush); appends go on meanwhile.
+/// 7. `packAppend`: local packs' appends (`LocalPacks`), held around the write of a record,
 ///    which then takes the packs' index (a leaf).
-/// 7. `keyValues`: the key-value store's database (`KeyValueTable`), taken under the
+/// 8. `keyValues`: the key-value store's database (`KeyValueTable`), taken under the
 ///    filesystem's lock (`.kv/`) or alone (the key-value sync); nothing is taken under it.
-/// 8. `leaf`: locks under which no other ranked lock is taken but a file's summary (the
+/// 9. `leaf`: locks under which no other ranked lock is taken but a file's summary (the
 ///    busy files, the handle table, the open files, the kernel's references, the small
 ///    chunks' database, the local packs' index).
-/// 9. `summary`: a `FileContent`'s summary (its size and whether it changed), which the
+/// 10. `summary`: a `FileContent`'s summary (its size and whether it changed), which the
 ///    busy files read under their lock.
 public enum LockRank: Int, Sendable {
     case content = 1
@@ -29,10 +31,11 @@ public enum LockRank: Int, Sendable {
     case store = 3
     case index = 4
     case tree = 5
-    case packAppend = 6
-    case keyValues = 7
-    case leaf = 8
-    case summary = 9
+    case packUpkeep = 6
+    case packAppend = 7
+    case keyValues = 8
+    case leaf = 9
+    case summary = 10
 
     /// Notes that the calling thread takes a lock of this rank (debug builds: traps when
     /// it holds one of this rank or above), until `released`.

@@ -6,8 +6,8 @@ import UbiquitySystem
 @testable import UbiquityStore
 
 /// Local packs (`LocalPacks`) against a model: random puts (new chunks and chunks already
-/// there), reads, claims, gc's sweeps by last use, removals, syncs, compactions, clean
-/// closes and crashes at random points. A crash
+/// there), reads, claims, gc's sweeps by last use, removals, punches of removed records,
+/// syncs, compactions, clean closes and crashes at random points. A crash
 /// is a copy of the files as they are, with each pack not flushed since cut at a random
 /// length past what the last sync flushed, sometimes with stray bytes after the cut (a
 /// power loss that kept part of a write), and a reopen from the copy.
@@ -46,7 +46,7 @@ import UbiquitySystem
         // Each pack's size on the disk at the last sync: a crash keeps at least that much.
         var flushed: [String: Int64] = [:]
         var crashes = 0, compactions = 0, freedTotal: Int64 = 0
-        var closes = 0, swept = 0
+        var closes = 0, swept = 0, punches = 0, punched: Int64 = 0
         for round in 0..<1_500 {
             let context = "seed \(seed), round \(round)"
             let clock = Nanos(round + 1)
@@ -99,6 +99,11 @@ import UbiquitySystem
                 // The compaction synced: everything live is flushed.
                 model.durable = model.live
                 flushed = Self.packSizes(dir.path + "/packs")
+            case 90..<93:
+                // Removed records become holes: never read back, before or after a crash
+                // (a punched record an index still named would read as damage).
+                punched += try packs.punchRemoved()
+                punches += 1
             case 100..<104:
                 guard !model.order.isEmpty else { continue }
                 let id = model.order[rng.int(0..<model.order.count)]
@@ -188,8 +193,8 @@ import UbiquitySystem
         let expected = model.live.reduce(Int64(0)) { $0 + Int64(LocalPacks.recordHeaderSize + model.everPut[$1]!.count) }
         #expect(liveTotal == expected, "seed \(seed): live bytes")
         for id in model.live { #expect(try packs.read(id) == model.everPut[id], "seed \(seed) at the end: chunk \(id)") }
-        print("LocalPacksModelTests seed \(seed): pack limit \(limit), \(crashes) crashes, \(closes) closes, \(swept) swept, \(compactions) compactions freed \(freedTotal) bytes, \(packs.packs.count) packs, \(model.live.count) chunks live")
-        #expect(crashes > 0 && compactions > 0 && closes > 0 && swept > 0, "seed \(seed): the run must crash, close, sweep and compact")
+        print("LocalPacksModelTests seed \(seed): pack limit \(limit), \(crashes) crashes, \(closes) closes, \(swept) swept, \(punches) punches made \(punched) bytes holes, \(compactions) compactions freed \(freedTotal) bytes, \(packs.packs.count) packs, \(model.live.count) chunks live")
+        #expect(crashes > 0 && compactions > 0 && closes > 0 && swept > 0 && punched > 0, "seed \(seed): the run must crash, close, sweep, punch and compact")
     }
 
     /// A flipped byte in a record's bytes gives `.corruptChunk`, never the wrong bytes. A
@@ -234,9 +239,9 @@ import UbiquitySystem
         #expect(hostile.packs.map(\.number).sorted() == [1]) // an open begins no pack; a put does
     }
 
-    /// Readers on two threads while puts, removals, syncs and compactions run: a read
-    /// gives the chunk's bytes or nothing (removed meanwhile), never other bytes or a
-    /// damaged chunk, also while the pack it was in is compacted away.
+    /// Readers on two threads while puts, removals, syncs, punches and compactions run: a
+    /// read gives the chunk's bytes or nothing (removed meanwhile), never other bytes or a
+    /// damaged chunk, also while the pack it was in is compacted away or its bytes punched.
     @Test func readersDuringCompactionsSeeTheChunkOrNothing() throws {
         let seed = replayableSeed(UInt64.random(in: 1...1_000_000), variable: "UBQ_PACKS_SEED",
                                   test: "readersDuringCompactionsSeeTheChunkOrNothing", filter: "LocalPacksModelTests")
@@ -265,11 +270,54 @@ import UbiquitySystem
             packs.remove(chunks.filter { _ in rng.int(0..<3) == 0 }.map { ChunkID(hashing: $0) })
             if round % 5 == 0 { try packs.sync() }
             if round % 7 == 0 { try packs.compact(deadShare: 0.3) }
+            if round % 3 == 0 { try packs.punchRemoved() }
         }
         stop.store(true, ordering: .relaxed)
         for reader in readers { reader.join() }
         #expect(wrong.load(ordering: .relaxed) == 0, "seed \(seed): wrong or damaged reads")
         #expect(reads.load(ordering: .relaxed) > 0)
+    }
+
+    /// Removed records' space comes back at once: `punchRemoved` makes their bytes holes
+    /// (the pack's blocks on the disk drop by about their size), the sealed pack's index
+    /// no longer names them, and a reopen, from the index or by a scan of the pack
+    /// without it, finds every other chunk and none of the punched ones.
+    @Test func punchedRecordsFreeTheirBlocksAndStayGone() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let packs = try LocalPacks(directory: dir.path + "/packs")
+        var rng = SplitMix64(seed: 45)
+        let chunks = (0..<16).map { _ in rng.bytes(64 << 10) }
+        for chunk in chunks { try packs.put(ChunkID(hashing: chunk), chunk) }
+        try packs.seal()
+        let path = LocalPacks.path(dir.path + "/packs", 1, "pack")
+        func blocks() -> Int64 {
+            var st = stat()
+            #expect(stat(path, &st) == 0)
+            return Int64(st.st_blocks) * 512
+        }
+        let before = blocks(), diskBefore = packs.diskBytes
+        let removed = chunks.enumerated().filter { $0.offset % 2 == 0 }.map { ChunkID(hashing: $0.element) }
+        packs.remove(removed)
+        #expect(blocks() == before, "a removal alone frees nothing")
+        let punched = try packs.punchRemoved()
+        #expect(punched == 8 * (64 << 10))
+        // Each record's header stays: a block at each end of a punched range may stay.
+        #expect(blocks() <= before - 8 * (64 << 10) + 8 * 8_192, "blocks \(before) -> \(blocks())")
+        #expect(packs.diskBytes == diskBefore - punched)
+        #expect(try packs.punchRemoved() == 0, "nothing punched twice")
+        for (i, chunk) in chunks.enumerated() {
+            #expect(try packs.read(ChunkID(hashing: chunk)) == (i % 2 == 0 ? nil : chunk), "chunk \(i)")
+        }
+        for scan in [false, true] {
+            if scan { #expect(unlink(LocalPacks.path(dir.path + "/packs", 1, "idx")) == 0) }
+            let reopened = try LocalPacks(directory: dir.path + "/packs")
+            for (i, chunk) in chunks.enumerated() {
+                let id = ChunkID(hashing: chunk)
+                #expect(reopened.contains(id) == (i % 2 == 1), "chunk \(i) after a reopen (scan: \(scan))")
+                if i % 2 == 1 { #expect(try reopened.read(id) == chunk) }
+            }
+        }
     }
 
     /// Chunks gc removes while a compaction copies their packs stay removed: the copy of

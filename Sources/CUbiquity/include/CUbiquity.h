@@ -50,6 +50,8 @@ ssize_t ubq_getrandom(void *buffer, size_t length);
 extern const int ubq_falloc_keep_size;
 extern const int ubq_falloc_punch_hole;
 extern const int ubq_falloc_zero_range;
+/// fallocate(2) (Glibc's module does not export it).
+int ubq_fallocate(int fd, int mode, int64_t offset, int64_t length);
 
 /// The ranks of the locks the calling thread holds, one bit per rank (`LockRank`: the
 /// lock order, checked in debug builds); thread-local.
