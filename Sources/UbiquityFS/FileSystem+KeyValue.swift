@@ -185,15 +185,14 @@ extension FileSystem {
             open.dirty = false
             open.wrote = false
             if open.tooBig { throw .fileTooBig } // the old value stays
-            let current = try storeCall { () throws(StoreError) in try keyValues.entry(open.key) }.flatMap { $0.isTombstone ? nil : $0 }
-            let type = open.type ?? KeyValues.defaultType(current: current?.type)
-            let limits = kvLimits
             // A set value survives a crash once close() returns (its own commit); one that
-            // fails is not set.
-            let entry = try storeCall { () throws(StoreError) -> KVEntry in
-                try keyValues.set(open.key, type: type, content: open.buffer, limits: limits)
+            // fails is not set. The type a handle did not set is the key's as it is then.
+            let entry = try storeCall { () throws(StoreError) -> KVEntry? in
+                try keyValues.update(open.key, limits: kvLimits) { current in
+                    (open.type ?? KeyValues.defaultType(current: current?.type), open.buffer)
+                }
             }
-            open.buffer = entry.value
+            if let entry { open.buffer = entry.value }
         }
         requestSyncSoon()
     }
@@ -221,11 +220,14 @@ extension FileSystem {
         }
         try state.withLock { (m) throws(Errno) in
             guard let key = m.kv.key(ino) else { throw .notFound }
-            guard let current = try storeCall({ () throws(StoreError) in try keyValues.entry(key) }), !current.isTombstone else { throw .notFound }
-            let value = Array(current.value.prefix(Int(size))) + [UInt8](repeating: 0, count: max(0, Int(size) - current.value.count))
-            try storeCall { () throws(StoreError) in
-                _ = try keyValues.set(key, type: current.type, content: value, limits: kvLimits)
+            // Read and set in one hold of the key-value store's lock: a peer's value merged
+            // meanwhile is what is cut, not overwritten by a cut of the value before it.
+            let cut = try storeCall { () throws(StoreError) in
+                try keyValues.update(key, limits: kvLimits) { current in
+                    current.map { ($0.type, Array($0.value.prefix(Int(size))) + [UInt8](repeating: 0, count: max(0, Int(size) - $0.value.count))) }
+                }
             }
+            if cut == nil { throw .notFound }
         }
         requestSyncSoon()
     }
@@ -300,12 +302,17 @@ extension FileSystem {
                 pending = true
             }
             if pending { return false }
-            guard let current = try storeCall({ () throws(StoreError) in try keyValues.entry(key) }), !current.isTombstone else { throw .notFound }
-            if current.type == type { return false }
-            try storeCall { () throws(StoreError) in
-                _ = try keyValues.set(key, type: type, content: current.value, limits: kvLimits)
+            // Read and converted in one hold of the key-value store's lock (as a truncation).
+            var found = false
+            let converted = try storeCall { () throws(StoreError) in
+                try keyValues.update(key, limits: kvLimits) { current in
+                    found = current != nil
+                    guard let current, current.type != type else { return nil }
+                    return (type, current.value)
+                }
             }
-            return true
+            if !found { throw .notFound }
+            return converted != nil
         }
         if applied { requestSyncSoon() }
     }

@@ -48,6 +48,9 @@ public final class KeyValueTable: @unchecked Sendable {
     }
 
     private let state: Locked<State>
+    /// Checkpoints of the WAL from a connection of its own, after a flush (`makeDurable`):
+    /// never in a write, which a `.kv/` request makes under the filesystem's lock.
+    private let checkpointer: WALCheckpointer
     public let path: String
     let deviceID: DeviceID
     let deviceName: String
@@ -57,6 +60,7 @@ public final class KeyValueTable: @unchecked Sendable {
     init(directory: String, deviceID: DeviceID, deviceName: String, clock: @escaping @Sendable () -> Nanos,
          readOnly: Bool) throws(StoreError) {
         path = directory + "/kv.sqlite"
+        checkpointer = WALCheckpointer(path: path)
         self.deviceID = deviceID
         self.deviceName = deviceName
         var db: SQLiteDatabase?
@@ -67,6 +71,8 @@ public final class KeyValueTable: @unchecked Sendable {
             let opened = try SQLiteDatabase(path: path)
             try opened.execute("PRAGMA journal_mode=WAL")
             try opened.execute("PRAGMA synchronous=NORMAL")
+            try opened.execute("PRAGMA wal_autocheckpoint=0")
+            try opened.execute("PRAGMA journal_size_limit=\(SQLiteDatabase.walSizeLimit)")
             for statement in Self.schema { try opened.execute(statement) }
             db = opened
         }
@@ -131,19 +137,46 @@ public final class KeyValueTable: @unchecked Sendable {
         do { value = try KeyValues.canonical(content, as: type) } catch { throw .keyValue(error) }
         if value.count > limits.maxValueBytes { throw .keyValue(.valueTooLarge(limit: limits.maxValueBytes, size: value.count)) }
         return try withDatabase { (db, clock) throws(StoreError) -> KVEntry in
-            try db.transaction { () throws(StoreError) -> KVEntry in
-                let old = try Self.entry(key, db).flatMap { $0.isTombstone ? nil : $0 }
-                let usage = try Self.usage(db)
-                if old == nil && usage.keys >= limits.maxKeys { throw .keyValue(.tooManyKeys(limit: limits.maxKeys)) }
-                let needed = usage.bytes - (old.map { key.utf8.count + $0.value.count } ?? 0) + key.utf8.count + value.count
-                if needed > limits.maxTotalBytes {
-                    throw .keyValue(.totalTooLarge(limit: limits.maxTotalBytes, used: usage.bytes, needed: needed))
-                }
-                let entry = KVEntry(key: key, type: type, value: value, stamp: try nextStamp(db, clock), isTombstone: false)
-                try write(entry, db)
-                return entry
+            try db.transaction { () throws(StoreError) -> KVEntry in try set(key, type: type, value: value, limits: limits, db, clock) }
+        }
+    }
+
+    /// A change worked out from the key's live entry (nil: none), applied in the same
+    /// hold, so that no merge of another device's value comes between the read and the
+    /// write (a truncation, a change of type). `change` returns the type and content to
+    /// set, or nil to leave the key as it is. Returns the new entry (nil: left).
+    @discardableResult
+    public func update(_ key: String, limits: KVLimits,
+                       _ change: (KVEntry?) throws(StoreError) -> (type: KVType, content: [UInt8])?) throws(StoreError) -> KVEntry? {
+        try withDatabase { (db, clock) throws(StoreError) -> KVEntry? in
+            try db.transaction { () throws(StoreError) -> KVEntry? in
+                guard let (type, content) = try change(try Self.entry(key, db).flatMap { $0.isTombstone ? nil : $0 }) else { return nil }
+                do throws(KVError) {
+                    try KeyValues.check(key: key, limits: limits)
+                    if content.count > limits.maxValueBytes { throw .valueTooLarge(limit: limits.maxValueBytes, size: content.count) }
+                } catch { throw .keyValue(error) }
+                let value: [UInt8]
+                do throws(KVError) { value = try KeyValues.canonical(content, as: type) } catch { throw .keyValue(error) }
+                return try set(key, type: type, value: value, limits: limits, db, clock)
             }
         }
+    }
+
+    /// Inside a transaction, under the lock: `value` (canonical, within the value limit)
+    /// set if the key and byte limits allow.
+    private func set(_ key: String, type: KVType, value: [UInt8], limits: KVLimits, _ db: SQLiteDatabase,
+                     _ clock: @Sendable () -> Nanos) throws(StoreError) -> KVEntry {
+        if value.count > limits.maxValueBytes { throw .keyValue(.valueTooLarge(limit: limits.maxValueBytes, size: value.count)) }
+        let old = try Self.entry(key, db).flatMap { $0.isTombstone ? nil : $0 }
+        let usage = try Self.usage(db)
+        if old == nil && usage.keys >= limits.maxKeys { throw .keyValue(.tooManyKeys(limit: limits.maxKeys)) }
+        let needed = usage.bytes - (old.map { key.utf8.count + $0.value.count } ?? 0) + key.utf8.count + value.count
+        if needed > limits.maxTotalBytes {
+            throw .keyValue(.totalTooLarge(limit: limits.maxTotalBytes, used: usage.bytes, needed: needed))
+        }
+        let entry = KVEntry(key: key, type: type, value: value, stamp: try nextStamp(db, clock), isTombstone: false)
+        try write(entry, db)
+        return entry
     }
 
     /// Deletes `key` (a tombstone); false when it has no value.
@@ -237,10 +270,12 @@ public final class KeyValueTable: @unchecked Sendable {
     }
 
     /// Makes every change committed so far durable against power loss: an fsync of the
-    /// database's files, without the lock (nothing waits for the disk behind it).
+    /// database's files, without the lock (nothing waits for the disk behind it); then a
+    /// checkpoint of the WAL from a connection of its own (writes never checkpoint).
     public func makeDurable() throws(StoreError) {
         guard state.withLock({ $0.db != nil }) else { return }
         try SQLiteDatabase.syncCommitted(path: path)
+        try checkpointer.run()
     }
 
     private func write(_ e: KVEntry, _ db: SQLiteDatabase) throws(StoreError) {
@@ -313,6 +348,8 @@ extension KeyValueTable {
             }
             try db.execute("DETACH DATABASE old")
         } // closed here: its journal gone, its commit on disk
+        // A WAL of a `kv.sqlite` that is gone is no WAL of this one: SQLite would replay it.
+        for suffix in ["-wal", "-shm"] { unlink(path + suffix) }
         let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
         guard rename(fresh, path) == 0 else { throw .io(errno: errno, "rename \(fresh) to \(path)") }
         try StoreError.wrap { () throws(SystemError) in try fsyncPath(directory, directory: true) }

@@ -49,9 +49,10 @@ extension Store {
         return last
     }
 
-    /// Disk space of the databases (metadata, small chunks), WAL included: O(1).
+    /// Disk space of the databases (metadata with the key-value store, small chunks), WAL
+    /// included: O(1).
     public var databaseBytes: (metadata: Int64, smallChunks: Int64) {
-        (SQLiteDatabase.diskBytes(path: db.path), chunks.smallChunkBytes)
+        (SQLiteDatabase.diskBytes(path: db.path) + SQLiteDatabase.diskBytes(path: keyValues.path), chunks.smallChunkBytes)
     }
 
     /// About how many version rows there are (the mark's progress): the highest row, read

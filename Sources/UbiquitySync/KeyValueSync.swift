@@ -137,11 +137,15 @@ extension SyncEngine {
             guard newest < UInt64.max else {
                 throw .invalidContent("devices/\(backing.deviceID.hex)/ holds key-value generation \(String(newest, radix: 16)), the last there is: nothing can follow it")
             }
+            // Committed before the PUT (as a segment's number): a batch that failed after it
+            // would give the generation back, and this session's next publish would reuse
+            // it. A power loss may still take it back; the listing at the next mount covers
+            // that.
             try store.setSetting(Self.keyValueGenerationKey, String(newest + 1))
+            try store.commitSettings()
             return newest + 1
         }
-        // Not the store's barrier: the generation noted above may be lost to a power loss,
-        // and the listing above covers that.
+        memory.ownKeyValueListed = max(memory.ownKeyValueListed ?? 0, generation)
         try keyValues.makeDurable()
         let key = Backing.keyValueKey(backing.deviceID, generation: generation)
         let bytes = KeyValueCodec.encode(entries)
@@ -149,8 +153,13 @@ extension SyncEngine {
         // Published: unless a write came meanwhile (the next cycle publishes it). A
         // failure above leaves the mark, so the next cycle that reaches the store (or the
         // next mount, after a crash) publishes again.
+        // The announcement owed first, committed: a crash between the two then publishes
+        // again, where the other order could leave the new file unannounced.
+        try shared.withLedger { (store) throws(StoreError) in
+            try store.setSetting(Self.announceKey, "1")
+            try store.commitSettings()
+        }
         try keyValues.published(marker)
-        try shared.withLedger { (store) throws(StoreError) in try store.setSetting(Self.announceKey, "1") }
         // The previous attempt's file, if it landed. One older than that (the previous
         // attempt failed) is the gc's, as are files this device could not delete.
         if generation > 1 {

@@ -98,6 +98,31 @@ import UbiquitySystem
         #expect(try !Self.metaHasTable(dir.path))
     }
 
+    /// A `kv.sqlite-wal` left without its `kv.sqlite` (the database deleted by hand) is
+    /// no WAL of the database the upgrade makes: SQLite would replay its frames into it.
+    @Test func aStaleWALIsNotReplayedIntoTheNewDatabase() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        // A WAL that holds a key "ghost", kept while its connection had it open.
+        var wal: [UInt8] = []
+        do {
+            let store = try Store(directory: dir.path, deviceName: "old")
+            let kv = try SQLiteDatabase(path: dir.path + "/kv.sqlite")
+            try kv.execute("PRAGMA wal_autocheckpoint=0")
+            try kv.execute("INSERT INTO kv(key, type, value, stamp, device, device_name, tombstone) VALUES('ghost', 1, X'31', 1, '\(store.deviceID.hex)', 'old', 0)")
+            wal = try #require(try readFile(dir.path + "/kv.sqlite-wal", limit: 1 << 24))
+            try kv.execute("DELETE FROM kv WHERE key = 'ghost'")
+        }
+        let old = try Self.formatNineteen(dir.path)
+        let fd = open(dir.path + "/kv.sqlite-wal", O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        #expect(fd >= 0)
+        _ = wal.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        close(fd)
+        let store = try Store(directory: dir.path)
+        #expect(try store.keyValues.entry("ghost") == nil)
+        try Self.check(store, old)
+    }
+
     /// A read-only open (status, fsck) of a store not yet opened at format 20 changes
     /// nothing, and says what to do if asked for a key.
     @Test func aReadOnlyOpenLeavesTheOldTable() throws {

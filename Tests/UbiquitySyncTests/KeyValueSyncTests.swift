@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import Synchronization
 import Testing
 import TestSupport
 import UbiquityBacking
@@ -125,6 +126,35 @@ import UbiquitySystem
         b.cycle()
         #expect(b.keyValues()["selectedColorIndex"]?.hasPrefix("2\n") == true, "\(b.keyValues())")
     }
+    /// When a key-value file's PUT goes out, what it depends on is committed: the
+    /// generation it takes (else a batch that failed after it would give the generation
+    /// back, and this session's next publish would reuse it), and the values it carries
+    /// (in `kv.sqlite`). Read at the moment of the PUT from connections of their own.
+    @Test func aPublishCommitsItsGenerationBeforeItsPut() throws {
+        let temp = TempDirectory(prefix: "ubiquity-kv-sync")
+        defer { temp.cleanup() }
+        let store = RecordingStore(MemoryStore())
+        let a = try SimDevice(name: "a", root: temp.path, backing: store, clock: nowNanos, options: SimDevice.alwaysPolling)
+        let seen = Mutex<[String]>([])
+        let directory = a.store.directory
+        store.setFault { op, key in
+            guard op == .put, key.contains("/keyvalue-") else { return nil }
+            let generation = (try? SQLiteDatabase(path: directory + "/meta.sqlite", readOnly: true)).flatMap { meta in
+                try? meta.rows("SELECT value FROM settings WHERE key = ?", [.text(SyncEngine.keyValueGenerationKey)]) { $0.text(0) }.first
+            }
+            let value = (try? SQLiteDatabase(path: directory + "/kv.sqlite", readOnly: true)).flatMap { kv in
+                try? kv.rows("SELECT value FROM kv WHERE key = 'selectedColorIndex'", []) { String(decoding: $0.blob(0), as: UTF8.self) }.first
+            }
+            seen.withLock { $0.append("\(key.suffix(1)) \(generation ?? "none") \(value ?? "none")") }
+            return nil
+        }
+        try a.kvSet("selectedColorIndex", 1)
+        a.cycle()
+        try a.kvSet("selectedColorIndex", 2)
+        a.cycle()
+        #expect(seen.withLock { $0 } == ["1 1 1\n", "2 2 2\n"])
+    }
+
     /// The listing of this device's key-value files is the backing store's word: a file
     /// named with the last generation there is makes the publish fail with a reason,
     /// never trap (the next number does not exist). Removed, publishing goes on.
