@@ -21,6 +21,9 @@ struct HistoryNames {
 
     init(budget: Int = 131_072) { self.budget = budget }
 
+    /// Whether no directory's names are kept (a path placed need not be noted).
+    var isEmpty: Bool { names.isEmpty }
+
     /// Whether SQLite may show a history at `name` in the directory at `directory` (a
     /// path as `histories` keeps them; "" is the root); nil when that directory's names
     /// are not known.

@@ -1,29 +1,43 @@
 import UbiquitySystem
 
-/// The index: `meta.sqlite`'s serving connection, its lock, and the state a fold and a
-/// sync step write with it (the synced view, the sets a fold adds to, the memos of folds
-/// and pulls). One user at a time: the store's
-/// lock holder (`SharedStore`) uses the connection whenever no other thread holds the
-/// index's lock; the group commit's folder takes the lock under the store's lock
-/// (`lend`, Store+BackgroundFold), lets the store's lock go, writes the part with the
-/// connection (`write`), and lets the index's lock go. A durability barrier's commit
-/// does the same (`writeBarrier`). The store's holder that needs the connection
-/// meanwhile waits on the index's lock (`SQLiteDatabase.claim`); reads around the gate
-/// go to a second, read-only connection instead (`openReader`), so requests on the
-/// namespace never wait for the folder, and background work waits for it with the
-/// store's lock let go (`SharedStore.withLock`).
+/// The index: `meta.sqlite`'s serving connection, its lock, the state a fold and a sync
+/// step write with it (the synced view, the sets a fold adds to, the memos of folds and
+/// pulls), and the code that writes a fold's rows: the tree's (Index+Fold), the version
+/// rows and the synced view they enter (Index+Versions), where histories are shown
+/// (Index+Histories). One user at a time: the store's lock holder (`SharedStore`) uses
+/// the connection whenever no other thread holds the index's lock; the group commit's
+/// folder takes the lock under the store's lock (`lend`, Store+BackgroundFold), lets the
+/// store's lock go, writes the part with the connection (`write`), and lets the index's
+/// lock go. A durability barrier's commit does the same (`writeBarrier`). The store's
+/// holder that needs the connection meanwhile waits on the index's lock
+/// (`SQLiteDatabase.claim`); reads around the gate go to a second, read-only connection
+/// instead (`openReader`), so requests on the namespace never wait for the folder, and
+/// background work waits for it with the store's lock let go (`SharedStore.withLock`).
 ///
-/// What the folder gets: this index and the part (`Store.FoldPart`, immutable), not the
-/// store. The fold's SQL is still the store's code, reached through `FoldWriter`.
+/// What the folder gets: this index and the part (`Store.FoldPart`, immutable), and no
+/// way to the store. What a part does to the namespace (history names placed) waits in
+/// `foldOutcome` for the store's bookkeeping; what the rows need of the namespace (which
+/// dropped inodes had reserves, the overlay's versions of tombstones' heads) comes with
+/// the part or from the store's side (`NamespaceFacts`). The connection's callbacks
+/// reach the store only off the borrower's thread: a level's end and a set's deferred
+/// insert are the index's first (`attachNamespace`), and the borrower neither passes the
+/// gate (it writes around it) nor waits for the connection (`SQLiteDatabase.returned`).
+///
+/// The store's side calls these methods once it has claimed the connection
+/// (`Store.claimedIndex`): they read the index's memos before any statement of theirs
+/// would wait for the folder. The methods themselves never claim.
 final class Index: @unchecked Sendable {
     let connection: SQLiteDatabase
     private let lock = IndexLock()
-    /// Writes a part's rows (the store, whose index-side methods hold the fold's SQL).
-    weak var writer: (any FoldWriter)?
+    /// This device, as its records name it (its number in `devices`, once the open has
+    /// looked it up: `ownDeviceNumber`).
+    let deviceID: DeviceID
+    let deviceName: String
+    var ownDeviceNumber: Int64?
 
     // The fold's memos: written by whoever writes a fold (the folder, holding the index's
     // lock, or the store's holder folding through the gate while no one else holds it),
-    // read by the code both run.
+    // read by the code both run (Index+Fold).
 
     /// Set while a fold is written: what it writes goes to SQLite.
     var folding = false
@@ -35,8 +49,18 @@ final class Index: @unchecked Sendable {
     var foldFailed = false
     /// Local files' versions the fold under way deleted, replaced by newer ones.
     var replacedInFold: [VersionID] = []
-    /// While the folder writes: what it was told and what it found.
-    var folderWork: Store.FolderWork?
+    /// While the folder writes: the history paths it placed (`foldOutcome`).
+    var folderPlaced: [String] = []
+    /// History paths the store's side placed (a row of `history_dirs` gained a leaf) that
+    /// the namespace's history names have not noted yet: `Store.historyNames` takes them
+    /// at its next look (`takeHistoriesPlaced`). nil: `historiesPlacedKept` or more, so
+    /// the names are to be forgotten (as `HistoryNames` forgets them past its budget: a
+    /// look then asks SQLite again).
+    private var historiesPlaced: [String]? = []
+    /// How many paths placed the namespace's history names keep: 0 while they hold no
+    /// directory (nothing to note), else their budget. Set by the namespace as it changes
+    /// them. Both are touched only by the store's lock holder.
+    var historiesPlacedKept = 0
     /// Set by the lock's holder while it writes without the store's lock (`write`,
     /// `writeBarrier`): read only by that thread (`Store.assertNamespaceSide`).
     var writingAside = false
@@ -56,15 +80,78 @@ final class Index: @unchecked Sendable {
     var takingIn: TakeInMemo?
     /// Records handed to the sync engine and not marked uploaded yet.
     var uploadsInFlight: Set<VersionID> = []
-    /// Whether `settings` may hold withdrawals (`Store.keepWithdrawals`).
+    /// Whether `settings` may hold withdrawals (`keepWithdrawals`).
     var withdrawalsKept = false
 
-    init(connection: SQLiteDatabase, replica: Replica, recheck: PendingSet<NameKey>, unreconciled: PendingSet<NameKey>) {
+    init(connection: SQLiteDatabase, deviceID: DeviceID, deviceName: String, replica: Replica,
+         recheck: PendingSet<NameKey>, unreconciled: PendingSet<NameKey>) {
         self.connection = connection
+        self.deviceID = deviceID
+        self.deviceName = deviceName
         self.replica = replica
         self.recheck = recheck
         self.unreconciled = unreconciled
         connection.guarded(by: lock)
+    }
+
+    // MARK: the connection's callbacks
+
+    /// The store's side's part when a transaction level ends, and whether an insert into
+    /// `recheck` or `unreconciled` goes to the overlay (`attachNamespace`).
+    private var namespaceLevelEnded: ((Int, Bool) -> Void)?
+    private var namespaceDefersInsert: ((PendingKind, String) -> Bool)?
+
+    /// Takes the connection's `levelEnded` and the deferred inserts of the index's sets
+    /// (a store that serves, once its overlay is open). `levelEnded` and `defersInsert`
+    /// are the store's side's parts: called only when the calling thread is not the
+    /// lock's borrower (the folder, a barrier's commit), which touches the index side only.
+    func attachNamespace(levelEnded: @escaping (Int, Bool) -> Void, defersInsert: @escaping (PendingKind, String) -> Bool) {
+        namespaceLevelEnded = levelEnded
+        namespaceDefersInsert = defersInsert
+        connection.levelEnded = { [weak self] level, committed in self?.levelEnded(level, committed: committed) }
+        let deferring = { [weak self] (kind: PendingKind, key: String) -> Bool in self?.defersInsert(kind, key) ?? false }
+        recheck.deferInsert = deferring
+        unreconciled.deferInsert = deferring
+    }
+
+    /// A transaction level ended: a rollback undoes what the synced view and a pull
+    /// slice's memo remember of it. The overlay, which the store's side gives a fold
+    /// rolled back, still holds a part the borrower writes, so the caches of the tree are
+    /// right either way for it.
+    private func levelEnded(_ level: Int, committed: Bool) {
+        if !committed {
+            replica.rolledBack()
+            takingIn?.undone = true
+            takingIn?.histories = [:]
+        }
+        if !isBorrowedHere { namespaceLevelEnded?(level, committed) }
+    }
+
+    /// Whether an insert into one of the index's sets goes to the overlay as a change
+    /// (the store's side, when the overlay is on) instead of its row: never for the
+    /// borrower, which writes SQLite.
+    private func defersInsert(_ kind: PendingKind, _ key: String) -> Bool {
+        guard !isBorrowedHere, let namespaceDefersInsert else { return false }
+        return namespaceDefersInsert(kind, key)
+    }
+
+    /// A history placed at `path`: the folder's go with its part's outcome, the store's
+    /// side's wait for the namespace's next look.
+    func notePlaced(_ path: String) {
+        if isBorrowedHere {
+            folderPlaced.append(path)
+        } else if historiesPlacedKept > 0 {
+            historiesPlaced?.append(path)
+            if (historiesPlaced?.count ?? 0) >= historiesPlacedKept { historiesPlaced = nil }
+        }
+    }
+
+    /// The history paths the store's side placed since the last call (nil: too many, so
+    /// the names are to be forgotten).
+    func takeHistoriesPlaced() -> [String]? {
+        if historiesPlaced?.isEmpty == true { return [] }
+        defer { historiesPlaced = [] }
+        return historiesPlaced
     }
 
     /// Opens the second, read-only connection that reads around the gate while another
@@ -104,19 +191,23 @@ final class Index: @unchecked Sendable {
         defer { giveBack() }
         folding = true
         historiesUnplaced = part.fresh
-        folderWork = Store.FolderWork(reserved: part.reserved)
+        folderPlaced = []
         writingAside = true
         defer {
             writingAside = false
             folding = false
             historiesUnplaced = []
-            folderWork = nil
+            folderPlaced = []
         }
         var failure: StoreError?
         do throws(StoreError) {
-            guard let writer else { throw .database("the store of part \(part.number) is gone") }
             try connection.aroundGate { () throws(StoreError) in
-                try connection.standalone { () throws(StoreError) in try writer.writeFoldPart(part) }
+                try connection.standalone { () throws(StoreError) in
+                    try writeFolded(part.changes, fresh: part.fresh, through: part.through, facts: NamespaceFacts(reserved: part.reserved))
+                    // Only with the last part: a save still in the overlay is not in SQLite,
+                    // so its intent must stay to be replayed.
+                    if part.isLast { try noteIntentsApplied(through: part.intentSequence) }
+                }
             }
             if part.isLast { foldFailed = false }
         } catch {
@@ -125,7 +216,7 @@ final class Index: @unchecked Sendable {
         }
         // The rest's rows, built here rather than under the store's lock at step 3.
         let rest = failure == nil ? part.rest.map { TreeOverlay.Rest(of: $0.changes, generation: $0.generation, from: part.end) } : nil
-        foldOutcome = Store.FoldOutcome(number: part.number, error: failure, placed: folderWork?.placed ?? [], rest: rest)
+        foldOutcome = Store.FoldOutcome(number: part.number, error: failure, placed: folderPlaced, rest: rest)
     }
 
     /// A durability barrier's step 2 (`Store.markDurable`), without the store's lock, on
@@ -156,11 +247,4 @@ final class Index: @unchecked Sendable {
             }
         }
     }
-}
-
-/// What the folder asks of the code that writes a fold's rows, while it holds the index's
-/// lock: the part's rows and mark, and the intents it applies (the store's index-side
-/// methods: Store+Overlay, Store+Versions, Store+Histories, `Replica`).
-protocol FoldWriter: AnyObject {
-    func writeFoldPart(_ part: Store.FoldPart) throws(StoreError)
 }

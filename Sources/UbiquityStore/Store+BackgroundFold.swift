@@ -9,16 +9,16 @@ import UbiquitySystem
 ///    commits the batch (reads while the index is lent see only what is committed), and
 ///    lends the index (its lock) to the calling thread.
 /// 2. `FoldPart.write` (`Index.write`), without the store's lock: writes the part in one
-///    transaction with its mark, with the index and the part alone, and lets the index's
-///    lock go. What it does to the namespace (history names placed) waits in the index's
-///    `foldOutcome`.
+///    transaction with its mark, with the index and the part alone (Index+Fold: no way
+///    to the store), and lets the index's lock go. What it does to the namespace
+///    (history names placed) waits in the index's `foldOutcome`.
 /// 3. `finishFold`, under the store's lock: marks the part folded in the overlay and
 ///    applies the outcome. Until then the overlay holds the part, so a reader sees each
 ///    of its rows there or in SQLite, never neither.
 ///
 /// Anything else that needs the connection while the index is lent waits for it and then
 /// does step 3 itself (`settleFold`), so the store's holder never finds a fold half done.
-extension Store: FoldWriter {
+extension Store {
     /// A part of the overlay on its way to SQLite, and the index it goes to: all the
     /// folder is handed.
     public struct FoldPart {
@@ -43,12 +43,6 @@ extension Store: FoldWriter {
 
         /// Step 2 (`Index.write`), on the thread the index was lent to.
         public func write() { index.write(self) }
-    }
-
-    /// What the folder was told and found, while it writes (`Index.folderWork`).
-    struct FolderWork {
-        let reserved: Set<InodeNumber>
-        var placed: [String] = []
     }
 
     /// What a written part leaves to its bookkeeping.
@@ -105,15 +99,6 @@ extension Store: FoldWriter {
         return .fold(part)
     }
 
-    /// Step 2's SQL (`Index.write`, inside its transaction), on the thread the index was
-    /// lent to: touches only the index side.
-    func writeFoldPart(_ part: FoldPart) throws(StoreError) {
-        try writeFolded(part.changes, fresh: part.fresh, through: part.through)
-        // Only with the last part: a save still in the overlay is not in SQLite, so its
-        // intent must stay to be replayed.
-        if part.isLast { try noteIntentsApplied(through: part.intentSequence) }
-    }
-
     /// Step 3, under the lock: the part's bookkeeping (unless a claim did it already),
     /// then what is left to do. Throws the part's error.
     public func finishFold(_ part: FoldPart) throws(StoreError) -> GroupCommit {
@@ -148,10 +133,7 @@ extension Store: FoldWriter {
             return error
         }
         for path in outcome.placed { historyNames.noteTaken(path) }
-        for id in part.reserved {
-            reserves?[id] = nil
-            reservation.release(id)
-        }
+        for id in part.reserved { releaseReserve(id) }
         // The rest's only holder from here, so that applying the changes since does not
         // copy its tables.
         var rest = outcome.rest

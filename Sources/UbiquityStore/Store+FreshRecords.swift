@@ -64,7 +64,8 @@ extension Store {
         var files: [(id: FileID, path: String)] = []
         added.reserveCapacity(records.count)
         for r in records {
-            let row = try writeVersionRow(r, origin: .otherDevice, row: nil, lineage: r.lineage)
+            let row = try claimedIndex.writeVersionRow(r, origin: .otherDevice, row: nil, lineage: r.lineage)
+            noteRowChosen(row)
             if let first = added.first?.row, row != first + Int64(added.count) {
                 throw .database("fresh records' version rows are not consecutive (row \(row) after \(first) and \(added.count - 1) more)")
             }
@@ -75,7 +76,7 @@ extension Store {
         }
         let rows = added[0].row...added[added.count - 1].row
         let changed = try replica.addFresh(added, rows: rows)
-        try placeFreshHistories(files, rows: rows)
+        try claimedIndex.placeFreshHistories(files, rows: rows)
         for path in changed { try unreconciled.insert(NameKey(path)) }
         freshRecordsTaken += added.count
     }

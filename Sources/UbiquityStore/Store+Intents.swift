@@ -58,47 +58,6 @@ extension Store {
         intentSequence += 1
     }
 
-    /// Notes in the batch about to commit (`commitBatch`) the last intent sequence given:
-    /// one write per batch, not one per save, in the transaction of the versions it
-    /// covers. A frame appended while no batch was open (an fsync's, of a version
-    /// committed before) is noted by the next batch; until then replay skips it, as its
-    /// version is in the database.
-    ///
-    /// Every save appended so far is then applied: the withdrawals kept for the intents
-    /// not applied yet (`keepWithdrawals`) go in the same transaction.
-    /// - Parameter sequence: the last sequence given when the fold that calls it began
-    ///   (the folder's: the namespace's `intentSequence` is not its to read).
-    func noteIntentsApplied(through sequence: Int64? = nil) throws(StoreError) {
-        guard db.level > 0 else { return }
-        let applied = sequence ?? intentSequence
-        if applied > 0 {
-            try db.query("REPLACE INTO settings(key, value) VALUES('intent_applied', ?)", [.text(String(applied))])
-        }
-        if index.withdrawalsKept {
-            try removeSetting(Self.withdrawnKey)
-            index.withdrawalsKept = false
-        }
-    }
-
-    /// A save that is gone for good (an editor's temp file withdrawn, a local file's
-    /// version replaced by its next) may have an intent not applied yet (a fold of a
-    /// part, or through the gate, or a batch committed without the fold, notes nothing),
-    /// and an open must not record that save again. So such versions are kept in
-    /// `settings`, in the transaction that deletes them, until the intents are noted as
-    /// applied.
-    /// Only intents of a mounted store (it batches) can be pending, and those a fold
-    /// brings back from the log (the open's, before batching starts).
-    func keepWithdrawals(_ ids: [VersionID]) throws(StoreError) {
-        guard !ids.isEmpty, db.batching || index.folding else { return }
-        let kept = try withdrawnSetting().union(ids)
-        try setSetting(Self.withdrawnKey, kept.map(\.hex).sorted().joined(separator: ","))
-        index.withdrawalsKept = true
-    }
-
-    func withdrawnSetting() throws(StoreError) -> Set<VersionID> {
-        Set((try setting(Self.withdrawnKey) ?? "").split(separator: ",").compactMap { VersionID(hex: String($0)) })
-    }
-
     /// At open, before anything else changes the tree: records again the saves of the
     /// log that the database does not have (the process was killed before its batch
     /// committed, or the power went before a barrier made it durable). Each goes to its
@@ -166,7 +125,7 @@ extension Store {
     /// recorded again, but its chunks are put back, as that save may need them).
     private func isLogged(_ intent: Intent, unfolded: Set<VersionID>) throws(StoreError) -> Bool {
         if withdrawnAtOpen.contains(intent.version) || unfolded.contains(intent.version) { return true }
-        return try db.aroundGate { () throws(StoreError) in try versionExists(intent.version) }
+        return try db.aroundGate { () throws(StoreError) in try index.versionExists(intent.version) }
     }
 
     /// Puts back the chunks the frame carries that are not here.

@@ -40,7 +40,7 @@ extension Store {
         // may have left in the page cache) must be on the disk first.
         try db.syncCommitted()
 
-        let mark = LogSequence(UInt64(try setting(Self.treeLogMarkKey) ?? "") ?? 0)
+        let mark = LogSequence(UInt64(try setting(Index.treeLogMarkKey) ?? "") ?? 0)
         var frames: [(sequence: LogSequence, changes: [TreeChange])] = []
         let opened = try OperationLog(directory: directory + "/log", after: mark) { (sequence, payload) throws(StoreError) in
             guard let changes = TreeChange.decode(payload) else {
@@ -57,23 +57,24 @@ extension Store {
         frames = []
         let replayed = overlay.changes
         // Saves withdrawn since the intents were last noted as applied: those folds kept
-        // (`keepWithdrawals`), and those the replay brings back.
-        withdrawnAtOpen = try withdrawnSetting()
+        // (`Index.keepWithdrawals`), and those the replay brings back.
+        withdrawnAtOpen = try claimedIndex.withdrawnSetting()
         index.withdrawalsKept = !withdrawnAtOpen.isEmpty
         for case .withdraw(_, let id, _) in replayed { withdrawnAtOpen.insert(id) }
         for case .pending(let kind, let key) in replayed { restorePending(kind, key) }
         // Weak: the database and the sets live as long as the store, and the store's
         // deinit folds by itself (it commits through them after `self` is gone for closures).
         db.beforeTreeStatement = { [weak self] () throws(StoreError) in try self?.foldTree() }
-        db.levelEnded = { [weak self] level, committed in self?.levelEnded(level, committed: committed) }
         db.returned = { [weak self] in self?.settleFoldLogging() }
         let deferring = { [weak self] (kind: PendingKind, key: String) -> Bool in self?.deferPending(kind, key) ?? false }
         changed.deferInsert = deferring
         vacated.deferInsert = deferring
-        recheck.deferInsert = deferring
-        unreconciled.deferInsert = deferring
         orphaned.deferInsert = deferring
         held.deferInsert = deferring
+        // The index's sets and the connection's levels: the index handles them, and
+        // reaches these only on the store's side.
+        index.attachNamespace(levelEnded: { [weak self] level, committed in self?.levelEnded(level, committed: committed) },
+                              defersInsert: deferring)
         if !replayed.isEmpty {
             // A burst that has just ended, as far as the group commit's policy goes.
             let now = monotonicNanos()
@@ -86,11 +87,6 @@ extension Store {
         nextVersionRow = max(stored, overlay.highestVersionRow) + 1
         return replayed.count
     }
-
-    static let treeLogMarkKey = "tree_log_mark"
-    /// Saves withdrawn by folded frames, until their intents are noted as applied
-    /// (`keepWithdrawals`; the name is older than that rule).
-    static let withdrawnKey = "withdrawn_at_open"
 
     private func restorePending(_ kind: Int64, _ key: String) {
         switch PendingKind(rawValue: kind) {
@@ -112,7 +108,7 @@ extension Store {
 
     /// Writes one change: to the overlay when it is on, else to SQLite now.
     func record(_ change: TreeChange) throws(StoreError) {
-        if overlayOn { addToOverlay(change) } else { try writeRow(change) }
+        if overlayOn { addToOverlay(change) } else { try writeDirectly(change) }
         // The working set follows each change as it is made: readers take it without the
         // store's lock (`TreeCache`).
         switch change {
@@ -146,87 +142,41 @@ extension Store {
     func dropAtOpen(_ ids: Set<InodeNumber>) throws(StoreError) {
         guard !ids.isEmpty else { return }
         guard treeLog != nil, !overlay.isEmpty else {
-            for id in ids { try writeRow(.dropInode(id)) }
+            for id in ids { try writeDirectly(.dropInode(id)) }
             return
         }
         for id in ids { addToOverlay(.dropInode(id)) }
         logTreeChanges(committingFirst: false)
     }
 
-    /// The one place a tree change becomes SQL.
-    private func writeRow(_ change: TreeChange) throws(StoreError) {
-        switch change {
-        case .putInode(let node):
-            let inode = node.inode
-            try db.query(Self.upsertInode, [
-                .inode(inode.id), .int(inode.kind.rawValue), .int(Int64(inode.mode)), .int(Int64(inode.uid)),
-                .int(Int64(inode.gid)), .int(inode.size), .int(inode.atime), .int(inode.mtime), .int(inode.ctime),
-                .int(Int64(bitPattern: inode.rdev)), inode.target.map { .text($0) } ?? .null,
-                inode.fileID.map { .id($0) } ?? .null, inode.head.map { .int($0) } ?? .null, .int(inode.allocated),
-                .int(Int64(inode.nlink)), node.link.map { .inode($0.parent) } ?? .null,
-                node.link.map { .text($0.name) } ?? .null, .int(inode.absent), .int(inode.keep.rawValue),
-            ])
-        case .dropInode(let id):
-            try db.query("DELETE FROM inodes WHERE id = ?", [.inode(id)])
-            try db.query("DELETE FROM xattrs WHERE inode = ?", [.inode(id)])
-            // The folder knows from the fold's first step which dropped inodes had a
-            // reserve (the table's copy in memory is the namespace's).
-            if isFolderWriting {
-                if index.folderWork?.reserved.contains(id) == true { try db.query("DELETE FROM reserves WHERE inode = ?", [.inode(id)]) }
-            } else {
-                try dropReservedRanges(id)
-            }
-        case .putEntry(let parent, let name, let inode):
-            try db.query("INSERT INTO entries(parent, name, inode) VALUES(?, ?, ?) ON CONFLICT(parent, name) DO UPDATE SET inode = excluded.inode",
-                         [.inode(parent), .text(name), .inode(inode)])
-        case .removeEntry(let parent, let name):
-            try db.query("DELETE FROM entries WHERE parent = ? AND name = ?", [.inode(parent), .text(name)])
-        case .pending(let kind, let key):
-            try db.query("INSERT OR IGNORE INTO pending(kind, key) VALUES(?, ?)", [.int(kind), .text(key)])
-        // A version folded twice (a fold that failed halfway, written again) is there once.
-        case .save(let v):
-            guard try !mayBeWritten(v.id) else { return }
-            let record = SyncRecord(id: v.id, node: .file(v.fileID), kind: .file, parents: v.parents, deviceID: deviceID,
-                                    deviceName: v.deviceName, committed: v.committed, mtime: v.mtime, mode: v.mode,
-                                    isTombstone: false, isMeta: false, path: v.path, chunks: v.chunks, xattrs: v.xattrs)
-            _ = try insert(record, from: .here, row: v.row)
-        case .localSave(let v, let inode, let replaces):
-            guard try !mayBeWritten(v.id) else { return }
-            // A local file keeps only its latest version; one another inode still shows
-            // stays (else a hard link can point at nothing: t-differential.py seed 105).
-            if let replaces {
-                index.replacedInFold += try db.rows("DELETE FROM versions WHERE row = ?1 AND local = 1 AND NOT EXISTS (SELECT 1 FROM inodes WHERE head = ?1 AND id != ?2) RETURNING id",
-                                              [.int(replaces), .inode(inode)]) { $0.versionID(0) }
-            }
-            let record = SyncRecord(id: v.id, node: .file(v.fileID), kind: .file, parents: v.parents, deviceID: deviceID,
-                                    deviceName: v.deviceName, committed: v.committed, mtime: v.mtime, mode: v.mode,
-                                    isTombstone: false, isMeta: false, path: v.path, chunks: v.chunks, xattrs: [])
-            _ = try insert(record, from: .hereLocalOnly, row: v.row)
-        case .tombstone(let row, let id, let fileID, let head, let path, let committed):
-            guard try !mayBeWritten(id) else { return }
-            try writeTombstone(row: row, id: id, fileID: fileID, head: head, path: path, committed: committed)
-        case .history(let fileID, let path, let live):
-            try placeHistory(fileID, path: path, live: live)
-        // The save was not written (`foldTree`), or, folded before the withdrawal (which
-        // the fold's order makes unlikely), goes as `withdrawUnsentHistory` lets it.
-        case .withdraw(_, _, let fileID):
-            if try !withdrawUnsentHistory(fileID) { try dropHistory(fileID) }
-        case .xattr(let id, let name, let value?):
-            try db.query("REPLACE INTO xattrs(inode, name, value) VALUES(?, ?, ?)", [.inode(id), .text(name), .blob(value)])
-        case .xattr(let id, let name, nil):
-            try db.query("DELETE FROM xattrs WHERE inode = ? AND name = ?", [.inode(id), .text(name)])
-        }
+    /// Writes one change straight to SQLite (`Index.writeRow`), then lets the reserves of
+    /// an inode it drops go.
+    private func writeDirectly(_ change: TreeChange) throws(StoreError) {
+        let facts = try namespaceFacts(for: [change])
+        try claimedIndex.writeRow(change, facts: facts)
+        releaseReserves(droppedIn: [change], facts: facts)
     }
 
-    /// Whether the overlay's version `id` may be in SQLite already (looked up unless a
-    /// fold writes it). Only a fold that failed can leave one there (in a transaction
-    /// that goes on): a version's id is
-    /// new when the overlay takes it, a committed fold leaves the overlay, and a fold
-    /// rolled back wrote nothing. The intent log's replay commits its saves straight to
-    /// SQLite, after the gate folded what the operation log brought back.
-    private func mayBeWritten(_ id: VersionID) throws(StoreError) -> Bool {
-        if index.folding && !index.foldFailed { return false }
-        return try versionExists(id)
+    /// What the index needs of the namespace to write `changes`: which inodes they drop
+    /// have reserves (when the table is in memory), and the overlay's versions of the heads
+    /// their tombstones name (read there, not from SQLite).
+    private func namespaceFacts(for changes: [TreeChange]) throws(StoreError) -> Index.NamespaceFacts {
+        var facts = Index.NamespaceFacts()
+        if let reserves {
+            var reserved: Set<InodeNumber> = []
+            for case .dropInode(let id) in changes where reserves[id] != nil { reserved.insert(id) }
+            facts.reserved = reserved
+        }
+        for case .tombstone(_, _, _, let head?, _, _) in changes where overlay.saves[head] != nil {
+            facts.heads[head] = try version(row: head)
+        }
+        return facts
+    }
+
+    /// The namespace's side of the reserves of inodes a write dropped, whose rows the index
+    /// deleted (`NamespaceFacts.reserved`).
+    private func releaseReserves(droppedIn changes: [TreeChange], facts: Index.NamespaceFacts) {
+        for case .dropInode(let id) in changes where facts.reserved?.contains(id) ?? true { releaseReserve(id) }
     }
 
     /// Appends the overlay's changes not logged yet as one frame (the shared store does
@@ -300,6 +250,7 @@ extension Store {
         let changes = Array(overlay.changes[overlay.folded..<(part?.end ?? overlay.changes.count)])
         let through = part?.through ?? lastLogged
         let fresh = overlay.freshHistories(in: changes)
+        let facts = try namespaceFacts(for: changes)
         // The fold writes: it waits for whoever holds the index (a barrier's commit; a
         // folder's part is settled above), since its gate would otherwise send its
         // statements to the read-only connection that reads around it.
@@ -310,7 +261,7 @@ extension Store {
             index.folding = false
             index.historiesUnplaced = []
         }
-        func fold() throws(StoreError) { try writeFolded(changes, fresh: fresh, through: through) }
+        func fold() throws(StoreError) { try index.writeFolded(changes, fresh: fresh, through: through, facts: facts) }
         do {
             try db.aroundGate { () throws(StoreError) in
                 if alone && !db.inTransaction {
@@ -323,7 +274,7 @@ extension Store {
                         try fold()
                         // Only with the last part: a save still in the overlay is not in
                         // SQLite, so its intent must stay to be replayed.
-                        if part == nil { try noteIntentsApplied() }
+                        if part == nil { try index.noteIntentsApplied(through: intentSequence) }
                     }
                 } else {
                     try db.flattened(fold)
@@ -334,6 +285,7 @@ extension Store {
             index.foldFailed = true
             throw error
         }
+        releaseReserves(droppedIn: changes, facts: facts)
         if let part {
             overlay.markFolded(through: part.end)
         } else {
@@ -347,120 +299,12 @@ extension Store {
         }
     }
 
-    /// Writes a fold's changes, in its transaction, with the mark of its last frame.
-    /// Written whole or not at all, its inner transactions flattened into it: the synced
-    /// view's counts are summed over the fold (`deferringConflicts`) and what adding its
-    /// records wrote is not read back (`remembering`), nor what the histories begun since
-    /// the last fold surely lack (`rememberFreshNodes`).
-    func writeFolded(_ changes: [TreeChange], fresh: Set<FileID>, through: LogSequence) throws(StoreError) {
-        index.replacedInFold = []
-        try replica.remembering { () throws(StoreError) in
-            replica.rememberFreshNodes(Set(fresh.map { NodeID.file($0) }))
-            try replica.deferringConflicts { () throws(StoreError) in
-                try summingHistoryDirectories { () throws(StoreError) in
-                    for change in Self.written(changes) { try writeRow(change) }
-                }
-            }
-        }
-        // Saves that are gone for good, whose intents may not be applied yet: an
-        // editor's temp file withdrawn, a local file's version replaced.
-        var withdrawn = index.replacedInFold
-        for case .withdraw(_, let id, _) in changes { withdrawn.append(id) }
-        try keepWithdrawals(withdrawn)
-        try db.query("REPLACE INTO settings(key, value) VALUES(?, ?)", [.text(Self.treeLogMarkKey), .text(String(through.value))])
-    }
-
-    /// The changes of a fold that are written, in order:
-    /// - A save withdrawn in the same fold is not, nor where its history is shown: the
-    ///   withdrawal then only makes sure no history row is left.
-    /// - An inode's row is written once, as it is last: a put that a later put or drop of
-    ///   the same inode follows is not written (a file made, written and closed is three
-    ///   puts). A local save is the one change that reads inodes (whether another inode's
-    ///   head is the row it replaces), so puts before it are written.
-    /// - A save takes the path, mode and mtime its file has at the end of the fold, when
-    ///   the file is still there with that save as its head and one name. The save has
-    ///   not left the device (it enters SQLite, the synced view and uploads only now), so
-    ///   nobody saw the state it replaces; the sync step then finds nothing to record for
-    ///   the file. `rsync` and `cp -p` save a temp file, then set its mode and times and
-    ///   rename it: without this, each file became two records, the second costing the
-    ///   sync step about 30 statements (`WorkTests.copiedFilesAreOneRecordEach`).
-    static func written(_ changes: [TreeChange]) -> [TreeChange] {
-        var withdrawn: (rows: Set<Int64>, histories: Set<FileID>) = ([], [])
-        for case .withdraw(let row, _, let fileID) in changes {
-            withdrawn.rows.insert(row)
-            withdrawn.histories.insert(fileID)
-        }
-        let amended = amendedSaves(changes)
-        var result: [TreeChange] = []
-        var later: Set<InodeNumber> = [] // inodes a later change writes, since the last local save
-        for change in changes.reversed() {
-            switch change {
-            case .save(let v) where withdrawn.rows.contains(v.row): continue
-            case .save(let v): result.append(.save(amended[v.row] ?? v)); continue
-            case .localSave(let v, _, _) where withdrawn.rows.contains(v.row): continue
-            case .history(let fileID, _, _) where withdrawn.histories.contains(fileID): continue
-            case .putInode(let node) where !later.insert(node.inode.id).inserted: continue
-            case .dropInode(let id): later.insert(id)
-            case .localSave: later = []
-            default: break
-            }
-            result.append(change)
-        }
-        return result.reversed()
-    }
-
-    /// The saves of `changes` that `written` amends, by row, as they are written (also
-    /// what the overlay keeps of a folded part: `TreeOverlay.markFolded`).
-    static func amendedSaves<C: Collection<TreeChange>>(_ changes: C) -> [Int64: SavedVersion] {
-        var last: [InodeNumber: Inode?] = [:] // each inode as the fold leaves it (nil: dropped)
-        var shown: [FileID: (path: String, live: Bool)] = [:] // each history as the fold leaves it
-        var tombstoned: Set<FileID> = []
-        for change in changes {
-            switch change {
-            case .putInode(let node): last[node.inode.id] = node.inode
-            case .dropInode(let id): last[id] = .some(nil)
-            case .history(let fileID, let path, let live): shown[fileID] = (path, live)
-            case .tombstone(_, _, let fileID, _, _, _): tombstoned.insert(fileID)
-            default: break
-            }
-        }
-        var holders: [Int64: Inode?] = [:] // by the row of the version that is its head (nil: two have it)
-        for case let inode?? in last.values where inode.kind == .file && inode.nlink == 1 {
-            if let head = inode.head { holders[head] = holders[head] == nil ? inode : .some(nil) }
-        }
-        var amended: [Int64: SavedVersion] = [:]
-        for case .save(var v) in changes {
-            guard let inode = holders[v.row] ?? nil, inode.fileID == v.fileID, !tombstoned.contains(v.fileID),
-                  let history = shown[v.fileID], history.live else { continue }
-            if v.path.utf8.elementsEqual(history.path.utf8) && v.mode == inode.mode && v.mtime == inode.mtime { continue }
-            v.path = history.path
-            v.mode = inode.mode
-            v.mtime = inode.mtime
-            amended[v.row] = v
-        }
-        return amended
-    }
-
-    /// A transaction level ended: folds inside it now belong to the level around it (or
-    /// are committed), or, when it rolled back, are the overlay's again, ahead of what it
-    /// holds now.
+    /// A transaction level ended on the store's side (the index has undone its own memos
+    /// of a rollback: `Index.levelEnded`): folds inside it now belong to the level around
+    /// it (or are committed), or, when it rolled back, are the overlay's again, ahead of
+    /// what it holds now.
     private func levelEnded(_ level: Int, committed: Bool) {
-        // The folder's transaction: only the index side is its to touch (the overlay
-        // still holds the fold, so the caches of the tree are right either way).
-        if db.isBorrowedHere {
-            if !committed {
-                replica.rolledBack()
-                takingIn?.undone = true
-                takingIn?.histories = [:]
-            }
-            return
-        }
-        if !committed {
-            forgetCachedTree()
-            replica.rolledBack()
-            takingIn?.undone = true
-            takingIn?.histories = [:]
-        }
+        if !committed { forgetCachedTree() }
         guard !openFolds.isEmpty else { return }
         if committed {
             for i in openFolds.indices where openFolds[i].level >= level { openFolds[i].level = level - 1 }

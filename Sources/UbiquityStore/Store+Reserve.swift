@@ -39,6 +39,12 @@ extension Store {
         // Most files have none: nothing to delete, and no statement.
         if let reserves, reserves[id] == nil { return }
         try db.query("DELETE FROM reserves WHERE inode = ?", [.inode(id)])
+        releaseReserve(id)
+    }
+
+    /// Lets go of inode `id`'s reserve in memory and in the reservation file, once its row
+    /// is deleted (here, or by the index as it drops the inode).
+    func releaseReserve(_ id: InodeNumber) {
         reserves?[id] = nil
         reservation.release(id)
     }

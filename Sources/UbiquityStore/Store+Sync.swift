@@ -44,9 +44,9 @@ struct TakeInMemo {
     /// (`retireHistory` and `dropHistory` forget it).
     var histories: [FileID: (path: String, live: Bool)] = [:]
     /// What histories placed or moved add to or take from the directories above them
-    /// under `.versions/`, written once at the slice's end (`Store.writeHistoryDirectories`).
+    /// under `.versions/`, written once at the slice's end (`Index.writeHistoryDirectories`).
     var historyDirectories: [HistoryName: Int64] = [:]
-    /// Other devices' numbers in `devices` (`Store.deviceNumber`), by id and name: a
+    /// Other devices' numbers in `devices` (`Index.deviceNumber`), by id and name: a
     /// slice's records come from few devices. Gone with the slice's transaction.
     var devices: [NameKey: Int64] = [:]
     /// A savepoint rolled back inside the batch (its error caught): the sums may hold what
@@ -499,7 +499,7 @@ extension Store {
                         _ = try addRemote(rest, checked: true)
                     }
                     let changes = try reconcile(busy: busy)
-                    try writeHistoryDirectories()
+                    try claimedIndex.writeHistoryDirectories()
                     return changes
                 }
             }

@@ -68,7 +68,7 @@ extension Store {
             if let previous, previous.isLocal,
                try db.rows("SELECT 1 FROM inodes WHERE head = ? AND id != ? LIMIT 1", [.int(previous.row), .inode(id)], { _ in true }).isEmpty {
                 try db.query("DELETE FROM versions WHERE row = ?", [.int(previous.row)])
-                try keepWithdrawals([previous.id])
+                try claimedIndex.keepWithdrawals([previous.id])
             }
             let row = try insert(record, from: local ? .hereLocalOnly : .here)
             inode.head = row
@@ -103,35 +103,10 @@ extension Store {
             try record(.tombstone(row: row, id: .new(), fileID: fileID, head: head, path: path, committed: clock()))
             return
         }
-        try writeTombstone(row: nil, id: .new(), fileID: fileID, head: head, path: path, committed: clock())
-    }
-
-    /// The tombstone's record: it descends from the file's live heads and `head`; none (a
-    /// file never saved), no tombstone.
-    func writeTombstone(row: Int64?, id: VersionID, fileID: FileID, head: Int64?, path: String, committed: Nanos) throws(StoreError) {
-        // The folder reads only the index (the overlay is the namespace's): the head was
-        // saved before the tombstone, so its part or an earlier one wrote it.
-        var previous: Version?
-        if !isFolderWriting {
-            previous = try headVersion(head)
-        } else if let head {
-            previous = try versionRow(head)
+        let previous = try headVersion(head)
+        if let row = try claimedIndex.writeTombstone(row: nil, id: .new(), fileID: fileID, previous: previous, path: path, committed: clock()) {
+            noteRowChosen(row)
         }
-        let heads = try replica.heads(.file(fileID))
-        var parents = heads.filter { !$0.isTombstone }.map(\.id)
-        if let previous, !previous.isLocal, !parents.contains(previous.id) { parents.append(previous.id) }
-        guard !parents.isEmpty else { return }
-        let tombstone = SyncRecord(id: id, node: .file(fileID), kind: .file, parents: parents.sorted(),
-                                   deviceID: deviceID, deviceName: deviceName, committed: committed, mtime: committed,
-                                   mode: previous?.mode ?? 0o644, isTombstone: true, isMeta: false, path: path)
-        try db.transaction { () throws(StoreError) in
-            _ = try insert(tombstone, from: .here, row: row, heads: heads)
-            try placeHistory(fileID, path: path, live: false)
-        }
-    }
-
-    func versionExists(_ id: VersionID) throws(StoreError) -> Bool {
-        try !db.rows("SELECT 1 FROM versions WHERE id = ?", [.id(id)]) { _ in true }.isEmpty
     }
 
     /// Gives inode `id` the history `fileID` (rename over an existing file continues the
@@ -204,11 +179,7 @@ extension Store {
                            size: saved.chunks.totalSize, isTombstone: false, isLocal: overlay.localRows.contains(row), path: saved.path)
         }
         if overlay.tombstones[row] != nil { try foldTree() }
-        return try db.aroundGate { () throws(StoreError) in try versionRow(row) }
-    }
-
-    func versionRow(_ row: Int64) throws(StoreError) -> Version? {
-        try db.rows("SELECT \(Store.versionColumns) FROM \(Store.versionsWithDevices) WHERE row = ?", [.int(row)], Store.version(from:)).first
+        return try db.aroundGate { () throws(StoreError) in try index.versionRow(row) }
     }
 
     public func version(id: VersionID) throws(StoreError) -> Version? {
@@ -237,85 +208,16 @@ extension Store {
         (try? db.rows("SELECT count(*) FROM versions WHERE tombstone = 0 AND local = 0 AND meta = 0 AND kind = 1", []) { Int($0.int(0)) }.first) ?? 0
     }
 
-    /// Where a version row comes from.
-    enum Origin {
-        /// Made on this device: a record, to upload.
-        case here
-        /// Made on this device for a local-only file: never a record, never synced.
-        case hereLocalOnly
-        /// Another device's record, read from the backing directory (so already there).
-        case otherDevice
-    }
-
-    /// Writes record `r`'s row in the versions table (the one INSERT of a version):
-    /// `row` as `insert` says, `lineage` as it is to be stored. Returns the row.
-    func writeVersionRow(_ r: SyncRecord, origin: Origin, row given: Int64?, lineage: Lineage) throws(StoreError) -> Int64 {
-        let local = origin == .hereLocalOnly, remote = origin == .otherDevice
-        try db.query("""
-            INSERT INTO versions(row, id, file_id, parents, device, committed, mtime, mode, size, tombstone,
-                                 local, path, chunks, kind, target, xattrs, meta, uploaded, lineage)
-            VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-            """, [given.map { .int($0) } ?? .null, .id(r.id), .node(r.node), .ids(r.parents), .int(try deviceNumber(r.deviceID, name: r.deviceName)), .int(r.committed), .int(r.mtime), .int(Int64(r.mode)), .int(r.size),
-                  .int(r.isTombstone ? 1 : 0), .int(local ? 1 : 0), .text(r.path), .blob(r.chunks.encoded),
-                  .int(r.kind.rawValue), r.target.map { .text($0) } ?? .null, .blob(XattrCodec.encode(r.xattrs)),
-                  .int(r.isMeta ? 1 : 0), .int(remote ? 1 : 0), local ? .null : lineage.stored(device: r.deviceID).map { .text($0) } ?? .null])
-        let row = db.lastInsertRowID
-        // A row SQLite chose (a given one, the overlay's, is below the next already; and
-        // the folder, which writes only given rows, must not touch the namespace's count).
-        if given == nil { nextVersionRow = max(nextVersionRow, row + 1) }
-        // What reconcile shows of another device's new file, kept for it (not read back).
-        if remote && r.kind == .file && !r.isTombstone && takingIn != nil {
-            takingIn?.shown[row] = ShownFile(content: r.chunks, mode: r.mode, mtime: r.mtime, xattrs: XattrCodec.encode(r.xattrs))
-        }
+    /// Appends record `r`'s version row, in the row SQLite chooses, and adds it to the
+    /// synced view (`Index.insert`). Returns the row.
+    func insert(_ r: SyncRecord, from origin: Index.Origin) throws(StoreError) -> Int64 {
+        let row = try claimedIndex.insert(r, from: origin)
+        noteRowChosen(row)
         return row
     }
 
-    /// Appends a version row (every record goes through here) and adds it to the synced
-    /// view in the same transaction; the paths it may change are queued for `reconcile`.
-    /// `row`: the row the overlay gave it (nil: SQLite's next); `heads`: the node's heads,
-    /// when the caller has just read them (a tombstone's parents are its live ones).
-    func insert(_ r: SyncRecord, from origin: Origin, row given: Int64? = nil, heads: [Replica.Record]? = nil) throws(StoreError) -> Int64 {
-        let local = origin == .hereLocalOnly, remote = origin == .otherDevice
-        return try db.transaction { () throws(StoreError) -> Int64 in
-            let (lineage, known) = origin == .here ? try replica.lineage(node: r.node, parents: r.parents, device: r.deviceID, heads: heads)
-                                                   : (r.lineage, Replica.Known())
-            let row = try writeVersionRow(r, origin: origin, row: given, lineage: lineage)
-            if local { return row }
-            let info = Replica.Record(row: row, id: r.id, node: r.node, parents: r.parents, kind: r.kind,
-                                      isTombstone: r.isTombstone, mtime: r.mtime, device: r.deviceID, path: r.path,
-                                      mode: r.mode, target: r.target, lineage: lineage)
-            let (changed, isCurrent, isAlone, isLive) = try replica.add(info, known: known)
-            // Another device's file is listed under .versions/ from the start, even when it
-            // never shows here as a file (a conflict that lost its path, say).
-            // (A record can arrive after a tombstone that descends from it: simulation seed 39.)
-            if remote && r.kind == .file && !r.isTombstone, let fileID = r.node.fileID {
-                if isCurrent {
-                    try placeHistory(fileID, path: r.path, live: nil)
-                } else {
-                    try placeHistory(fileID, path: r.path, live: false, keepExisting: true)
-                }
-            }
-            // Its tombstone that leaves it no live head ends its history here and now, not
-            // when reconcile takes the file out of the tree: a file and its tombstone taken
-            // in together never reach the tree, and prune keeps a live history's last
-            // versions for good (`FreshRecordsTests`, seed 116).
-            if remote && r.kind == .file && r.isTombstone && !isLive, let fileID = r.node.fileID {
-                try retireHistory(fileID)
-            }
-            // Another device's record: reconcile makes the tree show the view there. One of
-            // this device's own can change what a path shows too (its tombstone reveals a
-            // conflicting node; a skewed clock gives its new file an older mtime): the sync
-            // step checks those paths (`recheck`) and queues the ones the tree does not show.
-            // A file version of this device's own that its path now shows (the only node
-            // there) needs no check of that path: the tree it was made from has it there,
-            // and whatever changes that later makes a record of its own. Checking it would
-            // cost a dozen statements per new file in the sync step. Its ancestors, and
-            // every tombstone's path, are still checked.
-            let shownAsMade = origin == .here && r.kind == .file && !r.isTombstone && isAlone
-            for path in changed where !(shownAsMade && path.utf8.elementsEqual(r.path.utf8)) {
-                try (remote ? unreconciled : recheck).insert(NameKey(path))
-            }
-            return row
-        }
-    }
+    /// A version row SQLite chose (written straight to SQLite): the rows the overlay gives
+    /// from here on come after it. (A row given, the overlay's, is below the next already;
+    /// the folder writes only those.)
+    func noteRowChosen(_ row: Int64) { nextVersionRow = max(nextVersionRow, row + 1) }
 }

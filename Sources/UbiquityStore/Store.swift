@@ -20,14 +20,16 @@ import UbiquitySystem
 ///   names, the next inode and version row, the intents, the local change sets
 ///   (`changed`, `vacated`, `orphaned`, `held`). The lock's holder owns it.
 /// - The index (`Index`, under its own lock): the SQLite connection `db`, the synced
-///   view `replica`, the sets a fold adds to (`recheck`, `unreconciled`), and the memos
-///   of folds and pulls (`Index.folding`, `historiesUnplaced`, `foldFailed`,
-///   `replacedInFold`, `withdrawalsKept`, `takingIn`, `uploadsInFlight`). The lock's
-///   holder uses them whenever no other thread holds the index's lock; the group
+///   view `replica`, the sets a fold adds to (`recheck`, `unreconciled`), the memos of
+///   folds and pulls (`Index.folding`, `historiesUnplaced`, `foldFailed`,
+///   `replacedInFold`, `withdrawalsKept`, `takingIn`, `uploadsInFlight`), and the code
+///   that writes a fold's rows (the tree's, versions, histories, the synced view). The
+///   lock's holder uses them whenever no other thread holds the index's lock; the group
 ///   commit's folder holds it while it writes a part outside the store's lock
 ///   (Store+BackgroundFold), handed the index and the part only. The accessors here of
-///   the index side wait for the index's lock (`SQLiteDatabase.claim`); reads around the
-///   gate meanwhile go to a read-only connection.
+///   the index side, and `claimedIndex`, wait for the index's lock
+///   (`SQLiteDatabase.claim`); reads around the gate meanwhile go to a read-only
+///   connection.
 ///
 /// Lock order: the store's lock, then the index's (`IndexLock`).
 public final class Store: @unchecked Sendable {
@@ -54,20 +56,47 @@ public final class Store: @unchecked Sendable {
         return workingSet
     }
     let workingSet: TreeCache
-    /// The names directories show histories at, read at a first create (`HistoryNames`).
+    /// The names directories show histories at, read at a first create (`HistoryNames`),
+    /// with the paths the index placed since the last look noted first.
     var historyNames: HistoryNames {
-        _read { assertNamespaceSide(); yield historyNamesState }
-        _modify { assertNamespaceSide(); yield &historyNamesState }
+        _read {
+            assertNamespaceSide()
+            noteHistoriesPlaced()
+            yield historyNamesState
+        }
+        _modify {
+            assertNamespaceSide()
+            noteHistoriesPlaced()
+            defer { tellIndexWhatNamesKeep() }
+            yield &historyNamesState
+        }
     }
     private var historyNamesState = HistoryNames()
+
+    /// Notes the history paths the index placed on the store's side (the folder's come
+    /// with its part's outcome: `settleFold`). Touches no state the folder does.
+    private func noteHistoriesPlaced() {
+        let placed = index.takeHistoriesPlaced()
+        if placed?.isEmpty == true { return }
+        if let placed {
+            for path in placed { historyNamesState.noteTaken(path) }
+        } else {
+            historyNamesState.removeAll()
+        }
+        tellIndexWhatNamesKeep()
+    }
+
+    /// Whether the index is to keep the paths it places for the history names, and how
+    /// many (`Index.historiesPlacedKept`).
+    private func tellIndexWhatNamesKeep() {
+        index.historiesPlacedKept = historyNamesState.isEmpty ? 0 : historyNamesState.budget
+    }
     /// The `reserves` table, read whole at the first look and kept with every write (nil:
     /// not read, or a rollback may have undone a write): a file's open reads it.
     var reserves: [InodeNumber: [Range<Int64>]]?
     /// Files that continue a history but have no version yet: the version their first
     /// commit descends from (kept in memory only; losing it in a crash only loses the link).
     var continuedParents: [InodeNumber: Int64] = [:]
-    /// This device's number in `devices`, with its name of this open (nil: read-only).
-    var ownDeviceNumber: Int64?
     var nextInode = Store.rootInode.advanced(by: 1)
     /// Records `pendingUploads` handed to the sync engine and not marked uploaded yet:
     /// `withdrawUnsentHistory` leaves them alone. Index side (below).
@@ -285,7 +314,7 @@ public final class Store: @unchecked Sendable {
         if !readOnly { try Self.dropMovedKeyValues(db) }
         self.db = db
         let name = { (key: NameKey) in key.name }, load = !readOnly
-        index = Index(connection: db, replica: Replica(db: db),
+        index = Index(connection: db, deviceID: deviceID, deviceName: self.deviceName, replica: Replica(db: db),
                       recheck: try PendingSet(.recheck, db: db, load: load, key: name, parse: NameKey.init),
                       unreconciled: try PendingSet(.unreconciled, db: db, load: load, key: name, parse: NameKey.init))
         changed = try PendingSet(.inode, db: db, load: load, key: Self.changedKey, parse: Self.changedInode)
@@ -293,10 +322,9 @@ public final class Store: @unchecked Sendable {
         orphaned = try PendingSet(.orphaned, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
         held = try PendingSet(.held, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
         needsFullScan = try get("full_scan") == "1"
-        index.writer = self
         if !readOnly {
-            let number = try db.transaction { () throws(StoreError) -> Int64 in try deviceNumber(deviceID, name: self.deviceName) }
-            ownDeviceNumber = number
+            let number = try db.transaction { () throws(StoreError) -> Int64 in try index.deviceNumber(deviceID, name: self.deviceName) }
+            index.ownDeviceNumber = number
         }
         // Read-only inspection (status, fsck) reads what it needs from the database; only
         // a store that serves a mount holds the tree and the synced view in memory.
@@ -340,10 +368,13 @@ public final class Store: @unchecked Sendable {
         assert(!(index.isBorrowedHere && index.writingAside), "the index lock's holder touched the namespace's state")
     }
 
-    /// Whether the calling thread is the folder writing a part (`Index.write`): the one rule
-    /// for code both sides run. Race-free from any thread: only the borrower reads
-    /// `folderWork` here.
-    var isFolderWriting: Bool { index.isBorrowedHere && index.folderWork != nil }
+    /// The index, once the connection is the caller's (`SQLiteDatabase.claim`): how the
+    /// store's side calls the index's writers, which read its memos before any statement
+    /// of theirs would wait for the folder.
+    var claimedIndex: Index {
+        db.claim()
+        return index
+    }
 
     /// A value kept in the store's settings (nil: not set).
     public func setting(_ key: String) throws(StoreError) -> String? {
@@ -387,7 +418,7 @@ public final class Store: @unchecked Sendable {
         try foldTree(alone: true)
         // Chunks first: a committed version must never name a row that is not.
         try chunks.commitSmallChunks()
-        try noteIntentsApplied()
+        try claimedIndex.noteIntentsApplied(through: intentSequence)
         try db.commitBatch()
     }
 

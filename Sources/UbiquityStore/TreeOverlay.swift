@@ -289,7 +289,7 @@ struct TreeOverlay {
             // The rows stay: the saves among them read as SQLite has them, as the fold
             // amended them.
             if !saves.isEmpty {
-                for (row, save) in Store.amendedSaves(changes[start..<folded]) where saves[row] != nil { saves[row] = save }
+                for (row, save) in Index.amendedSaves(changes[start..<folded]) where saves[row] != nil { saves[row] = save }
             }
             return
         }

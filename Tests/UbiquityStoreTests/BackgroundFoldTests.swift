@@ -139,6 +139,48 @@ import UbiquitySystem
         #expect(crashes > 0 && folds > 0, "seed \(seed): the run must crash and fold")
     }
 
+    /// The folder writes a part with the index and the part alone: here its store is gone
+    /// before the part is written (its last reference dropped, its own fold at the end
+    /// failed on purpose, so it wrote nothing), and the part still commits its rows, a
+    /// save's version and history, and its mark, which the next open replays nothing
+    /// after. A folder that reached the store (through a weak reference) failed here.
+    @Test func aPartIsWrittenWithoutItsStore() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        do {
+            let part: Store.FoldPart
+            weak var gone: Store?
+            do {
+                let store = try Store(directory: dir.path, deviceName: "folder")
+                store.startBatching()
+                store.foldPolicy.quiet = 0
+                let d = try store.create(parent: Store.rootInode, name: "d", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+                let f = try store.create(parent: d.id, name: "f", kind: .file, mode: 0o644, uid: 1, gid: 1)
+                try IntentLogTests.save(store, f.id, "d/f", Array("bytes".utf8))
+                try store.setXattr(f.id, "user.x", [1])
+                guard case .fold(let taken) = try store.beginFold() else { throw StoreError.io(errno: EIO, "no part to fold") }
+                #expect(taken.isLast)
+                part = taken
+                // The store's last commit folds through the gate on this thread, which
+                // holds the index: its first statement fails, so it writes nothing.
+                store.db.failingStatements = [store.db.statements + 1]
+                gone = store
+            }
+            #expect(gone == nil, "the store is gone")
+            part.write()
+            #expect(part.index.foldOutcome?.number == part.number)
+            #expect(part.index.foldOutcome?.error == nil)
+        }
+        let store = try Store(directory: dir.path, deviceName: "folder")
+        #expect(store.replayedTreeChanges == 0, "the part's mark covers the log")
+        let d = try #require(store.child(Store.rootInode, "d"))
+        let f = try #require(store.child(d, "f"))
+        #expect(try store.xattr(f, "user.x") == [1])
+        let fileID = try #require(store.inode(f)?.fileID)
+        #expect(try store.versions(of: fileID).count == 1)
+        #expect(try store.histories(at: "d/f") == [fileID])
+    }
+
     /// A burst that has not paused waits, and the group commit says so: not `.more`, which
     /// its loop takes for a part to fold at once. The same through a mount's three steps.
     @Test func aBurstThatGoesOnWaits() throws {

@@ -479,8 +479,8 @@ import UbiquitySystem
                 replayed += store.replayedTreeChanges
                 Self.check(store, model, context + " after a crash")
                 // Kept until the intents are applied: only saves that were never written.
-                for id in try store.withdrawnSetting() {
-                    #expect(try !store.db.aroundGate { () throws(StoreError) in try store.versionExists(id) }, "\(context): \(id) is withdrawn and written")
+                for id in try store.index.withdrawnSetting() {
+                    #expect(try !store.db.aroundGate { () throws(StoreError) in try store.index.versionExists(id) }, "\(context): \(id) is withdrawn and written")
                 }
             default: break
             }

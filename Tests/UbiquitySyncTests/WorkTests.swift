@@ -604,7 +604,7 @@ import TestSupport
 
     /// A copy as `rsync -a` and `cp -p` make it: a temp file saved, its mode and times set,
     /// then renamed into place. The save's version takes the file's final path, mode and
-    /// mtime when it is folded (`Store.written`), so each file is one record and the sync
+    /// mtime when it is folded (`Index.written`), so each file is one record and the sync
     /// step looks at it as at any new file; as two records (the save, then a meta record
     /// at the new path) the step cost 36 statements a file.
     @Test func copiedFilesAreOneRecordEach() throws {
