@@ -108,6 +108,9 @@ public final class SharedStore: Sendable {
     /// the part alone: requests go on meanwhile, and only what needs the SQLite
     /// connection waits for it.
     public func groupCommit(lastRequest: Int64) throws(StoreError) -> Store.GroupCommit {
+        // A holder the last part woke (it waits for the index) or a request blocked on the
+        // lock takes it before the next part lends the index again.
+        locked.yieldToWaiters()
         let start = try withLock { (store) throws(StoreError) in try store.beginFold(lastRequest: lastRequest) }
         switch start {
         case .ended(let result): return result
@@ -126,6 +129,7 @@ public final class SharedStore: Sendable {
         while case .fold(let part) = try withLock({ (store) throws(StoreError) in try store.beginFold(leaving: leaving) }) {
             part.write()
             _ = try withLock { (store) throws(StoreError) in try store.finishFold(part) }
+            locked.yieldToWaiters() // as between the group commit's parts
         }
     }
 

@@ -21,6 +21,9 @@ public final class Locked<State>: @unchecked Sendable {
     private let acquisitions = Atomic<UInt>(0)
     /// Threads in `yieldToWaiters` on this lock (an acquisition wakes them only if some).
     private let yielders = Atomic<Int>(0)
+    /// Sleepers `wakeSleepers` woke that have not taken the lock back yet: they wait for it
+    /// inside the condition wait, which `waiters` does not count.
+    private let woken = Atomic<Int>(0)
     /// Where holders whose condition does not hold yet sleep with the lock let go
     /// (`withLock(when:_:)`), and how many sleep there now (changed under the lock).
     private let condition = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
@@ -65,6 +68,15 @@ public final class Locked<State>: @unchecked Sendable {
             pthread_cond_wait(condition, mutex)
             owner.store(UInt(pthread_self()), ordering: .relaxed)
             sleepers.subtract(1, ordering: .relaxed)
+            // Woken and holding the lock again: an acquisition, as a yielder counts them.
+            var left = woken.load(ordering: .sequentiallyConsistent)
+            while left > 0 {
+                let (exchanged, now) = woken.compareExchange(expected: left, desired: left - 1, ordering: .sequentiallyConsistent)
+                if exchanged { break }
+                left = now
+            }
+            acquisitions.add(1, ordering: .sequentiallyConsistent)
+            if yielders.load(ordering: .sequentiallyConsistent) > 0 { LockHandoff.shared.wakeAll() }
         }
         return try body(&state)
     }
@@ -74,7 +86,9 @@ public final class Locked<State>: @unchecked Sendable {
     /// lock, so no wake-up is lost between the two.
     public func wakeSleepers() {
         assert(isHeldByCurrentThread, "wakeSleepers without the lock can miss a sleeper about to wait")
-        guard sleepers.load(ordering: .relaxed) > 0 else { return }
+        let asleep = sleepers.load(ordering: .relaxed)
+        guard asleep > 0 else { return }
+        woken.store(asleep, ordering: .sequentiallyConsistent)
         pthread_cond_broadcast(condition)
     }
 
@@ -123,14 +137,19 @@ public final class Locked<State>: @unchecked Sendable {
     public var hasWaiters: Bool { waiters.load(ordering: .relaxed) > 0 }
 
     /// Called without the lock, between two holds of a slice of background work: while
-    /// another thread is blocked on the lock, waits until one of them has taken it
-    /// (bounded by `LockHandoff.longestNanoseconds`), so that the next slice does not take it again
-    /// first. Returns at once when no one waits.
+    /// another thread is blocked on the lock, or a sleeper of `withLock(when:_:)` was woken
+    /// and has not taken it back, waits until one of them has taken it (bounded by
+    /// `LockHandoff.longestNanoseconds`), so that the next slice does not take it again
+    /// first (a woken sleeper that found the lock taken again by a slice that lends what
+    /// it waits for would sleep again, slice after slice). Returns at once when no one waits.
     public func yieldToWaiters() {
-        guard waiters.load(ordering: .sequentiallyConsistent) > 0 else { return }
+        let anyone = { [self] in
+            waiters.load(ordering: .sequentiallyConsistent) > 0 || woken.load(ordering: .sequentiallyConsistent) > 0
+        }
+        guard anyone() else { return }
         let seen = acquisitions.load(ordering: .sequentiallyConsistent)
         LockHandoff.shared.wait(yielders: yielders) {
-            acquisitions.load(ordering: .sequentiallyConsistent) != seen || waiters.load(ordering: .sequentiallyConsistent) == 0
+            acquisitions.load(ordering: .sequentiallyConsistent) != seen || !anyone()
         }
     }
 }
