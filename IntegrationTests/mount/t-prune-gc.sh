@@ -11,7 +11,8 @@ source "$(dirname "$0")/lib.sh"
 
 mount_fresh prunegc
 cd "$MNT"
-chunk_bytes() { du -sb "$STORE/chunks" | cut -f1; }
+# The chunks' disk use: blocks, not lengths (gc punches holes in packs; a pack keeps its length).
+chunk_bytes() { du -s --block-size=1 "$STORE/chunks" | cut -f1; }
 
 step "20 saves of a.bin, 5 of docs/b.bin, one deleted file"
 mkdir docs

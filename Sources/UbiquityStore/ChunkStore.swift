@@ -234,13 +234,13 @@ public final class ChunkStore: Sendable {
         try compactPacks()
     }
 
-    /// Gives removed records' space back: their bytes become holes at once
-    /// (`LocalPacks.punchRemoved`), and the packs that are at least half removed chunks
-    /// are rewritten (their records' headers, and what a punch could not make a hole).
-    /// Never call it under a lock: it writes and flushes.
+    /// Gives removed records' space back: the packs that are at least half removed
+    /// chunks are rewritten (all their space back, the blocks at the records' edges
+    /// too), and in the others removed records' bytes become holes
+    /// (`LocalPacks.punchRemoved`). Never call it under a lock: it writes and flushes.
     public func compactPacks() throws(StoreError) {
-        try packs.punchRemoved()
         try packs.compact(deadShare: 0.5)
+        try packs.punchRemoved()
     }
 
     /// Group commit of small chunks (a mounted store; see `SmallChunks.startBatching`).

@@ -74,7 +74,8 @@ public final class LocalPacks: Sendable {
         var records: [ChunkID] = []
         /// The bytes of records removed since the last `punchRemoved`, to become holes.
         var toPunch: [Range<Int64>] = []
-        /// Bytes made holes by this process (the file's length still counts them).
+        /// Bytes made holes by this process (the file's length and `deadBytes` still count
+        /// them).
         var punched: Int64 = 0
     }
 
@@ -538,10 +539,10 @@ public final class LocalPacks: Sendable {
                 }
                 // A filesystem without holes (or a failure): the compaction frees them.
                 work.removeFirst()
-                state.withLock { s in
-                    s.packs[w.pack.number]?.punched += done
-                    s.packs[w.pack.number]?.deadBytes -= done
-                }
+                // Still dead bytes for a compaction: a pack mostly removed is rewritten all
+                // the same, which gives back the file's length and the blocks a hole
+                // leaves at its records' edges.
+                state.withLock { s in s.packs[w.pack.number]?.punched += done }
                 total += done
             }
             return total
