@@ -203,6 +203,7 @@ extension FileSystem {
         if Self.isTreeNode(ino), let (dir, _, _) = store.tree.inode(ino, holding: { _ in () }), dir.kind == .directory {
             return handles.register(.directory(ino: ino, entries: nil))
         }
+        if ino == KeyValueDoor.root { return state.withLock { m in m.register(.directory(ino: ino, entries: nil)) } }
         return try meta.withLock { (m, store) throws(Errno) -> HandleID in
             if !VirtualViews.isVirtual(ino) {
                 guard let dir = store.inode(ino) else { throw .notFound }
@@ -227,6 +228,17 @@ extension FileSystem {
                     DirectoryEntry(name: $0.name, attributes: Self.attributes($0.inode, primaryName: $0.primaryName, open: $0.extra))
                 }
                 handles[handle] = .directory(ino: ino, entries: fresh)
+                return fresh
+            }
+        }
+        // `.kv/`: the filesystem's lock and the key-value store's, not the store's.
+        if case .directory(KeyValueDoor.root, _) = handles[handle] {
+            let owner = kvOwner()
+            return try state.withLock { (m) throws(Errno) -> [DirectoryEntry] in
+                guard case .directory(let ino, let entries) = m.handles[handle], ino == KeyValueDoor.root else { throw .badHandle }
+                if !fromStart, let entries { return entries }
+                let fresh = try m.kvListing(keyValues: keyValues, owner: owner)
+                m.handles[handle] = .directory(ino: ino, entries: fresh)
                 return fresh
             }
         }
@@ -285,20 +297,7 @@ extension FileSystem.Meta {
     /// The entries of directory `ino` (control entries at the root), with attributes.
     mutating func listing(_ ino: InodeNumber, showVersions: Bool, store: any FileSystemStore) throws(Errno) -> [DirectoryEntry] {
         if ino == KeyValueDoor.root {
-            // Open key files and open listings of .kv keep their keys' numbers.
-            var pinned: Set<InodeNumber> = []
-            for handle in handles.values {
-                switch handle {
-                case .directory(KeyValueDoor.root, let entries?): pinned.formUnion(entries.map(\.attributes.ino))
-                case .keyValue(let open): if let n = kv.existingNumber(open.key) { pinned.insert(n) }
-                default: break
-                }
-            }
-            kv.pruneUnreferenced { pinned }
-            let owner = KeyValueDoor.Owner(store.inode(Store.rootInode))
-            return try storeCall { () throws(StoreError) in try store.keyValues.entries() }.map { entry in
-                DirectoryEntry(name: entry.key, attributes: Self.kvAttributes(kv.number(entry.key), entry: entry, owner: owner))
-            }
+            return try kvListing(keyValues: store.keyValues, owner: KeyValueDoor.Owner(store.inode(Store.rootInode)))
         }
         if KeyValueDoor.owns(ino) { throw .notDirectory }
         if VirtualViews.isVirtual(ino) {

@@ -340,6 +340,23 @@ extension KeyValueDoor {
 }
 
 extension FileSystem.Meta {
+    /// `.kv/`'s entries, with attributes. Open key files and open listings of `.kv/` keep
+    /// their keys' numbers.
+    mutating func kvListing(keyValues: KeyValueTable, owner: KeyValueDoor.Owner) throws(Errno) -> [DirectoryEntry] {
+        var pinned: Set<InodeNumber> = []
+        for handle in handles.values {
+            switch handle {
+            case .directory(KeyValueDoor.root, let entries?): pinned.formUnion(entries.map(\.attributes.ino))
+            case .keyValue(let open): if let n = kv.existingNumber(open.key) { pinned.insert(n) }
+            default: break
+            }
+        }
+        kv.pruneUnreferenced { pinned }
+        return try storeCall { () throws(StoreError) in try keyValues.entries() }.map { entry in
+            DirectoryEntry(name: entry.key, attributes: Self.kvAttributes(kv.number(entry.key), entry: entry, owner: owner))
+        }
+    }
+
     /// A key file's attributes from the key-value store (the size an open handle will set
     /// shows only after its close).
     func kvAttributes(_ ino: InodeNumber, keyValues: KeyValueTable, owner: KeyValueDoor.Owner) throws(Errno) -> Attributes {

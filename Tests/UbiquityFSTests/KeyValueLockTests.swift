@@ -6,11 +6,12 @@ import UbiquitySystem
 @testable import UbiquityStore
 
 /// The key-value store has its own database and lock (`KeyValueTable`): `.kv/` requests
-/// take the filesystem's lock and that one, never the store's, so a fold, a sync slice
-/// or a barrier holding the store never holds up a key, and a key never holds them up.
+/// (listings too) take the filesystem's lock and that one, never the store's, so a fold,
+/// a sync slice or a barrier holding the store never holds up a key, and a key never
+/// holds them up.
 @Suite struct KeyValueLockTests {
-    /// Everything `.kv/` does but list it: create, set the type, write, close, look up,
-    /// stat, read the attributes, truncate, fsync, delete.
+    /// Everything `.kv/` does: create, set the type, write, fsync, close, list, look up,
+    /// stat, read the attributes, truncate, delete.
     static func useKeys(_ h: Harness, round: Int) throws {
         let fs = h.fs!
         let name = "key\(round)"
@@ -20,6 +21,10 @@ import UbiquitySystem
         try fs.fsync(handle)
         try fs.flush(handle)
         try fs.release(handle)
+        let listing = try fs.opendir(KeyValueDoor.root)
+        #expect(try fs.readdir(listing).map(\.name).contains(name))
+        #expect(try fs.readdir(listing, fromStart: true).map(\.name).contains(name))
+        fs.releasedir(listing)
         let looked = try fs.lookup(parent: KeyValueDoor.root, name: name)
         #expect(looked.size == Int64("\(round)\n".utf8.count))
         #expect(try fs.getattr(looked.ino).size == looked.size)
