@@ -334,7 +334,7 @@ extension KeyValueDoor {
             self.time = time
         }
 
-        /// No root (a damaged store): root's, and the epoch.
+        /// No root inode (a damaged store): uid and gid 0, and the epoch.
         init(_ root: Inode?) { self.init(uid: root?.uid ?? 0, gid: root?.gid ?? 0, time: root?.mtime ?? 0) }
     }
 }

@@ -129,13 +129,7 @@ public final class KeyValueTable: @unchecked Sendable {
     /// `limits`; a value that fails leaves the old one. Returns the new entry.
     @discardableResult
     public func set(_ key: String, type: KVType, content: [UInt8], limits: KVLimits) throws(StoreError) -> KVEntry {
-        do throws(KVError) {
-            try KeyValues.check(key: key, limits: limits)
-            if content.count > limits.maxValueBytes { throw .valueTooLarge(limit: limits.maxValueBytes, size: content.count) }
-        } catch { throw .keyValue(error) }
-        let value: [UInt8]
-        do { value = try KeyValues.canonical(content, as: type) } catch { throw .keyValue(error) }
-        if value.count > limits.maxValueBytes { throw .keyValue(.valueTooLarge(limit: limits.maxValueBytes, size: value.count)) }
+        let value = try Self.value(of: key, type: type, content: content, limits: limits)
         return try withDatabase { (db, clock) throws(StoreError) -> KVEntry in
             try db.transaction { () throws(StoreError) -> KVEntry in try set(key, type: type, value: value, limits: limits, db, clock) }
         }
@@ -151,22 +145,29 @@ public final class KeyValueTable: @unchecked Sendable {
         try withDatabase { (db, clock) throws(StoreError) -> KVEntry? in
             try db.transaction { () throws(StoreError) -> KVEntry? in
                 guard let (type, content) = try change(try Self.entry(key, db).flatMap { $0.isTombstone ? nil : $0 }) else { return nil }
-                do throws(KVError) {
-                    try KeyValues.check(key: key, limits: limits)
-                    if content.count > limits.maxValueBytes { throw .valueTooLarge(limit: limits.maxValueBytes, size: content.count) }
-                } catch { throw .keyValue(error) }
-                let value: [UInt8]
-                do throws(KVError) { value = try KeyValues.canonical(content, as: type) } catch { throw .keyValue(error) }
+                let value = try Self.value(of: key, type: type, content: content, limits: limits)
                 return try set(key, type: type, value: value, limits: limits, db, clock)
             }
         }
     }
 
-    /// Inside a transaction, under the lock: `value` (canonical, within the value limit)
-    /// set if the key and byte limits allow.
+    /// What `key` holds when set to `content` read as `type`: the key and the content's
+    /// size checked against `limits`, then its canonical form (`KeyValues`), within the
+    /// value limit too.
+    private static func value(of key: String, type: KVType, content: [UInt8], limits: KVLimits) throws(StoreError) -> [UInt8] {
+        do throws(KVError) {
+            try KeyValues.check(key: key, limits: limits)
+            if content.count > limits.maxValueBytes { throw .valueTooLarge(limit: limits.maxValueBytes, size: content.count) }
+            let value = try KeyValues.canonical(content, as: type)
+            if value.count > limits.maxValueBytes { throw .valueTooLarge(limit: limits.maxValueBytes, size: value.count) }
+            return value
+        } catch { throw .keyValue(error) }
+    }
+
+    /// Inside a transaction, under the lock: `value` (from `value(of:)`) set if the key
+    /// count and byte limits allow.
     private func set(_ key: String, type: KVType, value: [UInt8], limits: KVLimits, _ db: SQLiteDatabase,
                      _ clock: @Sendable () -> Nanos) throws(StoreError) -> KVEntry {
-        if value.count > limits.maxValueBytes { throw .keyValue(.valueTooLarge(limit: limits.maxValueBytes, size: value.count)) }
         let old = try Self.entry(key, db).flatMap { $0.isTombstone ? nil : $0 }
         let usage = try Self.usage(db)
         if old == nil && usage.keys >= limits.maxKeys { throw .keyValue(.tooManyKeys(limit: limits.maxKeys)) }

@@ -68,17 +68,22 @@ public final class Locked<State>: @unchecked Sendable {
             pthread_cond_wait(condition, mutex)
             owner.store(UInt(pthread_self()), ordering: .relaxed)
             sleepers.subtract(1, ordering: .relaxed)
-            // Woken and holding the lock again: an acquisition, as a yielder counts them.
-            var left = woken.load(ordering: .sequentiallyConsistent)
-            while left > 0 {
-                let (exchanged, now) = woken.compareExchange(expected: left, desired: left - 1, ordering: .sequentiallyConsistent)
-                if exchanged { break }
-                left = now
-            }
-            acquisitions.add(1, ordering: .sequentiallyConsistent)
-            if yielders.load(ordering: .sequentiallyConsistent) > 0 { LockHandoff.shared.wakeAll() }
+            tookBackAfterWaking()
         }
         return try body(&state)
+    }
+
+    /// A sleeper holds the lock again: one woken fewer (never below none: a wake-up
+    /// without `wakeSleepers` is not counted), and an acquisition, as a yielder counts them.
+    private func tookBackAfterWaking() {
+        var left = woken.load(ordering: .sequentiallyConsistent)
+        while left > 0 {
+            let (exchanged, now) = woken.compareExchange(expected: left, desired: left - 1, ordering: .sequentiallyConsistent)
+            if exchanged { break }
+            left = now
+        }
+        acquisitions.add(1, ordering: .sequentiallyConsistent)
+        if yielders.load(ordering: .sequentiallyConsistent) > 0 { LockHandoff.shared.wakeAll() }
     }
 
     /// Wakes the callers of `withLock(when:_:)` asleep now, to look at their condition
