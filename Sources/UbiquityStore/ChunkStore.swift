@@ -352,6 +352,9 @@ public final class ChunkStore: Sendable {
             return try readFromDisk(id, once: once)
         }
         defer { land(id, flight) }
+        // A flight that landed between the look into the cache and this one's take-off
+        // left its chunk there (a flight lands after its put).
+        if let hit = cache.withLock({ $0.get(id) }) { return hit }
         return try readFromDisk(id, once: once)
     }
 
@@ -383,7 +386,13 @@ public final class ChunkStore: Sendable {
     private func readRuns(_ ids: [ChunkID], background: Bool) {
         let uncached = cache.withLock { c in ids.filter { !c.contains($0) } }
         guard !uncached.isEmpty else { return } // a warm read: no flights to look at
-        let led = takeOff(uncached)
+        var taken = takeOff(uncached)
+        // Chunks whose flights landed since the look into the cache are there now.
+        for (id, flight) in taken where cache.withLock({ $0.contains(id) }) {
+            taken[id] = nil
+            land(id, flight)
+        }
+        let led = taken
         guard !led.isEmpty else { return }
         let runs = packs.runs(of: Array(led.keys))
         var inRuns = Set<ChunkID>()

@@ -175,6 +175,37 @@ import UbiquitySystem
         }
     }
 
+    /// Regression (CI of 9b24c92): a reader that missed the cache just before the first
+    /// flight landed found no flight, took off and read the chunk again. Readers come in
+    /// staggered so that some arrive as the first one lands.
+    @Test func aReaderArrivingAsAFlightLandsReadsTheCache() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try ChunkStore(directory: dir.path + "/chunks")
+        var gen = SplitMix64(seed: 7)
+        let bytes = gen.bytes(256 << 10)
+        let id = ChunkID(hashing: bytes)
+        try store.put(id, bytes)
+        var extra = 0
+        for round in 0..<200 {
+            store.dropCache()
+            let before = store.readsFromDisk.load(ordering: .relaxed)
+            let go = DispatchGroup()
+            go.enter()
+            let readers = (0..<4).map { k in
+                JoinableThread {
+                    go.wait()
+                    usleep(UInt32(k * 150 + round % 7 * 40))
+                    _ = try? store.read(id)
+                }
+            }
+            go.leave()
+            for reader in readers { reader.join() }
+            extra += store.readsFromDisk.load(ordering: .relaxed) - before - 1
+        }
+        #expect(extra == 0, "reads from disk beyond one a round, over 200 rounds")
+    }
+
     /// Regression (t-backing-gc): gc deleted a chunk written since the last durability
     /// barrier (a pruned version's); the barrier then failed on it, and every barrier
     /// after it, so no version became durable until the next mount.
