@@ -23,10 +23,11 @@ extension Index {
     static let withdrawnKey = "withdrawn_at_open"
 
     /// Writes a fold's changes, in its transaction, with the mark of its last frame.
-    /// Written whole or not at all, its inner transactions flattened into it: the synced
-    /// view's counts are summed over the fold (`deferringConflicts`) and what adding its
-    /// records wrote is not read back (`remembering`), nor what the histories begun since
-    /// the last fold surely lack (`rememberFreshNodes`).
+    /// Written whole or not at all, its inner transactions flattened into it. Its records
+    /// enter the synced view at the next sync step; what a withdrawal takes out of it
+    /// (a save the view had taken in) is counted once (`deferringConflicts`), and what
+    /// the histories begun since the last fold surely lack (heads, dots) is not read
+    /// (`remembering`, `rememberFreshNodes`).
     func writeFolded(_ changes: [TreeChange], fresh: Set<FileID>, through: LogSequence, facts: NamespaceFacts) throws(StoreError) {
         replacedInFold = []
         try replica.remembering { () throws(StoreError) in
@@ -54,7 +55,7 @@ extension Index {
     ///   head is the row it replaces), so puts before it are written.
     /// - A save takes the path, mode and mtime its file has at the end of the fold, when
     ///   the file is still there with that save as its head and one name. The save has
-    ///   not left the device (it enters SQLite, the synced view and uploads only now), so
+    ///   not left the device (it enters SQLite and uploads only now, the view after), so
     ///   nobody saw the state it replaces; the sync step then finds nothing to record for
     ///   the file. `rsync` and `cp -p` save a temp file, then set its mode and times and
     ///   rename it: without this, each file became two records, the second costing the
@@ -148,7 +149,7 @@ extension Index {
             let record = SyncRecord(id: v.id, node: .file(v.fileID), kind: .file, parents: v.parents, deviceID: deviceID,
                                     deviceName: v.deviceName, committed: v.committed, mtime: v.mtime, mode: v.mode,
                                     isTombstone: false, isMeta: false, path: v.path, chunks: v.chunks, xattrs: v.xattrs)
-            _ = try insert(record, from: .here, row: v.row)
+            _ = try insert(record, from: .folded, row: v.row)
         case .localSave(let v, let inode, let replaces):
             guard try !mayBeWritten(v.id) else { return }
             // A local file keeps only its latest version; one another inode still shows
@@ -165,7 +166,7 @@ extension Index {
             guard try !mayBeWritten(id) else { return }
             var previous = head.flatMap { facts.heads[$0] }
             if previous == nil, let head { previous = try versionRow(head) }
-            try writeTombstone(row: row, id: id, fileID: fileID, previous: previous, path: path, committed: committed)
+            try writeTombstone(row: row, id: id, fileID: fileID, previous: previous, path: path, committed: committed, origin: .folded)
         case .history(let fileID, let path, let live):
             try placeHistory(fileID, path: path, live: live)
         // The save was not written (`Store.foldTree`), or, folded before the withdrawal

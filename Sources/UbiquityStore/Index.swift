@@ -82,6 +82,9 @@ final class Index: @unchecked Sendable {
     var uploadsInFlight: Set<VersionID> = []
     /// Whether `settings` may hold withdrawals (`keepWithdrawals`).
     var withdrawalsKept = false
+    /// Whether `versions` may hold rows the synced view has not taken in (`viewed = 0`:
+    /// this device's records a fold wrote), so an idle sync step asks SQLite nothing.
+    var mayHaveUnviewed = false
 
     init(connection: SQLiteDatabase, deviceID: DeviceID, deviceName: String, replica: Replica,
          recheck: PendingSet<NameKey>, unreconciled: PendingSet<NameKey>) {
@@ -121,6 +124,8 @@ final class Index: @unchecked Sendable {
     private func levelEnded(_ level: Int, committed: Bool) {
         if !committed {
             replica.rolledBack()
+            // A catch-up rolled back leaves its rows unviewed again.
+            mayHaveUnviewed = true
             takingIn?.undone = true
             takingIn?.histories = [:]
         }

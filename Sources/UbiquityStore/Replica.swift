@@ -6,12 +6,13 @@ import UbiquitySystem
 /// convergence argument, so every rule here must depend on the set only.
 ///
 /// A record is a non-local version row: file versions, tombstones, and the records of
-/// directories and symlinks (nodes `dir:<path>`, `link:<path>`).
+/// directories and symlinks (nodes `dir:<path>`, `link:<path>`), that the view has taken
+/// in (`viewed = 1`, store format 21: this device's saves and tombstones a fold wrote
+/// wait for the next sync step, `Index.viewOwnRecords`).
 ///
-/// The view lives in the store's database (tables `view_*`, store format 4) and each
-/// record updates it in the transaction that inserts the record, so opening a store
-/// reads none of it, memory does not grow with history, and a crash leaves the view
-/// matching the records. Adding a record costs O(its parents + its node's heads + the
+/// The view lives in the store's database (tables `view_*`, store format 4) and a record
+/// updates it in the transaction that takes it in, so opening a store reads none of it,
+/// memory does not grow with history, and a crash leaves the view matching the records. Adding a record costs O(its parents + its node's heads + the
 /// depth of its path) indexed statements, whatever the size of the history.
 /// Not thread-safe: guarded by whatever guards the store.
 final class Replica {
@@ -191,20 +192,66 @@ final class Replica {
     /// Each record's device id by its number (store format 13; `Store.versionsWithDevices`).
     private static let device = "JOIN devices ON number = v.device"
 
+    private static func record(_ r: SQLRow) -> Record {
+        Record(row: r.int(0), id: r.versionID(1), node: r.nodeID(2), parents: r.versionIDs(3),
+               kind: NodeKind(rawValue: r.int(4)) ?? .file, isTombstone: r.int(5) != 0, mtime: r.int(6),
+               device: r.deviceID(7), path: r.text(8), mode: UInt32(truncatingIfNeeded: r.int(9)),
+               target: r.isNull(10) ? nil : r.text(10), lineage: Lineage.column(r.isNull(11) ? nil : r.text(11), device: r.deviceID(7)))
+    }
+
     private func records(_ sql: String, _ params: [SQLValue]) throws(StoreError) -> [Record] {
-        let found = try db.rows("SELECT \(Self.columns) \(sql)", params) { r in
-            Record(row: r.int(0), id: r.versionID(1), node: r.nodeID(2), parents: r.versionIDs(3),
-                   kind: NodeKind(rawValue: r.int(4)) ?? .file, isTombstone: r.int(5) != 0, mtime: r.int(6),
-                   device: r.deviceID(7), path: r.text(8), mode: UInt32(truncatingIfNeeded: r.int(9)),
-                   target: r.isNull(10) ? nil : r.text(10), lineage: Lineage.column(r.isNull(11) ? nil : r.text(11), device: r.deviceID(7)))
-        }
+        let found = try db.rows("SELECT \(Self.columns) \(sql)", params, Self.record)
         work += found.count
         return found
+    }
+
+    /// The records of a query over many keys (`SQLiteDatabase.rows(in:)`): `sql` follows
+    /// the columns, with the page's placeholders for its `IN (…)`.
+    private func records(in keys: [SQLValue], _ sql: (String) -> String) throws(StoreError) -> [Record] {
+        guard !keys.isEmpty else { return [] }
+        let found = try db.rows(in: keys, { "SELECT DISTINCT \(Self.columns) \(sql($0))" }, Self.record)
+        work += found.count
+        return found
+    }
+
+    /// What `add` reads of the view for each of `records`, which are taken in together in
+    /// row order (a sync step's catch-up), read for all of them at once, by row: the
+    /// parents (those in the batch from it, marked viewed), and the heads of each node
+    /// with one record in the batch (a node with more has them change within it, and
+    /// one new here has none). Two statements per 256 records instead of two per record.
+    func known(for records: [Record]) throws(StoreError) -> [Int64: Known] {
+        var byID: [VersionID: Record] = [:]
+        for r in records { byID[r.id] = r }
+        let outside = Set(records.flatMap(\.parents)).subtracting(byID.keys)
+        for r in try self.records(in: outside.map { .id($0) }, {
+            "FROM versions v \(Self.device) WHERE v.id IN (\($0)) AND v.local = 0 AND v.viewed = 1"
+        }) { byID[r.id] = r }
+        var counts: [NodeID: Int] = [:]
+        for r in records { counts[r.node, default: 0] += 1 }
+        let alone = counts.compactMap { $0.value == 1 && !isHeadless($0.key) ? $0.key : nil }
+        var heads: [NodeID: [Record]] = [:]
+        for node in alone { heads[node] = [] }
+        for r in try self.records(in: alone.map { .node($0) }, {
+            "FROM view_heads h JOIN versions v ON v.row = h.row \(Self.device) WHERE h.node IN (\($0))"
+        }) { heads[r.node]?.append(r) }
+        var result: [Int64: Known] = [:]
+        for r in records {
+            var known = Known()
+            for p in r.parents { known.parents[p] = byID[p] }
+            known.heads = heads[r.node].map { $0.sorted { $0.id < $1.id } }
+            result[r.row] = known
+        }
+        return result
     }
 
     /// The record with this id (nil: none, or a local version, which is no record).
     func record(id: VersionID) throws(StoreError) -> Record? {
         try records("FROM versions v \(Self.device) WHERE v.id = ? AND v.local = 0", [.id(id)]).first
+    }
+
+    /// This device's records a fold wrote that the view has not taken in, in row order.
+    func unviewed(limit: Int?) throws(StoreError) -> [Record] {
+        try records("FROM versions v \(Self.device) WHERE v.viewed = 0 ORDER BY v.row LIMIT ?", [.int(Int64(limit ?? -1))])
     }
 
     /// The records at any of `paths` (tests).
@@ -292,7 +339,7 @@ final class Replica {
         try db.transaction { () throws(StoreError) in
             var last: Int64 = 0
             while true {
-                let page = try replica.records("FROM versions v \(Self.device) WHERE v.local = 0 AND v.row > ? ORDER BY v.row LIMIT 10000", [.int(last)])
+                let page = try replica.records("FROM versions v \(Self.device) WHERE v.local = 0 AND v.viewed = 1 AND v.row > ? ORDER BY v.row LIMIT 10000", [.int(last)])
                 guard let end = page.last else { return }
                 for record in page { _ = try replica.add(record) }
                 last = end.row
@@ -367,7 +414,7 @@ final class Replica {
             work += 1
             var found = known.parents[p].map { (row: $0.row, node: $0.node) }
             if found == nil {
-                found = try db.rows("SELECT row, file_id FROM versions WHERE id = ? AND local = 0", [.id(p)]) {
+                found = try db.rows("SELECT row, file_id FROM versions WHERE id = ? AND local = 0 AND viewed = 1", [.id(p)]) {
                     (row: $0.int(0), node: $0.nodeID(1))
                 }.first
             }

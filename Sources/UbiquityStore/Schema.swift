@@ -3,7 +3,7 @@ import UbiquitySystem
 /// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
 /// by a newer program is refused rather than misread.
 enum Schema {
-    static let formatVersion = 20
+    static let formatVersion = 21
 
     static let statements = [
         """
@@ -40,11 +40,14 @@ enum Schema {
             size INTEGER NOT NULL, tombstone INTEGER NOT NULL, local INTEGER NOT NULL,
             path TEXT NOT NULL, chunks BLOB NOT NULL, durable INTEGER NOT NULL DEFAULT 0,
             kind INTEGER NOT NULL DEFAULT 1, target TEXT, xattrs BLOB, meta INTEGER NOT NULL DEFAULT 0,
-            uploaded INTEGER NOT NULL DEFAULT 0, lineage TEXT)
+            uploaded INTEGER NOT NULL DEFAULT 0, lineage TEXT, viewed INTEGER NOT NULL DEFAULT 1)
         """,
         "CREATE INDEX IF NOT EXISTS versions_file ON versions(file_id, committed)",
         "CREATE INDEX IF NOT EXISTS versions_pending ON versions(durable) WHERE durable = 0",
         "CREATE INDEX IF NOT EXISTS versions_upload ON versions(uploaded) WHERE uploaded = 0",
+        // Format 21: this device's records a fold wrote that the synced view has not taken
+        // in yet (`Index.viewOwnRecords`).
+        "CREATE INDEX IF NOT EXISTS versions_unviewed ON versions(row) WHERE viewed = 0",
         // Where each history is shown under .versions/: the file's current path, or the
         // last path it had before it was deleted.
         """
@@ -119,6 +122,9 @@ enum Schema {
     /// the file's KeepPolicy (0 automatic, 1 pinned, 2 evicted).
     /// Format 12 (the cache limit), on inodes: `used`, when the file was last opened on
     /// this device (nanoseconds; 0: never), written in batches (`Store.noteUses`).
+    /// Format 21 (own records enter the synced view in the sync step), on versions:
+    /// `viewed` = 0 for a record of this device's a fold wrote and the view has not taken
+    /// in yet; every older row is in the view.
     static let addedColumns = [
         ("versions", "kind", "INTEGER NOT NULL DEFAULT 1"), ("versions", "target", "TEXT"), ("versions", "xattrs", "BLOB"),
         ("versions", "meta", "INTEGER NOT NULL DEFAULT 0"), ("versions", "uploaded", "INTEGER NOT NULL DEFAULT 0"),
@@ -126,7 +132,7 @@ enum Schema {
         ("inodes", "nlink", "INTEGER NOT NULL DEFAULT 0"), ("inodes", "parent", "INTEGER"), ("inodes", "name", "TEXT"),
         ("sync_peers", "generation", "INTEGER NOT NULL DEFAULT 0"), ("versions", "lineage", "TEXT"),
         ("inodes", "absent", "INTEGER NOT NULL DEFAULT 0"), ("inodes", "keep", "INTEGER NOT NULL DEFAULT 0"),
-        ("inodes", "used", "INTEGER NOT NULL DEFAULT 0"),
+        ("inodes", "used", "INTEGER NOT NULL DEFAULT 0"), ("versions", "viewed", "INTEGER NOT NULL DEFAULT 1"),
     ]
 }
 

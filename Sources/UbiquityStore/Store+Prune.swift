@@ -50,21 +50,23 @@ extension Store {
                        into result: inout PruneResult) throws(StoreError) {
         struct Row {
             var row: Int64, id: VersionID, committed: Nanos, tombstone: Bool, meta: Bool, uploaded: Bool, path: String, size: Int64
-            var device: DeviceID
+            var device: DeviceID, viewed: Bool
             var content: Bool { !tombstone && !meta }
         }
         let rows = try db.rows("""
-            SELECT row, committed, tombstone, meta, uploaded, device_id, path, size, id FROM \(Store.versionsWithDevices)
+            SELECT row, committed, tombstone, meta, uploaded, device_id, path, size, id, viewed FROM \(Store.versionsWithDevices)
             WHERE file_id = ? AND local = 0
             """, [.id(fileID)]) {
             Row(row: $0.int(0), id: $0.versionID(8), committed: $0.int(1), tombstone: $0.int(2) != 0, meta: $0.int(3) != 0,
-                uploaded: $0.int(4) != 0 || $0.deviceID(5) != deviceID, path: $0.text(6), size: $0.int(7), device: $0.deviceID(5))
+                uploaded: $0.int(4) != 0 || $0.deviceID(5) != deviceID, path: $0.text(6), size: $0.int(7), device: $0.deviceID(5),
+                viewed: $0.int(9) != 0)
         }
         // Never pruned: the node's heads (its current version, unresolved conflicts, its
         // tombstone), what an inode shows or a new file continues, and records of this
-        // device's own not yet in the backing directory.
+        // device's own not yet in the backing directory or not yet in the view (which
+        // does not know yet whether they are heads).
         var protected = Set(try db.rows("SELECT row FROM view_heads WHERE node = ?", [.id(fileID)]) { $0.int(0) })
-        for row in rows where !row.uploaded { protected.insert(row.row) }
+        for row in rows where !row.uploaded || !row.viewed { protected.insert(row.row) }
         for row in rows where try !db.rows("SELECT 1 FROM inodes WHERE head = ? AND nlink > 0 LIMIT 1", [.int(row.row)], { _ in true }).isEmpty {
             protected.insert(row.row)
         }
@@ -102,10 +104,11 @@ extension Store {
 extension Store {
     /// Drops up to `limit` of the oldest versions (in the order this store received them,
     /// after row `after`) that nothing protects: not a node's head (current, conflict or
-    /// tombstone), not what an inode shows or a new file continues. Unlike prune, a
-    /// version of this device still waiting for upload may go: on a full disk that is
-    /// offline, its history is what frees space (the current version still syncs; other
-    /// devices then miss that intermediate version, as if it had been pruned). Stops early
+    /// tombstone), not what an inode shows or a new file continues, not one the synced
+    /// view has not taken in yet. Unlike prune, a version of this device still waiting
+    /// for upload may go: on a full disk that is offline, its history is what frees
+    /// space (the current version still syncs; other devices then miss that intermediate
+    /// version, as if it had been pruned). Stops early
     /// once the dropped versions' sizes add up to `bytes`. Returns them and the row to
     /// resume after (nil: the end of the table).
     public func pruneOldest(limit: Int, bytes: Int64 = .max, after: Int64) throws(StoreError) -> (versions: [PrunedVersion], resumeAfter: Int64?) {
@@ -116,16 +119,17 @@ extension Store {
         try db.transaction { () throws(StoreError) in
             while dropped.count < limit && covered < bytes {
                 let page = try db.rows("""
-                    SELECT row, file_id, committed, path, size, tombstone, meta, id, device_id, uploaded FROM \(Store.versionsWithDevices)
+                    SELECT row, file_id, committed, path, size, tombstone, meta, id, device_id, uploaded, viewed FROM \(Store.versionsWithDevices)
                     WHERE local = 0 AND row > ? ORDER BY row LIMIT 500
                     """, [.int(last)]) {
                     (row: $0.int(0), id: $0.versionID(7), node: $0.nodeID(1), committed: $0.int(2), path: $0.text(3), size: $0.int(4),
-                     content: $0.int(5) == 0 && $0.int(6) == 0, device: $0.deviceID(8), uploaded: $0.int(9) != 0)
+                     content: $0.int(5) == 0 && $0.int(6) == 0, device: $0.deviceID(8), uploaded: $0.int(9) != 0, viewed: $0.int(10) != 0)
                 }
                 guard let end = page.last?.row else { break }
                 for v in page where dropped.count < limit && covered < bytes {
                     last = v.row
-                    if continued.contains(v.row) { continue }
+                    // A record the view has not taken in may be a head (a tombstone, say).
+                    if continued.contains(v.row) || !v.viewed { continue }
                     if try !db.rows("SELECT 1 FROM view_heads WHERE node = ? AND row = ?", [.node(v.node), .int(v.row)], { _ in true }).isEmpty { continue }
                     if try !db.rows("SELECT 1 FROM inodes WHERE head = ? AND nlink > 0 LIMIT 1", [.int(v.row)], { _ in true }).isEmpty { continue }
                     try db.query("DELETE FROM versions WHERE row = ?", [.int(v.row)])

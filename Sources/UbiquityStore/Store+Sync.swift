@@ -108,21 +108,44 @@ extension Store {
             needsFullScan = false
             return false
         }
-        guard !changed.isEmpty || !vacated.isEmpty || !recheck.isEmpty || !orphaned.isEmpty else { return false }
+        // A save's inode is in `changed` until the slice that records it, after its fold
+        // (the step's first act) and the view's catch-up: a record folded without a
+        // change left (the rest of a catch-up) is looked for last.
+        guard !changed.isEmpty || !vacated.isEmpty || !recheck.isEmpty || !orphaned.isEmpty || claimedIndex.mayHaveUnviewed else { return false }
         // The paths to look at again are mostly looked at in the same slice (`queueUnshownPaths`):
         // rows written for them would be deleted unseen, two statements a path (a file deleted).
-        return try syncStep { () throws(StoreError) -> Bool in
-            try recheck.holdingWrites { () throws(StoreError) -> Bool in try recordChanges(limit: Self.changesPerSlice) }
+        // The view takes in this device's records a slice at a time (a `tar -x` folds
+        // thousands), and the changes are recorded once it has them all: which records
+        // a change makes depends on what the view shows.
+        return try syncStep(viewing: false) { () throws(StoreError) -> Bool in
+            try recheck.holdingWrites { () throws(StoreError) -> Bool in
+                if try claimedIndex.viewOwnRecords(limit: Self.recordsViewedPerSlice) { return true }
+                return try recordChanges(limit: Self.changesPerSlice)
+            }
         }
     }
 
+    /// How many of this device's records the view takes in per slice.
+    static let recordsViewedPerSlice = 256
+
     /// Runs a step of sync as one transaction: what it consumes of the change set goes
     /// with what it records. If it fails, the sets are read again (the rollback put back
-    /// what it had taken) and the tree cache starts over.
-    private func syncStep<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+    /// what it had taken) and the tree cache starts over. `viewing`: the view first takes
+    /// in every record of this device's it lacks, as whatever the step does reads it.
+    /// What the records it takes in wrote of the view is remembered until the step's
+    /// conflict counts are written, at its end (`Replica.remembering`): read back, it
+    /// cost two statements per new file.
+    private func syncStep<T>(viewing: Bool = true, _ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         try reloadSyncSetsIfStale()
         do {
-            return try standaloneStep { () throws(StoreError) -> T in try replica.deferringConflicts(body) }
+            return try standaloneStep { () throws(StoreError) -> T in
+                try replica.remembering { () throws(StoreError) -> T in
+                    try replica.deferringConflicts { () throws(StoreError) -> T in
+                        if viewing { _ = try claimedIndex.viewOwnRecords() }
+                        return try body()
+                    }
+                }
+            }
         } catch {
             forgetCachedTree()
             syncSetsStale = true
@@ -466,6 +489,7 @@ extension Store {
         var seen: Set<VersionID> = []
         try standaloneStep { () throws(StoreError) in
             try replica.deferringConflicts { () throws(StoreError) in
+            _ = try claimedIndex.viewOwnRecords()
             for record in records where record.deviceID != deviceID && seen.insert(record.id).inserted {
                 if !checked {
                     if try replica.record(id: record.id) != nil { continue }
@@ -810,8 +834,18 @@ extension Store {
 
     public func totalConflicts() throws(StoreError) -> Int { try replica.totalConflicts() }
 
+    /// The view takes in this device's records a fold wrote since the last sync step:
+    /// what a conflict request reads and makes depends on what it shows.
+    func viewOwnRecords() throws(StoreError) {
+        guard claimedIndex.mayHaveUnviewed else { return }
+        try db.transaction { () throws(StoreError) in
+            try replica.deferringConflicts { () throws(StoreError) in _ = try claimedIndex.viewOwnRecords() }
+        }
+    }
+
     /// `rm` of a conflict version: a tombstone that descends from it (it stays in history).
     public func discardConflict(_ id: VersionID) throws(StoreError) {
+        try viewOwnRecords()
         guard let record = try replica.record(id: id) else { throw .noSuchVersion(id.hex) }
         let now = clock()
         let tombstone = SyncRecord(id: .new(), node: record.node, kind: record.kind, parents: [id],
@@ -823,6 +857,7 @@ extension Store {
     /// `mv` of a conflict version onto its file: the file's next version gets its content
     /// (descending from both), and the conflict is resolved.
     public func takeConflict(_ id: VersionID, path: String) throws(StoreError) {
+        try viewOwnRecords()
         guard let taken = try replica.record(id: id), let conflict = try version(row: taken.row) else { throw .noSuchVersion(id.hex) }
         guard case .node(let current) = try replica.state(at: path).shown, current.kind == .file,
               let (_, _, ino) = try find(path), let inode = try lookUp(ino), inode.fileID.map({ NodeID.file($0) }) == current.node else {

@@ -104,7 +104,7 @@ extension Store {
             return
         }
         let previous = try headVersion(head)
-        if let row = try claimedIndex.writeTombstone(row: nil, id: .new(), fileID: fileID, previous: previous, path: path, committed: clock()) {
+        if let row = try claimedIndex.writeTombstone(row: nil, id: .new(), fileID: fileID, previous: previous, path: path, committed: clock(), origin: .here) {
             noteRowChosen(row)
         }
     }

@@ -322,6 +322,7 @@ public final class Store: @unchecked Sendable {
         orphaned = try PendingSet(.orphaned, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
         held = try PendingSet(.held, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
         needsFullScan = try get("full_scan") == "1"
+        if !readOnly { index.mayHaveUnviewed = try index.hasUnviewedRecords() }
         if !readOnly {
             let number = try db.transaction { () throws(StoreError) -> Int64 in try index.deviceNumber(deviceID, name: self.deviceName) }
             index.ownDeviceNumber = number

@@ -326,6 +326,10 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
     var kvRng = SplitMix64(seed: seed ^ 0x6b76_6b76)
     // Evictions by hand and the cache limit's passes, from a generator of their own too.
     var evictRng = SplitMix64(seed: seed ^ 0x6576_6963)
+    // Folds with no sync step after them (the group commit's, as a mount runs it): this
+    // device's records wait outside the synced view for the next step, while prune,
+    // conflicts taken or discarded and pulls meet them. A generator of their own too.
+    var foldRng = SplitMix64(seed: seed ^ 0x666f_6c64)
     for step in 0..<steps {
         let d = devices[Int(rng.next() % UInt64(devices.count))]
         let roll = rng.next() % 100
@@ -387,6 +391,16 @@ func runSchedule(seed: UInt64, steps: Int, encrypted: Bool = false) throws {
             d.fs.keepCacheLimit()
             trace.append("  cache limit: \(d.fs.contentTotals()?.here ?? -1) bytes here")
         default: break
+        }
+        if foldRng.next() % 100 < 30 {
+            let (asKept, rebuilt) = try d.fs.withMetaLock { (_, store) throws(StoreError) in
+                try store.commitBatch()
+                return try store.viewAsKeptAndRebuilt()
+            }
+            trace.append("  fold")
+            if asKept != rebuilt {
+                Issue.record("seed \(seed): after a fold, \(d.name)'s view is not what its viewed records build\ntrace:\n\(trace.suffix(40).joined(separator: "\n"))")
+            }
         }
         if kvRng.next() % 100 < 25 {
             let key = "k\(kvRng.next() % 4)"

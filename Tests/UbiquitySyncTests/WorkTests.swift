@@ -318,12 +318,12 @@ import TestSupport
         }
         print("WorkTests.foldWorkIsBounded: statements of the fold per file created \(created) and deleted \(deleted) at 200 and 2,000 files")
         #expect(created[1] <= created[0] * 1.1 && deleted[1] <= deleted[0] * 1.1, "fold statements per file at 200 and 2,000 files: \(created), \(deleted)")
-        // A file made since the last fold has no history, heads, current record or dot
-        // to read: the fold of its first save writes, and reads back only its path's
-        // counts in the synced view (a read instead of a RETURNING clause, a third of its
-        // cost: `Replica.addToPath`).
-        #expect(created[1] <= 12, "fold statements per file created: \(created)")
-        #expect(deleted[1] <= 18.5, "fold statements per file deleted: \(deleted)")
+        // A file made since the last fold has no history, heads or dot to read: the fold
+        // of its first save writes (7.1 measured). The synced view takes the records in at
+        // the sync step (`theSyncStepAfterNewFilesCostsFewStatementsEach`); a tombstone
+        // reads the file's heads and its parent's record for its parents (11.06 measured).
+        #expect(created[1] <= 8, "fold statements per file created: \(created)")
+        #expect(deleted[1] <= 12, "fold statements per file deleted: \(deleted)")
     }
 
     /// A group commit's fold that fails (a trigger refuses one history row here) leaves
@@ -480,8 +480,9 @@ import TestSupport
 
     /// The sync step after a burst of new files (issue 26): a file version this device made
     /// that its path shows is not checked again there (that cost a dozen statements per
-    /// new file, a third of what creating it cost); what remains per file is looking at its
-    /// inode against its version (mode, mtime, xattrs changed since).
+    /// new file, a third of what creating it cost); what remains per file is the view
+    /// taking its record in (its head, current record and path's counts) and looking at
+    /// its inode against its version (mode, mtime, xattrs changed since).
     @Test func theSyncStepAfterNewFilesCostsFewStatementsEach() throws {
         let temp = TempDirectory()
         defer { temp.cleanup() }
@@ -500,8 +501,9 @@ import TestSupport
             perFile.append((d.store.db.statements - before) / n)
         }
         print("statements of the sync step per new file, after 10 and 100: \(perFile)")
-        // 4-5 measured (with this simulation's 8 cached inodes; the daemon caches more).
-        #expect(perFile[1] <= 6, "statements per new file in the sync step: \(perFile)")
+        // 8-9 measured (with this simulation's 8 cached inodes; the daemon caches more):
+        // 4 for the view (which the fold ran before store format 21), 4-5 for the look.
+        #expect(perFile[1] <= 10, "statements per new file in the sync step: \(perFile)")
         #expect(try d.store.db.rows("SELECT count(*) FROM pending WHERE kind = 3", []) { $0.int(0) } == [0])
     }
 
@@ -522,7 +524,10 @@ import TestSupport
         try d.engine.cycle(pushPull: false)
         let perFile = Double(d.store.db.statements - before) / Double(n)
         print("WorkTests.theSyncStepAfterDeletesCostsFewStatementsEach: statements of the sync step per deleted file \(perFile)")
-        #expect(perFile <= 7.5, "statements per deleted file in the sync step: \(perFile)")
+        // 14.95 measured: 8 for the view to take in the tombstone (its node leaves the
+        // view and its path's counts: the fold's before store format 21), the rest for
+        // the look at the vacated path.
+        #expect(perFile <= 16, "statements per deleted file in the sync step: \(perFile)")
         #expect(try d.store.db.rows("SELECT count(*) FROM pending WHERE kind IN (2, 3)", []) { $0.int(0) } == [0])
     }
 
@@ -637,7 +642,8 @@ import TestSupport
         try d.engine.cycle(pushPull: false)
         let perFile = Double(d.store.db.statements - before) / Double(n)
         print("WorkTests.copiedFilesAreOneRecordEach: statements of the sync step per copied file \(perFile)")
-        #expect(perFile <= 8, "statements per copied file in the sync step: \(perFile)")
+        // 10.8 measured: as a new file's, the view taking its record in included.
+        #expect(perFile <= 12, "statements per copied file in the sync step: \(perFile)")
         let added = try versions() - versionsBefore
         #expect(added == n, "versions per copied file: \(Double(added) / Double(n))")
         let rows = try d.store.db.rows("SELECT path, mode, mtime FROM versions WHERE path LIKE 'dir0/r%' ORDER BY row", []) {
