@@ -14,7 +14,7 @@
 #   scripts/bench.sh [--quick]      --quick: 1 run and smaller sizes, a smoke run of a few minutes
 #   BENCH_RUNS=5 scripts/bench.sh   more runs per cell
 #   BENCH_ROWS=names scripts/bench.sh   only the rows of names and small files (small files,
-#                                       tar -x, du, find, rsync, git clone, editor saves)
+#                                       tar -x, du, find, rsync, git clone and status, editor saves)
 set -euo pipefail
 set -E # so that the ERR trap below also names a failure inside a function
 export LC_ALL=C # decimal points, and sort's order, whatever the caller's locale
@@ -301,6 +301,10 @@ bench_names() {
 
   settle
   record clone "$(secs git clone -q --no-hardlinks "$SHM.repo" "$d/clone")"
+  # git status of the clone: an lstat of every file against git's index, cold and warm.
+  drop_caches
+  record gitstatus "$(secs git -C "$d/clone" status --porcelain)"
+  record gitstatus2 "$(secs git -C "$d/clone" status --porcelain)"
   rm -rf "$d/clone"
 
   # Editor saves: temp file + fsync + rename over the target, SAVES times.
@@ -386,6 +390,8 @@ row "du -s of that tree (after drop_caches)" du "s" 0
 row "find . -type f \\| wc -l of that tree (after drop_caches)" find "s" 0
 row "rsync -a of that tree (fresh destination)" rsync "s" 0
 row "git clone ($REPO_FILES files)" clone "s" 0
+row "git status of that clone (after drop_caches)" gitstatus "s" 0
+row "git status again (warm)" gitstatus2 "s" 0
 row "editor save: temp+fsync+rename ($SAVES×)" save "saves/s" 1
 echo
 printf 'One-byte edit in the middle of a 256 MiB file: %d bytes of new chunk data, commit at close %.2f s (sha256 of the whole file: %.2f s)\n' \

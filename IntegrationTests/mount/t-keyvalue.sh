@@ -152,7 +152,7 @@ _ubq_mount
 assert_eq true "$(kv_get "$A" crashproof)" "crashproof after the upgrade"
 assert_eq 0 "$(kv_get "$A" selectedColorIndex)" "selectedColorIndex after the upgrade"
 assert_eq "$keys_before" "$(ls "$A/.kv")" "ls .kv after the upgrade"
-assert_eq "0 20" "$(python3 -c 'import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); print(c.execute("SELECT count(*) FROM sqlite_master WHERE name = ?", ("kv",)).fetchone()[0], c.execute("SELECT value FROM settings WHERE key = ?", ("format",)).fetchone()[0])' "$STORE/meta.sqlite")" "meta.sqlite's old table gone, format 20"
+assert_eq "0 True" "$(python3 -c 'import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); print(c.execute("SELECT count(*) FROM sqlite_master WHERE name = ?", ("kv",)).fetchone()[0], int(c.execute("SELECT value FROM settings WHERE key = ?", ("format",)).fetchone()[0]) >= 20)' "$STORE/meta.sqlite")" "meta.sqlite's old table gone, format 20 or later"
 assert_missing "$STORE/kv.sqlite.new"
 ubq kv set afterUpgrade 1 --type integer --mount "$A"
 wait_eq 1 "a key set after the upgrade, on beta" kv_get "$B" afterUpgrade

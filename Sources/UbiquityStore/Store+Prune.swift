@@ -1,3 +1,5 @@
+import UbiquitySystem
+
 /// Prune: drops the versions a retention policy does not keep. Works a page of histories
 /// at a time (the caller holds the store's lock per page), so a big store is pruned
 /// in slices while the mount keeps serving. The chunks pruned versions leave behind are
@@ -116,6 +118,15 @@ extension Store {
         var covered: Int64 = 0
         var last = after
         let continued = Set(continuedParents.values)
+        // The view takes in this device's records first: which of them are heads is not
+        // known before, and under space pressure the saves that filled the disk are
+        // those (t-space: nothing dropped while no sync step had run). If it cannot (the
+        // disk is that full), they are kept.
+        do {
+            try viewOwnRecords()
+        } catch {
+            log("ubiquity: space pressure: the synced view could not take in the versions saved since the last sync step (\(error)); they are kept")
+        }
         try db.transaction { () throws(StoreError) in
             while dropped.count < limit && covered < bytes {
                 let page = try db.rows("""

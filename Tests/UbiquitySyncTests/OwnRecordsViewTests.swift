@@ -106,26 +106,59 @@ import TestSupport
         #expect(try Self.unviewedRows(b) == 0)
     }
 
-    /// Space pressure between folds and the sync step: records the view has not taken in
-    /// are not its heads yet, whatever they will be. An edit superseded by the next one
-    /// (no head, no inode's) went, and the view then awaited it for good as the next
-    /// edit's parent (a lookup more for every record taken in after).
+    /// Space pressure between folds and the sync step (t-space: a disk filled by saves
+    /// that no sync step had run after): pruneOldest has the view take them in first,
+    /// then drops what no head or inode holds, the edit the next one superseded among them.
+    @Test func pruneOldestViewsWhatWasFoldedFirst() throws {
+        let temp = TempDirectory(prefix: "ubiquity-ownview")
+        defer { temp.cleanup() }
+        let d = try Self.deviceWithFoldedEdits(in: temp)
+        let dropped = try d.fs.withMetaLock { (_, store) throws(StoreError) in try store.pruneOldest(limit: 100, after: 0) }
+        // f's first version and the edit the next one superseded, and g's version.
+        #expect(dropped.versions.map(\.path).sorted() == ["f", "f", "g"])
+        #expect(try Self.unviewedRows(d) == 0)
+        try Self.expectViewAndTree(d)
+    }
+
+    /// The same when the view cannot take them in (a statement fails, as on a full disk):
+    /// records the view lacks are not known not to be heads, so they stay. Dropped, the
+    /// superseded edit left the view awaiting it for good as its child's parent (a lookup
+    /// more for every record taken in after).
     @Test func pruneOldestKeepsRecordsTheViewLacks() throws {
         let temp = TempDirectory(prefix: "ubiquity-ownview")
         defer { temp.cleanup() }
+        let d = try Self.deviceWithFoldedEdits(in: temp)
+        let dropped = try d.fs.withMetaLock { (_, store) throws(StoreError) in
+            store.db.failingStatements = [store.db.statements + 1]
+            defer { store.db.failingStatements = [] }
+            return try store.pruneOldest(limit: 100, after: 0)
+        }
+        // f's and g's first versions are still the view's heads, and the rest unviewed.
+        #expect(dropped.versions.isEmpty)
+        #expect(try Self.unviewedRows(d) == 3)
+        try Self.expectViewAndTree(d)
+    }
+
+    /// A device whose f has two edits and whose g is deleted since the last sync step,
+    /// all three folded.
+    static func deviceWithFoldedEdits(in temp: TempDirectory) throws -> SimDevice {
         let d = try SimDevice(name: "a", root: temp.path, backing: temp.path + "/backing", clock: nowNanos)
         try d.save("f", "one")
         try d.save("g", "one")
         d.cycle()
         for text in ["two", "three"] {
             try d.save("f", text)
-            try Self.fold(d)
+            try fold(d)
         }
         try d.fs.unlink(parent: Store.rootInode, name: "g")
-        try Self.fold(d)
-        #expect(try Self.unviewedRows(d) == 3)
-        _ = try d.fs.withMetaLock { (_, store) throws(StoreError) in try store.pruneOldest(limit: 100, after: 0) }
-        #expect(try Self.unviewedRows(d) == 3)
+        try fold(d)
+        #expect(try unviewedRows(d) == 3)
+        return d
+    }
+
+    /// After a sync step: f shows its last edit, g is gone, nothing waits for a parent,
+    /// and the view is what its records build.
+    static func expectViewAndTree(_ d: SimDevice) throws {
         d.cycle()
         #expect(try d.tree() == ["f": "file three"])
         try d.fs.withMetaLock { (_, store) throws(StoreError) in
