@@ -101,8 +101,8 @@ public struct DeviceID: Hashable, Comparable, Sendable, CustomStringConvertible 
     }
 
     /// The same from UTF-8 bytes (a text column read in place: records' devices, at every
-    /// fold of a tombstone).
-    init?(digits: some Collection<UInt8>) {
+    /// fold of a tombstone; a segment's name).
+    public init?(digits: some Collection<UInt8>) {
         guard digits.count == 16 else { return nil }
         var value: UInt64 = 0
         for c in digits {

@@ -47,14 +47,32 @@ public enum SegmentLog {
         }
 
         /// Parses a key of the log; nil for anything else (a stray object is skipped).
+        /// Its one spelling, `log/<13 digits>-<16 hex>-<16 hex>` (lowercase, seq at least
+        /// 1), is read as bytes at fixed places: every minute a poll parses each key of the
+        /// skew window, thousands after a big upload.
         public init?(key: BackingKey) {
-            guard key.path.hasPrefix(SegmentLog.prefix) else { return nil }
-            let parts = key.path.dropFirst(SegmentLog.prefix.count).split(separator: "-", omittingEmptySubsequences: false)
-            guard parts.count == 3, parts[0].count == 13, parts[0].allSatisfy({ $0.isASCII && $0.isNumber }),
-                  let time = Int64(parts[0]), let device = DeviceID(hex: parts[1]),
-                  Hex.isLowercase(String(parts[2]), count: 16), let seq = UInt64(parts[2], radix: 16), seq >= 1 else { return nil }
+            let bytes = Array(key.path.utf8), start = Self.prefixBytes.count
+            guard bytes.count == start + 47, bytes.starts(with: Self.prefixBytes),
+                  bytes[start + 13] == UInt8(ascii: "-"), bytes[start + 30] == UInt8(ascii: "-") else { return nil }
+            var time: Int64 = 0
+            for c in bytes[start..<(start + 13)] {
+                guard c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9") else { return nil }
+                time = time * 10 + Int64(c - UInt8(ascii: "0"))
+            }
+            guard let device = DeviceID(digits: bytes[(start + 14)..<(start + 30)]) else { return nil }
+            var seq: UInt64 = 0
+            for c in bytes[(start + 31)...] {
+                switch c {
+                case UInt8(ascii: "0")...UInt8(ascii: "9"): seq = seq << 4 | UInt64(c - UInt8(ascii: "0"))
+                case UInt8(ascii: "a")...UInt8(ascii: "f"): seq = seq << 4 | UInt64(c - UInt8(ascii: "a") + 10)
+                default: return nil
+                }
+            }
+            guard seq >= 1 else { return nil }
             self.init(time: time, device: device, seq: seq)
         }
+
+        private static let prefixBytes = Array(SegmentLog.prefix.utf8)
 
         public static func < (a: SegmentName, b: SegmentName) -> Bool { a.key < b.key }
     }

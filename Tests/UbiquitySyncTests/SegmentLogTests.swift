@@ -1,7 +1,9 @@
+import Glibc
 import Testing
 import TestSupport
 import UbiquityBacking
 import UbiquityStore
+import UbiquitySystem
 @testable import UbiquitySync
 
 /// The format-5 log: one LIST per poll, every segment taken once and in its device's
@@ -152,6 +154,50 @@ import UbiquityStore
         #expect(segments.map(\.seq) == [1, 2] && segments.allSatisfy { $0.device == b })
         cursor = next
         #expect(cursor.applied[b] == 2)
+    }
+
+    /// The byte parser of segment names against the rule as `String` operations state it,
+    /// on names made, then cut, lengthened, and changed at random bytes (digits, dashes,
+    /// case, multi-byte characters). Prints its seed.
+    @Test func segmentNamesParseAsTheRuleSays() {
+        let seed = getenv("UBQ_SEED").flatMap { UInt64(String(cString: $0)) } ?? UInt64(time(nil))
+        print("segmentNamesParseAsTheRuleSays seed \(seed) (replay: UBQ_SEED=\(seed))")
+        var rng = SplitMix64(seed: seed)
+        func byRule(_ path: String) -> SegmentLog.SegmentName? {
+            guard path.hasPrefix("log/") else { return nil }
+            let parts = path.dropFirst(4).split(separator: "-", omittingEmptySubsequences: false)
+            guard parts.count == 3, parts[0].count == 13, parts[0].allSatisfy({ $0.isASCII && $0.isNumber }),
+                  let time = Int64(parts[0]), let device = DeviceID(hex: parts[1]),
+                  Hex.isLowercase(String(parts[2]), count: 16), let seq = UInt64(parts[2], radix: 16), seq >= 1 else { return nil }
+            return SegmentLog.SegmentName(time: time, device: device, seq: seq)
+        }
+        let alphabet = Array("0123456789abcdefABCDEF-/xlog\u{e9}\u{301}".unicodeScalars)
+        var parsed = 0
+        for _ in 0..<20_000 {
+            let made = SegmentLog.SegmentName(time: Int64(rng.next() % 10_000_000_000_000), device: DeviceID(hex: Self.hex16(rng.next()))!,
+                                              seq: rng.next() % 4 == 0 ? rng.next() % 3 : rng.next())
+            var scalars = Array(made.key.path.unicodeScalars)
+            for _ in 0..<Int(rng.next() % 3) {
+                let at = Int(rng.next() % UInt64(scalars.count + 1))
+                switch rng.next() % 3 {
+                case 0: if at < scalars.count { scalars[at] = alphabet[Int(rng.next() % UInt64(alphabet.count))] }
+                case 1: scalars.insert(alphabet[Int(rng.next() % UInt64(alphabet.count))], at: at)
+                default: if at < scalars.count { scalars.remove(at: at) }
+                }
+            }
+            var path = String(String.UnicodeScalarView(scalars))
+            if path.isEmpty { path = "x" }
+            guard let key = BackingKey(path) else { continue }
+            let expected = byRule(path)
+            #expect(SegmentLog.SegmentName(key: key) == expected, "seed \(seed): \(path)")
+            if expected != nil { parsed += 1 }
+        }
+        #expect(parsed > 5_000, "seed \(seed): too few valid names to compare (\(parsed))")
+    }
+
+    static func hex16(_ value: UInt64) -> String {
+        let digits = String(value, radix: 16)
+        return String(repeating: "0", count: 16 - digits.count) + digits
     }
 
     @Test func namesAndCursorsParseStrictly() {
