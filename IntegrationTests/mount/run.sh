@@ -230,6 +230,12 @@ for name in "${failed_names[@]}"; do
   fi
   tail -n 200 "$log"
 done
+# Each failure's own line again, last: a CI page that keeps only the head and the tail of
+# the output still shows what failed.
+for name in "${failed_names[@]}"; do
+  why=$(grep -m 3 -E '^(FAIL \[|run\.sh: )' "$logdir/$name.log" 2>/dev/null || true)
+  echo "failed: $name: ${why:-(no FAIL line: see its log above)}"
+done
 if ((failed == 0 && own_logdir)); then
   rm -rf "$logdir"
 fi
