@@ -30,10 +30,18 @@ struct Intent: Equatable {
 /// with the group commit (every 100 ms) and the log is emptied. Power loss is a separate
 /// guarantee (fsync, the durability barrier) and the log plays no part in it.
 ///
+/// The file is written ahead in zeros (`growStep` at a time) and frames overwrite them, so
+/// the fdatasync of an fsync flushes the frame's blocks only: an append that grows the file
+/// makes ext4 flush its inode too (`scripts/bench/log-flush.c` measures both). Emptied,
+/// the log starts again at offset 0 over what it held.
+/// So a reader stops at the first frame whose sequence is not above the one before (what
+/// follows is an earlier round's), and replay skips what `intent_applied` covers.
+///
 /// A frame: length (4 bytes LE) of the payload, the payload, and the CRC-32C of length and
 /// payload (`FrameCheck`; an `intent.log` of formats 7 to 18 has the first 8 bytes of the
 /// payload's SHA-256 and is converted at open, `convertOlderLog`); a frame that is cut
-/// short or does not match ends the log (a write torn by the crash). Payload: sequence
+/// short or does not match ends the log (a write torn by the crash, or the zeros written
+/// ahead). Payload: sequence
 /// (8), version id (16 bytes), mtime (8), mode, uid,
 /// gid (4 each), path length (4) and UTF-8 path, content length (4) and
 /// `ChunkList.encoded`, count of chunks carried (4) and for each its 32-byte id, length
@@ -43,8 +51,15 @@ struct Intent: Equatable {
 final class IntentLog {
     let path: String
     private var fd: Int32 = -1
-    /// Bytes appended since the log was last emptied.
+    /// Bytes of frames since the log was last emptied: where the next frame goes.
     private(set) var size: Int64 = 0
+    /// Bytes of the file written (frames, or zeros ahead of them).
+    private var written: Int64 = 0
+
+    /// How far ahead of the frames the file is written in zeros, and the most an emptied
+    /// log keeps written (a burst of big fsynced frames must not leave a big file behind).
+    static let growStep: Int64 = 1 << 20
+    static let keptWhenEmptied: Int64 = 4 << 20
 
     init(directory: String) {
         path = directory + "/intent.seg"
@@ -63,14 +78,26 @@ final class IntentLog {
 
     func append(_ intent: Intent) throws(StoreError) {
         if fd < 0 {
-            fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+            fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
             if fd < 0 { throw .io(errno: errno, "open \(path)") }
+            var st = stat()
+            written = fstat(fd, &st) == 0 ? max(size, Int64(st.st_size)) : size
         }
         let payload = Self.encode(intent)
         guard payload.count <= Self.maxFrame else { throw .io(errno: EFBIG, "intent of \(payload.count) bytes") }
         let frame = Self.frame(payload)
-        try StoreError.wrap { () throws(SystemError) in try writeAll(fd, frame, path: path) }
-        size += Int64(frame.count)
+        let end = size + Int64(frame.count)
+        try StoreError.wrap { () throws(SystemError) in
+            if end > written {
+                // Zeros first: a frame written past them would leave a hole if they failed.
+                let target = (end / Self.growStep + 1) * Self.growStep
+                let zeros = [UInt8](repeating: 0, count: Int(target - written))
+                try writeAll(fd, zeros, at: written, path: path)
+                written = target
+            }
+            try writeAll(fd, frame, at: size, path: path)
+        }
+        size = end
     }
 
     /// A descriptor of the log for an fdatasync outside the owner's lock; the caller
@@ -98,7 +125,7 @@ final class IntentLog {
             return try readBytes(reader, count: Int(size - offset), at: offset, path: path)
         }
         let temp = path + ".tmp"
-        let fresh = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0o600)
+        let fresh = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         if fresh < 0 { throw .io(errno: errno, "create \(temp)") }
         do throws(StoreError) {
             try StoreError.wrap { () throws(SystemError) in
@@ -116,13 +143,25 @@ final class IntentLog {
         if fd >= 0 { close(fd) }
         fd = fresh
         size = Int64(keep.count)
+        written = size
         try StoreError.wrap { () throws(SystemError) in try fsyncPath(String(path[..<path.lastIndex(of: "/")!]), directory: true) }
     }
 
-    /// Empties the log: every intent in it is durable in the database.
+    /// Empties the log: every intent in it is durable in the database. The file stays
+    /// written (up to `keptWhenEmptied`); a zero length at offset 0 ends it for a reader,
+    /// and the next frames overwrite it from there. Neither needs a flush: a crash may
+    /// bring the old frames back, and replay skips them (`intent_applied`).
     func clear() {
         guard size > 0 else { return }
-        if fd >= 0 { _ = ftruncate(fd, 0) } else { _ = truncate(path, 0) }
+        if fd >= 0 && written <= Self.keptWhenEmptied {
+            var zero: UInt32 = 0
+            if pwrite(fd, &zero, 4, 0) != 4 { _ = ftruncate(fd, 0); written = 0 }
+        } else if fd >= 0 {
+            _ = ftruncate(fd, 0)
+            written = 0
+        } else {
+            _ = truncate(path, 0)
+        }
         size = 0
     }
 
@@ -149,11 +188,12 @@ final class IntentLog {
     /// The intents in the log, up to the first frame that is damaged or cut short, and
     /// where the last whole frame ends.
     static func frames(path: String, check: FrameCheck = .crc32c) throws(StoreError) -> (intents: [Intent], end: Int64) {
-        let (payloads, end) = try payloads(path: path, check: check)
-        var intents: [Intent] = []
-        for payload in payloads {
-            guard let intent = decode(payload) else { return (intents, end) }
+        var intents: [Intent] = [], end: Int64 = 0
+        for (payload, frameEnd) in try payloads(path: path, check: check) {
+            // A frame no later than the one before is an earlier round's (`clear`).
+            guard let intent = decode(payload), intents.last.map({ intent.sequence > $0.sequence }) != false else { break }
             intents.append(intent)
+            end = frameEnd
         }
         return (intents, end)
     }
@@ -168,11 +208,11 @@ final class IntentLog {
         return frame
     }
 
-    /// The whole frames' payloads, and where the last ends. Format 7 to 18 checked the
+    /// The whole frames' payloads, each with where it ends. Format 7 to 18 checked the
     /// payload alone; format 19 checks length and payload.
-    private static func payloads(path: String, check: FrameCheck) throws(StoreError) -> (payloads: [[UInt8]], end: Int64) {
-        guard let bytes = try StoreError.wrap({ () throws(SystemError) in try readFile(path, limit: 1 << 30) }) else { return ([], 0) }
-        var payloads: [[UInt8]] = []
+    private static func payloads(path: String, check: FrameCheck) throws(StoreError) -> [(payload: [UInt8], end: Int64)] {
+        guard let bytes = try StoreError.wrap({ () throws(SystemError) in try readFile(path, limit: 1 << 30) }) else { return [] }
+        var payloads: [(payload: [UInt8], end: Int64)] = []
         var at = 0
         while bytes.count - at >= 4 {
             let length = Int(Self.u32(bytes, at))
@@ -182,11 +222,10 @@ final class IntentLog {
                 check == .crc32c ? bytes[at..<at + 4].withUnsafeBytes { l in check.compute(l, p) } : check.compute(p)
             }
             guard computed.elementsEqual(bytes[at + 4 + length..<at + 4 + length + check.size]) else { break }
-            payloads.append(payload)
             at += 4 + length + check.size
+            payloads.append((payload, Int64(at)))
         }
-        if at < bytes.count { log("ubiquity: \(path): \(bytes.count - at) bytes after the last whole intent ignored (cut short by the crash)") }
-        return (payloads, Int64(at))
+        return payloads
     }
 
     /// Store format 19: an `intent.log` an older version left (SHA-256 checked) becomes
@@ -198,7 +237,7 @@ final class IntentLog {
         let older = olderPath(directory), current = directory + "/intent.seg"
         guard access(older, F_OK) == 0 else { return }
         if access(current, F_OK) != 0 {
-            let (payloads, _) = try payloads(path: older, check: .sha256)
+            let payloads = try payloads(path: older, check: .sha256).map(\.payload)
             let temp = current + ".tmp"
             try StoreError.wrap { () throws(SystemError) in
                 let fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)

@@ -39,10 +39,10 @@ public func writeAll(_ fd: Int32, _ first: UnsafeRawBufferPointer, _ second: Uns
     }
 }
 
-public func writeAll(_ fd: Int32, _ bytes: [UInt8], path: String) throws(SystemError) {
+public func writeAll(_ fd: Int32, _ bytes: [UInt8], at offset: Int64? = nil, path: String) throws(SystemError) {
     var result: Result<Void, SystemError> = .success(())
     bytes.withUnsafeBytes { raw in
-        do throws(SystemError) { try writeAll(fd, raw, path: path) } catch { result = .failure(error) }
+        do throws(SystemError) { try writeAll(fd, raw, at: offset, path: path) } catch { result = .failure(error) }
     }
     try result.get()
 }
