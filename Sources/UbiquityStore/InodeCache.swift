@@ -10,30 +10,66 @@ struct TreeNode {
 /// moves the entry to the newer, and when the newer fills it becomes the older and the
 /// older is dropped. Every entry is also in SQLite, so dropping one costs only a re-read:
 /// any inode the kernel still knows stays resolvable.
+///
+/// An entry may also know what a save of a file the fold has written needs besides its
+/// row, so that the save reads no SQLite: the inode's user xattrs (its record carries
+/// them; most files have none), known once read or made here and following every
+/// `TreeChange.xattr` (`Store.record`); and the id of a version the inode had as its head
+/// (the save's parent), by row: a version row never changes, so it holds for as long as
+/// the inode's head is that row. Both go with the entry.
 struct InodeCache {
+    /// A version an inode had as its head: its row, id and whether it is local-only.
+    struct HeadVersion {
+        var row: Int64
+        var id: VersionID
+        var isLocal: Bool
+    }
+
+    private struct Entry {
+        var node: TreeNode
+        /// The inode's xattrs by full name (nil: not known here).
+        var xattrs: [String: [UInt8]]?
+        var head: HeadVersion?
+    }
+
     let capacity: Int
-    private var newer: [InodeNumber: TreeNode] = [:]
-    private var older: [InodeNumber: TreeNode] = [:]
+    private var newer: [InodeNumber: Entry] = [:]
+    private var older: [InodeNumber: Entry] = [:]
 
     init(capacity: Int) { self.capacity = max(2, capacity) }
 
     var count: Int { newer.count + older.count }
 
-    mutating func get(_ id: InodeNumber) -> TreeNode? {
-        if let hit = newer[id] { return hit }
-        guard let hit = older.removeValue(forKey: id) else { return nil }
-        put(hit)
-        return hit
-    }
+    mutating func get(_ id: InodeNumber) -> TreeNode? { entry(id)?.node }
 
+    /// A new version of the inode's row: what was known of its xattrs stays true.
     mutating func put(_ node: TreeNode) {
         let id = node.inode.id
-        older[id] = nil
-        newer[id] = node
-        if newer.count >= capacity / 2 {
-            older = newer
-            newer = [:]
-        }
+        let known = newer[id] ?? older.removeValue(forKey: id)
+        insert(Entry(node: node, xattrs: known?.xattrs, head: known?.head))
+    }
+
+    /// Version `row`, if the inode's entry knows it as a head it had.
+    mutating func headVersion(_ id: InodeNumber, row: Int64) -> HeadVersion? {
+        guard let head = entry(id)?.head, head.row == row else { return nil }
+        return head
+    }
+
+    mutating func knowHead(_ id: InodeNumber, _ head: HeadVersion) {
+        if newer[id] != nil { newer[id]!.head = head } else { older[id]?.head = head }
+    }
+
+    /// The inode's xattrs, if known here.
+    mutating func xattrs(_ id: InodeNumber) -> [String: [UInt8]]? { entry(id)?.xattrs }
+
+    /// What a read found of the inode's xattrs (kept only with the inode's entry).
+    mutating func knowXattrs(_ id: InodeNumber, _ all: [String: [UInt8]]) {
+        if newer[id] != nil { newer[id]!.xattrs = all } else { older[id]?.xattrs = all }
+    }
+
+    /// One xattr set (or removed, nil) on an inode whose xattrs are known here.
+    mutating func changeXattr(_ id: InodeNumber, _ name: String, _ value: [UInt8]?) {
+        if newer[id] != nil { newer[id]!.xattrs?[name] = value } else { older[id]?.xattrs?[name] = value }
     }
 
     mutating func remove(_ id: InodeNumber) {
@@ -44,5 +80,21 @@ struct InodeCache {
     mutating func removeAll() {
         newer = [:]
         older = [:]
+    }
+
+    /// The entry, moved to the newer generation when it was in the older.
+    private mutating func entry(_ id: InodeNumber) -> Entry? {
+        if let hit = newer[id] { return hit }
+        guard let hit = older.removeValue(forKey: id) else { return nil }
+        insert(hit)
+        return hit
+    }
+
+    private mutating func insert(_ entry: Entry) {
+        newer[entry.node.inode.id] = entry
+        if newer.count >= capacity / 2 {
+            older = newer
+            newer = [:]
+        }
     }
 }

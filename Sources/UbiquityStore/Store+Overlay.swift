@@ -120,6 +120,7 @@ extension Store {
                 t.inodes.remove(id)
                 t.directories.drop(id)
             }
+        case .xattr(let id, let name, let value): tree.withLock { $0.inodes.changeXattr(id, name, value) }
         default: break
         }
     }

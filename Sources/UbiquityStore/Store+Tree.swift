@@ -349,6 +349,7 @@ extension Store {
         tree.withLock { t in
             t.inodeTotal = t.inodeTotal.map { $0 + 1 }
             if kind == .directory { t.directories.load(id, [:]) } // new, so known empty: no query at its first lookup
+            t.inodes.knowXattrs(id, [:])
         }
         return inode
     }

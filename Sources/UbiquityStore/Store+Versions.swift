@@ -29,7 +29,7 @@ extension Store {
             inode.mtime = written
             inode.ctime = max(inode.ctime, written) // a chmod after the write keeps its later ctime
         }
-        let previous = try parentVersion(inode.head ?? continuedParents[id])
+        let previous = try parentVersion(inode.head ?? continuedParents[id], of: id)
         let record = SyncRecord(id: versionID ?? .new(), node: .file(fileID), kind: .file,
                                 parents: previous.flatMap { $0.isLocal ? nil : [$0.id] } ?? [],
                                 deviceID: deviceID, deviceName: deviceName, committed: clock(), mtime: inode.mtime,
@@ -57,6 +57,7 @@ extension Store {
                 if !local { try self.record(.history(fileID, path: path, live: true)) }
             }
             continuedParents[id] = nil
+            tree.withLock { $0.inodes.knowHead(id, .init(row: row, id: record.id, isLocal: local)) }
             try secure(id, content: content, path: path, version: record.id)
             return Version(row: row, id: record.id, node: record.node, parents: record.parents, deviceID: deviceID,
                            deviceName: deviceName, committed: record.committed, mtime: record.mtime, mode: record.mode,
@@ -81,6 +82,7 @@ extension Store {
             return row
         }
         continuedParents[id] = nil
+        tree.withLock { $0.inodes.knowHead(id, .init(row: row, id: record.id, isLocal: local)) }
         try secure(id, content: content, path: path, version: record.id)
         // What `version(row:)` would read back, without the read.
         return Version(row: row, id: record.id, node: record.node, parents: record.parents, deviceID: deviceID,
@@ -146,13 +148,24 @@ extension Store {
     /// record is made at the fold, with the id the overlay gave it, and it is surely
     /// made unless the overlay still has to check that (`TreeOverlay.tombstonesToCheck`).
     /// Its parents and times are not known before the fold: empty here.
-    private func parentVersion(_ row: Int64?) throws(StoreError) -> Version? {
-        guard let row, let tombstone = overlay.tombstones[row], overlay.tombstonesToCheck[tombstone.fileID] == nil else {
-            return try headVersion(row)
+    /// Of what it returns, `commit` uses the row, the id and whether it is local-only: a
+    /// version the working set knows as inode `id`'s head comes with those alone.
+    private func parentVersion(_ row: Int64?, of id: InodeNumber) throws(StoreError) -> Version? {
+        guard let row else { return nil }
+        if let tombstone = overlay.tombstones[row], overlay.tombstonesToCheck[tombstone.fileID] == nil {
+            return Version(row: row, id: tombstone.id, node: .file(tombstone.fileID), parents: [], deviceID: deviceID,
+                           deviceName: deviceName, committed: 0, mtime: 0, mode: 0, size: 0, isTombstone: true,
+                           isLocal: false, path: "")
         }
-        return Version(row: row, id: tombstone.id, node: .file(tombstone.fileID), parents: [], deviceID: deviceID,
-                       deviceName: deviceName, committed: 0, mtime: 0, mode: 0, size: 0, isTombstone: true,
-                       isLocal: false, path: "")
+        if let known = tree.withLock({ $0.inodes.headVersion(id, row: row) }) {
+            return Version(row: row, id: known.id, node: .file(.zero), parents: [], deviceID: deviceID, deviceName: deviceName,
+                           committed: 0, mtime: 0, mode: 0, size: 0, isTombstone: false, isLocal: known.isLocal, path: "")
+        }
+        let read = try headVersion(row)
+        if let read, !read.isTombstone {
+            tree.withLock { $0.inodes.knowHead(id, .init(row: row, id: read.id, isLocal: read.isLocal)) }
+        }
+        return read
     }
 
     func headVersion(_ row: Int64?) throws(StoreError) -> Version? {

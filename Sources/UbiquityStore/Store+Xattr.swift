@@ -4,6 +4,7 @@
 /// which they read around the gate (and not at all for an inode made or dropped here).
 extension Store {
     public func xattr(_ id: InodeNumber, _ name: String) throws(StoreError) -> [UInt8]? {
+        if let known = tree.withLock({ $0.inodes.xattrs(id) }) { return known[name] }
         let here = overlay.xattrs(of: id)
         if let value = here.changed[name] { return value }
         if here.cleared { return nil }
@@ -17,15 +18,23 @@ extension Store {
     }
 
     /// The inode's user xattrs by full name, in byte order of their names.
+    /// The working set's entry of the inode keeps them once read (`InodeCache`).
     private func xattrs(of id: InodeNumber) throws(StoreError) -> [(name: String, value: [UInt8])] {
-        let here = overlay.xattrs(of: id)
-        var all: [String: [UInt8]] = [:]
-        if !here.cleared {
-            try db.aroundGate { () throws(StoreError) in
-                try db.query("SELECT name, value FROM xattrs WHERE inode = ?", [.inode(id)]) { all[$0.text(0)] = $0.blob(1) }
+        var all: [String: [UInt8]]
+        if let known = tree.withLock({ $0.inodes.xattrs(id) }) {
+            all = known
+        } else {
+            let here = overlay.xattrs(of: id)
+            all = [:]
+            if !here.cleared {
+                try db.aroundGate { () throws(StoreError) in
+                    try db.query("SELECT name, value FROM xattrs WHERE inode = ?", [.inode(id)]) { all[$0.text(0)] = $0.blob(1) }
+                }
             }
+            for (name, value) in here.changed { all[name] = value }
+            let read = all
+            tree.withLock { $0.inodes.knowXattrs(id, read) }
         }
-        for (name, value) in here.changed { all[name] = value }
         return all.sorted { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }.map { (name: $0.key, value: $0.value) }
     }
 
