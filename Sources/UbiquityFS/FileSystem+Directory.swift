@@ -346,7 +346,7 @@ extension FileSystem.Meta {
             // continues that history: vim's rename-then-write save stays one history.
             guard kind == .file, let path = store.path(of: inode.id), !LocalOnly.contains(path),
                   let dead = try store.deadHistory(at: path) else { return inode }
-            try store.continueHistory(inode.id, fileID: dead.fileID, parent: dead.head)
+            try store.continueHistory(inode.id, dead)
             return store.inode(inode.id)!
         }
     }

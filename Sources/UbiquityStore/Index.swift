@@ -176,7 +176,21 @@ final class Index: @unchecked Sendable {
 
     /// Gives the lock to the calling thread (under the store's lock), which must then
     /// `write` a part or `writeBarrier`, each of which lets it go.
-    func lend() { lock.lend() }
+    func lend() {
+        markAtLoan = connection.changeMark
+        lock.lend()
+    }
+    private var markAtLoan: SQLiteDatabase.ChangeMark?
+
+    /// The connection's change mark for the store's side, which must not touch the
+    /// connection while it is lent: then the mark at the loan. A read around the gate
+    /// meanwhile sees what was committed then, or the part that is being written once it
+    /// commits, which the overlay still holds until the store marks it folded: either way
+    /// what a memo kept then stays true until the store has the connection back.
+    var changeMark: SQLiteDatabase.ChangeMark {
+        if isLentElsewhere, let markAtLoan { return markAtLoan }
+        return connection.changeMark
+    }
 
     /// Told each time the lock is let go (`SharedStore`: it wakes the holders that wait
     /// for the index with its lock let go), so no such wait depends on a hold that

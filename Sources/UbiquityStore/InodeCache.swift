@@ -18,7 +18,8 @@ struct TreeNode {
 /// (the save's parent), by row: a version row never changes, so it holds for as long as
 /// the inode's head is that row. Both go with the entry.
 struct InodeCache {
-    /// A version an inode had as its head: its row, id and whether it is local-only.
+    /// A version an inode had as its head, or descends from (a history it continues): its
+    /// row, id and whether it is local-only.
     struct HeadVersion {
         var row: Int64
         var id: VersionID

@@ -128,6 +128,22 @@ final class SQLiteDatabase {
     /// a fold written inside a level that rolls back goes back to the overlay.
     var levelEnded: ((Int, Bool) -> Void)?
     private var gateOpen = false
+
+    private func ended(_ level: Int, committed: Bool) {
+        if !committed { rollbacks += 1 }
+        levelEnded?(level, committed)
+    }
+    private var rollbacks = 0
+
+    /// What this connection has changed so far: the rows its statements inserted, updated
+    /// or deleted (SQLite's count), and the transactions and savepoints it rolled back.
+    /// While the mark stays the same, a read returns what it returned before: memos of
+    /// reads keep it (`StoredHistories`). The owner reads it while it holds the connection.
+    struct ChangeMark: Equatable {
+        let changes: Int64
+        let rollbacks: Int
+    }
+    var changeMark: ChangeMark { ChangeMark(changes: sqlite3_total_changes64(db), rollbacks: rollbacks) }
     private var shadowed: [String: Bool] = [:]
 
     /// The tables whose rows the overlay may hold newer than SQLite: the tree's (and its
@@ -396,12 +412,12 @@ final class SQLiteDatabase {
             do {
                 let result = try body()
                 try control("RELEASE op")
-                levelEnded?(opened, true)
+                ended(opened, committed: true)
                 return result
             } catch {
                 try? control("ROLLBACK TO op")
                 try? control("RELEASE op")
-                levelEnded?(opened, false)
+                ended(opened, committed: false)
                 throw error
             }
         }
@@ -412,11 +428,11 @@ final class SQLiteDatabase {
         do {
             let result = try body()
             try execute("COMMIT")
-            levelEnded?(1, true)
+            ended(1, committed: true)
             return result
         } catch {
             try? execute("ROLLBACK")
-            levelEnded?(1, false)
+            ended(1, committed: false)
             throw error
         }
     }
@@ -510,11 +526,11 @@ final class SQLiteDatabase {
             let result = try body()
             try execute("COMMIT")
             standaloneCommits += 1
-            levelEnded?(1, true)
+            ended(1, committed: true)
             return result
         } catch {
             try? execute("ROLLBACK")
-            levelEnded?(1, false)
+            ended(1, committed: false)
             throw error
         }
     }
@@ -536,12 +552,12 @@ final class SQLiteDatabase {
             // back) or left it open (busy): only an open one is tried again.
             if sqlite3_get_autocommit(db) != 0 {
                 batchOpen = false
-                levelEnded?(1, false)
+                ended(1, committed: false)
             }
             throw error
         }
         batchOpen = false
-        levelEnded?(1, true)
+        ended(1, committed: true)
     }
 
     /// Whether a group-commit batch is open (changes wait for `commitBatch`).

@@ -176,7 +176,7 @@ extension Store {
             id = try create(parent: parent, name: name, kind: .file, mode: mode, uid: intent.uid, gid: intent.gid).id
             // As a new file at a deleted file's path continues its history (FileSystem).
             if !LocalOnly.contains(intent.path), let dead = try deadHistory(at: intent.path) {
-                try continueHistory(id, fileID: dead.fileID, parent: dead.head)
+                try continueHistory(id, dead)
             }
         }
         guard var inode = try node(id)?.inode else { return false }

@@ -316,6 +316,7 @@ extension Store {
         }
         reserves = nil
         historyNames.removeAll()
+        storedHistories.removeAll()
     }
 
     /// Loads, changes and saves one inode.

@@ -125,11 +125,16 @@ extension Store {
         }
     }
 
-    /// A new, empty file continues the history `fileID`: its first commit becomes a child
-    /// of `parent`, but its content stays its own (empty), unlike `adoptHistory`.
-    public func continueHistory(_ id: InodeNumber, fileID: FileID, parent: Int64?) throws(StoreError) {
-        try adoptHistory(id, fileID: fileID, head: nil)
-        continuedParents[id] = parent
+    /// A new, empty file continues the history `dead.fileID`: its first commit becomes a
+    /// child of `dead.head`, but its content stays its own (empty), unlike `adoptHistory`.
+    public func continueHistory(_ id: InodeNumber, _ dead: DeadHistory) throws(StoreError) {
+        try adoptHistory(id, fileID: dead.fileID, head: nil)
+        continuedParents[id] = dead.head
+        // What the first save reads of that version (`parentVersion`), known already: the
+        // newest SQLite has of a history is never local-only here.
+        if let row = dead.head, let headID = dead.headID {
+            tree.withLock { $0.inodes.knowHead(id, .init(row: row, id: headID, isLocal: false)) }
+        }
     }
 
     /// A file's versions, oldest first (tombstones and local versions excluded); with

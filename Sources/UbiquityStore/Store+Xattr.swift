@@ -62,13 +62,14 @@ extension Store {
     }
 
     /// A history that no live file shows at `path` (its file was deleted or renamed to a
-    /// local-only name): a new file there continues it. Returns its id and newest version.
+    /// local-only name): a new file there continues it. Returns it with its newest version.
     /// Reads the overlay first and SQLite around the gate (a create asks this, and must
-    /// not fold): a history the overlay placed is where the overlay says. The one fold
-    /// here is for a tombstone the fold may not write (below), which takes a file whose
-    /// head is local-only at a synced path: a rename from a scratch name commits a synced
-    /// version at once, so that is rare.
-    public func deadHistory(at path: String) throws(StoreError) -> (fileID: FileID, head: Int64?)? {
+    /// not fold): a history the overlay placed is where the overlay says. What SQLite shows
+    /// at the directory's names is read once per directory while SQLite stays as it is
+    /// (`StoredHistories`). The one fold here is for a tombstone the fold may not write
+    /// (below), which takes a file whose head is local-only at a synced path: a rename
+    /// from a scratch name commits a synced version at once, so that is rare.
+    public func deadHistory(at path: String) throws(StoreError) -> DeadHistory? {
         var found = overlay.historiesAt[NameKey(path)]?.first { overlay.histories[$0]?.live == false }
         // A tombstone the fold may not write (its file's head was local-only, and no
         // other device's version is live): whether it does is known once it is folded.
@@ -81,34 +82,92 @@ extension Store {
             }
         }
         if found == nil, try !mayShowHistory(at: path) { return nil }
+        // A history begun since the last fold has no version in SQLite.
+        if let fileID = found, overlay.isFresh(fileID) { return continuing(fileID, stored: nil) }
+        let (directory, name) = Self.splitHistoryPath(path)
+        let here = try storedHistories(in: directory).map { $0[NameKey(name)] ?? [] }
         if found == nil {
-            let shown = try db.aroundGate { () throws(StoreError) in
-                try db.rows("SELECT file_id FROM histories WHERE path = ? AND live = 0 LIMIT 8", [.text(path)], { $0.fileID(0) })
-            }
-            found = shown.first { overlay.histories[$0] == nil }
-            if found == nil && shown.count == 8 {
-                // Every one the page showed was moved by the overlay: ask with it folded.
-                try foldTree()
-                found = try db.rows("SELECT file_id FROM histories WHERE path = ? AND live = 0 LIMIT 1", [.text(path)], { $0.fileID(0) }).first
+            if let here {
+                found = here.first { !$0.live && overlay.histories[$0.fileID] == nil }?.fileID
+            } else {
+                found = try deadHistoryRead(at: path)
             }
         }
         guard let fileID = found else { return nil }
-        let stored = try db.aroundGate { () throws(StoreError) in
-            try db.rows("SELECT row, committed FROM versions WHERE file_id = ? AND local = 0 ORDER BY committed DESC, row DESC LIMIT 1",
-                        [.id(fileID)]) { (row: $0.int(0), committed: $0.int(1)) }.first
+        let stored: (row: Int64, committed: Nanos, id: VersionID)?
+        if let entry = here?.first(where: { $0.fileID == fileID }) {
+            stored = entry.newest
+        } else {
+            stored = try db.aroundGate { () throws(StoreError) in
+                try db.rows("SELECT row, committed, id FROM versions WHERE file_id = ? AND local = 0 ORDER BY committed DESC, row DESC LIMIT 1",
+                            [.id(fileID)]) { (row: $0.int(0), committed: $0.int(1), id: $0.versionID(2)) }.first
+            }
         }
-        guard let newer = overlay.newest[fileID] else { return (fileID, stored?.row) }
-        guard let stored, (stored.committed, stored.row) > (newer.committed, newer.row) else { return (fileID, newer.row) }
-        return (fileID, stored.row)
+        return continuing(fileID, stored: stored)
+    }
+
+    /// History `fileID` as a new file continues it: its newest version is the overlay's or
+    /// `stored`, SQLite's, whichever is newer (a sync step may have taken in another
+    /// device's since the overlay's).
+    private func continuing(_ fileID: FileID, stored: (row: Int64, committed: Nanos, id: VersionID)?) -> DeadHistory {
+        guard let newer = overlay.newest[fileID] else { return DeadHistory(fileID: fileID, head: stored?.row, headID: stored?.id) }
+        guard let stored, (stored.committed, stored.row) > (newer.committed, newer.row) else {
+            return DeadHistory(fileID: fileID, head: newer.row, headID: nil)
+        }
+        return DeadHistory(fileID: fileID, head: stored.row, headID: stored.id)
+    }
+
+    /// A dead history SQLite shows at `path` that the overlay did not move, read for a
+    /// directory with too many histories to keep (`StoredHistories`).
+    private func deadHistoryRead(at path: String) throws(StoreError) -> FileID? {
+        let shown = try db.aroundGate { () throws(StoreError) in
+            try db.rows("SELECT file_id FROM histories WHERE path = ? AND live = 0 LIMIT 8", [.text(path)], { $0.fileID(0) })
+        }
+        if let found = shown.first(where: { overlay.histories[$0] == nil }) { return found }
+        guard shown.count == 8 else { return nil }
+        // Every one the page showed was moved by the overlay: ask with it folded.
+        try foldTree()
+        return try db.rows("SELECT file_id FROM histories WHERE path = ? AND live = 0 LIMIT 1", [.text(path)], { $0.fileID(0) }).first
+    }
+
+    /// The histories SQLite shows at the names of the directory at `directory`, each with
+    /// its newest version that is not local-only: one read per directory while SQLite
+    /// reads the same (`Index.changeMark`), once a few creates asked there (nil before
+    /// that, and for more than `StoredHistories` keeps: each name is read by itself).
+    private func storedHistories(in directory: String) throws(StoreError) -> [NameKey: [StoredHistories.Entry]]? {
+        if let known = storedHistories.directory(directory, at: index.changeMark) { return known }
+        guard storedHistories.shouldRead(directory, at: index.changeMark) else { return nil }
+        let rows = try db.aroundGate { () throws(StoreError) in
+            try db.rows("""
+                SELECT d.name, h.file_id, h.live, v.row, v.committed, v.id
+                FROM history_dirs d JOIN histories h ON h.path = ? || d.name
+                LEFT JOIN versions v ON v.row = (SELECT row FROM versions WHERE file_id = h.file_id AND local = 0
+                                                 ORDER BY committed DESC, row DESC LIMIT 1)
+                WHERE d.parent = ? AND d.leaves > 0 LIMIT ?
+                """, [.text(directory.isEmpty ? "" : directory + "/"), .text(directory),
+                      .int(Int64(storedHistories.perDirectory + 1))]) { r in
+                let newest = r.isNull(3) ? nil : (row: r.int(3), committed: r.int(4), id: r.versionID(5))
+                return (name: r.text(0), entry: StoredHistories.Entry(fileID: r.fileID(1), live: r.int(2) != 0, newest: newest))
+            }
+        }
+        // The mark after the read: a read that waited for the folder's loan to end saw
+        // what it wrote.
+        let mark = index.changeMark
+        storedHistories.load(directory, rows, at: mark)
+        return storedHistories.directory(directory, at: mark) ?? nil
+    }
+
+    /// A history path's directory ("" for the root) and last name.
+    static func splitHistoryPath(_ path: String) -> (directory: String, name: String) {
+        let slash = path.utf8.lastIndex(of: UInt8(ascii: "/"))
+        return (slash.map { String(path[..<$0]) } ?? "", slash.map { String(path[path.index(after: $0)...]) } ?? path)
     }
 
     /// Whether SQLite may show a history at `path`: false only when it surely does not.
     /// A directory's names are read once, around the gate (`HistoryNames`); a directory
     /// with too many is marked after reading one more than are kept.
     private func mayShowHistory(at path: String) throws(StoreError) -> Bool {
-        let slash = path.utf8.lastIndex(of: UInt8(ascii: "/"))
-        let directory = slash.map { String(path[..<$0]) } ?? ""
-        let name = slash.map { String(path[path.index(after: $0)...]) } ?? path
+        let (directory, name) = Self.splitHistoryPath(path)
         if let known = historyNames.mayHave(directory, name) { return known }
         let shown = try db.aroundGate { () throws(StoreError) in
             try db.rows("SELECT name FROM history_dirs WHERE parent = ? AND leaves > 0 LIMIT ?",

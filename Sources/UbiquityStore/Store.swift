@@ -72,6 +72,19 @@ public final class Store: @unchecked Sendable {
         }
     }
     private var historyNamesState = HistoryNames()
+    /// The histories at a directory's names with their newest versions, read at a create
+    /// where one may be continued (`StoredHistories`).
+    var storedHistories: StoredHistories {
+        _read {
+            assertNamespaceSide()
+            yield storedHistoriesState
+        }
+        _modify {
+            assertNamespaceSide()
+            yield &storedHistoriesState
+        }
+    }
+    private var storedHistoriesState = StoredHistories()
 
     /// Notes the history paths the index placed on the store's side (the folder's come
     /// with its part's outcome: `settleFold`). Touches no state the folder does.

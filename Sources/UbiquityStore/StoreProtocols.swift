@@ -67,6 +67,15 @@ extension FSNamespace {
     }
 }
 
+/// A history a new file continues (`FSVersions.deadHistory`): its id, and the version the
+/// file's first save descends from: its row, and its id when it was read from SQLite (a
+/// version the overlay holds is read from there).
+public struct DeadHistory: Sendable {
+    public let fileID: FileID
+    public let head: Int64?
+    let headID: VersionID?
+}
+
 /// Files' versions and histories: saves and tombstones, where each history is shown
 /// (`.versions/`), and prune and gc's walks over the version rows. A save also writes the
 /// tree (the inode's head) in the same frame, which is why this is not yet apart from
@@ -77,11 +86,11 @@ public protocol FSVersions: AnyObject {
                 written: Nanos?) throws(StoreError) -> Version
     func commitTombstone(fileID: FileID, head: Int64?, path: String) throws(StoreError)
     func adoptHistory(_ id: InodeNumber, fileID: FileID, head: Int64?) throws(StoreError)
-    func continueHistory(_ id: InodeNumber, fileID: FileID, parent: Int64?) throws(StoreError)
+    func continueHistory(_ id: InodeNumber, _ dead: DeadHistory) throws(StoreError)
     func setHistory(_ fileID: FileID, path: String, live: Bool) throws(StoreError)
     func retireHistory(_ fileID: FileID) throws(StoreError)
     func endHistoryRenamedOver(_ fileID: FileID) throws(StoreError)
-    func deadHistory(at path: String) throws(StoreError) -> (fileID: FileID, head: Int64?)?
+    func deadHistory(at path: String) throws(StoreError) -> DeadHistory?
     /// An intent frame for the file's unsaved writes, and the fd to fsync (fsync(2) of one file).
     func logDurably(_ id: InodeNumber) throws(StoreError) -> Int32?
 

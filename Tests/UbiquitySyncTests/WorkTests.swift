@@ -343,6 +343,63 @@ import TestSupport
                             offset: 0, count: 5000) == data)
     }
 
+    /// A tree made again where it was deleted (`rm -rf build; tar -x`): every file made
+    /// continues the history its name had. What SQLite shows at the directory's names is
+    /// read once for the directory (`StoredHistories`: after the first few files, each
+    /// read by itself), not twice per file at its create and once more at its first save
+    /// (121 statements for these 40 files before). Each file continues its own history,
+    /// from the version its name showed last.
+    @Test func aTreeMadeAgainWhereItWasDeletedReadsItsDirectoryOnce() throws {
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let d = try Self.device(files: 0, in: temp)
+        let fs = d.fs
+        let dir = try fs.mkdir(parent: Store.rootInode, name: "tree", mode: 0o755, caller: d.me).ino
+        let names = (0..<40).map { "file\($0).c" }
+        let data = [UInt8](repeating: 120, count: 1024)
+        func make() throws {
+            for name in names {
+                let (_, h) = try fs.create(parent: dir, name: name, mode: 0o644, flags: OpenFlags(O_WRONLY), caller: d.me)
+                _ = try data.withUnsafeBytes { try fs.write(h, offset: 0, data: $0) }
+                try fs.flush(h)
+                try fs.release(h)
+            }
+        }
+        func settle() throws {
+            try d.store.commitBatch()
+            d.cycle()
+        }
+        try make()
+        try settle()
+        var histories: [String: FileID] = [:]
+        for name in names { histories[name] = try #require(d.store.inode(try fs.lookup(parent: dir, name: name).ino)?.fileID) }
+        for name in names { try fs.unlink(parent: dir, name: name) }
+        try settle()
+        // The version each name showed last (its tombstone), as the history's newest.
+        var last: [String: VersionID] = [:]
+        for name in names {
+            let newest = try d.store.db.rows(
+                "SELECT id FROM versions WHERE file_id = ? AND local = 0 ORDER BY committed DESC, row DESC LIMIT 1",
+                [.id(histories[name]!)]) { $0.versionID(0) }
+            let id: VersionID = try #require(newest.first)
+            last[name] = id
+        }
+        let s0 = d.store.db.statements
+        try make()
+        let statements = d.store.db.statements - s0
+        print("WorkTests.aTreeMadeAgainWhereItWasDeletedReadsItsDirectoryOnce: \(statements) statements for \(names.count) files")
+        // The directory's history names (1), 2 for each file before the directory is
+        // read whole, and that read (1).
+        #expect(statements <= 2 * (StoredHistories.defaultReadAfter - 1) + 2, "statements to make \(names.count) files where a deleted tree was")
+        try settle()
+        for name in names {
+            let fileID = try #require(d.store.inode(try fs.lookup(parent: dir, name: name).ino)?.fileID)
+            #expect(fileID == histories[name], "\(name) continues its history")
+            let versions = try d.store.versions(of: fileID)
+            #expect(versions.count == 2 && versions.last?.parents == [last[name]!], "\(name)'s new version descends from its tombstone")
+        }
+    }
+
     /// The fold's work per file created (create, write 1 KiB, close: its inode, entry,
     /// version, synced view and history rows) and per file deleted (its tombstone, the
     /// view and history rows it changes), the same at 200 and 2,000 files, and bounded.
