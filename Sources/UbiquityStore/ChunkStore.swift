@@ -248,6 +248,8 @@ public final class ChunkStore: Sendable {
     func commitSmallChunks() throws(StoreError) { try small.commitBatch() }
     /// Those of `ids` that are small chunks not committed yet, with their bytes.
     func uncommittedSmallChunks(_ ids: [ChunkID]) -> [ChunkID: [UInt8]] { small.uncommitted(ids) }
+    /// Statements run on `small.sqlite` so far (the work tests).
+    var smallStatements: Int { small.statements }
 
     /// Disk space of the small chunks' database (the files are counted by walking them).
     public var smallChunkBytes: Int64 { small.diskBytes }

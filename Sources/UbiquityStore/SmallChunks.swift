@@ -27,6 +27,11 @@ final class SmallChunks: Sendable {
         /// Rows put in the open batch (group commit, `startBatching`), by id: the intent
         /// log carries them with the save that wrote them until the batch commits.
         var uncommitted: [ChunkID: [UInt8]] = [:]
+        /// Of those, the ones not in SQLite yet, with their last use. With group commit a
+        /// put is memory only and `commitBatch` (the group commit's thread) writes them:
+        /// a save's request runs no statement here. Reads, claims and sweeps look here
+        /// first.
+        var unwritten: [ChunkID: Nanos] = [:]
     }
     private let state: Locked<State>
     let path: String
@@ -77,12 +82,23 @@ final class SmallChunks: Sendable {
         }
     }
 
-    /// Commits the rows put since the last call.
+    /// Writes and commits the rows put since the last call.
     func commitBatch() throws(StoreError) {
-        try state.withLock { (s) throws(StoreError) in
-            try s.db?.commitBatch()
-            s.uncommitted = [:]
+        try state.withLock { (s) throws(StoreError) in try Self.commit(&s) }
+    }
+
+    /// The rows not written yet go into the batch, which commits. A failure keeps them
+    /// (a row written twice is one row), and the store then commits no version naming them.
+    private static func commit(_ s: inout State) throws(StoreError) {
+        guard let db = s.db else { return }
+        for (id, used) in s.unwritten {
+            guard let bytes = s.uncommitted[id] else { continue }
+            try db.statement("INSERT INTO chunks(id, bytes, used) VALUES(?, ?, ?) ON CONFLICT(id) DO UPDATE SET used = excluded.used",
+                             [.blob(id.raw), .blob(bytes), .int(used)])
         }
+        s.unwritten = [:]
+        try db.commitBatch()
+        s.uncommitted = [:]
     }
 
     /// Those of `ids` put in the open batch, with their bytes.
@@ -100,10 +116,16 @@ final class SmallChunks: Sendable {
         try state.withLock { (s) throws(StoreError) in
             guard let db = s.db else { throw .io(errno: EROFS, "\(path) is read-only") }
             let row = Array(bytes)
+            s.unsynced = true
+            if db.batching {
+                // The group commit writes it (rung as the batch's first statement would).
+                if s.unwritten.isEmpty { db.batchOpened?.ring() }
+                s.uncommitted[id] = row
+                s.unwritten[id] = now
+                return
+            }
             try db.statement("INSERT INTO chunks(id, bytes, used) VALUES(?, ?, ?) ON CONFLICT(id) DO UPDATE SET used = excluded.used",
                              [.blob(id.raw), .blob(row), .int(now)])
-            if db.batching { s.uncommitted[id] = row }
-            s.unsynced = true
         }
     }
 
@@ -111,6 +133,10 @@ final class SmallChunks: Sendable {
     func claim(_ id: ChunkID, now: Nanos) -> Bool {
         state.withLock { s in
             guard let db = s.db else { return false }
+            if s.unwritten[id] != nil {
+                s.unwritten[id] = now
+                return true
+            }
             do throws(StoreError) {
                 try db.query("UPDATE chunks SET used = ? WHERE id = ?", [.int(now), .blob(id.raw)])
                 return db.changes > 0
@@ -125,6 +151,7 @@ final class SmallChunks: Sendable {
     /// Sets `used` (tests: a chunk written long ago).
     func setUsed(_ id: ChunkID, to time: Nanos) throws(StoreError) {
         try state.withLock { (s) throws(StoreError) in
+            if s.unwritten[id] != nil { s.unwritten[id] = time }
             try s.db?.query("UPDATE chunks SET used = ? WHERE id = ?", [.int(time), .blob(id.raw)])
         }
     }
@@ -133,6 +160,7 @@ final class SmallChunks: Sendable {
     func get(_ id: ChunkID) throws(StoreError) -> [UInt8]? {
         try state.withLock { (s) throws(StoreError) -> [UInt8]? in
             guard let db = s.db else { return nil }
+            if let bytes = s.uncommitted[id] { return bytes }
             return try db.rows("SELECT bytes FROM chunks WHERE id = ?", [.blob(id.raw)]) { $0.blob(0) }.first
         }
     }
@@ -140,7 +168,8 @@ final class SmallChunks: Sendable {
     /// The chunk's size, nil when it is not here.
     func size(of id: ChunkID) -> Int? {
         state.withLock { s in
-            try? s.db?.rows("SELECT length(bytes) FROM chunks WHERE id = ?", [.blob(id.raw)]) { Int($0.int(0)) }.first
+            if let bytes = s.uncommitted[id] { return bytes.count }
+            return try? s.db?.rows("SELECT length(bytes) FROM chunks WHERE id = ?", [.blob(id.raw)]) { Int($0.int(0)) }.first
         }
     }
 
@@ -160,6 +189,17 @@ final class SmallChunks: Sendable {
             do throws(StoreError) {
                 try db.transaction { () throws(StoreError) in
                 for id in ids {
+                    // Put a moment ago, not in SQLite yet.
+                    if let used = s.unwritten[id], let bytes = s.uncommitted[id] {
+                        if used < cutoff {
+                            s.unwritten[id] = nil
+                            s.uncommitted[id] = nil
+                            freed[id] = Int64(bytes.count) + 80
+                        } else {
+                            held.add(bytes: Int64(bytes.count) + 80, lastUse: used)
+                        }
+                        continue
+                    }
                     guard let (size, used) = try db.rows("SELECT length(bytes), used FROM chunks WHERE id = ?",
                                                          [.blob(id.raw)], { ($0.int(0), $0.int(1)) }).first else { continue }
                     guard used < cutoff else {
@@ -185,11 +225,17 @@ final class SmallChunks: Sendable {
     /// reader of a small file never waits for the whole list.
     func ids() -> [ChunkID] {
         var ids: [ChunkID] = [], after: [UInt8] = []
+        // Those not written yet, listed whether or not a commit writes them meanwhile.
+        let unwritten = state.withLock { Array($0.unwritten.keys) }
         while true {
             let page = state.withLock { s -> [[UInt8]] in
                 (try? s.db?.rows("SELECT id FROM chunks WHERE id > ? ORDER BY id LIMIT 4096", [.blob(after)]) { $0.blob(0) }) ?? []
             }
-            guard let last = page.last else { return ids }
+            guard let last = page.last else {
+                guard !unwritten.isEmpty else { return ids }
+                let listed = Set(ids)
+                return ids + unwritten.filter { !listed.contains($0) }
+            }
             ids += page.compactMap { ChunkID(raw: $0) }
             after = last
             state.yieldToWaiters() // a waiting reader goes first (the lock is not fair)
@@ -204,8 +250,7 @@ final class SmallChunks: Sendable {
     func sync(all: Bool = false) throws(StoreError) {
         try state.withLock { (s) throws(StoreError) in
             guard s.unsynced || all, let db = s.db else { return }
-            try db.commitBatch()
-            s.uncommitted = [:]
+            try Self.commit(&s)
             try db.execute("PRAGMA synchronous=FULL")
             defer { try? db.execute("PRAGMA synchronous=NORMAL") }
             // A transaction that writes, so that its commit (and the WAL's fsync) happens.
@@ -230,6 +275,9 @@ final class SmallChunks: Sendable {
             state.yieldToWaiters() // a waiting reader goes first (the lock is not fair)
         }
     }
+
+    /// Statements run on the database so far (the work tests count a save's).
+    var statements: Int { state.withLock { $0.db?.statements ?? 0 } }
 
     /// The database's size on disk, WAL included (O(1): `ubiquity status`).
     var diskBytes: Int64 { SQLiteDatabase.diskBytes(path: path) }

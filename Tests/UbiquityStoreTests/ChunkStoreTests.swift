@@ -276,6 +276,42 @@ import UbiquitySystem
         try store.compact()
     }
 
+    /// With group commit (a mount), a small chunk's put is memory only: read back, sized,
+    /// listed, claimed and kept by gc from there, and written and committed by the group
+    /// commit. A crash before that loses the row (the intent log carries it with its save,
+    /// `RecoveryTests`); gc frees one not written whose last use is before its cutoff.
+    @Test func smallChunksPutInABatchAreWrittenByTheGroupCommit() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try ChunkStore(directory: dir.path + "/chunks")
+        store.startBatching(opened: nil, committed: nil)
+        let rows = (0..<3).map { Array("small chunk \($0) of a batch".utf8) }
+        let ids = rows.map { ChunkID(hashing: $0) }
+        let before = store.smallStatements
+        for (id, bytes) in zip(ids, rows) { try store.put(id, bytes) }
+        #expect(store.smallStatements == before, "puts run no statement")
+        #expect(store.uncommittedSmallChunks(ids).count == 3)
+        #expect(try store.read(ids[0]) == rows[0])
+        #expect(store.size(of: ids[1]) == rows[1].count)
+        #expect(Set(store.allChunkIDs()) == Set(ids))
+        #expect(store.contains(ids[2]))
+        #expect(store.sweep(ids[2], unusedSince: nowNanos() - 60_000_000_000) == nil, "used within the grace: kept")
+        #expect(store.sweep(ids[2], unusedSince: nowNanos() + 1) != nil, "unused since the cutoff: freed")
+        #expect(!store.contains(ids[2]))
+        let rowsIn = { () throws -> Int in
+            try withDatabase(dir.path + "/chunks/small.sqlite") { (db) throws(StoreError) in
+                try db.rows("SELECT count(*) FROM chunks", []) { Int($0.int(0)) }.first ?? -1
+            }
+        }
+        #expect(try rowsIn() == 0, "nothing committed before the group commit")
+        try store.commitSmallChunks()
+        #expect(try rowsIn() == 2)
+        #expect(store.uncommittedSmallChunks(ids).isEmpty)
+        store.dropCache()
+        #expect(try store.read(ids[1]) == rows[1])
+        #expect(throws: StoreError.missingChunk(ids[2])) { try store.read(ids[2]) }
+    }
+
     /// A store from before format 5 keeps small chunks as files: they stay readable, a
     /// put of the same bytes claims the file instead of adding a row, gc collects it.
     @Test func smallChunkFilesOfAnOlderStoreStayReadable() throws {
