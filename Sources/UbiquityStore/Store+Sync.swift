@@ -573,6 +573,9 @@ extension Store {
                 try addToSetting(Self.journalRecordsKey, Int64(ids.count))
             }
         }
+        // Committed here: the next hold that changes the tree would commit a batch left
+        // open, and fold the overlay on a request's path (`logTreeChanges`).
+        try commitBatchWithoutFold()
         uploadsInFlight.subtract(ids)
     }
 

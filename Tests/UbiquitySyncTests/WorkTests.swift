@@ -663,6 +663,11 @@ import TestSupport
         #expect(waiting >= 50)
         try d.store.markUploaded(batch.map(\.id))
         #expect(d.store.overlay.unfolded.count == waiting, "marking records uploaded folded the overlay")
+        // Nor does the next request: a batch left open would be committed, and the
+        // overlay folded, at the end of the next hold that changes the tree.
+        #expect(!d.store.db.hasOpenBatch, "marking records uploaded left the batch open")
+        _ = try d.fs.mkdir(parent: Store.rootInode, name: "after", mode: 0o755, caller: d.me)
+        #expect(d.store.overlay.unfolded.count > waiting, "the request after the marks folded the overlay")
         #expect(try d.store.pendingUploads(limit: 100).allSatisfy { !batch.map(\.id).contains($0.id) })
     }
 
