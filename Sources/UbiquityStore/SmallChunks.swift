@@ -189,16 +189,14 @@ final class SmallChunks: Sendable {
             do throws(StoreError) {
                 try db.transaction { () throws(StoreError) in
                 for id in ids {
-                    // Put a moment ago, not in SQLite yet.
+                    // Put since the last commit: its last use is the one in memory, and an
+                    // older row of it in SQLite goes with it.
                     if let used = s.unwritten[id], let bytes = s.uncommitted[id] {
-                        if used < cutoff {
-                            s.unwritten[id] = nil
-                            s.uncommitted[id] = nil
-                            freed[id] = Int64(bytes.count) + 80
-                        } else {
+                        guard used < cutoff else {
                             held.add(bytes: Int64(bytes.count) + 80, lastUse: used)
+                            continue
                         }
-                        continue
+                        freed[id] = Int64(bytes.count) + 80 // dropped from memory once committed
                     }
                     guard let (size, used) = try db.rows("SELECT length(bytes), used FROM chunks WHERE id = ?",
                                                          [.blob(id.raw)], { ($0.int(0), $0.int(1)) }).first else { continue }
@@ -216,7 +214,10 @@ final class SmallChunks: Sendable {
                 log("ubiquity: gc: deleting small chunks failed: \(error)")
                 return [:]
             }
-            for id in freed.keys { s.uncommitted[id] = nil }
+            for id in freed.keys {
+                s.uncommitted[id] = nil
+                s.unwritten[id] = nil
+            }
             return freed
         }
     }
@@ -233,7 +234,8 @@ final class SmallChunks: Sendable {
             }
             guard let last = page.last else {
                 guard !unwritten.isEmpty else { return ids }
-                let listed = Set(ids)
+                let pending = Set(unwritten)
+                let listed = Set(ids.lazy.filter { pending.contains($0) })
                 return ids + unwritten.filter { !listed.contains($0) }
             }
             ids += page.compactMap { ChunkID(raw: $0) }
