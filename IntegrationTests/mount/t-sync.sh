@@ -103,6 +103,10 @@ wait_missing "$B/hello.txt" "hello.txt on beta after the rename"
 wait_content "$B/d1/renamed.txt" "beta continues" "d1/renamed.txt on beta"
 assert_eq 3 "$(version_count_at "$B" d1/renamed.txt)" "history of d1/renamed.txt on beta (follows the rename)"
 mv "$A/d1" "$A/top"
+# Right away, before the background has settled the move: .versions/ shows the history
+# at the new path only (a read of .versions/ settles what the move left).
+assert_eq 3 "$(version_count_at "$A" top/renamed.txt)" "history of top/renamed.txt on alpha right after the directory's move"
+assert_eq 0 "$(version_count_at "$A" d1/renamed.txt)" "history left at d1/renamed.txt on alpha after the directory's move"
 wait_missing "$B/d1" "d1 on beta after renaming it to top"
 wait_content "$B/top/d2/d3/deep.txt" deep "top/d2/d3/deep.txt on beta"
 wait_same_tree "$A" "$B" "trees after renaming d1 to top"

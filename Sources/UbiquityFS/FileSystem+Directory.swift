@@ -126,13 +126,15 @@ extension FileSystem {
         if source.kind == .directory && m.isAncestor(sourceID, of: newParent, store: store) { throw .invalid }
         let targetID = store.child(newParent, newName)
         if targetID == sourceID { return }
+        let sourcePath = store.path(of: sourceID)
 
         if flags & RenameFlags.exchange != 0 {
             guard let targetID else { throw .notFound }
             if let target = store.inode(targetID), target.kind == .directory, m.isAncestor(targetID, of: parent, store: store) { throw .invalid }
+            let targetPath = store.path(of: targetID)
             try storeCall { () throws(StoreError) in try store.exchangeEntries(parent, name, newParent, newName) }
-            try m.pathsChanged(sourceID, store: store)
-            try m.pathsChanged(targetID, store: store)
+            try m.pathsChanged(sourceID, from: sourcePath, store: store)
+            try m.pathsChanged(targetID, from: targetPath, store: store)
             return
         }
         var continued: (fileID: FileID, head: Int64?)?
@@ -154,12 +156,15 @@ extension FileSystem {
         }
         // Saving a picture through a temp file (sed -i, vim): the temp's content is the
         // grid, so encode it now; a save of an invalid grid over a picture is refused
-        // before anything changes, as a refused write is.
-        var content = try storeCall { () throws(StoreError) -> ChunkList in
-            try source.head.map { (row) throws(StoreError) in try store.chunkList(row: row) } ?? ChunkList()
+        // before anything changes, as a refused write is. The content is read only
+        // for that or for a history it continues (a plain move reads no chunk list).
+        let becomesPicture = source.kind == .file && TinyPixView.applies(to: newName) && !TinyPixView.applies(to: name)
+        var content = ChunkList()
+        if becomesPicture || continued != nil, let row = source.head {
+            content = try storeCall { () throws(StoreError) -> ChunkList in try store.chunkList(row: row) }
         }
         var encoded = false
-        if source.kind == .file, TinyPixView.applies(to: newName), !TinyPixView.applies(to: name) {
+        if becomesPicture {
             do throws(StoreError) {
                 content = try TinyPixView.stored(from: content, chunks: store.chunks, path: newName)
                 encoded = true
@@ -194,7 +199,7 @@ extension FileSystem {
                 try store.commit(sourceID, content: content, path: store.path(of: sourceID) ?? newName, local: false)
             }
         }
-        try m.pathsChanged(sourceID, store: store)
+        try m.pathsChanged(sourceID, from: continued == nil ? sourcePath : nil, store: store)
     }
 
     // MARK: readdir
@@ -384,15 +389,25 @@ extension FileSystem.Meta {
 
     /// After a rename: move where the histories below `id` are shown, and give files that
     /// moved between local-only and synced names a version at their new path.
-    mutating func pathsChanged(_ id: InodeNumber, store: any FileSystemStore) throws(Errno) {
+    /// - Parameter oldPath: the path `id` had (nil: not known, or its history changed:
+    ///   the file's version decides). A file or directory that stays as local-only or
+    ///   synced as it was needs no version read: a synced file's history moves with it,
+    ///   and the histories below a directory move in the background (Store+MovedTrees),
+    ///   so the rename's work does not grow with what it moves.
+    mutating func pathsChanged(_ id: InodeNumber, from oldPath: String?, store: any FileSystemStore) throws(Errno) {
         guard let inode = store.inode(id) else { return }
         switch inode.kind {
         case .directory:
-            for entry in store.entries(id) { try pathsChanged(entry.id, store: store) }
+            if let oldPath, let path = store.path(of: id), LocalOnly.coversBelow(oldPath) == LocalOnly.coversBelow(path) { return }
+            for entry in store.entries(id) { try pathsChanged(entry.id, from: nil, store: store) }
         case .file:
             guard let path = store.path(of: id), let fileID = inode.fileID, let headRow = inode.head else { return }
-            let head = try storeCall { () throws(StoreError) in try store.version(row: headRow) }
             let local = LocalOnly.contains(path)
+            if let oldPath, LocalOnly.contains(oldPath) == local {
+                if !local { try storeCall { () throws(StoreError) in try store.setHistory(fileID, path: path, live: true) } }
+                return
+            }
+            let head = try storeCall { () throws(StoreError) in try store.version(row: headRow) }
             if head?.isLocal == false && local {
                 // Moved aside under a scratch name: the history stays at its old path, free
                 // for the file that takes that name next; this file goes on alone.

@@ -19,6 +19,11 @@ public enum LocalOnly {
         }
     }
 
+    /// Whether every path below directory `path` is local-only (a name on the way ends in
+    /// `.nosync`): a file's own name decides the rest, so a directory's move leaves every
+    /// file below as it was when this is the same at both paths.
+    public static func coversBelow(_ path: String) -> Bool { contains(path.isEmpty ? "_" : path + "/_") }
+
     /// vim swap files and its write test file `4913`, backup files, Emacs lock files,
     /// GNOME's atomic-save temp files.
     static func isEditorScratch(_ name: UnsafeBufferPointer<UInt8>) -> Bool {

@@ -3,6 +3,8 @@ enum PendingKind: Int64 {
     case inode = 1, vacated = 2, recheck = 3, unreconciled = 4, orphaned = 5
     /// Store format 7: nodes held by inodes a sliced sync step recorded (`held`).
     case held = 6
+    /// Store format 23: directories moved whose subtrees are not settled yet (`moved`).
+    case moved = 7
 }
 
 /// A set of things the sync step still has to look at (the local change set, the paths

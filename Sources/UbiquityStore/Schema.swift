@@ -3,7 +3,7 @@ import UbiquitySystem
 /// The metadata database's schema. `formatVersion` is stored in `settings`; a store written
 /// by a newer program is refused rather than misread.
 enum Schema {
-    static let formatVersion = 22
+    static let formatVersion = 23
 
     static let statements = [
         """

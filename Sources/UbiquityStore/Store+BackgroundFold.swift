@@ -70,8 +70,7 @@ extension Store {
         if let leaving {
             guard overlay.unfolded.count > leaving else { return .ended(.done) }
         } else if overlay.isEmpty {
-            try commitBatch()
-            return .ended(.done)
+            return .ended(try foldDone())
         } else {
             let times = (first: overlayTimes.first, last: max(overlayTimes.last, lastRequest))
             guard foldPolicy.due(changes: overlay.unfolded.count, times: times, now: monotonicNanos()) else {
@@ -109,8 +108,15 @@ extension Store {
     /// After a part: the batch committed when nothing is left to fold.
     func groupCommitEnded() throws(StoreError) -> GroupCommit {
         guard overlay.isEmpty else { return .more }
+        return try foldDone()
+    }
+
+    /// Nothing is left to fold: the batch is committed, then a slice of what moved
+    /// directories left (Store+MovedTrees) is settled, and the loop comes back for
+    /// the next while any is left.
+    private func foldDone() throws(StoreError) -> GroupCommit {
         try commitBatch()
-        return .done
+        return try settleMoves() ? .more : .done
     }
 
     /// Finishes the fold in flight, if any: waits for the folder to let the index's lock

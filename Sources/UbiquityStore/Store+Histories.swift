@@ -65,19 +65,22 @@ extension Store {
     /// The names directly below `path` ("" is `.versions/` itself) in byte order, and
     /// whether each is a file's history (else only a directory on the way to some).
     public func historyChildren(of path: String) throws(StoreError) -> [(name: String, isHistory: Bool)] {
-        try db.rows("SELECT name, leaves FROM history_dirs WHERE parent = ? ORDER BY name", [.text(path)]) {
+        try settleAllMoves()
+        return try db.rows("SELECT name, leaves FROM history_dirs WHERE parent = ? ORDER BY name", [.text(path)]) {
             (name: $0.text(0), isHistory: $0.int(1) > 0)
         }
     }
 
     /// One name below `path`: nil when nothing is shown there.
     public func historyChild(of path: String, name: String) throws(StoreError) -> Bool? {
-        try db.rows("SELECT leaves FROM history_dirs WHERE parent = ? AND name = ?", [.text(path), .text(name)]) { $0.int(0) > 0 }.first
+        try settleAllMoves()
+        return try db.rows("SELECT leaves FROM history_dirs WHERE parent = ? AND name = ?", [.text(path), .text(name)]) { $0.int(0) > 0 }.first
     }
 
     /// The histories shown at `path`.
     public func histories(at path: String) throws(StoreError) -> [FileID] {
-        try db.rows("SELECT file_id FROM histories WHERE path = ?", [.text(path)]) { $0.fileID(0) }
+        try settleAllMoves()
+        return try db.rows("SELECT file_id FROM histories WHERE path = ?", [.text(path)]) { $0.fileID(0) }
     }
 
     /// Adds `delta` to the counts of `path` and its ancestors in `history_dirs`; a name

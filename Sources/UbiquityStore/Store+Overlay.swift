@@ -71,6 +71,7 @@ extension Store {
         vacated.deferInsert = deferring
         orphaned.deferInsert = deferring
         held.deferInsert = deferring
+        moved.deferInsert = deferring
         // The index's sets and the connection's levels: the index handles them, and
         // reaches these only on the store's side.
         index.attachNamespace(levelEnded: { [weak self] level, committed in self?.levelEnded(level, committed: committed) },
@@ -96,6 +97,7 @@ extension Store {
         case .unreconciled: unreconciled.restore(key, parse: NameKey.init)
         case .orphaned: orphaned.restore(key, parse: { FileID(hex: $0) })
         case .held: held.restore(key, parse: { FileID(hex: $0) })
+        case .moved: moved.restore(key, parse: Self.changedInode)
         case nil: break
         }
     }

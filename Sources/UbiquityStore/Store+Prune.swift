@@ -32,6 +32,7 @@ extension Store {
     public func prune(policy: RetentionPolicy, now: Nanos, under: String = "", after: FileID? = nil,
                       limit: Int = pruneSlice, dryRun: Bool) throws(StoreError) -> PruneResult {
         var result = PruneResult()
+        try settleAllMoves() // `under` is decided by where the histories are shown
         let page = try db.rows("SELECT file_id, path, live FROM histories WHERE file_id > ? ORDER BY file_id LIMIT ?",
                                [after.map { .id($0) } ?? .blob([]), .int(Int64(limit))]) { (id: $0.fileID(0), path: $0.text(1), live: $0.int(2) != 0) }
         result.resumeAfter = page.count == limit ? page.last?.id : nil

@@ -108,6 +108,11 @@ extension Store {
             needsFullScan = false
             return false
         }
+        // What a directory's move left below it first: its inodes go into `changed`.
+        if !moved.isEmpty {
+            _ = try settleMoves()
+            return true
+        }
         // A save's inode is in `changed` until the slice that records it, after its fold
         // (the step's first act) and the view's catch-up: a record folded without a
         // change left (the rest of a catch-up) is looked for last.
@@ -135,7 +140,7 @@ extension Store {
     /// What the records it takes in wrote of the view is remembered until the step's
     /// conflict counts are written, at its end (`Replica.remembering`): read back, it
     /// cost two statements per new file.
-    private func syncStep<T>(viewing: Bool = true, _ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+    func syncStep<T>(viewing: Bool = true, _ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         try reloadSyncSetsIfStale()
         do {
             return try standaloneStep { () throws(StoreError) -> T in
@@ -160,6 +165,7 @@ extension Store {
     private func reloadSyncSetsIfStale() throws(StoreError) {
         guard syncSetsStale else { return }
         try changed.reload(parse: Self.changedInode)
+        try moved.reload(parse: Self.changedInode)
         for set in [vacated, recheck, unreconciled] { try set.reload(parse: NameKey.init) }
         for set in [orphaned, held] { try set.reload(parse: { FileID(hex: $0) }) }
         syncSetsStale = false
@@ -510,6 +516,9 @@ extension Store {
         // The batch first, and its fold, outside the slice's memo: the fold commits on its
         // own, so what it sums must not wait for the slice's end, which a failure skips
         // (`TakeInFailureTests`).
+        // Moved files' histories at their paths, and their inodes in `changed`, before
+        // anything another device made is placed among them.
+        try settleAllMoves()
         try commitBatch()
         takingIn = TakeInMemo()
         defer { takingIn = nil }

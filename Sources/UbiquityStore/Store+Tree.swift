@@ -45,7 +45,7 @@ extension Store {
         return checked
     }
 
-    private static func treeNode(_ r: SQLRow) -> Result<TreeNode, StoreError> {
+    static func treeNode(_ r: SQLRow) -> Result<TreeNode, StoreError> {
         guard let kind = NodeKind(rawValue: r.int(1)) else { return .failure(.database("inode \(r.int(0)) has unknown kind \(r.int(1))")) }
         var inode = Inode(id: r.inode(0), kind: kind, mode: UInt32(truncatingIfNeeded: r.int(2)),
                           uid: UInt32(truncatingIfNeeded: r.int(3)), gid: UInt32(truncatingIfNeeded: r.int(4)),
@@ -421,21 +421,15 @@ extension Store {
                 if node.link == old { node.link = new }
             }
         }
-        if node.inode.kind == .directory { try markSubtreeChanged(id) } else { try changed.insert(id) }
+        try noteMoved(id, node)
     }
 
-    /// Everything below a moved directory has a new path: all of it is in the change set
-    /// (the walk is as large as the move, not as the tree).
-    private func markSubtreeChanged(_ id: InodeNumber) throws(StoreError) {
-        var pending = [id]
-        while let next = pending.popLast() {
-            try changed.insert(next)
-            try db.query("SELECT e.inode, i.kind FROM entries e JOIN inodes i ON i.id = e.inode WHERE e.parent = ?",
-                         [.inode(next)]) { (r) throws(StoreError) in
-                let child = r.inode(0)
-                if r.int(1) == NodeKind.directory.rawValue { pending.append(child) } else { try changed.insert(child) }
-            }
-        }
+    /// A moved node has a new path, and so has everything below a moved directory: the
+    /// directory goes into `moved`, and its subtree into the change set in the background
+    /// (`settleMoves`), so a rename costs the same whatever it moves.
+    private func noteMoved(_ id: InodeNumber, _ node: TreeNode) throws(StoreError) {
+        try changed.insert(id)
+        if node.inode.kind == .directory { try moved.insert(id) }
     }
 
     /// Swaps what two entries name (RENAME_EXCHANGE).
@@ -456,8 +450,8 @@ extension Store {
             try modify(a) { $0.inode.ctime = now; if $0.link == refA { $0.link = refB } }
             try modify(b) { $0.inode.ctime = now; if $0.link == refB { $0.link = refA } }
         }
-        try markSubtreeChanged(a)
-        try markSubtreeChanged(b)
+        try noteMoved(a, nodeA)
+        try noteMoved(b, nodeB)
     }
 
     /// Saves changed attributes (the link count and names stay the tree's).

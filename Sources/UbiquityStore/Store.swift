@@ -142,6 +142,9 @@ public final class Store: @unchecked Sendable {
     ///   move to a local-only name); the step tombstones those still shown.
     /// - `held`: file nodes that inodes recorded by the current pass hold (the pass runs
     ///   in slices; an orphaned history one of them holds is not removed).
+    /// - `moved`: directories moved whose subtrees are not settled yet: the inodes below
+    ///   go into `changed`, and the files' histories to their new paths, in the
+    ///   background (Store+MovedTrees), not on the rename's request path.
     let changed: PendingSet<InodeNumber>
     /// `changed`'s keys in the `pending` table: inode numbers in decimal.
     static func changedKey(_ id: InodeNumber) -> String { String(id.rawValue) }
@@ -163,6 +166,7 @@ public final class Store: @unchecked Sendable {
     }
     let orphaned: PendingSet<FileID>
     let held: PendingSet<FileID>
+    let moved: PendingSet<InodeNumber>
     /// Set by an upgrade from a store before format 4, which kept no change set: the
     /// first sync step looks at the whole tree once.
     var needsFullScan: Bool
@@ -334,6 +338,7 @@ public final class Store: @unchecked Sendable {
         vacated = try PendingSet(.vacated, db: db, load: load, key: name, parse: NameKey.init)
         orphaned = try PendingSet(.orphaned, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
         held = try PendingSet(.held, db: db, load: load, key: { $0.hex }, parse: { FileID(hex: $0) })
+        moved = try PendingSet(.moved, db: db, load: load, key: Self.changedKey, parse: Self.changedInode)
         needsFullScan = try get("full_scan") == "1"
         if !readOnly { index.mayHaveUnviewed = try index.hasUnviewedRecords() }
         if !readOnly {
@@ -442,7 +447,8 @@ public final class Store: @unchecked Sendable {
         case done
         /// The overlay waits for a burst of changes to pause (`FoldPolicy`).
         case waiting
-        /// A part of the overlay was folded; more is to fold now.
+        /// A part of the overlay was folded (or a slice of moves settled); more is to
+        /// do now.
         case more
     }
 

@@ -594,6 +594,61 @@ import TestSupport
         }
     }
 
+    /// A directory's move is one log frame and no statement, whatever it holds: what grows
+    /// with the subtree (its inodes into the change set, its files' histories to their new
+    /// paths) is settled afterwards (Store+MovedTrees), and `.versions/`, sync and a
+    /// second device then see every file at its new path.
+    @Test func aDirectoryMoveCostsTheSameWhateverItHolds() throws {
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let d = try Self.device(files: 300, in: temp)
+        for i in 0..<30 { try d.save("dir2/sub/deeper/nested\(i).txt", "nested \(i)") }
+        d.cycle()
+        try d.store.commitBatch()
+        let fs = d.fs
+        let dir2 = try fs.lookup(parent: Store.rootInode, name: "dir2").ino
+        let sub = try fs.lookup(parent: dir2, name: "sub").ino
+        let deeper = try fs.lookup(parent: sub, name: "deeper").ino
+        let nested = try #require(d.store.inode(try fs.lookup(parent: deeper, name: "nested7.txt").ino)?.fileID)
+        let top = try #require(d.store.inode(try fs.lookup(parent: dir2, name: "file207.txt").ino)?.fileID)
+        let place = try fs.mkdir(parent: Store.rootInode, name: "place", mode: 0o755, caller: d.me).ino
+        _ = try fs.lookup(parent: Store.rootInode, name: "dir1")
+        var costs: [(String, statements: Int, frames: UInt64)] = []
+        func measure(_ label: String, _ body: () throws -> Void) rethrows {
+            let s0 = d.store.db.statements, f0 = d.store.treeLog!.nextSequence.value
+            try body()
+            costs.append((label, d.store.db.statements - s0, d.store.treeLog!.nextSequence.value - f0))
+        }
+        // The kernel looks up a rename's source first (as `mv` does).
+        _ = try fs.lookup(parent: Store.rootInode, name: "dir2")
+        try measure("move of 130 files") { try fs.rename(parent: Store.rootInode, name: "dir2", newParent: place, newName: "moved", flags: 0) }
+        try measure("move of 100 files") { try fs.rename(parent: Store.rootInode, name: "dir1", newParent: place, newName: "one", flags: 0) }
+        let one = try fs.lookup(parent: place, name: "one").ino
+        _ = try fs.lookup(parent: one, name: "file150.txt")
+        try measure("move of a file") { try fs.rename(parent: one, name: "file150.txt", newParent: place, newName: "alone.txt", flags: 0) }
+        for c in costs {
+            print("WorkTests.aDirectoryMoveCostsTheSameWhateverItHolds: \(c.0): \(c.statements) statements, \(c.frames) log frames")
+            #expect(c.statements == 0 && c.frames == 1, "\(c.0): \(c.statements) statements, \(c.frames) log frames")
+        }
+        #expect(d.store.hasUnsettledMoves)
+        // `.versions/` shows each history at its file's new path, settled by the read.
+        #expect(try d.store.histories(at: "place/moved/sub/deeper/nested7.txt") == [nested])
+        #expect(try d.store.histories(at: "place/moved/file207.txt") == [top])
+        #expect(try d.store.histories(at: "dir2/file207.txt").isEmpty)
+        #expect(try d.store.historyChild(of: "", name: "dir2") == nil, "nothing is left shown under the old name")
+        #expect(!d.store.hasUnsettledMoves)
+        // Sync records every moved file at its path: a second device shows the same tree.
+        try d.engine.syncNow()
+        #expect(d.store.changed.isEmpty && d.store.vacated.isEmpty, "the sync step recorded every move")
+        let other = try SimDevice(name: "other", root: temp.path, backing: temp.path + "/backing", clock: nowNanos,
+                                  options: SimDevice.alwaysPolling)
+        try other.engine.syncNow()
+        let tree = try d.tree()
+        #expect(tree["place/moved/sub/deeper/nested7.txt"] == "file nested 7" && tree["place/alone.txt"] == "file content 150")
+        let seen = try other.tree()
+        #expect(seen == tree, "differences: \(Set(seen.keys).symmetricDifference(tree.keys).sorted().prefix(8)) of \(seen.count), \(tree.count)")
+    }
+
     /// The sync step after a burst of new files (issue 26): a file version this device made
     /// that its path shows is not checked again there (that cost a dozen statements per
     /// new file, a third of what creating it cost); what remains per file is the view

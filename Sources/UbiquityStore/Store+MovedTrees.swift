@@ -1,0 +1,71 @@
+/// What a directory's move leaves below it. Every inode there has a new path, so the sync
+/// step must look at each (`changed`), and every file's history is shown at the file's
+/// path under `.versions/`. A rename does neither: it puts the directory in `moved`
+/// (one pending entry in its log frame), and the work, which grows with the subtree,
+/// is done here later, a slice at a time:
+/// - by the group commit's loop once the overlay is folded (`SharedStore.settleMoves`),
+///   so it is usually done a moment after the rename;
+/// - first thing in whatever reads what it writes: a sync step's slice, a pull slice,
+///   a read of `.versions/`, prune.
+///
+/// A slice is one transaction: the directories it settles leave `moved`, and their
+/// subdirectories join it, so the walk resumes after a crash where it stopped.
+///
+/// Only moves that leave every file below local-only or synced as it was come here
+/// whole: a move across a `.nosync` name changes the files' versions, which the
+/// filesystem does at the rename (`Meta.pathsChanged`). The histories then stand where
+/// this would put them, and settling finds nothing to move.
+extension Store {
+    /// Entries a slice of `settleMoves` visits, about (a directory is settled whole).
+    public static let movedEntriesPerSlice = 2048
+
+    /// Whether moved directories wait to be settled.
+    public var hasUnsettledMoves: Bool { !moved.isEmpty }
+
+    /// Settles moved directories until about `limit` entries were visited, as one sync
+    /// step (its own transaction). Returns whether more remain.
+    @discardableResult
+    public func settleMoves(limit: Int = movedEntriesPerSlice) throws(StoreError) -> Bool {
+        guard !readOnly, !moved.isEmpty else { return false }
+        return try syncStep(viewing: false) { () throws(StoreError) -> Bool in
+            var visited = 0
+            while visited < limit, let directory = try moved.popFirst() {
+                visited += try settleMoved(directory)
+            }
+            return !moved.isEmpty
+        }
+    }
+
+    /// Settles every moved directory (before a read of what settling writes).
+    func settleAllMoves() throws(StoreError) {
+        while try settleMoves(limit: .max) {}
+    }
+
+    /// One directory: its entries into `changed`, its subdirectories into `moved`, and
+    /// the history of each file whose primary name is here to that name's path (a hard
+    /// link's other names do not move it). Returns how many entries it had.
+    private func settleMoved(_ directory: InodeNumber) throws(StoreError) -> Int {
+        guard let node = try node(directory), node.inode.kind == .directory, node.inode.nlink > 0,
+              let path = try treePath(of: directory) else { return 0 }
+        // In the step's transaction: the gate has folded the overlay, SQLite is the tree.
+        let children = try db.rows("SELECT \(Self.qualifiedInodeColumns), e.name FROM entries e JOIN inodes i ON i.id = e.inode WHERE e.parent = ?",
+                                   [.inode(directory)]) { r in (name: r.text(19), node: Self.treeNode(r)) }
+        for child in children {
+            guard case .success(let childNode) = child.node else { continue } // a damaged row: fsck's to report
+            let inode = childNode.inode
+            try changed.insert(inode.id)
+            switch inode.kind {
+            case .directory:
+                try moved.insert(inode.id)
+            case .file:
+                guard let fileID = inode.fileID, inode.head != nil,
+                      childNode.link == EntryRef(parent: directory, name: child.name) else { continue }
+                let filePath = path.isEmpty ? child.name : path + "/" + child.name
+                if !LocalOnly.contains(filePath) { try setHistory(fileID, path: filePath, live: true) }
+            default:
+                break
+            }
+        }
+        return children.count
+    }
+}
