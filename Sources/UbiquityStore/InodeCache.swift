@@ -16,7 +16,9 @@ struct TreeNode {
 /// them; most files have none), known once read or made here and following every
 /// `TreeChange.xattr` (`Store.record`); and the id of a version the inode had as its head
 /// (the save's parent), by row: a version row never changes, so it holds for as long as
-/// the inode's head is that row. Both go with the entry.
+/// the inode's head is that row. Both go with the entry. So does the chunk list of a
+/// head it had, by row, when that list is short (`Store.headChunkList`): an open of a
+/// file whose version the fold has written then reads no SQLite either.
 struct InodeCache {
     /// A version an inode had as its head, or descends from (a history it continues): its
     /// row, id and whether it is local-only.
@@ -31,6 +33,7 @@ struct InodeCache {
         /// The inode's xattrs by full name (nil: not known here).
         var xattrs: [String: [UInt8]]?
         var head: HeadVersion?
+        var chunks: (row: Int64, list: ChunkList)?
     }
 
     let capacity: Int
@@ -47,7 +50,21 @@ struct InodeCache {
     mutating func put(_ node: TreeNode) {
         let id = node.inode.id
         let known = newer[id] ?? older.removeValue(forKey: id)
-        insert(Entry(node: node, xattrs: known?.xattrs, head: known?.head))
+        // A chunk list stays only while the inode's head is its version.
+        let chunks = known?.chunks.flatMap { $0.row == node.inode.head ? $0 : nil }
+        insert(Entry(node: node, xattrs: known?.xattrs, head: known?.head, chunks: chunks))
+    }
+
+    /// The chunk list of version `row`, if the inode's entry knows it as a head it had.
+    mutating func chunkList(_ id: InodeNumber, row: Int64) -> ChunkList? {
+        guard let known = entry(id)?.chunks, known.row == row else { return nil }
+        return known.list
+    }
+
+    /// Keeps version `row`'s chunk list with the inode's entry, if it has one (without
+    /// moving it to the newer generation: a directory's lists are read at once).
+    mutating func knowChunkList(_ id: InodeNumber, row: Int64, _ list: ChunkList) {
+        if newer[id] != nil { newer[id]!.chunks = (row, list) } else { older[id]?.chunks = (row, list) }
     }
 
     /// Version `row`, if the inode's entry knows it as a head it had.

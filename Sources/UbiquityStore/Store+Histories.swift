@@ -36,10 +36,27 @@ extension Store {
     /// A history whose one version is a save the overlay still holds (the usual case: the
     /// temp file was written and renamed within the group commit's interval) is withdrawn
     /// there, so the rename folds nothing: the fold then writes neither the save nor its
-    /// history (`foldTree`).
+    /// history (`foldTree`). So does a history the fold has written: its versions are read
+    /// around the gate, and the overlay takes the withdrawal (which the fold then does
+    /// as `withdrawUnsentHistory` lets it, else it drops the history) or the retirement.
     public func endHistoryRenamedOver(_ fileID: FileID) throws(StoreError) {
         if overlayOn, let only = overlay.onlySave(of: fileID), try !hasIndexedVersions(fileID) {
             try record(.withdraw(row: only.row, id: only.id, fileID: fileID))
+            return
+        }
+        if overlayOn {
+            var versions = overlay.versions(of: fileID).mapValues { (id: $0, own: true) }
+            let stored = try db.aroundGate { () throws(StoreError) in
+                try db.rows("SELECT row, id, device_id FROM \(Store.versionsWithDevices) WHERE file_id = ? LIMIT 2", [.id(fileID)]) {
+                    (row: $0.int(0), id: $0.versionID(1), own: $0.deviceID(2) == deviceID)
+                }
+            }
+            for v in stored { versions[v.row] = (v.id, v.own) }
+            if versions.count == 1, let (row, only) = versions.first, only.own {
+                try record(.withdraw(row: row, id: only.id, fileID: fileID))
+            } else if let shown = try shownPath(of: fileID) {
+                try record(.history(fileID, path: shown, live: false))
+            }
             return
         }
         let versions = try versions(of: fileID)
@@ -47,6 +64,15 @@ extension Store {
             if try !withdrawUnsentHistory(fileID) { try dropHistory(fileID) }
         } else {
             try retireHistory(fileID)
+        }
+    }
+
+    /// Where history `fileID` is shown under `.versions/` (nil: nowhere): the overlay's
+    /// placement, else SQLite's row, read around the gate.
+    private func shownPath(of fileID: FileID) throws(StoreError) -> String? {
+        if let shown = overlay.histories[fileID] { return shown.path }
+        return try db.aroundGate { () throws(StoreError) in
+            try db.rows("SELECT path FROM histories WHERE file_id = ?", [.id(fileID)]) { $0.text(0) }.first
         }
     }
 

@@ -57,7 +57,10 @@ extension Store {
                 if !local { try self.record(.history(fileID, path: path, live: true)) }
             }
             continuedParents[id] = nil
-            tree.withLock { $0.inodes.knowHead(id, .init(row: row, id: record.id, isLocal: local)) }
+            tree.withLock {
+                $0.inodes.knowHead(id, .init(row: row, id: record.id, isLocal: local))
+                if content.count <= Self.keptChunkListPieces { $0.inodes.knowChunkList(id, row: row, content) }
+            }
             try secure(id, content: content, path: path, version: record.id)
             return Version(row: row, id: record.id, node: record.node, parents: record.parents, deviceID: deviceID,
                            deviceName: deviceName, committed: record.committed, mtime: record.mtime, mode: record.mode,
@@ -214,6 +217,51 @@ extension Store {
         }
         guard let list = ChunkList(encoded: blob) else { throw .database("version row \(row) has a malformed chunk list") }
         return list
+    }
+
+    /// Lists of at most this many pieces are kept with their inode in the working set (a
+    /// file of up to a few hundred KiB); a longer one is read at each open.
+    static let keptChunkListPieces = 12
+
+    /// The chunk list of inode `id`'s head version `row`, for an open: the overlay's save,
+    /// else the working set's copy (kept at the save, or read with its directory's),
+    /// else SQLite. A miss reads the short lists of the heads of every inode of the
+    /// directory `parent` (the inode's primary one) with one statement, once, so `cat`,
+    /// `grep -r` or `rsync` of a tree run one read a directory, not one a file.
+    func headChunkList(_ id: InodeNumber, row: Int64, parent: InodeNumber?) throws(StoreError) -> ChunkList {
+        if let saved = overlay.saves[row] { return saved.chunks }
+        if let kept = tree.withLock({ $0.inodes.chunkList(id, row: row) }) { return kept }
+        if let parent, chunkListsRead.insert(parent).inserted {
+            if chunkListsRead.count > Self.chunkListDirectoriesRemembered { chunkListsRead = [parent] }
+            try readChunkLists(in: parent)
+            if let kept = tree.withLock({ $0.inodes.chunkList(id, row: row) }) { return kept }
+        }
+        return try chunkList(row: row)
+    }
+
+    /// Directories whose lists `headChunkList` read lately are remembered up to this many
+    /// (then forgotten at once): a miss there reads its own list, not the directory's again.
+    static let chunkListDirectoriesRemembered = 4096
+    /// A directory of more entries has its lists read one open at a time.
+    static let chunkListDirectoryLimit = 2048
+
+    /// Keeps the short head chunk lists of the inodes of `parent` that the working set
+    /// holds. Around the gate: a row the overlay changed is checked at use (by row), and
+    /// versions in SQLite never change.
+    private func readChunkLists(in parent: InodeNumber) throws(StoreError) {
+        let rows = try db.aroundGate { () throws(StoreError) in
+            try db.rows("""
+                SELECT i.id, i.head, CASE WHEN length(v.chunks) <= \(Self.keptChunkListPieces * 36) THEN v.chunks END
+                FROM (SELECT inode FROM entries WHERE parent = ? LIMIT \(Self.chunkListDirectoryLimit)) e
+                JOIN inodes i ON i.id = e.inode JOIN versions v ON v.row = i.head
+                """, [.inode(parent)]) { r in (id: r.inode(0), row: r.int(1), blob: r.isNull(2) ? nil : r.blob(2)) }
+        }
+        var lists: [(InodeNumber, Int64, ChunkList)] = []
+        for row in rows {
+            guard let blob = row.blob, let list = ChunkList(encoded: blob), list.count <= Self.keptChunkListPieces else { continue }
+            lists.append((row.id, row.row, list))
+        }
+        tree.withLock { t in for (id, row, list) in lists { t.inodes.knowChunkList(id, row: row, list) } }
     }
 
     /// Every version's row and chunk list (fsck, gc).

@@ -110,6 +110,9 @@ public final class Store: @unchecked Sendable {
     /// Files that continue a history but have no version yet: the version their first
     /// commit descends from (kept in memory only; losing it in a crash only loses the link).
     var continuedParents: [InodeNumber: Int64] = [:]
+    /// Directories whose inodes' head chunk lists were read at once lately
+    /// (`headChunkList`).
+    var chunkListsRead: Set<InodeNumber> = []
     var nextInode = Store.rootInode.advanced(by: 1)
     /// Records `pendingUploads` handed to the sync engine and not marked uploaded yet:
     /// `withdrawUnsentHistory` leaves them alone. Index side (below).
@@ -520,8 +523,9 @@ public final class Store: @unchecked Sendable {
     /// The content of a file as of its current version, ready for reads and writes.
     /// - Parameter view: turns the stored chunks into what readers see (TinyPix grids).
     public func openContent(_ id: InodeNumber, view: (ChunkList) throws(StoreError) -> ChunkList = { $0 }) throws(StoreError) -> FileContent {
-        let inode = try node(id)?.inode
-        let stored = try inode?.head.map { (row) throws(StoreError) in try chunkList(row: row) } ?? ChunkList()
+        let node = try node(id)
+        let inode = node?.inode
+        let stored = try inode?.head.map { (row) throws(StoreError) in try headChunkList(id, row: row, parent: node?.link?.parent) } ?? ChunkList()
         // A local-only file's bytes never leave the device, not even early.
         let syncs = path(of: id).map { !LocalOnly.contains($0) } ?? false
         return FileContent(base: try view(stored), chunks: chunks, stagingDirectory: stagingDirectory,

@@ -203,6 +203,15 @@ struct TreeOverlay {
         return saves[row]
     }
 
+    /// History `fileID`'s versions here (saves and tombstones, folded or not), by row.
+    func versions(of fileID: FileID) -> [Int64: VersionID] {
+        var found: [Int64: VersionID] = [:]
+        for row in rowsOf[fileID] ?? [] {
+            if let id = saves[row]?.id ?? tombstones[row]?.id { found[row] = id }
+        }
+        return found
+    }
+
     private mutating func noteNewest(_ fileID: FileID, row: Int64, committed: Nanos) {
         if let known = newest[fileID], (known.committed, known.row) > (committed, row) { return }
         newest[fileID] = (row, committed)

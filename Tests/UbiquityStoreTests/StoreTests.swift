@@ -334,3 +334,45 @@ import UbiquitySystem
         #expect(report.problems.contains { $0.contains(list.ids[2].hex) && $0.contains("corrupt") })
     }
 }
+
+/// An open of a file whose version the fold has written takes its chunk list from the
+/// working set: kept at the save, or read with its directory's at the first open there.
+@Suite struct HeadChunkListTests {
+    @Test func openingTheFilesOfAFoldedTreeReadsEachDirectoryOnce() throws {
+        let dir = TempDirectory()
+        defer { dir.cleanup() }
+        let store = try Store(directory: dir.path, deviceName: "test")
+        store.startBatching()
+        var files: [(parent: InodeNumber, name: String, id: InodeNumber, text: String)] = []
+        for d in 0..<3 {
+            let parent = try store.create(parent: Store.rootInode, name: "d\(d)", kind: .directory, mode: 0o755, uid: 0, gid: 0).id
+            for f in 0..<40 {
+                let name = "f\(f)", text = "file \(f) of directory \(d)"
+                let id = try store.create(parent: parent, name: name, kind: .file, mode: 0o644, uid: 0, gid: 0).id
+                var list = ChunkList()
+                list.appendInline(Array(text.utf8))
+                _ = try store.commit(id, content: list, path: "d\(d)/\(name)", local: false)
+                files.append((parent, name, id, text))
+            }
+        }
+        try store.commitBatch()
+        _ = try store.reservedRanges(Store.rootInode) // the table in memory, read once (a mount's first fold)
+        func openAll() throws -> Int {
+            let s0 = store.db.statements
+            for file in files {
+                let content = try store.openContent(file.id)
+                #expect(String(decoding: try content.read(offset: 0, count: 100), as: UTF8.self) == file.text)
+            }
+            return store.db.statements - s0
+        }
+        #expect(try openAll() == 0, "the lists kept at the saves")
+        // As after the working set let them go: the kernel's lookups read the inodes again.
+        store.workingSet.withLock { $0.inodes.removeAll() }
+        for d in 0..<3 { _ = try store.lookUp(Store.rootInode, "d\(d)") }
+        for file in files { _ = try store.lookUp(file.parent, file.name) }
+        let statements = try openAll()
+        print("HeadChunkListTests: \(statements) statements to open \(files.count) files in 3 directories")
+        #expect(statements == 3, "one read a directory")
+        #expect(try openAll() == 0)
+    }
+}
