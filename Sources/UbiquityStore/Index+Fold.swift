@@ -117,20 +117,25 @@ extension Index {
         return amended
     }
 
+    /// An inode's row, in the order of `Store.inodeColumns`.
+    static func inodeValues(_ node: TreeNode) -> [SQLValue] {
+        let inode = node.inode
+        return [
+            .inode(inode.id), .int(inode.kind.rawValue), .int(Int64(inode.mode)), .int(Int64(inode.uid)),
+            .int(Int64(inode.gid)), .int(inode.size), .int(inode.atime), .int(inode.mtime), .int(inode.ctime),
+            .int(Int64(bitPattern: inode.rdev)), inode.target.map { .text($0) } ?? .null,
+            inode.fileID.map { .id($0) } ?? .null, inode.head.map { .int($0) } ?? .null, .int(inode.allocated),
+            .int(Int64(inode.nlink)), node.link.map { .inode($0.parent) } ?? .null,
+            node.link.map { .text($0.name) } ?? .null, .int(inode.absent), .int(inode.keep.rawValue),
+        ]
+    }
+
     /// The one place a tree change becomes SQL.
     func writeRow(_ change: TreeChange, facts: NamespaceFacts) throws(StoreError) {
         let db = connection
         switch change {
         case .putInode(let node):
-            let inode = node.inode
-            try db.query(Store.upsertInode, [
-                .inode(inode.id), .int(inode.kind.rawValue), .int(Int64(inode.mode)), .int(Int64(inode.uid)),
-                .int(Int64(inode.gid)), .int(inode.size), .int(inode.atime), .int(inode.mtime), .int(inode.ctime),
-                .int(Int64(bitPattern: inode.rdev)), inode.target.map { .text($0) } ?? .null,
-                inode.fileID.map { .id($0) } ?? .null, inode.head.map { .int($0) } ?? .null, .int(inode.allocated),
-                .int(Int64(inode.nlink)), node.link.map { .inode($0.parent) } ?? .null,
-                node.link.map { .text($0.name) } ?? .null, .int(inode.absent), .int(inode.keep.rawValue),
-            ])
+            try db.query(Store.upsertInode, Self.inodeValues(node))
         case .dropInode(let id):
             try db.query("DELETE FROM inodes WHERE id = ?", [.inode(id)])
             try db.query("DELETE FROM xattrs WHERE inode = ?", [.inode(id)])

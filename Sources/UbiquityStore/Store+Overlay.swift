@@ -110,7 +110,12 @@ extension Store {
 
     /// Writes one change: to the overlay when it is on, else to SQLite now.
     func record(_ change: TreeChange) throws(StoreError) {
-        if overlayOn { addToOverlay(change) } else { try writeDirectly(change) }
+        if overlayOn {
+            addToOverlay(change)
+        } else {
+            let absorbed = bulkCreates != nil ? try absorbInBulk(change) : false
+            if !absorbed { try writeDirectly(change) }
+        }
         // The working set follows each change as it is made: readers take it without the
         // store's lock (`TreeCache`).
         switch change {

@@ -608,6 +608,10 @@ extension Store {
     private func reconcileQueued(busy: Set<InodeNumber>) throws(StoreError) -> TreeChanges {
         tracksChanges = false
         defer { tracksChanges = true }
+        return try creatingInBulk { () throws(StoreError) in try reconcilePlans(busy: busy) }
+    }
+
+    private func reconcilePlans(busy: Set<InodeNumber>) throws(StoreError) -> TreeChanges {
         var changes = TreeChanges()
         var plans: [(String, Replica.Shown)] = []
         // Directories looked up once per call (the paths of a slice share a few parents),

@@ -34,6 +34,7 @@ extension Store {
     /// The inode and its primary name, from the cache or SQLite.
     func node(_ id: InodeNumber) throws(StoreError) -> TreeNode? {
         if let shadow = overlay.inode(id) { return shadow }
+        if let held = bulkCreates?.nodes[id] { return held }
         if let hit = tree.withLock({ $0.inodes.get(id) }) { return hit }
         guard id.fitsColumn,
               let node = try db.aroundGate({ () throws(StoreError) in
@@ -109,6 +110,7 @@ extension Store {
     func childID(_ parent: InodeNumber, _ name: String, loading: Bool = false) throws(StoreError) -> InodeNumber? {
         let key = NameKey(name)
         if let shadow = overlay.entry(parent, key) { return shadow }
+        if let held = bulkCreates?.entries[parent]?[key] { return held }
         if let loaded = try loadedEntry(parent, key, loading: loading) { return loaded }
         return try db.aroundGate { () throws(StoreError) in
             try db.rows("SELECT inode FROM entries WHERE parent = ? AND name = ?", [.inode(parent), .text(name)]) {
@@ -340,10 +342,14 @@ extension Store {
         inode.nlink = kind == .directory ? 2 : 1
         prepare(&inode)
         let node = TreeNode(inode: inode, link: EntryRef(parent: parent, name: name))
-        try treeChange { () throws(StoreError) in
-            try persist(node)
-            try insertEntry(parent: parent, name: name, id: id)
-            if touchingParent { try touchDirectory(parent, subdirectories: kind == .directory ? 1 : 0) }
+        if bulkCreates != nil && !touchingParent && !tracksChanges {
+            holdCreated(node) // reconcile's: written as a set (Store+BulkCreate)
+        } else {
+            try treeChange { () throws(StoreError) in
+                try persist(node)
+                try insertEntry(parent: parent, name: name, id: id)
+                if touchingParent { try touchDirectory(parent, subdirectories: kind == .directory ? 1 : 0) }
+            }
         }
         nextInode = nextInode.advanced(by: 1)
         if overlayOn { overlay.noteFresh(id, history: fileID == nil ? inode.fileID : nil) }

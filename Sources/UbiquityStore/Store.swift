@@ -113,6 +113,8 @@ public final class Store: @unchecked Sendable {
     /// Directories whose inodes' head chunk lists were read at once lately
     /// (`headChunkList`).
     var chunkListsRead: Set<InodeNumber> = []
+    /// New inodes a reconcile holds to write as a set (Store+BulkCreate).
+    var bulkCreates: BulkCreates?
     var nextInode = Store.rootInode.advanced(by: 1)
     /// Records `pendingUploads` handed to the sync engine and not marked uploaded yet:
     /// `withdrawUnsentHistory` leaves them alone. Index side (below).
