@@ -16,8 +16,10 @@
 /// filesystem does at the rename (`Meta.pathsChanged`). The histories then stand where
 /// this would put them, and settling finds nothing to move.
 extension Store {
-    /// Entries a slice of `settleMoves` visits, about (a directory is settled whole).
-    public static let movedEntriesPerSlice = 2048
+    /// Entries a slice of `settleMoves` visits, about (a directory is settled whole). A
+    /// slice holds the store's lock: at a few statements an entry, this costs about what
+    /// a sync step's slice of 64 changes does.
+    public static let movedEntriesPerSlice = 256
 
     /// Whether moved directories wait to be settled.
     public var hasUnsettledMoves: Bool { !moved.isEmpty }
