@@ -127,6 +127,7 @@ extension FileSystem {
         let targetID = store.child(newParent, newName)
         if targetID == sourceID { return }
         let sourcePath = store.path(of: sourceID)
+        try m.settleMovesBeforeCrossing(source, from: sourcePath, to: newParent, newName, store: store)
 
         if flags & RenameFlags.exchange != 0 {
             guard let targetID else { throw .notFound }
@@ -385,6 +386,20 @@ extension FileSystem.Meta {
             steps += 1
         }
         return false
+    }
+
+    /// A rename that takes a file or a directory across a local-only name retires or
+    /// begins histories where they are shown (`pathsChanged`): a directory moved before,
+    /// whose files' histories still wait at their old paths (Store+MovedTrees), is
+    /// settled first, or an editor's rename-aside there would leave the file's history
+    /// behind and its next save would begin another.
+    fileprivate func settleMovesBeforeCrossing(_ source: Inode, from sourcePath: String?, to newParent: InodeNumber, _ newName: String,
+                                           store: any FileSystemStore) throws(Errno) {
+        guard store.hasUnsettledMoves, let sourcePath, let parentPath = store.path(of: newParent) else { return }
+        let newPath = parentPath.isEmpty ? newName : parentPath + "/" + newName
+        let crosses = source.kind == .directory ? LocalOnly.coversBelow(sourcePath) != LocalOnly.coversBelow(newPath)
+            : LocalOnly.contains(sourcePath) != LocalOnly.contains(newPath)
+        if crosses { try storeCall { () throws(StoreError) in try store.settleAllMoves() } }
     }
 
     /// After a rename: move where the histories below `id` are shown, and give files that

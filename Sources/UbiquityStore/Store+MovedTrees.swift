@@ -38,9 +38,37 @@ extension Store {
         }
     }
 
-    /// Settles every moved directory (before a read of what settling writes).
-    func settleAllMoves() throws(StoreError) {
+    /// Settles every moved directory: before a read of what settling writes, and before
+    /// a rename across a local-only name (it retires or begins histories where they are
+    /// shown, which must be their files' paths).
+    public func settleAllMoves() throws(StoreError) {
         while try settleMoves(limit: .max) {}
+    }
+
+    /// The saves the overlay holds below a directory moved from `old` to `new`: each one's
+    /// history goes to its file's new path now, in the overlay, so that the fold writes
+    /// the save with that path (`Index.amendedSaves` takes it from a placement in the same
+    /// part) and a tree written under a staging name and moved before the fold (`tar -x`
+    /// into `pkg.tmp`, then `mv pkg.tmp pkg`) is one record a file, not a save at the old
+    /// path and a record of the move. Memory only: the overlay's saves, a burst at most.
+    /// A save whose file was moved or deleted since (its history shown elsewhere) is left
+    /// to the settling.
+    func placeUnfoldedSaves(movedFrom old: String, to new: String) throws(StoreError) {
+        guard overlayOn, !overlay.saves.isEmpty else { return }
+        var placed: Set<FileID> = []
+        for save in overlay.saves.values where !overlay.localRows.contains(save.row) && Self.isBelow(save.path, old) {
+            guard placed.insert(save.fileID).inserted, let shown = overlay.histories[save.fileID], shown.live,
+                  shown.path.utf8.elementsEqual(save.path.utf8) else { continue }
+            let path = new + String(decoding: save.path.utf8.dropFirst(old.utf8.count), as: UTF8.self)
+            if !LocalOnly.contains(path) { try setHistory(save.fileID, path: path, live: true) }
+        }
+    }
+
+    /// Whether `path` is below directory `directory` ("" is the root), by bytes.
+    static func isBelow(_ path: String, _ directory: String) -> Bool {
+        guard !directory.isEmpty else { return true }
+        let p = path.utf8, d = directory.utf8
+        return p.count > d.count && p.starts(with: d) && p[p.index(p.startIndex, offsetBy: d.count)] == UInt8(ascii: "/")
     }
 
     /// One directory: its entries into `changed`, its subdirectories into `moved`, and

@@ -413,7 +413,7 @@ extension Store {
     /// Moves an entry. The caller has removed or exchanged any target first.
     public func moveEntry(from parent: InodeNumber, _ name: String, to newParent: InodeNumber, _ newName: String) throws(StoreError) {
         guard let id = try childID(parent, name), let node = try node(id) else { return }
-        try noteVacated(id)
+        let oldPath = try noteVacated(id)
         let moved = node.inode.kind == .directory && newParent != parent ? 1 : 0
         let old = EntryRef(parent: parent, name: name), new = EntryRef(parent: newParent, name: newName)
         let now = clock()
@@ -427,23 +427,25 @@ extension Store {
                 if node.link == old { node.link = new }
             }
         }
-        try noteMoved(id, node)
+        try noteMoved(id, node, from: oldPath)
     }
 
     /// A moved node has a new path, and so has everything below a moved directory: the
     /// directory goes into `moved`, and its subtree into the change set in the background
     /// (`settleMoves`), so a rename costs the same whatever it moves.
-    private func noteMoved(_ id: InodeNumber, _ node: TreeNode) throws(StoreError) {
+    private func noteMoved(_ id: InodeNumber, _ node: TreeNode, from oldPath: String?) throws(StoreError) {
         try changed.insert(id)
-        if node.inode.kind == .directory { try moved.insert(id) }
+        guard node.inode.kind == .directory else { return }
+        try moved.insert(id)
+        if let oldPath, let newPath = try treePath(of: id) { try placeUnfoldedSaves(movedFrom: oldPath, to: newPath) }
     }
 
     /// Swaps what two entries name (RENAME_EXCHANGE).
     public func exchangeEntries(_ parentA: InodeNumber, _ nameA: String, _ parentB: InodeNumber, _ nameB: String) throws(StoreError) {
         guard let a = try childID(parentA, nameA), let b = try childID(parentB, nameB),
               let nodeA = try node(a), let nodeB = try node(b) else { return }
-        try noteVacated(a)
-        try noteVacated(b)
+        let pathA = try noteVacated(a)
+        let pathB = try noteVacated(b)
         let refA = EntryRef(parent: parentA, name: nameA), refB = EntryRef(parent: parentB, name: nameB)
         let delta = (nodeB.inode.kind == .directory ? 1 : 0) - (nodeA.inode.kind == .directory ? 1 : 0)
         let now = clock()
@@ -456,8 +458,8 @@ extension Store {
             try modify(a) { $0.inode.ctime = now; if $0.link == refA { $0.link = refB } }
             try modify(b) { $0.inode.ctime = now; if $0.link == refB { $0.link = refA } }
         }
-        try noteMoved(a, nodeA)
-        try noteMoved(b, nodeB)
+        try noteMoved(a, nodeA, from: pathA)
+        try noteMoved(b, nodeB, from: pathB)
     }
 
     /// Saves changed attributes (the link count and names stay the tree's).
@@ -478,8 +480,12 @@ extension Store {
         tree.withLock { $0.inodeTotal = $0.inodeTotal.map { $0 - 1 } }
     }
 
-    private func noteVacated(_ id: InodeNumber) throws(StoreError) {
-        if let path = try treePath(of: id) { try vacated.insert(NameKey(path)) }
+    /// Notes the path `id` leaves, and returns it.
+    @discardableResult
+    private func noteVacated(_ id: InodeNumber) throws(StoreError) -> String? {
+        guard let path = try treePath(of: id) else { return nil }
+        try vacated.insert(NameKey(path))
+        return path
     }
 
     private func insertEntry(parent: InodeNumber, name: String, id: InodeNumber) throws(StoreError) {

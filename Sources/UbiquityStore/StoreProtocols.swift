@@ -90,6 +90,9 @@ public protocol FSVersions: AnyObject {
     func setHistory(_ fileID: FileID, path: String, live: Bool) throws(StoreError)
     func retireHistory(_ fileID: FileID) throws(StoreError)
     func endHistoryRenamedOver(_ fileID: FileID) throws(StoreError)
+    /// Whether directories moved wait to be settled (Store+MovedTrees), and settling them.
+    var hasUnsettledMoves: Bool { get }
+    func settleAllMoves() throws(StoreError)
     func deadHistory(at path: String) throws(StoreError) -> DeadHistory?
     /// An intent frame for the file's unsaved writes, and the fd to fsync (fsync(2) of one file).
     func logDurably(_ id: InodeNumber) throws(StoreError) -> Int32?

@@ -803,6 +803,53 @@ import TestSupport
     /// mtime when it is folded (`Index.written`), so each file is one record and the sync
     /// step looks at it as at any new file; as two records (the save, then a meta record
     /// at the new path) the step cost 36 statements a file.
+    /// vim's rename-aside save (`f` renamed to `f~`, a new `f` written) right after the
+    /// folder above it moved, before the move settled: the rename across the local-only
+    /// name settles it first, so the new file continues `f`'s history at its new path.
+    @Test func aRenameAsideRightAfterAFolderMovedKeepsTheHistory() throws {
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let d = try Self.device(files: 0, in: temp)
+        try d.save("a/f.txt", "first")
+        d.cycle()
+        try d.store.commitBatch()
+        let history = try #require(d.store.inode(try d.fs.lookup(parent: try d.fs.lookup(parent: Store.rootInode, name: "a").ino,
+                                                                  name: "f.txt").ino)?.fileID)
+        try d.fs.rename(parent: Store.rootInode, name: "a", newParent: Store.rootInode, newName: "b", flags: 0)
+        #expect(d.store.hasUnsettledMoves)
+        let b = try d.fs.lookup(parent: Store.rootInode, name: "b").ino
+        try d.fs.rename(parent: b, name: "f.txt", newParent: b, newName: "f.txt~", flags: 0)
+        try d.save("b/f.txt", "second")
+        let saved = try #require(d.store.inode(try d.fs.lookup(parent: b, name: "f.txt").ino))
+        #expect(saved.fileID == history, "the new b/f.txt continues the history a/f.txt had")
+        #expect(try d.store.histories(at: "a/f.txt").isEmpty, "no history is left at the old path")
+    }
+
+    /// A tree written under a staging name and moved into place before the fold (`tar -x`
+    /// into `pkg.tmp`, then `mv pkg.tmp pkg`): each file is one record, at its final path,
+    /// as when the move walked the tree (`Store.placeUnfoldedSaves`).
+    @Test func aTreeMovedBeforeItsFoldIsOneRecordAFile() throws {
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let d = try Self.device(files: 0, in: temp)
+        try d.engine.cycle(pushPull: true)
+        let staging = try d.fs.mkdir(parent: Store.rootInode, name: "pkg.tmp", mode: 0o755, caller: d.me).ino
+        let sub = try d.fs.mkdir(parent: staging, name: "sub", mode: 0o755, caller: d.me).ino
+        let n = 40
+        for i in 0..<n {
+            let (_, h) = try d.fs.create(parent: i % 2 == 0 ? staging : sub, name: "f\(i)", mode: 0o644, flags: OpenFlags(O_WRONLY), caller: d.me)
+            _ = try Array("file \(i)".utf8).withUnsafeBytes { try d.fs.write(h, offset: 0, data: $0) }
+            try d.fs.release(h)
+        }
+        try d.fs.rename(parent: Store.rootInode, name: "pkg.tmp", newParent: Store.rootInode, newName: "pkg", flags: 0)
+        try d.store.commitBatch()
+        try d.engine.cycle(pushPull: true)
+        let paths = try d.store.db.rows("SELECT path FROM versions WHERE kind = 1", []) { $0.text(0) }
+        #expect(paths.count == n, "records of \(n) files: \(paths.count)")
+        #expect(paths.allSatisfy { $0.hasPrefix("pkg/") }, "\(paths.filter { !$0.hasPrefix("pkg/") }.prefix(3))")
+        #expect(try d.store.histories(at: "pkg/sub/f1").count == 1)
+    }
+
     @Test func copiedFilesAreOneRecordEach() throws {
         let temp = TempDirectory()
         defer { temp.cleanup() }
