@@ -113,6 +113,9 @@ public final class Store: @unchecked Sendable {
     /// Directories whose inodes' head chunk lists were read at once lately
     /// (`headChunkList`).
     var chunkListsRead: Set<InodeNumber> = []
+    /// Where the settling of each big moved directory goes on: the last name settled
+    /// (Store+MovedTrees).
+    var movedCursors: [InodeNumber: String] = [:]
     /// New inodes a reconcile holds to write as a set (Store+BulkCreate).
     var bulkCreates: BulkCreates?
     var nextInode = Store.rootInode.advanced(by: 1)
