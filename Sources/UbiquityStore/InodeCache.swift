@@ -61,10 +61,15 @@ struct InodeCache {
         return known.list
     }
 
-    /// Keeps version `row`'s chunk list with the inode's entry, if it has one (without
-    /// moving it to the newer generation: a directory's lists are read at once).
+    /// Keeps version `row`'s chunk list with the inode's entry, if it has one and `row` is
+    /// its head (without moving it to the newer generation: a directory's lists are read
+    /// at once, from SQLite, whose head may be older than the entry's).
     mutating func knowChunkList(_ id: InodeNumber, row: Int64, _ list: ChunkList) {
-        if newer[id] != nil { newer[id]!.chunks = (row, list) } else { older[id]?.chunks = (row, list) }
+        if newer[id]?.node.inode.head == row {
+            newer[id]!.chunks = (row, list)
+        } else if older[id]?.node.inode.head == row {
+            older[id]!.chunks = (row, list)
+        }
     }
 
     /// Version `row`, if the inode's entry knows it as a head it had.

@@ -1,7 +1,7 @@
 /// New inodes and their entries written as sets: a joining device's reconcile makes tens
-/// of thousands of files a slice, and one upsert of the inode and one of the entry per
-/// file, each in a transaction of its own inside the step's, were a fifth of a join's
-/// time. While `creatingInBulk` runs, `create` (without touching the parent) keeps each
+/// of thousands of files a slice, and an upsert of the inode and one of the entry per
+/// file, each in a transaction of its own inside the step's, would cost more than the
+/// rows themselves. While `creatingInBulk` runs, `create` (without touching the parent) keeps each
 /// new row here; `node` and `childID` look here first, so the step reads what it made;
 /// and the rows go to SQLite with multi-row INSERTs at the end, in the same transaction.
 extension Store {
@@ -61,16 +61,15 @@ extension Store {
         return false
     }
 
-    /// Writes what `holdCreated` held: inode rows, then entry rows, a few hundred a
-    /// statement. A row held and then changed by the step (its node put again) is written
-    /// as it is last.
+    /// Writes what `holdCreated` held: inode rows, then entry rows, `bulkRowsPerStatement`
+    /// a statement. A row held and then changed by the step (its node put again) is
+    /// written as it is last.
     private func writeBulkCreates() throws(StoreError) {
         guard let held = bulkCreates, !held.order.isEmpty else { return }
         bulkCreates = BulkCreates()
-        let inodeColumnCount = Self.inodeColumns.split(separator: ",").count
+        let row = "(" + Array(repeating: "?", count: Self.inodeColumns.split(separator: ",").count).joined(separator: ",") + ")"
         for start in stride(from: 0, to: held.order.count, by: Self.bulkRowsPerStatement) {
             let ids = held.order[start..<min(start + Self.bulkRowsPerStatement, held.order.count)]
-            let row = "(" + Array(repeating: "?", count: inodeColumnCount).joined(separator: ",") + ")"
             let values = ids.flatMap { Index.inodeValues(held.nodes[$0]!) }
             try db.query("INSERT INTO inodes(\(Self.inodeColumns)) VALUES " + Array(repeating: row, count: ids.count).joined(separator: ","), values)
             let names = ids.map { held.nodes[$0]!.link! }
