@@ -372,6 +372,12 @@ extension FileSystem.Meta {
             }
         }
         if after?.nlink == 0 { noteUnlinked(id, store: store) }
+        // A hard link's other name is now the file's (its primary path): when one name is
+        // local-only and the other synced, the file crossed the edge as a rename would.
+        if let after, after.kind == .file, after.nlink > 0, let newPath = store.path(of: id),
+           LocalOnly.contains(newPath) != LocalOnly.contains(path) {
+            try pathsChanged(id, from: nil, store: store)
+        }
     }
 
     func isAncestor(_ ancestor: InodeNumber, of node: InodeNumber, store: any FileSystemStore) -> Bool {

@@ -164,16 +164,24 @@ extension Store {
     }
 
     /// Whether SQLite may show a history at `path`: false only when it surely does not.
-    /// A directory's names are read once, around the gate (`HistoryNames`); a directory
-    /// with too many is marked after reading one more than are kept.
+    /// A directory's names are read once, around the gate (`HistoryNames`), and tell of
+    /// the directories below it too: the directories from the nearest known one down are
+    /// read until one does not name the way down, so a new tree costs one read or a few,
+    /// not one per directory. A directory with too many names is marked after reading one
+    /// more than are kept.
     private func mayShowHistory(at path: String) throws(StoreError) -> Bool {
         let (directory, name) = Self.splitHistoryPath(path)
         if let known = historyNames.mayHave(directory, name) { return known }
-        let shown = try db.aroundGate { () throws(StoreError) in
-            try db.rows("SELECT name FROM history_dirs WHERE parent = ? AND leaves > 0 LIMIT ?",
-                        [.text(directory), .int(Int64(historyNames.perDirectory + 1))]) { $0.text(0) }
+        for way in historyNames.unknownWayDown(to: directory) {
+            let rows = try db.aroundGate { () throws(StoreError) in
+                try db.rows("SELECT name, leaves, total FROM history_dirs WHERE parent = ? LIMIT ?",
+                            [.text(way), .int(Int64(historyNames.perDirectory + 1))]) {
+                    (name: $0.text(0), leaf: $0.int(1) > 0, below: $0.int(2) > $0.int(1))
+                }
+            }
+            historyNames.load(way, rows)
+            if let known = historyNames.mayHave(directory, name) { return known }
         }
-        historyNames.load(directory, shown)
-        return historyNames.mayHave(directory, name) ?? true
+        return true
     }
 }

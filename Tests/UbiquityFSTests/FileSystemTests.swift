@@ -185,6 +185,32 @@ final class Harness {
         #expect(try h.status(".x.swp", "local") == "1")
     }
 
+    /// A file saved under a local-only name and linked at a synced one: once the
+    /// local-only name goes, the synced name is the file's, and its content a synced
+    /// version there at once (not at the next save), whatever renames follow.
+    @Test func aHardLinkLeftAtASyncedNameIsSyncedWhenTheLocalOnlyNameGoes() throws {
+        let h = try Harness()
+        let dir = try h.fs.mkdir(parent: Store.rootInode, name: "x.nosync", mode: 0o755, caller: h.me)
+        let ino = try h.save("a", "data", in: dir.ino)
+        _ = try h.fs.link(ino, parent: Store.rootInode, name: "b")
+        #expect(try h.versionNames("").isEmpty)
+        try h.fs.unlink(parent: dir.ino, name: "a")
+        #expect(try h.status("b", "local") == "0")
+        let names = try h.versionNames("b")
+        #expect(names.count == 1)
+        #expect(try names.map { try h.readVersion("b", $0) } == ["data"])
+        try h.fs.rename(parent: Store.rootInode, name: "b", newParent: Store.rootInode, newName: "c", flags: 0)
+        #expect(try h.versionNames("c").count == 1)
+        #expect(try h.status("c", "local") == "0")
+        // And back: the synced name goes, the local-only one is left. The history stays
+        // at `c`, as after a rename aside, and the file goes on under it as local-only.
+        _ = try h.fs.link(ino, parent: dir.ino, name: "d")
+        try h.fs.unlink(parent: Store.rootInode, name: "c")
+        let d = try h.fs.lookup(parent: dir.ino, name: "d").ino
+        #expect(String(decoding: try h.fs.getxattr(d, name: "user.ubiquity.local"), as: UTF8.self) == "1")
+        #expect(try h.versionNames("c").count == 1)
+    }
+
     @Test func deleteKeepsHistoryAndRecreateContinuesIt() throws {
         let h = try Harness()
         try h.save("gone.txt", "kept")

@@ -609,6 +609,34 @@ import TestSupport
         }
     }
 
+    /// A tree made in a new directory (`tar -x`, `git clone`) reads which names show
+    /// histories once, above it, not once per directory it makes (`HistoryNames`).
+    @Test func aNewTreeReadsItsHistoryNamesOnce() throws {
+        let temp = TempDirectory()
+        defer { temp.cleanup() }
+        let d = try Self.device(files: 2000, in: temp)
+        let fs = d.fs
+        try d.store.commitBatch()
+        let data = [UInt8](repeating: 7, count: 512)
+        let s0 = d.store.db.statements
+        let top = try fs.mkdir(parent: Store.rootInode, name: "unpacked", mode: 0o755, caller: d.me).ino
+        for i in 0..<10 {
+            let dir = try fs.mkdir(parent: top, name: "d\(i)", mode: 0o755, caller: d.me).ino
+            for j in 0..<3 {
+                let sub = try fs.mkdir(parent: dir, name: "s\(j)", mode: 0o755, caller: d.me).ino
+                for k in 0..<4 {
+                    let (_, h) = try fs.create(parent: sub, name: "f\(k)", mode: 0o644, flags: OpenFlags(O_WRONLY), caller: d.me)
+                    _ = try data.withUnsafeBytes { try fs.write(h, offset: 0, data: $0) }
+                    try fs.release(h)
+                }
+            }
+        }
+        let statements = d.store.db.statements - s0
+        print("WorkTests.aNewTreeReadsItsHistoryNamesOnce: \(statements) statements for 40 directories and 120 files")
+        // The root's history names, and the root's entries for the mkdir's lookup.
+        #expect(statements <= 2, "statements to make a tree of 40 directories (one read each before)")
+    }
+
     /// A directory's move is one log frame and no statement, whatever it holds: what grows
     /// with the subtree (its inodes into the change set, its files' histories to their new
     /// paths) is settled afterwards (Store+MovedTrees), and `.versions/`, sync and a
