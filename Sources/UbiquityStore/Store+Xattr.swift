@@ -85,13 +85,10 @@ extension Store {
         // A history begun since the last fold has no version in SQLite.
         if let fileID = found, overlay.isFresh(fileID) { return continuing(fileID, stored: nil) }
         let (directory, name) = Self.splitHistoryPath(path)
-        let here = try storedHistories(in: directory).map { $0[NameKey(name)] ?? [] }
+        var here = try storedHistories(in: directory).map { $0[NameKey(name)] ?? [] }
         if found == nil {
-            if let here {
-                found = here.first { !$0.live && overlay.histories[$0.fileID] == nil }?.fileID
-            } else {
-                found = try deadHistoryRead(at: path)
-            }
+            if here == nil { here = try deadHistoriesRead(at: path) }
+            found = here?.first { !$0.live && overlay.histories[$0.fileID] == nil }?.fileID
         }
         guard let fileID = found else { return nil }
         let stored: (row: Int64, committed: Nanos, id: VersionID)?
@@ -117,17 +114,32 @@ extension Store {
         return DeadHistory(fileID: fileID, head: stored.row, headID: stored.id)
     }
 
-    /// A dead history SQLite shows at `path` that the overlay did not move, read for a
-    /// directory with too many histories to keep (`StoredHistories`).
-    private func deadHistoryRead(at path: String) throws(StoreError) -> FileID? {
+    /// The dead histories SQLite shows at `path`, each with its newest version that is
+    /// not local-only, in one statement: read for a directory whose histories are not kept
+    /// (`StoredHistories`). nil when none the overlay did not move is among the first 8.
+    private func deadHistoriesRead(at path: String) throws(StoreError) -> [StoredHistories.Entry]? {
         let shown = try db.aroundGate { () throws(StoreError) in
-            try db.rows("SELECT file_id FROM histories WHERE path = ? AND live = 0 LIMIT 8", [.text(path)], { $0.fileID(0) })
+            try db.rows(Self.deadHistoriesAtPath + " LIMIT 8", [.text(path)]) { Self.storedHistoryEntry($0, from: 0) }
         }
-        if let found = shown.first(where: { overlay.histories[$0] == nil }) { return found }
+        if shown.contains(where: { overlay.histories[$0.fileID] == nil }) { return shown }
         guard shown.count == 8 else { return nil }
         // Every one the page showed was moved by the overlay: ask with it folded.
         try foldTree()
-        return try db.rows("SELECT file_id FROM histories WHERE path = ? AND live = 0 LIMIT 1", [.text(path)], { $0.fileID(0) }).first
+        return try db.rows(Self.deadHistoriesAtPath + " LIMIT 1", [.text(path)]) { Self.storedHistoryEntry($0, from: 0) }
+    }
+
+    private static let deadHistoriesAtPath = """
+        SELECT h.file_id, h.live, v.row, v.committed, v.id FROM histories h
+        LEFT JOIN versions v ON v.row = (SELECT row FROM versions WHERE file_id = h.file_id AND local = 0
+                                         ORDER BY committed DESC, row DESC LIMIT 1)
+        WHERE h.path = ? AND h.live = 0
+        """
+
+    /// A history's row as both reads give it from column `first` on: file id, live, and
+    /// its newest version that is not local-only (row, committed, id; NULL when none).
+    private static func storedHistoryEntry(_ r: SQLRow, from first: Int32) -> StoredHistories.Entry {
+        let newest = r.isNull(first + 2) ? nil : (row: r.int(first + 2), committed: r.int(first + 3), id: r.versionID(first + 4))
+        return StoredHistories.Entry(fileID: r.fileID(first), live: r.int(first + 1) != 0, newest: newest)
     }
 
     /// The histories SQLite shows at the names of the directory at `directory`, each with
@@ -145,10 +157,7 @@ extension Store {
                                                  ORDER BY committed DESC, row DESC LIMIT 1)
                 WHERE d.parent = ? AND d.leaves > 0 LIMIT ?
                 """, [.text(directory.isEmpty ? "" : directory + "/"), .text(directory),
-                      .int(Int64(storedHistories.perDirectory + 1))]) { r in
-                let newest = r.isNull(3) ? nil : (row: r.int(3), committed: r.int(4), id: r.versionID(5))
-                return (name: r.text(0), entry: StoredHistories.Entry(fileID: r.fileID(1), live: r.int(2) != 0, newest: newest))
-            }
+                      .int(Int64(storedHistories.perDirectory + 1))]) { (name: $0.text(0), entry: Self.storedHistoryEntry($0, from: 1)) }
         }
         // The mark after the read: a read that waited for the folder's loan to end saw
         // what it wrote.

@@ -405,9 +405,9 @@ import TestSupport
         try make()
         let statements = d.store.db.statements - s0
         print("WorkTests.aTreeMadeAgainWhereItWasDeletedReadsItsDirectoryOnce: \(statements) statements for \(names.count) files")
-        // The directory's history names (1), 2 for each file before the directory is
-        // read whole, and that read (1).
-        #expect(statements <= 2 * (StoredHistories.defaultReadAfter - 1) + 2, "statements to make \(names.count) files where a deleted tree was")
+        // The directory's history names (1), 1 for each file before the directory is
+        // read whole (its history with the newest version), and that read (1).
+        #expect(statements <= (StoredHistories.defaultReadAfter - 1) + 2, "statements to make \(names.count) files where a deleted tree was")
         try settle()
         for name in names {
             let fileID = try #require(d.store.inode(try fs.lookup(parent: dir, name: name).ino)?.fileID)
