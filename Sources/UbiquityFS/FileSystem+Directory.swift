@@ -209,12 +209,13 @@ extension FileSystem {
         if Self.isTreeNode(ino), let (dir, _, _) = store.tree.inode(ino, holding: { _ in () }), dir.kind == .directory {
             return handles.register(.directory(ino: ino, entries: nil))
         }
-        if ino == KeyValueDoor.root { return state.withLock { m in m.register(.directory(ino: ino, entries: nil)) } }
+        // `.kv/` and the views: the first read lists (and finds a node gone).
+        if ino == KeyValueDoor.root || VirtualViews.isVirtual(ino) {
+            return state.withLock { m in m.register(.directory(ino: ino, entries: nil)) }
+        }
         return try meta.withLock { (m, store) throws(Errno) -> HandleID in
-            if !VirtualViews.isVirtual(ino) {
-                guard let dir = store.inode(ino) else { throw .notFound }
-                guard dir.kind == .directory else { throw .notDirectory }
-            }
+            guard let dir = store.inode(ino) else { throw .notFound }
+            guard dir.kind == .directory else { throw .notDirectory }
             return m.register(.directory(ino: ino, entries: nil))
         }
     }
@@ -244,6 +245,16 @@ extension FileSystem {
                 guard case .directory(let ino, let entries) = m.handles[handle], ino == KeyValueDoor.root else { throw .badHandle }
                 if !fromStart, let entries { return entries }
                 let fresh = try m.kvListing(keyValues: keyValues, owner: owner)
+                m.handles[handle] = .directory(ino: ino, entries: fresh)
+                return fresh
+            }
+        }
+        // The views: `.versions/` without the store's lock (`withViews`).
+        if case .directory(let ino, let entries) = handles[handle], VirtualViews.isVirtual(ino) {
+            if !fromStart, let entries { return entries }
+            return try withViews(about: ino) { (m, source) throws(Errno) -> [DirectoryEntry] in
+                m.pruneViews()
+                let fresh = try m.views.entries(ino, from: source)
                 m.handles[handle] = .directory(ino: ino, entries: fresh)
                 return fresh
             }
@@ -306,14 +317,10 @@ extension FileSystem.Meta {
             return try kvListing(keyValues: store.keyValues, owner: KeyValueDoor.Owner(store.inode(Store.rootInode)))
         }
         if KeyValueDoor.owns(ino) { throw .notDirectory }
-        if VirtualViews.isVirtual(ino) {
-            pruneViews()
-            return try views.entries(ino, store: store)
-        }
         guard let dir = store.inode(ino) else { throw .notFound }
         guard dir.kind == .directory else { throw .notDirectory }
         var list = store.entriesWithInodes(ino).map { DirectoryEntry(name: $0.name, attributes: attributes($0.inode, primaryName: $0.primaryName)) }
-        if ino == Store.rootInode { list = try views.rootEntries(store: store, showVersions: showVersions) + list }
+        if ino == Store.rootInode { list = try views.rootEntries(store: store, root: dir, showVersions: showVersions) + list }
         return list
     }
 
@@ -362,6 +369,12 @@ extension FileSystem.Meta {
     mutating func removeName(parent: InodeNumber, name: String, id: InodeNumber, historyContinues: Bool = false, store: any FileSystemStore) throws(Errno) {
         let path = store.path(of: id) ?? name
         let before = store.inode(id)!
+        // Another name may become the file's on the other side of a local-only edge
+        // (below): histories of directories moved before must stand at their files' paths
+        // first, as for a rename across it (`settleMovesBeforeCrossing`).
+        if before.kind == .file, before.nlink > 1, store.hasUnsettledMoves {
+            try storeCall { () throws(StoreError) in try store.settleAllMoves() }
+        }
         let after = try storeCall { () throws(StoreError) in try store.removeEntry(parent: parent, name: name, id: id) }
         if let after, after.kind == .file, after.nlink == 0, let fileID = before.fileID {
             if historyContinues {

@@ -92,9 +92,8 @@ extension FileSystem {
         if KeyValueDoor.owns(ino) { return try kvOpen(ino, flags: flags) }
         if VirtualViews.isVirtual(ino) {
             if flags.writable || flags.truncates { throw .readOnly }
-            return try meta.withLock { (m, store) throws(Errno) -> HandleID in
-                let content = try m.views.content(ino, store: store)
-                return m.register(.view(content: content))
+            return try withViews(about: ino) { (m, source) throws(Errno) -> HandleID in
+                m.register(.view(content: try m.views.content(ino, from: source)))
             }
         }
         let (handle, open, size) = try meta.withLock { (m, store) throws(Errno) -> (HandleID, OpenFile, Int64) in

@@ -16,6 +16,8 @@ import UbiquitySystem
 ///      holds it while it writes outside 3)
 ///   5. the tree's working set (`TreeCache`): lookup and getattr of what it holds take
 ///      it alone, so they never wait for 2 or 3
+///   5a. the key-value store's (`.kv/`) and the versions' reader (`.versions/`), each
+///      taken under 2 without 3
 ///   6. leaves: the kernel's references (lookup counts), the open files, the busy
 ///      files, the handle table, the chunk cache's lock (inside ChunkStore)
 ///   7. a `FileContent`'s summary (size, isChanged: readable under any of the above)
@@ -187,13 +189,15 @@ public final class FileSystem: Sendable {
                 throw .notFound
             }
         }
-        return try meta.withLock { (m, store) throws(Errno) -> Attributes? in
-            if virtual {
+        if virtual {
+            return try withViews(about: parent) { (m, source) throws(Errno) -> Attributes in
                 m.pruneViews()
-                let attributes = try m.views.lookup(parent: parent, name: name, store: store)
+                let attributes = try m.views.lookup(parent: parent, name: name, from: source)
                 if counting { m.views.referenced(attributes.ino) }
                 return attributes
             }
+        }
+        return try meta.withLock { (m, store) throws(Errno) -> Attributes? in
             // A failing database is EIO, not "no such name" (which the kernel would keep).
             guard let dir = try storeCall({ () throws(StoreError) in try store.lookUp(parent) }) else { throw .notFound }
             guard dir.kind == .directory else { throw .notDirectory }
@@ -227,8 +231,11 @@ public final class FileSystem: Sendable {
             return Self.attributes(inode, primaryName: primaryName, open: open)
         }
         if KeyValueDoor.owns(ino) { return try kvGetattr(ino) }
+        if VirtualViews.isVirtual(ino) {
+            let root = try rootInode()
+            return try state.withLock { (m) throws(Errno) -> Attributes in try m.views.attributes(ino, root: root) }
+        }
         return try meta.withLock { (m, store) throws(Errno) -> Attributes in
-            if VirtualViews.isVirtual(ino) { return try m.views.attributes(ino, store: store) }
             guard let inode = store.inode(ino) else { throw .notFound }
             return m.attributes(inode, store: store)
         }

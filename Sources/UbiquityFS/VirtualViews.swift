@@ -11,6 +11,38 @@ import UbiquityStore
 ///     .conflicts/<path>/<name>   an unresolved conflict version of the file at <path>;
 ///                                rm discards it, mv onto <path> takes it (FileSystem+Sync)
 struct VirtualViews {
+    /// What the views read: versions and histories, conflicts, and the root, whose owner
+    /// and time every view node shows. `.versions/` reads through `versions` (the
+    /// versions' reader, or the store under its lock); `.conflicts/` is the synced view's,
+    /// read from the store under its lock (`conflicts`, nil when the caller does not hold
+    /// it: `readsSyncedView` says which requests need it).
+    struct Source {
+        let versions: any VersionReads
+        let conflicts: (any FSConflicts)?
+        let root: Inode
+        let chunks: ChunkStore
+        let stagingDirectory: String
+
+        /// The store under its lock, for every view.
+        init(store: any FileSystemStore, root: Inode) {
+            self.init(versions: store, conflicts: store, root: root, chunks: store.chunks, stagingDirectory: store.stagingDirectory)
+        }
+
+        init(versions: any VersionReads, conflicts: (any FSConflicts)?, root: Inode, chunks: ChunkStore, stagingDirectory: String) {
+            self.versions = versions
+            self.conflicts = conflicts
+            self.root = root
+            self.chunks = chunks
+            self.stagingDirectory = stagingDirectory
+        }
+
+        func conflictStore() throws(Errno) -> any FSConflicts {
+            // `readsSyncedView` sent the request to the store's lock, in the same hold.
+            guard let conflicts else { throw .io }
+            return conflicts
+        }
+    }
+
     static let base = InodeNumber(rawValue: 1 << 56)
     static let versionsRoot = base
     static let conflictsRoot = base.advanced(by: 1)
@@ -50,6 +82,15 @@ struct VirtualViews {
 
     var nodeCount: Int { nodes.count }
 
+    /// Whether a request on `ino` (a listing, or a lookup in it) reads the synced view
+    /// (`.conflicts/`), and so needs the store's lock.
+    func readsSyncedView(_ ino: InodeNumber) -> Bool {
+        switch nodes.key(ino) {
+        case .conflictDirectory, .conflictList: return true
+        default: return false
+        }
+    }
+
     private mutating func number(_ node: Node) -> InodeNumber { nodes.number(node) }
 
     // MARK: listing
@@ -58,35 +99,36 @@ struct VirtualViews {
     /// left out unless asked for (`find`, `du`, `rsync -a`, backups and indexers then see
     /// the live tree only; it works when named); `.conflicts` is listed only while it holds
     /// something, so its presence is the signal.
-    mutating func rootEntries(store: any FileSystemStore, showVersions: Bool) throws(Errno) -> [DirectoryEntry] {
+    mutating func rootEntries(store: any FileSystemStore, root: Inode, showVersions: Bool) throws(Errno) -> [DirectoryEntry] {
         var entries: [DirectoryEntry] = []
-        if showVersions { entries.append(DirectoryEntry(name: ".versions", attributes: try attributes(Self.versionsRoot, store: store))) }
+        if showVersions { entries.append(DirectoryEntry(name: ".versions", attributes: try attributes(Self.versionsRoot, root: root))) }
         if try storeCall({ () throws(StoreError) in try store.totalConflicts() }) > 0 {
-            entries.append(DirectoryEntry(name: ".conflicts", attributes: try attributes(Self.conflictsRoot, store: store)))
+            entries.append(DirectoryEntry(name: ".conflicts", attributes: try attributes(Self.conflictsRoot, root: root)))
         }
         return entries
     }
 
-    mutating func entries(_ ino: InodeNumber, store: any FileSystemStore) throws(Errno) -> [DirectoryEntry] {
+    mutating func entries(_ ino: InodeNumber, from source: Source) throws(Errno) -> [DirectoryEntry] {
         guard let node = nodes.key(ino) else { throw .notFound }
         var result: [DirectoryEntry] = []
         switch node {
         case .directory(let path):
-            for (name, isHistory) in try storeCall({ () throws(StoreError) in try store.historyChildren(of: path) }) {
+            for (name, isHistory) in try storeCall({ () throws(StoreError) in try source.versions.historyChildren(of: path) }) {
                 let child = path.isEmpty ? name : path + "/" + name
                 let n = number(isHistory ? .history(path: child) : .directory(path: child))
-                result.append(DirectoryEntry(name: name, attributes: try attributes(n, store: store)))
+                result.append(DirectoryEntry(name: name, attributes: try attributes(n, root: source.root)))
             }
         case .history(let path):
-            result = try versionEntries(try versions(at: path, store: store), path: path, conflict: false, store: store)
+            result = try versionEntries(try versions(at: path, from: source), path: path, conflict: false, root: source.root)
         case .conflictDirectory(let path):
+            let store = try source.conflictStore()
             for (name, isLeaf) in Self.children(of: path, among: try storeCall { () throws(StoreError) in try store.conflictedPaths() }) {
                 let child = path.isEmpty ? name : path + "/" + name
                 let n = number(isLeaf ? .conflictList(path: child) : .conflictDirectory(path: child))
-                result.append(DirectoryEntry(name: name, attributes: try attributes(n, store: store)))
+                result.append(DirectoryEntry(name: name, attributes: try attributes(n, root: source.root)))
             }
         case .conflictList(let path):
-            result = try versionEntries(try conflicts(at: path, store: store), path: path, conflict: true, store: store)
+            result = try versionEntries(try conflicts(at: path, store: try source.conflictStore()), path: path, conflict: true, root: source.root)
         case .version:
             throw .notDirectory
         }
@@ -109,13 +151,13 @@ struct VirtualViews {
         return names.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
     }
 
-    private mutating func versionEntries(_ list: [(String, Version)], path: String, conflict: Bool, store: any FileSystemStore) throws(Errno) -> [DirectoryEntry] {
+    private mutating func versionEntries(_ list: [(String, Version)], path: String, conflict: Bool, root: Inode) throws(Errno) -> [DirectoryEntry] {
         let tinypix = TinyPixView.applies(to: path)
         var result: [DirectoryEntry] = []
         for (name, version) in list {
             let size = tinypix ? TinyPixView.viewSize(storedSize: version.size) : version.size
             let n = number(.version(row: version.row, size: size, time: version.committed, tinypix: tinypix, conflict: conflict))
-            result.append(DirectoryEntry(name: name, attributes: try attributes(n, store: store)))
+            result.append(DirectoryEntry(name: name, attributes: try attributes(n, root: root)))
         }
         return result
     }
@@ -129,34 +171,41 @@ struct VirtualViews {
         return (path, version)
     }
 
-    mutating func lookup(parent: InodeNumber, name: String, store: any FileSystemStore) throws(Errno) -> Attributes {
+    mutating func lookup(parent: InodeNumber, name: String, from source: Source) throws(Errno) -> Attributes {
         if parent == Store.rootInode {
-            return try attributes(name == ".versions" ? Self.versionsRoot : Self.conflictsRoot, store: store)
+            return try attributes(name == ".versions" ? Self.versionsRoot : Self.conflictsRoot, root: source.root)
         }
         switch nodes.key(parent) {
         case .directory(let path):
             // One indexed row, not a listing: `ls -la` of a big history directory does a
             // lookup per entry.
-            guard let isHistory = try storeCall({ () throws(StoreError) in try store.historyChild(of: path, name: name) }) else { throw .notFound }
+            guard let isHistory = try storeCall({ () throws(StoreError) in try source.versions.historyChild(of: path, name: name) }) else {
+                throw .notFound
+            }
             let child = path.isEmpty ? name : path + "/" + name
-            return try attributes(number(isHistory ? .history(path: child) : .directory(path: child)), store: store)
+            // Numbered before the call: `attributes(number(...))` would read the numbering
+            // as it was before `number` added the node.
+            let n = number(isHistory ? .history(path: child) : .directory(path: child))
+            return try attributes(n, root: source.root)
         case .history(let path):
             // Only the versions committed in the millisecond the name gives (index range).
             var window: ClosedRange<Nanos> = .min ... .max
             if let millis = VersionName.millisecond(of: name), millis > Nanos.min / 1_000_000 + 1, millis < Nanos.max / 1_000_000 - 1 {
                 window = millis * 1_000_000...(millis * 1_000_000 + 999_999)
             }
-            let candidates = try versionEntries(try versions(at: path, committed: window, store: store), path: path, conflict: false, store: store)
+            let candidates = try versionEntries(try versions(at: path, committed: window, from: source), path: path, conflict: false,
+                                                root: source.root)
             guard let entry = candidates.first(where: { $0.name.utf8.elementsEqual(name.utf8) }) else { throw .notFound }
             return entry.attributes
         default:
-            guard let entry = try entries(parent, store: store).first(where: { $0.name.utf8.elementsEqual(name.utf8) }) else { throw .notFound }
+            guard let entry = try entries(parent, from: source).first(where: { $0.name.utf8.elementsEqual(name.utf8) }) else { throw .notFound }
             return entry.attributes
         }
     }
 
-    mutating func attributes(_ ino: InodeNumber, store: any FileSystemStore) throws(Errno) -> Attributes {
-        guard let node = nodes.key(ino), let root = store.inode(Store.rootInode) else { throw .notFound }
+    /// A view node's attributes: its owner and time are the root's.
+    func attributes(_ ino: InodeNumber, root: Inode) throws(Errno) -> Attributes {
+        guard let node = nodes.key(ino) else { throw .notFound }
         switch node {
         case .directory, .history, .conflictDirectory, .conflictList:
             return Attributes(virtual: ino, directory: true, size: 0, time: root.mtime, uid: root.uid, gid: root.gid)
@@ -168,27 +217,27 @@ struct VirtualViews {
     }
 
     /// A version's content for reading.
-    func content(_ ino: InodeNumber, store: any FileSystemStore) throws(Errno) -> FileContent {
+    func content(_ ino: InodeNumber, from source: Source) throws(Errno) -> FileContent {
         guard case .version(let row, _, _, let tinypix, _) = nodes.key(ino) else { throw nodes.key(ino) == nil ? .notFound : .isDirectory }
         let list = try storeCall { () throws(StoreError) -> ChunkList in
-            let stored = try store.chunkList(row: row)
-            return tinypix ? try TinyPixView.view(of: stored, chunks: store.chunks) : stored
+            let stored = try source.versions.chunkList(row: row)
+            return tinypix ? try TinyPixView.view(of: stored, chunks: source.chunks) : stored
         }
-        return FileContent(base: list, chunks: store.chunks, stagingDirectory: store.stagingDirectory)
+        return FileContent(base: list, chunks: source.chunks, stagingDirectory: source.stagingDirectory)
     }
 
     /// The conflict versions of the file at `path`, oldest first, with their names.
-    private func conflicts(at path: String, store: any FileSystemStore) throws(Errno) -> [(String, Version)] {
+    private func conflicts(at path: String, store: any FSConflicts) throws(Errno) -> [(String, Version)] {
         var all = try storeCall { () throws(StoreError) in try store.conflicts(at: path) }
         all.sort { ($0.committed, $0.id) < ($1.committed, $1.id) }
         return Array(zip(VersionName.names(all, extension: VersionName.fileExtension(path)), all))
     }
 
     /// The versions shown at `path` (committed in `window`), oldest first, with their names.
-    private func versions(at path: String, committed window: ClosedRange<Nanos> = .min ... .max, store: any FileSystemStore) throws(Errno) -> [(String, Version)] {
+    private func versions(at path: String, committed window: ClosedRange<Nanos> = .min ... .max, from source: Source) throws(Errno) -> [(String, Version)] {
         var all: [Version] = []
-        for id in try storeCall({ () throws(StoreError) in try store.histories(at: path) }) {
-            all += try storeCall { () throws(StoreError) in try store.versions(of: id, committed: window) }
+        for id in try storeCall({ () throws(StoreError) in try source.versions.histories(at: path) }) {
+            all += try storeCall { () throws(StoreError) in try source.versions.versions(of: id, committed: window) }
         }
         all.sort { ($0.committed, $0.id) < ($1.committed, $1.id) }
         return Array(zip(VersionName.names(all, extension: VersionName.fileExtension(path)), all))

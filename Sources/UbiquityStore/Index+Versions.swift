@@ -168,6 +168,6 @@ extension Index {
     }
 
     func versionRow(_ row: Int64) throws(StoreError) -> Version? {
-        try connection.rows("SELECT \(Store.versionColumns) FROM \(Store.versionsWithDevices) WHERE row = ?", [.int(row)], Store.version(from:)).first
+        try VersionLog.version(row: row, in: connection)
     }
 }

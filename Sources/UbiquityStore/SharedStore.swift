@@ -22,6 +22,12 @@ public final class SharedStore: Sendable {
     private let index: Index
     private let checkpointer: WALCheckpointer
     private let hooks = Locked(Hooks())
+    /// Whether the index had every change committed as the last hold of the lock ended
+    /// (`Store.isCurrentForReaders`): a hold is the only way to change the store, and
+    /// whatever writes the index with the lock let go (a fold's part, a barrier) was lent
+    /// it in a hold that ended with this false. `prepareVersionReads` looks here without
+    /// the lock.
+    private let readersCurrent: Atomic<Bool>
     public let chunks: ChunkStore
     public let reservation: SpaceReservation
     /// The key-value store, under its own lock (taken without this one, or under the
@@ -29,7 +35,10 @@ public final class SharedStore: Sendable {
     public let keyValues: KeyValueTable
     /// The tree's working set, which lookup and getattr read without this lock.
     public let tree: TreeCache
+    /// The versions' reader (`.versions/`), under its own lock, after `prepareVersionReads`.
+    public let versions: VersionLog
     public let directory: String
+    public let stagingDirectory: String
     public let deviceID: DeviceID
     public let deviceName: String
     /// The store's clock (tests inject one before sharing the store).
@@ -49,7 +58,10 @@ public final class SharedStore: Sendable {
         reservation = store.reservation
         keyValues = store.keyValues
         tree = store.workingSet
+        versions = VersionLog(path: store.db.path)
+        readersCurrent = Atomic(store.isCurrentForReaders)
         directory = store.directory
+        stagingDirectory = store.stagingDirectory
         deviceID = store.deviceID
         deviceName = store.deviceName
         clock = store.clock
@@ -100,6 +112,7 @@ public final class SharedStore: Sendable {
     /// step is such a hold, after it let the index go).
     private func endHold(_ store: Store) {
         store.logTreeChanges()
+        readersCurrent.store(store.isCurrentForReaders, ordering: .releasing)
         if !index.isLent { locked.wakeSleepers() }
     }
 
@@ -131,6 +144,19 @@ public final class SharedStore: Sendable {
             _ = try withLock { (store) throws(StoreError) in try store.finishFold(part) }
             locked.yieldToWaiters() // as between the group commit's parts
         }
+    }
+
+    /// Brings the index up to now for `versions`' reads: the overlay folded in the group
+    /// commit's parts (written with the lock let go), directories moved settled a slice
+    /// at a time, then the last changes folded and the batch committed in one short hold.
+    /// When the index is current already (as the last hold ended), nothing: no hold of the
+    /// lock. Called with no lock held; a request that reads `.versions/` then holds none
+    /// of the store's.
+    public func prepareVersionReads() throws(StoreError) {
+        if readersCurrent.load(ordering: .acquiring) { return }
+        try foldAhead()
+        while try withLock({ (store) throws(StoreError) in try store.settleMoves() }) { locked.yieldToWaiters() }
+        try withLock { (store) throws(StoreError) in try store.commitBatch() }
     }
 
     /// Durability barrier, part 1 (`Store.syncFiles`), without the lock: a disk flush.

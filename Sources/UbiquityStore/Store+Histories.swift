@@ -92,21 +92,19 @@ extension Store {
     /// whether each is a file's history (else only a directory on the way to some).
     public func historyChildren(of path: String) throws(StoreError) -> [(name: String, isHistory: Bool)] {
         try settleAllMoves()
-        return try db.rows("SELECT name, leaves FROM history_dirs WHERE parent = ? ORDER BY name", [.text(path)]) {
-            (name: $0.text(0), isHistory: $0.int(1) > 0)
-        }
+        return try VersionLog.historyChildren(of: path, in: db)
     }
 
     /// One name below `path`: nil when nothing is shown there.
     public func historyChild(of path: String, name: String) throws(StoreError) -> Bool? {
         try settleAllMoves()
-        return try db.rows("SELECT leaves FROM history_dirs WHERE parent = ? AND name = ?", [.text(path), .text(name)]) { $0.int(0) > 0 }.first
+        return try VersionLog.historyChild(of: path, name: name, in: db)
     }
 
     /// The histories shown at `path`.
     public func histories(at path: String) throws(StoreError) -> [FileID] {
         try settleAllMoves()
-        return try db.rows("SELECT file_id FROM histories WHERE path = ?", [.text(path)]) { $0.fileID(0) }
+        return try VersionLog.histories(at: path, in: db)
     }
 
     /// Adds `delta` to the counts of `path` and its ancestors in `history_dirs`; a name

@@ -390,7 +390,7 @@ extension Store {
         // The primary name goes: another name, if any, becomes it (a directory has one
         // name, and so has a file of one link).
         let next = node.link != gone ? node.link
-            : isDirectory || node.inode.nlink <= 1 ? nil : try firstLink(id, besides: gone)
+            : isDirectory || node.inode.nlink <= 1 ? nil : try nextLink(id, besides: gone)
         try treeChange { () throws(StoreError) in
             try record(.removeEntry(parent: parent, name: name))
             try touchDirectory(parent, subdirectories: isDirectory ? -1 : 0)
@@ -404,11 +404,26 @@ extension Store {
         return try self.node(id)?.inode
     }
 
-    private func firstLink(_ id: InodeNumber, besides gone: EntryRef) throws(StoreError) -> EntryRef? {
-        try db.rows("SELECT parent, name FROM entries WHERE inode = ? ORDER BY parent, name LIMIT 2", [.inode(id)]) {
+    /// The name that becomes a file's primary one when `gone`, its primary, is removed:
+    /// one on the same side of the local-only edge as `gone` when there is one, so that an
+    /// unlink does not take a file that keeps a synced name out of sync (or one that keeps
+    /// a local-only name into it); else the first.
+    private func nextLink(_ id: InodeNumber, besides gone: EntryRef) throws(StoreError) -> EntryRef? {
+        let links = try db.rows("SELECT parent, name FROM entries WHERE inode = ? ORDER BY parent, name LIMIT ?",
+                                [.inode(id), .int(Self.linksLookedAt)]) {
             EntryRef(parent: $0.inode(0), name: $0.text(1))
-        }.first { $0 != gone }
+        }.filter { $0 != gone }
+        func isLocal(_ link: EntryRef) -> Bool? {
+            guard let parentPath = path(of: link.parent) else { return nil }
+            return LocalOnly.contains(parentPath.isEmpty ? link.name : parentPath + "/" + link.name)
+        }
+        guard links.count > 1, let goneIsLocal = isLocal(gone) else { return links.first }
+        return links.first { isLocal($0) == goneIsLocal } ?? links.first
     }
+
+    /// Of a file's names, those `nextLink` looks at (a file of more hard links takes the
+    /// first of these on its side).
+    static let linksLookedAt: Int64 = 64
 
     /// Moves an entry. The caller has removed or exchanged any target first.
     public func moveEntry(from parent: InodeNumber, _ name: String, to newParent: InodeNumber, _ newName: String) throws(StoreError) {

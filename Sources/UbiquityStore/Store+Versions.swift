@@ -143,11 +143,7 @@ extension Store {
     /// A file's versions, oldest first (tombstones and local versions excluded); with
     /// `committed`, only those committed in that range (an index range scan).
     public func versions(of fileID: FileID, committed range: ClosedRange<Nanos> = .min ... .max) throws(StoreError) -> [Version] {
-        try db.rows("""
-            SELECT \(Store.versionColumns) FROM \(Store.versionsWithDevices)
-            WHERE file_id = ? AND committed >= ? AND committed <= ? AND tombstone = 0 AND local = 0 AND meta = 0
-            ORDER BY committed, id
-            """, [.id(fileID), .int(range.lowerBound), .int(range.upperBound)], Store.version(from:))
+        try VersionLog.versions(of: fileID, committed: range, in: db)
     }
 
     /// The version a save descends from, as `commit` needs it (its id, and whether it
@@ -210,13 +206,7 @@ extension Store {
     public func chunkList(row: Int64) throws(StoreError) -> ChunkList {
         if let saved = overlay.saves[row] { return saved.chunks }
         if overlay.tombstones[row] != nil { try foldTree() }
-        guard let blob = try db.aroundGate({ () throws(StoreError) in
-            try db.rows("SELECT chunks FROM versions WHERE row = ?", [.int(row)], { $0.blob(0) })
-        }).first else {
-            throw .noSuchVersion("version row \(row)")
-        }
-        guard let list = ChunkList(encoded: blob) else { throw .database("version row \(row) has a malformed chunk list") }
-        return list
+        return try db.aroundGate { () throws(StoreError) in try VersionLog.chunkList(row: row, in: db) }
     }
 
     /// Lists of at most this many pieces are kept with their inode in the working set (a

@@ -449,6 +449,14 @@ public final class Store: @unchecked Sendable {
         try db.commitBatch()
     }
 
+    /// Whether another connection sees every change made so far: a read-only store, or
+    /// nothing in the overlay or in the batch, no directory moved and not settled, no fold
+    /// or barrier writing. Runs no statement (the index lent is asked first, so the batch's
+    /// check waits for nothing).
+    var isCurrentForReaders: Bool {
+        readOnly || (overlay.isEmpty && moved.isEmpty && !index.isLent && !db.hasOpenBatch)
+    }
+
     /// What the group commit did (`groupCommit`).
     public enum GroupCommit {
         /// Everything is committed.

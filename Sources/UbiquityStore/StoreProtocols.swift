@@ -76,11 +76,32 @@ public struct DeadHistory: Sendable {
     let headID: VersionID?
 }
 
+/// What `.versions/` reads: versions, their chunk lists and where histories are shown.
+/// The versions' reader (`VersionLog`) answers without the store's lock, from what the
+/// index has committed; the store answers under its lock, through the gate.
+public protocol VersionReads: AnyObject {
+    func version(row: Int64) throws(StoreError) -> Version?
+    func versions(of fileID: FileID, committed range: ClosedRange<Nanos>) throws(StoreError) -> [Version]
+    func chunkList(row: Int64) throws(StoreError) -> ChunkList
+    func histories(at path: String) throws(StoreError) -> [FileID]
+    func historyChild(of path: String, name: String) throws(StoreError) -> Bool?
+    func historyChildren(of path: String) throws(StoreError) -> [(name: String, isHistory: Bool)]
+}
+
+extension VersionReads {
+    /// All of a file's versions.
+    public func versions(of fileID: FileID) throws(StoreError) -> [Version] {
+        try versions(of: fileID, committed: .min ... .max)
+    }
+}
+
+extension VersionLog: VersionReads {}
+
 /// Files' versions and histories: saves and tombstones, where each history is shown
 /// (`.versions/`), and prune and gc's walks over the version rows. A save also writes the
 /// tree (the inode's head) in the same frame, which is why this is not yet apart from
 /// `FSNamespace`. Guarded by the store's lock.
-public protocol FSVersions: AnyObject {
+public protocol FSVersions: VersionReads {
     @discardableResult
     func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool, versionID: VersionID?,
                 written: Nanos?) throws(StoreError) -> Version
@@ -97,13 +118,7 @@ public protocol FSVersions: AnyObject {
     /// An intent frame for the file's unsaved writes, and the fd to fsync (fsync(2) of one file).
     func logDurably(_ id: InodeNumber) throws(StoreError) -> Int32?
 
-    func version(row: Int64) throws(StoreError) -> Version?
-    func versions(of fileID: FileID, committed range: ClosedRange<Nanos>) throws(StoreError) -> [Version]
-    func chunkList(row: Int64) throws(StoreError) -> ChunkList
     func isUploaded(row: Int64) throws(StoreError) -> Bool
-    func histories(at path: String) throws(StoreError) -> [FileID]
-    func historyChild(of path: String, name: String) throws(StoreError) -> Bool?
-    func historyChildren(of path: String) throws(StoreError) -> [(name: String, isHistory: Bool)]
 
     func prune(policy: RetentionPolicy, now: Nanos, under: String, after: FileID?, limit: Int,
                dryRun: Bool) throws(StoreError) -> Store.PruneResult
@@ -119,11 +134,6 @@ extension FSVersions {
     public func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool,
                        written: Nanos? = nil) throws(StoreError) -> Version {
         try commit(id, content: content, path: path, local: local, versionID: nil, written: written)
-    }
-
-    /// All of a file's versions.
-    public func versions(of fileID: FileID) throws(StoreError) -> [Version] {
-        try versions(of: fileID, committed: .min ... .max)
     }
 
     /// One slice of prune (`Store.pruneSlice` histories).

@@ -20,10 +20,12 @@ import CUbiquity
 ///    which then takes the packs' index (a leaf).
 /// 8. `keyValues`: the key-value store's database (`KeyValueTable`), taken under the
 ///    filesystem's lock (`.kv/`) or alone (the key-value sync); nothing is taken under it.
-/// 9. `leaf`: locks under which no other ranked lock is taken but a file's summary (the
+/// 9. `versionLog`: the versions' reader (`VersionLog`), taken under the filesystem's lock
+///    (`.versions/`) or alone, never with the store's; nothing is taken under it.
+/// 10. `leaf`: locks under which no other ranked lock is taken but a file's summary (the
 ///    busy files, the handle table, the open files, the kernel's references, the small
 ///    chunks' database, the local packs' index).
-/// 10. `summary`: a `FileContent`'s summary (its size and whether it changed), which the
+/// 11. `summary`: a `FileContent`'s summary (its size and whether it changed), which the
 ///    busy files read under their lock.
 public enum LockRank: Int, Sendable {
     case content = 1
@@ -34,8 +36,9 @@ public enum LockRank: Int, Sendable {
     case packUpkeep = 6
     case packAppend = 7
     case keyValues = 8
-    case leaf = 9
-    case summary = 10
+    case versionLog = 9
+    case leaf = 10
+    case summary = 11
 
     /// Notes that the calling thread takes a lock of this rank (debug builds: traps when
     /// it holds one of this rank or above), until `released`.

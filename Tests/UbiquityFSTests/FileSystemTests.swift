@@ -211,6 +211,43 @@ final class Harness {
         #expect(try h.versionNames("c").count == 1)
     }
 
+    /// A file with two synced names and a local-only one stays synced when its primary
+    /// name goes: the other synced name becomes its, not the local-only one (which sorts
+    /// first here), and its history goes on there.
+    @Test func aFileKeepingASyncedNameStaysSyncedWhenItsPrimaryNameGoes() throws {
+        let h = try Harness()
+        // Names sort by directory first: the local-only one's directory is made before.
+        let dir = try h.fs.mkdir(parent: Store.rootInode, name: "a.nosync", mode: 0o755, caller: h.me)
+        let s = try h.fs.mkdir(parent: Store.rootInode, name: "s", mode: 0o755, caller: h.me)
+        let ino = try h.save("p", "data", in: s.ino)
+        _ = try h.fs.link(ino, parent: dir.ino, name: "c")
+        _ = try h.fs.link(ino, parent: s.ino, name: "q")
+        try h.fs.unlink(parent: s.ino, name: "p")
+        let q = try h.fs.lookup(parent: s.ino, name: "q").ino
+        #expect(String(decoding: try h.fs.getxattr(q, name: "user.ubiquity.local"), as: UTF8.self) == "0")
+        try h.save("q", "more", in: s.ino)
+        #expect(try h.versionNames("s/q").count == 2, "the history went on at the synced name")
+    }
+
+    /// A hard-linked file's synced name goes after its directory was moved (the move not
+    /// settled yet), leaving a local-only name: its history stays where the file was, at
+    /// the moved path, not at the path from before the move.
+    @Test func aCrossingUnlinkAfterADirectoryMoveKeepsTheHistoryAtTheMovedPath() throws {
+        let h = try Harness()
+        let d = try h.fs.mkdir(parent: Store.rootInode, name: "d", mode: 0o755, caller: h.me)
+        let x = try h.fs.mkdir(parent: Store.rootInode, name: "x.nosync", mode: 0o755, caller: h.me)
+        let ino = try h.save("f", "data", in: d.ino)
+        _ = try h.fs.link(ino, parent: x.ino, name: "g")
+        // Folded: a save the overlay still holds goes to its new path at the move itself.
+        try h.fs.withMetaLock { (_, store) throws in try store.commitBatch() }
+        try h.fs.rename(parent: Store.rootInode, name: "d", newParent: Store.rootInode, newName: "e", flags: 0)
+        #expect(h.fs.withMetaLock { $1.hasUnsettledMoves })
+        let e = try h.fs.lookup(parent: Store.rootInode, name: "e").ino
+        try h.fs.unlink(parent: e, name: "f")
+        #expect(try h.versionNames("e/f").count == 1)
+        #expect(throws: Errno.notFound) { try h.versionNames("d/f") }
+    }
+
     @Test func deleteKeepsHistoryAndRecreateContinuesIt() throws {
         let h = try Harness()
         try h.save("gone.txt", "kept")

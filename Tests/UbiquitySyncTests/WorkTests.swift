@@ -20,7 +20,7 @@ import TestSupport
         return d
     }
 
-    static func work(_ d: SimDevice) -> Int { d.store.work.database + d.store.work.replica }
+    static func work(_ d: SimDevice) -> Int { d.store.work.database + d.store.work.replica + d.fs.store.versions.work }
 
     /// Work of `body` on device `d`.
     static func measure(_ d: SimDevice, _ body: () throws -> Void) rethrows -> Int {
