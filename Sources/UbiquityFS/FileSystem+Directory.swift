@@ -381,7 +381,7 @@ extension FileSystem.Meta {
                 // The old inode may still be open; give it a fresh, detached identity.
                 try storeCall { () throws(StoreError) in try store.adoptHistory(id, fileID: .new(), head: nil) }
             } else if !LocalOnly.contains(path) {
-                try storeCall { () throws(StoreError) in try store.commitTombstone(fileID: fileID, head: before.head, path: path) }
+                try storeCall { () throws(StoreError) in try store.commitTombstone(fileID: fileID, head: before.head, path: path, of: id) }
             }
         }
         if after?.nlink == 0 { noteUnlinked(id, store: store) }

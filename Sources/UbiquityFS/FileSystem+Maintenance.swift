@@ -18,6 +18,8 @@ extension FileSystem {
         var report = PruneReport()
         var after: FileID?
         repeat {
+            // Where histories are shown decides `under`: moves settled without the locks first.
+            try storeCall { () throws(StoreError) in try store.settleMoves() }
             let page = try withMetaSlice { (_, store) throws(StoreError) -> Store.PruneResult in
                 let result = try store.prune(policy: policy, now: now, under: under, after: after, dryRun: dryRun)
                 try store.commitBatch()
@@ -73,13 +75,19 @@ extension FileSystem {
             let now = meta.withLock { $1.clock() }
             prunable = Set(try prune(policy: policy, now: now, dryRun: true).versions.map(\.row))
         }
+        // The mark reads the versions' reader, without the filesystem's or the store's
+        // lock; each page after the index was brought up to it (`prepareVersionReads`), so
+        // a page sees every save made before it, as a read through the gate did.
+        let versions = store.versions
+        func upToNow() throws(Errno) { try storeCall { () throws(StoreError) in try store.prepareVersionReads() } }
         var current: Set<Int64> = [], inode: InodeNumber? = .zero
         while let after = inode {
-            inode = try withMetaSlice { (_, store) throws(StoreError) in try store.currentVersionRows(afterInode: after, limit: 2_000, into: &current) }
+            try upToNow()
+            inode = try storeCall { () throws(StoreError) in try versions.currentVersionRows(afterInode: after, limit: 2_000, into: &current) }
         }
         let putAtStart = chunks.fileBytesPut
         let markStart = nowNanos()
-        let total = meta.withLock { $1.versionRowCount }
+        let total = try storeCall { () throws(StoreError) in try versions.versionRowCount() }
         var marked: Set<ChunkID> = []
         // Chunks open files and views read from (a pruned version's view stays readable).
         // Their content locks come before the metadata lock (FileSystem.swift), so the
@@ -100,11 +108,12 @@ extension FileSystem {
         var shown: Set<ChunkID> = [], kept: Set<ChunkID> = [], dropped: Set<ChunkID> = []
         var after: Int64 = 0
         while true {
-            // The lock is held only to read a page of chunk lists; the sets are filled
-            // after it is released (saves wait for that lock: writes' p99 during gc).
+            // The reader's lock is held only to read a page of chunk lists; the sets are
+            // filled after it is released.
             var lists: [(row: Int64, list: ChunkList)] = []
-            let page = try withMetaSlice { (_, store) throws(StoreError) -> (last: Int64, rows: Int)? in
-                try store.markChunks(afterRow: after, limit: 500) { row, list in lists.append((row, list)) }
+            try upToNow()
+            let page = try storeCall { () throws(StoreError) -> (last: Int64, rows: Int)? in
+                try versions.markChunks(afterRow: after, limit: 500) { row, list in lists.append((row, list)) }
             }
             guard let page else { break }
             for (row, list) in lists {

@@ -42,7 +42,8 @@ extension FileSystem {
             // brought): watchers heard, the kernel forgets st_blocks (outside every lock).
             if !downloadChanged.isEmpty { hooks.withLock { $0.treeChanged }?(downloadChanged) }
         }
-        return try meta.withLock { (m, store) throws(Errno) -> [UInt8] in
+        var versionsOf: FileID?
+        let value = try meta.withLock { (m, store) throws(Errno) -> [UInt8] in
             if VirtualViews.isVirtual(ino) { throw .noData }
             guard store.inode(ino) != nil else { throw .notFound }
             if name.hasPrefix(Self.statusPrefix) {
@@ -51,13 +52,28 @@ extension FileSystem {
                     downloadChanged.downloads.insert(ino)
                     publishSyncEvents(store, downloadChanged)
                 }
-                guard let value = status.values[String(name.dropFirst(Self.statusPrefix.count))] else { throw .noData }
+                let key = String(name.dropFirst(Self.statusPrefix.count))
+                if key == Self.versionCountKey, let fileID = status.versionsOf {
+                    versionsOf = fileID
+                    return []
+                }
+                guard let value = status.values[key] else { throw .noData }
                 return Array(value.utf8)
             }
             guard let value = try storeCall({ () throws(StoreError) in try store.xattr(ino, name) }) else { throw .noData }
             return value
         }
+        guard let versionsOf else { return value }
+        // Counted by the versions' reader, without the locks (as `.versions/` lists them).
+        let count = try storeCall { () throws(StoreError) -> Int in
+            try store.prepareVersionReads()
+            return try store.versions.versions(of: versionsOf).count
+        }
+        return Array(String(count).utf8)
     }
+
+    /// The status attribute that counts a file's versions (`user.ubiquity.versions`).
+    static let versionCountKey = "versions"
 
     public func listxattr(_ ino: InodeNumber) throws(Errno) -> [String] {
         if KeyValueDoor.owns(ino) { return try kvListxattr(ino) }
@@ -118,10 +134,12 @@ extension FileSystem.Meta {
         try store.update(inode)
     }
 
-    /// Status attributes of a node (names without the `user.ubiquity.` prefix), and
-    /// whether looking changed its recorded download state (see `downloadState`).
-    func status(_ ino: InodeNumber, store: any FileSystemStore) throws(Errno) -> (values: [String: String], downloadChanged: Bool) {
-        guard let inode = store.inode(ino), inode.kind == .file else { return ([:], false) }
+    /// Status attributes of a node (names without the `user.ubiquity.` prefix), whether
+    /// looking changed its recorded download state (see `downloadState`), and the history
+    /// whose versions `versions` counts (read outside the locks: `getxattr`).
+    func status(_ ino: InodeNumber, store: any FileSystemStore) throws(Errno)
+        -> (values: [String: String], downloadChanged: Bool, versionsOf: FileID?) {
+        guard let inode = store.inode(ino), inode.kind == .file else { return ([:], false, nil) }
         let path = store.path(of: ino) ?? ""
         var result: [String: String] = [
             "local": LocalOnly.contains(path) ? "1" : "0",
@@ -133,17 +151,16 @@ extension FileSystem.Meta {
         if let name = store.name(of: ino), TinyPixView.applies(to: name) {
             try TinyPixView.addStatus(&result, inode: inode, store: store)
         }
+        var versionsOf: FileID?
         if let row = inode.head, let head = try storeCall({ () throws(StoreError) in try store.version(row: row) }) {
             if !head.isLocal {
                 result["version"] = head.id.hex
                 result["device"] = head.deviceName
                 result["uploaded"] = try storeCall { () throws(StoreError) in try store.isUploaded(row: row) } ? "1" : "0"
-                if let fileID = inode.fileID {
-                    result["versions"] = String(try storeCall { () throws(StoreError) in try store.versions(of: fileID) }.count)
-                }
+                versionsOf = inode.fileID
             }
         }
-        return (result, download.changed)
+        return (result, download.changed, versionsOf)
     }
 
     /// `current` (every byte of the current version is here), `partial` or

@@ -61,6 +61,15 @@ final class Index: @unchecked Sendable {
     /// directory (nothing to note), else their budget. Set by the namespace as it changes
     /// them. Both are touched only by the store's lock holder.
     var historiesPlacedKept = 0
+    /// Version rows the store's side wrote (records made or taken in by a sync step, a
+    /// fold through the gate): not the folder's, which writes the overlay's own. Touched
+    /// only by the store's lock holder (`TreeOverlay.newestMarks`).
+    private(set) var versionsWrittenAside: UInt64 = 0
+
+    func noteVersionWritten() {
+        if !isBorrowedHere { versionsWrittenAside &+= 1 }
+    }
+
     /// Set by the lock's holder while it writes without the store's lock (`write`,
     /// `writeBarrier`): read only by that thread (`Store.assertNamespaceSide`).
     var writingAside = false

@@ -47,12 +47,16 @@ struct InodeCache {
     mutating func get(_ id: InodeNumber) -> TreeNode? { entry(id)?.node }
 
     /// A new version of the inode's row: what was known of its xattrs stays true.
-    mutating func put(_ node: TreeNode) {
+    /// `head`: the head version's id and whether it is local-only, when the read that
+    /// found the inode read them too (SQLite's row: `node.inode.head` is its head).
+    mutating func put(_ node: TreeNode, head read: (id: VersionID, isLocal: Bool)? = nil) {
         let id = node.inode.id
         let known = newer[id] ?? older.removeValue(forKey: id)
         // A chunk list stays only while the inode's head is its version.
         let chunks = known?.chunks.flatMap { $0.row == node.inode.head ? $0 : nil }
-        insert(Entry(node: node, xattrs: known?.xattrs, head: known?.head, chunks: chunks))
+        var head = known?.head
+        if let read, let row = node.inode.head { head = HeadVersion(row: row, id: read.id, isLocal: read.isLocal) }
+        insert(Entry(node: node, xattrs: known?.xattrs, head: head, chunks: chunks))
     }
 
     /// The chunk list of version `row`, if the inode's entry knows it as a head it had.

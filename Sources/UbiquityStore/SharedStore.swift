@@ -155,8 +155,16 @@ public final class SharedStore: Sendable {
     public func prepareVersionReads() throws(StoreError) {
         if readersCurrent.load(ordering: .acquiring) { return }
         try foldAhead()
-        while try withLock({ (store) throws(StoreError) in try store.settleMoves() }) { locked.yieldToWaiters() }
+        try settleMoves()
         try withLock { (store) throws(StoreError) in try store.commitBatch() }
+    }
+
+    /// Settles directories moved (Store+MovedTrees) a slice a hold, the lock going to
+    /// whoever waits for it between slices: what reads where histories are shown (a
+    /// read of `.versions/`, prune, a pull slice) calls it first, so the settling it does
+    /// itself under the lock is at most what moved since.
+    public func settleMoves() throws(StoreError) {
+        while try withLock({ (store) throws(StoreError) in try store.settleMoves() }) { locked.yieldToWaiters() }
     }
 
     /// Durability barrier, part 1 (`Store.syncFiles`), without the lock: a disk flush.

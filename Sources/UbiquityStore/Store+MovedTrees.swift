@@ -6,7 +6,8 @@
 /// - by the group commit's loop once the overlay is folded (`foldDone`, a slice a step),
 ///   so it is usually done a moment after the rename;
 /// - first thing in whatever reads what it writes: a sync step's slice, a pull slice,
-///   a read of `.versions/`, prune.
+///   a read of `.versions/`, prune (the last three a slice a hold before their own,
+///   `SharedStore.settleMoves`).
 ///
 /// A slice is one transaction: the directories it finishes leave `moved`, and their
 /// subdirectories join it, so the walk resumes after a crash where it stopped (inside

@@ -37,13 +37,25 @@ extension Store {
         if let held = bulkCreates?.nodes[id] { return held }
         if let hit = tree.withLock({ $0.inodes.get(id) }) { return hit }
         guard id.fitsColumn,
-              let node = try db.aroundGate({ () throws(StoreError) in
-                  try db.rows("SELECT \(Self.inodeColumns) FROM inodes WHERE id = ?", [.inode(id)], Self.treeNode)
+              let read = try db.aroundGate({ () throws(StoreError) in
+                  try db.rows("SELECT \(Self.qualifiedInodeColumns), \(Self.headColumns) FROM inodes i \(Self.headJoin) WHERE i.id = ?",
+                              [.inode(id)]) { r in (node: Self.treeNode(r), head: Self.headVersion(r, from: 19)) }
               }).first
         else { return nil }
-        let checked = try node.get()
-        tree.withLock { $0.inodes.put(checked) }
+        let checked = try read.node.get()
+        tree.withLock { $0.inodes.put(checked, head: read.head) }
         return checked
+    }
+
+    /// What an inode's read takes of its head version with it (`headJoin`): its id and
+    /// whether it is local-only, which a save of the file (its parent) and a delete (its
+    /// tombstone) ask, kept with the inode in the working set.
+    static let headColumns = "v.id, v.local"
+    static let headJoin = "LEFT JOIN versions v ON v.row = i.head"
+
+    /// The head version `headColumns` read from column `first` on (nil: no head).
+    static func headVersion(_ r: SQLRow, from first: Int32) -> (id: VersionID, isLocal: Bool)? {
+        r.isNull(first) ? nil : (id: r.versionID(first), isLocal: r.int(first + 1) != 0)
     }
 
     static func treeNode(_ r: SQLRow) -> Result<TreeNode, StoreError> {
@@ -156,13 +168,19 @@ extension Store {
         return tree.withLock { $0.directories.lookUp(parent, name) }
     }
 
-    /// Reads a directory's names (and, for a small one, its inodes into the inode cache)
-    /// with one query, around the gate; the overlay's changes to it go on top.
+    /// Reads a directory's names (and, for a small one, its inodes into the inode cache,
+    /// each with its head version's id and whether it is local-only: what a save or a
+    /// delete of the file asks) with one query, around the gate; the overlay's changes to
+    /// it go on top.
     private func loadDirectory(_ parent: InodeNumber) throws(StoreError) {
         let (limit, inodeCapacity) = tree.withLock { ($0.directories.largestLoaded + 1, $0.inodes.capacity) }
         let rows = try db.aroundGate { () throws(StoreError) in
-            try db.rows("SELECT \(Self.qualifiedInodeColumns), e.name FROM entries e LEFT JOIN inodes i ON i.id = e.inode WHERE e.parent = ? LIMIT ?",
-                        [.inode(parent), .int(Int64(limit))]) { (name: NameKey($0.text(19)), node: $0.isNull(0) ? nil : Self.treeNode($0)) }
+            try db.rows("""
+                SELECT \(Self.qualifiedInodeColumns), e.name, \(Self.headColumns) FROM entries e LEFT JOIN inodes i ON i.id = e.inode
+                \(Self.headJoin) WHERE e.parent = ? LIMIT ?
+                """, [.inode(parent), .int(Int64(limit))]) { r in
+                (name: NameKey(r.text(19)), node: r.isNull(0) ? nil : Self.treeNode(r), head: Self.headVersion(r, from: 20))
+            }
         }
         guard rows.count < limit else { return tree.withLock { $0.directories.tooBigToLoad(parent) } }
         var names = DirectoryCache.Names(minimumCapacity: rows.count)
@@ -175,16 +193,16 @@ extension Store {
         // Each inode as SQLite has it, unless the overlay holds it (the cache never holds
         // anything older than the overlay); only a small directory's, so one listing
         // does not push the working set out.
-        var nodes: [TreeNode] = []
+        var nodes: [(TreeNode, (id: VersionID, isLocal: Bool)?)] = []
         if rows.count <= inodeCapacity / 8 {
             for row in rows {
-                if case .success(let node) = row.node, overlay.inode(node.inode.id) == nil { nodes.append(node) }
+                if case .success(let node) = row.node, overlay.inode(node.inode.id) == nil { nodes.append((node, row.head)) }
             }
         }
         for name in overlay.removedNames(parent) { names[name] = nil }
         for (name, id) in overlay.addedEntries(parent) { names[name] = id }
         tree.withLock { t in
-            for node in nodes { t.inodes.put(node) }
+            for (node, head) in nodes { t.inodes.put(node, head: head) }
             t.directories.load(parent, names)
         }
     }
@@ -206,12 +224,14 @@ extension Store {
             return try node(id)?.inode
         }
         guard let row = try db.aroundGate({ () throws(StoreError) in
-            try db.rows("SELECT \(Self.qualifiedInodeColumns) FROM entries e JOIN inodes i ON i.id = e.inode WHERE e.parent = ? AND e.name = ?",
-                        [.inode(parent), .text(name)], Self.treeNode)
+            try db.rows("""
+                SELECT \(Self.qualifiedInodeColumns), \(Self.headColumns) FROM entries e JOIN inodes i ON i.id = e.inode
+                \(Self.headJoin) WHERE e.parent = ? AND e.name = ?
+                """, [.inode(parent), .text(name)]) { r in (node: Self.treeNode(r), head: Self.headVersion(r, from: 19)) }
         }).first else { return nil }
-        let checked = try row.get()
+        let checked = try row.node.get()
         if let shadow = overlay.inode(checked.inode.id) { return shadow?.inode }
-        tree.withLock { $0.inodes.put(checked) } // never anything SQLite and the overlay do not hold
+        tree.withLock { $0.inodes.put(checked, head: row.head) } // never anything SQLite and the overlay do not hold
         return checked.inode
     }
 

@@ -96,16 +96,24 @@ extension Store {
     /// Records that a file's last name is gone: a tombstone version (kept in its history).
     /// It descends from every live head of the file, so deleting a file in conflict
     /// deletes it, rather than bringing a conflict version back as the file.
-    public func commitTombstone(fileID: FileID, head: Int64?, path: String) throws(StoreError) {
+    /// `inode`: the file's, whose entry in the working set may know whether its head is
+    /// local-only.
+    public func commitTombstone(fileID: FileID, head: Int64?, path: String, of inode: InodeNumber?) throws(StoreError) {
         // The tombstone goes to the overlay, its parents worked out at the fold; the dead
         // history the overlay shows for it is checked later if the fold may write none
-        // (`TreeOverlay.tombstonesToCheck`). A file never saved whose history began in
-        // this process has no version anywhere: nothing to record.
+        // (`TreeOverlay.tombstonesToCheck`), unless the working set knows the head is a
+        // synced version (it does for a file of a directory it loaded). A file never
+        // saved whose history began in this process has no version anywhere: nothing to
+        // record.
         if overlayOn && head == nil && overlay.isFresh(fileID) { return }
-        if overlayOn, head != nil {
+        if overlayOn, let head {
             let row = nextVersionRow
             nextVersionRow += 1
             try record(.tombstone(row: row, id: .new(), fileID: fileID, head: head, path: path, committed: clock()))
+            overlay.noteNewestMark(fileID, index.versionsWrittenAside)
+            if let inode, tree.withLock({ $0.inodes.headVersion(inode, row: head) })?.isLocal == false {
+                overlay.noteTombstoneChecked(fileID)
+            }
             return
         }
         let previous = try headVersion(head)

@@ -94,6 +94,12 @@ extension Store {
         let stored: (row: Int64, committed: Nanos, id: VersionID)?
         if let entry = here?.first(where: { $0.fileID == fileID }) {
             stored = entry.newest
+        } else if overlay.newest[fileID] != nil, let mark = overlay.newestMarks[fileID], mark == index.versionsWrittenAside {
+            // The overlay's newest (the delete's tombstone, whose parents are the file's
+            // live heads) was made after every version SQLite holds of the history: none
+            // was written since (`TreeOverlay.newestMarks`). `rm f; echo new > f` reads
+            // nothing.
+            stored = nil
         } else {
             stored = try db.aroundGate { () throws(StoreError) in
                 try db.rows("SELECT row, committed, id FROM versions WHERE file_id = ? AND local = 0 ORDER BY committed DESC, row DESC LIMIT 1",

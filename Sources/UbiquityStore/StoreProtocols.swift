@@ -105,7 +105,7 @@ public protocol FSVersions: VersionReads {
     @discardableResult
     func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool, versionID: VersionID?,
                 written: Nanos?) throws(StoreError) -> Version
-    func commitTombstone(fileID: FileID, head: Int64?, path: String) throws(StoreError)
+    func commitTombstone(fileID: FileID, head: Int64?, path: String, of inode: InodeNumber?) throws(StoreError)
     func adoptHistory(_ id: InodeNumber, fileID: FileID, head: Int64?) throws(StoreError)
     func continueHistory(_ id: InodeNumber, _ dead: DeadHistory) throws(StoreError)
     func setHistory(_ fileID: FileID, path: String, live: Bool) throws(StoreError)
@@ -123,9 +123,6 @@ public protocol FSVersions: VersionReads {
     func prune(policy: RetentionPolicy, now: Nanos, under: String, after: FileID?, limit: Int,
                dryRun: Bool) throws(StoreError) -> Store.PruneResult
     func pruneOldest(limit: Int, bytes: Int64, after: Int64) throws(StoreError) -> (versions: [Store.PrunedVersion], resumeAfter: Int64?)
-    func markChunks(afterRow: Int64, limit: Int, _ body: (Int64, ChunkList) -> Void) throws(StoreError) -> (last: Int64, rows: Int)?
-    func currentVersionRows(afterInode after: InodeNumber, limit: Int, into rows: inout Set<Int64>) throws(StoreError) -> InodeNumber?
-    var versionRowCount: Int { get }
 }
 
 extension FSVersions {
@@ -134,6 +131,11 @@ extension FSVersions {
     public func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool,
                        written: Nanos? = nil) throws(StoreError) -> Version {
         try commit(id, content: content, path: path, local: local, versionID: nil, written: written)
+    }
+
+    /// A tombstone of a file whose inode is not known.
+    public func commitTombstone(fileID: FileID, head: Int64?, path: String) throws(StoreError) {
+        try commitTombstone(fileID: fileID, head: head, path: path, of: nil)
     }
 
     /// One slice of prune (`Store.pruneSlice` histories).

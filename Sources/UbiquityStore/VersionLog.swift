@@ -75,6 +75,42 @@ public final class VersionLog: Sendable {
         try read { (db) throws(StoreError) in try Self.historyChildren(of: path, in: db) }
     }
 
+    // MARK: gc's mark (`FileSystem.collectGarbage`), a page at a time
+
+    /// The chunks named by the version rows after `afterRow`, up to `limit` rows; returns
+    /// the last row read (nil: no more rows) and how many were read.
+    public func markChunks(afterRow: Int64, limit: Int, _ body: (Int64, ChunkList) -> Void) throws(StoreError) -> (last: Int64, rows: Int)? {
+        try read { (db) throws(StoreError) -> (last: Int64, rows: Int)? in
+            var last: Int64?, rows = 0
+            try db.query("SELECT row, chunks FROM versions WHERE row > ? ORDER BY row LIMIT ?", [.int(afterRow), .int(Int64(limit))]) { r in
+                last = r.int(0)
+                rows += 1
+                guard let list = ChunkList(encoded: r.blob(1)) else { return }
+                body(r.int(0), list)
+            }
+            return last.map { ($0, rows) }
+        }
+    }
+
+    /// The version rows files show now (their inodes' heads) of up to `limit` inodes after
+    /// inode `after`, for gc's space report; returns the last inode read (nil: done).
+    public func currentVersionRows(afterInode after: InodeNumber, limit: Int, into rows: inout Set<Int64>) throws(StoreError) -> InodeNumber? {
+        try read { (db) throws(StoreError) -> InodeNumber? in
+            var last: InodeNumber?
+            try db.query("SELECT id, head, nlink FROM inodes WHERE id > ? ORDER BY id LIMIT ?", [.inode(after), .int(Int64(limit))]) { r in
+                last = r.inode(0)
+                if !r.isNull(1) && r.int(2) > 0 { rows.insert(r.int(1)) } // a file with a name
+            }
+            return last
+        }
+    }
+
+    /// About how many version rows there are (the mark's progress): the highest row, read
+    /// from the end of the table's index, not a count of every row.
+    public func versionRowCount() throws(StoreError) -> Int {
+        try read { (db) throws(StoreError) -> Int in try db.rows("SELECT max(row) FROM versions", []) { Int($0.int(0)) }.first ?? 0 }
+    }
+
     // MARK: the queries, on any connection (the store runs them on its own, through the gate)
 
     static func versions(of fileID: FileID, committed range: ClosedRange<Nanos>, in db: SQLiteDatabase) throws(StoreError) -> [Version] {

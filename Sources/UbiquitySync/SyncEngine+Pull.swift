@@ -309,6 +309,9 @@ extension SyncEngine {
             // recorded as new local directories (echo records). A local change made while
             // this slice waited on the network meets this reconcile unrecorded: reconcile
             // leaves the paths it touched for the next cycle, which records it first.
+            // A slice settles moved directories first; a big move's settling goes a slice
+            // a hold here, not all in the slice's hold.
+            try shared.settleMoves()
             let waited = try shared.change { (store, busy) throws(StoreError) -> TreeChanges in try store.takeIn(slice, busy: busy) }
             // Slices grow while no request waits for the store's lock (up to
             // `pullSliceMost`: fewer commits, each of which rewrites pages all over the

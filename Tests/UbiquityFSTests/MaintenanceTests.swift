@@ -64,6 +64,22 @@ import UbiquitySystem
 
     /// Free pages of the metadata database go back to the filesystem once there are many
     /// (the maintenance loop), and not while there are few (two PRAGMA reads).
+    /// gc's mark reads the versions' reader: its holds of the store's lock do not grow
+    /// with the versions it reads (a page of 500 rows each, before).
+    @Test func gcMarksWithoutTheStoresLock() throws {
+        var holds: [UInt] = []
+        for saves in [100, 3_000] {
+            let h = try Harness()
+            for i in 0..<saves { try h.save("f\(i % 50)", "version \(i)") }
+            try h.fs.store.prepareVersionReads()
+            let before = h.fs.store.acquisitions
+            let report = try h.fs.collectGarbage(grace: 0)
+            #expect(report.versionsRead == saves)
+            holds.append(h.fs.store.acquisitions - before)
+        }
+        #expect(holds[1] <= holds[0] + 2, "holds of the store's lock by gc over 100 and 3,000 versions: \(holds)")
+    }
+
     @Test func manyFreePagesGoBackAndFewStay() throws {
         let h = try Harness()
         for i in 0..<50 { try h.save("f\(i).txt", "content \(i)") }

@@ -89,6 +89,22 @@ import UbiquitySystem
         #expect(!h.fs.withMetaLock { $1.hasUnsettledMoves })
     }
 
+    /// A big move is settled a slice a hold (`SharedStore.settleMoves`, which a read of
+    /// `.versions/`, prune and a pull slice call first), not in one hold.
+    @Test func aBigMoveIsSettledASliceAHold() throws {
+        let h = try Harness()
+        let many = try h.fs.mkdir(parent: Store.rootInode, name: "many", mode: 0o755, caller: h.me).ino
+        let files = Store.movedEntriesPerSlice * 4
+        for i in 0..<files { try h.save("f\(i)", "x", in: many) }
+        try h.fs.store.prepareVersionReads()
+        try h.fs.rename(parent: Store.rootInode, name: "many", newParent: Store.rootInode, newName: "moved", flags: 0)
+        #expect(h.fs.withMetaLock { $1.hasUnsettledMoves })
+        let before = h.fs.store.acquisitions
+        try h.fs.store.settleMoves()
+        #expect(h.fs.store.acquisitions - before > UInt(files / Store.movedEntriesPerSlice), "holds of the store's lock")
+        #expect(!h.fs.withMetaLock { $1.hasUnsettledMoves })
+    }
+
     /// Random saves, renames of files and directories, deletes, new directories and
     /// remounts (the log replayed); at random moments the whole of `.versions/` read
     /// through the filesystem (the versions' reader) equals what the store shows under its

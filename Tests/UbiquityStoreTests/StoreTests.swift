@@ -198,6 +198,47 @@ import UbiquitySystem
     /// Format 4 keeps the synced view in tables; a format 3 store gets them built from its
     /// records, and the result is what adding the records one by one made. Link counts
     /// and primary names are computed from the entries.
+    /// `rm f; echo new > f`: the new file continues the deleted one's history from the
+    /// overlay's tombstone without reading SQLite. A version of the history written since
+    /// the delete (another device's, taken in; the write folds the overlay first) is read
+    /// and continued when newer.
+    @Test func aFileMadeAgainReadsItsHistoryOnlyWhenAVersionCameSinceTheDelete() throws {
+        for peerVersionSinceTheDelete in [false, true] {
+            let dir = TempDirectory()
+            defer { dir.cleanup() }
+            let store = try Store(directory: dir.path, deviceName: "here")
+            store.startBatching() // as mounted: tree changes go to the overlay
+            let d = try store.create(parent: Store.rootInode, name: "docs", kind: .directory, mode: 0o755, uid: 1, gid: 1)
+            let f = try store.create(parent: d.id, name: "a.txt", kind: .file, mode: 0o644, uid: 1, gid: 1)
+            let first = try store.commit(f.id, content: ChunkList(), path: "docs/a.txt", local: false)
+            try store.commitBatch()
+            let fileID = try #require(f.fileID)
+            try store.removeEntry(parent: d.id, name: "a.txt")
+            try store.commitTombstone(fileID: fileID, head: first.row, path: "docs/a.txt", of: f.id)
+            if peerVersionSinceTheDelete {
+                let peer = SyncRecord(id: VersionID(hex: String(repeating: "a", count: 32))!, node: .file(fileID), kind: .file,
+                                      parents: [first.id], deviceID: DeviceID(hex: "ffffffffffffffff")!, deviceName: "other",
+                                      committed: store.clock() + 60_000_000_000, mtime: 1, mode: 0o644, isTombstone: false,
+                                      isMeta: false, path: "docs/a.txt")
+                try store.addRemote([peer])
+            }
+            let statements = store.db.statements
+            let dead = try #require(try store.deadHistory(at: "docs/a.txt"))
+            let read = store.db.statements - statements
+            store.overlay.forgetNewestMarks()
+            let afresh = try #require(try store.deadHistory(at: "docs/a.txt"))
+            #expect(dead.fileID == fileID && dead.head == afresh.head && dead.headID == afresh.headID,
+                    "peer version since the delete: \(peerVersionSinceTheDelete)")
+            if peerVersionSinceTheDelete {
+                #expect(read > 0, "the history is read: a version came since the delete")
+                #expect(dead.headID == VersionID(hex: String(repeating: "a", count: 32)), "the newer version is continued")
+            } else {
+                #expect(read == 0, "nothing is read: \(read) statements")
+                #expect(dead.head != first.row, "the tombstone is continued")
+            }
+        }
+    }
+
     @Test func formatThreeStoreGetsItsViewBuilt() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }

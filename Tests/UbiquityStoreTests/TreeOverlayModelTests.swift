@@ -108,9 +108,10 @@ import UbiquitySystem
             for (name, value) in expected { #expect((try? store.xattr(id, name)) == value, "\(context): inode \(id)'s xattr \(name)") }
         }
         // Where a new file would continue a history: the answers that trust the names
-        // read at the last check (`HistoryNames`) and the directories' histories read at
-        // the mark (`StoredHistories`, each directory read whole) are the ones read afresh,
-        // name by name.
+        // read at the last check (`HistoryNames`), the directories' histories read at
+        // the mark (`StoredHistories`, each directory read whole) and the overlay's newest
+        // versions made since SQLite's (`TreeOverlay.newestMarks`) are the ones read
+        // afresh, name by name.
         var paths: [String] = []
         for dir in model.directories {
             guard let path = store.path(of: dir) else { continue }
@@ -121,6 +122,7 @@ import UbiquitySystem
         let kept = paths.map { try? store.deadHistory(at: $0) }
         let stored = store.storedHistories
         store.historyNames.removeAll()
+        store.overlay.forgetNewestMarks()
         store.storedHistories = StoredHistories(readAfter: .max)
         defer { store.storedHistories = stored }
         for (path, kept) in zip(paths, kept) {
@@ -219,7 +221,7 @@ import UbiquitySystem
             // The last name of a saved file: its tombstone, as the filesystem writes it
             // (none at a local-only name).
             if after?.nlink == 0, let before, let fileID = before.fileID, before.head != nil, !LocalOnly.contains(path) {
-                try store.commitTombstone(fileID: fileID, head: before.head, path: path)
+                try store.commitTombstone(fileID: fileID, head: before.head, path: path, of: id)
                 model.tombstones += 1
             }
             if after?.nlink == 0 { try store.forget(id) }
