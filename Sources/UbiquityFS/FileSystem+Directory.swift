@@ -162,7 +162,7 @@ extension FileSystem {
         let becomesPicture = source.kind == .file && TinyPixView.applies(to: newName) && !TinyPixView.applies(to: name)
         var content = ChunkList()
         if becomesPicture || continued != nil, let row = source.head {
-            content = try storeCall { () throws(StoreError) -> ChunkList in try store.chunkList(row: row) }
+            content = try storeCall { () throws(StoreError) -> ChunkList in try store.headChunkList(sourceID, row: row) }
         }
         var encoded = false
         if becomesPicture {
@@ -195,8 +195,8 @@ extension FileSystem {
                 // A source with a longer history keeps it, shown at its old path.
                 // Only a history this device made: another device's file keeps its own
                 // (else a synced file's only version leaves .versions/: simulation seed 20).
-                if let old = source.fileID { try store.endHistoryRenamedOver(old) }
-                try store.adoptHistory(sourceID, fileID: continued.fileID, head: continued.head)
+                if let old = source.fileID { try store.endHistoryRenamedOver(old, of: sourceID) }
+                try store.adoptHistory(sourceID, fileID: continued.fileID, head: continued.head, knownFrom: targetID)
                 try store.commit(sourceID, content: content, path: store.path(of: sourceID) ?? newName, local: false)
             }
         }

@@ -34,7 +34,7 @@ extension Index {
                   .int(r.isMeta ? 1 : 0), .int(remote ? 1 : 0), local ? .null : lineage.stored(device: r.deviceID).map { .text($0) } ?? .null,
                   .int(origin == .folded ? 0 : 1)])
         if origin == .folded { mayHaveUnviewed = true }
-        noteVersionWritten()
+        noteVersionWritten(origin: origin)
         let row = connection.lastInsertRowID
         // What reconcile shows of another device's new file, kept for it (not read back).
         if remote && r.kind == .file && !r.isTombstone && takingIn != nil {

@@ -61,13 +61,14 @@ final class Index: @unchecked Sendable {
     /// directory (nothing to note), else their budget. Set by the namespace as it changes
     /// them. Both are touched only by the store's lock holder.
     var historiesPlacedKept = 0
-    /// Version rows the store's side wrote (records made or taken in by a sync step, a
-    /// fold through the gate): not the folder's, which writes the overlay's own. Touched
-    /// only by the store's lock holder (`TreeOverlay.newestMarks`).
+    /// Version rows the store's side wrote that are not the overlay's own saves and
+    /// tombstones (records made or taken in by a sync step). The folder writes only the
+    /// overlay's. Touched only by the store's lock holder (`TreeOverlay.newestMarks`,
+    /// `InodeCache.HeadVersion.onlySince`).
     private(set) var versionsWrittenAside: UInt64 = 0
 
-    func noteVersionWritten() {
-        if !isBorrowedHere { versionsWrittenAside &+= 1 }
+    func noteVersionWritten(origin: Origin) {
+        if !isBorrowedHere && origin != .folded { versionsWrittenAside &+= 1 }
     }
 
     /// Set by the lock's holder while it writes without the store's lock (`write`,

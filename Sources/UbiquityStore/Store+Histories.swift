@@ -39,9 +39,18 @@ extension Store {
     /// history (`foldTree`). So does a history the fold has written: its versions are read
     /// around the gate, and the overlay takes the withdrawal (which the fold then does
     /// as `withdrawUnsentHistory` lets it, else it drops the history) or the retirement.
-    public func endHistoryRenamedOver(_ fileID: FileID) throws(StoreError) {
+    /// `inode`: the file renamed, whose entry in the working set may know that its head
+    /// is the history's only version (a temp file saved once, then folded): withdrawn then
+    /// without a read.
+    public func endHistoryRenamedOver(_ fileID: FileID, of inode: InodeNumber?) throws(StoreError) {
         if overlayOn, let only = overlay.onlySave(of: fileID), try !hasIndexedVersions(fileID) {
             try record(.withdraw(row: only.row, id: only.id, fileID: fileID))
+            return
+        }
+        if overlayOn, let inode, let node = try node(inode)?.inode, node.fileID == fileID, let row = node.head,
+           let head = tree.withLock({ $0.inodes.headVersion(inode, row: row) }), !head.isLocal,
+           head.onlySince == index.versionsWrittenAside {
+            try record(.withdraw(row: row, id: head.id, fileID: fileID))
             return
         }
         if overlayOn {

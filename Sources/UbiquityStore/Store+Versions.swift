@@ -57,8 +57,9 @@ extension Store {
                 if !local { try self.record(.history(fileID, path: path, live: true)) }
             }
             continuedParents[id] = nil
+            let onlySince = previous == nil ? index.versionsWrittenAside : nil
             tree.withLock {
-                $0.inodes.knowHead(id, .init(row: row, id: record.id, isLocal: local))
+                $0.inodes.knowHead(id, .init(row: row, id: record.id, isLocal: local, onlySince: onlySince))
                 if content.count <= Self.keptChunkListPieces { $0.inodes.knowChunkList(id, row: row, content) }
             }
             try secure(id, content: content, path: path, version: record.id)
@@ -123,9 +124,12 @@ extension Store {
     }
 
     /// Gives inode `id` the history `fileID` (rename over an existing file continues the
-    /// target's history). Its next commit becomes a child of `head`.
-    public func adoptHistory(_ id: InodeNumber, fileID: FileID, head: Int64?) throws(StoreError) {
+    /// target's history). Its next commit becomes a child of `head`, which the working set
+    /// may know as the head of inode `knownFrom` (the target's): the commit then reads
+    /// nothing of it.
+    public func adoptHistory(_ id: InodeNumber, fileID: FileID, head: Int64?, knownFrom other: InodeNumber?) throws(StoreError) {
         guard var inode = try node(id)?.inode else { return }
+        let known = other.flatMap { other in head.flatMap { head in tree.withLock { $0.inodes.headVersion(other, row: head) } } }
         // The history the inode leaves has no file any more (the sync step tombstones it
         // unless it is already dead or continued elsewhere).
         try treeChange { () throws(StoreError) in
@@ -134,6 +138,7 @@ extension Store {
             inode.head = head
             try save(inode)
         }
+        if let known { tree.withLock { $0.inodes.knowHead(id, InodeCache.HeadVersion(row: known.row, id: known.id, isLocal: known.isLocal)) } }
     }
 
     /// A new, empty file continues the history `dead.fileID`: its first commit becomes a
@@ -235,6 +240,10 @@ extension Store {
             if let kept = tree.withLock({ $0.inodes.chunkList(id, row: row) }) { return kept }
         }
         return try chunkList(row: row)
+    }
+
+    public func headChunkList(_ id: InodeNumber, row: Int64) throws(StoreError) -> ChunkList {
+        try headChunkList(id, row: row, parent: nil)
     }
 
     /// Directories whose lists `headChunkList` read lately are remembered up to this many

@@ -106,11 +106,14 @@ public protocol FSVersions: VersionReads {
     func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool, versionID: VersionID?,
                 written: Nanos?) throws(StoreError) -> Version
     func commitTombstone(fileID: FileID, head: Int64?, path: String, of inode: InodeNumber?) throws(StoreError)
-    func adoptHistory(_ id: InodeNumber, fileID: FileID, head: Int64?) throws(StoreError)
+    func adoptHistory(_ id: InodeNumber, fileID: FileID, head: Int64?, knownFrom other: InodeNumber?) throws(StoreError)
     func continueHistory(_ id: InodeNumber, _ dead: DeadHistory) throws(StoreError)
     func setHistory(_ fileID: FileID, path: String, live: Bool) throws(StoreError)
     func retireHistory(_ fileID: FileID) throws(StoreError)
-    func endHistoryRenamedOver(_ fileID: FileID) throws(StoreError)
+    func endHistoryRenamedOver(_ fileID: FileID, of inode: InodeNumber?) throws(StoreError)
+    /// The chunk list of inode `id`'s head version `row`: the overlay's, the working set's
+    /// copy, else SQLite's.
+    func headChunkList(_ id: InodeNumber, row: Int64) throws(StoreError) -> ChunkList
     /// Whether directories moved wait to be settled (Store+MovedTrees), and settling them.
     var hasUnsettledMoves: Bool { get }
     func settleAllMoves() throws(StoreError)
@@ -131,6 +134,16 @@ extension FSVersions {
     public func commit(_ id: InodeNumber, content: ChunkList, path: String, local: Bool,
                        written: Nanos? = nil) throws(StoreError) -> Version {
         try commit(id, content: content, path: path, local: local, versionID: nil, written: written)
+    }
+
+    /// `adoptHistory` of a head no other inode is known to have.
+    public func adoptHistory(_ id: InodeNumber, fileID: FileID, head: Int64?) throws(StoreError) {
+        try adoptHistory(id, fileID: fileID, head: head, knownFrom: nil)
+    }
+
+    /// `endHistoryRenamedOver` of a history whose file is not known.
+    public func endHistoryRenamedOver(_ fileID: FileID) throws(StoreError) {
+        try endHistoryRenamedOver(fileID, of: nil)
     }
 
     /// A tombstone of a file whose inode is not known.

@@ -239,6 +239,39 @@ import UbiquitySystem
         }
     }
 
+    /// A temp file saved once and folded, renamed over another file: its one version is
+    /// withdrawn with its history without a read (the working set knows the save began
+    /// it). Once another device's version of it came (taken in), it keeps its history.
+    @Test func aFoldedTempFileRenamedOverIsWithdrawnWithoutARead() throws {
+        for peerVersion in [false, true] {
+            let dir = TempDirectory()
+            defer { dir.cleanup() }
+            let store = try Store(directory: dir.path, deviceName: "here")
+            store.startBatching()
+            let t = try store.create(parent: Store.rootInode, name: "a.tmp", kind: .file, mode: 0o644, uid: 1, gid: 1)
+            let saved = try store.commit(t.id, content: ChunkList(), path: "a.tmp", local: false)
+            try store.commitBatch()
+            let fileID = try #require(t.fileID)
+            if peerVersion {
+                let peer = SyncRecord(id: VersionID(hex: String(repeating: "a", count: 32))!, node: .file(fileID), kind: .file,
+                                      parents: [saved.id], deviceID: DeviceID(hex: "ffffffffffffffff")!, deviceName: "other",
+                                      committed: store.clock(), mtime: 1, mode: 0o644, isTombstone: false, isMeta: false, path: "a.tmp")
+                try store.addRemote([peer])
+            }
+            let statements = store.db.statements
+            try store.endHistoryRenamedOver(fileID, of: t.id)
+            let read = store.db.statements - statements
+            try store.commitBatch()
+            let shown = try store.histories(at: "a.tmp")
+            if peerVersion {
+                #expect(shown == [fileID], "a history of two versions stays shown")
+            } else {
+                #expect(read == 0, "\(read) statements")
+                #expect(shown.isEmpty, "the one version's history is withdrawn")
+            }
+        }
+    }
+
     @Test func formatThreeStoreGetsItsViewBuilt() throws {
         let dir = TempDirectory()
         defer { dir.cleanup() }

@@ -176,8 +176,8 @@ import UbiquitySystem
             try store.forget(target)
             try store.moveEntry(from: dir, tempName, to: dir, name)
             let old = try #require(temp.fileID)
-            try store.endHistoryRenamedOver(old)
-            try store.adoptHistory(temp.id, fileID: continued, head: before.head)
+            try store.endHistoryRenamedOver(old, of: temp.id)
+            try store.adoptHistory(temp.id, fileID: continued, head: before.head, knownFrom: target)
             _ = try store.commit(temp.id, content: list, path: try #require(store.path(of: temp.id)), local: false)
             model.nodes[target] = nil
             model.nodes[temp.id] = Node(kind: .file, mode: 0o600)
