@@ -52,15 +52,16 @@ struct InodeCache {
 
     /// A new version of the inode's row: what was known of its xattrs stays true.
     /// `head`: the head version's id and whether it is local-only, when the read that
-    /// found the inode read them too (SQLite's row: `node.inode.head` is its head).
-    mutating func put(_ node: TreeNode, head read: (id: VersionID, isLocal: Bool)? = nil) {
+    /// found the inode read them too (SQLite's row: `node.inode.head` is its head);
+    /// `xattrs`: all of the inode's, when that read knew them.
+    mutating func put(_ node: TreeNode, head read: (id: VersionID, isLocal: Bool)? = nil, xattrs: [String: [UInt8]]? = nil) {
         let id = node.inode.id
         let known = newer[id] ?? older.removeValue(forKey: id)
         // A chunk list stays only while the inode's head is its version.
         let chunks = known?.chunks.flatMap { $0.row == node.inode.head ? $0 : nil }
         var head = known?.head
         if let read, let row = node.inode.head { head = HeadVersion(row: row, id: read.id, isLocal: read.isLocal) }
-        insert(Entry(node: node, xattrs: known?.xattrs, head: head, chunks: chunks))
+        insert(Entry(node: node, xattrs: known?.xattrs ?? xattrs, head: head, chunks: chunks))
     }
 
     /// The chunk list of version `row`, if the inode's entry knows it as a head it had.

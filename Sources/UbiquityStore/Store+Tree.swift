@@ -39,23 +39,44 @@ extension Store {
         guard id.fitsColumn,
               let read = try db.aroundGate({ () throws(StoreError) in
                   try db.rows("SELECT \(Self.qualifiedInodeColumns), \(Self.headColumns) FROM inodes i \(Self.headJoin) WHERE i.id = ?",
-                              [.inode(id)]) { r in (node: Self.treeNode(r), head: Self.headVersion(r, from: 19)) }
+                              [.inode(id)]) { r in (node: Self.treeNode(r), with: Self.readWithInode(r, from: 19)) }
               }).first
         else { return nil }
         let checked = try read.node.get()
-        tree.withLock { $0.inodes.put(checked, head: read.head) }
+        keepRead([(checked, read.with)])
         return checked
     }
 
-    /// What an inode's read takes of its head version with it (`headJoin`): its id and
-    /// whether it is local-only, which a save of the file (its parent) and a delete (its
-    /// tombstone) ask, kept with the inode in the working set.
-    static let headColumns = "v.id, v.local"
+    /// What an inode's read takes with it (`headJoin`): its head version's id and whether
+    /// it is local-only, which a save of the file (its parent) and a delete (its tombstone)
+    /// ask, and whether it has xattrs in SQLite, which a save's record carries; kept with
+    /// the inode in the working set (`keepRead`).
+    static let headColumns = "v.id, v.local, EXISTS(SELECT 1 FROM xattrs x WHERE x.inode = i.id)"
     static let headJoin = "LEFT JOIN versions v ON v.row = i.head"
 
-    /// The head version `headColumns` read from column `first` on (nil: no head).
-    static func headVersion(_ r: SQLRow, from first: Int32) -> (id: VersionID, isLocal: Bool)? {
-        r.isNull(first) ? nil : (id: r.versionID(first), isLocal: r.int(first + 1) != 0)
+    /// What `headColumns` read from column `first` on.
+    struct ReadWithInode {
+        var head: (id: VersionID, isLocal: Bool)?
+        var hasXattrs: Bool
+    }
+
+    static func readWithInode(_ r: SQLRow, from first: Int32) -> ReadWithInode {
+        ReadWithInode(head: r.isNull(first) ? nil : (id: r.versionID(first), isLocal: r.int(first + 1) != 0),
+                      hasXattrs: r.int(first + 2) != 0)
+    }
+
+    /// Puts inodes read from SQLite into the working set with what their reads took: an
+    /// inode without xattrs there is known to have the overlay's alone.
+    func keepRead(_ read: [(TreeNode, ReadWithInode)]) {
+        let xattrs = read.map { node, with -> [String: [UInt8]]? in
+            guard !with.hasXattrs else { return nil }
+            var all: [String: [UInt8]] = [:]
+            for (name, value) in overlay.xattrs(of: node.inode.id).changed { all[name] = value }
+            return all
+        }
+        tree.withLock { t in
+            for ((node, with), xattrs) in zip(read, xattrs) { t.inodes.put(node, head: with.head, xattrs: xattrs) }
+        }
     }
 
     static func treeNode(_ r: SQLRow) -> Result<TreeNode, StoreError> {
@@ -179,7 +200,7 @@ extension Store {
                 SELECT \(Self.qualifiedInodeColumns), e.name, \(Self.headColumns) FROM entries e LEFT JOIN inodes i ON i.id = e.inode
                 \(Self.headJoin) WHERE e.parent = ? LIMIT ?
                 """, [.inode(parent), .int(Int64(limit))]) { r in
-                (name: NameKey(r.text(19)), node: r.isNull(0) ? nil : Self.treeNode(r), head: Self.headVersion(r, from: 20))
+                (name: NameKey(r.text(19)), node: r.isNull(0) ? nil : Self.treeNode(r), with: Self.readWithInode(r, from: 20))
             }
         }
         guard rows.count < limit else { return tree.withLock { $0.directories.tooBigToLoad(parent) } }
@@ -193,18 +214,16 @@ extension Store {
         // Each inode as SQLite has it, unless the overlay holds it (the cache never holds
         // anything older than the overlay); only a small directory's, so one listing
         // does not push the working set out.
-        var nodes: [(TreeNode, (id: VersionID, isLocal: Bool)?)] = []
+        var nodes: [(TreeNode, ReadWithInode)] = []
         if rows.count <= inodeCapacity / 8 {
             for row in rows {
-                if case .success(let node) = row.node, overlay.inode(node.inode.id) == nil { nodes.append((node, row.head)) }
+                if case .success(let node) = row.node, overlay.inode(node.inode.id) == nil { nodes.append((node, row.with)) }
             }
         }
         for name in overlay.removedNames(parent) { names[name] = nil }
         for (name, id) in overlay.addedEntries(parent) { names[name] = id }
-        tree.withLock { t in
-            for (node, head) in nodes { t.inodes.put(node, head: head) }
-            t.directories.load(parent, names)
-        }
+        keepRead(nodes)
+        tree.withLock { $0.directories.load(parent, names) }
     }
 
     /// The inode entry `name` of `parent` names (a lookup): one query for both.
@@ -227,11 +246,11 @@ extension Store {
             try db.rows("""
                 SELECT \(Self.qualifiedInodeColumns), \(Self.headColumns) FROM entries e JOIN inodes i ON i.id = e.inode
                 \(Self.headJoin) WHERE e.parent = ? AND e.name = ?
-                """, [.inode(parent), .text(name)]) { r in (node: Self.treeNode(r), head: Self.headVersion(r, from: 19)) }
+                """, [.inode(parent), .text(name)]) { r in (node: Self.treeNode(r), with: Self.readWithInode(r, from: 19)) }
         }).first else { return nil }
         let checked = try row.node.get()
         if let shadow = overlay.inode(checked.inode.id) { return shadow?.inode }
-        tree.withLock { $0.inodes.put(checked, head: row.head) } // never anything SQLite and the overlay do not hold
+        keepRead([(checked, row.with)]) // never anything SQLite and the overlay do not hold
         return checked.inode
     }
 
