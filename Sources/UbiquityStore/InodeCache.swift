@@ -26,8 +26,8 @@ struct InodeCache {
         var row: Int64
         var id: VersionID
         var isLocal: Bool
-        /// For a save that began its history (no parent): `Index.versionsWrittenAside` at the
-        /// save. While that count holds, no other version of the history reached SQLite
+        /// For a save that began a history this process made: `Index.versionsWrittenAside`
+        /// at the save. While that count holds, no other version of the history reached SQLite
         /// from elsewhere, so this save is its only version (`Store.endHistoryRenamedOver`).
         var onlySince: UInt64? = nil
     }

@@ -38,6 +38,9 @@ extension Store {
         if overlayOn && (local || previous?.isLocal != true) {
             // Into the overlay and the log: the record enters SQLite and the synced view
             // when it is folded (a local file's version only SQLite, replacing the last).
+            // A save that begins a history this process made (no version of it anywhere
+            // yet): while nothing else writes one, it is the history's only version.
+            let begins = previous == nil && overlay.isFresh(fileID) && overlay.versions(of: fileID).isEmpty
             let row = nextVersionRow
             nextVersionRow += 1
             let saved = SavedVersion(row: row, id: record.id, fileID: fileID, parents: record.parents, deviceName: deviceName,
@@ -57,7 +60,7 @@ extension Store {
                 if !local { try self.record(.history(fileID, path: path, live: true)) }
             }
             continuedParents[id] = nil
-            let onlySince = previous == nil ? index.versionsWrittenAside : nil
+            let onlySince = begins ? index.versionsWrittenAside : nil
             tree.withLock {
                 $0.inodes.knowHead(id, .init(row: row, id: record.id, isLocal: local, onlySince: onlySince))
                 if content.count <= Self.keptChunkListPieces { $0.inodes.knowChunkList(id, row: row, content) }
@@ -130,6 +133,9 @@ extension Store {
     public func adoptHistory(_ id: InodeNumber, fileID: FileID, head: Int64?, knownFrom other: InodeNumber?) throws(StoreError) {
         guard var inode = try node(id)?.inode else { return }
         let known = other.flatMap { other in head.flatMap { head in tree.withLock { $0.inodes.headVersion(other, row: head) } } }
+        // A target not saved yet that continues a dead history hands on the version it
+        // descends from with it: the file taking its history descends from it too.
+        if head == nil, let other, let parent = continuedParents[other] { continuedParents[id] = parent }
         // The history the inode leaves has no file any more (the sync step tombstones it
         // unless it is already dead or continued elsewhere).
         try treeChange { () throws(StoreError) in

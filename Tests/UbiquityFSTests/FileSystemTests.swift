@@ -248,6 +248,30 @@ final class Harness {
         #expect(throws: Errno.notFound) { try h.versionNames("d/f") }
     }
 
+    /// A file made again at a deleted file's path (its history continued) and still open
+    /// unsaved, a temp file renamed over it, then that file renamed over another: the
+    /// history keeps every version, shown at its path (its first save here is not taken
+    /// for the history's only version, which would withdraw it).
+    @Test func aHistoryContinuedThroughAnUnsavedFileKeepsItsVersions() throws {
+        let h = try Harness()
+        for text in ["one", "two"] { try h.save("p", text) }
+        try h.fs.unlink(parent: Store.rootInode, name: "p")
+        let (_, open) = try h.fs.create(parent: Store.rootInode, name: "p", mode: 0o644, flags: OpenFlags(O_WRONLY), caller: h.me)
+        try h.save("tmp", "three")
+        try h.fs.rename(parent: Store.rootInode, name: "tmp", newParent: Store.rootInode, newName: "p", flags: 0)
+        try h.save("z", "other")
+        try h.fs.rename(parent: Store.rootInode, name: "p", newParent: Store.rootInode, newName: "z", flags: 0)
+        try h.fs.release(open)
+        let names = try h.versionNames("p")
+        #expect(try names.map { try h.readVersion("p", $0) } == ["one", "two", "three"])
+        // And the save descends from the delete, as the file it took the history from would.
+        let parents = try h.fs.withMetaLock { (_, store) throws -> [VersionID] in
+            guard let history = try store.histories(at: "p").first else { return [] }
+            return try store.versions(of: history).last?.parents ?? []
+        }
+        #expect(!parents.isEmpty, "the save at p has the history's last version as its parent")
+    }
+
     @Test func deleteKeepsHistoryAndRecreateContinuesIt() throws {
         let h = try Harness()
         try h.save("gone.txt", "kept")
