@@ -78,12 +78,7 @@ extension FileSystem {
 
     /// `.kv/` and its keys are the root's: its owner, and its time for `.kv/` itself. From
     /// the working set without the store's lock; from the store when it is not there.
-    func kvOwner() -> KeyValueDoor.Owner {
-        if let (root, _, _) = store.tree.inode(Store.rootInode, holding: { _ in () }) {
-            return KeyValueDoor.Owner(uid: root.uid, gid: root.gid, time: root.mtime)
-        }
-        return meta.withLock { _, store in KeyValueDoor.Owner(store.inode(Store.rootInode)) }
-    }
+    func kvOwner() -> KeyValueDoor.Owner { KeyValueDoor.Owner(try? rootInode()) }
 
     func kvGetattr(_ ino: InodeNumber) throws(Errno) -> Attributes {
         let owner = kvOwner()

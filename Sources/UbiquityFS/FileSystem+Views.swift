@@ -24,7 +24,8 @@ extension FileSystem {
         }
     }
 
-    /// The root's inode: from the working set, else from the store.
+    /// The root's inode, whose owner and time the views and the key-value door show: from
+    /// the working set, else from the store.
     func rootInode() throws(Errno) -> Inode {
         if let (root, _, _) = store.tree.inode(Store.rootInode, holding: { _ in () }) { return root }
         guard let root = meta.withLock({ _, store in store.inode(Store.rootInode) }) else { throw .notFound }

@@ -47,10 +47,13 @@ extension Store {
             try record(.withdraw(row: only.row, id: only.id, fileID: fileID))
             return
         }
-        if overlayOn, let inode, let node = try node(inode)?.inode, node.fileID == fileID, let row = node.head,
-           let head = tree.withLock({ $0.inodes.headVersion(inode, row: row) }), !head.isLocal,
-           head.onlySince == index.versionsWrittenAside {
-            try record(.withdraw(row: row, id: head.id, fileID: fileID))
+        // The working set alone (its entry is never older than the tree): an inode it does
+        // not hold has no head known there either, and is not read for nothing.
+        if overlayOn, let inode, let head = tree.withLock({ t -> InodeCache.HeadVersion? in
+            guard let node = t.inodes.get(inode)?.inode, node.fileID == fileID, let row = node.head else { return nil }
+            return t.inodes.headVersion(inode, row: row)
+        }), !head.isLocal, head.onlySince == index.versionsWrittenAside {
+            try record(.withdraw(row: head.row, id: head.id, fileID: fileID))
             return
         }
         if overlayOn {

@@ -144,6 +144,7 @@ extension Store {
             inode.head = head
             try save(inode)
         }
+        // Not `onlySince`: the history taken over is the target's, not one this inode began.
         if let known { tree.withLock { $0.inodes.knowHead(id, InodeCache.HeadVersion(row: known.row, id: known.id, isLocal: known.isLocal)) } }
     }
 

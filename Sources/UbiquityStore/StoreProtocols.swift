@@ -80,7 +80,6 @@ public struct DeadHistory: Sendable {
 /// The versions' reader (`VersionLog`) answers without the store's lock, from what the
 /// index has committed; the store answers under its lock, through the gate.
 public protocol VersionReads: AnyObject {
-    func version(row: Int64) throws(StoreError) -> Version?
     func versions(of fileID: FileID, committed range: ClosedRange<Nanos>) throws(StoreError) -> [Version]
     func chunkList(row: Int64) throws(StoreError) -> ChunkList
     func histories(at path: String) throws(StoreError) -> [FileID]
@@ -121,6 +120,7 @@ public protocol FSVersions: VersionReads {
     /// An intent frame for the file's unsaved writes, and the fd to fsync (fsync(2) of one file).
     func logDurably(_ id: InodeNumber) throws(StoreError) -> Int32?
 
+    func version(row: Int64) throws(StoreError) -> Version?
     func isUploaded(row: Int64) throws(StoreError) -> Bool
 
     func prune(policy: RetentionPolicy, now: Nanos, under: String, after: FileID?, limit: Int,

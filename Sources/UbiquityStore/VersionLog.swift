@@ -48,11 +48,6 @@ public final class VersionLog: Sendable {
         try read { (db) throws(StoreError) in try Self.versions(of: fileID, committed: range, in: db) }
     }
 
-    /// The version at `row`, if any.
-    public func version(row: Int64) throws(StoreError) -> Version? {
-        try read { (db) throws(StoreError) in try Self.version(row: row, in: db) }
-    }
-
     /// The chunk list of the version at `row`.
     public func chunkList(row: Int64) throws(StoreError) -> ChunkList {
         try read { (db) throws(StoreError) in try Self.chunkList(row: row, in: db) }
